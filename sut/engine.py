@@ -1,0 +1,560 @@
+"""Engine layer: one vLLM engine per device, each in its own worker process.
+
+Algorithm
+---------
+``EngineSettings`` (one frozen dataclass, built from the CLI or from code) → ``plan_engines``
+(one ``EngineSlot`` per visible GPU, or per CPU core group) → ``EnginePool`` starts one
+spawned worker process per slot. A worker pins itself (``CUDA_VISIBLE_DEVICES`` or the vLLM CPU
+thread binding), builds ``vllm.LLM`` once, reads its configuration back, reports ``ready`` and
+then runs the same add-request / step loop that ``LLM.generate`` runs, fed from a pipe: new
+requests are added the moment they arrive and finished outputs are sent back after each step.
+
+Knobs (``EngineSettings``): model, dtype, max_model_len, max_num_seqs, max_num_batched_tokens,
+gpu_memory_utilization (split evenly between engines sharing one GPU), kv_cache_dtype,
+quantization, load_format (``dummy`` = random weights from config.json), enforce_eager, seed,
+enable_prefix_caching (must stay False for MLPerf; the run refuses to start otherwise),
+device (auto/cuda/cpu), engines_per_device, cpu_kvcache_gib.
+
+Failure handling: each worker runs in its own process group. The pool watches each worker's
+pipe and process sentinel; an exited worker or an engine exception is reported through
+``on_fatal`` at once (no polling delay), and ``shutdown`` ends every process group (SIGTERM,
+then SIGKILL), so vLLM's own child processes never outlive the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from sut.constants import MAX_NEW_TOKENS, MIN_NEW_TOKENS
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """An engine failed to start, died, or was configured against the rules."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """vLLM engine settings shared by every engine of a run.
+
+    ``max_model_len`` must cover the longest prompt plus 128 new tokens (MLPerf
+    ``max_new_tokens``); the official CNN/DailyMail set needs 2,540 + 128 = 2,668.
+    """
+
+    model: str
+    dtype: str = "auto"
+    max_model_len: int = 2668
+    max_num_seqs: int = 256
+    max_num_batched_tokens: Optional[int] = None
+    gpu_memory_utilization: float = 0.90
+    kv_cache_dtype: str = "auto"
+    quantization: Optional[str] = None
+    load_format: str = "auto"
+    enforce_eager: bool = False
+    seed: int = 0
+    enable_prefix_caching: bool = False
+    device: str = "auto"  # auto | cuda | cpu
+    engines_per_device: int = 1
+    cpu_kvcache_gib: int = 2
+
+    def __post_init__(self):
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device must be auto, cuda or cpu, got {self.device!r}")
+        if self.engines_per_device < 1:
+            raise ValueError(f"engines_per_device must be >= 1, got {self.engines_per_device}")
+        if self.max_model_len <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_model_len must exceed {MAX_NEW_TOKENS}, got {self.max_model_len}")
+
+    def vllm_kwargs(self, gpu_share: int = 1) -> dict:
+        """Keyword arguments for ``vllm.LLM`` (``gpu_share`` engines split one GPU's memory)."""
+        kw = dict(
+            model=self.model,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            kv_cache_dtype=self.kv_cache_dtype,
+            load_format=self.load_format,
+            enforce_eager=self.enforce_eager,
+            seed=self.seed,
+            enable_prefix_caching=self.enable_prefix_caching,
+            skip_tokenizer_init=True,
+            disable_log_stats=True,
+        )
+        if self.max_num_batched_tokens:
+            kw["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.quantization:
+            kw["quantization"] = self.quantization
+        if gpu_share > 1 or self.gpu_memory_utilization != 0.90:
+            kw["gpu_memory_utilization"] = round(self.gpu_memory_utilization / gpu_share, 4)
+        return kw
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Sampling as the reference SUT (SUT_VLLM.py): greedy, 128 max / 1 min new tokens.
+
+    ``ignore_eos`` is a benchmark-only switch (fixed 128-token outputs for dummy weights, which
+    emit EOS at random); it is never on in a compliant run.
+    """
+
+    max_tokens: int = MAX_NEW_TOKENS
+    min_tokens: int = MIN_NEW_TOKENS
+    ignore_eos: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+
+    def sampling_params(self):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            temperature=0.0,
+            top_p=1.0,
+            max_tokens=self.max_tokens,
+            min_tokens=self.max_tokens if self.ignore_eos else self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=list(self.eos_token_ids),
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and device facts
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts read from a HF model folder: vocabulary size, EOS ids, config hash."""
+
+    path: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    config_sha256: str
+    max_position_embeddings: int
+
+
+def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
+    """Read ``config.json`` (and ``generation_config.json`` if present) of a HF model folder.
+
+    EOS ids come from ``generation_config.json`` ``eos_token_id`` (what the checkpoint
+    generates with), else ``config.json``. Raises ``EngineError`` if the folder or
+    ``config.json`` is missing or has no ``vocab_size``.
+    """
+    d = Path(model_dir)
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise EngineError(f"{d}: no config.json (expected a Hugging Face model folder)")
+    raw = cfg_path.read_bytes()
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{cfg_path}: malformed JSON: {e}") from None
+    if "vocab_size" not in cfg:
+        raise EngineError(f"{cfg_path}: field 'vocab_size' missing")
+    eos = None
+    gen_path = d / "generation_config.json"
+    if gen_path.is_file():
+        eos = json.loads(gen_path.read_text()).get("eos_token_id")
+    if eos is None:
+        eos = cfg.get("eos_token_id")
+    if eos is None:
+        raise EngineError(f"{d}: no eos_token_id in generation_config.json or config.json")
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+    return ModelInfo(
+        path=str(d),
+        vocab_size=int(cfg["vocab_size"]),
+        eos_token_ids=eos_ids,
+        config_sha256=hashlib.sha256(raw).hexdigest(),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
+    )
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    """Where one engine runs: a GPU (``kind='cuda'``) or a CPU core group (``kind='cpu'``)."""
+
+    index: int
+    kind: str
+    device: str  # physical GPU index / UUID or CPU core list, e.g. "0" or "0-1"
+    gpu_share: int = 1  # engines sharing this GPU
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _visible_gpus() -> list[str]:
+    """Physical GPU ids visible to this process (respects CUDA_VISIBLE_DEVICES)."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return [g.strip() for g in cvd.split(",") if g.strip() and g.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+# Environment that vLLM's CPU backend needs on these machines (../shared/research/env_cpu.md §2):
+# both cores for the worker, in-process engine (fast start, no EngineCore child), loopback only.
+CPU_ENV = {
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def plan_engines(settings: EngineSettings) -> list[EngineSlot]:
+    """One slot per visible GPU × engines_per_device, or CPU core groups on a host without GPUs.
+
+    Raises ``EngineError`` when ``device='cuda'`` and no GPU is visible, or when more CPU
+    engines are asked for than there are cores.
+    """
+    gpus = [] if settings.device == "cpu" else _visible_gpus()
+    if settings.device == "cuda" and not gpus:
+        raise EngineError("device=cuda but no GPU is visible (CUDA_VISIBLE_DEVICES / nvidia-smi)")
+    k = settings.engines_per_device
+    slots: list[EngineSlot] = []
+    if gpus:
+        for g in gpus:
+            for _ in range(k):
+                slots.append(EngineSlot(len(slots), "cuda", g, k, (("CUDA_VISIBLE_DEVICES", g),)))
+        return slots
+    cores = sorted(os.sched_getaffinity(0))
+    if k > len(cores):
+        raise EngineError(f"{k} CPU engines asked for, but only {len(cores)} cores are usable")
+    groups = np.array_split(np.array(cores), k)
+    for grp in groups:
+        bind = f"{grp[0]}-{grp[-1]}" if len(grp) > 1 else f"{grp[0]}"
+        env = dict(CPU_ENV, VLLM_CPU_OMP_THREADS_BIND=bind, VLLM_CPU_KVCACHE_SPACE=str(settings.cpu_kvcache_gib))
+        slots.append(EngineSlot(len(slots), "cpu", bind, 1, tuple(sorted(env.items()))))
+    return slots
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker process
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_back(llm, vllm_mod, torch_mod, slot: EngineSlot) -> dict:
+    """What the running engine really uses, plus device identity."""
+    cfg = llm.llm_engine.vllm_config
+    mc, cc, sc, lc = cfg.model_config, cfg.cache_config, cfg.scheduler_config, cfg.load_config
+    info = {
+        "engine": slot.index,
+        "pid": os.getpid(),
+        "vllm_version": vllm_mod.__version__,
+        "torch_version": torch_mod.__version__,
+        "engine_args": {
+            "model": mc.model,
+            "dtype": str(mc.dtype).replace("torch.", ""),
+            "max_model_len": mc.max_model_len,
+            "max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
+            "kv_cache_dtype": str(cc.cache_dtype),
+            "quantization": mc.quantization,
+            "load_format": str(lc.load_format),
+            "enforce_eager": bool(mc.enforce_eager),
+            "seed": mc.seed,
+            "block_size": cc.block_size,
+        },
+        "enable_prefix_caching": bool(cc.enable_prefix_caching),
+        "device": {"kind": slot.kind, "slot": slot.device},
+    }
+    if slot.kind == "cuda":
+        props = torch_mod.cuda.get_device_properties(0)
+        info["device"].update(name=props.name, uuid=f"GPU-{props.uuid}" if hasattr(props, "uuid") else None,
+                              gpu_share=slot.gpu_share)
+    else:
+        info["device"].update(name=_cpu_name(), uuid=None)
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationSettings, slot: EngineSlot) -> None:
+    """Entry point of an engine worker process (spawned)."""
+    os.setpgrp()  # own process group: the parent ends vLLM's children with one killpg
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    os.environ.update(dict(slot.env))
+    try:
+        import torch
+        import vllm
+        from vllm import LLM
+
+        llm = LLM(**settings.vllm_kwargs(slot.gpu_share))
+        engine = llm.llm_engine
+        params = gen.sampling_params()
+        conn.send(("ready", _read_back(llm, vllm, torch, slot)))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the run
+        conn.send(("error", f"engine {slot.index} failed to start:\n{traceback.format_exc()}"))
+        return
+    try:
+        _serve(conn, engine, params)
+    except (EOFError, BrokenPipeError):
+        pass  # parent is gone
+    except BaseException:  # noqa: BLE001
+        try:
+            conn.send(("error", f"engine {slot.index} failed:\n{traceback.format_exc()}"))
+        except (OSError, EOFError):
+            pass
+    finally:
+        try:
+            del llm
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _serve(conn: mpc.Connection, engine, params) -> None:
+    """The hot loop: the same add_request/step cycle as ``LLM.generate``, fed from a pipe.
+
+    Messages in: ("gen", [(request_id, int32 prompt), ...]) and ("stop",).
+    Messages out: ("done", [(request_id, int32 output ids), ...]) after each step that finishes requests.
+    """
+    while True:
+        # Stage 1: intake. Block only when nothing is running.
+        busy = engine.has_unfinished_requests()
+        if conn.poll(0 if busy else None):
+            while True:
+                msg = conn.recv()
+                if msg[0] == "stop":
+                    return
+                for rid, prompt in msg[1]:
+                    engine.add_request(str(rid), {"prompt_token_ids": prompt.tolist()}, params)
+                if not conn.poll(0):
+                    break
+        # Stage 2: one engine step.
+        if not engine.has_unfinished_requests():
+            continue
+        outs = engine.step()
+        # Stage 3: return finished requests.
+        done = [(int(o.request_id), np.asarray(o.outputs[0].token_ids, dtype=np.int32)) for o in outs if o.finished]
+        if done:
+            conn.send(("done", done))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side
+# ---------------------------------------------------------------------------------------------
+
+
+DoneCallback = Callable[[int, list], None]  # (engine index, [(request_id, int32 ids), ...])
+FatalCallback = Callable[[str], None]
+
+
+class EngineHandle:
+    """Parent-side handle of one engine worker: start, submit, watch, shut down."""
+
+    def __init__(self, slot: EngineSlot, settings: EngineSettings, gen: GenerationSettings):
+        self.slot, self.settings, self.gen = slot, settings, gen
+        self.info: dict = {}
+        self.outstanding_tokens = 0
+        self.samples_done = 0
+        self._conn: Optional[mpc.Connection] = None
+        self._proc: Optional[mp.Process] = None
+        self._send_lock = threading.Lock()
+        self._watcher: Optional[threading.Thread] = None
+        self._stopping = False
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        self._conn = parent
+        self._proc = ctx.Process(target=_worker_main, args=(child, self.settings, self.gen, self.slot),
+                                 name=f"vllm-engine-{self.slot.index}", daemon=False)
+        self._proc.start()
+        child.close()
+
+    def wait_ready(self, timeout: float) -> dict:
+        """Block until the worker reports ready; raise ``EngineError`` on failure or timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineError(f"engine {self.slot.index} not ready after {timeout:.0f} s")
+            ready = mpc.wait([self._conn, self._proc.sentinel], timeout=left)
+            if self._conn in ready:
+                try:
+                    kind, payload = self._conn.recv()
+                except EOFError:
+                    raise EngineError(f"engine {self.slot.index} exited during start-up (code {self._proc.exitcode})") from None
+                if kind == "ready":
+                    self.info = payload
+                    return payload
+                raise EngineError(payload)
+            if self._proc.sentinel in ready:
+                self._proc.join(1)
+                raise EngineError(f"engine {self.slot.index} exited during start-up (code {self._proc.exitcode})")
+
+    def watch(self, on_done: DoneCallback, on_fatal: FatalCallback) -> None:
+        """Start the thread that forwards results and reports death within milliseconds."""
+
+        def loop():
+            while True:
+                ready = mpc.wait([self._conn, self._proc.sentinel])
+                if self._conn in ready:
+                    try:
+                        kind, payload = self._conn.recv()
+                    except (EOFError, OSError):
+                        kind, payload = "eof", None
+                    if kind == "done":
+                        on_done(self.slot.index, payload)
+                        continue
+                    if self._stopping:
+                        return
+                    if kind == "error":
+                        on_fatal(payload)
+                        return
+                if self._stopping:
+                    return
+                self._proc.join(2)
+                on_fatal(f"engine {self.slot.index} (pid {self._proc.pid}) exited unexpectedly with code {self._proc.exitcode}")
+                return
+
+        self._watcher = threading.Thread(target=loop, name=f"engine-{self.slot.index}-watch", daemon=True)
+        self._watcher.start()
+
+    def submit(self, batch: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Send ``(request_id, int32 prompt)`` pairs to the worker. Raises ``EngineError`` if it is gone."""
+        try:
+            with self._send_lock:
+                self._conn.send(("gen", list(batch)))
+        except (OSError, BrokenPipeError) as e:
+            raise EngineError(f"engine {self.slot.index} is gone: {e}") from None
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the worker and end its whole process group (SIGTERM, then SIGKILL)."""
+        self._stopping = True
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            try:
+                with self._send_lock:
+                    self._conn.send(("stop",))
+            except (OSError, BrokenPipeError):
+                pass
+            self._proc.join(timeout)
+        pgid = self._proc.pid
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + wait
+            while time.monotonic() < end:
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+        self._proc.join(5)
+        if self._conn is not None:
+            self._conn.close()
+
+
+class EnginePool:
+    """All engines of a run, started in parallel; refuses prefix caching in MLPerf mode.
+
+    Args:
+        settings: engine settings shared by all engines.
+        gen: sampling settings.
+        allow_prefix_caching: only the synthetic-locality entry point passes True.
+        start_timeout_s: how long a start may take before the run fails.
+    """
+
+    def __init__(self, settings: EngineSettings, gen: GenerationSettings, allow_prefix_caching: bool = False,
+                 start_timeout_s: float = 1800.0):
+        if settings.enable_prefix_caching and not allow_prefix_caching:
+            raise EngineError("enable_prefix_caching=True is not allowed in an MLPerf run (cross-query KV reuse is prohibited)")
+        self.settings, self.gen = settings, gen
+        self.allow_prefix_caching = allow_prefix_caching
+        self.start_timeout_s = start_timeout_s
+        self.slots = plan_engines(settings)
+        self.engines = [EngineHandle(s, settings, gen) for s in self.slots]
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    def start(self) -> list[dict]:
+        """Start every engine and wait for all; on any failure shut all down and raise ``EngineError``."""
+        t0 = time.monotonic()
+        log.info("starting %d engine(s): %s", len(self.engines), [(s.kind, s.device) for s in self.slots])
+        try:
+            for e in self.engines:
+                e.start()
+            infos = [e.wait_ready(self.start_timeout_s) for e in self.engines]
+        except BaseException:
+            self.shutdown()
+            raise
+        for info in infos:
+            if info["enable_prefix_caching"] and not self.allow_prefix_caching:
+                self.shutdown()
+                raise EngineError(f"engine {info['engine']} reports enable_prefix_caching=True; refusing to run")
+        log.info("engines ready in %.1f s", time.monotonic() - t0)
+        return infos
+
+    def shutdown(self) -> None:
+        threads = [threading.Thread(target=e.shutdown) for e in self.engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def least_loaded(self) -> EngineHandle:
+        """The engine with the fewest outstanding tokens (prompt + max new tokens)."""
+        return min(self.engines, key=lambda e: e.outstanding_tokens)
+
+    def describe(self) -> list[dict]:
+        return [dict(e.info, samples=e.samples_done) for e in self.engines]
+
+
+def settings_from_mapping(cls, values: dict):
+    """Build a frozen settings dataclass from a mapping, rejecting unknown keys by name."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    return cls(**values)

@@ -1,0 +1,357 @@
+"""One LoadGen run end to end: settings → dataset → SUT → LoadGen → run record.
+
+``run_benchmark(RunSettings, EngineSettings, GenerationSettings, options)`` is what
+``python -m sut run`` calls. It reads ``user.conf`` once per process through
+``TestSettings.FromConfig`` with the official model key and scenario (which also loads the
+embedded MLPerf mlperf.conf), builds the QSL and the SUT, runs ``StartTestWithLogSettings`` on
+a helper thread (so Ctrl-C and engine death are noticed at once), and writes ``run.json``
+next to LoadGen's logs. A run that deviates from the official settings (quick mode, dataset
+subset, overridden duration or QPS, fixed output length) is marked not compliant in the
+console, the folder name and the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import importlib.metadata as md
+import json
+import logging
+import os
+import platform
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from sut import __version__
+from sut.base import RunFailed, SUTContext, get_sut
+from sut.constants import MIN_DURATION_MS, MODEL_KEYS, PERFORMANCE_SAMPLE_COUNT, SCENARIOS
+from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
+from sut.engine import EngineSettings, GenerationSettings, read_model_info
+
+log = logging.getLogger(__name__)
+
+MODES = ("performance", "accuracy")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Settings of one LoadGen run.
+
+    Attributes:
+        sut: registered backend name (``vllm``, ``flame``).
+        dataset: cnn_eval-format JSON file.
+        output_dir: base folder; each run gets its own sub-folder.
+        mode: ``performance`` or ``accuracy``.
+        scenario: LoadGen scenario (``Offline``).
+        model_key: LoadGen model key (MLPerf mlperf.conf), default ``llama3_1-8b``.
+        user_conf: user.conf path, read once through ``FromConfig``.
+        max_samples: use only the first N records (not compliant).
+        min_duration_s / min_query_count / target_qps: overrides after user.conf (not compliant,
+            except ``target_qps`` which is marked so because it belongs in user.conf).
+        tokenizer: tokenizer for the accuracy gate (default: the model folder).
+        accuracy_gate: run the ROUGE + length gate after an accuracy-mode run.
+        audit_config: LoadGen audit config (e.g. TEST06's ``audit.config``); None = never read one.
+        enable_trace: LoadGen trace log (large; off by default).
+        stall_timeout_s: fail if no sample completes for this long while samples are outstanding.
+        run_name: sub-folder name; default ``<time>-<sut>-<scenario>-<mode>``.
+    """
+
+    sut: str
+    dataset: str
+    output_dir: str = "results"
+    mode: str = "performance"
+    scenario: str = "Offline"
+    model_key: str = "llama3_1-8b"
+    user_conf: str = "user.conf"
+    max_samples: Optional[int] = None
+    min_duration_s: Optional[float] = None
+    min_query_count: Optional[int] = None
+    target_qps: Optional[float] = None
+    tokenizer: Optional[str] = None
+    accuracy_gate: bool = True
+    audit_config: Optional[str] = None
+    enable_trace: bool = False
+    stall_timeout_s: float = 1800.0
+    run_name: Optional[str] = None
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {SCENARIOS}, got {self.scenario!r}")
+        if self.model_key not in MODEL_KEYS:
+            raise ValueError(f"model_key must be one of {MODEL_KEYS}, got {self.model_key!r}")
+
+
+_FROM_CONFIG_CALLED = False
+
+
+def loadgen_test_settings(rs: RunSettings, dataset_size: int):
+    """Build LoadGen ``TestSettings`` from mlperf.conf + user.conf, then apply dev overrides.
+
+    Returns ``(settings, noncompliance_reasons)``. Raises ``RunFailed`` if user.conf is
+    missing/invalid or ``FromConfig`` was already called in this process (LoadGen would log
+    "Multiple conf files are used", which the submission checker rejects).
+    """
+    global _FROM_CONFIG_CALLED
+    import mlperf_loadgen as lg
+
+    if not Path(rs.user_conf).is_file():
+        raise RunFailed(f"user.conf not found: {rs.user_conf}")
+    if _FROM_CONFIG_CALLED:
+        raise RunFailed("TestSettings.FromConfig was already called in this process; start a new process per run")
+    ts = lg.TestSettings()
+    ts.scenario = getattr(lg.TestScenario, rs.scenario)
+    rc = ts.FromConfig(str(rs.user_conf), rs.model_key, rs.scenario)
+    _FROM_CONFIG_CALLED = True
+    if rc != 0:
+        raise RunFailed(f"LoadGen rejected {rs.user_conf} (FromConfig returned {rc}); values must be numbers, "
+                        "lines 'model.scenario.key = value'")
+    ts.mode = lg.TestMode.AccuracyOnly if rs.mode == "accuracy" else lg.TestMode.PerformanceOnly
+    reasons = []
+    official_count = PERFORMANCE_SAMPLE_COUNT[rs.model_key]
+    if dataset_size != official_count:
+        reasons.append(f"dataset has {dataset_size} samples, the benchmark needs {official_count}")
+    if ts.performance_sample_count_override > dataset_size or ts.performance_sample_count_override == 0:
+        ts.performance_sample_count_override = dataset_size
+    if rs.max_samples is not None:
+        reasons.append(f"dataset cut to its first {rs.max_samples} records (--max-samples)")
+    if rs.min_duration_s is not None:
+        ts.min_duration_ms = int(rs.min_duration_s * 1000)
+        reasons.append(f"min_duration overridden to {rs.min_duration_s} s")
+    if rs.min_query_count is not None:
+        ts.min_query_count = int(rs.min_query_count)
+        reasons.append(f"min_query_count overridden to {rs.min_query_count}")
+    if rs.target_qps is not None:
+        ts.offline_expected_qps = float(rs.target_qps)
+        reasons.append("target_qps set on the command line (put it in user.conf for a compliant run)")
+    if ts.min_duration_ms < MIN_DURATION_MS:
+        reasons.append(f"min_duration {ts.min_duration_ms} ms < {MIN_DURATION_MS} ms")
+    return ts, reasons
+
+
+def _version(dist: str) -> Optional[str]:
+    for name in (dist, dist + "-cpu"):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def parse_loadgen_detail(path: Path) -> dict:
+    """Key results from ``mlperf_log_detail.txt`` (``:::MLLOG`` JSON lines) as plain values."""
+    wanted = {"result_validity", "result_samples_per_second", "result_tokens_per_second", "result_min_duration_met",
+              "result_min_queries_met", "early_stopping_met", "effective_samples_per_query", "effective_min_duration_ms",
+              "effective_performance_sample_count", "effective_target_qps", "loadgen_version", "effective_min_query_count",
+              "result_max_latency_ns", "effective_sample_concatenate_permutation", "effective_use_token_latencies"}
+    out: dict = {"errors": 0, "warnings": 0}
+    if not path.is_file():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.startswith(":::MLLOG"):
+            continue
+        try:
+            rec = json.loads(line[len(":::MLLOG"):])
+        except json.JSONDecodeError:
+            continue
+        key = rec.get("key")
+        if key in wanted:
+            out[key] = rec.get("value")
+        if key == "error" or str(key).startswith("error_"):
+            out["errors"] += 1
+        if key == "warning" or str(key).startswith("warning_"):
+            out["warnings"] += 1
+    return out
+
+
+def _run_dir(rs: RunSettings, compliant: bool) -> Path:
+    name = rs.run_name or f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{rs.sut}-{rs.scenario}-{rs.mode}"
+    if not compliant and "NOT-COMPLIANT" not in name:
+        name += "-NOT-COMPLIANT"
+    d = Path(rs.output_dir) / name
+    d.mkdir(parents=True, exist_ok=False)
+    return d
+
+
+def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: dict | None = None) -> dict:
+    """Run one LoadGen test and return the run record (also written to ``run.json``).
+
+    Raises:
+        DatasetError: bad dataset (before any engine starts).
+        EngineError: an engine failed to start.
+        RunFailed: the run could not finish trustworthily; ``run.json`` still records why.
+    """
+    import mlperf_loadgen as lg
+
+    options = dict(options or {})
+    model = read_model_info(es.model)
+    if not gen.eos_token_ids:
+        gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
+    dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples)
+    ts, reasons = loadgen_test_settings(rs, len(dataset))
+    if gen.ignore_eos:
+        reasons.append("benchmark-only fixed output length (ignore_eos): outputs do not stop at EOS")
+    if gen.max_tokens != 128 or gen.min_tokens != 1:
+        reasons.append(f"max_tokens/min_tokens {gen.max_tokens}/{gen.min_tokens} differ from the reference 128/1")
+    if rs.audit_config:
+        reasons.append(f"audit config {rs.audit_config} in effect (a compliance test run, not a result)")
+    compliant = not reasons
+    run_dir = _run_dir(rs, compliant)
+    if not compliant:
+        log.warning("THIS RUN IS NOT COMPLIANT: %s", "; ".join(reasons))
+    if Path("audit.config").exists() and not rs.audit_config:
+        log.warning("./audit.config exists but is ignored (pass --audit-config to use it)")
+
+    record: dict = {
+        "record_version": 1,
+        "status": "running",
+        "kind": "mlperf-loadgen",
+        "sut": rs.sut,
+        "scenario": rs.scenario,
+        "mode": rs.mode,
+        "model_key": rs.model_key,
+        "compliance": {"compliant": compliant, "reasons": reasons},
+        "run_settings": dataclasses.asdict(rs),
+        "engine_settings": dataclasses.asdict(es),
+        "generation": dataclasses.asdict(gen),
+        "options": options,
+        "model": {"path": model.path, "config_sha256": model.config_sha256, "vocab_size": model.vocab_size,
+                  "eos_token_ids": list(model.eos_token_ids)},
+        "dataset": {"path": str(Path(rs.dataset).resolve()), "sha256": dataset.sha256, "samples": len(dataset),
+                    "records_in_file": dataset.total_in_file, "prompt_tokens": dataset.length_stats()},
+        "versions": {"project": __version__, "mlcommons-loadgen": _version("mlcommons-loadgen"), "python": platform.python_version(),
+                     "flamepy": _version("flamepy")},
+        "host": platform.node(),
+        "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "output_dir": str(run_dir),
+    }
+    _write_record(run_dir, record)
+
+    ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress)
+    sut = get_sut(rs.sut)(ctx)
+    qsl = None
+    handle = None
+    error: Optional[str] = None
+    t_start = None
+    try:
+        started = sut.start()
+        record.update(started)
+        engines = started.get("engines") or []
+        record["prefix_caching"] = {"enabled": any(e.get("enable_prefix_caching") for e in engines),
+                                    "read_back_from_engines": bool(engines)}
+        if engines:
+            record["versions"].update(vllm=engines[0].get("vllm_version"), torch=engines[0].get("torch_version"))
+            record["devices"] = [e.get("device") for e in engines]
+        qsl = QuerySampleLibrary(dataset, ts.performance_sample_count_override)
+        handle = lg.ConstructSUT(sut.issue_queries, sut.flush_queries)
+        out = lg.LogOutputSettings()
+        out.outdir = str(run_dir)
+        out.copy_summary_to_stdout = True
+        ls = lg.LogSettings()
+        ls.log_output = out
+        ls.enable_trace = rs.enable_trace
+        audit = str(Path(rs.audit_config).resolve()) if rs.audit_config else str(run_dir / "no-audit.config")
+        log.info("LoadGen %s %s mode, model key %s, output %s", rs.scenario, rs.mode, rs.model_key, run_dir)
+        t_start = time.monotonic()
+        error = _start_test_interruptible(lg, handle, qsl.handle, ts, ls, audit, sut, rs.stall_timeout_s)
+    except KeyboardInterrupt:
+        error = "interrupted (Ctrl-C)"
+    finally:
+        sut.stop()
+        if handle is not None:
+            lg.DestroySUT(handle)
+        if qsl is not None:
+            qsl.destroy()
+    wall = time.monotonic() - t_start if t_start else None
+    error = error or sut.ledger.error
+    led = sut.ledger
+    record.update(sut.record())
+    record["ledger"] = {"issued": led.issued, "completed": led.completed, "output_tokens": led.output_tokens}
+    if error is None and led.completed != led.issued:
+        error = f"{led.issued - led.completed} issued sample(s) were never answered"
+    results = parse_loadgen_detail(run_dir / "mlperf_log_detail.txt")
+    record["loadgen"] = results
+    record["wall_s"] = wall
+    if rs.mode == "performance":
+        record["validity"] = results.get("result_validity")
+        record["samples_per_s"] = results.get("result_samples_per_second")
+        record["tokens_per_s"] = results.get("result_tokens_per_second")
+    else:
+        record["validity"] = None
+        if wall:
+            record["samples_per_s"] = led.completed / wall
+            record["tokens_per_s"] = led.output_tokens / wall
+    record["finished"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    if error:
+        record["status"] = "failed"
+        record["error"] = error
+        _write_record(run_dir, record)
+        raise RunFailed(f"{error} (record: {run_dir / 'run.json'})")
+    record["status"] = "ok"
+    if rs.mode == "accuracy" and rs.accuracy_gate:
+        record["accuracy"] = _accuracy_gate(rs, es, model, dataset, run_dir)
+    _write_record(run_dir, record)
+    return record
+
+
+def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut, stall_timeout_s) -> Optional[str]:
+    """Run StartTest on a thread; the main thread watches for Ctrl-C and stalls.
+
+    Returns an error string or None. On Ctrl-C or a stall the ledger answers the outstanding
+    samples empty so that LoadGen returns, and the run is reported failed.
+    """
+    done = threading.Event()
+    exc: list = []
+
+    def target():
+        try:
+            lg.StartTestWithLogSettings(sut_handle, qsl_handle, ts, ls, audit)
+        except BaseException as e:  # noqa: BLE001
+            exc.append(e)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=target, name="loadgen", daemon=True)
+    t.start()
+    led = sut.ledger
+    error = None
+    try:
+        while not done.wait(0.5):
+            last = led.last_complete_t or led.first_issue_t
+            if last and led.outstanding and time.monotonic() - last > stall_timeout_s:
+                error = f"no sample completed for {stall_timeout_s:.0f} s with {led.outstanding} outstanding (stall)"
+                led.fail(error)
+    except KeyboardInterrupt:
+        error = "interrupted (Ctrl-C)"
+        led.fail(error)
+        done.wait(60)
+    if exc:
+        error = error or f"LoadGen raised: {exc[0]!r}"
+    return error
+
+
+def _accuracy_gate(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_dir: Path) -> dict:
+    tok = rs.tokenizer or es.model
+    try:
+        import accuracy
+    except ImportError as e:  # pragma: no cover - the package ships with the project
+        return {"skipped": f"accuracy package unavailable: {e}"}
+    try:
+        res = accuracy.run_gate(str(run_dir / "mlperf_log_accuracy.json"), rs.dataset, tok, str(run_dir),
+                                eos_ids=list(model.eos_token_ids), max_samples=rs.max_samples)
+    except Exception as e:  # noqa: BLE001 - the run itself succeeded; report why the gate did not run
+        log.error("accuracy gate could not run: %s", e)
+        return {"skipped": str(e)}
+    return {"passed": res.get("passed"), "scores": res.get("scores"), "file": str(run_dir / "accuracy.json")}
+
+
+def _write_record(run_dir: Path, record: dict) -> None:
+    tmp = run_dir / "run.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(tmp, run_dir / "run.json")

@@ -1,0 +1,106 @@
+"""The standalone vLLM SUT: LoadGen samples → token-balanced dispatcher → one engine per device.
+
+Algorithm
+---------
+``issue_queries`` registers the samples with the ledger (each issued sample gets its own
+request id) and puts them on the dispatcher's queue; it returns at once. The dispatcher thread
+assigns each sample to the engine with the fewest outstanding tokens (prompt length + 128 new
+tokens), not round-robin, and ships them in chunks of ``dispatch_chunk`` samples so that the
+engines start work while the rest of a large Offline query is still being sent. Each engine's
+watcher thread hands finished outputs to the ledger, which cuts them at the first EOS and calls
+``QuerySamplesComplete``. An engine that dies fails the run at once (see ``sut.engine``).
+
+Knobs: ``dispatch_chunk`` (samples per message to an engine, default 512).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Sequence
+
+from sut.base import RunFailed, SUTContext, SystemUnderTest, register_sut
+from sut.constants import MAX_NEW_TOKENS
+from sut.engine import EngineError, EnginePool
+
+log = logging.getLogger(__name__)
+
+
+@register_sut("vllm")
+class StandaloneSUT(SystemUnderTest):
+    """LoadGen SUT that runs vLLM engines in local worker processes (one per device)."""
+
+    def __init__(self, ctx: SUTContext):
+        super().__init__(ctx)
+        self.dispatch_chunk = int(ctx.options.get("dispatch_chunk", 512))
+        self.pool = EnginePool(ctx.engine, ctx.generation, allow_prefix_caching=bool(ctx.options.get("allow_prefix_caching")))
+        self._inbox: "queue.Queue[list | None]" = queue.Queue()
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)
+        self._req_engine: dict[int, int] = {}  # request id -> engine index (for token accounting)
+        self._req_cost: dict[int, int] = {}
+        self._acct_lock = threading.Lock()
+        self._stopped = False
+
+    # -- life cycle -----------------------------------------------------------------------
+    def start(self) -> dict:
+        infos = self.pool.start()
+        for e in self.pool.engines:
+            e.watch(self._on_done, self.ledger.fail)
+        self._dispatcher.start()
+        return {"engines": infos}
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._inbox.put(None)
+        self.pool.shutdown()
+        self.ledger.close()
+
+    # -- LoadGen callbacks ----------------------------------------------------------------
+    def issue_queries(self, samples: Sequence) -> None:
+        self._inbox.put(self.ledger.issue(samples))
+
+    # -- dispatcher -----------------------------------------------------------------------
+    def _dispatch_loop(self) -> None:
+        prompts = self.ctx.dataset.prompts
+        while True:
+            items = self._inbox.get()
+            if items is None:
+                return
+            try:
+                per_engine: dict[int, list] = {}
+                for rid, qsl_idx in items:
+                    prompt = prompts[qsl_idx]
+                    cost = len(prompt) + MAX_NEW_TOKENS
+                    with self._acct_lock:
+                        eng = self.pool.least_loaded()
+                        eng.outstanding_tokens += cost
+                        self._req_engine[rid] = eng.slot.index
+                        self._req_cost[rid] = cost
+                    batch = per_engine.setdefault(eng.slot.index, [])
+                    batch.append((rid, prompt))
+                    if len(batch) >= self.dispatch_chunk:
+                        eng.submit(batch)
+                        per_engine[eng.slot.index] = []
+                for idx, batch in per_engine.items():
+                    if batch:
+                        self.pool.engines[idx].submit(batch)
+            except (EngineError, IndexError) as e:
+                self.ledger.fail(f"dispatch failed: {e}")
+
+    def _on_done(self, engine_index: int, results: list) -> None:
+        with self._acct_lock:
+            eng = self.pool.engines[engine_index]
+            for rid, _ in results:
+                eng.outstanding_tokens -= self._req_cost.pop(rid, 0)
+                self._req_engine.pop(rid, None)
+            eng.samples_done += len(results)
+        self.ledger.complete(results)
+
+    def record(self) -> dict:
+        return {"engines": self.pool.describe(), "dispatch_chunk": self.dispatch_chunk}
+
+
+__all__ = ["StandaloneSUT", "RunFailed"]
