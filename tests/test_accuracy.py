@@ -1,0 +1,498 @@
+"""Tests of the accuracy gate on hand-made inputs (tiny WordLevel tokenizer, tiny dataset).
+
+Every test is fast and offline; NLTK's punkt_tab is written to a temporary nltk_data folder when
+the environment does not have it yet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nltk
+import numpy as np
+import pytest
+
+from accuracy import AccuracyInputError, GateSettings, PunktDataMissingError, TokenizerNotFoundError, evaluate, run_gate
+from accuracy.__main__ import main as cli_main
+from accuracy.constants import REFERENCES, ROUGE_KEYS
+from accuracy.gate import judge, load_reference_file, resolve_reference, Reference
+from accuracy.loadgen_log import encode_ids, make_log_entry
+from accuracy.punkt_data import ensure_punkt, write_punkt_tab
+from accuracy.report import format_accuracy_txt
+from accuracy.rouge import aggregate_rouge, postprocess_text, rouge_per_sample
+from accuracy.tokenizer import clean_up_tokenization, load_tokenizer, resolve_eos_ids
+
+REFERENCES_TEXT = [
+    "The cat sat on the mat . It was a sunny day .",
+    "Dr. Smith met the mayor in Washington . They talked about the budget .",
+    "Stocks rose 3.5 percent on Monday . Analysts expected more gains .",
+    "A new computer program helped six kidney patients .",
+    "The team won the final game . Fans celebrated in the streets .",
+]
+UNK, BOS, EOS, EOT = 0, 1, 2, 3
+VOCAB_WORDS = sorted({w for t in REFERENCES_TEXT for w in t.split()} | {"extra", "words", "here"})
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session", autouse=True)
+def punkt_ready(tmp_path_factory):
+    """Make nltk's punkt_tab available (temp folder) if the environment lacks it."""
+    try:
+        ensure_punkt()
+        yield
+        return
+    except PunktDataMissingError:
+        pass
+    root = tmp_path_factory.mktemp("nltk_data")
+    write_punkt_tab(root)
+    nltk.data.path.insert(0, str(root))
+    yield
+    nltk.data.path.remove(str(root))
+
+
+def _build_tokenizer():
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": UNK, "<bos>": BOS, "<eos>": EOS, "<eot>": EOT}
+    for w in VOCAB_WORDS:
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<bos>", "<eos>", "<eot>")])
+    return tok, vocab
+
+
+@pytest.fixture(scope="session")
+def tok_dir(tmp_path_factory) -> Path:
+    """HF folder saved by PreTrainedTokenizerFast + generation_config.json (EOS 2 and 3)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok, _ = _build_tokenizer()
+    d = tmp_path_factory.mktemp("tok_hf")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", unk_token="<unk>").save_pretrained(str(d))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, EOT]}))
+    return d
+
+
+@pytest.fixture(scope="session")
+def vocab() -> dict:
+    return _build_tokenizer()[1]
+
+
+def ids_of(text: str, vocab: dict) -> list[int]:
+    return [vocab[w] for w in text.split()]
+
+
+@pytest.fixture(scope="session")
+def dataset_file(tmp_path_factory, vocab) -> Path:
+    d = tmp_path_factory.mktemp("data")
+    records = [
+        {"instruction": {"llama": "Summarize: {input}"}, "input": f"article {i}", "tok_input": [BOS, 5 + i], "output": ref}
+        for i, ref in enumerate(REFERENCES_TEXT)
+    ]
+    path = d / "cnn_eval.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def perfect_log(vocab, n=len(REFERENCES_TEXT), eos=True) -> list[dict]:
+    return [make_log_entry(i, ids_of(REFERENCES_TEXT[i], vocab) + ([EOS] if eos else [])) for i in range(n)]
+
+
+def write_log(tmp_path: Path, entries: list[dict]) -> Path:
+    p = tmp_path / "mlperf_log_accuracy.json"
+    p.write_text(json.dumps(entries))
+    return p
+
+
+def expected_gen_len(texts) -> int:
+    return sum(len("\n".join(nltk.sent_tokenize(t.strip()))) for t in texts)
+
+
+@pytest.fixture
+def gate(tmp_path, tok_dir, dataset_file):
+    """Run the gate on a list of log entries; returns the result dict."""
+
+    def _run(entries, **kw):
+        log_path = write_log(tmp_path, entries)
+        return run_gate(str(log_path), str(dataset_file), str(tok_dir), str(tmp_path / "out"), **kw)
+
+    return _run
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def test_rouge_equals_rouge_score_own():
+    from rouge_score import rouge_scorer
+
+    preds = ["the quick brown fox jumped over the lazy dogs\nit ran away", "nothing in common", "a b c d e f"]
+    refs = ["the quick brown fox jumps over the lazy dog\nthen it ran", "completely different words", "a b c d e f"]
+    ours = rouge_per_sample(preds, refs)
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True)
+    for i, (p, r) in enumerate(zip(preds, refs)):
+        theirs = scorer.score(r, p)
+        for k in ROUGE_KEYS:
+            assert ours[k][i] == pytest.approx(theirs[k].fmeasure, abs=0, rel=0)
+    agg = aggregate_rouge(ours)
+    for k in ROUGE_KEYS:
+        assert agg[k] == round(100 * float(np.mean(ours[k])), 4)
+    assert ours["rouge1"][2] == 1.0 and ours["rouge1"][1] == 0.0
+
+
+def test_rougelsum_uses_newlines():
+    # rougeL sees one sequence (LCS "c d" = 2 of 4); rougeLsum unions the per-sentence LCSs (4 of 4).
+    s = rouge_per_sample(["c d\na b"], ["a b c d"])
+    assert s["rougeL"][0] == pytest.approx(0.5) and s["rougeLsum"][0] == pytest.approx(1.0)
+
+
+def test_sentence_split_equals_nltk_and_punkt():
+    import punkt
+
+    texts = [
+        "  Mr. Smith went to Washington D.C. on Jan. 5. He met Dr. Jones at 3 p.m. today. It rained.  ",
+        "Zully Broussard decided to give a kidney to a stranger .\nA new computer program helped her .",
+        '"It\'s big," she said. "Really." The U.S. grew 2.5 percent.',
+    ]
+    ours = postprocess_text(texts)
+    assert ours == ["\n".join(nltk.sent_tokenize(t.strip())) for t in texts]
+    assert ours == ["\n".join(punkt.sent_tokenize(t.strip())) for t in texts]
+    assert ours[0].split("\n") == ["Mr. Smith went to Washington D.C. on Jan. 5.", "He met Dr. Jones at 3 p.m. today.", "It rained."]
+
+
+def test_clean_up_matches_transformers(tok_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
+    for text in ["a stranger . Yes ? no ! x , y", "do n't I 'm he 's we 've they 're ' quoted ' word", "plain text"]:
+        assert clean_up_tokenization(text) == tok.clean_up_tokenization(text)
+
+
+def test_accuracy_txt_matches_checker_regexes():
+    scores = {"rouge1": 38.86381, "rouge2": 15.9, "rougeL": 24.5, "rougeLsum": 35.793, "gen_len": 8167644, "gen_num": 13368}
+    txt = format_accuracy_txt(scores)
+    assert "{'rouge1': '38.8638', 'rouge2': '15.9', 'rougeL': '24.5', 'rougeLsum': '35.793', 'gen_len': 8167644, 'gen_num': 13368}" in txt
+    for k in ROUGE_KEYS:  # the submission checker's patterns
+        m = re.search(rf"'{k}':\s+'?([\d.]+)", txt)
+        assert m and float(m.group(1)) == pytest.approx(round(scores[k], 4))
+    assert re.search(r"'gen_len':\s([\d.]+)", txt).group(1) == "8167644"
+
+
+# --------------------------------------------------------------------------- references / verdict
+
+
+def test_reference_auto_selection():
+    assert resolve_reference("auto", 13368).name == "datacenter"
+    assert resolve_reference("auto", 5000).name == "edge"
+    sub = resolve_reference("auto", 200)
+    assert sub.name == "datacenter" and sub.gen_num == 13368
+    assert resolve_reference("edge", 13368).values["rouge1"] == 39.06
+    assert dict(REFERENCES["datacenter"]) == {
+        "rouge1": 38.7792, "rouge2": 15.9075, "rougeL": 24.4957, "rougeLsum": 35.793, "gen_len": 8167644, "gen_num": 13368}
+    assert dict(REFERENCES["edge"]) == {
+        "rouge1": 39.06, "rouge2": 16.1147, "rougeL": 24.6375, "rougeLsum": 36.124, "gen_len": 3051113, "gen_num": 5000}
+
+
+def test_judge_thresholds_and_per_sample_gen_len():
+    ref = resolve_reference("datacenter", 13368)
+    good = {"rouge1": 38.3915, "rouge2": 15.7485, "rougeL": 24.2508, "rougeLsum": 35.4351, "gen_len": 8167644, "gen_num": 13368}
+    v = judge(good, ref)
+    assert all(x["ok"] for x in v.values()) and v["gen_len"]["basis"] == "total"
+    assert not judge({**good, "rouge2": 15.7}, ref)["rouge2"]["ok"]
+    assert judge({**good, "gen_len": int(8167644 * 0.9) + 1}, ref)["gen_len"]["ok"]
+    assert not judge({**good, "gen_len": int(8167644 * 0.9) - 1}, ref)["gen_len"]["ok"]
+    assert not judge({**good, "gen_len": int(8167644 * 1.1) + 1}, ref)["gen_len"]["ok"]
+    # subset: 611 characters per sample on average
+    sub = judge({**good, "gen_len": 61100, "gen_num": 100}, ref)["gen_len"]
+    assert sub["basis"] == "per-sample" and sub["ok"] and sub["reference"] == pytest.approx(8167644 / 13368 * 100, abs=1e-3)
+
+
+def test_reference_file_loading(tmp_path):
+    p = tmp_path / "ref.json"
+    p.write_text(json.dumps({"rouge1": "40.1", "rouge2": 16, "rougeL": 25.0, "rougeLsum": 36.0, "gen_len": 1000, "gen_num": 2, "x": 1}))
+    r = load_reference_file(p)
+    assert r.values["rouge1"] == 40.1 and r.gen_num == 2 and r.name == "file"
+    p.write_text(json.dumps({"rouge1": 1}))
+    with pytest.raises(AccuracyInputError, match="missing 'rouge2'"):
+        load_reference_file(p)
+    with pytest.raises(AccuracyInputError, match="not found"):
+        resolve_reference(str(tmp_path / "nope.json"), 10)
+
+
+# --------------------------------------------------------------------------- tokenizer loading
+
+
+def test_tokenizer_forms(tmp_path, tok_dir, vocab):
+    tok, _ = _build_tokenizer()
+    only_json = tmp_path / "only_json"
+    only_json.mkdir()
+    tok.save(str(only_json / "tokenizer.json"))
+    ids = ids_of("The cat sat on the mat .", vocab) + [EOS]
+    for path in (tok_dir, only_json, only_json / "tokenizer.json"):
+        det = load_tokenizer(path)
+        assert det.vocab_size == len(vocab)
+        assert det.decode_batch([ids]) == ["The cat sat on the mat ."]
+    # explicit clean-up (transformers 4.x behaviour, as Llama 3.1's config asks)
+    assert load_tokenizer(tok_dir, clean_up_spaces=True).decode_batch([ids]) == ["The cat sat on the mat."]
+    with pytest.raises(TokenizerNotFoundError, match="--tokenizer"):
+        load_tokenizer(None)
+    with pytest.raises(TokenizerNotFoundError, match="does not exist"):
+        load_tokenizer(tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    with pytest.raises(TokenizerNotFoundError, match="no tokenizer in folder"):
+        load_tokenizer(empty)
+
+
+def test_tiktoken_file_loader(tmp_path):
+    import base64
+
+    p = tmp_path / "tokenizer.model"
+    p.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    det = load_tokenizer(p)
+    assert det.vocab_size == 256 + 256 and det.clean_up_spaces
+    ids = det.encode("Hi there ,you")
+    assert det.decode_batch([ids + [256, 257]], clean_up_spaces=False) == ["Hi there ,you"]  # specials skipped
+    assert det.decode_batch([[0xE2, 0x82]], clean_up_spaces=False) == ["\ufffd"]  # cut UTF-8 -> U+FFFD
+    eos, src = resolve_eos_ids(None, det, (300,))
+    assert eos == (300,) and "default" in src
+
+
+def test_eos_resolution(tok_dir, tmp_path):
+    det = load_tokenizer(tok_dir)
+    assert resolve_eos_ids(None, det) == ((EOS, EOT), str(tok_dir / "generation_config.json"))
+    assert resolve_eos_ids([7], det)[0] == (7,)
+    tok, _ = _build_tokenizer()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    tok.save(str(bare / "tokenizer.json"))
+    with pytest.raises(AccuracyInputError, match="--eos-ids"):
+        resolve_eos_ids(None, load_tokenizer(bare))
+
+
+# --------------------------------------------------------------------------- hand-made logs
+
+
+def test_complete_and_correct_log(gate, tmp_path):
+    res = gate(perfect_log(_build_tokenizer()[1]))
+    assert res["checks"]["passed"] and res["checks"]["failures"] == []
+    for k in ROUGE_KEYS:
+        assert res["scores"][k] == 100.0
+    assert res["scores"]["gen_num"] == 5
+    assert res["scores"]["gen_len"] == expected_gen_len(REFERENCES_TEXT)
+    # 5 samples against the full datacenter reference: subset, gen_len per sample (611 chars/sample) fails
+    assert res["subset"] and res["verdict"]["gen_len"]["basis"] == "per-sample"
+    assert not res["passed"] and any("gen_len" in r for r in res["reasons"])
+    lengths = res["output_lengths"]
+    assert lengths["samples"] == 5 and lengths["eos_share"] == 1.0 and lengths["at_cap_share"] == 0.0
+    assert lengths["max"] == max(len(t.split()) + 1 for t in REFERENCES_TEXT)
+    out = tmp_path / "out"
+    on_disk = json.loads((out / "accuracy.json").read_text())
+    assert on_disk == res  # plain JSON types only
+    assert (out / "output_lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "'gen_num': 5" in (out / "accuracy.txt").read_text()
+
+
+def test_passes_against_own_reference_file(gate, tmp_path, vocab, tok_dir, dataset_file):
+    log_path = write_log(tmp_path, perfect_log(vocab))
+    ref_path = tmp_path / "baseline.json"
+    settings = GateSettings(log_path, dataset_file, tok_dir, tmp_path / "o1", write_reference=ref_path)
+    first = evaluate(settings)
+    assert first["files"]["reference_written"] == str(ref_path)
+    ref = json.loads(ref_path.read_text())
+    assert ref["gen_num"] == 5 and ref["rouge1"] == 100.0
+    res = gate(perfect_log(vocab), reference=str(ref_path))
+    assert res["passed"] and res["reasons"] == [] and not res["subset"]
+    assert res["verdict"]["gen_len"]["basis"] == "total"
+
+
+def test_scores_match_manual_pipeline(gate, vocab):
+    preds = [
+        "The cat sat on the mat .",
+        "Dr. Smith met the mayor . They talked about extra words here .",
+        "Stocks rose on Monday .",
+        "A new computer program helped six kidney patients .",
+        "The team won . Fans celebrated .",
+    ]
+    entries = [make_log_entry(i, ids_of(p, vocab) + [EOT]) for i, p in enumerate(preds)]
+    res = gate(entries)
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
+    pp = lambda t: "\n".join(nltk.sent_tokenize(t.strip()))  # noqa: E731
+    per = [scorer.score(pp(r), pp(p)) for p, r in zip(preds, REFERENCES_TEXT)]
+    for k in ROUGE_KEYS:
+        assert res["scores"][k] == round(100 * float(np.mean([s[k].fmeasure for s in per])), 4)
+    assert res["scores"]["gen_len"] == expected_gen_len(preds)
+
+
+def test_missing_sample_fails(gate, vocab):
+    entries = perfect_log(vocab)
+    del entries[3]
+    res = gate(entries)
+    assert not res["passed"] and res["checks"]["missing"] == [3]
+    assert any("1 sample(s) missing from the log: qsl_idx 3" in f for f in res["checks"]["failures"])
+    assert res["scores"]["gen_num"] == 4  # still scored, like evaluation.py
+
+
+def test_duplicated_sample_fails(gate, vocab):
+    entries = perfect_log(vocab)
+    entries.append(make_log_entry(2, ids_of("extra words here", vocab) + [EOS]))
+    res = gate(entries)
+    assert not res["passed"] and res["checks"]["duplicated"] == [2]
+    assert any("logged more than once: qsl_idx 2" in f for f in res["checks"]["failures"])
+    assert res["scores"]["rouge1"] == 100.0 and res["scores"]["gen_num"] == 5  # first occurrence kept
+
+
+def test_unknown_qsl_idx_fails(gate, vocab):
+    entries = perfect_log(vocab) + [make_log_entry(7, [EOS])]
+    res = gate(entries)
+    assert res["checks"]["unknown_qsl_idx"] == [7] and not res["passed"]
+
+
+def test_wrong_token_count_fails(gate, vocab):
+    entries = perfect_log(vocab)
+    entries[1]["token_count"] += 1
+    del entries[4]["token_count"]
+    res = gate(entries)
+    mism = res["checks"]["token_count_mismatch"]
+    n1 = len(REFERENCES_TEXT[1].split()) + 1
+    assert mism == [
+        {"qsl_idx": 1, "token_count": n1 + 1, "decoded_tokens": n1},
+        {"qsl_idx": 4, "token_count": None, "decoded_tokens": len(REFERENCES_TEXT[4].split()) + 1},
+    ]
+    assert any("token_count != number of int32 ids" in f for f in res["checks"]["failures"]) and not res["passed"]
+
+
+def test_double_trailing_eos_fails(gate, vocab):
+    entries = perfect_log(vocab)
+    entries[0] = make_log_entry(0, ids_of(REFERENCES_TEXT[0], vocab) + [EOS, EOS])
+    entries[2] = make_log_entry(2, ids_of(REFERENCES_TEXT[2], vocab) + [EOT, EOS])  # two different EOS ids
+    res = gate(entries)
+    assert res["checks"]["multiple_trailing_eos"] == [0, 2] and not res["passed"]
+    assert any("more than one EOS" in f for f in res["checks"]["failures"])
+
+
+def test_eos_inside_is_a_warning_only(gate, vocab):
+    entries = perfect_log(vocab)
+    entries[0] = make_log_entry(0, [EOS] + ids_of(REFERENCES_TEXT[0], vocab))
+    res = gate(entries)
+    assert res["checks"]["passed"] and res["checks"]["warnings"]["eos_not_last"] == [0]
+
+
+def test_too_long_and_empty_fail(gate, vocab):
+    entries = perfect_log(vocab)
+    word = vocab["the"]
+    entries[1] = make_log_entry(1, [word] * 129)
+    entries[3] = make_log_entry(3, [])
+    res = gate(entries)
+    assert res["checks"]["too_long"] == [1] and res["checks"]["empty"] == [3] and not res["passed"]
+    assert any("longer than 128 new tokens" in f for f in res["checks"]["failures"])
+    assert res["output_lengths"]["max"] == 129
+
+
+def test_exactly_128_tokens_is_fine(gate, vocab):
+    entries = perfect_log(vocab)
+    entries[1] = make_log_entry(1, [vocab["the"]] * 128)
+    res = gate(entries)
+    assert res["checks"]["passed"] and res["output_lengths"]["at_cap_share"] == pytest.approx(0.2)
+
+
+def test_int64_encoded_log_fails_with_clear_message(gate, vocab):
+    entries = []
+    for i, text in enumerate(REFERENCES_TEXT):
+        ids = ids_of(text, vocab) + [EOS]
+        entries.append({"seq_id": i, "qsl_idx": i, "data": encode_ids(ids, "<i8"), "token_count": len(ids)})
+    res = gate(entries)
+    assert not res["passed"] and res["scores"] == {}
+    assert "int64-encoded" in res["checks"]["dtype_error"] and "int32" in res["checks"]["dtype_error"]
+    assert res["checks"]["failures"][0] == res["checks"]["dtype_error"]
+
+
+def test_data_not_multiple_of_4_fails(gate, vocab):
+    entries = perfect_log(vocab)
+    entries[2]["data"] = entries[2]["data"][:-2]  # drop one byte
+    res = gate(entries)
+    assert "not a multiple of 4 bytes (qsl_idx 2)" in res["checks"]["dtype_error"] and not res["passed"]
+
+
+def test_big_endian_and_out_of_vocab(gate, vocab):
+    entries = [
+        {"qsl_idx": i, "seq_id": i, "data": encode_ids(ids_of(t, vocab) + [EOS], ">i4"), "token_count": len(t.split()) + 1}
+        for i, t in enumerate(REFERENCES_TEXT)
+    ]
+    res = gate(entries)
+    assert "big-endian" in res["checks"]["dtype_error"]
+    entries = perfect_log(vocab)
+    entries[4] = make_log_entry(4, [vocab["the"], 10_000, EOS])
+    res = gate(entries)
+    assert res["checks"]["out_of_vocab"] == [4] and res["checks"]["dtype_error"] is None
+    assert res["scores"] == {} and not res["passed"]
+    assert any("outside the tokenizer vocabulary" in f for f in res["checks"]["failures"])
+
+
+def test_max_samples_treats_dataset_as_prefix(gate, vocab):
+    res = gate(perfect_log(vocab, n=3), max_samples=3)
+    assert res["checks"]["passed"] and res["checks"]["expected_samples"] == 3 and res["scores"]["gen_num"] == 3
+    with pytest.raises(AccuracyInputError, match="max_samples=9"):
+        gate(perfect_log(vocab, n=3), max_samples=9)
+
+
+def test_bad_inputs_raise(tmp_path, tok_dir, dataset_file, vocab):
+    with pytest.raises(AccuracyInputError, match="not found"):
+        run_gate(str(tmp_path / "nope.json"), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
+    empty = write_log(tmp_path, [])
+    with pytest.raises(AccuracyInputError, match="empty"):
+        run_gate(str(empty), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"qsl_idx": 0, "data": "XYZ"}]))
+    with pytest.raises(AccuracyInputError, match="not hex"):
+        run_gate(str(bad), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
+
+
+def test_missing_punkt_is_a_clear_error_and_never_downloads(monkeypatch, tmp_path, tok_dir, dataset_file, vocab):
+    import nltk.data
+
+    def no_download(*a, **k):
+        raise AssertionError("nltk.download must never be called")
+
+    monkeypatch.setattr(nltk, "download", no_download)
+    log_path = write_log(tmp_path, perfect_log(vocab))
+    # with the data present the whole gate runs without a download
+    run_gate(str(log_path), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "nowhere")])
+    with pytest.raises(PunktDataMissingError, match="scripts/install_punkt.py"):
+        run_gate(str(log_path), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_exit_codes(tmp_path, tok_dir, dataset_file, vocab, caplog):
+    log_path = write_log(tmp_path, perfect_log(vocab))
+    common = ["--accuracy-log", str(log_path), "--dataset", str(dataset_file), "--tokenizer", str(tok_dir)]
+    ref = tmp_path / "ref.json"
+    # fail (subset vs datacenter gen_len) but the log is fine, so the reference gets written
+    assert cli_main(common + ["--write-reference", str(ref)]) == 1
+    assert (tmp_path / "accuracy.json").is_file()  # default output dir: the log's folder
+    assert cli_main(common + ["--reference", str(ref), "--output-dir", str(tmp_path / "o"), "--eos-ids", "2,3"]) == 0
+    assert json.loads((tmp_path / "o" / "accuracy.json").read_text())["inputs"]["eos_ids"] == [2, 3]
+    # bad input: no tokenizer, bad reference file, missing log
+    caplog.clear()
+    assert cli_main(common[:4] + ["--output-dir", str(tmp_path / "o2")]) == 2
+    assert "--tokenizer" in caplog.text
+    assert cli_main(common + ["--reference", str(tmp_path / "none.json")]) == 2
+    assert cli_main(["--accuracy-log", str(tmp_path / "x.json"), "--dataset", str(dataset_file), "--tokenizer", str(tok_dir)]) == 2
+    with pytest.raises(SystemExit) as exc:
+        cli_main(common + ["--eos-ids", "a,b"])
+    assert exc.value.code == 2
+    # a failing log
+    entries = perfect_log(vocab)
+    del entries[0]
+    write_log(tmp_path, entries)
+    assert cli_main(common + ["--reference", str(ref)]) == 1

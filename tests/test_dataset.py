@@ -1,0 +1,148 @@
+import json
+
+import numpy as np
+import pytest
+
+from sut.dataset import DatasetError, QuerySampleLibrary, load_dataset
+
+VOCAB = 1000
+
+
+def rec(ids, out="ref"):
+    return {"instruction": {"llama": "t"}, "input": "x", "tok_input": ids, "output": out}
+
+
+def good():
+    return [rec([1, 2, 3]), rec([4, 5]), rec(list(range(1, 100)))]
+
+
+def test_valid_file_loads_as_int32(write_json):
+    ds = load_dataset(write_json(good()), VOCAB, 300)
+    assert len(ds) == 3 and ds.total_in_file == 3
+    assert all(p.dtype == np.int32 for p in ds.prompts)
+    assert ds.prompts[1].tolist() == [4, 5]
+    assert ds.references[0] == "ref"
+    assert len(ds.sha256) == 64
+
+
+def test_subset_keeps_first_n(write_json):
+    ds = load_dataset(write_json(good()), VOCAB, 300, max_samples=2)
+    assert len(ds) == 2 and ds.total_in_file == 3
+
+
+@pytest.mark.parametrize(
+    "bad, index, field, text",
+    [
+        ({"input": "x", "output": "y"}, 1, "tok_input", "missing"),
+        (rec([]), 1, "tok_input", "non-empty list"),
+        (rec([1, 2.0, 3]), 1, "tok_input", "position 1 is 2.0, not an integer"),
+        (rec([1, True]), 1, "tok_input", "not an integer"),
+        (rec([1, "7"]), 1, "tok_input", "not an integer"),
+        (rec([1, VOCAB]), 1, "tok_input", f"id {VOCAB} at position 1 is outside the model vocabulary"),
+        (rec([-1]), 1, "tok_input", "outside the model vocabulary"),
+        (rec(list(range(1, 200))), 1, "tok_input", "more than max_model_len - 128"),
+        ("not a dict", 1, None, "must be a JSON object"),
+        (rec([1], out=5), 1, "output", "must be a string"),
+    ],
+)
+def test_each_bad_record_names_file_index_field(write_json, bad, index, field, text):
+    data = [rec([1, 2]), bad]
+    path = write_json(data)
+    with pytest.raises(DatasetError) as ei:
+        load_dataset(path, VOCAB, max_model_len=128 + 150)
+    e = ei.value
+    assert e.path == str(path) and e.index == index and e.field == field
+    assert text in str(e) and str(path) in str(e) and f"record {index}" in str(e)
+
+
+def test_malformed_json(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('[{"tok_input": [1, 2]')
+    with pytest.raises(DatasetError, match="malformed JSON"):
+        load_dataset(p, VOCAB, 300)
+
+
+def test_not_a_list_and_empty(write_json):
+    with pytest.raises(DatasetError, match="JSON list"):
+        load_dataset(write_json({"tok_input": [1]}), VOCAB, 300)
+    with pytest.raises(DatasetError, match="no records"):
+        load_dataset(write_json([]), VOCAB, 300)
+
+
+def test_pickle_is_refused_not_unpickled(tmp_path):
+    import pickle
+
+    p = tmp_path / "cnn_eval.pkl"
+    p.write_bytes(pickle.dumps([{"tok_input": [1]}]))
+    with pytest.raises(DatasetError, match="pickle"):
+        load_dataset(p, VOCAB, 300)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DatasetError, match="not found"):
+        load_dataset(tmp_path / "nope.json", VOCAB, 300)
+
+
+def test_qsl_counts(write_json):
+    ds = load_dataset(write_json(good()), VOCAB, 300)
+    qsl = QuerySampleLibrary(ds, 13368)
+    try:
+        assert qsl.total_sample_count == 3
+        assert qsl.performance_sample_count == 3  # capped at the dataset size
+    finally:
+        qsl.destroy()
+
+
+def test_synthetic_is_deterministic_in_vocab_and_cnn_like(tmp_path):
+    from sut.synthetic import SyntheticSettings, make_lengths, write_dataset
+
+    s = SyntheticSettings(samples=13368)
+    lens = make_lengths(s)
+    assert 820 <= lens.mean() <= 900 and 760 <= np.median(lens) <= 800
+    assert lens.max() <= 2540 and lens.min() >= 76
+    assert 1950 <= np.percentile(lens, 99) <= 2350
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_dataset(a, SyntheticSettings(samples=50, seed=3))
+    write_dataset(b, SyntheticSettings(samples=50, seed=3))
+    assert a.read_bytes() == b.read_bytes()
+    ds = load_dataset(a, 128256, 2668)
+    assert len(ds) == 50 and all(p[0] == 128000 for p in ds.prompts)
+    assert max(int(p[1:].max()) for p in ds.prompts) < 128000
+
+
+def test_synthetic_tokenizer_round_trip(synthetic_small):
+    from transformers import AutoTokenizer
+
+    path, tokdir = synthetic_small
+    tok = AutoTokenizer.from_pretrained(str(tokdir))
+    assert len(tok) == 128256
+    recs = json.loads(path.read_text())
+    body = recs[0]["tok_input"][28:]
+    assert tok.decode(body) == recs[0]["input"]
+    assert tok.decode([5, 128009, 6], skip_special_tokens=True).split() == tok.decode([5, 6]).split()
+
+
+def test_retokenize_with_template_and_bos(tmp_path, synthetic_small):
+    from sut.constants import PROMPT_TEMPLATE
+    from sut.retokenize import retokenize
+    from transformers import AutoTokenizer
+
+    _, tokdir = synthetic_small
+    src = tmp_path / "rows.jsonl"
+    src.write_text(json.dumps({"article": "bababa bababe", "highlights": "bababi.", "split": "validation"}) + "\n"
+                   + json.dumps({"article": "bababo", "highlights": "x", "split": "train"}) + "\n")
+    out = tmp_path / "out.json"
+    stats = retokenize(src, str(tokdir), out, split="validation")
+    recs = json.loads(out.read_text())
+    assert stats["samples"] == 1 and recs[0]["output"] == "bababi."
+    tok = AutoTokenizer.from_pretrained(str(tokdir))
+    assert recs[0]["tok_input"] == tok(PROMPT_TEMPLATE.format(input="bababa bababe"))["input_ids"]
+
+
+def test_retokenize_bad_row_is_named(tmp_path, synthetic_small):
+    from sut.retokenize import retokenize
+
+    src = tmp_path / "rows.json"
+    src.write_text(json.dumps([{"input": "a"}, {"output": "b"}]))
+    with pytest.raises(DatasetError, match=r"record 1, field 'input'"):
+        retokenize(src, str(synthetic_small[1]), tmp_path / "o.json")

@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+
+from sut.response import cut_at_first_eos, response_buffer
+
+EOS = (128001, 128008, 128009)
+
+
+def test_cut_keeps_first_eos_and_drops_the_rest():
+    out = cut_at_first_eos([5, 6, 128009, 128009, 7], EOS)
+    assert out.tolist() == [5, 6, 128009]
+    assert out.dtype == np.dtype("<i4")
+
+
+def test_any_of_the_eos_ids_cuts():
+    assert cut_at_first_eos([1, 128008, 2, 128001], EOS).tolist() == [1, 128008]
+
+
+def test_no_eos_means_unchanged_and_never_padded():
+    ids = list(range(1000, 1128))
+    out = cut_at_first_eos(ids, EOS)
+    assert out.tolist() == ids and len(out) == 128
+
+
+def test_buffer_is_little_endian_int32_bytes_and_size_in_bytes():
+    ids = cut_at_first_eos([1, 256, 128009], EOS)
+    buf = response_buffer(ids)
+    addr, nbytes = buf.buffer_info()
+    assert nbytes == 12 and addr != 0
+    assert bytes(buf) == b"\x01\x00\x00\x00\x00\x01\x00\x00\x09\xf4\x01\x00"
+    assert np.frombuffer(bytes(buf), "<i4").tolist() == [1, 256, 128009]
+
+
+def test_int64_input_is_converted_not_reinterpreted():
+    arr = np.array([3, 128009], dtype=np.int64)
+    assert np.frombuffer(bytes(response_buffer(cut_at_first_eos(arr, EOS))), "<i4").tolist() == [3, 128009]
+
+
+def test_complete_samples_sends_n_tokens_and_byte_size(monkeypatch):
+    import mlperf_loadgen as lg
+
+    from sut import response
+
+    seen = []
+
+    def fake_complete(responses):
+        for r in responses:
+            data = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_ubyte * r.size).from_address(r.data)).tobytes() if r.size else b""
+            seen.append((r.id, r.size, r.n_tokens, np.frombuffer(data, "<i4").tolist()))
+
+    monkeypatch.setattr(lg, "QuerySamplesComplete", fake_complete)
+    response.complete_samples([(11, cut_at_first_eos([9, 8, 128009, 128009], EOS)), (12, np.array([4, 5], np.int32))])
+    assert seen == [(11, 12, 3, [9, 8, 128009]), (12, 8, 2, [4, 5])]

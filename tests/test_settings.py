@@ -1,0 +1,157 @@
+import dataclasses
+
+import pytest
+
+from sut import harness
+from sut.base import RunFailed, get_sut, sut_names
+from sut.engine import EngineError, EngineSettings, GenerationSettings, plan_engines, read_model_info
+from sut.harness import RunSettings, loadgen_test_settings
+
+from conftest import CPU_CONF, REPO, TINY_MODEL
+
+
+SNIPPET = """
+import json, sys
+from sut.harness import RunSettings, loadgen_test_settings
+kw, size = json.loads(sys.argv[1])
+ts, reasons = loadgen_test_settings(RunSettings(**kw), size)
+fields = ["min_duration_ms", "min_query_count", "performance_sample_count_override", "sample_concatenate_permutation",
+          "use_token_latencies", "offline_expected_qps", "qsl_rng_seed"]
+out = {f: getattr(ts, f) for f in fields}
+out.update(scenario=int(ts.scenario), mode=int(ts.mode), reasons=reasons)
+print(json.dumps(out))
+"""
+
+
+def settings_in_fresh_process(size, **kw):
+    """LoadGen loads mlperf.conf only on the first FromConfig of a process, so each case runs in its own."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import sut_env
+
+    base = dict(sut="vllm", dataset="x.json", user_conf=str(REPO / "user.conf"))
+    base.update(kw)
+    out = subprocess.run([sys.executable, "-c", SNIPPET, json.dumps([base, size])], capture_output=True, text=True,
+                         env=sut_env(), cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def rs(**kw):
+    base = dict(sut="vllm", dataset="x.json", user_conf=str(REPO / "user.conf"))
+    base.update(kw)
+    return RunSettings(**base)
+
+
+def test_official_settings_are_compliant_and_come_from_mlperf_conf():
+    import mlperf_loadgen as lg
+
+    ts = settings_in_fresh_process(13368)
+    assert ts["reasons"] == []
+    assert ts["scenario"] == int(lg.TestScenario.Offline) and ts["mode"] == int(lg.TestMode.PerformanceOnly)
+    assert ts["min_duration_ms"] == 600000 and ts["min_query_count"] == 13368
+    assert ts["performance_sample_count_override"] == 13368
+    assert ts["sample_concatenate_permutation"] and ts["use_token_latencies"]
+    assert ts["offline_expected_qps"] == 34  # shipped user.conf
+    assert ts["qsl_rng_seed"] == 2085463073848966840  # mlperf.conf seed, not 0
+
+
+def test_accuracy_mode_and_edge_key():
+    import mlperf_loadgen as lg
+
+    ts = settings_in_fresh_process(5000, mode="accuracy", model_key="llama3_1-8b-edge")
+    assert ts["mode"] == int(lg.TestMode.AccuracyOnly) and ts["performance_sample_count_override"] == 5000
+    assert ts["reasons"] == []
+
+
+def test_every_override_is_reported_non_compliant():
+    ts = settings_in_fresh_process(64, min_duration_s=10, min_query_count=1, target_qps=3.5, max_samples=64)
+    text = "; ".join(ts["reasons"])
+    for word in ("64 samples", "min_duration overridden", "min_query_count overridden", "target_qps", "--max-samples"):
+        assert word in text
+    assert ts["min_duration_ms"] == 10000 and ts["performance_sample_count_override"] == 64
+    assert ts["offline_expected_qps"] == 3.5
+
+
+def test_from_config_only_once_per_process(monkeypatch):
+    monkeypatch.setattr(harness, "_FROM_CONFIG_CALLED", True)
+    with pytest.raises(RunFailed, match="already called"):
+        loadgen_test_settings(rs(), 13368)
+
+
+def test_bad_user_conf_is_rejected(tmp_path):
+    p = tmp_path / "user.conf"
+    p.write_text("llama3_1-8b.Offline.target_qps = fast\n")
+    import json, subprocess, sys
+    from conftest import sut_env
+    code = ("from sut.harness import RunSettings, loadgen_test_settings; import sys\n"
+            "loadgen_test_settings(RunSettings(sut='vllm', dataset='x', user_conf=sys.argv[1]), 13368)")
+    out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, env=sut_env(), cwd=REPO)
+    assert out.returncode != 0 and "rejected" in out.stderr
+
+
+def test_missing_user_conf(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "_FROM_CONFIG_CALLED", False)
+    with pytest.raises(RunFailed, match="not found"):
+        loadgen_test_settings(rs(user_conf=str(tmp_path / "none.conf")), 13368)
+
+
+@pytest.mark.parametrize("kw, msg", [({"mode": "fast"}, "mode"), ({"scenario": "Server"}, "scenario"),
+                                     ({"model_key": "llama2-70b"}, "model_key")])
+def test_run_settings_validate(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        rs(**kw)
+
+
+def test_prefix_caching_is_refused_for_mlperf_runs():
+    from sut.engine import EnginePool
+
+    es = EngineSettings(model=str(TINY_MODEL), enable_prefix_caching=True, device="cpu")
+    with pytest.raises(EngineError, match="not allowed"):
+        EnginePool(es, GenerationSettings())
+
+
+def test_vllm_kwargs_always_pass_prefix_caching_explicitly():
+    kw = EngineSettings(model="m").vllm_kwargs()
+    assert kw["enable_prefix_caching"] is False and kw["skip_tokenizer_init"] is True
+
+
+def test_gpu_plan_one_engine_per_visible_gpu_and_shared_memory(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    slots = plan_engines(EngineSettings(model="m", engines_per_device=2, gpu_memory_utilization=0.9))
+    assert [(s.kind, s.device) for s in slots] == [("cuda", "2"), ("cuda", "2"), ("cuda", "3"), ("cuda", "3")]
+    assert dict(slots[2].env)["CUDA_VISIBLE_DEVICES"] == "3"
+    assert EngineSettings(model="m", gpu_memory_utilization=0.9).vllm_kwargs(gpu_share=2)["gpu_memory_utilization"] == 0.45
+
+
+def test_cpu_plan_splits_cores(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1, 2, 3})
+    slots = plan_engines(EngineSettings(model="m", device="cpu", engines_per_device=2))
+    binds = [dict(s.env)["VLLM_CPU_OMP_THREADS_BIND"] for s in slots]
+    assert binds == ["0-1", "2-3"]
+    assert dict(slots[0].env)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    with pytest.raises(EngineError, match="cores"):
+        plan_engines(EngineSettings(model="m", device="cpu", engines_per_device=5))
+
+
+def test_cuda_requested_without_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(EngineError, match="no GPU"):
+        plan_engines(EngineSettings(model="m", device="cuda"))
+
+
+def test_model_info_reads_eos_from_generation_config(tmp_path):
+    info = read_model_info(TINY_MODEL)
+    assert info.vocab_size == 128256 and info.eos_token_ids == (128001, 128008, 128009)
+    (tmp_path / "config.json").write_text('{"vocab_size": 10, "eos_token_id": 2}')
+    assert read_model_info(tmp_path).eos_token_ids == (2,)
+    with pytest.raises(EngineError, match="config.json"):
+        read_model_info(tmp_path / "missing")
+
+
+def test_registry_knows_vllm():
+    assert "vllm" in sut_names()
+    with pytest.raises(KeyError, match="known"):
+        get_sut("nope")
