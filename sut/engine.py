@@ -24,12 +24,14 @@ then SIGKILL), so vLLM's own child processes never outlive the run.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -258,6 +260,75 @@ def plan_engines(settings: EngineSettings) -> list[EngineSlot]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Garbage-collector pauses
+# ---------------------------------------------------------------------------------------------
+
+
+class GcPauseMonitor:
+    """Measures every garbage-collection pause of this process through ``gc.callbacks``.
+
+    ``freeze()`` collects once and moves every object alive at that moment (model, engine,
+    imported modules) into the permanent generation (``gc.freeze``), so later collections only
+    walk objects created during inference; ``unfreeze()`` undoes it (call it before the engine
+    shuts down, so the engine's objects can be collected again). ``stats()`` gives the count,
+    the total and the largest pause, overall and per generation.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.count = 0
+        self.total_s = 0.0
+        self.max_s = 0.0
+        self.max_gen: Optional[int] = None
+        self.frozen_objects = 0
+        self._t0: Optional[float] = None
+        self._installed = False
+
+    def install(self) -> "GcPauseMonitor":
+        if not self._installed:
+            gc.callbacks.append(self._callback)
+            self._installed = True
+        return self
+
+    def uninstall(self) -> None:
+        if self._installed:
+            try:
+                gc.callbacks.remove(self._callback)
+            except ValueError:
+                pass
+            self._installed = False
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        if self._t0 is None:
+            return
+        dt = time.perf_counter() - self._t0
+        self._t0 = None
+        self.count += 1
+        self.total_s += dt
+        if dt > self.max_s:
+            self.max_s = dt
+            self.max_gen = info.get("generation")
+
+    def freeze(self) -> int:
+        gc.collect()
+        gc.freeze()
+        self.frozen_objects = gc.get_freeze_count()
+        return self.frozen_objects
+
+    @staticmethod
+    def unfreeze() -> None:
+        gc.unfreeze()
+
+    def stats(self) -> dict:
+        return {"name": self.name, "pid": os.getpid(), "collections": self.count, "total_ms": round(self.total_s * 1e3, 3),
+                "max_pause_ms": round(self.max_s * 1e3, 3), "max_pause_generation": self.max_gen,
+                "frozen_objects": self.frozen_objects}
+
+
+# ---------------------------------------------------------------------------------------------
 # Worker process
 # ---------------------------------------------------------------------------------------------
 
@@ -307,11 +378,31 @@ def _cpu_name() -> str:
     return "cpu"
 
 
-def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationSettings, slot: EngineSlot) -> None:
-    """Entry point of an engine worker process (spawned)."""
-    os.setpgrp()  # own process group: the parent ends vLLM's children with one killpg
+class _Terminated(BaseException):
+    """SIGTERM in an engine worker that shares its parent's process group."""
+
+
+def _raise_terminated(*_):
+    raise _Terminated()
+
+
+def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationSettings, slot: EngineSlot,
+                 own_process_group: bool = True, gc_freeze: bool = False) -> None:
+    """Entry point of an engine worker process (spawned).
+
+    ``own_process_group``: start a new process group (the standalone SUT ends vLLM's children
+    with one killpg); False keeps the worker in its parent's group, so that whoever ends the
+    parent's group (Flame's executor manager at unbind) ends the engine too.
+    ``gc_freeze``: after start-up, ``gc.freeze()`` the heap and time every GC pause; the largest
+    pause is logged at shutdown and reported on a ``("stats",)`` request.
+    """
+    if own_process_group:
+        os.setpgrp()  # own process group: the parent ends vLLM's children with one killpg
+    else:
+        signal.signal(signal.SIGTERM, _raise_terminated)  # the group's SIGTERM: clean exit through `finally`
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ.update(dict(slot.env))
+    gcmon = GcPauseMonitor(f"engine-{slot.index}")
     try:
         import torch
         import vllm
@@ -320,31 +411,45 @@ def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: Generation
         llm = LLM(**settings.vllm_kwargs(slot.gpu_share))
         engine = llm.llm_engine
         params = gen.sampling_params()
-        conn.send(("ready", _read_back(llm, vllm, torch, slot)))
+        info = _read_back(llm, vllm, torch, slot)
+        if gc_freeze:
+            gcmon.install()
+            info["gc_frozen_objects"] = gcmon.freeze()
+        conn.send(("ready", info))
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the run
         conn.send(("error", f"engine {slot.index} failed to start:\n{traceback.format_exc()}"))
         return
     try:
-        _serve(conn, engine, params)
-    except (EOFError, BrokenPipeError):
-        pass  # parent is gone
+        _serve(conn, engine, params, gcmon.stats, llm=llm)
+    except (EOFError, BrokenPipeError, _Terminated):
+        pass  # parent is gone, or the shared process group is being ended
     except BaseException:  # noqa: BLE001
         try:
             conn.send(("error", f"engine {slot.index} failed:\n{traceback.format_exc()}"))
         except (OSError, EOFError):
             pass
     finally:
+        if gc_freeze:
+            gcmon.unfreeze()  # before the engine's objects are released
+            gcmon.uninstall()
+            st = gcmon.stats()
+            print(f"engine {slot.index} (pid {os.getpid()}): largest GC pause {st['max_pause_ms']:.1f} ms "
+                  f"(generation {st['max_pause_generation']}), {st['collections']} collections, "
+                  f"{st['total_ms']:.0f} ms in total", flush=True)
         try:
             del llm
         except Exception:  # noqa: BLE001
             pass
 
 
-def _serve(conn: mpc.Connection, engine, params) -> None:
+def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None) -> None:
     """The hot loop: the same add_request/step cycle as ``LLM.generate``, fed from a pipe.
 
-    Messages in: ("gen", [(request_id, int32 prompt), ...]) and ("stop",).
-    Messages out: ("done", [(request_id, int32 output ids), ...]) after each step that finishes requests.
+    Messages in: ("gen", [(request_id, int32 prompt), ...]), ("stats",) and ("stop",).
+    Messages out: ("done", [(request_id, int32 output ids), ...]) after each step that finishes
+    requests; ("stats", dict) in answer to ("stats",). ("raw", [...]) runs one plain
+    ``LLM.generate`` over the batch on an idle engine and answers ("raw_done", (seconds, [...]))
+    — the baseline the overhead benchmark compares the SUT against.
     """
     while True:
         # Stage 1: intake. Block only when nothing is running.
@@ -354,6 +459,16 @@ def _serve(conn: mpc.Connection, engine, params) -> None:
                 msg = conn.recv()
                 if msg[0] == "stop":
                     return
+                if msg[0] == "stats":
+                    conn.send(("stats", stats_fn() if stats_fn else {}))
+                    if not conn.poll(0):
+                        break
+                    continue
+                if msg[0] == "raw":
+                    conn.send(("raw_done", _raw_generate(llm, params, msg[1])))
+                    if not conn.poll(0):
+                        break
+                    continue
                 for rid, prompt in msg[1]:
                     engine.add_request(str(rid), {"prompt_token_ids": prompt.tolist()}, params)
                 if not conn.poll(0):
@@ -368,6 +483,19 @@ def _serve(conn: mpc.Connection, engine, params) -> None:
             conn.send(("done", done))
 
 
+def _raw_generate(llm, params, batch) -> tuple[float, list]:
+    """One ``LLM.generate`` over ``[(request id, int32 prompt)]``; returns (seconds, results)."""
+    from vllm.inputs import TokensPrompt
+
+    if llm is None or llm.llm_engine.has_unfinished_requests():
+        raise EngineError("raw generate needs an idle engine")
+    prompts = [TokensPrompt(prompt_token_ids=p.tolist()) for _, p in batch]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    return dt, [(rid, np.asarray(o.outputs[0].token_ids, dtype=np.int32)) for (rid, _), o in zip(batch, outs)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Parent side
 # ---------------------------------------------------------------------------------------------
@@ -380,8 +508,11 @@ FatalCallback = Callable[[str], None]
 class EngineHandle:
     """Parent-side handle of one engine worker: start, submit, watch, shut down."""
 
-    def __init__(self, slot: EngineSlot, settings: EngineSettings, gen: GenerationSettings):
+    def __init__(self, slot: EngineSlot, settings: EngineSettings, gen: GenerationSettings,
+                 own_process_group: bool = True, gc_freeze: bool = False):
         self.slot, self.settings, self.gen = slot, settings, gen
+        self.own_process_group = own_process_group
+        self.gc_freeze = gc_freeze
         self.info: dict = {}
         self.outstanding_tokens = 0
         self.samples_done = 0
@@ -390,6 +521,10 @@ class EngineHandle:
         self._send_lock = threading.Lock()
         self._watcher: Optional[threading.Thread] = None
         self._stopping = False
+        self._on_done: Optional[DoneCallback] = None
+        self._on_fatal: Optional[FatalCallback] = None
+        self._on_stats: Optional[Callable[[dict], None]] = None
+        self._raw: "queue.Queue" = queue.Queue()
 
     @property
     def pid(self) -> Optional[int]:
@@ -399,7 +534,8 @@ class EngineHandle:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         self._conn = parent
-        self._proc = ctx.Process(target=_worker_main, args=(child, self.settings, self.gen, self.slot),
+        self._proc = ctx.Process(target=_worker_main, args=(child, self.settings, self.gen, self.slot,
+                                                            self.own_process_group, self.gc_freeze),
                                  name=f"vllm-engine-{self.slot.index}", daemon=False)
         self._proc.start()
         child.close()
@@ -425,8 +561,22 @@ class EngineHandle:
                 self._proc.join(1)
                 raise EngineError(f"engine {self.slot.index} exited during start-up (code {self._proc.exitcode})")
 
-    def watch(self, on_done: DoneCallback, on_fatal: FatalCallback) -> None:
-        """Start the thread that forwards results and reports death within milliseconds."""
+    def watch(self, on_done: DoneCallback, on_fatal: FatalCallback,
+              on_stats: Optional[Callable[[dict], None]] = None) -> None:
+        """Route results to ``on_done`` and death/errors to ``on_fatal`` (reported within milliseconds).
+
+        ``on_stats`` receives the worker's answer to :meth:`request_stats`. The watcher thread
+        starts on the first call; later calls only swap the callbacks (a benchmark runs several
+        SUTs over one pool).
+        """
+        self._on_done, self._on_fatal, self._on_stats = on_done, on_fatal, on_stats
+        if self._watcher is not None:
+            return
+
+        def fatal(msg: str) -> None:
+            self._raw.put(EngineError(msg))
+            if self._on_fatal is not None:
+                self._on_fatal(msg)
 
         def loop():
             while True:
@@ -437,21 +587,40 @@ class EngineHandle:
                     except (EOFError, OSError):
                         kind, payload = "eof", None
                     if kind == "done":
-                        on_done(self.slot.index, payload)
+                        self._on_done(self.slot.index, payload)
+                        continue
+                    if kind == "stats":
+                        if self._on_stats is not None:
+                            self._on_stats(payload)
+                        continue
+                    if kind == "raw_done":
+                        self._raw.put(payload)
                         continue
                     if self._stopping:
                         return
                     if kind == "error":
-                        on_fatal(payload)
+                        fatal(payload)
                         return
                 if self._stopping:
                     return
                 self._proc.join(2)
-                on_fatal(f"engine {self.slot.index} (pid {self._proc.pid}) exited unexpectedly with code {self._proc.exitcode}")
+                fatal(f"engine {self.slot.index} (pid {self._proc.pid}) exited unexpectedly with code {self._proc.exitcode}")
                 return
 
         self._watcher = threading.Thread(target=loop, name=f"engine-{self.slot.index}-watch", daemon=True)
         self._watcher.start()
+
+    def raw_generate_start(self, batch: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Ask the idle worker for one plain ``LLM.generate`` over ``batch`` (see ``raw_generate_result``)."""
+        with self._send_lock:
+            self._conn.send(("raw", list(batch)))
+
+    def raw_generate_result(self, timeout: float = 3600.0) -> tuple[float, list]:
+        """``(generate seconds, [(request id, int32 ids)])`` of the raw batch; needs ``watch`` running."""
+        res = self._raw.get(timeout=timeout)
+        if isinstance(res, Exception):
+            raise res
+        return res
 
     def submit(self, batch: Sequence[tuple[int, np.ndarray]]) -> None:
         """Send ``(request_id, int32 prompt)`` pairs to the worker. Raises ``EngineError`` if it is gone."""
@@ -461,8 +630,17 @@ class EngineHandle:
         except (OSError, BrokenPipeError) as e:
             raise EngineError(f"engine {self.slot.index} is gone: {e}") from None
 
+    def request_stats(self) -> None:
+        """Ask the worker for its GC statistics; the answer goes to ``watch``'s ``on_stats``."""
+        try:
+            with self._send_lock:
+                self._conn.send(("stats",))
+        except (OSError, BrokenPipeError) as e:
+            raise EngineError(f"engine {self.slot.index} is gone: {e}") from None
+
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the worker and end its whole process group (SIGTERM, then SIGKILL)."""
+        """Stop the worker and end its process group, or only the worker when it shares its
+        parent's group (SIGTERM, then SIGKILL)."""
         self._stopping = True
         if self._proc is None:
             return
@@ -473,6 +651,16 @@ class EngineHandle:
             except (OSError, BrokenPipeError):
                 pass
             self._proc.join(timeout)
+        if not self.own_process_group:
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(5)
+            if self._conn is not None:
+                self._conn.close()
+            return
         pgid = self._proc.pid
         for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             try:

@@ -31,10 +31,12 @@ log = logging.getLogger(__name__)
 class StandaloneSUT(SystemUnderTest):
     """LoadGen SUT that runs vLLM engines in local worker processes (one per device)."""
 
-    def __init__(self, ctx: SUTContext):
+    def __init__(self, ctx: SUTContext, pool: EnginePool | None = None):
         super().__init__(ctx)
         self.dispatch_chunk = int(ctx.options.get("dispatch_chunk", 512))
-        self.pool = EnginePool(ctx.engine, ctx.generation, allow_prefix_caching=bool(ctx.options.get("allow_prefix_caching")))
+        self._owns_pool = pool is None  # a benchmark passes one started pool to several SUT objects
+        self.pool = pool or EnginePool(ctx.engine, ctx.generation,
+                                       allow_prefix_caching=bool(ctx.options.get("allow_prefix_caching")))
         self._inbox: "queue.Queue[list | None]" = queue.Queue()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)
         self._req_engine: dict[int, int] = {}  # request id -> engine index (for token accounting)
@@ -44,7 +46,7 @@ class StandaloneSUT(SystemUnderTest):
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> dict:
-        infos = self.pool.start()
+        infos = self.pool.start() if self._owns_pool else [e.info for e in self.pool.engines]
         for e in self.pool.engines:
             e.watch(self._on_done, self.ledger.fail)
         self._dispatcher.start()
@@ -55,7 +57,8 @@ class StandaloneSUT(SystemUnderTest):
             return
         self._stopped = True
         self._inbox.put(None)
-        self.pool.shutdown()
+        if self._owns_pool:
+            self.pool.shutdown()
         self.ledger.close()
 
     # -- LoadGen callbacks ----------------------------------------------------------------
