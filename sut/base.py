@@ -189,6 +189,10 @@ class SystemUnderTest(abc.ABC):
 
 _REGISTRY: dict[str, type[SystemUnderTest]] = {}
 
+#: Built-in backends and the module that registers each. Only the requested one is imported, so
+#: a host without flamepy's extra dependencies can still run the standalone SUT.
+BUILTIN_BACKENDS = {"vllm": "sut.standalone", "flame": "sut.flame.client"}
+
 
 def register_sut(name: str) -> Callable[[type[SystemUnderTest]], type[SystemUnderTest]]:
     """Class decorator: make a backend available as ``--sut NAME``."""
@@ -202,25 +206,20 @@ def register_sut(name: str) -> Callable[[type[SystemUnderTest]], type[SystemUnde
 
 
 def get_sut(name: str) -> type[SystemUnderTest]:
-    """The backend class registered as ``name``; ``KeyError`` lists the known names."""
-    _load_builtin_backends()
+    """The backend class registered as ``name`` (importing its module on first use).
+
+    Raises ``KeyError`` listing the known names.
+    """
+    if name not in _REGISTRY and name in BUILTIN_BACKENDS:
+        import importlib
+
+        importlib.import_module(BUILTIN_BACKENDS[name])
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown SUT {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        raise KeyError(f"unknown SUT {name!r}; known: {', '.join(sut_names())}") from None
 
 
 def sut_names() -> list[str]:
-    _load_builtin_backends()
-    return sorted(_REGISTRY)
-
-
-def _load_builtin_backends() -> None:
-    import importlib
-
-    for mod in ("sut.standalone", "sut.flame.client"):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if not mod.startswith(e.name or "\0"):
-                raise
+    """Names of the built-in and registered backends."""
+    return sorted(set(BUILTIN_BACKENDS) | set(_REGISTRY))

@@ -71,7 +71,7 @@ class EngineSettings:
     max_model_len: int = 2668
     max_num_seqs: int = 256
     max_num_batched_tokens: Optional[int] = None
-    gpu_memory_utilization: float = 0.90
+    gpu_memory_utilization: Optional[float] = None  # None = vLLM's default (0.92 in 0.26)
     kv_cache_dtype: str = "auto"
     quantization: Optional[str] = None
     load_format: str = "auto"
@@ -109,8 +109,11 @@ class EngineSettings:
             kw["max_num_batched_tokens"] = self.max_num_batched_tokens
         if self.quantization:
             kw["quantization"] = self.quantization
-        if gpu_share > 1 or self.gpu_memory_utilization != 0.90:
-            kw["gpu_memory_utilization"] = round(self.gpu_memory_utilization / gpu_share, 4)
+        util = self.gpu_memory_utilization
+        if util is None and gpu_share > 1:
+            util = 0.90  # engines sharing a GPU must split it explicitly
+        if util is not None:
+            kw["gpu_memory_utilization"] = round(util / gpu_share, 4)
         return kw
 
 

@@ -17,7 +17,7 @@ import pytest
 from accuracy import AccuracyInputError, GateSettings, PunktDataMissingError, TokenizerNotFoundError, evaluate, run_gate
 from accuracy.__main__ import main as cli_main
 from accuracy.constants import REFERENCES, ROUGE_KEYS
-from accuracy.gate import judge, load_reference_file, resolve_reference, Reference
+from accuracy.gate import judge, load_reference_file, resolve_reference
 from accuracy.loadgen_log import encode_ids, make_log_entry
 from accuracy.punkt_data import ensure_punkt, write_punkt_tab
 from accuracy.report import format_accuracy_txt
@@ -99,7 +99,9 @@ def dataset_file(tmp_path_factory, vocab) -> Path:
     return path
 
 
-def perfect_log(vocab, n=len(REFERENCES_TEXT), eos=True) -> list[dict]:
+def perfect_log(vocab, n: int | None = None, eos: bool = True) -> list[dict]:
+    """A correct log: sample i's ids are reference i's words (+ one EOS)."""
+    n = len(REFERENCES_TEXT) if n is None else n
     return [make_log_entry(i, ids_of(REFERENCES_TEXT[i], vocab) + ([EOS] if eos else [])) for i in range(n)]
 
 

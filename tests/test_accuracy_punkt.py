@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from accuracy.punkt_data import PUNKT_TAB_FILES, TRICKY_TEXTS, compare_with_punkt, nltk_tokenizer_from_dir, write_punkt_tab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +21,8 @@ def test_write_punkt_tab_files(tmp_path):
     lines = {name: (english / name).read_text(encoding="utf-8").splitlines() for name in PUNKT_TAB_FILES}
     assert set(lines["abbrev_types.txt"]) == set(src.ABBREV_TYPES)
     assert set(lines["sent_starters.txt"]) == set(src.SENT_STARTERS)
-    assert {tuple(l.split("\t")) for l in lines["collocations.tab"]} == set(src.COLLOCATIONS)
-    assert {l.split("\t")[0]: int(l.split("\t")[1]) for l in lines["ortho_context.tab"]} == dict(src.ORTHO_CONTEXT)
+    assert {tuple(line.split("\t")) for line in lines["collocations.tab"]} == set(src.COLLOCATIONS)
+    assert {ln.split("\t")[0]: int(ln.split("\t")[1]) for ln in lines["ortho_context.tab"]} == dict(src.ORTHO_CONTEXT)
 
 
 def test_nltk_with_written_data_matches_punkt(tmp_path):

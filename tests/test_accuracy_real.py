@@ -16,8 +16,8 @@ import pytest
 from accuracy import run_gate
 from accuracy.__main__ import main as cli_main
 from accuracy.constants import LLAMA31_EOS_IDS, ROUGE_KEYS
-from accuracy.loadgen_log import make_log_entry
 from accuracy.errors import PunktDataMissingError
+from accuracy.loadgen_log import make_log_entry
 from accuracy.punkt_data import ensure_punkt, write_punkt_tab
 from accuracy.tokenizer import load_tokenizer
 
@@ -27,9 +27,10 @@ TOKENIZER = DATA / "llama3_tokenizer" / "tokenizer.model"
 N_ROWS = 200
 EOT = 128009
 
-pytestmark = pytest.mark.skipif(
-    not (DATASET.is_file() and TOKENIZER.is_file()), reason=f"real data not found under {DATA}"
-)
+pytestmark = [
+    pytest.mark.realdata,
+    pytest.mark.skipif(not (DATASET.is_file() and TOKENIZER.is_file()), reason=f"real data not found under {DATA}"),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -115,3 +116,26 @@ def test_nltk_split_equals_punkt_on_real_summaries(records):
 
     for rec in records:
         assert nltk.sent_tokenize(rec["output"]) == punkt.sent_tokenize(rec["output"])
+
+
+def test_hf_tokenizer_json_folder_decodes_like_tiktoken(tmp_path, records, llama3):
+    """A model folder carrying only an HF tokenizer.json (+ config) of Llama 3 decodes exactly like
+    the tiktoken loader, clean-up included (tokenizer.json converted here from tokenizer.model)."""
+    converter = pytest.importorskip("transformers.convert_slow_tokenizer")
+    from tokenizers import AddedToken
+
+    from accuracy.constants import LLAMA3_PATTERN
+    from accuracy.tokenizer import _llama3_special_tokens
+
+    tk = converter.TikTokenConverter(vocab_file=str(TOKENIZER), pattern=LLAMA3_PATTERN).converted()
+    specials = sorted(_llama3_special_tokens(128000).items(), key=lambda kv: kv[1])
+    tk.add_special_tokens([AddedToken(name, special=True, normalized=False) for name, _ in specials])
+    assert tk.token_to_id("<|eot_id|>") == EOT and tk.get_vocab_size() == 128256
+    tk.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": True, "eos_token": "<|eot_id|>"}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": list(LLAMA31_EOS_IDS)}))
+    hf = load_tokenizer(tmp_path)
+    assert hf.vocab_size == 128256 and hf.clean_up_spaces
+    seqs = [llama3.encode(r["input"])[:127] + [EOT] for r in records[:N_ROWS]]
+    assert hf.decode_batch(seqs) == llama3.decode_batch(seqs)

@@ -155,3 +155,9 @@ def test_registry_knows_vllm():
     assert "vllm" in sut_names()
     with pytest.raises(KeyError, match="known"):
         get_sut("nope")
+
+
+def test_gpu_memory_utilization_passed_when_set_and_split_when_shared():
+    assert EngineSettings(model="m", gpu_memory_utilization=0.9).vllm_kwargs()["gpu_memory_utilization"] == 0.9
+    assert "gpu_memory_utilization" not in EngineSettings(model="m").vllm_kwargs()
+    assert EngineSettings(model="m").vllm_kwargs(gpu_share=2)["gpu_memory_utilization"] == 0.45

@@ -262,7 +262,7 @@ class Store:
             return app
 
     # ----------------------------------------------------------------- sessions
-    def create_session(self, sid: str, spec: types_pb2.SessionSpec, resreq: tuple, fail_if_exists: bool = True) -> SessionRec:
+    def create_session(self, sid: str, spec: types_pb2.SessionSpec, resreq: tuple) -> SessionRec:
         with self.cond:
             if sid in self.sessions:
                 raise StoreError("storage", _sqlite_error(1555, "UNIQUE constraint failed: sessions.id"))

@@ -1,0 +1,90 @@
+"""``python -m accuracy``: the accuracy dev gate's command line (exit 0 pass / 1 fail / 2 bad input)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from accuracy.constants import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from accuracy.errors import AccuracyInputError
+
+log = logging.getLogger("accuracy")
+
+
+def _eos_list(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(t) for t in text.replace(" ", "").split(",") if t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--eos-ids wants comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("--eos-ids is empty")
+    return ids
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m accuracy",
+        description="MLPerf Llama 3.1 8B accuracy dev gate: check LoadGen's accuracy log, score ROUGE "
+        "and gen_len like evaluation.py, compare with the reference. Offline.",
+        epilog="Exit status: 0 pass, 1 fail, 2 bad input.",
+    )
+    p.add_argument("--accuracy-log", required=True, help="RUN_DIR/mlperf_log_accuracy.json (LoadGen AccuracyOnly run)")
+    p.add_argument("--dataset", required=True, help="cnn_eval.json-format dataset the run used")
+    p.add_argument("--tokenizer", default=None,
+                   help="HF tokenizer/model folder (tokenizer.json), a tokenizer.json file, or a Llama 3 tiktoken tokenizer.model")
+    p.add_argument("--reference", default="auto",
+                   help="auto (default: datacenter for 13368 samples, edge for 5000, else datacenter per sample), "
+                   "datacenter, edge, or a reference JSON file")
+    p.add_argument("--output-dir", default=None, help="where to write accuracy.json etc. (default: the accuracy log's folder)")
+    p.add_argument("--eos-ids", type=_eos_list, default=None,
+                   help="comma-separated EOS ids, e.g. 128001,128008,128009 (default: generation_config.json next to the tokenizer)")
+    p.add_argument("--max-samples", type=_positive, default=None, help="the run used only the first N dataset records")
+    p.add_argument("--write-reference", default=None, metavar="FILE",
+                   help="also write this run's scores as a reference JSON (usable with --reference FILE)")
+    p.add_argument("--clean-up-spaces", choices=("auto", "on", "off"), default="auto",
+                   help="transformers-4.x decode clean-up (' .' -> '.' etc.): auto follows the tokenizer config (Llama 3 tiktoken: on)")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
+    from accuracy.gate import GateSettings, evaluate
+
+    acc_log = Path(args.accuracy_log)
+    settings = GateSettings(
+        accuracy_log=acc_log,
+        dataset=Path(args.dataset),
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        output_dir=Path(args.output_dir) if args.output_dir else acc_log.parent,
+        reference=args.reference,
+        eos_ids=args.eos_ids,
+        max_samples=args.max_samples,
+        clean_up_spaces={"auto": None, "on": True, "off": False}[args.clean_up_spaces],
+        write_reference=Path(args.write_reference) if args.write_reference else None,
+    )
+    try:
+        result = evaluate(settings)
+    except AccuracyInputError as exc:
+        log.error("accuracy gate: bad input: %s", exc)
+        return EXIT_BAD_INPUT
+    if settings.write_reference is not None and not result["files"].get("reference_written"):
+        return EXIT_FAIL
+    return EXIT_PASS if result["passed"] else EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

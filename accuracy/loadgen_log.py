@@ -1,0 +1,320 @@
+"""Reading LoadGen's ``mlperf_log_accuracy.json`` and checking it before scoring.
+
+Format (LoadGen ``logging.cc``; research notes §3.4): a JSON list with one object per logged
+response::
+
+    {"seq_id": int, "qsl_idx": int, "data": "<upper-case hex of the response bytes>",
+     "token_count": int}        # token_count present when use_token_latencies is on
+
+For this benchmark the response bytes are the generated token ids as little-endian int32
+(reference SUT ``numpy.int32`` arrays; TEST06 and evaluation.py ``--dtype int32``).
+
+Checks (each failure lists the offending ``qsl_idx`` values):
+
+- every dataset sample logged exactly once (``missing``, ``duplicated``, ``unknown_qsl_idx``);
+- ``token_count`` equals the number of int32 ids in ``data`` (TEST06 length check);
+- at most :data:`accuracy.constants.MAX_NEW_TOKENS` ids and at least one (``too_long``,
+  ``empty``);
+- at most one EOS at the end (TEST06 EOS check: a trailing run of EOS ids of length ≥ 2
+  fails; any of the EOS ids counts);
+- the bytes really are int32 token ids: a length that is not a multiple of 4, an
+  int64-encoded log (every other int32 word zero and ``token_count`` half the word count),
+  a big-endian log, or ids outside ``[0, vocab_size)`` fail with a message saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from accuracy.constants import MAX_NEW_TOKENS
+from accuracy.errors import AccuracyInputError
+
+log = logging.getLogger(__name__)
+
+_LE_INT32 = np.dtype("<i4")
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One logged response.
+
+    Attributes:
+        position: index in the log list.
+        qsl_idx: dataset index of the sample.
+        token_count: the ``n_tokens`` the SUT reported, or None if absent.
+        raw: the response bytes.
+    """
+
+    position: int
+    qsl_idx: int
+    token_count: int | None
+    raw: bytes
+
+    def ids(self) -> np.ndarray:
+        """The bytes as little-endian int32 ids, shape ``(len(raw) // 4,)``; raw must be a multiple of 4."""
+        return np.frombuffer(self.raw, dtype=_LE_INT32)
+
+
+def encode_ids(ids: Iterable[int], dtype: str = "<i4") -> str:
+    """Hex string of ``ids`` in LoadGen's accuracy-log form (upper case), for tests and tools."""
+    return np.asarray(list(ids), dtype=np.dtype(dtype)).tobytes().hex().upper()
+
+
+def make_log_entry(qsl_idx: int, ids: Sequence[int], token_count: int | None = -1, seq_id: int | None = None) -> dict:
+    """A log object as LoadGen writes it; ``token_count=-1`` means ``len(ids)``, None omits it."""
+    entry = {"seq_id": qsl_idx if seq_id is None else seq_id, "qsl_idx": int(qsl_idx), "data": encode_ids(ids)}
+    if token_count is not None:
+        entry["token_count"] = len(ids) if token_count == -1 else int(token_count)
+    return entry
+
+
+def _as_int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
+    """Parse ``mlperf_log_accuracy.json``.
+
+    Raises:
+        AccuracyInputError: file missing/unreadable, not a JSON list, an entry without an
+            integer ``qsl_idx`` or a hex ``data`` string, or an empty list (a performance-mode
+            log; run LoadGen in AccuracyOnly mode).
+    """
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = json.load(f)
+    except FileNotFoundError:
+        raise AccuracyInputError(f"accuracy log {path} not found: pass --accuracy-log RUN_DIR/mlperf_log_accuracy.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AccuracyInputError(f"accuracy log {path} is not readable JSON: {exc}") from None
+    if not isinstance(records, list):
+        raise AccuracyInputError(f"accuracy log {path}: expected a JSON list of LoadGen records, got {type(records).__name__}")
+    if not records:
+        raise AccuracyInputError(
+            f"accuracy log {path} is empty: LoadGen logs responses only in AccuracyOnly mode (was this a performance run?)"
+        )
+    entries = []
+    for pos, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise AccuracyInputError(f"accuracy log {path}: entry {pos} is not an object")
+        qsl_idx = _as_int(rec.get("qsl_idx"))
+        if qsl_idx is None:
+            raise AccuracyInputError(f"accuracy log {path}: entry {pos} has no integer 'qsl_idx'")
+        data = rec.get("data")
+        if not isinstance(data, str):
+            raise AccuracyInputError(f"accuracy log {path}: entry {pos} (qsl_idx {qsl_idx}) has no 'data' hex string")
+        try:
+            raw = bytes.fromhex(data)
+        except ValueError:
+            raise AccuracyInputError(f"accuracy log {path}: entry {pos} (qsl_idx {qsl_idx}): 'data' is not hex") from None
+        tc = rec.get("token_count")
+        entries.append(LogEntry(pos, qsl_idx, _as_int(tc) if tc is not None else None, raw))
+    return entries
+
+
+@dataclass
+class LogCheck:
+    """Outcome of :func:`check_log`. All lists hold ``qsl_idx`` values, sorted.
+
+    Attributes:
+        expected_samples: dataset size N (qsl_idx must cover 0..N-1 once each).
+        log_entries: number of logged responses.
+        dtype_error: None, or why the bytes are not little-endian int32 token ids.
+        missing, duplicated, unknown_qsl_idx, too_long, empty, multiple_trailing_eos,
+        out_of_vocab: offending samples.
+        token_count_mismatch: ``{"qsl_idx", "token_count", "decoded_tokens"}`` per bad entry.
+        eos_not_last: samples with an EOS before the last position (a warning only).
+        unique: first logged entry per qsl_idx in [0, N), in qsl_idx order (evaluation.py
+            de-duplicates keeping the first occurrence).
+    """
+
+    expected_samples: int
+    log_entries: int
+    dtype_error: str | None
+    missing: list[int]
+    duplicated: list[int]
+    unknown_qsl_idx: list[int]
+    token_count_mismatch: list[dict]
+    too_long: list[int]
+    empty: list[int]
+    multiple_trailing_eos: list[int]
+    out_of_vocab: list[int]
+    eos_not_last: list[int]
+    unique: list[LogEntry]
+
+    @property
+    def passed(self) -> bool:
+        """True when nothing above fails (``eos_not_last`` is only a warning)."""
+        return not self.failures()
+
+    @property
+    def decodable(self) -> bool:
+        """True when the ids can be detokenized (no dtype problem, all ids in the vocabulary)."""
+        return self.dtype_error is None and not self.out_of_vocab
+
+    def failures(self) -> list[str]:
+        """One readable sentence per failed check, naming up to 10 samples each."""
+        out = []
+        if self.dtype_error:
+            out.append(self.dtype_error)
+
+        def add(ids: Sequence, what: str) -> None:
+            if ids:
+                out.append(f"{len(ids)} sample(s) {what}: qsl_idx {_preview(ids)}")
+
+        add(self.missing, "missing from the log")
+        add(self.duplicated, "logged more than once")
+        add(self.unknown_qsl_idx, f"with qsl_idx outside the dataset [0, {self.expected_samples})")
+        add([m["qsl_idx"] for m in self.token_count_mismatch], "with token_count != number of int32 ids in data")
+        add(self.too_long, f"longer than {MAX_NEW_TOKENS} new tokens")
+        add(self.empty, "with no token at all")
+        add(self.multiple_trailing_eos, "ending in more than one EOS token")
+        if not self.dtype_error:
+            add(self.out_of_vocab, "with ids outside the tokenizer vocabulary")
+        return out
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary (plain ints and strings only)."""
+        return {
+            "passed": self.passed,
+            "expected_samples": int(self.expected_samples),
+            "log_entries": int(self.log_entries),
+            "unique_samples": len(self.unique),
+            "dtype": "int32" if self.dtype_error is None else "wrong",
+            "dtype_error": self.dtype_error,
+            "missing": list(self.missing),
+            "duplicated": list(self.duplicated),
+            "unknown_qsl_idx": list(self.unknown_qsl_idx),
+            "token_count_mismatch": list(self.token_count_mismatch),
+            "too_long": list(self.too_long),
+            "empty": list(self.empty),
+            "multiple_trailing_eos": list(self.multiple_trailing_eos),
+            "out_of_vocab": list(self.out_of_vocab),
+            "warnings": {"eos_not_last": list(self.eos_not_last)},
+            "failures": self.failures(),
+        }
+
+
+def _preview(ids: Sequence, limit: int = 10) -> str:
+    shown = ", ".join(str(i) for i in list(ids)[:limit])
+    return shown + (f", ... (+{len(ids) - limit} more)" if len(ids) > limit else "")
+
+
+def _detect_dtype_error(entries: Sequence[LogEntry], vocab_size: int) -> str | None:
+    """Why the log is not little-endian int32 token ids, or None if it looks right."""
+    odd = [e.qsl_idx for e in entries if len(e.raw) % 4]
+    if odd:
+        return (
+            f"response data of {len(odd)} sample(s) is not a multiple of 4 bytes (qsl_idx {_preview(sorted(odd))}): "
+            "not int32 token ids; the SUT must send little-endian int32 ids (numpy int32 .tobytes())"
+        )
+    nonempty = [e for e in entries if e.raw]
+    if not nonempty:
+        return None
+    # int64 written where int32 is expected: pairs of words (low, 0) with token_count = half.
+    if all(len(e.raw) % 8 == 0 for e in nonempty):
+        high_words_zero = all(not e.ids()[1::2].any() for e in nonempty)
+        counts_half = all(e.token_count is None or e.token_count * 2 == len(e.raw) // 4 for e in nonempty)
+        some_low_nonzero = any(e.ids()[0::2].any() for e in nonempty)
+        if high_words_zero and counts_half and some_low_nonzero:
+            return (
+                "the ids look int64-encoded (8 bytes per id: every other int32 word is zero"
+                + (" and token_count is half the int32 length" if any(e.token_count is not None for e in nonempty) else "")
+                + "); the SUT must send little-endian int32 ids (numpy int32 .tobytes()), as evaluation.py --dtype int32 reads them"
+            )
+
+    def in_vocab(ids: np.ndarray) -> bool:
+        return bool(((ids >= 0) & (ids < vocab_size)).all())
+
+    if not any(in_vocab(e.ids()) for e in nonempty):
+        if all(in_vocab(e.ids().byteswap()) for e in nonempty):
+            return "the ids look big-endian; the SUT must send little-endian int32 ids (numpy '<i4')"
+        return (
+            f"no sample decodes to ids within the vocabulary [0, {vocab_size}): the data is not int32 token ids "
+            "of this tokenizer (wrong dtype, wrong tokenizer, or corrupted buffers)"
+        )
+    return None
+
+
+def check_log(
+    entries: Sequence[LogEntry],
+    expected_samples: int,
+    vocab_size: int,
+    eos_ids: Iterable[int],
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> LogCheck:
+    """Run every check of the module docstring.
+
+    Args:
+        entries: from :func:`read_accuracy_log`.
+        expected_samples: dataset size N; qsl_idx 0..N-1 must each appear exactly once.
+        vocab_size: valid ids are ``0 <= id < vocab_size``.
+        eos_ids: the model's EOS ids.
+        max_new_tokens: the output cap (128).
+    """
+    eos = np.asarray(sorted({int(e) for e in eos_ids}), dtype=np.int64)
+    counts = Counter(e.qsl_idx for e in entries)
+    missing = [i for i in range(expected_samples) if i not in counts]
+    duplicated = sorted(i for i, c in counts.items() if c > 1)
+    unknown = sorted(i for i in counts if not 0 <= i < expected_samples)
+    dtype_error = _detect_dtype_error(entries, vocab_size)
+
+    mismatch: list[dict] = []
+    too_long: set[int] = set()
+    empty: set[int] = set()
+    trailing: set[int] = set()
+    oov: set[int] = set()
+    eos_inside: set[int] = set()
+    first: dict[int, LogEntry] = {}
+    for e in entries:
+        if 0 <= e.qsl_idx < expected_samples and e.qsl_idx not in first:
+            first[e.qsl_idx] = e
+        n_words = len(e.raw) // 4 if len(e.raw) % 4 == 0 else None
+        if e.token_count is None or n_words is None or e.token_count != n_words:
+            mismatch.append({"qsl_idx": e.qsl_idx, "token_count": e.token_count, "decoded_tokens": n_words})
+        if dtype_error is not None:
+            continue
+        ids = e.ids()
+        if len(ids) > max_new_tokens:
+            too_long.add(e.qsl_idx)
+        if len(ids) == 0:
+            empty.add(e.qsl_idx)
+            continue
+        if ((ids < 0) | (ids >= vocab_size)).any():
+            oov.add(e.qsl_idx)
+        is_eos = np.isin(ids, eos)
+        if len(ids) >= 2 and is_eos[-1] and is_eos[-2]:
+            trailing.add(e.qsl_idx)
+        if is_eos[:-1].any() and e.qsl_idx not in trailing:
+            eos_inside.add(e.qsl_idx)
+    mismatch.sort(key=lambda m: (m["qsl_idx"], str(m["token_count"])))
+    return LogCheck(
+        expected_samples=expected_samples,
+        log_entries=len(entries),
+        dtype_error=dtype_error,
+        missing=missing,
+        duplicated=duplicated,
+        unknown_qsl_idx=unknown,
+        token_count_mismatch=mismatch,
+        too_long=sorted(too_long),
+        empty=sorted(empty),
+        multiple_trailing_eos=sorted(trailing),
+        out_of_vocab=sorted(oov),
+        eos_not_last=sorted(eos_inside),
+        unique=[first[i] for i in sorted(first)],
+    )
