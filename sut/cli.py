@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -41,6 +42,17 @@ _ENGINE_FLAGS = {
     "engines_per_device": (int, "engines per GPU (sharing its memory) or number of CPU engines"),
     "cpu_kvcache_gib": (int, "CPU KV cache per engine, GiB"),
 }
+
+
+# Explicit flags of the flame SUT; each maps to one backend option (sut/flame/client.py FlameOptions).
+_FLAME_FLAGS = (
+    ("--batch-size", "batch_size", int, "samples per Flame task (32 and 64 ship as presets)"),
+    ("--batch-window-ms", "batch_window_ms", float, "how long a partial batch waits for more samples"),
+    ("--flame-endpoint", "endpoint", str, "Flame session manager, e.g. http://HOST:8080 (default FLAME_ENDPOINT / ~/.flame/flame.yaml)"),
+    ("--flame-app", "app", str, "registered Flame application name (default sut-vllm)"),
+    ("--executors-per-engine", "executors_per_engine", int, "Flame executors feeding one engine (default ceil(max_num_seqs/batch)+1)"),
+    ("--flame-engines", "engines", int, "engines (GPUs x engines per GPU) the session spreads over (default 1)"),
+)
 
 
 def _add_run_parser(sub) -> None:
@@ -82,6 +94,8 @@ def _add_run_parser(sub) -> None:
     f = p.add_argument_group("flame SUT")
     f.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="backend option (repeatable), e.g. batch_size=64 for --sut flame")
+    for flag, key, typ, help_ in _FLAME_FLAGS:
+        f.add_argument(flag, dest="flame_" + key, type=typ, help=help_ + f" (= --option {key}=...)")
 
 
 def _preset(path: str | None) -> dict:
@@ -142,6 +156,10 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         raise SystemExit("error: --model is required (or [engine] model in the preset)")
     if a.benchmark_ignore_eos:
         gen["ignore_eos"] = True
+    for _flag, key, _typ, _help in _FLAME_FLAGS:
+        val = getattr(a, "flame_" + key, None)
+        if val is not None:
+            opts[key] = val
     for s in a.option:
         k, v = _parse_option(s)
         opts[k] = v
@@ -246,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    # vLLM logs every engine detail at INFO; keep the console readable unless -v (or the user chose).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "WARNING")
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     return {"run": cmd_run, "synthetic": cmd_synthetic, "retokenize": cmd_retokenize,

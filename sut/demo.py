@@ -1,11 +1,11 @@
 """The embedded default ("demo"): what command 1 of the README runs after installing.
 
 Steps, each a separate ``python -m sut`` process (LoadGen's FromConfig is once per process):
-1. a deterministic synthetic dataset (256 samples, CNN/DailyMail-like prompt lengths) and its
+1. a deterministic synthetic dataset (128 samples, CNN/DailyMail-like prompt lengths) and its
    word-level tokenizer;
 2. a short Offline performance run of the standalone SUT with the tiny Llama-3-vocabulary
    model (``sut/models/tiny-llama3``, dummy weights) — LoadGen should say VALID;
-3. an accuracy-mode run over the first 96 samples, scored by the accuracy gate. With random
+3. an accuracy-mode run over the first 64 samples, scored by the accuracy gate. With random
    weights the ROUGE gate FAILS, as it must: the demo shows the pipeline, not a model.
 
 Every run is marked NOT compliant (subset, short duration). Results go under ``output_dir``.
@@ -38,12 +38,12 @@ def run_demo(out: Path) -> int:
     """Run the three steps; return 0 when both runs completed (the gate verdict is reported, not enforced)."""
     out = out.resolve()
     data = out / "data"
-    _sut("synthetic", "--out", str(data / "synthetic_256.json"), "--samples", "256", "--tokenizer-out", str(data / "tokenizer"))
-    _sut("run", "--sut", "vllm", "--mode", "performance", *ENGINE, "--dataset", str(data / "synthetic_256.json"),
-         "--user-conf", str(CPU_CONF), "--min-duration-s", "20", "--min-query-count", "1",
+    _sut("synthetic", "--out", str(data / "synthetic_128.json"), "--samples", "128", "--tokenizer-out", str(data / "tokenizer"))
+    _sut("run", "--sut", "vllm", "--mode", "performance", *ENGINE, "--dataset", str(data / "synthetic_128.json"),
+         "--user-conf", str(CPU_CONF), "--min-duration-s", "10", "--min-query-count", "1",
          "--output-dir", str(out), "--run-name", "performance")
-    _sut("run", "--sut", "vllm", "--mode", "accuracy", *ENGINE, "--dataset", str(data / "synthetic_256.json"),
-         "--max-samples", "96", "--user-conf", str(CPU_CONF), "--tokenizer", str(data / "tokenizer"),
+    _sut("run", "--sut", "vllm", "--mode", "accuracy", *ENGINE, "--dataset", str(data / "synthetic_128.json"),
+         "--max-samples", "64", "--user-conf", str(CPU_CONF), "--tokenizer", str(data / "tokenizer"),
          "--output-dir", str(out), "--run-name", "accuracy")
     perf = json.loads((out / "performance-NOT-COMPLIANT" / "run.json").read_text())
     acc = json.loads((out / "accuracy-NOT-COMPLIANT" / "run.json").read_text())
