@@ -136,3 +136,22 @@ def test_ctrl_c_stops_the_run_and_the_engines(tmp_path, synthetic_small):
     final = json.loads((run / "run.json").read_text())
     assert final["status"] == "failed" and "interrupted" in final["error"]
     _assert_group_gone(rec["engines"][0]["pid"])
+
+
+def test_two_cpu_engines_share_the_work_by_tokens(tmp_path, synthetic_small):
+    """The multi-engine path (issue 6 on CPU): two engines, one core each, every sample once."""
+    data, _ = synthetic_small
+    out = subprocess.run(sut_cmd("--mode", "accuracy", "--dataset", str(data), "--max-samples", "32", "--no-accuracy-gate",
+                                 "--engines-per-device", "2", "--device", "cpu", "--output-dir", str(tmp_path)),
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = only_dir(tmp_path)
+    rec = json.loads((run / "run.json").read_text())
+    engines = rec["engines"]
+    assert len(engines) == 2
+    assert sorted(e["device"]["slot"] for e in engines) == ["0", "1"]
+    counts = [e["samples"] for e in engines]
+    assert sum(counts) == 32 and min(counts) >= 10  # balanced by outstanding tokens, not all on one engine
+    assert all(e["enable_prefix_caching"] is False for e in engines)
+    log = json.loads((run / "mlperf_log_accuracy.json").read_text())
+    assert sorted(r["qsl_idx"] for r in log) == list(range(32))
