@@ -284,6 +284,7 @@ class GcPauseMonitor:
         self.max_s = 0.0
         self.max_gen: Optional[int] = None
         self.frozen_objects = 0
+        self.freeze_s = 0.0
         self._t0: Optional[float] = None
         self._installed = False
 
@@ -316,8 +317,13 @@ class GcPauseMonitor:
             self.max_gen = info.get("generation")
 
     def freeze(self) -> int:
+        """Collect, freeze, and restart the statistics (the freeze's own full collection is kept
+        apart as ``freeze_ms``, so that ``max_pause_ms`` describes the pauses after start-up)."""
+        t0 = time.perf_counter()
         gc.collect()
         gc.freeze()
+        self.freeze_s = time.perf_counter() - t0
+        self.count, self.total_s, self.max_s, self.max_gen = 0, 0.0, 0.0, None
         self.frozen_objects = gc.get_freeze_count()
         return self.frozen_objects
 
@@ -328,7 +334,7 @@ class GcPauseMonitor:
     def stats(self) -> dict:
         return {"name": self.name, "pid": os.getpid(), "collections": self.count, "total_ms": round(self.total_s * 1e3, 3),
                 "max_pause_ms": round(self.max_s * 1e3, 3), "max_pause_generation": self.max_gen,
-                "frozen_objects": self.frozen_objects}
+                "frozen_objects": self.frozen_objects, "freeze_ms": round(self.freeze_s * 1e3, 3)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -694,17 +700,19 @@ class EnginePool:
         gen: sampling settings.
         allow_prefix_caching: only the synthetic-locality entry point passes True.
         start_timeout_s: how long a start may take before the run fails.
+        gc_freeze: freeze each worker's heap after start-up and time its GC pauses (as the Flame
+            service's engine does); off by default.
     """
 
     def __init__(self, settings: EngineSettings, gen: GenerationSettings, allow_prefix_caching: bool = False,
-                 start_timeout_s: float = 1800.0):
+                 start_timeout_s: float = 1800.0, gc_freeze: bool = False):
         if settings.enable_prefix_caching and not allow_prefix_caching:
             raise EngineError("enable_prefix_caching=True is not allowed in an MLPerf run (cross-query KV reuse is prohibited)")
         self.settings, self.gen = settings, gen
         self.allow_prefix_caching = allow_prefix_caching
         self.start_timeout_s = start_timeout_s
         self.slots = plan_engines(settings)
-        self.engines = [EngineHandle(s, settings, gen) for s in self.slots]
+        self.engines = [EngineHandle(s, settings, gen, gc_freeze=gc_freeze) for s in self.slots]
 
     def __len__(self) -> int:
         return len(self.engines)
@@ -713,10 +721,19 @@ class EnginePool:
         """Start every engine and wait for all; on any failure shut all down and raise ``EngineError``."""
         t0 = time.monotonic()
         log.info("starting %d engine(s): %s", len(self.engines), [(s.kind, s.device) for s in self.slots])
+        # Engines on different devices start together; engines sharing one GPU start one after
+        # the other, so that each one's memory profiling sees the previous one's final footprint.
+        by_device: dict[str, list[EngineHandle]] = {}
+        for e in self.engines:
+            by_device.setdefault(f"{e.slot.kind}:{e.slot.device}", []).append(e)
+        waves = [[grp[i] for grp in by_device.values() if i < len(grp)] for i in range(max(map(len, by_device.values())))]
         try:
-            for e in self.engines:
-                e.start()
-            infos = [e.wait_ready(self.start_timeout_s) for e in self.engines]
+            for wave in waves:
+                for e in wave:
+                    e.start()
+                for e in wave:
+                    e.wait_ready(self.start_timeout_s)
+            infos = [e.info for e in self.engines]
         except BaseException:
             self.shutdown()
             raise
