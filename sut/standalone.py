@@ -10,7 +10,9 @@ engines start work while the rest of a large Offline query is still being sent. 
 watcher thread hands finished outputs to the ledger, which cuts them at the first EOS and calls
 ``QuerySamplesComplete``. An engine that dies fails the run at once (see ``sut.engine``).
 
-Knobs: ``dispatch_chunk`` (samples per message to an engine, default 512).
+Knobs: ``dispatch_chunk`` (samples per message to an engine, default 512); ``gc_freeze``
+(``gc.freeze()`` each engine worker's heap after start-up, as the Flame service's engines do;
+default off).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class StandaloneSUT(SystemUnderTest):
         self.dispatch_chunk = int(ctx.options.get("dispatch_chunk", 512))
         self._owns_pool = pool is None  # a benchmark passes one started pool to several SUT objects
         self.pool = pool or EnginePool(ctx.engine, ctx.generation,
-                                       allow_prefix_caching=bool(ctx.options.get("allow_prefix_caching")))
+                                       allow_prefix_caching=bool(ctx.options.get("allow_prefix_caching")),
+                                       gc_freeze=bool(ctx.options.get("gc_freeze")))
         self._inbox: "queue.Queue[list | None]" = queue.Queue()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)
         self._req_engine: dict[int, int] = {}  # request id -> engine index (for token accounting)

@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""Standalone SUT vs Flame-batched SUT (batch 32 and 64): same inputs, same engine, alternating.
+
+    python scripts/bench_flame.py                        # CPU defaults: tiny model, stand-in Flame
+    python scripts/bench_flame.py --rounds 3 --min-duration-s 120
+    python scripts/bench_flame.py --model /models/Llama-3.1-8B-Instruct --dtype bfloat16 \\
+        --dataset cnn_eval.json --user-conf user.conf --flame-endpoint http://fsm:8080 --flame-engines 8
+
+Every run is its own ``python -m sut run`` process (LoadGen reads user.conf once per process) in
+LoadGen performance mode. Each round runs the three configurations in a rotated order
+(standalone, flame-32, flame-64; then flame-32, flame-64, standalone; ...) so that slow drift of
+the machine does not favour one of them. Printed: LoadGen tokens/s per run, the mean per
+configuration, and each Flame configuration's ratio to the standalone mean (target >= 0.995).
+
+Without ``--flame-endpoint`` (and without FLAME_ENDPOINT) the script starts the test stand-in of
+Flame's control plane (``python -m tests.flame_standin``) on this machine for the Flame runs; its
+numbers then include the stand-in's own CPU use, which a real Flame cluster runs elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def start_standin(workdir: Path, max_executors: int) -> tuple[subprocess.Popen, str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = open(workdir / "standin.out", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.flame_standin", "--port", "0", "--workdir", str(workdir),
+                             "--max-executors", str(max_executors)], cwd=REPO, env=_env(), stdout=out,
+                            stderr=open(workdir / "standin.err", "w"), start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        out.seek(0)
+        for line in out.read().splitlines():
+            if line.startswith("FLAME_ENDPOINT="):
+                return proc, line.split("=", 1)[1].strip()
+        if proc.poll() is not None:
+            raise SystemExit(f"the Flame stand-in exited with code {proc.returncode}; see {workdir / 'standin.err'}")
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("the Flame stand-in did not print its endpoint within 60 s")
+
+
+def _cpu_times() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, utime+stime+cutime+cstime seconds) for every process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2:].split()
+        out[int(name)] = (int(rest[1]), sum(int(x) for x in rest[11:15]) / tick)
+    return out
+
+
+def _ours(times: dict) -> set[int]:
+    """This script and its descendants (the runs, the stand-in, the services, the engines)."""
+    mine, changed = {os.getpid()}, True
+    while changed:
+        changed = False
+        for pid, (ppid, _) in times.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                changed = True
+    return mine
+
+
+def foreign_cpu_s(before: dict, after: dict) -> float:
+    """CPU seconds used by processes that are not ours between two snapshots (other users' jobs)."""
+    ours = _ours(before) | _ours(after)
+    return sum(t - (before[pid][1] if pid in before else 0.0) for pid, (_, t) in after.items() if pid not in ours)
+
+
+_CATEGORIES = (("engine", "spawn_main"), ("flame service", "sut.flame.serve"), ("flame stand-in", "tests.flame_standin"),
+               ("harness + client", "-m sut run"))
+
+
+def _category(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    for name, needle in _CATEGORIES:
+        if needle in cmd:
+            return name
+    return "other"
+
+
+def window_cpu(before: dict, after: dict, seconds: float) -> dict:
+    """CPU share of the machine per process category inside the LoadGen window (ours only)."""
+    ours = _ours(after)
+    out: dict = {}
+    for pid, (_, t) in after.items():
+        if pid in ours and pid in before and pid != os.getpid():
+            cat = _category(pid)
+            out[cat] = out.get(cat, 0.0) + t - before[pid][1]
+    total = seconds * (os.cpu_count() or 1)
+    return {k: round(v / total, 4) for k, v in sorted(out.items())}
+
+
+def _proc_stat() -> list[int]:
+    """The machine's CPU time counters (user nice system idle iowait irq softirq steal ...)."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+
+
+def wait_idle(max_wait_s: float, busy_threshold: float = 0.10) -> float:
+    """Wait until the machine's CPUs are at most ``busy_threshold`` busy over 10 s; returns the last load."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        a = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        time.sleep(10)
+        b = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        d = [y - x for x, y in zip(a, b)]
+        busy = 1.0 - (d[3] + d[4]) / max(1, sum(d))
+        if busy <= busy_threshold or time.monotonic() > deadline:
+            return busy
+        print(f"  machine {busy:.0%} busy (other jobs); waiting", flush=True)
+
+
+def run_one(name: str, sut_args: list[str], common: list[str], out_dir: Path, log_dir: Path) -> dict:
+    cmd = [sys.executable, "-m", "sut", "run", *sut_args, *common, "--output-dir", str(out_dir), "--run-name", name,
+           "--no-progress"]
+    t0 = time.monotonic()
+    cpu0 = _cpu_times()
+    stat0 = _proc_stat()
+    with open(log_dir / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        win: dict = {}
+        try:
+            # CPU per process category inside the timed LoadGen window (start: LoadGen starts; end:
+            # LoadGen prints its summary), from the run's own log.
+            logp, state = log_dir / f"{name}.log", "wait"
+            while proc.poll() is None:
+                text = logp.read_text(errors="replace") if state != "done" else ""
+                if state == "wait" and "LoadGen Offline" in text:
+                    win["t0"], win["cpu0"], state = time.monotonic(), _cpu_times(), "in"
+                elif state == "in" and "encountered during test" in text:
+                    win["share"] = window_cpu(win["cpu0"], _cpu_times(), time.monotonic() - win["t0"])
+                    state = "done"
+                time.sleep(0.25)
+            rc = proc.wait()
+        except BaseException:
+            proc.send_signal(signal.SIGINT)  # the harness handles Ctrl-C: stops its engines, closes its session
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    wall = time.monotonic() - t0
+    foreign = foreign_cpu_s(cpu0, _cpu_times())
+    d = [y - x for x, y in zip(stat0, _proc_stat())]
+    steal = d[7] / max(1, sum(d)) if len(d) > 7 else 0.0
+    runs = [d / "run.json" for d in (out_dir / name, out_dir / f"{name}-NOT-COMPLIANT") if (d / "run.json").is_file()]
+    rec = json.loads(runs[-1].read_text()) if runs else {}
+    res = {"name": name, "rc": rc, "process_s": round(time.monotonic() - t0, 1), "status": rec.get("status"),
+           "tokens_per_s": rec.get("tokens_per_s"), "samples_per_s": rec.get("samples_per_s"),
+           "validity": rec.get("validity"), "output_tokens": (rec.get("ledger") or {}).get("output_tokens"),
+           "samples": (rec.get("ledger") or {}).get("completed"), "record": str(runs[-1]) if runs else None,
+           "foreign_cpu_share": round(foreign / (wall * (os.cpu_count() or 1)), 4), "steal_share": round(steal, 4),
+           "loadgen_window_cpu_share": win.get("share")}
+    fl = rec.get("flame")
+    if fl:
+        res["flame"] = {k: fl.get(k) for k in ("executors", "executors_per_engine", "batch_size_distribution",
+                                                "peak_inflight_tasks")}
+        res["flame"]["exec_s_p50"] = (fl.get("tasks") or {}).get("exec_s", {}).get("p50")
+        res["flame"]["queue_s_p50"] = (fl.get("tasks") or {}).get("queue_s", {}).get("p50")
+    if rc != 0 or res["tokens_per_s"] is None:
+        print(f"  !! {name} failed (rc {rc}); log: {log_dir / (name + '.log')}", flush=True)
+    return res
+
+
+def simulate_fill(n: int = 13368, max_num_seqs: int = 256, seed: int = 0) -> None:
+    """How busy one engine stays when serial executors feed it whole batches (step-level model).
+
+    Model: every engine step advances each running sequence by one token; the engine admits
+    waiting sequences FIFO up to ``max_num_seqs``; an executor hands its batch to the engine, and
+    takes the next batch only when the last sequence of its batch is done. Occupancy = mean
+    running sequences per step, relative to the standalone SUT (all samples queued at once).
+    """
+    import collections
+    import math
+    import random
+
+    def steps(lens, b, k):
+        waiting, running, left, free, nxt, step, done, busy = collections.deque(), {}, {}, k, 0, 0, 0, 0
+        batches = [range(i, min(i + b, n)) for i in range(0, n, b)]
+        if k is None:
+            for j, bt in enumerate(batches):
+                waiting.extend((x, j) for x in bt)
+                left[j] = len(bt)
+        while done < n:
+            while k is not None and free > 0 and nxt < len(batches):
+                waiting.extend((x, nxt) for x in batches[nxt])
+                left[nxt], nxt, free = len(batches[nxt]), nxt + 1, free - 1
+            while len(running) < max_num_seqs and waiting:
+                x, j = waiting.popleft()
+                running[x] = [lens[x], j]
+            step, busy = step + 1, busy + len(running)
+            for x in [x for x, v in running.items() if v[0] == 1]:
+                j = running.pop(x)[1]
+                done, left[j] = done + 1, left[j] - 1
+                if left[j] == 0 and k is not None:
+                    free += 1
+            for v in running.values():
+                v[0] -= 1
+        return step
+
+    rng = random.Random(seed)
+    dists = {"128 fixed (ignore_eos)": [128] * n, "uniform 20..128": [rng.randint(20, 128) for _ in range(n)],
+             "normal(95, 30) in 2..128": [min(128, max(2, int(rng.gauss(95, 30)))) for _ in range(n)]}
+    print(f"{n} samples, max_num_seqs {max_num_seqs}: engine occupancy relative to the standalone SUT")
+    print(f"{'output lengths':<26} {'batch':>5} " + " ".join(f"{f'fill {f}':>14}" for f in (1.0, 1.5, 2.0)))
+    for name, lens in dists.items():
+        base = steps(lens, 64, None)
+        for b in (32, 64):
+            cells = []
+            for f in (1.0, 1.5, 2.0):
+                k = math.ceil(f * max_num_seqs / b) + (1 if f == 1.0 else 0)
+                cells.append(f"{base / steps(lens, b, k):.4f} (K={k:2d})")
+            print(f"{name:<26} {b:>5} " + " ".join(f"{c:>14}" for c in cells))
+    print("fill 1.0 = ceil(max_num_seqs / batch) + 1 executors; fill f = ceil(f x max_num_seqs / batch)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(REPO / "sut" / "models" / "tiny-llama3"))
+    p.add_argument("--load-format", default=None, help="default: dummy for the tiny model, else auto")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine default (256)")
+    p.add_argument("--no-enforce-eager", action="store_true", help="allow CUDA graphs (GPU)")
+    p.add_argument("--dataset", help="cnn_eval-format file (default: a synthetic one written to --out)")
+    p.add_argument("--synthetic-samples", type=int, default=1000)
+    p.add_argument("--user-conf", default=str(REPO / "loadgen_configs" / "cpu_tiny.user.conf"))
+    p.add_argument("--min-duration-s", type=float, default=60.0)
+    p.add_argument("--target-qps", type=float, help="override user.conf's Offline target_qps")
+    p.add_argument("--ignore-eos", action="store_true", help="fixed 128-token outputs (benchmark only)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64])
+    p.add_argument("--flame-endpoint", default=os.environ.get("FLAME_ENDPOINT"))
+    p.add_argument("--flame-engines", type=int, default=1)
+    p.add_argument("--standin-max-executors", type=int, default=32)
+    p.add_argument("--out", default=str(REPO / "results" / "bench_flame"))
+    p.add_argument("--idle-wait-s", type=float, default=900.0,
+                   help="before each run, wait up to this long for the machine to be idle (shared machines)")
+    p.add_argument("--flame-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra flame SUT option for every Flame run (e.g. executors_per_engine=9)")
+    p.add_argument("--standalone-gc-freeze", action="store_true",
+                   help="also run the standalone SUT with gc_freeze=true (the Flame engines always freeze)")
+    p.add_argument("--simulate-fill", action="store_true",
+                   help="only print the engine-occupancy model behind the executors-per-engine rule")
+    a = p.parse_args(argv)
+    if a.simulate_fill:
+        simulate_fill(max_num_seqs=a.max_num_seqs or 256)
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # run the cleanup below
+
+    out = Path(a.out).resolve() / time.strftime("%Y%m%d-%H%M%S")
+    runs_dir, log_dir = out / "runs", out / "logs"
+    runs_dir.mkdir(parents=True)
+    log_dir.mkdir()
+    dataset = a.dataset
+    if not dataset:
+        dataset = str(out / f"synthetic{a.synthetic_samples}.json")
+        subprocess.run([sys.executable, "-m", "sut", "synthetic", "--out", dataset, "--samples", str(a.synthetic_samples)],
+                       cwd=REPO, env=_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    load_format = a.load_format or ("dummy" if Path(a.model).name == "tiny-llama3" else "auto")
+    # min_query_count 1: otherwise MLPerf's llama3_1-8b setting (13,368) makes one Offline query of 13,368
+    # samples; with it, LoadGen issues target_qps x min_duration x 1.1 samples.
+    common = ["--model", a.model, "--load-format", load_format, "--dtype", a.dtype, "--max-model-len", str(a.max_model_len),
+              "--dataset", dataset, "--user-conf", a.user_conf, "--min-duration-s", str(a.min_duration_s),
+              "--min-query-count", "1"]
+    if not a.no_enforce_eager:
+        common.append("--enforce-eager")
+    if a.max_num_seqs:
+        common += ["--max-num-seqs", str(a.max_num_seqs)]
+    if a.target_qps:
+        common += ["--target-qps", str(a.target_qps)]
+    if a.ignore_eos:
+        common.append("--benchmark-ignore-eos")
+
+    standin = None
+    endpoint = a.flame_endpoint
+    if not endpoint:
+        standin, endpoint = start_standin(out / "standin", a.standin_max_executors)
+        print(f"Flame stand-in at {endpoint} (its CPU use counts against the Flame runs on this machine)", flush=True)
+    configs = [("standalone", ["--sut", "vllm"])]
+    if a.standalone_gc_freeze:
+        configs.append(("standalone-gcf", ["--sut", "vllm", "--option", "gc_freeze=true"]))
+    for b in a.batch_sizes:
+        configs.append((f"flame{b}", ["--sut", "flame", "--batch-size", str(b), "--flame-endpoint", endpoint,
+                                      "--flame-engines", str(a.flame_engines), "--option", f"lock_dir=/tmp/sut-flame-bench-{os.getpid()}",
+                                      "--option", f"app_workdir={out / 'service'}",
+                                      *[x for o in a.flame_option for x in ("--option", o)]]))
+    results: list[dict] = []
+    try:
+        for r in range(a.rounds):
+            order = configs[r % len(configs):] + configs[: r % len(configs)]
+            for name, args in order:
+                if a.idle_wait_s > 0:
+                    wait_idle(a.idle_wait_s)
+                res = run_one(f"r{r}-{name}", args, common, runs_dir, log_dir)
+                res.update(config=name, round=r)
+                results.append(res)
+                flag = "  << other jobs used the CPU" if res["foreign_cpu_share"] > 0.03 else ""
+                print(f"round {r} {name:<10} {res['tokens_per_s'] or float('nan'):10.2f} tok/s  "
+                      f"({res['samples']} samples, {res['validity']}, process {res['process_s']} s, "
+                      f"foreign CPU {res['foreign_cpu_share']:.1%}, steal {res['steal_share']:.1%}){flag}", flush=True)
+                if res.get("loadgen_window_cpu_share"):
+                    print("      CPU share of the machine during LoadGen: " + ", ".join(
+                        f"{k} {v:.2%}" for k, v in res["loadgen_window_cpu_share"].items()), flush=True)
+    finally:
+        if standin is not None:
+            os.killpg(standin.pid, signal.SIGTERM)
+            standin.wait(30)
+
+    summary = {"settings": vars(a), "dataset": dataset, "endpoint": endpoint, "standin": standin is not None,
+               "runs": results, "configs": {}}
+    clean = [x for x in results if x["tokens_per_s"] and x["foreign_cpu_share"] <= 0.03]
+    if len(clean) < len(results):
+        print(f"\n{len(results) - len(clean)} run(s) shared the CPU with other jobs (> 3 %) or failed; left out below")
+    results_all, results = results, clean
+    base = [x["tokens_per_s"] for x in results if x["config"] == "standalone" and x["tokens_per_s"]]
+    base_mean = statistics.fmean(base) if base else None
+    print("\nconfig       runs  mean tok/s   min      max     ratio to standalone")
+    for name, _ in configs:
+        vals = [x["tokens_per_s"] for x in results if x["config"] == name and x["tokens_per_s"]]
+        if not vals:
+            print(f"{name:<12} 0 successful runs")
+            continue
+        m = statistics.fmean(vals)
+        ratio = m / base_mean if base_mean else None
+        summary["configs"][name] = {"runs": len(vals), "mean_tokens_per_s": m, "min": min(vals), "max": max(vals),
+                                    "ratio_to_standalone": ratio}
+        print(f"{name:<12} {len(vals):>4}  {m:10.2f} {min(vals):8.2f} {max(vals):8.2f}   "
+              f"{'' if ratio is None else f'{ratio:.4f}'}")
+    summary["runs"] = results_all
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\nwritten {out / 'summary.json'}")
+    ok = all(c.get("ratio_to_standalone") and c["ratio_to_standalone"] >= 0.995
+             for n, c in summary["configs"].items() if n.startswith("flame"))
+    print("target (Flame >= 99.5% of standalone at every batch size):", "MET" if ok else "NOT MET")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

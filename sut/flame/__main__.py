@@ -1,0 +1,39 @@
+"""``python -m sut.flame {render-app,register}``: the Flame application of the Flame-batched SUT."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sut.flame import app
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sut.flame", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, help_ in (("render-app", "print app.yaml with this machine's paths (for flmctl register -f)"),
+                        ("register", "register the application through flamepy (FLAME_ENDPOINT or --endpoint)")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--name", default=app.DEFAULT_APP_NAME)
+        s.add_argument("--python", help="absolute path of the service's python (default: this one)")
+        s.add_argument("--repo", help="absolute path of this repository on the executor hosts")
+        s.add_argument("--workdir", help="absolute working directory of the service (its logs go there)")
+        s.add_argument("--env", action="append", default=[], metavar="K=V", help="extra service environment")
+        if name == "register":
+            s.add_argument("--endpoint", help="Flame endpoint (default: FLAME_ENDPOINT or ~/.flame/flame.yaml)")
+    a = p.parse_args(argv)
+    envs = dict(e.split("=", 1) for e in a.env)
+    doc = app.render(a.python, a.repo, a.workdir, a.name, envs)
+    if a.cmd == "render-app":
+        sys.stdout.write(app.to_yaml(doc))
+        return 0
+    from sut.flame.client import connect
+
+    conn, endpoint = connect(a.endpoint)
+    app.register(conn, doc)
+    print(f"registered application {doc['metadata']['name']} at {endpoint}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

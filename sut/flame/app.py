@@ -1,0 +1,64 @@
+"""The Flame application of the Flame-batched SUT: one description (``app.yaml``), two ways to register.
+
+``render`` fills the machine-specific values (python, repository, working directory) into the
+YAML document that ``flmctl register -f`` takes; ``attributes`` turns the same document into
+flamepy's ``ApplicationAttributes`` for ``register_application``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+APP_YAML = Path(__file__).resolve().with_name("app.yaml")
+REPO = Path(__file__).resolve().parent.parent.parent
+DEFAULT_APP_NAME = "sut-vllm"
+
+
+def render(python: Optional[str] = None, repo: Optional[str] = None, workdir: Optional[str] = None,
+           name: Optional[str] = None, environments: Optional[dict] = None) -> dict:
+    """The app document with ``${SUT_PYTHON}``, ``${SUT_REPO}``, ``${SUT_WORKDIR}`` filled in."""
+    values = {"SUT_PYTHON": python or sys.executable, "SUT_REPO": str(repo or REPO),
+              "SUT_WORKDIR": str(workdir or (Path(repo or REPO) / "results" / "flame-service"))}
+    for k, v in values.items():
+        if not os.path.isabs(v):
+            raise ValueError(f"{k} must be an absolute path, got {v!r} (Flame runs the command without a shell)")
+    text = APP_YAML.read_text()
+    for k, v in values.items():
+        text = text.replace("${" + k + "}", v)
+    doc = yaml.safe_load(text)
+    if name:
+        doc["metadata"]["name"] = name
+    if environments:
+        doc["spec"].setdefault("environments", {}).update({k: str(v) for k, v in environments.items()})
+    return doc
+
+
+def to_yaml(doc: dict) -> str:
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def attributes(doc: dict):
+    """flamepy ``ApplicationAttributes`` of a rendered document."""
+    import flamepy
+
+    spec = dict(doc["spec"])
+    shim = spec.pop("shim", "host")
+    envs = {k: str(v) for k, v in (spec.pop("environments", None) or {}).items()}
+    return flamepy.ApplicationAttributes(
+        shim=flamepy.Shim.HOST if str(shim).lower() == "host" else flamepy.Shim.WASM,
+        description=spec.get("description"), labels=list(spec.get("labels") or []), command=spec["command"],
+        arguments=[str(a) for a in spec.get("arguments") or []], environments=envs,
+        working_directory=spec.get("working_directory"), max_instances=spec.get("max_instances"),
+        delay_release=spec.get("delay_release"))
+
+
+def register(conn, doc: dict) -> None:
+    """Register the rendered application through a flamepy ``Connection``."""
+    if doc["spec"].get("working_directory"):
+        Path(doc["spec"]["working_directory"]).mkdir(parents=True, exist_ok=True)
+    conn.register_application(doc["metadata"]["name"], attributes(doc))

@@ -1,0 +1,91 @@
+"""The Flame task/result format: round trips, budgets, corrupt input."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from sut.flame import payload as pl
+
+
+def _prompts(n, length=50, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 128256, size=length + i, dtype=np.int32) for i in range(n)]
+
+
+def test_task_round_trip_tokens():
+    prompts = _prompts(5)
+    enc = pl.encode_task(7, [10, 11, 12, 13, 14], prompts=prompts, meta={"x": 1})
+    assert enc.raw_bytes > 0 and enc.wire_bytes < enc.raw_bytes  # zlib level 1 helps on int32 ids
+    t = pl.decode_task(enc.data)
+    assert t.kind == pl.KIND_GENERATE and t.batch_id == 7 and t.meta == {"x": 1}
+    assert list(t.request_ids) == [10, 11, 12, 13, 14]
+    for a, b in zip(t.prompts, prompts):
+        assert a.dtype == np.int32 and np.array_equal(a, b)
+    assert pl.peek(enc.data) == ("generate", 7)
+
+
+def test_task_round_trip_indices_and_ping():
+    enc = pl.encode_task(3, [1, 2, 3], indices=[9, 0, 13367])
+    t = pl.decode_task(enc.data)
+    assert t.prompts is None and list(t.indices) == [9, 0, 13367]
+    p = pl.decode_task(pl.encode_ping(5, meta={"hold_ms": 10}).data)
+    assert p.kind == pl.KIND_PING and len(p) == 0 and p.meta["hold_ms"] == 10
+
+
+def test_result_round_trip_in_order_with_errors():
+    samples = [pl.SampleResult(4, True, token_ids=np.array([1, 2, 128009], np.int32)),
+               pl.SampleResult(2, False, error="prompt too long ✗"),
+               pl.SampleResult(9, True, token_ids=np.array([5, 6], np.int32))]
+    r = pl.decode_result(pl.encode_result(1, samples, meta={"executor": {"pid": 1}}).data)
+    assert [s.request_id for s in r.samples] == [4, 2, 9]
+    assert r.samples[0].ok and list(r.samples[0].token_ids) == [1, 2, 128009]
+    assert not r.samples[1].ok and r.samples[1].error == "prompt too long ✗"
+    assert list(r.samples[2].token_ids) == [5, 6] and r.meta["executor"]["pid"] == 1
+
+
+def test_oversize_task_is_refused_with_a_clear_error():
+    rng = np.random.default_rng(1)
+    big = [rng.integers(0, 2**31 - 1, size=100_000, dtype=np.int32) for _ in range(10)]  # ~4 MB, incompressible
+    with pytest.raises(pl.PayloadTooLarge, match="4,194,304"):
+        pl.encode_task(0, list(range(10)), prompts=big)
+    # a modest input whose worst-case output would not fit either
+    with pytest.raises(pl.PayloadTooLarge, match="worst-case result"):
+        pl.encode_task(0, list(range(4000)), indices=list(range(4000)), max_tokens=300)
+
+
+def test_batch_64_of_official_length_fits():
+    enc = pl.encode_task(0, list(range(64)), prompts=_prompts(64, length=2540))
+    assert enc.wire_bytes + pl.worst_case_result_bytes(64, 128) < pl.TOTAL_BUDGET
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda b: b"XXXX" + b[4:], "magic"),
+    (lambda b: b[:4] + b"\x09\x00" + b[6:], "version"),
+    (lambda b: b[:-3], "length"),
+    (lambda b: b[:10], "shorter|too short"),
+])
+def test_corrupt_payloads_raise_payload_error(mutate, match):
+    data = pl.encode_task(0, [1, 2], prompts=_prompts(2)).data
+    with pytest.raises(pl.PayloadError, match=match):
+        pl.decode_task(mutate(data))
+
+
+def test_decompression_size_is_checked():
+    enc = pl.encode_task(0, [1], prompts=_prompts(1))
+    head = bytearray(enc.data[:pl.HEADER_SIZE])
+    # declare a smaller raw size than the body inflates to
+    import struct
+    fields = list(struct.unpack("<4sHBBQIIII", bytes(head)))
+    fields[7] -= 4
+    bad = struct.pack("<4sHBBQIIII", *fields) + enc.data[pl.HEADER_SIZE:]
+    with pytest.raises(pl.PayloadError):
+        pl.decode_task(bad)
+
+
+def test_result_kind_is_not_a_task():
+    with pytest.raises(pl.PayloadError, match="kind"):
+        pl.decode_task(pl.encode_result(0, []).data)
+    assert zlib  # imported for the reader: bodies are plain zlib streams

@@ -1,0 +1,141 @@
+"""The Flame service in-process (no Flame, no vLLM): seats, host + forwarder, batches, errors, GC."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+flamepy = pytest.importorskip("flamepy")
+
+from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
+from sut.flame import payload as pl  # noqa: E402
+from sut.flame.fake_engine import fake_generate  # noqa: E402
+from sut.flame.service import Faults, VllmBatchService, make_common_data, slot_keys, take_seat  # noqa: E402
+
+GEN = GenerationSettings(eos_token_ids=(128009,))
+
+
+@pytest.fixture
+def lock_dir():
+    d = Path(tempfile.mkdtemp(prefix="sfs-", dir="/tmp"))  # Unix socket paths must stay short
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _common(lock_dir, **kw):
+    es = EngineSettings(model="fake-model", max_model_len=1024, device="cpu")
+    return make_common_data(es, GEN, lock_dir=str(lock_dir), engine_backend="fake", fake={"step_s": 0.01}, **kw)
+
+
+def _ctx(common, sid="s1"):
+    return flamepy.SessionContext(_common_data=common, session_id=sid, application=flamepy.ApplicationContext(name="sut-vllm"))
+
+
+def _task(data, tid="1"):
+    return flamepy.TaskContext(task_id=tid, session_id="s1", input=data)
+
+
+def _prompts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 128000, size=20 + 3 * i, dtype=np.int32) for i in range(n)]
+
+
+def test_seats_spread_over_slots(lock_dir):
+    keys = ["cuda-0.e0", "cuda-1.e0"]
+    got = [take_seat(lock_dir, keys)[:2] for _ in range(5)]
+    assert got == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)]
+
+
+def test_slot_keys_are_unique():
+    from sut.engine import EngineSlot
+
+    slots = [EngineSlot(0, "cuda", "GPU-ab/1", 2), EngineSlot(1, "cuda", "GPU-ab/1", 2), EngineSlot(2, "cpu", "0-1")]
+    assert slot_keys(slots) == ["cuda-GPU-ab_1.e0", "cuda-GPU-ab_1.e1", "cpu-0-1.e0"]
+
+
+def test_host_and_forwarder_share_one_engine(lock_dir):
+    common = _common(lock_dir)
+    host, fwd = VllmBatchService(Faults({})), VllmBatchService(Faults({}))
+    try:
+        host.on_session_enter(_ctx(common))
+        fwd.on_session_enter(_ctx(common))
+        assert (host.role, host.seat, fwd.role, fwd.seat) == ("host", 0, "forwarder", 1)
+        assert fwd.client.shard["host_pid"] == host.host.shard["host_pid"]
+        prompts = _prompts(6)
+        outs = {}
+
+        def run(svc, rids, ps, tid):
+            outs[tid] = pl.decode_result(svc.on_task_invoke(_task(pl.encode_task(int(tid), rids, prompts=ps).data, tid)))
+
+        threads = [threading.Thread(target=run, args=(host, [1, 2, 3], prompts[:3], "1")),
+                   threading.Thread(target=run, args=(fwd, [4, 5, 6], prompts[3:], "2"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for tid, rids, ps in (("1", [1, 2, 3], prompts[:3]), ("2", [4, 5, 6], prompts[3:])):
+            r = outs[tid]
+            assert [s.request_id for s in r.samples] == rids  # input order
+            for s, p in zip(r.samples, ps):
+                assert s.ok and np.array_equal(s.token_ids, fake_generate(p, 128, 128009))
+        assert outs["2"].meta["executor"]["role"] == "forwarder" and outs["1"].meta["executor"]["role"] == "host"
+        ping = pl.decode_result(fwd.on_task_invoke(_task(pl.encode_ping(99).data, "3")))
+        assert ping.meta["shard"]["key"] == "cpu-0-1.e0" and ping.meta["executor"]["pid"] > 0
+        assert "fake" in ping.meta["engine"]
+    finally:
+        fwd.shutdown()
+        host.shutdown()
+
+
+def test_per_sample_errors_travel_in_the_result(lock_dir):
+    host = VllmBatchService(Faults({}))
+    try:
+        host.on_session_enter(_ctx(_common(lock_dir)))
+        too_long = np.arange(2000, dtype=np.int32)
+        bad_id = np.array([5, 200000], dtype=np.int32)
+        good = _prompts(1)[0]
+        r = pl.decode_result(host.on_task_invoke(_task(pl.encode_task(0, [7, 8, 9], prompts=[too_long, good, bad_id]).data)))
+        assert [s.ok for s in r.samples] == [False, True, False]
+        assert "more than max_model_len" in r.samples[0].error and "vocabulary" in r.samples[2].error
+    finally:
+        host.shutdown()
+
+
+def test_session_mismatch_and_bad_common_data(lock_dir):
+    svc = VllmBatchService(Faults({}))
+    with pytest.raises(ValueError, match="common data"):
+        svc.on_session_enter(_ctx(None))
+    with pytest.raises(ValueError, match="protocol"):
+        svc.on_session_enter(_ctx(b'{"protocol": 99}'))
+    with pytest.raises(RuntimeError, match="boom"):
+        VllmBatchService(Faults({"enter_error": "boom"})).on_session_enter(_ctx(_common(lock_dir)))
+
+
+def test_injected_task_failure_counts_across_executors(lock_dir, tmp_path):
+    faults = Faults({"task_error": {"batches": [3], "times": 1}, "state_dir": str(tmp_path)})
+    host = VllmBatchService(faults)
+    try:
+        host.on_session_enter(_ctx(_common(lock_dir)))
+        data = pl.encode_task(3, [1], prompts=_prompts(1)).data
+        with pytest.raises(RuntimeError, match="injected"):
+            host.on_task_invoke(_task(data))
+        assert pl.decode_result(host.on_task_invoke(_task(data))).samples[0].ok  # second attempt passes
+    finally:
+        host.shutdown()
+
+
+def test_gc_is_frozen_after_enter_and_unfrozen_at_shutdown(lock_dir):
+    import gc
+
+    host = VllmBatchService(Faults({}))
+    host.on_session_enter(_ctx(_common(lock_dir)))
+    assert gc.get_freeze_count() > 0
+    host.shutdown()
+    assert gc.get_freeze_count() == 0
+    st = host.gcmon.stats()
+    assert st["freeze_ms"] > 0 and st["frozen_objects"] > 0  # the freeze's collection is kept apart

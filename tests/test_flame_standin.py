@@ -1,0 +1,277 @@
+"""The Flame-batched SUT against the Flame stand-in: real flamepy client, real service processes,
+fake engine (protocol and fault tests; the vLLM comparison is in test_flame_vllm.py)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+flamepy = pytest.importorskip("flamepy")
+standin = pytest.importorskip("tests.flame_standin")
+
+from sut.base import RunFailed, SampleLedger, SUTContext  # noqa: E402
+from sut.dataset import Dataset  # noqa: E402
+from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
+from sut.flame import app as app_mod  # noqa: E402
+from sut.flame.client import FlameSUT  # noqa: E402
+from sut.flame.fake_engine import fake_generate  # noqa: E402
+from sut.response import cut_at_first_eos  # noqa: E402
+
+TINY = Path(__file__).resolve().parent.parent / "sut" / "models" / "tiny-llama3"
+EOS = (128001, 128008, 128009)
+QS = collections.namedtuple("QS", "id index")
+
+
+@pytest.fixture
+def lock_dir():
+    d = Path(tempfile.mkdtemp(prefix="sft-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def dataset():
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 128000, size=int(rng.integers(10, 60)), dtype=np.int32) for _ in range(16)]
+    return Dataset("synthetic-in-memory", "0" * 64, prompts, [""] * 16, 16)
+
+
+def _register(cluster, tmp_path, faults=None):
+    envs = {"SUT_FLAME_FAULTS": json.dumps(dict(faults, state_dir=str(tmp_path))) if faults else ""}
+    doc = app_mod.render(workdir=str(tmp_path / "svc"), environments=envs)
+    conn = flamepy.connect(cluster.endpoint)
+    app_mod.register(conn, doc)
+    conn.close()
+
+
+def _sut(cluster, dataset, lock_dir, device="cpu", **opts):
+    o = dict(endpoint=cluster.endpoint, engine_backend="fake", lock_dir=str(lock_dir), batch_size=4, fake_step_s=0.05,
+             warmup_timeout_s=60, close_timeout_s=60)
+    o.update(opts)
+    ctx = SUTContext(dataset=dataset, engine=EngineSettings(model=str(TINY), max_model_len=1024, max_num_seqs=4, device=device),
+                     generation=GenerationSettings(eos_token_ids=EOS), options=o, progress=False)
+    sut = FlameSUT(ctx)
+    answers = []
+    sut.ledger = SampleLedger(EOS, progress=False, complete_fn=answers.extend)
+    return sut, answers
+
+
+def _issue(sut, dataset, n):
+    samples = [QS(10_000 + i, i % len(dataset)) for i in range(n)]
+    sut.issue_queries(samples)
+    return samples
+
+
+def _expected(dataset, q):
+    return cut_at_first_eos(fake_generate(dataset.prompts[q], 128, EOS[0]), EOS)
+
+
+def _assert_exactly_once(samples, answers):
+    ids = [sid for sid, _ in answers]
+    assert sorted(ids) == sorted(s.id for s in samples), "every issued sample answered exactly once"
+
+
+def _assert_closed(cluster, sut):
+    st = cluster.session_state(sut.session.id)
+    assert st["state"] == "Closed", st
+    assert st["counts"]["Running"] == 0 and st["counts"]["Pending"] == 0, st
+
+
+def test_batches_outputs_and_more_than_ten_watchers(tmp_path, dataset, lock_dir):
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        sut, answers = _sut(cluster, dataset, lock_dir, inflight_per_executor=6, fake_step_s=0.4,
+                            app_workdir=str(tmp_path / "svc"))
+        try:
+            info = sut.start()  # registers the app itself (register_app=if_missing)
+            assert sut.n_executors == 2 and info["engines"][0]["device"]["kind"] == "cpu"
+            samples = _issue(sut, dataset, 50)  # 12 batches of 4 + one of 2
+            sut.flush_queries()
+            assert sut.ledger.idle.wait(60)
+        finally:
+            sut.stop()
+        assert sut.ledger.error is None
+        _assert_exactly_once(samples, answers)
+        by_id = {s.id: s.index for s in samples}
+        for sid, ids in answers:
+            assert np.array_equal(ids, _expected(dataset, by_id[sid]))
+        rec = sut.record()["flame"]
+        assert rec["batch_size_distribution"] == {"2": 1, "4": 12}
+        assert rec["peak_inflight_tasks"] > 10  # more in-flight tasks than flamepy's 10 watcher threads
+        assert rec["tasks"]["completed"] == 13 and rec["tasks"]["retries"] == 0
+        assert {e["role"] for e in rec["executor_list"]} == {"host", "forwarder"}
+        assert rec["shards"][0]["device"] == "0-1" or rec["shards"][0]["kind"] == "cpu"
+        assert rec["bytes"]["in_wire"] < rec["bytes"]["in_raw"]
+        _assert_closed(cluster, sut)
+        assert cluster.wait_until(lambda: all(e["state"] == "Released" for e in cluster.executors()), 30)
+        assert not any(e["sigkill_needed"] for e in cluster.executors())  # SIGTERM ends every service at once
+
+
+def test_exception_in_on_session_enter_fails_start(tmp_path, dataset, lock_dir):
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        _register(cluster, tmp_path, faults={"enter_error": "model files missing (injected)"})
+        sut, _ = _sut(cluster, dataset, lock_dir)
+        try:
+            with pytest.raises(RunFailed, match="model files missing"):
+                sut.start()
+        finally:
+            sut.stop()
+        _assert_closed(cluster, sut)
+        assert any(code == standin.SESSION_BIND_FAILED for code, _ in cluster.session_events(sut.session.id))
+
+
+def test_oversize_payload_is_refused_before_any_task(tmp_path, lock_dir):
+    rng = np.random.default_rng(0)
+    huge = [rng.integers(0, 128000, size=300_000, dtype=np.int32) for _ in range(4)]
+    ds = Dataset("huge", "0" * 64, huge, [""] * 4, 4)
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        sut, _ = _sut(cluster, ds, lock_dir)
+        with pytest.raises(RunFailed, match="4,194,304"):
+            sut.start()
+        sut.stop()
+        assert sut.session is None  # refused before a session or task existed
+
+
+def test_task_failure_then_success_on_retry(tmp_path, dataset, lock_dir):
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        _register(cluster, tmp_path, faults={"task_error": {"batches": [1], "times": 1}})
+        sut, answers = _sut(cluster, dataset, lock_dir)
+        try:
+            sut.start()
+            samples = _issue(sut, dataset, 12)
+            assert sut.ledger.idle.wait(60)
+        finally:
+            sut.stop()
+        assert sut.ledger.error is None
+        _assert_exactly_once(samples, answers)
+        rec = sut.record()["flame"]
+        assert rec["tasks"]["retries"] == 1 and "injected task failure" in rec["tasks"]["failed_attempts"][0]["message"]
+        _assert_closed(cluster, sut)
+
+
+def test_task_failing_twice_fails_the_run(tmp_path, dataset, lock_dir):
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        _register(cluster, tmp_path, faults={"task_error": {"batches": [1], "times": 2}})
+        sut, answers = _sut(cluster, dataset, lock_dir)
+        try:
+            sut.start()
+            samples = _issue(sut, dataset, 12)
+            assert sut.ledger.idle.wait(60)
+        finally:
+            sut.stop()
+        assert sut.ledger.error and "failed 2 times" in sut.ledger.error and "injected task failure" in sut.ledger.error
+        _assert_exactly_once(samples, answers)
+        _assert_closed(cluster, sut)
+
+
+def test_service_killed_mid_task(tmp_path, dataset, lock_dir):
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        _register(cluster, tmp_path, faults={"crash": {"batches": [2], "times": 1, "delay_s": 0.2}})
+        sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=0.3)
+        try:
+            sut.start()
+            samples = _issue(sut, dataset, 16)
+            assert sut.ledger.idle.wait(90)
+        finally:
+            sut.stop()
+        # Either the retry ran on a live executor, or the dead service failed the run loudly.
+        if sut.ledger.error is None:
+            assert sut.record()["flame"]["tasks"]["retries"] >= 1
+            by_id = {s.id: s.index for s in samples}
+            for sid, ids in answers:
+                assert np.array_equal(ids, _expected(dataset, by_id[sid]))
+        else:
+            assert "batch" in sut.ledger.error
+        _assert_exactly_once(samples, answers)
+        _assert_closed(cluster, sut)
+        assert any(e["returncode"] not in (0, None) for e in cluster.executors())
+
+
+def test_close_with_pending_tasks(tmp_path, dataset, lock_dir):
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=1.0)
+        sut.start()
+        samples = _issue(sut, dataset, 40)  # 10 tasks, 2 executors, 1 s each
+        time.sleep(1.5)
+        sut.ledger.fail("interrupted (test)")  # what the harness does on Ctrl-C or a stall
+        n_at_fail = len(cluster.tasks(sut.session.id))
+        t0 = time.monotonic()
+        sut.stop()
+        assert time.monotonic() - t0 < 30
+        _assert_exactly_once(samples, answers)
+        _assert_closed(cluster, sut)
+        # Flame 0.6 has no cancel: executors pop the next Pending task at once, so the close succeeds
+        # when the in-flight backlog (bounded by the credits) has drained; whatever is still Pending
+        # then is Cancelled. Nothing may be left Running or Pending.
+        states = collections.Counter(t["state"] for t in cluster.tasks(sut.session.id))
+        assert states["Running"] == 0 and states["Pending"] == 0
+        assert sum(states.values()) <= n_at_fail + 1  # no new task after the failure (one create may be under way)
+        assert n_at_fail < 10 + 2  # the credits held the backlog back (10 batches + 2 warm-up pings)
+        assert sut.record()["flame"]["close"]["closed"]
+
+
+def test_lost_session_fails_the_run(tmp_path, dataset, lock_dir):
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=1.0)
+        try:
+            sut.start()
+            samples = _issue(sut, dataset, 16)
+            time.sleep(0.5)
+            cluster.drop_session(sut.session.id)
+            assert sut.ledger.idle.wait(60)
+        finally:
+            sut.stop()
+        assert sut.ledger.error and ("gone" in sut.ledger.error or "lost" in sut.ledger.error)
+        _assert_exactly_once(samples, answers)
+
+
+def test_indices_payload_reads_the_same_dataset_file(tmp_path, lock_dir):
+    from sut.dataset import load_dataset
+    from sut.synthetic import SyntheticSettings, write_dataset
+
+    path = tmp_path / "syn16.json"
+    write_dataset(path, SyntheticSettings(samples=16, seed=1, median=100, max_len=400))
+    ds = load_dataset(path, 128256, 1024)
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        sut, answers = _sut(cluster, ds, lock_dir, payload="indices", app_workdir=str(tmp_path / "svc"))
+        try:
+            sut.start()
+            samples = _issue(sut, ds, 20)
+            assert sut.ledger.idle.wait(60)
+        finally:
+            sut.stop()
+        assert sut.ledger.error is None
+        _assert_exactly_once(samples, answers)
+        by_id = {s.id: s.index for s in samples}
+        for sid, ids in answers:
+            assert np.array_equal(ids, _expected(ds, by_id[sid]))
+        rec = sut.record()["flame"]
+        assert rec["payload"] == "indices" and rec["bytes"]["in_raw"] < 20 * 64  # ids + indices only
+        _assert_closed(cluster, sut)
+
+
+def test_one_engine_per_gpu_slot(tmp_path, dataset, lock_dir):
+    """One executor manager per GPU (the stand-in sets CUDA_VISIBLE_DEVICES per executor): every
+    executor hosts the engine of its own GPU, and the record maps each shard to its device."""
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4, gpu_slots=["0", "1"]) as cluster:
+        sut, answers = _sut(cluster, dataset, lock_dir, device="auto", engines=2, executors_per_engine=1,
+                            app_workdir=str(tmp_path / "svc"))
+        try:
+            sut.start()
+            samples = _issue(sut, dataset, 16)
+            assert sut.ledger.idle.wait(60)
+        finally:
+            sut.stop()
+        assert sut.ledger.error is None
+        _assert_exactly_once(samples, answers)
+        rec = sut.record()["flame"]
+        assert sorted((sh["kind"], sh["device"]) for sh in rec["shards"]) == [("cuda", "0"), ("cuda", "1")]
+        assert all("gpu_uuid" in sh for sh in rec["shards"])  # None from the fake engine; GPU-<uuid> from vLLM
+        assert sorted(e["role"] for e in rec["executor_list"]) == ["host", "host"]
+        assert {e["shard"] for e in rec["executor_list"] if e["tasks"]} == {f"{sh['node']}/{sh['key']}" for sh in rec["shards"]}
