@@ -138,10 +138,11 @@ def test_oversize_payload_is_refused_before_any_task(tmp_path, lock_dir):
         assert sut.session is None  # refused before a session or task existed
 
 
-def test_task_failure_then_success_on_retry(tmp_path, dataset, lock_dir):
+@pytest.mark.parametrize("aio_watch", [True, False], ids=["aio-watch", "flamepy-watch"])
+def test_task_failure_then_success_on_retry(tmp_path, dataset, lock_dir, aio_watch):
     with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
         _register(cluster, tmp_path, faults={"task_error": {"batches": [1], "times": 1}})
-        sut, answers = _sut(cluster, dataset, lock_dir)
+        sut, answers = _sut(cluster, dataset, lock_dir, aio_watch=aio_watch)
         try:
             sut.start()
             samples = _issue(sut, dataset, 12)
@@ -216,9 +217,10 @@ def test_close_with_pending_tasks(tmp_path, dataset, lock_dir):
         assert sut.record()["flame"]["close"]["closed"]
 
 
-def test_lost_session_fails_the_run(tmp_path, dataset, lock_dir):
+@pytest.mark.parametrize("aio_watch", [True, False], ids=["aio-watch", "flamepy-watch"])
+def test_lost_session_fails_the_run(tmp_path, dataset, lock_dir, aio_watch):
     with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
-        sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=1.0)
+        sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=1.0, aio_watch=aio_watch)
         try:
             sut.start()
             samples = _issue(sut, dataset, 16)

@@ -15,10 +15,12 @@ never blocks. One dispatcher thread cuts the inbox into batches of ``batch_size`
 batch waits at most ``batch_window_ms`` for more arrivals, or until ``flush_queries``), encodes
 each (``sut.flame.payload``; a batch that would not fit Flame's 4 MiB messages fails the run
 with a clear error), waits for a credit (at most ``inflight_per_executor`` tasks per executor
-are in flight: Flame has no back-pressure) and creates the task. Every task gets its own watcher
-thread with its own ``WatchTask`` stream (flamepy's ``Session.run`` would share 10 threads). A
-finished task's outputs go to the ledger (cut at the first EOS, int32, ``n_tokens`` = length:
-exactly the standalone SUT's path).
+are in flight: Flame has no back-pressure) and creates the task. Every task has its own
+``WatchTask`` stream, all of them on one ``grpc.aio`` loop (``sut.flame.watch``; flamepy's
+``Session.run`` would share 10 threads, and its synchronous streams poll every 100 ms), and its own
+thread that waits on that stream's future and handles the outcome. A finished task's outputs go
+to the ledger (cut at the first EOS, int32, ``n_tokens`` = length: exactly the standalone SUT's
+path).
 
 Why several executors per engine: a Flame executor runs one task at a time, and a task returns
 only when its last sample is done. With ``executors_per_engine = ceil(engine_fill x
@@ -57,6 +59,7 @@ PING_BATCH_BASE = 1 << 40
 SESSION_BIND_FAILED = 1001
 SESSION_RETRY_LIMIT_REACHED = 1002
 _SUCCEED, _FAILED, _CANCELLED, _LOST = "succeed", "failed", "cancelled", "lost"
+_ST_SUCCEED, _ST_FAILED, _ST_CANCELLED = 2, 3, 4  # flame.v1 TaskState on the wire
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +91,7 @@ class FlameOptions:
     fake_start_s: float = 0.0
     allow_prefix_caching: bool = False
     record_tasks: bool = True
+    aio_watch: bool = True  # all watch streams on one grpc.aio loop; false: flamepy's Session.watch_task per thread
 
     def __post_init__(self):
         if int(self.batch_size) < 1:
@@ -213,6 +217,7 @@ class FlameSUT(SystemUnderTest):
         self.conn = None
         self.endpoint: Optional[str] = None
         self.session = None
+        self._aw = None
         self._cv = threading.Condition()
         self._inbox: collections.deque = collections.deque()
         self._flush = False
@@ -256,6 +261,14 @@ class FlameSUT(SystemUnderTest):
         except flamepy.FlameError as e:
             raise RunFailed(f"cannot create a Flame session of application {o.app}: {e.message}") from None
         atexit.register(self._atexit_close)
+        if o.aio_watch:
+            from sut.flame.watch import AioWatcher
+
+            try:
+                ca = flamepy.FlameContext().tls.ca_file if self.endpoint.startswith("https://") and flamepy.FlameContext().tls else None
+                self._aw = AioWatcher(self.endpoint, self.session.id, ca)
+            except Exception as e:  # noqa: BLE001 - the synchronous path works everywhere
+                log.warning("flame: asyncio watcher unavailable (%s); watching with one thread per task", e)
         log.info("flame: session %s (application %s), %d executor(s) = %d engine(s) x %d, batch %d, window %.0f ms, "
                  "at most %d task(s) in flight", self.session.id, o.app, self.n_executors, o.engines, self.per_engine,
                  self.batch_size, o.batch_window_ms, self.max_inflight)
@@ -498,20 +511,19 @@ class FlameSUT(SystemUnderTest):
         errors = 0
         while True:
             try:
-                for t in self.session.watch_task(task_id):
-                    if t.state == flamepy.TaskState.RUNNING and tb is not None and tb.t_running is None:
-                        tb.t_running = time.monotonic()
-                    if t.state == flamepy.TaskState.SUCCEED:
-                        return _SUCCEED, t.output, None
-                    if t.state == flamepy.TaskState.FAILED:
-                        return _FAILED, None, self._failure_message(task_id)
-            except (flamepy.FlameError, ValueError) as e:
-                if _is_cancelled_error(e):
-                    return _CANCELLED, None, "task was cancelled (its session was closed)"
+                state, output = self._watch_once(task_id, tb)
+            except Exception as e:  # noqa: BLE001 - RPC errors of either watch path
                 errors += 1
                 if errors > 3:
                     return _LOST, None, f"watching task {task_id} failed {errors} times: {e}"
                 time.sleep(0.5 * errors)
+                state, output = None, None
+            if state == _ST_SUCCEED:
+                return _SUCCEED, output, None
+            if state == _ST_FAILED:
+                return _FAILED, None, self._failure_message(task_id)
+            if state == _ST_CANCELLED:
+                return _CANCELLED, None, "task was cancelled (its session was closed)"
             # The stream ended without a terminal message: the task or its session may be gone.
             try:
                 t = self.session.get_task(task_id)
@@ -529,6 +541,31 @@ class FlameSUT(SystemUnderTest):
             if quiet_ends > 3:
                 return _LOST, None, f"the watch of task {task_id} keeps ending while the task is {t.state.name}"
             time.sleep(0.2)
+
+    def _watch_once(self, task_id: str, tb: Optional[_Task]) -> tuple[Optional[int], Optional[bytes]]:
+        """One WatchTask stream: ``(terminal state as int, output)``, or ``(None, None)`` if it ended
+        without one. Through the shared asyncio watcher, else flamepy's synchronous ``watch_task``."""
+        import flamepy
+
+        def running():
+            if tb is not None and tb.t_running is None:
+                tb.t_running = time.monotonic()
+
+        if self._aw is not None:
+            return self._aw.watch(task_id, running).result()
+        try:
+            for t in self.session.watch_task(task_id):
+                if t.state == flamepy.TaskState.RUNNING:
+                    running()
+                if t.state == flamepy.TaskState.SUCCEED:
+                    return _ST_SUCCEED, t.output
+                if t.state == flamepy.TaskState.FAILED:
+                    return _ST_FAILED, None
+        except (flamepy.FlameError, ValueError) as e:
+            if _is_cancelled_error(e):
+                return _ST_CANCELLED, None
+            raise
+        return None, None
 
     def _failure_message(self, task_id: str, task=None) -> str:
         try:
@@ -663,6 +700,8 @@ class FlameSUT(SystemUnderTest):
                 watchers = list(self._watchers)
             for th in watchers:
                 th.join(30)
+            if self._aw is not None:
+                self._aw.close()
             if self.conn is not None:
                 try:
                     self.conn.close()
