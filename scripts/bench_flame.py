@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine default (256)")
     p.add_argument("--no-enforce-eager", action="store_true", help="allow CUDA graphs (GPU)")
     p.add_argument("--dataset", help="cnn_eval-format file (default: a synthetic one written to --out)")
-    p.add_argument("--synthetic-samples", type=int, default=1000)
+    p.add_argument("--synthetic-samples", type=int, default=500)
     p.add_argument("--user-conf", default=str(REPO / "loadgen_configs" / "cpu_tiny.user.conf"))
     p.add_argument("--min-duration-s", type=float, default=60.0)
     p.add_argument("--target-qps", type=float, help="override user.conf's Offline target_qps")
@@ -305,12 +306,13 @@ def main(argv=None) -> int:
     if not endpoint:
         standin, endpoint = start_standin(out / "standin", a.standin_max_executors)
         print(f"Flame stand-in at {endpoint} (its CPU use counts against the Flame runs on this machine)", flush=True)
+    lock_dir = f"/tmp/sut-flame-bench-{os.getpid()}"  # engine seats and sockets of the Flame runs (short path)
     configs = [("standalone", ["--sut", "vllm"])]
     if a.standalone_gc_freeze:
         configs.append(("standalone-gcf", ["--sut", "vllm", "--option", "gc_freeze=true"]))
     for b in a.batch_sizes:
         configs.append((f"flame{b}", ["--sut", "flame", "--batch-size", str(b), "--flame-endpoint", endpoint,
-                                      "--flame-engines", str(a.flame_engines), "--option", f"lock_dir=/tmp/sut-flame-bench-{os.getpid()}",
+                                      "--flame-engines", str(a.flame_engines), "--option", f"lock_dir={lock_dir}",
                                       "--option", f"app_workdir={out / 'service'}",
                                       *[x for o in a.flame_option for x in ("--option", o)]]))
     results: list[dict] = []
@@ -334,6 +336,7 @@ def main(argv=None) -> int:
         if standin is not None:
             os.killpg(standin.pid, signal.SIGTERM)
             standin.wait(30)
+        shutil.rmtree(lock_dir, ignore_errors=True)
 
     summary = {"settings": vars(a), "dataset": dataset, "endpoint": endpoint, "standin": standin is not None,
                "runs": results, "configs": {}}

@@ -265,8 +265,8 @@ class FlameSUT(SystemUnderTest):
             from sut.flame.watch import AioWatcher
 
             try:
-                ca = flamepy.FlameContext().tls.ca_file if self.endpoint.startswith("https://") and flamepy.FlameContext().tls else None
-                self._aw = AioWatcher(self.endpoint, self.session.id, ca)
+                tls = flamepy.FlameContext().tls if self.endpoint.startswith("https://") else None
+                self._aw = AioWatcher(self.endpoint, self.session.id, tls.ca_file if tls else None)
             except Exception as e:  # noqa: BLE001 - the synchronous path works everywhere
                 log.warning("flame: asyncio watcher unavailable (%s); watching with one thread per task", e)
         log.info("flame: session %s (application %s), %d executor(s) = %d engine(s) x %d, batch %d, window %.0f ms, "
