@@ -7,6 +7,11 @@
 #   bash scripts/h200_runs.sh overhead      # raw LLM.generate vs standalone SUT, bf16 then fp8+fp8 KV
 #   bash scripts/h200_runs.sh full-start    # 600 s+ Offline performance run, 13,368-sample pool (detached)
 #   bash scripts/h200_runs.sh full-wait [S] # wait up to S seconds (default 540) for it, then copy results
+#   bash scripts/h200_runs.sh setup         # extra wheels for the Flame SUT (flamepy needs pymongo's bson,
+#                                           # protobuf >= 6.31, grpcio >= 1.80) from /root/gpu/extra, .gpu/b/extra
+#   bash scripts/h200_runs.sh batch-start   # detached: run 3 (scripts/bench_flame.py: standalone vs Flame 32/64
+#                                           # through the test stand-in, 2 rounds) then run 4 (tuning sweep)
+#   bash scripts/h200_runs.sh batch-wait [S] # wait up to S seconds, copy what is done to $OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1
@@ -15,6 +20,7 @@ REAL=${REAL:-/root/gpu/data/cnn_eval_public.json}
 POOL=${POOL:-/tmp/pool13368.json}
 OUT=${OUT:-$PWD/gpu_out}
 FULL=/tmp/full
+JOB=/tmp/job
 mkdir -p "$OUT"
 COMMON=(--model "$MODEL" --load-format dummy --max-model-len 2668 --max-num-seqs 512 --max-num-batched-tokens 8192
         --gpu-memory-utilization 0.90 --device cuda)
@@ -44,5 +50,47 @@ case "${1:-}" in
     grep -vE "Warning|warn" "$FULL/console.log" | tail -c 4000 > "$OUT/full600_console.txt"
     head -40 "$OUT/full600_summary.txt"
     ;;
-  *) echo "usage: $0 overhead|full-start|full-wait [seconds]"; exit 2;;
+  setup)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site --upgrade \
+      /root/gpu/extra/*.whl .gpu/b/extra/*.whl
+    python3 -c "import grpc, google.protobuf, flamepy, sut.flame.client, sut.flame.service, tests.flame_standin, mlperf_loadgen; \
+print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__)"
+    ;;
+  batch-start)
+    rm -rf "$JOB"; mkdir -p "$JOB"
+    setsid nohup bash "$0" batch > "$JOB/batch.console" 2>&1 < /dev/null &
+    echo "started pid $!"
+    ;;
+  batch)
+    # Run 3: standalone, flame32, flame64 in rotated order, 2 rounds, same inputs and engine preset.
+    # LoadGen issues target_qps x min_duration x 1.1 = 2,464 samples drawn from the 1,020 prompts per run.
+    QPS=(--target-qps 56 --min-duration-s 40)
+    python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
+      --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --ignore-eos --rounds 2 \
+      --idle-wait-s 0 --foreign-cpu-max 1 --standin-max-executors 40 --out "$JOB/flame" > "$JOB/flame.console" 2>&1
+    # Run 4: tuning sweep of the standalone SUT around the shipped fp8 preset (512 / 8192 = the standalone runs above).
+    for cfg in "384 8192" "512 12288" "768 8192"; do
+      set -- $cfg
+      python3 -m sut run --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
+        --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --min-query-count 1 --benchmark-ignore-eos \
+        --max-num-seqs "$1" --max-num-batched-tokens "$2" --output-dir "$JOB/tune" --run-name "tune_mns$1_mnbt$2" \
+        --no-progress > "$JOB/tune_mns$1_mnbt$2.console" 2>&1
+      r=$(ls -d "$JOB"/tune/tune_mns$1_mnbt$2* 2>/dev/null | head -1)
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], r.get('tokens_per_s'), r.get('samples_per_s'), r.get('validity'))" \
+        "$r/run.json" "$1" "$2" >> "$JOB/tune.tsv" 2>> "$JOB/tune.err" || echo "$1 $2 failed" >> "$JOB/tune.tsv"
+    done
+    echo done > "$JOB/DONE"
+    ;;
+  batch-wait)
+    limit=${2:-540}; t=0
+    while [ $t -lt "$limit" ] && [ ! -f "$JOB/DONE" ]; do sleep 10; t=$((t+10)); done
+    mkdir -p "$OUT/job"
+    (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
+       -o -name "mlperf_log_summary.txt" -o -name "DONE" | while read -r f; do mkdir -p "$OUT/job/$(dirname "$f")"; cp "$f" "$OUT/job/$f"; done)
+    for f in "$JOB"/flame/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$OUT/job/$(basename "$f").tail"; done
+    grep -E "^round|^config|^standalone|^flame|target" "$JOB/flame.console" 2>/dev/null
+    cat "$JOB/tune.tsv" 2>/dev/null
+    [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
+    ;;
+  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|batch-wait [seconds]"; exit 2;;
 esac
