@@ -12,6 +12,7 @@
 #   bash scripts/h200_runs.sh batch-start   # detached: run 3 (scripts/bench_flame.py: standalone vs Flame 32/64
 #                                           # through the test stand-in, 2 rounds) then run 4 (tuning sweep)
 #   bash scripts/h200_runs.sh batch-wait [S] # wait up to S seconds, copy what is done to $OUT
+#   (batch: ROUNDS=N sets run 3's rounds, TUNE="MNS,MNBT[,eager] ..." run 4's points; TUNE= skips run 4)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1
@@ -63,31 +64,35 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     ;;
   batch)
     # Run 3: standalone, flame32, flame64 in rotated order, 2 rounds, same inputs and engine preset.
-    # LoadGen issues target_qps x min_duration x 1.1 = 2,464 samples drawn from the 1,020 prompts per run.
+    # LoadGen issues 3,060 samples per run (target_qps x min_duration x 1.1 = 2,464, rounded up to whole passes
+    # over the 1,020 prompts by equal-issue mode).
     QPS=(--target-qps 56 --min-duration-s 40)
     python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
-      --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --ignore-eos --rounds 2 \
+      --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --ignore-eos --rounds "${ROUNDS:-2}" \
       --idle-wait-s 0 --foreign-cpu-max 1 --standin-max-executors 40 --out "$JOB/flame" > "$JOB/flame.console" 2>&1
     # Run 4: tuning sweep of the standalone SUT around the shipped fp8 preset (512 / 8192 = the standalone runs above).
-    for cfg in "384 8192" "512 12288" "768 8192"; do
-      set -- $cfg
+    # A point is MNS,MNBT or MNS,MNBT,eager (CUDA graphs off).
+    for cfg in ${TUNE-"384,8192" "512,12288" "768,8192"}; do
+      IFS=, read -r mns mnbt mode <<< "$cfg"
+      name="tune_mns${mns}_mnbt${mnbt}${mode:+_$mode}"
+      extra=(); [ "$mode" = eager ] && extra=(--enforce-eager)
       python3 -m sut run --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
         --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --min-query-count 1 --benchmark-ignore-eos \
-        --max-num-seqs "$1" --max-num-batched-tokens "$2" --output-dir "$JOB/tune" --run-name "tune_mns$1_mnbt$2" \
-        --no-progress > "$JOB/tune_mns$1_mnbt$2.console" 2>&1
-      r=$(ls -d "$JOB"/tune/tune_mns$1_mnbt$2* 2>/dev/null | head -1)
-      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], r.get('tokens_per_s'), r.get('samples_per_s'), r.get('validity'))" \
-        "$r/run.json" "$1" "$2" >> "$JOB/tune.tsv" 2>> "$JOB/tune.err" || echo "$1 $2 failed" >> "$JOB/tune.tsv"
+        --max-num-seqs "$mns" --max-num-batched-tokens "$mnbt" "${extra[@]}" --output-dir "$JOB/tune" \
+        --run-name "$name" --no-progress > "$JOB/$name.console" 2>&1
+      r=$(ls -d "$JOB/tune/$name"* 2>/dev/null | head -1)
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(*sys.argv[2:], r.get('tokens_per_s'), r.get('samples_per_s'), r.get('validity'))" \
+        "$r/run.json" "$mns" "$mnbt" "${mode:-graphs}" >> "$JOB/tune.tsv" 2>> "$JOB/tune.err" || echo "$cfg failed" >> "$JOB/tune.tsv"
     done
     echo done > "$JOB/DONE"
     ;;
   batch-wait)
     limit=${2:-540}; t=0
     while [ $t -lt "$limit" ] && [ ! -f "$JOB/DONE" ]; do sleep 10; t=$((t+10)); done
-    mkdir -p "$OUT/job"
+    # One archive (the device tool brings back only a few files): records, consoles, log tails.
+    for f in "$JOB"/flame/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
-       -o -name "mlperf_log_summary.txt" -o -name "DONE" | while read -r f; do mkdir -p "$OUT/job/$(dirname "$f")"; cp "$f" "$OUT/job/$f"; done)
-    for f in "$JOB"/flame/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$OUT/job/$(basename "$f").tail"; done
+       -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" | tar -czf "$OUT/job.tgz" -T -)
     grep -E "^round|^config|^standalone|^flame|target" "$JOB/flame.console" 2>/dev/null
     cat "$JOB/tune.tsv" 2>/dev/null
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"

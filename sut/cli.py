@@ -1,4 +1,4 @@
-"""Command line: ``python -m sut {run,synthetic,retokenize,convert-smollm2,demo}``.
+"""Command line: ``python -m sut {run,synthetic,retokenize,convert-smollm2,demo,test06-verify,package}``.
 
 Every ``run`` flag maps to one field of ``RunSettings``, ``EngineSettings`` or
 ``GenerationSettings``. A preset (``--config loadgen_configs/NAME.toml``) fills the same fields
@@ -13,11 +13,14 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import sys
 import tomllib
 from pathlib import Path
 
 from sut.base import RunFailed, sut_names
+from sut.compliance import ComplianceError, PackageSettings, package, verify_test06, write_test06
+from sut.constants import LLAMA31_EOS
 from sut.dataset import DatasetError
 from sut.engine import EngineError, EngineSettings, GenerationSettings, settings_from_mapping
 from sut.harness import RunSettings, run_benchmark
@@ -75,6 +78,9 @@ def _add_run_parser(sub) -> None:
     g.add_argument("--model-key", help="LoadGen model key (default llama3_1-8b)")
     g.add_argument("--run-name", help="run folder name (default <time>-<sut>-<scenario>-<mode>)")
     g.add_argument("--audit-config", help="LoadGen audit config, e.g. TEST06's audit.config (never read implicitly)")
+    g.add_argument("--compliance-test", choices=["TEST06"],
+                   help="MLPerf compliance test: TEST06 = loadgen_configs/TEST06/audit.config, then the TEST06 "
+                        "checks; writes <run>/TEST06/verify_accuracy.txt, fails the run if a check fails")
     g.add_argument("--tokenizer", help="tokenizer for the accuracy gate (default: the model folder)")
     g.add_argument("--no-accuracy-gate", action="store_true", help="do not score an accuracy-mode run")
     g.add_argument("--enable-trace", action="store_true", help="write LoadGen's (large) trace log")
@@ -132,7 +138,7 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
     gen = dict(pre.get("generation", {}))
     opts = dict(pre.get("options", {}))
     for key in ("sut", "scenario", "mode", "dataset", "output_dir", "user_conf", "model_key", "run_name", "audit_config",
-                "tokenizer", "max_samples", "min_duration_s", "min_query_count", "target_qps"):
+                "compliance_test", "tokenizer", "max_samples", "min_duration_s", "min_query_count", "target_qps"):
         val = getattr(a, key)
         if val is not None:
             run[key] = val
@@ -173,7 +179,7 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
 def cmd_run(a) -> int:
     rs, es, gen, opts = settings_from_args(a)
     try:
-        rec = run_benchmark(rs, es, gen, opts)
+        rec = run_benchmark(rs, es, gen, opts, command=" ".join(["python -m sut"] + [shlex.quote(x) for x in a.argv]))
     except (DatasetError, EngineError) as e:
         log.error("%s", e)
         return 2
@@ -259,14 +265,69 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default=str(REPO / "models" / "smollm2-135m"))
     d = sub.add_parser("demo", help="the embedded default: tiny dummy model, synthetic data, performance + accuracy runs")
     d.add_argument("--output-dir", default="results/demo")
+    t = sub.add_parser("test06-verify", help="TEST06 checks on a run folder's mlperf_log_accuracy.json")
+    t.add_argument("run_dir", help="run folder of a TEST06 run (or any folder holding mlperf_log_accuracy.json)")
+    t.add_argument("--out", help="where TEST06/verify_accuracy.txt goes (default: the run folder)")
+    t.add_argument("--scenario", default="Offline", help="LoadGen scenario of the run (default Offline)")
+    t.add_argument("--eos-token-ids", type=int, nargs="+",
+                   help="EOS ids (default: from run.json, else Llama 3.1's 128001 128008 128009)")
+    k = sub.add_parser("package", help="lay out performance, accuracy and TEST06 runs as an MLPerf submission tree",
+                       description="Copy finished runs into <out>/<division>/<submitter>/results/<system>/<benchmark>/"
+                                   "Offline/ (performance/run_1, accuracy, TEST06, user.conf, measurements.json, "
+                                   "README.md) after checking that they are compliant and describe the same system.")
+    k.add_argument("--out", dest="out", required=True, help="root folder of the submission tree")
+    k.add_argument("--system", required=True, help="system name, e.g. 1xH200_vllm")
+    k.add_argument("--submitter", required=True, help="organisation name")
+    k.add_argument("--performance", dest="performance_run", required=True, help="run folder of the performance run")
+    k.add_argument("--accuracy", dest="accuracy_run", required=True, help="run folder of the accuracy run (gate passed)")
+    k.add_argument("--test06", dest="test06_run", help="run folder of the TEST06 run (closed llama3.1-8b needs it)")
+    k.add_argument("--division", default="closed", choices=["closed", "open"])
+    k.add_argument("--allow-noncompliant", action="store_true",
+                   help="rehearse the layout with dev runs; the tree gets NOT-COMPLIANT.txt with every reason")
     return p
+
+
+def cmd_test06_verify(a) -> int:
+    run_dir = Path(a.run_dir)
+    eos = a.eos_token_ids
+    if not eos:
+        rec = run_dir / "run.json"
+        eos = (json.loads(rec.read_text()).get("model") or {}).get("eos_token_ids") if rec.is_file() else None
+        eos = eos or list(LLAMA31_EOS)
+    try:
+        res = verify_test06(run_dir / "mlperf_log_accuracy.json", a.scenario, eos)
+    except ComplianceError as e:
+        log.error("%s", e)
+        return 2
+    d = write_test06(res, run_dir / "mlperf_log_accuracy.json", a.out or run_dir)
+    sys.stdout.write(res.verify_accuracy_txt())
+    for f in res.failures:
+        log.error("TEST06: %s", f)
+    log.info("wrote %s (%d responses checked, EOS ids %s)", d / "verify_accuracy.txt", res.samples, eos)
+    return 0 if res.passed else 1
+
+
+def cmd_package(a) -> int:
+    try:
+        ps = PackageSettings(**{f.name: getattr(a, f.name) for f in dataclasses.fields(PackageSettings)})
+        root = package(ps)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    except ComplianceError as e:
+        log.error("cannot package: %s", e)
+        return 1
+    print(root)
+    return 0
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     # vLLM logs every engine detail at INFO; keep the console readable unless -v (or the user chose).
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "WARNING")
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     return {"run": cmd_run, "synthetic": cmd_synthetic, "retokenize": cmd_retokenize,
-            "convert-smollm2": cmd_convert_smollm2, "demo": cmd_demo}[a.cmd](a)
+            "convert-smollm2": cmd_convert_smollm2, "demo": cmd_demo, "test06-verify": cmd_test06_verify,
+            "package": cmd_package}[a.cmd](a)

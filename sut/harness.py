@@ -20,6 +20,7 @@ import logging
 import os
 import platform
 import re
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Optional
 
 from sut import __version__
 from sut.base import RunFailed, SUTContext, get_sut
+from sut.compliance import COMPLIANCE_TESTS, TEST06_AUDIT_CONFIG, ComplianceError, verify_test06, write_test06
 from sut.constants import MIN_DURATION_MS, MODEL_KEYS, PERFORMANCE_SAMPLE_COUNT, SCENARIOS
 from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
 from sut.engine import EngineSettings, GenerationSettings, read_model_info
@@ -55,6 +57,10 @@ class RunSettings:
         tokenizer: tokenizer for the accuracy gate (default: the model folder).
         accuracy_gate: run the ROUGE + length gate after an accuracy-mode run.
         audit_config: LoadGen audit config (e.g. TEST06's ``audit.config``); None = never read one.
+        compliance_test: ``TEST06`` runs MLPerf's TEST06: the shipped audit config (unless
+            ``audit_config`` names another), then the TEST06 checks on the sampled accuracy log
+            (``sut/compliance.py``); the result goes to ``<run>/TEST06/`` and ``run.json``, and a
+            failed check fails the run.
         enable_trace: LoadGen trace log (large; off by default).
         stall_timeout_s: fail if no sample completes for this long while samples are outstanding.
         run_name: sub-folder name; default ``<time>-<sut>-<scenario>-<mode>``.
@@ -74,6 +80,7 @@ class RunSettings:
     tokenizer: Optional[str] = None
     accuracy_gate: bool = True
     audit_config: Optional[str] = None
+    compliance_test: Optional[str] = None
     enable_trace: bool = False
     stall_timeout_s: float = 1800.0
     run_name: Optional[str] = None
@@ -86,6 +93,12 @@ class RunSettings:
             raise ValueError(f"scenario must be one of {SCENARIOS}, got {self.scenario!r}")
         if self.model_key not in MODEL_KEYS:
             raise ValueError(f"model_key must be one of {MODEL_KEYS}, got {self.model_key!r}")
+        if self.compliance_test is not None:
+            if self.compliance_test not in COMPLIANCE_TESTS:
+                raise ValueError(f"compliance_test must be one of {COMPLIANCE_TESTS}, got {self.compliance_test!r}")
+            if self.mode != "performance":
+                raise ValueError(f"{self.compliance_test} is a performance-mode run (its audit config sets mode 2); "
+                                 f"got mode {self.mode!r}")
 
 
 _FROM_CONFIG_CALLED = False
@@ -170,6 +183,26 @@ def parse_loadgen_detail(path: Path) -> dict:
     return out
 
 
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _test06(rs: RunSettings, model, run_dir: Path) -> dict:
+    """TEST06 checks on this run's sampled accuracy log; writes ``<run>/TEST06/``."""
+    acc_log = run_dir / "mlperf_log_accuracy.json"
+    try:
+        res = verify_test06(acc_log, rs.scenario, model.eos_token_ids)
+    except ComplianceError as e:
+        return {"passed": False, "error": str(e), "verify_accuracy": None}
+    write_test06(res, acc_log, run_dir)
+    log.info("TEST06 on %d logged responses: %s", res.samples, res.verify_accuracy_txt().replace("\n", "; "))
+    return {"passed": res.passed, "samples": res.samples, "eos_token_ids": list(model.eos_token_ids),
+            "verify_accuracy": res.verify_accuracy_txt(), "failures": list(res.failures),
+            "folder": str(run_dir / "TEST06")}
+
+
 def _run_dir(rs: RunSettings, compliant: bool) -> Path:
     name = rs.run_name or f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{rs.sut}-{rs.scenario}-{rs.mode}"
     if not compliant and "NOT-COMPLIANT" not in name:
@@ -179,8 +212,12 @@ def _run_dir(rs: RunSettings, compliant: bool) -> Path:
     return d
 
 
-def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: dict | None = None) -> dict:
+def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: dict | None = None,
+                  command: Optional[str] = None) -> dict:
     """Run one LoadGen test and return the run record (also written to ``run.json``).
+
+    ``command`` is the command line to record (the CLI passes its own); the run folder also keeps
+    a copy of the user.conf it read.
 
     Raises:
         DatasetError: bad dataset (before any engine starts).
@@ -199,8 +236,12 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         reasons.append("benchmark-only fixed output length (ignore_eos): outputs do not stop at EOS")
     if gen.max_tokens != 128 or gen.min_tokens != 1:
         reasons.append(f"max_tokens/min_tokens {gen.max_tokens}/{gen.min_tokens} differ from the reference 128/1")
-    if rs.audit_config:
-        reasons.append(f"audit config {rs.audit_config} in effect (a compliance test run, not a result)")
+    audit_config = rs.audit_config or (str(TEST06_AUDIT_CONFIG) if rs.compliance_test == "TEST06" else None)
+    if audit_config and not Path(audit_config).is_file():
+        # LoadGen would silently run without it.
+        raise RunFailed(f"audit config not found: {audit_config}")
+    if audit_config:
+        reasons.append(f"audit config {audit_config} in effect (a compliance test run, not a result)")
     compliant = not reasons
     run_dir = _run_dir(rs, compliant)
     if not compliant:
@@ -228,9 +269,13 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         "versions": {"project": __version__, "mlcommons-loadgen": _version("mlcommons-loadgen"), "python": platform.python_version(),
                      "flamepy": _version("flamepy")},
         "host": platform.node(),
+        "command": command,
+        "audit_config": ({"path": str(Path(audit_config).resolve()), "sha256": _file_sha256(Path(audit_config))}
+                         if audit_config else None),
         "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "output_dir": str(run_dir),
     }
+    shutil.copy2(rs.user_conf, run_dir / "user.conf")
     _write_record(run_dir, record)
 
     ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress)
@@ -257,7 +302,7 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         ls = lg.LogSettings()
         ls.log_output = out
         ls.enable_trace = rs.enable_trace
-        audit = str(Path(rs.audit_config).resolve()) if rs.audit_config else str(run_dir / "no-audit.config")
+        audit = str(Path(audit_config).resolve()) if audit_config else str(run_dir / "no-audit.config")
         log.info("LoadGen %s %s mode, model key %s, output %s", rs.scenario, rs.mode, rs.model_key, run_dir)
         t_start = time.monotonic()
         error = _start_test_interruptible(lg, handle, qsl.handle, ts, ls, audit, sut, rs.stall_timeout_s)
@@ -294,6 +339,14 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         record["error"] = error
         _write_record(run_dir, record)
         raise RunFailed(f"{error} (record: {run_dir / 'run.json'})")
+    if rs.compliance_test == "TEST06":
+        record["test06"] = _test06(rs, model, run_dir)
+        if not record["test06"]["passed"]:
+            record["status"] = "failed"
+            record["error"] = f"TEST06 failed: {record['test06']}"
+            _write_record(run_dir, record)
+            raise RunFailed(f"TEST06 verification failed: {record['test06']['verify_accuracy']!r} "
+                            f"{record['test06'].get('failures')} (record: {run_dir / 'run.json'})")
     record["status"] = "ok"
     if rs.mode == "accuracy" and rs.accuracy_gate:
         record["accuracy"] = _accuracy_gate(rs, es, model, dataset, run_dir)

