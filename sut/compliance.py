@@ -315,10 +315,13 @@ def package(ps: PackageSettings) -> Path:
         raise ComplianceError(f"performance run {pdir}: LoadGen result is {perf.get('validity')!r}, not VALID")
     if acc.get("mode") != "accuracy":
         raise ComplianceError(f"accuracy run {adir}: mode is {acc.get('mode')!r}")
-    gate = acc.get("accuracy") or {}
-    if not gate.get("passed"):
-        problems.append(f"accuracy run: the accuracy gate did not pass "
-                        f"({gate.get('skipped') or gate.get('reasons') or 'no accuracy result in run.json'})")
+    gate = acc.get("accuracy")
+    if not gate:
+        problems.append("accuracy run: no accuracy gate result in run.json (run with the gate, or score it with "
+                        "python -m accuracy)")
+    elif not gate.get("passed"):
+        why = gate.get("skipped") or gate.get("reasons") or gate.get("scores")
+        problems.append(f"accuracy run: the accuracy gate did not pass ({why})")
     for d, rec, role in ((pdir, perf, "performance"), (adir, acc, "accuracy")):
         if (rec.get("loadgen") or {}).get("errors"):
             raise ComplianceError(f"{role} run {d}: LoadGen logged {rec['loadgen']['errors']} error(s) "

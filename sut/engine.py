@@ -396,7 +396,7 @@ def _raise_terminated(*_):
 
 
 def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationSettings, slot: EngineSlot,
-                 own_process_group: bool = True, gc_freeze: bool = False) -> None:
+                 own_process_group: bool = True, gc_freeze: bool = False, detail: bool = False) -> None:
     """Entry point of an engine worker process (spawned).
 
     ``own_process_group``: start a new process group (the standalone SUT ends vLLM's children
@@ -404,6 +404,8 @@ def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: Generation
     parent's group (Flame's executor manager at unbind) ends the engine too.
     ``gc_freeze``: after start-up, ``gc.freeze()`` the heap and time every GC pause; the largest
     pause is logged at shutdown and reported on a ``("stats",)`` request.
+    ``detail``: per-request timings and cached-token counts in every result (see ``_serve``);
+    only the synthetic-locality entry point turns it on.
     """
     if own_process_group:
         os.setpgrp()  # own process group: the parent ends vLLM's children with one killpg
@@ -429,7 +431,7 @@ def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: Generation
         conn.send(("error", f"engine {slot.index} failed to start:\n{traceback.format_exc()}"))
         return
     try:
-        _serve(conn, engine, params, gcmon.stats, llm=llm)
+        _serve(conn, engine, params, gcmon.stats, llm=llm, detail=detail)
     except (EOFError, BrokenPipeError, _Terminated):
         pass  # parent is gone, or the shared process group is being ended
     except BaseException:  # noqa: BLE001
@@ -451,15 +453,30 @@ def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: Generation
             pass
 
 
-def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None) -> None:
+def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None,
+           detail: bool = False) -> None:
     """The hot loop: the same add_request/step cycle as ``LLM.generate``, fed from a pipe.
 
-    Messages in: ("gen", [(request_id, int32 prompt), ...]), ("stats",) and ("stop",).
+    Messages in: ("gen", [(request_id, int32 prompt), ...]), ("stats",), ("reset_cache",) and ("stop",).
     Messages out: ("done", [(request_id, int32 output ids), ...]) after each step that finishes
-    requests; ("stats", dict) in answer to ("stats",). ("raw", [...]) runs one plain
+    requests; ("stats", dict) in answer to ("stats",) and to ("reset_cache",) (which empties
+    vLLM's prefix cache: ``{"reset_prefix_cache": bool}``). ("raw", [...]) runs one plain
     ``LLM.generate`` over the batch on an idle engine and answers ("raw_done", (seconds, [...]))
     — the baseline the overhead benchmark compares the SUT against.
+
+    ``detail`` (synthetic-locality traces only; never in MLPerf runs): outputs are streamed as
+    deltas so the first token is seen, and each result is ``(request_id, ids, info)`` with
+    ``info = {"ttft_s", "e2e_s", "cached_tokens"}`` (seconds from ``add_request``; prompt tokens
+    vLLM served from its prefix cache).
     """
+    if detail:
+        from vllm.sampling_params import RequestOutputKind
+
+        params = params.clone()
+        params.output_kind = RequestOutputKind.DELTA
+        t_add: dict[str, float] = {}
+        t_first: dict[str, float] = {}
+        acc: dict[str, list] = {}
     while True:
         # Stage 1: intake. Block only when nothing is running.
         busy = engine.has_unfinished_requests()
@@ -473,6 +490,12 @@ def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[],
                     if not conn.poll(0):
                         break
                     continue
+                if msg[0] == "reset_cache":
+                    ok = bool(engine.reset_prefix_cache()) if not engine.has_unfinished_requests() else False
+                    conn.send(("stats", {"reset_prefix_cache": ok}))
+                    if not conn.poll(0):
+                        break
+                    continue
                 if msg[0] == "raw":
                     conn.send(("raw_done", _raw_generate(llm, params, msg[1])))
                     if not conn.poll(0):
@@ -480,6 +503,8 @@ def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[],
                     continue
                 for rid, prompt in msg[1]:
                     engine.add_request(str(rid), {"prompt_token_ids": prompt.tolist()}, params)
+                    if detail:
+                        t_add[str(rid)] = time.monotonic()
                 if not conn.poll(0):
                     break
         # Stage 2: one engine step.
@@ -487,9 +512,30 @@ def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[],
             continue
         outs = engine.step()
         # Stage 3: return finished requests.
-        done = [(int(o.request_id), np.asarray(o.outputs[0].token_ids, dtype=np.int32)) for o in outs if o.finished]
+        if detail:
+            done = _detail_results(outs, t_add, t_first, acc)
+        else:
+            done = [(int(o.request_id), np.asarray(o.outputs[0].token_ids, dtype=np.int32)) for o in outs if o.finished]
         if done:
             conn.send(("done", done))
+
+
+def _detail_results(outs, t_add: dict, t_first: dict, acc: dict) -> list:
+    """Delta outputs of one step → finished ``(request_id, ids, info)`` (see ``_serve``)."""
+    now = time.monotonic()
+    done = []
+    for o in outs:
+        rid = o.request_id
+        ids = o.outputs[0].token_ids
+        if ids and rid not in t_first:
+            t_first[rid] = now
+        acc.setdefault(rid, []).extend(ids)
+        if o.finished:
+            t0 = t_add.pop(rid, now)
+            info = {"ttft_s": t_first.pop(rid, now) - t0, "e2e_s": now - t0,
+                    "cached_tokens": int(getattr(o, "num_cached_tokens", 0) or 0)}
+            done.append((int(rid), np.asarray(acc.pop(rid), dtype=np.int32), info))
+    return done
 
 
 def _raw_generate(llm, params, batch) -> tuple[float, list]:
@@ -518,10 +564,11 @@ class EngineHandle:
     """Parent-side handle of one engine worker: start, submit, watch, shut down."""
 
     def __init__(self, slot: EngineSlot, settings: EngineSettings, gen: GenerationSettings,
-                 own_process_group: bool = True, gc_freeze: bool = False):
+                 own_process_group: bool = True, gc_freeze: bool = False, detail: bool = False):
         self.slot, self.settings, self.gen = slot, settings, gen
         self.own_process_group = own_process_group
         self.gc_freeze = gc_freeze
+        self.detail = detail
         self.info: dict = {}
         self.outstanding_tokens = 0
         self.samples_done = 0
@@ -544,7 +591,7 @@ class EngineHandle:
         parent, child = ctx.Pipe(duplex=True)
         self._conn = parent
         self._proc = ctx.Process(target=_worker_main, args=(child, self.settings, self.gen, self.slot,
-                                                            self.own_process_group, self.gc_freeze),
+                                                            self.own_process_group, self.gc_freeze, self.detail),
                                  name=f"vllm-engine-{self.slot.index}", daemon=False)
         self._proc.start()
         child.close()
@@ -639,6 +686,15 @@ class EngineHandle:
         except (OSError, BrokenPipeError) as e:
             raise EngineError(f"engine {self.slot.index} is gone: {e}") from None
 
+    def reset_prefix_cache(self) -> None:
+        """Ask the idle worker to empty vLLM's prefix cache; the answer (``{"reset_prefix_cache": ok}``)
+        goes to ``watch``'s ``on_stats``."""
+        try:
+            with self._send_lock:
+                self._conn.send(("reset_cache",))
+        except (OSError, BrokenPipeError) as e:
+            raise EngineError(f"engine {self.slot.index} is gone: {e}") from None
+
     def request_stats(self) -> None:
         """Ask the worker for its GC statistics; the answer goes to ``watch``'s ``on_stats``."""
         try:
@@ -702,17 +758,21 @@ class EnginePool:
         start_timeout_s: how long a start may take before the run fails.
         gc_freeze: freeze each worker's heap after start-up and time its GC pauses (as the Flame
             service's engine does); off by default.
+        detail: per-request TTFT, latency and cached-token counts in results (synthetic-locality
+            entry point only; needs ``allow_prefix_caching``).
     """
 
     def __init__(self, settings: EngineSettings, gen: GenerationSettings, allow_prefix_caching: bool = False,
-                 start_timeout_s: float = 1800.0, gc_freeze: bool = False):
+                 start_timeout_s: float = 1800.0, gc_freeze: bool = False, detail: bool = False):
         if settings.enable_prefix_caching and not allow_prefix_caching:
             raise EngineError("enable_prefix_caching=True is not allowed in an MLPerf run (cross-query KV reuse is prohibited)")
         self.settings, self.gen = settings, gen
         self.allow_prefix_caching = allow_prefix_caching
         self.start_timeout_s = start_timeout_s
         self.slots = plan_engines(settings)
-        self.engines = [EngineHandle(s, settings, gen, gc_freeze=gc_freeze) for s in self.slots]
+        if detail and not allow_prefix_caching:
+            raise EngineError("per-request detail results are for the synthetic-locality entry point only")
+        self.engines = [EngineHandle(s, settings, gen, gc_freeze=gc_freeze, detail=detail) for s in self.slots]
 
     def __len__(self) -> int:
         return len(self.engines)

@@ -1,0 +1,210 @@
+"""Request routing across engine replicas for synthetic-locality traces (never used in MLPerf runs).
+
+Policies, registered by name (``ROUTERS``, ``make_router``):
+
+``round_robin``
+    Replica ``i mod n`` for the i-th request. Cache-blind baseline.
+
+``least_loaded``
+    The replica with the least estimated work in flight, where a request's work is its prompt
+    tokens plus ``decode_weight x max_tokens``. Cache-blind baseline that balances load.
+
+``prefix_affinity``
+    Prefix hashing with sticky assignment and a saturation release:
+
+    1. Key. Cut the first ``prefix_blocks x block_tokens`` prompt tokens into full blocks of
+       ``block_tokens`` and hash them as a chain (block *i*'s hash covers blocks 0..i), so two
+       prompts share the hash of block *i* exactly when their first ``(i + 1) x block_tokens``
+       tokens are equal. A prompt shorter than one block has no key and goes to ``least_loaded``.
+    2. Sticky owner. Look the chain up from the deepest block down in the affinity map (hash →
+       replica). The first hit gives the owner and the matched depth.
+    3. Stay sticky unless saturated. If the owner's estimated *uncached* prefill work in flight is
+       at most ``release_tokens``, the request goes to the owner (an affinity hit).
+    4. Otherwise — a new prefix, or a saturated owner (a release) — choose the replica with the least
+       estimated prefill work after taking the request: ``load[r] + uncached(r)``, where
+       ``uncached(r)`` is the prompt length minus the matched tokens if ``r`` is the owner, else the
+       whole prompt. Ties go to the replica with fewer requests in flight, then the lower index.
+    5. Seed the map. Every block hash of the key not yet in the map is assigned to the chosen
+       replica (so the first request of a document makes its replica the owner; a release does not
+       move an existing owner). The map is an LRU bounded by ``max_entries``.
+
+    Load accounting: routing adds the request's estimated uncached prompt tokens (prompt minus the
+    tokens the chosen replica is expected to hold) plus ``decode_weight x max_tokens`` to the
+    replica; completion subtracts the same amount. The estimate is the router's own (like
+    SGLang's approximate tree or llm-d's approximate scorer): engine-side hits are reported
+    afterwards and can differ, e.g. after the engine evicted the blocks.
+
+Knobs (``AffinitySettings``): ``block_tokens`` (256), ``prefix_blocks`` (4, so the key covers the
+first 1,024 tokens), ``release_tokens`` (65,536 uncached tokens in flight ≈ eight 8K documents:
+set it to peak prefill tokens/s x the TTFT you tolerate), ``max_entries`` (65,536 map entries),
+``decode_weight`` (1.0).
+
+Design notes (``../shared/research/anchors.md`` §2): every affinity-first router with a fleet-wide
+imbalance gate has had hot-spot bugs, so the gate here is per owner (its own uncached load), new
+prefixes go to the least-loaded replica by prefill work, the map is seeded by every routed
+request, and the map is LRU-bounded. Reported per run: affinity hits, releases, evictions,
+requests and estimated load per replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AffinitySettings:
+    """Knobs of the routers (see the module docstring); lengths in tokens."""
+
+    block_tokens: int = 256
+    prefix_blocks: int = 4
+    release_tokens: int = 65536
+    max_entries: int = 65536
+    decode_weight: float = 1.0
+
+    def __post_init__(self):
+        if self.block_tokens < 1 or self.prefix_blocks < 1 or self.max_entries < 1:
+            raise ValueError("block_tokens, prefix_blocks and max_entries must be >= 1")
+        if self.release_tokens < 0 or self.decode_weight < 0:
+            raise ValueError("release_tokens and decode_weight must be >= 0")
+
+
+class Router(ABC):
+    """Routes requests to one of ``replicas`` engines.
+
+    Contract: ``route`` is called once per request, in arrival order, and returns a replica index;
+    ``done`` is called exactly once per routed request when it finishes. Not thread-safe: the
+    runner serialises calls.
+    """
+
+    name = "router"
+
+    def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self.replicas, self.max_tokens, self.settings = replicas, max_tokens, settings
+        self.load = [0.0] * replicas  # estimated tokens of work in flight
+        self.inflight = [0] * replicas
+        self.routed = [0] * replicas
+        self._cost: dict[int, tuple[int, float]] = {}
+
+    @abstractmethod
+    def _choose(self, rid: int, prompt: np.ndarray) -> tuple[int, int]:
+        """Return ``(replica, estimated uncached prompt tokens on it)``."""
+
+    def route(self, rid: int, prompt: np.ndarray) -> int:
+        """Replica for request ``rid`` with int32 ``prompt``; books its estimated work."""
+        r, uncached = self._choose(rid, prompt)
+        cost = uncached + self.settings.decode_weight * self.max_tokens
+        self._cost[rid] = (r, cost)
+        self.load[r] += cost
+        self.inflight[r] += 1
+        self.routed[r] += 1
+        return r
+
+    def done(self, rid: int) -> None:
+        """Request ``rid`` finished. Raises ``KeyError`` for a request never routed or finished twice."""
+        r, cost = self._cost.pop(rid)
+        self.load[r] -= cost
+        self.inflight[r] -= 1
+
+    def _least(self, extra: Callable[[int], float]) -> int:
+        return min(range(self.replicas), key=lambda r: (self.load[r] + extra(r), self.inflight[r], r))
+
+    def stats(self) -> dict:
+        return {"policy": self.name, "routed": list(self.routed)}
+
+
+class RoundRobinRouter(Router):
+    name = "round_robin"
+
+    def _choose(self, rid, prompt):
+        return sum(self.routed) % self.replicas, len(prompt)
+
+
+class LeastLoadedRouter(Router):
+    name = "least_loaded"
+
+    def _choose(self, rid, prompt):
+        return self._least(lambda r: len(prompt)), len(prompt)
+
+
+class PrefixAffinityRouter(Router):
+    name = "prefix_affinity"
+
+    def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
+        super().__init__(replicas, max_tokens, settings)
+        self.map: "OrderedDict[bytes, int]" = OrderedDict()
+        self.uncached = [0.0] * replicas  # estimated uncached prefill tokens in flight
+        self._unc: dict[int, tuple[int, int]] = {}
+        self.hits = self.releases = self.new_prefixes = self.no_key = self.evictions = 0
+
+    def keys(self, prompt: np.ndarray) -> list[bytes]:
+        """Chain hashes of the full ``block_tokens`` blocks in the first ``prefix_blocks`` blocks."""
+        b = self.settings.block_tokens
+        n = min(len(prompt) // b, self.settings.prefix_blocks)
+        data = np.ascontiguousarray(prompt[: n * b], dtype="<i4").tobytes()
+        out, h = [], b""
+        for i in range(n):
+            h = hashlib.blake2b(h + data[i * b * 4:(i + 1) * b * 4], digest_size=16).digest()
+            out.append(h)
+        return out
+
+    def _choose(self, rid, prompt):
+        keys = self.keys(prompt)
+        if not keys:
+            self.no_key += 1
+            r = self._least(lambda r: len(prompt))
+            return self._book(rid, r, len(prompt))
+        owner, depth = None, 0
+        for i in range(len(keys) - 1, -1, -1):
+            if keys[i] in self.map:
+                owner, depth = self.map[keys[i]], i + 1
+                self.map.move_to_end(keys[i])
+                break
+        matched = depth * self.settings.block_tokens
+        if owner is not None and self.uncached[owner] <= self.settings.release_tokens:
+            self.hits += 1
+            r = owner
+        else:
+            if owner is None:
+                self.new_prefixes += 1
+            else:
+                self.releases += 1
+            r = self._least(lambda x: len(prompt) - (matched if x == owner else 0))
+        for k in keys:
+            if k not in self.map:
+                self.map[k] = r
+                if len(self.map) > self.settings.max_entries:
+                    self.map.popitem(last=False)
+                    self.evictions += 1
+        return self._book(rid, r, len(prompt) - (matched if r == owner else 0))
+
+    def _book(self, rid: int, r: int, uncached: int) -> tuple[int, int]:
+        self.uncached[r] += uncached
+        self._unc[rid] = (r, uncached)
+        return r, uncached
+
+    def done(self, rid: int) -> None:
+        super().done(rid)
+        r, unc = self._unc.pop(rid)
+        self.uncached[r] -= unc
+
+    def stats(self) -> dict:
+        return dict(super().stats(), affinity_hits=self.hits, releases=self.releases, new_prefixes=self.new_prefixes,
+                    no_key=self.no_key, map_entries=len(self.map), evictions=self.evictions)
+
+
+ROUTERS: dict[str, type[Router]] = {c.name: c for c in (RoundRobinRouter, LeastLoadedRouter, PrefixAffinityRouter)}
+
+
+def make_router(name: str, replicas: int, max_tokens: int, settings: Optional[AffinitySettings] = None) -> Router:
+    """A router by policy name. Raises ``ValueError`` for an unknown name (listing the known ones)."""
+    if name not in ROUTERS:
+        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(ROUTERS)}")
+    return ROUTERS[name](replicas, max_tokens, settings or AffinitySettings())
