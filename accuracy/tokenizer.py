@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 #: What ``--tokenizer`` accepts, used in error messages.
 ACCEPTED_FORMS = (
-    "pass --tokenizer PATH (run_gate(tokenizer=...)) pointing at a Hugging Face tokenizer/model folder "
+    "pass --tokenizer PATH pointing at a Hugging Face tokenizer/model folder "
     "with tokenizer.json, a tokenizer.json file, or a Llama 3 tiktoken-format tokenizer.model "
     "(e.g. ../shared/data/llama3_tokenizer/tokenizer.model)"
 )

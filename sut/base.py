@@ -29,6 +29,10 @@ class RunFailed(RuntimeError):
     """The run cannot produce a trustworthy result (engine death, lost or doubled sample, Ctrl-C)."""
 
 
+class InputError(RunFailed):
+    """A file the user named is missing or invalid (user.conf, audit config); the CLI exits with 2."""
+
+
 @dataclass
 class SUTContext:
     """What every backend gets: the dataset, engine and sampling settings, backend options."""

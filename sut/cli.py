@@ -18,7 +18,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from sut.base import RunFailed, sut_names
+from sut.base import InputError, RunFailed, sut_names
 from sut.compliance import ComplianceError, PackageSettings, package, verify_test06, write_test06
 from sut.constants import LLAMA31_EOS
 from sut.dataset import DatasetError
@@ -26,6 +26,14 @@ from sut.engine import EngineError, EngineSettings, GenerationSettings, settings
 from sut.harness import RunSettings, run_benchmark
 
 log = logging.getLogger("sut")
+
+
+class BadInput(SystemExit):
+    """Bad command-line input: the message goes to stderr and the exit code is 2."""
+
+    def __init__(self, message: str):
+        print(message, file=sys.stderr)
+        super().__init__(2)
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = Path(__file__).resolve().parent / "models" / "tiny-llama3"
@@ -111,18 +119,18 @@ def _preset(path: str | None) -> dict:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise SystemExit(f"error: preset not found: {path}") from None
+        raise BadInput(f"error: preset not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
-        raise SystemExit(f"error: {path}: malformed TOML: {e}") from None
+        raise BadInput(f"error: {path}: malformed TOML: {e}") from None
     unknown = set(data) - {"run", "engine", "generation", "options"}
     if unknown:
-        raise SystemExit(f"error: {path}: unknown section(s) {sorted(unknown)}; use run, engine, generation, options")
+        raise BadInput(f"error: {path}: unknown section(s) {sorted(unknown)}; use run, engine, generation, options")
     return data
 
 
 def _parse_option(s: str):
     if "=" not in s:
-        raise SystemExit(f"error: --option {s!r}: expected KEY=VALUE")
+        raise BadInput(f"error: --option {s!r}: expected KEY=VALUE")
     k, v = s.split("=", 1)
     try:
         return k, json.loads(v)
@@ -153,13 +161,13 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         run["progress"] = False
     run.setdefault("sut", "vllm")
     if "dataset" not in run:
-        raise SystemExit("error: --dataset is required (or [run] dataset in the preset)")
+        raise BadInput("error: --dataset is required (or [run] dataset in the preset)")
     for key in list(_ENGINE_FLAGS) + ["enforce_eager"]:
         val = getattr(a, key)
         if val is not None:
             eng[key] = val
     if "model" not in eng:
-        raise SystemExit("error: --model is required (or [engine] model in the preset)")
+        raise BadInput("error: --model is required (or [engine] model in the preset)")
     if a.benchmark_ignore_eos:
         gen["ignore_eos"] = True
     for _flag, key, _typ, _help in _FLAME_FLAGS:
@@ -173,14 +181,14 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         return (settings_from_mapping(RunSettings, run), settings_from_mapping(EngineSettings, eng),
                 settings_from_mapping(GenerationSettings, gen), opts)
     except (ValueError, TypeError) as e:
-        raise SystemExit(f"error: {e}") from None
+        raise BadInput(f"error: {e}") from None
 
 
 def cmd_run(a) -> int:
     rs, es, gen, opts = settings_from_args(a)
     try:
         rec = run_benchmark(rs, es, gen, opts, command=" ".join(["python -m sut"] + [shlex.quote(x) for x in a.argv]))
-    except (DatasetError, EngineError) as e:
+    except (DatasetError, EngineError, InputError) as e:
         log.error("%s", e)
         return 2
     except RunFailed as e:
@@ -268,7 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("test06-verify", help="TEST06 checks on a run folder's mlperf_log_accuracy.json")
     t.add_argument("run_dir", help="run folder of a TEST06 run (or any folder holding mlperf_log_accuracy.json)")
     t.add_argument("--out", help="where TEST06/verify_accuracy.txt goes (default: the run folder)")
-    t.add_argument("--scenario", default="Offline", help="LoadGen scenario of the run (default Offline)")
+    t.add_argument("--scenario", choices=["Offline", "Server", "Interactive", "SingleStream", "MultiStream"],
+                   help="LoadGen scenario of the run (default: from run.json, else Offline; Offline skips the "
+                        "first-token check)")
     t.add_argument("--eos-token-ids", type=int, nargs="+",
                    help="EOS ids (default: from run.json, else Llama 3.1's 128001 128008 128009)")
     k = sub.add_parser("package", help="lay out performance, accuracy and TEST06 runs as an MLPerf submission tree",
@@ -289,17 +299,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_test06_verify(a) -> int:
     run_dir = Path(a.run_dir)
-    eos = a.eos_token_ids
-    if not eos:
-        rec = run_dir / "run.json"
-        eos = (json.loads(rec.read_text()).get("model") or {}).get("eos_token_ids") if rec.is_file() else None
-        eos = eos or list(LLAMA31_EOS)
+    rec = {}
+    if (run_dir / "run.json").is_file():
+        try:
+            rec = json.loads((run_dir / "run.json").read_text())
+        except json.JSONDecodeError as e:
+            log.error("%s is not valid JSON (%s)", run_dir / "run.json", e)
+            return 2
+    eos = a.eos_token_ids or (rec.get("model") or {}).get("eos_token_ids") or list(LLAMA31_EOS)
+    scenario = a.scenario or rec.get("scenario") or "Offline"
     try:
-        res = verify_test06(run_dir / "mlperf_log_accuracy.json", a.scenario, eos)
+        res = verify_test06(run_dir / "mlperf_log_accuracy.json", scenario, eos)
+        d = write_test06(res, run_dir / "mlperf_log_accuracy.json", a.out or run_dir)
     except ComplianceError as e:
         log.error("%s", e)
         return 2
-    d = write_test06(res, run_dir / "mlperf_log_accuracy.json", a.out or run_dir)
+    except OSError as e:
+        log.error("cannot write the TEST06 result: %s", e)
+        return 2
     sys.stdout.write(res.verify_accuracy_txt())
     for f in res.failures:
         log.error("TEST06: %s", f)
@@ -317,6 +334,9 @@ def cmd_package(a) -> int:
     except ComplianceError as e:
         log.error("cannot package: %s", e)
         return 1
+    except OSError as e:
+        log.error("cannot write the submission tree: %s", e)
+        return 2
     print(root)
     return 0
 

@@ -316,6 +316,11 @@ def package(ps: PackageSettings) -> Path:
     if acc.get("mode") != "accuracy":
         raise ComplianceError(f"accuracy run {adir}: mode is {acc.get('mode')!r}")
     gate = acc.get("accuracy")
+    if (adir / "accuracy.json").is_file():  # the gate's own file: also fresh after a re-score with python -m accuracy
+        try:
+            gate = json.loads((adir / "accuracy.json").read_text())
+        except json.JSONDecodeError as e:
+            raise ComplianceError(f"accuracy run {adir}: accuracy.json is not valid JSON ({e})") from None
     if not gate:
         problems.append("accuracy run: no accuracy gate result in run.json (run with the gate, or score it with "
                         "python -m accuracy)")
@@ -331,16 +336,28 @@ def package(ps: PackageSettings) -> Path:
     _need(pdir, ("mlperf_log_summary.txt", "mlperf_log_detail.txt"), "performance")
     _need(adir, ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "accuracy.txt"),
           "accuracy")
+    from accuracy.errors import AccuracyInputError
+    from accuracy.loadgen_log import read_accuracy_log
 
-    tdir = t06 = None
+    try:
+        read_accuracy_log(adir / "mlperf_log_accuracy.json")
+    except AccuracyInputError as e:
+        raise ComplianceError(f"accuracy run {adir}: {e}") from None
+
+    tdir = t06 = t06_result = None
     if ps.test06_run:
         tdir, t06 = _load_run(ps.test06_run, "TEST06")
         if (t06.get("run_settings") or {}).get("compliance_test") != "TEST06":
             raise ComplianceError(f"TEST06 run {tdir}: not made with --compliance-test TEST06")
-        res = t06.get("test06") or {}
-        if not res.get("passed"):
-            raise ComplianceError(f"TEST06 run {tdir}: verification did not pass ({res.get('failures') or res})")
-        _need(tdir, ("TEST06/verify_accuracy.txt", "TEST06/accuracy/mlperf_log_accuracy.json"), "TEST06")
+        # Re-check the log itself: run.json or TEST06/ may be stale or edited.
+        eos = (t06.get("model") or {}).get("eos_token_ids") or (t06.get("test06") or {}).get("eos_token_ids")
+        if not eos:
+            raise ComplianceError(f"TEST06 run {tdir}: run.json has no model eos_token_ids for the EOS check")
+        t06_result = verify_test06(tdir / "mlperf_log_accuracy.json", t06.get("scenario") or "Offline", eos)
+        if not t06_result.passed:
+            raise ComplianceError(f"TEST06 run {tdir}: verification fails on its mlperf_log_accuracy.json: "
+                                  + t06_result.verify_accuracy_txt().replace("\n", "; ")
+                                  + " ".join(t06_result.failures[:3]))
         problems += [f"TEST06 run: {r}" for r in (t06.get("compliance") or {}).get("reasons", [])
                      if not r.startswith("audit config")]
     elif ps.division == "closed" and bench in NEEDS_TEST06:
@@ -354,7 +371,7 @@ def package(ps: PackageSettings) -> Path:
             if rec.get(f) != perf.get(f):
                 raise ComplianceError(f"{role} run differs from the performance run in {f}: "
                                       f"{rec.get(f)!r} vs {perf.get(f)!r}")
-        _same(perf, rec, role, "engine_settings")
+        _same(perf, rec, role, "engine_settings", ignore=("model",))  # the model is compared by config below
         _same(perf, rec, role, "generation")
         _same(perf, rec, role, "model", ignore=("path",))
         _same(perf, rec, role, "dataset", ignore=("path", "prompt_tokens"))
@@ -375,7 +392,7 @@ def package(ps: PackageSettings) -> Path:
     for n in ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "accuracy.txt"):
         shutil.copy2(adir / n, root / "accuracy" / n)
     if tdir is not None:
-        shutil.copytree(tdir / "TEST06", root / "TEST06")
+        write_test06(t06_result, tdir / "mlperf_log_accuracy.json", root)
     user_conf = pdir / "user.conf"
     if not user_conf.is_file():
         user_conf = Path((perf.get("run_settings") or {}).get("user_conf") or "")

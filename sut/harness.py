@@ -19,16 +19,15 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from sut import __version__
-from sut.base import RunFailed, SUTContext, get_sut
+from sut.base import InputError, RunFailed, SUTContext, get_sut
 from sut.compliance import COMPLIANCE_TESTS, TEST06_AUDIT_CONFIG, ComplianceError, verify_test06, write_test06
 from sut.constants import MIN_DURATION_MS, MODEL_KEYS, PERFORMANCE_SAMPLE_COUNT, SCENARIOS
 from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
@@ -99,6 +98,9 @@ class RunSettings:
             if self.mode != "performance":
                 raise ValueError(f"{self.compliance_test} is a performance-mode run (its audit config sets mode 2); "
                                  f"got mode {self.mode!r}")
+            if self.audit_config and Path(self.audit_config).resolve() != TEST06_AUDIT_CONFIG.resolve():
+                raise ValueError(f"--compliance-test {self.compliance_test} uses {TEST06_AUDIT_CONFIG}; do not also "
+                                 f"pass --audit-config ({self.audit_config})")
 
 
 _FROM_CONFIG_CALLED = False
@@ -115,7 +117,7 @@ def loadgen_test_settings(rs: RunSettings, dataset_size: int):
     import mlperf_loadgen as lg
 
     if not Path(rs.user_conf).is_file():
-        raise RunFailed(f"user.conf not found: {rs.user_conf}")
+        raise InputError(f"user.conf not found: {rs.user_conf}")
     if _FROM_CONFIG_CALLED:
         raise RunFailed("TestSettings.FromConfig was already called in this process; start a new process per run")
     ts = lg.TestSettings()
@@ -123,7 +125,7 @@ def loadgen_test_settings(rs: RunSettings, dataset_size: int):
     rc = ts.FromConfig(str(rs.user_conf), rs.model_key, rs.scenario)
     _FROM_CONFIG_CALLED = True
     if rc != 0:
-        raise RunFailed(f"LoadGen rejected {rs.user_conf} (FromConfig returned {rc}); values must be numbers, "
+        raise InputError(f"LoadGen rejected {rs.user_conf} (FromConfig returned {rc}); values must be numbers, "
                         "lines 'model.scenario.key = value'")
     ts.mode = lg.TestMode.AccuracyOnly if rs.mode == "accuracy" else lg.TestMode.PerformanceOnly
     reasons = []
@@ -204,7 +206,8 @@ def _test06(rs: RunSettings, model, run_dir: Path) -> dict:
 
 
 def _run_dir(rs: RunSettings, compliant: bool) -> Path:
-    name = rs.run_name or f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{rs.sut}-{rs.scenario}-{rs.mode}"
+    name = rs.run_name or (f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{rs.sut}-{rs.scenario}-"
+                           f"{rs.compliance_test or rs.mode}")
     if not compliant and "NOT-COMPLIANT" not in name:
         name += "-NOT-COMPLIANT"
     d = Path(rs.output_dir) / name
@@ -224,8 +227,6 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         EngineError: an engine failed to start.
         RunFailed: the run could not finish trustworthily; ``run.json`` still records why.
     """
-    import mlperf_loadgen as lg
-
     options = dict(options or {})
     model = read_model_info(es.model)
     if not gen.eos_token_ids:
@@ -239,7 +240,7 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
     audit_config = rs.audit_config or (str(TEST06_AUDIT_CONFIG) if rs.compliance_test == "TEST06" else None)
     if audit_config and not Path(audit_config).is_file():
         # LoadGen would silently run without it.
-        raise RunFailed(f"audit config not found: {audit_config}")
+        raise InputError(f"audit config not found: {audit_config}")
     if audit_config:
         reasons.append(f"audit config {audit_config} in effect (a compliance test run, not a result)")
     compliant = not reasons
@@ -277,6 +278,22 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
     }
     shutil.copy2(rs.user_conf, run_dir / "user.conf")
     _write_record(run_dir, record)
+
+    try:
+        return _execute(rs, es, gen, options, model, dataset, ts, audit_config, run_dir, record)
+    except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
+        if record.get("status") == "running":
+            record["status"] = "failed"
+            record["error"] = record.get("error") or f"{type(e).__name__}: {e}"
+            record["finished"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+            _write_record(run_dir, record)
+        raise
+
+
+def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: dict, model, dataset: Dataset,
+             ts, audit_config: Optional[str], run_dir: Path, record: dict) -> dict:
+    """Start the SUT, run LoadGen, check and record (the body of ``run_benchmark``)."""
+    import mlperf_loadgen as lg
 
     ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress)
     sut = get_sut(rs.sut)(ctx)

@@ -108,7 +108,8 @@ def make_run(base: Path, name: str, mode: str, **over) -> Path:
     rec = {"status": "ok", "sut": "vllm", "scenario": "Offline", "model_key": "llama3_1-8b", "mode": mode,
            "compliance": {"compliant": True, "reasons": []}, "run_settings": {"user_conf": str(d / "user.conf")},
            "engine_settings": dict(ENGINE), "generation": {"max_tokens": 128, "ignore_eos": False},
-           "model": {"path": ENGINE["model"], "config_sha256": "abc"}, "dataset": {"path": "/d/cnn_eval.json", "sha256": "d1"},
+           "model": {"path": ENGINE["model"], "config_sha256": "abc", "eos_token_ids": list(EOS)},
+           "dataset": {"path": "/d/cnn_eval.json", "sha256": "d1"},
            "options": {}, "loadgen": {"errors": 0}, "versions": {"vllm": "0.26.0"}, "command": f"python -m sut run --mode {mode}",
            "validity": "VALID" if mode == "performance" else None}
     for k, v in over.items():
@@ -119,18 +120,21 @@ def make_run(base: Path, name: str, mode: str, **over) -> Path:
     if mode == "accuracy":
         rec["accuracy"] = over.get("accuracy", {"passed": True})
         (d / "run.json").write_text(json.dumps(rec))
-        (d / "mlperf_log_accuracy.json").write_text("[]")
+        write_log(d / "mlperf_log_accuracy.json", [make_log_entry(0, [1, 2, 128009])])
         (d / "accuracy.txt").write_text("{'rouge1': '38.9'}\n")
     return d
 
 
-def make_test06_run(base: Path, passed: bool = True, **over) -> Path:
+def make_test06_run(base: Path, passed: bool = True, recorded_passed: bool | None = None, **over) -> Path:
+    """A TEST06 run folder whose log passes (or fails: two trailing EOS ids); ``recorded_passed`` lets
+    run.json and TEST06/ claim otherwise (stale or edited)."""
+    claim = passed if recorded_passed is None else recorded_passed
     d = make_run(base, "t06", "performance", run_settings={"compliance_test": "TEST06"},
                  compliance={"compliant": False, "reasons": ["audit config /x/audit.config in effect (...)"]},
-                 test06={"passed": passed}, **over)
-    res = Test06Result("Offline", 1, "Skipped", passed, True)
-    log = write_log(d / "mlperf_log_accuracy.json", [make_log_entry(0, [1])])
-    write_test06(res, log, d)
+                 test06={"passed": claim}, **over)
+    log = write_log(d / "mlperf_log_accuracy.json",
+                    [make_log_entry(0, [1]), make_log_entry(1, [5] if passed else [5, 128009, 128009])])
+    write_test06(Test06Result("Offline", 2, "Skipped", claim, True), log, d)
     return d
 
 
@@ -178,7 +182,11 @@ def test_package_refuses_what_is_not_a_result(tmp_path, runs):
         (dict(accuracy_run=make_run(base, "acc4", "accuracy", accuracy={"passed": False, "reasons": ["rouge1 low"]})),
          "rouge1 low"),
         (dict(test06_run=None), "needs a TEST06 run"),
-        (dict(test06_run=make_test06_run(base / "t", passed=False)), "TEST06 run .* did not pass"),
+        (dict(test06_run=make_test06_run(base / "t", passed=False)), "TEST06 run .* verification fails"),
+        (dict(test06_run=make_test06_run(base / "t2", passed=False, recorded_passed=True)),
+         "EOS check pass: False"),
+        (dict(test06_run=_corrupt(make_test06_run(base / "t3"))), "not valid JSON"),
+        (dict(accuracy_run=_corrupt(make_run(base, "acc5", "accuracy"))), "not readable JSON"),
         (dict(test06_run=make_run(base, "nott06", "performance")), "not made with --compliance-test"),
         (dict(performance_run=make_run(base, "nc", "performance",
                                        compliance={"compliant": False, "reasons": ["min_duration 10 ms"]})),
@@ -193,6 +201,48 @@ def test_package_refuses_what_is_not_a_result(tmp_path, runs):
         with pytest.raises(ComplianceError, match=message):
             package(s)
         assert not (tmp_path / f"sub{i}").exists(), message
+
+
+def _corrupt(run: Path) -> Path:
+    f = run / "mlperf_log_accuracy.json"
+    f.write_text(f.read_text()[:-7])
+    return run
+
+
+def test_package_compares_the_model_by_config_and_reads_a_rescore(tmp_path, runs):
+    perf, acc, t06 = runs
+    rel = make_run(tmp_path / "rel", "acc", "accuracy", engine_settings=dict(ENGINE, model="models/Llama-3.1-8B-Instruct"))
+    (rel / "accuracy.json").write_text(json.dumps({"passed": False, "reasons": ["rouge2 low after re-score"]}))
+    with pytest.raises(ComplianceError, match="rouge2 low after re-score"):
+        package(settings(tmp_path, perf, rel, t06))
+    (rel / "accuracy.json").write_text(json.dumps({"passed": True}))
+    assert package(settings(tmp_path, perf, rel, t06)).is_dir()
+    other = make_run(tmp_path / "oth", "acc", "accuracy", model={"path": "/m", "config_sha256": "zzz", "eos_token_ids": []})
+    with pytest.raises(ComplianceError, match="config_sha256"):
+        package(settings(tmp_path / "x", perf, other, t06))
+
+
+def test_package_writes_a_fresh_test06_verdict(tmp_path, runs):
+    perf, acc, _ = runs
+    t06 = make_test06_run(tmp_path / "t", passed=True, recorded_passed=False)  # stale "failed" claim, good log
+    (t06 / "TEST06" / "verify_accuracy.txt").write_text("edited\n")
+    root = package(settings(tmp_path, perf, acc, t06))
+    assert (root / "TEST06" / "verify_accuracy.txt").read_text().endswith("TEST06 verification complete\n")
+
+
+def test_cli_errors_exit_2_without_traceback(tmp_path, runs):
+    perf, acc, t06 = runs
+    out = subprocess.run([sys.executable, "-m", "sut", "package", "--out", "/proc/nope", "--system", "s", "--submitter",
+                          "o", "--performance", str(perf), "--accuracy", str(acc), "--test06", str(t06)],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and "cannot write" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(t06), "--out", "/proc/nope"],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "sut", "run", "--model", str(REPO / "sut/models/tiny-llama3"),
+                          "--dataset", "x.json", "--compliance-test", "TEST06", "--audit-config", str(tmp_path / "a")],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and "do not also pass --audit-config" in out.stderr
 
 
 def test_rehearsal_lays_out_dev_runs_and_says_so(tmp_path, runs):

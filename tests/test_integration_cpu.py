@@ -155,3 +155,14 @@ def test_two_cpu_engines_share_the_work_by_tokens(tmp_path, synthetic_small):
     assert all(e["enable_prefix_caching"] is False for e in engines)
     log = json.loads((run / "mlperf_log_accuracy.json").read_text())
     assert sorted(r["qsl_idx"] for r in log) == list(range(32))
+
+
+def test_a_run_that_fails_to_start_is_recorded_as_failed(tmp_path, synthetic_small):
+    """run.json must never stay 'running': here the Flame SUT cannot reach its endpoint."""
+    data, _ = synthetic_small
+    out = subprocess.run(sut_cmd("--dataset", str(data), "--output-dir", str(tmp_path), "--sut", "flame",
+                                 "--flame-endpoint", "http://127.0.0.1:9", "--quick"),
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    rec = json.loads((only_dir(tmp_path) / "run.json").read_text())
+    assert rec["status"] == "failed" and "127.0.0.1:9" in rec["error"] and rec["finished"]

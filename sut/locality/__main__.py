@@ -9,7 +9,6 @@ trace's shape without starting engines.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
