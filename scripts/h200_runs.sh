@@ -12,7 +12,8 @@
 #   bash scripts/h200_runs.sh batch-start   # detached: run 3 (scripts/bench_flame.py: standalone vs Flame 32/64
 #                                           # through the test stand-in, 2 rounds) then run 4 (tuning sweep)
 #   bash scripts/h200_runs.sh batch-wait [S] # wait up to S seconds, copy what is done to $OUT
-#   (batch: ROUNDS=N sets run 3's rounds, TUNE="MNS,MNBT[,eager] ..." run 4's points; TUNE= skips run 4)
+#   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
+#    TUNE= skips run 4. E.g. the eager point alone: ROUNDS=0 TUNE="512,8192,eager" bash $0 batch-start)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1
@@ -67,9 +68,11 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # LoadGen issues 3,060 samples per run (target_qps x min_duration x 1.1 = 2,464, rounded up to whole passes
     # over the 1,020 prompts by equal-issue mode).
     QPS=(--target-qps 56 --min-duration-s 40)
-    python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
-      --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --ignore-eos --rounds "${ROUNDS:-2}" \
-      --idle-wait-s 0 --foreign-cpu-max 1 --standin-max-executors 40 --out "$JOB/flame" > "$JOB/flame.console" 2>&1
+    if [ "${ROUNDS:-2}" -gt 0 ]; then
+      python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
+        --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --ignore-eos --rounds "${ROUNDS:-2}" \
+        --idle-wait-s 0 --foreign-cpu-max 1 --standin-max-executors 40 --out "$JOB/flame" > "$JOB/flame.console" 2>&1
+    fi
     # Run 4: tuning sweep of the standalone SUT around the shipped fp8 preset (512 / 8192 = the standalone runs above).
     # A point is MNS,MNBT or MNS,MNBT,eager (CUDA graphs off).
     for cfg in ${TUNE-"384,8192" "512,12288" "768,8192"}; do

@@ -413,6 +413,12 @@ def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: Generation
         signal.signal(signal.SIGTERM, _raise_terminated)  # the group's SIGTERM: clean exit through `finally`
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ.update(dict(slot.env))
+    try:  # show up as sut-engine-N in ps/top (setproctitle comes with vLLM)
+        import setproctitle
+
+        setproctitle.setproctitle(f"sut-engine-{slot.index} ({slot.kind}:{slot.device})")
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
     gcmon = GcPauseMonitor(f"engine-{slot.index}")
     try:
         import torch

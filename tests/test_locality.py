@@ -215,3 +215,20 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     assert aff["router"]["affinity_hits"] == 12 and aff["router"]["new_prefixes"] == 6
     assert aff["cache_hit_rate"] > rr["cache_hit_rate"] + 0.1, (rr["cache_hit_rate"], aff["cache_hit_rate"])
     assert aff["cache_hit_rate"] <= rec["trace"]["reusable_share_upper_bound"] + 0.01
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "nan"], "rate must be a finite number"),
+    (["--zipf-s", "nan"], "zipf_s must be a finite number"),
+    (["--policies", "round_robin", "round_robin"], "policies must be distinct"),
+    (["--policies", "random"], "unknown policy"),
+    (["--max-model-len", "100000"], "exceeds the model's max_position_embeddings 8192"),
+    (["--max-model-len", "300"], "below the longest prompt"),
+    (["--model", "/nonexistent"], "no config.json"),
+])
+def test_locality_cli_refuses_bad_input_before_starting_engines(args, message):
+    cmd = [sys.executable, "-m", "sut.locality", "run", "--model", str(TINY_MODEL), "--device", "cpu",
+           "--documents", "2", "--doc-tokens", "300", *args]
+    out = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "starting" not in out.stderr

@@ -12,11 +12,20 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 
 from sut.locality import NOTICE
 
 log = logging.getLogger("sut.locality")
+
+
+class _BadInput(SystemExit):
+    """Bad command-line input: message to stderr, exit code 2 (as ``python -m sut``)."""
+
+    def __init__(self, message: str):
+        print(message, file=sys.stderr)
+        super().__init__(2)
 
 _TRACE = {"documents": int, "doc_tokens": int, "doc_jitter": float, "questions": int, "question_tokens": int,
           "max_tokens": int, "zipf_s": float, "order": str, "seed": int}
@@ -87,7 +96,7 @@ def cmd_run(a) -> int:
     ts = TraceSettings(**_pick(a, _TRACE))
     eng = _pick(a, _ENGINE)
     if "model" not in eng:
-        raise SystemExit("error: --model is required")
+        raise _BadInput("error: --model is required")
     eng.setdefault("max_model_len", ts.max_prompt_tokens + ts.max_tokens)
     if a.enforce_eager:
         eng["enforce_eager"] = True
@@ -95,7 +104,7 @@ def cmd_run(a) -> int:
         eng["seed"] = a.engine_seed
     es = EngineSettings(enable_prefix_caching=True, **eng)
     if es.max_model_len < ts.max_prompt_tokens + ts.max_tokens:
-        raise SystemExit(f"error: --max-model-len {es.max_model_len} is below the longest prompt + max_tokens "
+        raise _BadInput(f"error: --max-model-len {es.max_model_len} is below the longest prompt + max_tokens "
                          f"({ts.max_prompt_tokens} + {ts.max_tokens})")
     run = {"policies": tuple(a.policies)} if a.policies else {}
     for k in ("rounds", "rate", "output_dir", "run_name"):
@@ -104,17 +113,27 @@ def cmd_run(a) -> int:
     run["progress"] = not a.no_progress
     rs = LocalityRunSettings(**run)
     affinity = AffinitySettings(**_pick(a, _ROUTER))
-    model = read_model_info(es.model)
+    try:
+        model = read_model_info(es.model)
+    except EngineError as e:
+        raise _BadInput(f"error: {e}") from None
+    if es.max_model_len > model.max_position_embeddings:
+        raise _BadInput(f"error: max_model_len {es.max_model_len} exceeds the model's max_position_embeddings "
+                         f"{model.max_position_embeddings} ({es.model}/config.json); use shorter documents")
     gen = GenerationSettings(max_tokens=ts.max_tokens, ignore_eos=a.ignore_eos, eos_token_ids=model.eos_token_ids)
     from sut.locality.router import ROUTERS
 
     unknown = [x for x in rs.policies if x not in ROUTERS]
     if unknown:
-        raise SystemExit(f"error: unknown policy {unknown}; known: {', '.join(ROUTERS)}")
+        raise _BadInput(f"error: unknown policy {unknown}; known: {', '.join(ROUTERS)}")
     trace = make_trace(ts)
     shape = describe(trace)
     log.warning("%s", NOTICE.upper())
     log.info("trace: %s", shape)
+    if affinity.block_tokens > shape["prompt_max"] and "prefix_affinity" in rs.policies:
+        log.warning("--block-tokens %d is longer than every prompt (max %d): prefix_affinity has no key and "
+                    "routes every request least-loaded", affinity.block_tokens, shape["prompt_max"])
+    signal.signal(signal.SIGTERM, _terminate)
     pool = EnginePool(es, gen, allow_prefix_caching=True, detail=True)
     try:
         engines = pool.start()
@@ -122,6 +141,9 @@ def cmd_run(a) -> int:
     except (EngineError, RunFailed) as e:
         log.error("%s", e)
         return 1
+    except KeyboardInterrupt:
+        log.error("interrupted (Ctrl-C or SIGTERM); engines stopped, nothing written")
+        return 130
     finally:
         pool.shutdown()
     summary = summarize(records)
@@ -139,6 +161,10 @@ def cmd_run(a) -> int:
     return 0
 
 
+def _terminate(*_):
+    raise KeyboardInterrupt  # SIGTERM: same clean stop as Ctrl-C (engines shut down in `finally`)
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "WARNING")
@@ -147,7 +173,7 @@ def main(argv=None) -> int:
     try:
         return {"run": cmd_run, "describe": cmd_describe}[a.cmd](a)
     except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise _BadInput(f"error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ requests and estimated load per replica.
 from __future__ import annotations
 
 import hashlib
+import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -70,8 +71,10 @@ class AffinitySettings:
     def __post_init__(self):
         if self.block_tokens < 1 or self.prefix_blocks < 1 or self.max_entries < 1:
             raise ValueError("block_tokens, prefix_blocks and max_entries must be >= 1")
-        if self.release_tokens < 0 or self.decode_weight < 0:
-            raise ValueError("release_tokens and decode_weight must be >= 0")
+        if self.release_tokens < 0:
+            raise ValueError(f"release_tokens must be >= 0, got {self.release_tokens}")
+        if not (math.isfinite(self.decode_weight) and self.decode_weight >= 0):
+            raise ValueError(f"decode_weight must be a finite number >= 0, got {self.decode_weight}")
 
 
 class Router(ABC):

@@ -18,6 +18,7 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -66,8 +67,16 @@ class LocalityRunSettings:
     def __post_init__(self):
         if not self.policies:
             raise ValueError("at least one policy is needed")
-        if self.rounds < 1 or self.rate < 0 or self.stall_timeout_s <= 0 or self.warmup_requests < 0:
-            raise ValueError("rounds >= 1, rate >= 0, stall_timeout_s > 0 and warmup_requests >= 0 are required")
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError(f"policies must be distinct (use --rounds to repeat them), got {list(self.policies)}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if not (math.isfinite(self.rate) and self.rate >= 0):
+            raise ValueError(f"rate must be a finite number >= 0 (arrivals/s; 0 = all at once), got {self.rate}")
+        if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
+            raise ValueError(f"stall_timeout_s must be a finite number > 0, got {self.stall_timeout_s}")
+        if self.warmup_requests < 0:
+            raise ValueError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
 
 
 def _pct(values: Sequence[float], q: float) -> Optional[float]:

@@ -19,6 +19,7 @@ document, then question 1, ...: the longest reuse distance).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,10 +62,10 @@ class TraceSettings:
             raise ValueError(f"documents and questions must be >= 1, got {self.documents}, {self.questions}")
         if self.doc_tokens < 1 or self.question_tokens < 2 or self.max_tokens < 1:
             raise ValueError("doc_tokens >= 1, question_tokens >= 2 and max_tokens >= 1 are required")
-        if not 0 <= self.doc_jitter < 1:
+        if not 0 <= self.doc_jitter < 1:  # also refuses NaN
             raise ValueError(f"doc_jitter must be in [0, 1), got {self.doc_jitter}")
-        if self.zipf_s < 0:
-            raise ValueError(f"zipf_s must be >= 0, got {self.zipf_s}")
+        if not (math.isfinite(self.zipf_s) and self.zipf_s >= 0):
+            raise ValueError(f"zipf_s must be a finite number >= 0, got {self.zipf_s}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
 
