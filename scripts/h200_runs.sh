@@ -12,6 +12,9 @@
 #   bash scripts/h200_runs.sh batch-start   # detached: run 3 (scripts/bench_flame.py: standalone vs Flame 32/64
 #                                           # through the test stand-in, 2 rounds) then run 4 (tuning sweep)
 #   bash scripts/h200_runs.sh batch-wait [S] # wait up to S seconds, copy what is done to $OUT
+#   bash scripts/h200_runs.sh x2-start        # issue 6 on nvidia-h200-x2: 1 vs 2 GPUs, Flame 32/64 on 2 engines
+#   bash scripts/h200_runs.sh locality-start  # synthetic-locality traces (not MLPerf), one replica per GPU
+#   (both are waited for with batch-wait)
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
 #    TUNE= skips run 4. E.g. the eager point alone: ROUNDS=0 TUNE="512,8192,eager" bash $0 batch-start)
 set -uo pipefail
@@ -89,16 +92,59 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     done
     echo done > "$JOB/DONE"
     ;;
+  x2-start|locality-start)
+    rm -rf "$JOB"; mkdir -p "$JOB"
+    setsid nohup bash "$0" "${1%-start}" > "$JOB/batch.console" 2>&1 < /dev/null &
+    echo "started pid $!"
+    ;;
+  x2)
+    # Issue 6 on nvidia-h200-x2: standalone on 1 GPU vs 2 GPUs (one engine per GPU), then Flame at 32/64
+    # with one executor set per GPU vs the 2-GPU standalone. Same preset, inputs and run length per GPU.
+    for n in 1 2; do
+      qps=$((56 * n))
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m sut run --config loadgen_configs/h200_fp8.toml \
+        --model "$MODEL" --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf \
+        --target-qps "$qps" --min-duration-s 40 --min-query-count 1 --benchmark-ignore-eos --output-dir "$JOB/x2" \
+        --run-name "gpus$n" --no-progress > "$JOB/gpus$n.console" 2>&1
+    done
+    python3 - "$JOB/x2" > "$JOB/x2.txt" 2>&1 <<'PY'
+import glob, json, sys
+r = {n: json.load(open(glob.glob(f"{sys.argv[1]}/gpus{n}*/run.json")[0])) for n in (1, 2)}
+t1, t2 = r[1]["tokens_per_s"], r[2]["tokens_per_s"]
+print("1 GPU", t1, r[1]["validity"], "| 2 GPUs", t2, r[2]["validity"], "| scaling", round(t2 / t1, 4), "(target >= 1.94)")
+s = [e["samples"] for e in r[2]["engines"]]
+print("per-engine samples", s, "spread", round((max(s) - min(s)) / (sum(s) / len(s)), 4), "(target <= 0.02)")
+print("GPU UUIDs", [e["device"].get("uuid") for e in r[2]["engines"]])
+PY
+    ROUNDS=${ROUNDS:-1}
+    python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
+      --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 112 --min-duration-s 40 \
+      --ignore-eos --rounds "$ROUNDS" --idle-wait-s 0 --foreign-cpu-max 1 --flame-engines 2 \
+      --standin-max-executors 80 --out "$JOB/flame" > "$JOB/flame.console" 2>&1
+    echo done > "$JOB/DONE"
+    ;;
+  locality)
+    # Synthetic-locality traces (NOT MLPerf): 32 documents of ~8K tokens x 4 questions, fp8 engines with prefix
+    # caching, one replica per visible GPU (ENGINES_PER_GPU=2 splits one GPU into two replicas).
+    python3 -m sut.locality run --model "$MODEL" --load-format dummy --dtype bfloat16 --quantization fp8 \
+      --kv-cache-dtype fp8 --max-num-seqs 512 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 \
+      --device cuda --engines-per-device "${ENGINES_PER_GPU:-1}" --documents 32 --questions 4 --ignore-eos \
+      --rounds "${ROUNDS:-1}" --output-dir "$JOB/locality" --no-progress > "$JOB/locality.console" 2>&1
+    find "$JOB/locality" -name locality.json -exec cp {} "$JOB/" \;
+    echo done > "$JOB/DONE"
+    ;;
   batch-wait)
     limit=${2:-540}; t=0
     while [ $t -lt "$limit" ] && [ ! -f "$JOB/DONE" ]; do sleep 10; t=$((t+10)); done
     # One archive (the device tool brings back only a few files): records, consoles, log tails.
     for f in "$JOB"/flame/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
-       -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" | tar -czf "$OUT/job.tgz" -T -)
+       -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
+       -o -name "locality.json" | tar -czf "$OUT/job.tgz" -T -)
+    cat "$JOB/x2.txt" 2>/dev/null; tail -6 "$JOB/locality.console" 2>/dev/null
     grep -E "^round|^config|^standalone|^flame|target" "$JOB/flame.console" 2>/dev/null
     cat "$JOB/tune.tsv" 2>/dev/null
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
     ;;
-  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|batch-wait [seconds]"; exit 2;;
+  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|batch-wait [seconds]"; exit 2;;
 esac
