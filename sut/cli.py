@@ -61,7 +61,7 @@ _FLAME_FLAGS = (
     ("--batch-window-ms", "batch_window_ms", float, "how long a partial batch waits for more samples"),
     ("--flame-endpoint", "endpoint", str, "Flame session manager, e.g. http://HOST:8080 (default FLAME_ENDPOINT / ~/.flame/flame.yaml)"),
     ("--flame-app", "app", str, "registered Flame application name (default sut-vllm)"),
-    ("--executors-per-engine", "executors_per_engine", int, "Flame executors feeding one engine (default ceil(max_num_seqs/batch)+1)"),
+    ("--executors-per-engine", "executors_per_engine", int, "Flame executors feeding one engine (default ceil(engine_fill x max_num_seqs / batch_size) + executor_slack = ceil(2 x max_num_seqs / batch_size))"),
     ("--flame-engines", "engines", int, "engines (GPUs x engines per GPU) the session spreads over (default 1)"),
 )
 
