@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 
 from sut.base import InputError, RunFailed, sut_names
-from sut.compliance import ComplianceError, PackageSettings, package, verify_test06, write_test06
+from sut.compliance import ComplianceError, PackageSettings, package, read_json, verify_test06, write_test06
 from sut.constants import LLAMA31_EOS
 from sut.dataset import DatasetError
 from sut.engine import EngineError, EngineSettings, GenerationSettings, settings_from_mapping
@@ -299,16 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_test06_verify(a) -> int:
     run_dir = Path(a.run_dir)
-    rec = {}
-    if (run_dir / "run.json").is_file():
-        try:
-            rec = json.loads((run_dir / "run.json").read_text())
-        except json.JSONDecodeError as e:
-            log.error("%s is not valid JSON (%s)", run_dir / "run.json", e)
-            return 2
-    eos = a.eos_token_ids or (rec.get("model") or {}).get("eos_token_ids") or list(LLAMA31_EOS)
-    scenario = a.scenario or rec.get("scenario") or "Offline"
     try:
+        rec = read_json(run_dir / "run.json", "run record") if (run_dir / "run.json").is_file() else {}
+        eos = a.eos_token_ids or (rec.get("model") or {}).get("eos_token_ids") or list(LLAMA31_EOS)
+        scenario = a.scenario or rec.get("scenario") or "Offline"
         res = verify_test06(run_dir / "mlperf_log_accuracy.json", scenario, eos)
         d = write_test06(res, run_dir / "mlperf_log_accuracy.json", a.out or run_dir)
     except ComplianceError as e:

@@ -37,7 +37,6 @@ settings, naming the run and the field. It does not write ``systems/<system>.jso
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -105,6 +104,18 @@ class Test06Result:
                 + ("TEST06 verification complete\n" if self.passed else "TEST06 verification failed\n"))
 
 
+def read_json(path: str | Path, what: str):
+    """Parsed JSON of ``path``. Raises ``ComplianceError`` naming ``what`` and the path if it is
+    missing or not valid JSON."""
+    path = Path(path)
+    if not path.is_file():
+        raise ComplianceError(f"{what} {path} not found")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ComplianceError(f"{what} {path} is not valid JSON ({e})") from None
+
+
 def _ids(hex_text: object, where: str) -> np.ndarray:
     if not isinstance(hex_text, str):
         raise ComplianceError(f"{where}: expected a hex string, got {type(hex_text).__name__}")
@@ -130,12 +141,7 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
             record has no ``data``/``token_count`` or undecodable bytes (naming the record).
     """
     path = Path(accuracy_log)
-    if not path.is_file():
-        raise ComplianceError(f"accuracy log not found: {path}")
-    try:
-        records = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ComplianceError(f"{path}: not valid JSON ({e})") from None
+    records = read_json(path, "accuracy log")
     if not isinstance(records, list):
         raise ComplianceError(f"{path}: expected a JSON list of LoadGen accuracy records")
     if not records:
@@ -237,13 +243,7 @@ class PackageSettings:
 
 def _load_run(folder: str, role: str) -> tuple[Path, dict]:
     d = Path(folder)
-    f = d / "run.json"
-    if not f.is_file():
-        raise ComplianceError(f"{role} run: {f} not found (give the run folder that holds run.json)")
-    try:
-        rec = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise ComplianceError(f"{role} run: {f} is not valid JSON ({e})") from None
+    rec = read_json(d / "run.json", f"{role} run:")
     if rec.get("status") != "ok":
         raise ComplianceError(f"{role} run {d}: status is {rec.get('status')!r}"
                               + (f" ({rec['error']})" if rec.get("error") else "") + ", not 'ok'")
@@ -254,10 +254,6 @@ def _need(d: Path, names: Sequence[str], role: str) -> None:
     for n in names:
         if not (d / n).is_file() or (d / n).stat().st_size == 0:
             raise ComplianceError(f"{role} run {d}: {n} is missing or empty")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _same(a: dict, b: dict, role: str, field: str, ignore: Sequence[str] = ()) -> None:
@@ -317,10 +313,7 @@ def package(ps: PackageSettings) -> Path:
         raise ComplianceError(f"accuracy run {adir}: mode is {acc.get('mode')!r}")
     gate = acc.get("accuracy")
     if (adir / "accuracy.json").is_file():  # the gate's own file: also fresh after a re-score with python -m accuracy
-        try:
-            gate = json.loads((adir / "accuracy.json").read_text())
-        except json.JSONDecodeError as e:
-            raise ComplianceError(f"accuracy run {adir}: accuracy.json is not valid JSON ({e})") from None
+        gate = read_json(adir / "accuracy.json", "accuracy run: gate result")
     if not gate:
         problems.append("accuracy run: no accuracy gate result in run.json (run with the gate, or score it with "
                         "python -m accuracy)")

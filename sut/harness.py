@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import importlib.metadata as md
 import json
 import logging
@@ -186,8 +187,6 @@ def parse_loadgen_detail(path: Path) -> dict:
 
 
 def _file_sha256(path: Path) -> str:
-    import hashlib
-
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

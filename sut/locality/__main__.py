@@ -35,18 +35,14 @@ _ENGINE = {"model": str, "dtype": str, "max_model_len": int, "max_num_seqs": int
            "device": str, "engines_per_device": int, "cpu_kvcache_gib": int}
 
 
-def _add(group, fields: dict, prefix: str = "") -> None:
+def _add(group, fields: dict) -> None:
     for name, typ in fields.items():
-        group.add_argument("--" + prefix + name.replace("_", "-"), dest=prefix.replace("-", "_") + name, type=typ)
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=typ)
 
 
-def _pick(a, fields: dict, prefix: str = "") -> dict:
-    out = {}
-    for name in fields:
-        v = getattr(a, prefix.replace("-", "_") + name)
-        if v is not None:
-            out[name] = v
-    return out
+def _pick(a, fields: dict) -> dict:
+    """The fields given on the command line (the rest keep their dataclass defaults)."""
+    return {name: getattr(a, name) for name in fields if getattr(a, name) is not None}
 
 
 def build_parser() -> argparse.ArgumentParser:

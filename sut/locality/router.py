@@ -92,9 +92,10 @@ class Router(ABC):
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         self.replicas, self.max_tokens, self.settings = replicas, max_tokens, settings
         self.load = [0.0] * replicas  # estimated tokens of work in flight
+        self.uncached = [0.0] * replicas  # of which: estimated uncached prefill tokens
         self.inflight = [0] * replicas
         self.routed = [0] * replicas
-        self._cost: dict[int, tuple[int, float]] = {}
+        self._cost: dict[int, tuple[int, float, int]] = {}
 
     @abstractmethod
     def _choose(self, rid: int, prompt: np.ndarray) -> tuple[int, int]:
@@ -104,16 +105,18 @@ class Router(ABC):
         """Replica for request ``rid`` with int32 ``prompt``; books its estimated work."""
         r, uncached = self._choose(rid, prompt)
         cost = uncached + self.settings.decode_weight * self.max_tokens
-        self._cost[rid] = (r, cost)
+        self._cost[rid] = (r, cost, uncached)
         self.load[r] += cost
+        self.uncached[r] += uncached
         self.inflight[r] += 1
         self.routed[r] += 1
         return r
 
     def done(self, rid: int) -> None:
         """Request ``rid`` finished. Raises ``KeyError`` for a request never routed or finished twice."""
-        r, cost = self._cost.pop(rid)
+        r, cost, uncached = self._cost.pop(rid)
         self.load[r] -= cost
+        self.uncached[r] -= uncached
         self.inflight[r] -= 1
 
     def _least(self, extra: Callable[[int], float]) -> int:
@@ -143,8 +146,6 @@ class PrefixAffinityRouter(Router):
     def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
         super().__init__(replicas, max_tokens, settings)
         self.map: "OrderedDict[bytes, int]" = OrderedDict()
-        self.uncached = [0.0] * replicas  # estimated uncached prefill tokens in flight
-        self._unc: dict[int, tuple[int, int]] = {}
         self.hits = self.releases = self.new_prefixes = self.no_key = self.evictions = 0
 
     def keys(self, prompt: np.ndarray) -> list[bytes]:
@@ -162,8 +163,7 @@ class PrefixAffinityRouter(Router):
         keys = self.keys(prompt)
         if not keys:
             self.no_key += 1
-            r = self._least(lambda r: len(prompt))
-            return self._book(rid, r, len(prompt))
+            return self._least(lambda r: len(prompt)), len(prompt)
         owner, depth = None, 0
         for i in range(len(keys) - 1, -1, -1):
             if keys[i] in self.map:
@@ -186,17 +186,7 @@ class PrefixAffinityRouter(Router):
                 if len(self.map) > self.settings.max_entries:
                     self.map.popitem(last=False)
                     self.evictions += 1
-        return self._book(rid, r, len(prompt) - (matched if r == owner else 0))
-
-    def _book(self, rid: int, r: int, uncached: int) -> tuple[int, int]:
-        self.uncached[r] += uncached
-        self._unc[rid] = (r, uncached)
-        return r, uncached
-
-    def done(self, rid: int) -> None:
-        super().done(rid)
-        r, unc = self._unc.pop(rid)
-        self.uncached[r] -= unc
+        return r, len(prompt) - (matched if r == owner else 0)
 
     def stats(self) -> dict:
         return dict(super().stats(), affinity_hits=self.hits, releases=self.releases, new_prefixes=self.new_prefixes,

@@ -21,6 +21,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -168,14 +169,14 @@ class _Replay:
         return self._record(wall)
 
     def _record(self, wall: float) -> dict:
-        n = self.pool.__len__()
+        n = len(self.pool)
         by_rid = {self.id_base + r.rid: r for r in self.trace}
         reqs = [0] * n
         prompt = [0] * n
         cached = [0] * n
         out_tokens = 0
         ttft, e2e = [], []
-        hot_doc = max({r.document for r in self.trace}, key=lambda d: sum(1 for r in self.trace if r.document == d))
+        hot_doc = Counter(r.document for r in self.trace).most_common(1)[0][0]
         hot_replicas = set()
         for rid, (rep, n_out, info) in self.results.items():
             req = by_rid[rid]
