@@ -14,9 +14,12 @@
 #   bash scripts/h200_runs.sh batch-wait [S] # wait up to S seconds, copy what is done to $OUT
 #   bash scripts/h200_runs.sh x2-start        # issue 6 on nvidia-h200-x2: 1 vs 2 GPUs, Flame 32/64 on 2 engines
 #   bash scripts/h200_runs.sh locality-start  # synthetic-locality traces (not MLPerf), one replica per GPU
-#   (both are waited for with batch-wait)
+#   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality one after another
+#   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
-#    TUNE= skips run 4. E.g. the eager point alone: ROUNDS=0 TUNE="512,8192,eager" bash $0 batch-start)
+#    TUNE= skips run 4. E.g. the eager point alone: ROUNDS=0 TUNE="512,8192,eager" bash $0 batch-start;
+#    x2: X2_ROUNDS (default 1) Flame rounds; locality: LOC_ROUNDS (default 1), LOC_RATE (Poisson arrivals per
+#    second, one trace each, default 0 = all at once), ENGINES_PER_GPU (default 1))
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1
@@ -61,12 +64,19 @@ case "${1:-}" in
     python3 -c "import grpc, google.protobuf, flamepy, sut.flame.client, sut.flame.service, tests.flame_standin, mlperf_loadgen; \
 print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__)"
     ;;
-  batch-start)
+  batch-start|x2-start|locality-start)
+    bash "$0" start "${1%-start}"
+    ;;
+  start)
+    # The steps run in order in one detached job; DONE is written when the last one ends.
+    shift
     rm -rf "$JOB"; mkdir -p "$JOB"
-    setsid nohup bash "$0" batch > "$JOB/batch.console" 2>&1 < /dev/null &
-    echo "started pid $!"
+    setsid nohup bash -c 'for s in "${@:2}"; do echo "step $s $(date +%T)"; bash "$1" "$s"; done; echo done > '"$JOB"'/DONE' \
+      _ "$0" "$@" > "$JOB/batch.console" 2>&1 < /dev/null &
+    echo "started pid $! ($*)"
     ;;
   batch)
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}  # issue 5: one H200, also on a host with more
     # Run 3: standalone, flame32, flame64 in rotated order, 2 rounds, same inputs and engine preset.
     # LoadGen issues 3,060 samples per run (target_qps x min_duration x 1.1 = 2,464, rounded up to whole passes
     # over the 1,020 prompts by equal-issue mode).
@@ -90,12 +100,6 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(*sys.argv[2:], r.get('tokens_per_s'), r.get('samples_per_s'), r.get('validity'))" \
         "$r/run.json" "$mns" "$mnbt" "${mode:-graphs}" >> "$JOB/tune.tsv" 2>> "$JOB/tune.err" || echo "$cfg failed" >> "$JOB/tune.tsv"
     done
-    echo done > "$JOB/DONE"
-    ;;
-  x2-start|locality-start)
-    rm -rf "$JOB"; mkdir -p "$JOB"
-    setsid nohup bash "$0" "${1%-start}" > "$JOB/batch.console" 2>&1 < /dev/null &
-    echo "started pid $!"
     ;;
   x2)
     # Issue 6 on nvidia-h200-x2: standalone on 1 GPU vs 2 GPUs (one engine per GPU), then Flame at 32/64
@@ -116,35 +120,37 @@ s = [e["samples"] for e in r[2]["engines"]]
 print("per-engine samples", s, "spread", round((max(s) - min(s)) / (sum(s) / len(s)), 4), "(target <= 0.02)")
 print("GPU UUIDs", [e["device"].get("uuid") for e in r[2]["engines"]])
 PY
-    ROUNDS=${ROUNDS:-1}
     python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
       --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 112 --min-duration-s 40 \
-      --ignore-eos --rounds "$ROUNDS" --idle-wait-s 0 --foreign-cpu-max 1 --flame-engines 2 \
-      --standin-max-executors 80 --out "$JOB/flame" > "$JOB/flame.console" 2>&1
-    echo done > "$JOB/DONE"
+      --ignore-eos --rounds "${X2_ROUNDS:-1}" --idle-wait-s 0 --foreign-cpu-max 1 --flame-engines 2 \
+      --standin-max-executors 80 --out "$JOB/flame2" > "$JOB/flame2.console" 2>&1
     ;;
   locality)
     # Synthetic-locality traces (NOT MLPerf): 32 documents of ~8K tokens x 4 questions, fp8 engines with prefix
-    # caching, one replica per visible GPU (ENGINES_PER_GPU=2 splits one GPU into two replicas).
-    python3 -m sut.locality run --model "$MODEL" --load-format dummy --dtype bfloat16 --quantization fp8 \
-      --kv-cache-dtype fp8 --max-num-seqs 512 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 \
-      --device cuda --engines-per-device "${ENGINES_PER_GPU:-1}" --documents 32 --questions 4 --ignore-eos \
-      --rounds "${ROUNDS:-1}" --output-dir "$JOB/locality" --no-progress > "$JOB/locality.console" 2>&1
-    find "$JOB/locality" -name locality.json -exec cp {} "$JOB/" \;
-    echo done > "$JOB/DONE"
+    # caching, one replica per visible GPU (ENGINES_PER_GPU=2 splits one GPU into two replicas); one trace per
+    # arrival rate in LOC_RATE (e.g. LOC_RATE="6 12").
+    for rate in ${LOC_RATE:-0}; do
+      python3 -m sut.locality run --model "$MODEL" --load-format dummy --dtype bfloat16 --quantization fp8 \
+        --kv-cache-dtype fp8 --max-num-seqs 512 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 \
+        --device cuda --engines-per-device "${ENGINES_PER_GPU:-1}" --documents 32 --questions 4 --ignore-eos \
+        --rounds "${LOC_ROUNDS:-1}" --rate "$rate" --output-dir "$JOB/locality" --run-name "rate$rate" --no-progress \
+        > "$JOB/locality_rate$rate.console" 2>&1
+      d=$(ls -d "$JOB/locality/rate$rate"* | head -1); cp "$d/locality.json" "$JOB/locality_rate$rate.json"
+    done
     ;;
   batch-wait)
     limit=${2:-540}; t=0
     while [ $t -lt "$limit" ] && [ ! -f "$JOB/DONE" ]; do sleep 10; t=$((t+10)); done
     # One archive (the device tool brings back only a few files): records, consoles, log tails.
-    for f in "$JOB"/flame/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
+    for f in "$JOB"/flame*/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
        -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
-       -o -name "locality.json" | tar -czf "$OUT/job.tgz" -T -)
-    cat "$JOB/x2.txt" 2>/dev/null; tail -6 "$JOB/locality.console" 2>/dev/null
-    grep -E "^round|^config|^standalone|^flame|target" "$JOB/flame.console" 2>/dev/null
+       -o -name "locality*.json" | tar -czf "$OUT/job.tgz" -T -)
+    cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
+    tail -3 "$JOB/batch.console"
+    grep -E "^round|^config|^standalone|^flame|target" "$JOB"/flame*.console 2>/dev/null
     cat "$JOB/tune.tsv" 2>/dev/null
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
     ;;
-  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|batch-wait [seconds]"; exit 2;;
+  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds]"; exit 2;;
 esac

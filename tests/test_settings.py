@@ -58,6 +58,18 @@ def test_official_settings_are_compliant_and_come_from_mlperf_conf():
     assert ts["qsl_rng_seed"] == 2085463073848966840  # mlperf.conf seed, not 0
 
 
+@pytest.mark.parametrize("conf", sorted(p.name for p in (REPO / "loadgen_configs").glob("*.user.conf")))
+def test_every_shipped_user_conf_is_compliant_and_read_by_loadgen(conf):
+    """Each preset's user.conf sets only target_qps; LoadGen must read that value and keep the run compliant."""
+    import re
+
+    path = REPO / "loadgen_configs" / conf
+    want = float(re.search(r"^llama3_1-8b\.Offline\.target_qps\s*=\s*([0-9.]+)", path.read_text(), re.M).group(1))
+    ts = settings_in_fresh_process(13368, user_conf=str(path))
+    assert ts["reasons"] == [] and ts["min_duration_ms"] == 600000
+    assert ts["offline_expected_qps"] == want
+
+
 def test_accuracy_mode_and_edge_key():
     import mlperf_loadgen as lg
 
