@@ -29,7 +29,8 @@ class _BadInput(SystemExit):
 
 _TRACE = {"documents": int, "doc_tokens": int, "doc_jitter": float, "questions": int, "question_tokens": int,
           "max_tokens": int, "zipf_s": float, "order": str, "seed": int}
-_ROUTER = {"block_tokens": int, "prefix_blocks": int, "release_tokens": int, "max_entries": int, "decode_weight": float}
+_ROUTER = {"block_tokens": int, "prefix_blocks": int, "release_tokens": int, "release_gate": str, "max_entries": int,
+           "decode_weight": float}
 _ENGINE = {"model": str, "dtype": str, "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
            "gpu_memory_utilization": float, "kv_cache_dtype": str, "quantization": str, "load_format": str,
            "device": str, "engines_per_device": int, "cpu_kvcache_gib": int}

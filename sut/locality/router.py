@@ -18,8 +18,10 @@ Policies, registered by name (``ROUTERS``, ``make_router``):
        tokens are equal. A prompt shorter than one block has no key and goes to ``least_loaded``.
     2. Sticky owner. Look the chain up from the deepest block down in the affinity map (hash →
        replica). The first hit gives the owner and the matched depth.
-    3. Stay sticky unless saturated. If the owner's estimated *uncached* prefill work in flight is
-       at most ``release_tokens``, the request goes to the owner (an affinity hit).
+    3. Stay sticky unless saturated. The owner's *pressure* is its estimated uncached prefill work in
+       flight minus that of the least-loaded replica (``release_gate="excess"``, default), or the
+       owner's own uncached work (``release_gate="absolute"``). If the pressure is at most
+       ``release_tokens``, the request goes to the owner (an affinity hit).
     4. Otherwise — a new prefix, or a saturated owner (a release) — choose the replica with the least
        estimated prefill work after taking the request: ``load[r] + uncached(r)``, where
        ``uncached(r)`` is the prompt length minus the matched tokens if ``r`` is the owner, else the
@@ -35,13 +37,16 @@ Policies, registered by name (``ROUTERS``, ``make_router``):
     afterwards and can differ, e.g. after the engine evicted the blocks.
 
 Knobs (``AffinitySettings``): ``block_tokens`` (256), ``prefix_blocks`` (4, so the key covers the
-first 1,024 tokens), ``release_tokens`` (65,536 uncached tokens in flight ≈ eight 8K documents:
-set it to peak prefill tokens/s x the TTFT you tolerate), ``max_entries`` (65,536 map entries),
-``decode_weight`` (1.0).
+first 1,024 tokens), ``release_tokens`` (65,536 uncached tokens ≈ eight 8K documents: set it to peak
+prefill tokens/s x the extra TTFT you tolerate), ``release_gate`` (``excess``: release only when the
+owner is that much busier than the least-loaded replica, so a burst that loads every replica alike
+keeps affinity; ``absolute``: release when the owner alone holds that much, i.e. a TTFT bound per
+owner that also releases when every replica is as busy — measured on two H200s in docs/benchmarks.md),
+``max_entries`` (65,536 map entries), ``decode_weight`` (1.0).
 
 Design notes (``../shared/research/anchors.md`` §2): every affinity-first router with a fleet-wide
-imbalance gate has had hot-spot bugs, so the gate here is per owner (its own uncached load), new
-prefixes go to the least-loaded replica by prefill work, the map is seeded by every routed
+imbalance gate has had hot-spot bugs, so the gate here is per owner (the owner against the best
+alternative, not the fleet's max against its min), new prefixes go to the least-loaded replica by prefill work, the map is seeded by every routed
 request, and the map is LRU-bounded. Reported per run: affinity hits, releases, evictions,
 requests and estimated load per replica.
 """
@@ -58,6 +63,9 @@ from typing import Callable, Optional
 import numpy as np
 
 
+RELEASE_GATES = ("excess", "absolute")
+
+
 @dataclass(frozen=True)
 class AffinitySettings:
     """Knobs of the routers (see the module docstring); lengths in tokens."""
@@ -65,6 +73,7 @@ class AffinitySettings:
     block_tokens: int = 256
     prefix_blocks: int = 4
     release_tokens: int = 65536
+    release_gate: str = "excess"
     max_entries: int = 65536
     decode_weight: float = 1.0
 
@@ -73,6 +82,8 @@ class AffinitySettings:
             raise ValueError("block_tokens, prefix_blocks and max_entries must be >= 1")
         if self.release_tokens < 0:
             raise ValueError(f"release_tokens must be >= 0, got {self.release_tokens}")
+        if self.release_gate not in RELEASE_GATES:
+            raise ValueError(f"release_gate must be one of {', '.join(RELEASE_GATES)}, got {self.release_gate!r}")
         if not (math.isfinite(self.decode_weight) and self.decode_weight >= 0):
             raise ValueError(f"decode_weight must be a finite number >= 0, got {self.decode_weight}")
 
@@ -159,6 +170,13 @@ class PrefixAffinityRouter(Router):
             out.append(h)
         return out
 
+    def pressure(self, owner: int) -> float:
+        """The owner's estimated uncached prefill tokens in flight, less the least-loaded replica's
+        (``release_gate="excess"``) or as they are (``"absolute"``)."""
+        if self.settings.release_gate == "excess":
+            return self.uncached[owner] - min(self.uncached)
+        return self.uncached[owner]
+
     def _choose(self, rid, prompt):
         keys = self.keys(prompt)
         if not keys:
@@ -171,7 +189,7 @@ class PrefixAffinityRouter(Router):
                 self.map.move_to_end(keys[i])
                 break
         matched = depth * self.settings.block_tokens
-        if owner is not None and self.uncached[owner] <= self.settings.release_tokens:
+        if owner is not None and self.pressure(owner) <= self.settings.release_tokens:
             self.hits += 1
             r = owner
         else:
