@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU figures on one H200 (issue 5). Runs on the GPU host after ../shared/gpu's two-half bundle
-# was unpacked into /tmp/site (stage2.sh). Inputs (never committed): MODEL = a Llama-3.1-8B
-# config folder (load_format dummy), REAL = the 1,020 real-length prompts (cnn_eval_public.json).
+# GPU figures on H200 hosts (issue 5: one H200; issue 6: two). Runs on the GPU host after
+# ../shared/gpu's two-half bundle was unpacked into /tmp/site (stage2.sh). Inputs (never committed):
+# MODEL = a Llama-3.1-8B config folder (load_format dummy), REAL = the 1,020 real-length prompts
+# (cnn_eval_public.json).
 # Results go to $OUT (or ./gpu_out).
 #
 #   bash scripts/h200_runs.sh overhead      # raw LLM.generate vs standalone SUT, bf16 then fp8+fp8 KV
