@@ -20,9 +20,11 @@
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
 #    TUNE= skips run 4. E.g. the eager point alone: ROUNDS=0 TUNE="512,8192,eager" bash $0 batch-start;
 #    x2: X2_ROUNDS (default 1) Flame rounds; locality: LOC_ROUNDS (default 1), LOC_RATE (Poisson arrivals per
-#    second, one trace each, default 0 = all at once), ENGINES_PER_GPU (default 1))
+#    second, one trace each, default 0 = all at once), LOC_GATE (router release gate, default excess),
+#    ENGINES_PER_GPU (default 1))
 set -uo pipefail
-cd "$(dirname "$0")/.."
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")/.."
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1
 MODEL=${MODEL:-/root/gpu/model}
 REAL=${REAL:-/root/gpu/data/cnn_eval_public.json}
@@ -66,14 +68,19 @@ case "${1:-}" in
 print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__)"
     ;;
   batch-start|x2-start|locality-start)
-    bash "$0" start "${1%-start}"
+    bash "$SELF" start "${1%-start}"
     ;;
   start)
-    # The steps run in order in one detached job; DONE is written when the last one ends.
+    # The steps run in order in one detached job; DONE is written when the last one ends, and each
+    # step's exit code is logged in batch.console (batch-wait prints it).
     shift
+    [ $# -gt 0 ] || { echo "start: name at least one step (batch, x2, locality)"; exit 2; }
+    if [ -d "$JOB" ] && [ ! -f "$JOB/DONE" ]; then
+      echo "start: a job is still running in $JOB (no DONE yet); wait for it with batch-wait"; exit 2
+    fi
     rm -rf "$JOB"; mkdir -p "$JOB"
-    setsid nohup bash -c 'for s in "${@:2}"; do echo "step $s $(date +%T)"; bash "$1" "$s"; done; echo done > '"$JOB"'/DONE' \
-      _ "$0" "$@" > "$JOB/batch.console" 2>&1 < /dev/null &
+    setsid nohup bash -c 'for s in "${@:2}"; do echo "step $s $(date +%T)"; bash "$1" "$s"; echo "step $s rc=$?"; done
+      echo done > '"$JOB"'/DONE' _ "$SELF" "$@" > "$JOB/batch.console" 2>&1 < /dev/null &
     echo "started pid $! ($*)"
     ;;
   batch)
@@ -121,22 +128,22 @@ s = [e["samples"] for e in r[2]["engines"]]
 print("per-engine samples", s, "spread", round((max(s) - min(s)) / (sum(s) / len(s)), 4), "(target <= 0.02)")
 print("GPU UUIDs", [e["device"].get("uuid") for e in r[2]["engines"]])
 PY
-    python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
-      --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 112 --min-duration-s 40 \
+    CUDA_VISIBLE_DEVICES=0,1 python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" \
+      --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 112 --min-duration-s 40 \
       --ignore-eos --rounds "${X2_ROUNDS:-1}" --idle-wait-s 0 --foreign-cpu-max 1 --flame-engines 2 \
       --standin-max-executors 80 --out "$JOB/flame2" > "$JOB/flame2.console" 2>&1
     ;;
   locality)
     # Synthetic-locality traces (NOT MLPerf): 32 documents of ~8K tokens x 4 questions, fp8 engines with prefix
     # caching, one replica per visible GPU (ENGINES_PER_GPU=2 splits one GPU into two replicas); one trace per
-    # arrival rate in LOC_RATE (e.g. LOC_RATE="6 12").
+    # arrival rate in LOC_RATE (e.g. LOC_RATE="0 6 12", distinct values), router gate LOC_GATE (excess|absolute).
     for rate in ${LOC_RATE:-0}; do
       python3 -m sut.locality run --model "$MODEL" --load-format dummy --dtype bfloat16 --quantization fp8 \
         --kv-cache-dtype fp8 --max-num-seqs 512 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 \
         --device cuda --engines-per-device "${ENGINES_PER_GPU:-1}" --documents 32 --questions 4 --ignore-eos \
-        --rounds "${LOC_ROUNDS:-1}" --rate "$rate" --output-dir "$JOB/locality" --run-name "rate$rate" --no-progress \
-        > "$JOB/locality_rate$rate.console" 2>&1
-      d=$(ls -d "$JOB/locality/rate$rate"* | head -1); cp "$d/locality.json" "$JOB/locality_rate$rate.json"
+        --release-gate "${LOC_GATE:-excess}" --rounds "${LOC_ROUNDS:-1}" --rate "$rate" --output-dir "$JOB/locality" \
+        --run-name "rate$rate" --no-progress > "$JOB/locality_rate$rate.console" 2>&1
+      cp "$JOB/locality/rate$rate-SYNTHETIC-LOCALITY-NOT-MLPERF/locality.json" "$JOB/locality_rate$rate.json"
     done
     ;;
   batch-wait)
@@ -148,7 +155,7 @@ PY
        -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
        -o -name "locality*.json" | tar -czf "$OUT/job.tgz" -T -)
     cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
-    tail -3 "$JOB/batch.console"
+    grep -E "^step .* rc=" "$JOB/batch.console"
     grep -E "^round|^config|^standalone|^flame|target" "$JOB"/flame*.console 2>/dev/null
     cat "$JOB/tune.tsv" 2>/dev/null
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"

@@ -104,34 +104,37 @@ def test_saturated_owner_is_released_and_keeps_ownership():
         r.done(4)
 
 
-def test_excess_gate_keeps_affinity_in_a_balanced_burst_and_releases_a_busier_owner():
-    """All requests at once: with the absolute gate every repeat question is released once each replica
-    holds more than release_tokens; the excess gate compares the owner with the least-loaded replica."""
-    burst = [(doc, q) for q in range(4) for doc in range(8)]  # 8 documents x 4 questions, no completions
-    hits = {}
+def test_excess_gate_keeps_an_owner_no_busier_than_release_tokens_and_releases_a_busier_one():
+    """Both replicas busy: the absolute gate releases the owner's repeat question although the owner is
+    only 1,120 uncached tokens busier than the other replica; the excess gate keeps it there."""
+    moved = {}
     for gate in ("absolute", "excess"):
         r = make_router("prefix_affinity", 2, 0, AffinitySettings(release_tokens=2000, release_gate=gate))
-        owners = {}
-        for rid, (doc, q) in enumerate(burst):
-            rep = r.route(rid, prompt(doc, q=q))
-            owners.setdefault(doc, rep)
-        hits[gate] = r.stats()["affinity_hits"]
-        if gate == "excess":
-            assert r.stats()["releases"] == 0 and r.routed == [16, 16]
-            assert max(r.uncached) - min(r.uncached) <= 2000
-    assert hits == {"absolute": 0, "excess": 24}
+        owner = r.route(0, prompt(1))          # 1,120 on the owner
+        r.route(1, prompt(2, n=3000))          # new prefix -> the other replica (3,020)
+        r.route(2, prompt(3, n=3000))          # new prefix -> the owner (less work): owner 4,140 vs 3,020
+        assert r.pressure(owner) == (4140 if gate == "absolute" else 1120)
+        moved[gate] = r.route(3, prompt(1, q=1)) != owner   # least work elsewhere: 3,020 + 1,120 < 4,140 + 96
+        assert r.stats()["releases"] == int(moved[gate]) and r.stats()["affinity_hits"] == int(not moved[gate])
+    assert moved == {"absolute": True, "excess": False}
 
-    r = make_router("prefix_affinity", 2, 0, AffinitySettings(release_tokens=2000))
-    owner = r.route(0, prompt(1))
-    r.route(1, prompt(2, n=3000))          # new prefix -> the other replica
-    r.route(2, prompt(3, n=3000))          # new prefix -> the owner (less work): owner 4,140 vs 3,020
-    assert r.pressure(owner) == 1120 and r.route(3, prompt(1, q=1)) == owner  # excess 1,120 <= 2,000
+    # excess: an owner busier than the least-loaded replica by more than release_tokens is released
     r.route(4, prompt(4, n=3000))          # (the hit added 96) new prefix -> the other replica: 6,040 vs 4,236
     r.route(5, prompt(5, n=6000))          # new prefix -> the owner: 10,256 vs 6,040
     assert r.pressure(owner) > 2000
     assert r.route(6, prompt(1, q=2)) != owner and r.stats()["releases"] == 1
     with pytest.raises(ValueError, match="release_gate must be one of excess, absolute"):
         AffinitySettings(release_gate="fleet")
+
+
+def test_saturated_owner_that_is_still_the_best_choice_counts_as_a_hit_not_a_release():
+    r = make_router("prefix_affinity", 2, 0, AffinitySettings(release_tokens=1000, release_gate="absolute"))
+    owner = r.route(0, prompt(1))                                   # 1,120 uncached on the owner
+    assert r.route(1, np.arange(200, dtype=np.int32)) != owner     # no key: the other replica, 200
+    assert r.pressure(owner) > 1000                                 # gate open ...
+    assert r.route(2, prompt(1, q=1)) == owner                      # ... but 1,120 + 96 < 200 + 1,120
+    st = r.stats()
+    assert st["affinity_hits"] == 1 and st["releases"] == 0
 
 
 def test_lru_bound_and_baselines():

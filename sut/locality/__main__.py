@@ -16,6 +16,7 @@ import signal
 import sys
 
 from sut.locality import NOTICE
+from sut.locality.router import RELEASE_GATES
 
 log = logging.getLogger("sut.locality")
 
@@ -29,8 +30,11 @@ class _BadInput(SystemExit):
 
 _TRACE = {"documents": int, "doc_tokens": int, "doc_jitter": float, "questions": int, "question_tokens": int,
           "max_tokens": int, "zipf_s": float, "order": str, "seed": int}
-_ROUTER = {"block_tokens": int, "prefix_blocks": int, "release_tokens": int, "release_gate": str, "max_entries": int,
-           "decode_weight": float}
+_ROUTER = {"block_tokens": int, "prefix_blocks": int, "release_tokens": int,
+           "release_gate": {"choices": RELEASE_GATES, "help": "excess (default): release when the owner's uncached "
+                            "work exceeds the least busy replica's by --release-tokens; absolute: when it exceeds "
+                            "--release-tokens by itself"},
+           "max_entries": int, "decode_weight": float}
 _ENGINE = {"model": str, "dtype": str, "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
            "gpu_memory_utilization": float, "kv_cache_dtype": str, "quantization": str, "load_format": str,
            "device": str, "engines_per_device": int, "cpu_kvcache_gib": int}
@@ -38,7 +42,7 @@ _ENGINE = {"model": str, "dtype": str, "max_model_len": int, "max_num_seqs": int
 
 def _add(group, fields: dict) -> None:
     for name, typ in fields.items():
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=typ)
+        group.add_argument("--" + name.replace("_", "-"), dest=name, **(typ if isinstance(typ, dict) else {"type": typ}))
 
 
 def _pick(a, fields: dict) -> dict:

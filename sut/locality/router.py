@@ -19,13 +19,16 @@ Policies, registered by name (``ROUTERS``, ``make_router``):
     2. Sticky owner. Look the chain up from the deepest block down in the affinity map (hash →
        replica). The first hit gives the owner and the matched depth.
     3. Stay sticky unless saturated. The owner's *pressure* is its estimated uncached prefill work in
-       flight minus that of the least-loaded replica (``release_gate="excess"``, default), or the
+       flight minus the smallest uncached work of any replica, the owner included
+       (``release_gate="excess"``, default; equal to ``absolute`` while some replica has none), or the
        owner's own uncached work (``release_gate="absolute"``). If the pressure is at most
        ``release_tokens``, the request goes to the owner (an affinity hit).
-    4. Otherwise — a new prefix, or a saturated owner (a release) — choose the replica with the least
-       estimated prefill work after taking the request: ``load[r] + uncached(r)``, where
-       ``uncached(r)`` is the prompt length minus the matched tokens if ``r`` is the owner, else the
-       whole prompt. Ties go to the replica with fewer requests in flight, then the lower index.
+    4. Otherwise — a new prefix, or a saturated owner — choose the replica with the least estimated
+       work after taking the request: ``load[r] + uncached(r)``, where ``uncached(r)`` is the prompt
+       length minus the matched tokens if ``r`` is the owner, else the whole prompt (``load`` also
+       counts decode work). Ties go to the replica with fewer requests in flight, then the lower
+       index. A saturated owner's request that lands elsewhere is a *release*; if the owner is still
+       the best choice it counts as an affinity hit.
     5. Seed the map. Every block hash of the key not yet in the map is assigned to the chosen
        replica (so the first request of a document makes its replica the owner; a release does not
        move an existing owner). The map is an LRU bounded by ``max_entries``.
@@ -41,13 +44,15 @@ first 1,024 tokens), ``release_tokens`` (65,536 uncached tokens ≈ eight 8K doc
 prefill tokens/s x the extra TTFT you tolerate), ``release_gate`` (``excess``: release only when the
 owner is that much busier than the least-loaded replica, so a burst that loads every replica alike
 keeps affinity; ``absolute``: release when the owner alone holds that much, i.e. a TTFT bound per
-owner that also releases when every replica is as busy — measured on two H200s in docs/benchmarks.md),
+owner that also releases when every replica is as busy — measured on two H200s in docs/benchmarks.md;
+``excess`` never releases where ``absolute`` would not),
 ``max_entries`` (65,536 map entries), ``decode_weight`` (1.0).
 
 Design notes (``../shared/research/anchors.md`` §2): every affinity-first router with a fleet-wide
-imbalance gate has had hot-spot bugs, so the gate here is per owner (the owner against the best
-alternative, not the fleet's max against its min), new prefixes go to the least-loaded replica by prefill work, the map is seeded by every routed
-request, and the map is LRU-bounded. Reported per run: affinity hits, releases, evictions,
+imbalance gate has had hot-spot bugs, so the gate here is per request (its owner against the least
+busy replica, not the fleet's max against its min, which switches affinity off for everyone), new
+prefixes go to the least-loaded replica, the map is seeded by every routed request, and the map is
+LRU-bounded. Reported per run: affinity hits, releases, evictions,
 requests and estimated load per replica.
 """
 
@@ -193,11 +198,13 @@ class PrefixAffinityRouter(Router):
             self.hits += 1
             r = owner
         else:
+            r = self._least(lambda x: len(prompt) - (matched if x == owner else 0))
             if owner is None:
                 self.new_prefixes += 1
+            elif r == owner:  # saturated, but still the best choice
+                self.hits += 1
             else:
                 self.releases += 1
-            r = self._least(lambda x: len(prompt) - (matched if x == owner else 0))
         for k in keys:
             if k not in self.map:
                 self.map[k] = r
