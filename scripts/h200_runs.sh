@@ -14,12 +14,13 @@
 #                                           # through the test stand-in, 2 rounds) then run 4 (tuning sweep)
 #   bash scripts/h200_runs.sh batch-wait [S] # wait up to S seconds, copy what is done to $OUT
 #   bash scripts/h200_runs.sh x2-start        # issue 6 on nvidia-h200-x2: 1 vs 2 GPUs, Flame 32/64 on 2 engines
+#                                             # (step `scale`, same as x2, with GPUS="1 2 4 8" on a larger host)
 #   bash scripts/h200_runs.sh locality-start  # synthetic-locality traces (not MLPerf), one replica per GPU
 #   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
 #    TUNE= skips run 4. E.g. the eager point alone: ROUNDS=0 TUNE="512,8192,eager" bash $0 batch-start;
-#    x2: X2_ROUNDS (default 1) Flame rounds; locality: LOC_ROUNDS (default 1), LOC_RATE (Poisson arrivals per
+#    x2/scale: GPUS (default "1 2"), X2_ROUNDS (default 1) Flame rounds; locality: LOC_ROUNDS (default 1), LOC_RATE (Poisson arrivals per
 #    second, one trace each, default 0 = all at once), LOC_GATE (router release gate, default excess),
 #    ENGINES_PER_GPU (default 1))
 set -uo pipefail
@@ -109,29 +110,23 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         "$r/run.json" "$mns" "$mnbt" "${mode:-graphs}" >> "$JOB/tune.tsv" 2>> "$JOB/tune.err" || echo "$cfg failed" >> "$JOB/tune.tsv"
     done
     ;;
-  x2)
-    # Issue 6 on nvidia-h200-x2: standalone on 1 GPU vs 2 GPUs (one engine per GPU), then Flame at 32/64
-    # with one executor set per GPU vs the 2-GPU standalone. Same preset, inputs and run length per GPU.
-    for n in 1 2; do
-      qps=$((56 * n))
+  x2|scale)
+    # Issue 6: the standalone SUT on each GPU count in GPUS (default "1 2"; one engine per GPU, GPUs 0..n-1),
+    # then Flame at 32/64 with one executor set per GPU vs standalone on the largest count. Same preset and
+    # inputs; LoadGen load (target_qps 56 per GPU) and so the run length per GPU stay the same.
+    ns=(${GPUS:-1 2}); nmax=${ns[-1]}
+    for n in "${ns[@]}"; do
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m sut run --config loadgen_configs/h200_fp8.toml \
         --model "$MODEL" --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf \
-        --target-qps "$qps" --min-duration-s 40 --min-query-count 1 --benchmark-ignore-eos --output-dir "$JOB/x2" \
+        --target-qps $((56 * n)) --min-duration-s 40 --min-query-count 1 --benchmark-ignore-eos --output-dir "$JOB/x2" \
         --run-name "gpus$n" --no-progress > "$JOB/gpus$n.console" 2>&1
     done
-    python3 - "$JOB/x2" > "$JOB/x2.txt" 2>&1 <<'PY'
-import glob, json, sys
-r = {n: json.load(open(glob.glob(f"{sys.argv[1]}/gpus{n}*/run.json")[0])) for n in (1, 2)}
-t1, t2 = r[1]["tokens_per_s"], r[2]["tokens_per_s"]
-print("1 GPU", t1, r[1]["validity"], "| 2 GPUs", t2, r[2]["validity"], "| scaling", round(t2 / t1, 4), "(target >= 1.94)")
-s = [e["samples"] for e in r[2]["engines"]]
-print("per-engine samples", s, "spread", round((max(s) - min(s)) / (sum(s) / len(s)), 4), "(target <= 0.02)")
-print("GPU UUIDs", [e["device"].get("uuid") for e in r[2]["engines"]])
-PY
-    CUDA_VISIBLE_DEVICES=0,1 python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" \
-      --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 112 --min-duration-s 40 \
-      --ignore-eos --rounds "${X2_ROUNDS:-1}" --idle-wait-s 0 --foreign-cpu-max 1 --flame-engines 2 \
-      --standin-max-executors 80 --out "$JOB/flame2" > "$JOB/flame2.console" 2>&1
+    python3 scripts/gpu_scaling.py "$JOB/x2" "${ns[@]}" > "$JOB/x2.txt" 2>&1
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((nmax - 1))) python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml \
+      --model "$MODEL" --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf \
+      --target-qps $((56 * nmax)) --min-duration-s 40 --ignore-eos --rounds "${X2_ROUNDS:-1}" --idle-wait-s 0 \
+      --foreign-cpu-max 1 --flame-engines "$nmax" --standin-max-executors $((40 * nmax)) --out "$JOB/flame$nmax" \
+      > "$JOB/flame$nmax.console" 2>&1
     ;;
   locality)
     # Synthetic-locality traces (NOT MLPerf): 32 documents of ~8K tokens x 4 questions, fp8 engines with prefix
