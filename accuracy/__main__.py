@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     except AccuracyInputError as exc:
         log.error("accuracy gate: bad input: %s", exc)
         return EXIT_BAD_INPUT
+    except OSError as exc:  # e.g. an --output-dir that cannot be written
+        log.error("accuracy gate: cannot write the results: %s", exc)
+        return EXIT_BAD_INPUT
     if settings.write_reference is not None and not result["files"].get("reference_written"):
         return EXIT_FAIL
     return EXIT_PASS if result["passed"] else EXIT_FAIL

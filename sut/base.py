@@ -190,6 +190,16 @@ class SystemUnderTest(abc.ABC):
         """Backend-specific fields for ``run.json`` (called after ``stop``)."""
         return {}
 
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Validate backend options before anything starts (the harness calls it first).
+
+        Raises ``InputError`` naming the option for an unknown key or a bad value. The default
+        accepts no options.
+        """
+        if options:
+            raise InputError(f"--sut {cls.name}: unknown option(s) {', '.join(sorted(options))}; it takes none")
+
 
 _REGISTRY: dict[str, type[SystemUnderTest]] = {}
 

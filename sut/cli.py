@@ -14,12 +14,14 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import tomllib
 from pathlib import Path
 
 from sut.base import InputError, RunFailed, sut_names
-from sut.compliance import ComplianceError, PackageSettings, package, read_json, verify_test06, write_test06
+from sut.compliance import (ComplianceError, PackageSettings, check_record, package, read_json, verify_test06,
+                            write_test06)
 from sut.constants import LLAMA31_EOS
 from sut.dataset import DatasetError
 from sut.engine import EngineError, EngineSettings, GenerationSettings, settings_from_mapping
@@ -184,8 +186,13 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         raise BadInput(f"error: {e}") from None
 
 
+def _sigterm(*_):
+    raise KeyboardInterrupt  # SIGTERM: the same clean stop as Ctrl-C (engines ended, run.json "failed")
+
+
 def cmd_run(a) -> int:
     rs, es, gen, opts = settings_from_args(a)
+    signal.signal(signal.SIGTERM, _sigterm)
     try:
         rec = run_benchmark(rs, es, gen, opts, command=" ".join(["python -m sut"] + [shlex.quote(x) for x in a.argv]))
     except (DatasetError, EngineError, InputError) as e:
@@ -209,6 +216,9 @@ def _print_summary(rec: dict) -> None:
     ]
     if rec["mode"] == "performance":
         lines.append(f"LoadGen result  : {rec.get('validity')}, {rec.get('samples_per_s')} samples/s, {rec.get('tokens_per_s')} tokens/s")
+    n_err = (rec.get("loadgen") or {}).get("errors")
+    if n_err:
+        lines.append(f"LoadGen errors  : {n_err} (see mlperf_log_detail.txt; the submission checker rejects them)")
     acc = rec.get("accuracy")
     if acc:
         if "skipped" in acc:
@@ -300,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_test06_verify(a) -> int:
     run_dir = Path(a.run_dir)
     try:
-        rec = read_json(run_dir / "run.json", "run record") if (run_dir / "run.json").is_file() else {}
+        rec = (check_record(read_json(run_dir / "run.json", "run record"), run_dir / "run.json")
+               if (run_dir / "run.json").is_file() else {})
         eos = a.eos_token_ids or (rec.get("model") or {}).get("eos_token_ids") or list(LLAMA31_EOS)
         scenario = a.scenario or rec.get("scenario") or "Offline"
         res = verify_test06(run_dir / "mlperf_log_accuracy.json", scenario, eos)

@@ -116,6 +116,35 @@ def read_json(path: str | Path, what: str):
         raise ComplianceError(f"{what} {path} is not valid JSON ({e})") from None
 
 
+#: MLPerf scenario names (LoadGen's four, plus Interactive: Server with tighter latency targets); TEST06
+#: checks the first token in every scenario but Offline
+MLPERF_SCENARIOS = ("Offline", "Server", "Interactive", "SingleStream", "MultiStream")
+_RECORD_OBJECTS = ("compliance", "run_settings", "engine_settings", "generation", "model", "dataset", "options",
+                   "loadgen", "versions", "test06")
+_RECORD_STRINGS = ("status", "sut", "scenario", "mode", "model_key", "validity")
+
+
+def check_record(rec: object, path: str | Path) -> dict:
+    """``rec`` (a parsed ``run.json``) if its fields have the shapes this module reads.
+
+    Raises ``ComplianceError`` naming the file and the field otherwise (a list instead of an
+    object, a string where an object is due, an unknown scenario).
+    """
+    if not isinstance(rec, dict):
+        raise ComplianceError(f"{path}: a run record must be a JSON object, got {type(rec).__name__}")
+    for k in _RECORD_OBJECTS:
+        if rec.get(k) is not None and not isinstance(rec[k], dict):
+            raise ComplianceError(f"{path}: field {k!r} must be an object, got {type(rec[k]).__name__}")
+    for k in _RECORD_STRINGS:
+        if rec.get(k) is not None and not isinstance(rec[k], str):
+            raise ComplianceError(f"{path}: field {k!r} must be a string, got {type(rec[k]).__name__}")
+    if rec.get("scenario") is not None and rec["scenario"] not in MLPERF_SCENARIOS:
+        raise ComplianceError(f"{path}: unknown scenario {rec['scenario']!r} (known: {', '.join(MLPERF_SCENARIOS)})")
+    if rec.get("accuracy") is not None and not isinstance(rec["accuracy"], dict):
+        raise ComplianceError(f"{path}: field 'accuracy' must be an object, got {type(rec['accuracy']).__name__}")
+    return rec
+
+
 def _ids(hex_text: object, where: str) -> np.ndarray:
     if not isinstance(hex_text, str):
         raise ComplianceError(f"{where}: expected a hex string, got {type(hex_text).__name__}")
@@ -147,7 +176,12 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
     if not records:
         raise ComplianceError(f"{path}: no responses were logged; a TEST06 run logs about 100 "
                               "(was the run made with loadgen_configs/TEST06/audit.config?)")
-    eos = {int(x) for x in eos_token_ids}
+    if scenario not in MLPERF_SCENARIOS:
+        raise ComplianceError(f"unknown scenario {scenario!r} (known: {', '.join(MLPERF_SCENARIOS)})")
+    try:
+        eos = {int(x) for x in eos_token_ids}
+    except (TypeError, ValueError):
+        raise ComplianceError(f"EOS token ids must be integers, got {list(eos_token_ids)!r}") from None
     if not eos:
         raise ComplianceError("no EOS token ids given for the EOS check")
     check_first = scenario != "Offline"
@@ -166,7 +200,10 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
         if "token_count" not in rec:
             raise ComplianceError(f"{where}: no 'token_count' (run LoadGen with use_token_latencies, "
                                   "as mlperf.conf does for llama3_1-8b)")
-        if int(rec["token_count"]) != len(data):
+        count = rec["token_count"]
+        if type(count) is not int:
+            raise ComplianceError(f"{where}: 'token_count' must be an integer, got {count!r}")
+        if count != len(data):
             len_ok = False
             fail(f"qsl_idx {rec.get('qsl_idx')}: token_count {rec['token_count']} != {len(data)} ids")
         trailing = 0
@@ -241,9 +278,22 @@ class PackageSettings:
                 raise ValueError(f"{name} must be a plain folder name, got {v!r}")
 
 
+def _gate_result_ok(gate: object) -> bool:
+    """A gate result as ``accuracy/gate.py`` writes it: a bool ``passed`` and a per-metric ``verdict``
+    ({"ok": bool, ...}); ``passed`` true needs a non-empty verdict with every metric ok."""
+    if not isinstance(gate, dict):
+        return False
+    verdict = gate.get("verdict")
+    if not isinstance(gate.get("passed"), bool) or not isinstance(verdict, dict):
+        return False
+    if not all(isinstance(v, dict) and isinstance(v.get("ok"), bool) for v in verdict.values()):
+        return False
+    return not gate["passed"] or (bool(verdict) and all(v["ok"] for v in verdict.values()))
+
+
 def _load_run(folder: str, role: str) -> tuple[Path, dict]:
     d = Path(folder)
-    rec = read_json(d / "run.json", f"{role} run:")
+    rec = check_record(read_json(d / "run.json", f"{role} run:"), d / "run.json")
     if rec.get("status") != "ok":
         raise ComplianceError(f"{role} run {d}: status is {rec.get('status')!r}"
                               + (f" ({rec['error']})" if rec.get("error") else "") + ", not 'ok'")
@@ -314,6 +364,12 @@ def package(ps: PackageSettings) -> Path:
     gate = acc.get("accuracy")
     if (adir / "accuracy.json").is_file():  # the gate's own file: also fresh after a re-score with python -m accuracy
         gate = read_json(adir / "accuracy.json", "accuracy run: gate result")
+        if not _gate_result_ok(gate):
+            raise ComplianceError(f"accuracy run {adir}: accuracy.json is not a result the accuracy gate writes: it "
+                                  "needs 'passed' (true/false) and a per-metric 'verdict' that agrees with it")
+    elif gate and "passed" in gate:
+        raise ComplianceError(f"accuracy run {adir}: run.json records a gate result but accuracy.json (the gate's "
+                              "scores and verdict) is missing; re-score with python -m accuracy")
     if not gate:
         problems.append("accuracy run: no accuracy gate result in run.json (run with the gate, or score it with "
                         "python -m accuracy)")
@@ -325,7 +381,8 @@ def package(ps: PackageSettings) -> Path:
             raise ComplianceError(f"{role} run {d}: LoadGen logged {rec['loadgen']['errors']} error(s) "
                                   "(the submission checker rejects them)")
         if not (rec.get("compliance") or {}).get("compliant"):
-            problems += [f"{role} run: {r}" for r in rec["compliance"].get("reasons", [])]
+            problems += [f"{role} run: {r}" for r in (rec.get("compliance") or {}).get("reasons") or
+                         ["run.json does not record it as compliant"]]
     _need(pdir, ("mlperf_log_summary.txt", "mlperf_log_detail.txt"), "performance")
     _need(adir, ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "accuracy.txt"),
           "accuracy")
@@ -342,6 +399,9 @@ def package(ps: PackageSettings) -> Path:
         tdir, t06 = _load_run(ps.test06_run, "TEST06")
         if (t06.get("run_settings") or {}).get("compliance_test") != "TEST06":
             raise ComplianceError(f"TEST06 run {tdir}: not made with --compliance-test TEST06")
+        if (t06.get("loadgen") or {}).get("errors"):
+            raise ComplianceError(f"TEST06 run {tdir}: LoadGen logged {t06['loadgen']['errors']} error(s) "
+                                  "(the submission checker rejects them)")
         # Re-check the log itself: run.json or TEST06/ may be stale or edited.
         eos = (t06.get("model") or {}).get("eos_token_ids") or (t06.get("test06") or {}).get("eos_token_ids")
         if not eos:

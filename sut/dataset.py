@@ -97,6 +97,10 @@ def _read_records(path: Path) -> list:
             records = json.load(f)
     except FileNotFoundError:
         raise DatasetError(path, "file not found") from None
+    except IsADirectoryError:
+        raise DatasetError(path, "is a directory, not a cnn_eval JSON file") from None
+    except PermissionError:
+        raise DatasetError(path, "permission denied") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(path, f"malformed JSON: {e}") from None
     if not isinstance(records, list):
@@ -123,7 +127,10 @@ def validate_record(path: str | os.PathLike, index: int, rec: object, vocab_size
     for pos, t in enumerate(tok):
         if type(t) is not int:  # bool and float are rejected on purpose
             raise DatasetError(path, f"id at position {pos} is {t!r}, not an integer", index, "tok_input")
-    arr = np.asarray(tok, dtype=np.int64)
+    try:
+        arr = np.asarray(tok, dtype=np.int64)
+    except OverflowError:
+        raise DatasetError(path, "an id does not fit in 64 bits (outside the model vocabulary)", index, "tok_input") from None
     bad = np.flatnonzero((arr < 0) | (arr >= vocab_size))
     if bad.size:
         p = int(bad[0])
@@ -160,6 +167,8 @@ def load_dataset(path: str | os.PathLike, vocab_size: int, max_model_len: int, m
     if max_samples is not None:
         if max_samples <= 0:
             raise DatasetError(path, f"max_samples must be positive, got {max_samples}")
+        if max_samples > total:
+            raise DatasetError(path, f"--max-samples {max_samples} is more than the {total} records in the file")
         records = records[:max_samples]
     max_prompt_len = max_model_len - OUTPUT_RESERVE
     if max_prompt_len <= 0:

@@ -38,6 +38,7 @@ import subprocess
 import threading
 import time
 import traceback
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -826,9 +827,37 @@ class EnginePool:
 
 
 def settings_from_mapping(cls, values: dict):
-    """Build a frozen settings dataclass from a mapping, rejecting unknown keys by name."""
+    """Build a frozen settings dataclass from a mapping (a preset section plus flags).
+
+    Raises ``ValueError`` naming the field for an unknown key or a value of the wrong type (a
+    preset's ``max_samples = "4"`` is refused, not coerced); ints are accepted where a float is due.
+    """
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    hints = typing.get_type_hints(cls)
+    for key, val in values.items():
+        want = hints.get(key)
+        args = typing.get_args(want)
+        if val is None and type(None) in args:
+            continue
+        kinds = tuple(a for a in args if a is not type(None)) or (want,)
+        ok = any(_is_kind(val, k) for k in kinds)
+        if not ok and all(k in (int, float, bool, str) for k in kinds):
+            names_ = " or ".join({int: "an integer", float: "a number", bool: "true/false", str: "a string"}[k]
+                                 for k in kinds)
+            raise ValueError(f"{cls.__name__}.{key} must be {names_}, got {val!r} ({type(val).__name__})")
     return cls(**values)
+
+
+def _is_kind(val, kind) -> bool:
+    if kind is bool:
+        return isinstance(val, bool)
+    if kind is int:
+        return isinstance(val, int) and not isinstance(val, bool)
+    if kind is float:
+        return isinstance(val, (int, float)) and not isinstance(val, bool)
+    if kind is str:
+        return isinstance(val, str)
+    return True

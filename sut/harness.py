@@ -20,7 +20,10 @@ import json
 import logging
 import os
 import platform
+import math
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -102,9 +105,53 @@ class RunSettings:
             if self.audit_config and Path(self.audit_config).resolve() != TEST06_AUDIT_CONFIG.resolve():
                 raise ValueError(f"--compliance-test {self.compliance_test} uses {TEST06_AUDIT_CONFIG}; do not also "
                                  f"pass --audit-config ({self.audit_config})")
+        if self.audit_config and self.mode != "performance":
+            raise ValueError("an audit config sets LoadGen's mode itself (TEST06: performance with a sampled accuracy "
+                             f"log); run it with --mode performance, got {self.mode!r}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
+        if self.min_query_count is not None and self.min_query_count < 1:
+            raise ValueError(f"min_query_count must be >= 1, got {self.min_query_count}")
+        for name in ("min_duration_s", "target_qps"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and 0 < v <= 1e7):
+                raise ValueError(f"{name} must be a number in (0, 1e7], got {v}")
+        if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
+            raise ValueError(f"stall_timeout_s must be a positive number, got {self.stall_timeout_s}")
 
 
 _FROM_CONFIG_CALLED = False
+
+# LoadGen settings that mlperf.conf fixes for a compliant run; a user.conf may only make the first two
+# stricter (a longer run, more queries). Checked against mlperf.conf's own values, read in a child
+# process (FromConfig may run once per process).
+_CONF_FIELDS = ("min_duration_ms", "min_query_count", "max_duration_ms", "max_query_count",
+                "performance_sample_count_override", "accuracy_sample_count_override",
+                "sample_concatenate_permutation", "use_token_latencies")
+_CONF_SNIPPET = """
+import json, sys, tempfile, mlperf_loadgen as lg
+ts = lg.TestSettings()
+ts.scenario = getattr(lg.TestScenario, sys.argv[2])
+with tempfile.NamedTemporaryFile("w", suffix=".conf") as f:
+    rc = ts.FromConfig(f.name, sys.argv[1], sys.argv[2])
+print(json.dumps({"rc": rc, **{k: getattr(ts, k) for k in sys.argv[3:]}}))
+"""
+
+
+def mlperf_conf_settings(model_key: str, scenario: str) -> dict:
+    """The LoadGen settings of ``_CONF_FIELDS`` that the embedded mlperf.conf alone gives.
+
+    Raises ``RunFailed`` if the child process cannot read them.
+    """
+    out = subprocess.run([sys.executable, "-c", _CONF_SNIPPET, model_key, scenario, *_CONF_FIELDS],
+                         capture_output=True, text=True, timeout=120)
+    try:
+        ref = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise RunFailed(f"could not read mlperf.conf's settings for {model_key}/{scenario}: {out.stderr[-500:]}") from None
+    if ref.pop("rc") != 0:
+        raise RunFailed(f"LoadGen's FromConfig failed on an empty user.conf for {model_key}/{scenario}")
+    return ref
 
 
 def loadgen_test_settings(rs: RunSettings, dataset_size: int):
@@ -130,6 +177,15 @@ def loadgen_test_settings(rs: RunSettings, dataset_size: int):
                         "lines 'model.scenario.key = value'")
     ts.mode = lg.TestMode.AccuracyOnly if rs.mode == "accuracy" else lg.TestMode.PerformanceOnly
     reasons = []
+    if rs.scenario == "Offline" and not ts.offline_expected_qps > 0:
+        raise InputError(f"{rs.user_conf}: target_qps must be a positive number of samples/s, got "
+                         f"{ts.offline_expected_qps}")
+    ref = mlperf_conf_settings(rs.model_key, rs.scenario)
+    for key in _CONF_FIELDS:
+        val = getattr(ts, key)
+        if val == ref[key] or (key in ("min_duration_ms", "min_query_count") and val > ref[key]):
+            continue
+        reasons.append(f"{rs.user_conf} changes {key} from mlperf.conf's {ref[key]} to {val}")
     official_count = PERFORMANCE_SAMPLE_COUNT[rs.model_key]
     if dataset_size != official_count:
         reasons.append(f"dataset has {dataset_size} samples, the benchmark needs {official_count}")
@@ -227,6 +283,11 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         RunFailed: the run could not finish trustworthily; ``run.json`` still records why.
     """
     options = dict(options or {})
+    try:
+        backend = get_sut(rs.sut)
+    except KeyError as e:
+        raise InputError(e.args[0]) from None
+    backend.check_options(options)
     model = read_model_info(es.model)
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
@@ -242,8 +303,15 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         raise InputError(f"audit config not found: {audit_config}")
     if audit_config:
         reasons.append(f"audit config {audit_config} in effect (a compliance test run, not a result)")
+    if es.enable_prefix_caching:
+        reasons.append("prefix caching on: cross-query KV reuse is not allowed in MLPerf")
     compliant = not reasons
-    run_dir = _run_dir(rs, compliant)
+    try:
+        run_dir = _run_dir(rs, compliant)
+    except FileExistsError as e:
+        raise InputError(f"run folder {e.filename} already exists (choose another --run-name)") from None
+    except OSError as e:
+        raise InputError(f"cannot create the run folder under --output-dir {rs.output_dir}: {e.strerror}") from None
     if not compliant:
         log.warning("THIS RUN IS NOT COMPLIANT: %s", "; ".join(reasons))
     if Path("audit.config").exists() and not rs.audit_config:

@@ -22,7 +22,7 @@ import queue
 import threading
 from typing import Sequence
 
-from sut.base import RunFailed, SUTContext, SystemUnderTest, register_sut
+from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, register_sut
 from sut.constants import MAX_NEW_TOKENS
 from sut.engine import EngineError, EnginePool
 
@@ -32,6 +32,21 @@ log = logging.getLogger(__name__)
 @register_sut("vllm")
 class StandaloneSUT(SystemUnderTest):
     """LoadGen SUT that runs vLLM engines in local worker processes (one per device)."""
+
+    #: backend options (``--option KEY=VALUE``) and their types
+    OPTIONS = {"dispatch_chunk": int, "allow_prefix_caching": bool, "gc_freeze": bool}
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        unknown = sorted(set(options) - set(cls.OPTIONS))
+        if unknown:
+            raise InputError(f"--sut vllm: unknown option(s) {', '.join(unknown)} (flags such as --batch-size belong to "
+                             f"--sut flame); known: {', '.join(cls.OPTIONS)}")
+        for key, val in options.items():
+            typ = cls.OPTIONS[key]
+            if type(val) is not typ or (typ is int and val < 1):
+                raise InputError(f"--sut vllm: option {key} must be {'a positive integer' if typ is int else 'true/false'}, "
+                                 f"got {val!r}")
 
     def __init__(self, ctx: SUTContext, pool: EnginePool | None = None):
         super().__init__(ctx)

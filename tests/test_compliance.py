@@ -74,6 +74,8 @@ def test_first_token_check_outside_offline(tmp_path):
     ('[{"qsl_idx": 0, "data": "zz", "token_count": 1}]', "not a hex string"),
     ('[{"qsl_idx": 4, "data": "01000000"}]', "qsl_idx 4"),
     ('[{"qsl_idx": 0}]', "record 0 has no 'data'"),
+    ('[{"qsl_idx": 0, "data": "01000000", "token_count": "abc"}]', "'token_count' must be an integer"),
+    ('[{"qsl_idx": 0, "data": "01000000", "token_count": null}]', "'token_count' must be an integer"),
 ])
 def test_bad_logs_raise_naming_the_problem(tmp_path, content, message):
     f = tmp_path / "mlperf_log_accuracy.json"
@@ -95,11 +97,24 @@ def test_verify_cli_exit_codes(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
                          capture_output=True, text=True)
     assert out.returncode == 2 and "no responses were logged" in out.stderr
+    write_log(run / "mlperf_log_accuracy.json", [make_log_entry(0, [1, 128009])])
+    for rec, message in ((["a list"], "must be a JSON object"), ({"model": "str"}, "field 'model' must be an object"),
+                         ({"scenario": "Bogus"}, "unknown scenario 'Bogus'"),
+                         ({"model": {"eos_token_ids": ["x"]}}, "EOS token ids must be integers")):
+        (run / "run.json").write_text(json.dumps(rec))
+        out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 # ------------------------------------------------------------------------------------------- layout
 ENGINE = {"model": "/models/Llama-3.1-8B-Instruct", "dtype": "bfloat16", "quantization": "fp8", "kv_cache_dtype": "fp8",
           "max_num_seqs": 512, "max_num_batched_tokens": 8192, "max_model_len": 2668}
+
+
+def gate_result(passed: bool, reasons=(), **_) -> dict:
+    return {"passed": passed, "reasons": list(reasons), "scores": {"rouge1": 38.9 if passed else 30.0},
+            "verdict": {"rouge1": {"ok": passed, "value": 38.9 if passed else 30.0, "min": 38.4}}}
 
 
 def make_run(base: Path, name: str, mode: str, **over) -> Path:
@@ -120,6 +135,8 @@ def make_run(base: Path, name: str, mode: str, **over) -> Path:
     if mode == "accuracy":
         rec["accuracy"] = over.get("accuracy", {"passed": True})
         (d / "run.json").write_text(json.dumps(rec))
+        if "passed" in rec["accuracy"]:  # the gate's own file, as accuracy/gate.py writes it
+            (d / "accuracy.json").write_text(json.dumps(gate_result(**rec["accuracy"])))
         write_log(d / "mlperf_log_accuracy.json", [make_log_entry(0, [1, 2, 128009])])
         (d / "accuracy.txt").write_text("{'rouge1': '38.9'}\n")
     return d
@@ -192,6 +209,15 @@ def test_package_refuses_what_is_not_a_result(tmp_path, runs):
                                        compliance={"compliant": False, "reasons": ["min_duration 10 ms"]})),
          "min_duration 10 ms"),
         (dict(performance_run=tmp_path / "nowhere"), "run.json not found"),
+        (dict(test06_run=make_test06_run(base / "t4", loadgen={"errors": 3})), "TEST06 run .* 3 error"),
+        (dict(performance_run=make_run(base, "shape1", "performance", compliance=["x"])),
+         "field 'compliance' must be an object"),
+        (dict(performance_run=make_run(base, "shape2", "performance", scenario="Bogus")), "unknown scenario 'Bogus'"),
+        (dict(accuracy_run=_gate_file(make_run(base, "acc6", "accuracy"), {"passed": True})),
+         "not a result the accuracy gate writes"),
+        (dict(accuracy_run=_gate_file(make_run(base, "acc7", "accuracy"),
+                                      dict(gate_result(False), passed=True))), "not a result the accuracy gate writes"),
+        (dict(accuracy_run=_gate_file(make_run(base, "acc8", "accuracy"), None)), "accuracy.json .* is missing"),
     ]
     for i, (over, message) in enumerate(cases):
         kw = dict(performance_run=perf, accuracy_run=acc, test06_run=t06)
@@ -203,6 +229,15 @@ def test_package_refuses_what_is_not_a_result(tmp_path, runs):
         assert not (tmp_path / f"sub{i}").exists(), message
 
 
+def _gate_file(run: Path, content) -> Path:
+    """Replace (or, with None, remove) the accuracy run's accuracy.json."""
+    if content is None:
+        (run / "accuracy.json").unlink()
+    else:
+        (run / "accuracy.json").write_text(json.dumps(content))
+    return run
+
+
 def _corrupt(run: Path) -> Path:
     f = run / "mlperf_log_accuracy.json"
     f.write_text(f.read_text()[:-7])
@@ -212,10 +247,10 @@ def _corrupt(run: Path) -> Path:
 def test_package_compares_the_model_by_config_and_reads_a_rescore(tmp_path, runs):
     perf, acc, t06 = runs
     rel = make_run(tmp_path / "rel", "acc", "accuracy", engine_settings=dict(ENGINE, model="models/Llama-3.1-8B-Instruct"))
-    (rel / "accuracy.json").write_text(json.dumps({"passed": False, "reasons": ["rouge2 low after re-score"]}))
+    (rel / "accuracy.json").write_text(json.dumps(gate_result(False, ["rouge2 low after re-score"])))
     with pytest.raises(ComplianceError, match="rouge2 low after re-score"):
         package(settings(tmp_path, perf, rel, t06))
-    (rel / "accuracy.json").write_text(json.dumps({"passed": True}))
+    (rel / "accuracy.json").write_text(json.dumps(gate_result(True)))
     assert package(settings(tmp_path, perf, rel, t06)).is_dir()
     other = make_run(tmp_path / "oth", "acc", "accuracy", model={"path": "/m", "config_sha256": "zzz", "eos_token_ids": []})
     with pytest.raises(ComplianceError, match="config_sha256"):

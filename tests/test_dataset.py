@@ -146,3 +146,12 @@ def test_retokenize_bad_row_is_named(tmp_path, synthetic_small):
     src.write_text(json.dumps([{"input": "a"}, {"output": "b"}]))
     with pytest.raises(DatasetError, match=r"record 1, field 'input'"):
         retokenize(src, str(synthetic_small[1]), tmp_path / "o.json")
+
+
+def test_directory_overflowing_ids_and_too_many_samples_are_named(tmp_path, write_json):
+    with pytest.raises(DatasetError, match="is a directory"):
+        load_dataset(tmp_path, VOCAB, 300)
+    with pytest.raises(DatasetError, match="record 0.*tok_input.*64 bits"):
+        load_dataset(write_json([rec([1180591620717411303424])]), VOCAB, 300)
+    with pytest.raises(DatasetError, match="--max-samples 4 is more than the 3 records"):
+        load_dataset(write_json(good()), VOCAB, 300, max_samples=4)

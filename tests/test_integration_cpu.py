@@ -121,11 +121,12 @@ def test_engine_death_fails_the_run_quickly_without_orphans(tmp_path, synthetic_
     _assert_group_gone(pid)
 
 
-def test_ctrl_c_stops_the_run_and_the_engines(tmp_path, synthetic_small):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_the_run_and_the_engines(tmp_path, synthetic_small, sig):
     data, _ = synthetic_small
     proc, run, rec = _start_and_wait_for_engines(tmp_path, data)
     time.sleep(2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     try:
         rc = proc.wait(timeout=120)
     finally:
@@ -166,3 +167,45 @@ def test_a_run_that_fails_to_start_is_recorded_as_failed(tmp_path, synthetic_sma
     assert out.returncode == 1, out.stderr[-2000:]
     rec = json.loads((only_dir(tmp_path) / "run.json").read_text())
     assert rec["status"] == "failed" and "127.0.0.1:9" in rec["error"] and rec["finished"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sut", "nope"], "unknown SUT 'nope'"),
+    (["--batch-size", "64"], "unknown option(s) batch_size"),
+    (["--option", "bogus=1"], "unknown option(s) bogus"),
+    (["--option", "gc_freeze=maybe"], "gc_freeze must be true/false"),
+    (["--sut", "flame", "--batch-size", "0"], "flame SUT options"),
+    (["--mode", "accuracy", "--audit-config", "loadgen_configs/TEST06/audit.config"], "audit config sets LoadGen's mode"),
+    (["--min-duration-s", "nan"], "min_duration_s"),
+    (["--run-name", "taken"], "already exists"),
+])
+def test_bad_input_exits_2_before_any_engine_starts(tmp_path, synthetic_small, args, message):
+    data, _ = synthetic_small
+    (tmp_path / "taken-NOT-COMPLIANT").mkdir()  # the folder a non-compliant --run-name taken would get
+    out = subprocess.run(sut_cmd("--dataset", str(data), "--output-dir", str(tmp_path), *args), env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "engine" not in out.stderr.lower().replace("engine_", "")
+    assert [d.name for d in tmp_path.iterdir()] == ["taken-NOT-COMPLIANT"]  # no run folder was left behind
+
+
+def test_forced_prefix_caching_marks_the_run_not_compliant(tmp_path, synthetic_small):
+    """allow_prefix_caching lets an experiment run with prefix caching; the record must not pass for MLPerf."""
+    data, _ = synthetic_small
+    code = """
+import json, sys
+from sut import harness
+from sut.engine import EngineSettings, GenerationSettings
+harness._execute = lambda *a: a[-1]  # record only: no engines
+rs = harness.RunSettings(sut="vllm", dataset=sys.argv[1], output_dir=sys.argv[2], user_conf=sys.argv[3])
+es = EngineSettings(model=sys.argv[4], enable_prefix_caching=True, device="cpu", max_model_len=4096)
+print(json.dumps(harness.run_benchmark(rs, es, GenerationSettings(), {"allow_prefix_caching": True})["compliance"]))
+"""
+    from conftest import TINY_MODEL
+
+    out = subprocess.run([sys.executable, "-c", code, str(data), str(tmp_path), str(CPU_CONF), str(TINY_MODEL)],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    comp = json.loads(out.stdout.strip().splitlines()[-1])
+    assert comp["compliant"] is False and any("prefix caching on" in r for r in comp["reasons"])
+    assert only_dir(tmp_path).name.endswith("-NOT-COMPLIANT")

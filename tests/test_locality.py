@@ -258,6 +258,8 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     (["--max-model-len", "100000"], "exceeds the model's max_position_embeddings 8192"),
     (["--max-model-len", "300"], "below the longest prompt"),
     (["--model", "/nonexistent"], "no config.json"),
+    (["--output-dir", "/proc/nope"], "cannot create the run folder"),
+    (["--release-gate", "fleet"], "invalid choice: 'fleet'"),
 ])
 def test_locality_cli_refuses_bad_input_before_starting_engines(args, message):
     cmd = [sys.executable, "-m", "sut.locality", "run", "--model", str(TINY_MODEL), "--device", "cpu",

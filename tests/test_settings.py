@@ -110,11 +110,46 @@ def test_missing_user_conf(tmp_path, monkeypatch):
         loadgen_test_settings(rs(user_conf=str(tmp_path / "none.conf")), 13368)
 
 
-@pytest.mark.parametrize("kw, msg", [({"mode": "fast"}, "mode"), ({"scenario": "Server"}, "scenario"),
-                                     ({"model_key": "llama2-70b"}, "model_key")])
+@pytest.mark.parametrize("kw, msg", [
+    ({"mode": "fast"}, "mode"), ({"scenario": "Server"}, "scenario"), ({"model_key": "llama2-70b"}, "model_key"),
+    ({"mode": "accuracy", "audit_config": "loadgen_configs/TEST06/audit.config"}, "audit config sets LoadGen's mode"),
+    ({"min_duration_s": -5.0}, "min_duration_s"), ({"min_duration_s": float("nan")}, "min_duration_s"),
+    ({"min_duration_s": 1e30}, "min_duration_s"), ({"target_qps": 0.0}, "target_qps"),
+    ({"min_query_count": 0}, "min_query_count"), ({"max_samples": 0}, "max_samples"),
+    ({"stall_timeout_s": float("inf")}, "stall_timeout_s"),
+])
 def test_run_settings_validate(kw, msg):
     with pytest.raises(ValueError, match=msg):
         rs(**kw)
+
+
+def test_preset_values_of_the_wrong_type_are_refused_by_name():
+    from sut.engine import settings_from_mapping
+
+    with pytest.raises(ValueError, match=r"RunSettings.max_samples must be an integer, got '4' \(str\)"):
+        settings_from_mapping(RunSettings, {"sut": "vllm", "dataset": "x", "max_samples": "4"})
+    with pytest.raises(ValueError, match="EngineSettings.enforce_eager must be true/false"):
+        settings_from_mapping(EngineSettings, {"model": "m", "enforce_eager": "yes"})
+    with pytest.raises(ValueError, match="max_num_seqs must be an integer"):
+        settings_from_mapping(EngineSettings, {"model": "m", "max_num_seqs": True})
+    ok = settings_from_mapping(RunSettings, {"sut": "vllm", "dataset": "x", "min_duration_s": 10, "target_qps": None})
+    assert ok.min_duration_s == 10
+
+
+def test_user_conf_that_weakens_mlperf_conf_is_reported(tmp_path):
+    sneaky = tmp_path / "sneaky.conf"
+    sneaky.write_text("llama3_1-8b.Offline.target_qps = 40\n*.Offline.performance_sample_count_override = 2\n"
+                      "*.*.sample_concatenate_permutation = 0\nllama3_1-8b.*.min_query_count = 1\n"
+                      "*.Offline.max_duration = 5000\nother-model.Offline.min_duration = 1\n")
+    ts = settings_in_fresh_process(13368, user_conf=str(sneaky))
+    text = "; ".join(ts["reasons"])
+    for key, old, new in (("performance_sample_count_override", 13368, 2), ("sample_concatenate_permutation", True, False),
+                          ("min_query_count", 13368, 1), ("max_duration_ms", 0, 5000)):
+        assert f"changes {key} from mlperf.conf's {old} to {new}" in text, text
+    assert "min_duration" not in text  # the other model's line does not apply
+    stricter = tmp_path / "stricter.conf"
+    stricter.write_text("llama3_1-8b.Offline.target_qps = 40\n*.Offline.min_duration = 700000\n")
+    assert settings_in_fresh_process(13368, user_conf=str(stricter))["reasons"] == []
 
 
 def test_prefix_caching_is_refused_for_mlperf_runs():

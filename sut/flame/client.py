@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from sut.base import RunFailed, SUTContext, SystemUnderTest, register_sut
+from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, register_sut
 from sut.flame import payload as pl
 from sut.flame.service import make_common_data
 
@@ -202,12 +202,19 @@ class _Task:
 class FlameSUT(SystemUnderTest):
     """LoadGen SUT that sends batches of samples as Flame tasks to vLLM services."""
 
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        try:
+            FlameOptions.from_mapping(dict(options))
+        except (ValueError, TypeError) as e:
+            raise InputError(f"flame SUT options: {e}") from None
+
     def __init__(self, ctx: SUTContext):
         super().__init__(ctx)
         try:
             self.opts = FlameOptions.from_mapping(dict(ctx.options))
         except (ValueError, TypeError) as e:
-            raise RunFailed(f"flame SUT options: {e}") from None
+            raise InputError(f"flame SUT options: {e}") from None
         o = self.opts
         self.batch_size = int(o.batch_size)
         self.per_engine = int(o.executors_per_engine or executors_per_engine(ctx.engine.max_num_seqs, self.batch_size,

@@ -91,7 +91,7 @@ def cmd_run(a) -> int:
     from sut.base import RunFailed
     from sut.engine import EngineError, EnginePool, EngineSettings, GenerationSettings, read_model_info
     from sut.locality.router import AffinitySettings
-    from sut.locality.runner import LocalityRunSettings, replay, summarize, write_record
+    from sut.locality.runner import LocalityRunSettings, make_run_dir, replay, summarize, write_record
     from sut.locality.trace import TraceSettings, describe, make_trace
 
     ts = TraceSettings(**_pick(a, _TRACE))
@@ -134,6 +134,12 @@ def cmd_run(a) -> int:
     if affinity.block_tokens > shape["prompt_max"] and "prefix_affinity" in rs.policies:
         log.warning("--block-tokens %d is longer than every prompt (max %d): prefix_affinity has no key and "
                     "routes every request least-loaded", affinity.block_tokens, shape["prompt_max"])
+    try:
+        d = make_run_dir(rs)
+    except FileExistsError as e:
+        raise _BadInput(f"error: run folder {e.filename} already exists (choose another --run-name)") from None
+    except OSError as e:
+        raise _BadInput(f"error: cannot create the run folder under --output-dir {rs.output_dir}: {e.strerror}") from None
     signal.signal(signal.SIGTERM, _terminate)
     pool = EnginePool(es, gen, allow_prefix_caching=True, detail=True)
     try:
@@ -141,14 +147,16 @@ def cmd_run(a) -> int:
         records = replay(pool, trace, rs, ts.max_tokens, affinity)
     except (EngineError, RunFailed) as e:
         log.error("%s", e)
+        d.rmdir()
         return 1
     except KeyboardInterrupt:
         log.error("interrupted (Ctrl-C or SIGTERM); engines stopped, nothing written")
+        d.rmdir()
         return 130
     finally:
         pool.shutdown()
     summary = summarize(records)
-    d = write_record(rs, {"trace_settings": ts, "trace": shape, "engine_settings": es, "generation": gen,
+    write_record(d, {"trace_settings": ts, "trace": shape, "engine_settings": es, "generation": gen,
                           "router_settings": affinity, "run_settings": rs, "engines": engines,
                           "command": "python -m sut.locality " + " ".join(sys.argv[1:]),
                           "summary": summary, "runs": records})

@@ -277,11 +277,19 @@ def summarize(records: list[dict]) -> dict:
     return summary
 
 
-def write_record(rs: LocalityRunSettings, record: dict) -> Path:
-    """Write ``locality.json`` into a new run folder (name ends in ``-SYNTHETIC-LOCALITY-NOT-MLPERF``)."""
+def make_run_dir(rs: LocalityRunSettings) -> Path:
+    """Create the run folder (name ends in ``-SYNTHETIC-LOCALITY-NOT-MLPERF``) before any engine starts.
+
+    Raises ``FileExistsError`` for a folder that exists, ``OSError`` when it cannot be created.
+    """
     name = rs.run_name or (_dt.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + "-".join(rs.policies))
     d = Path(rs.output_dir) / (name + RUN_SUFFIX)
     d.mkdir(parents=True, exist_ok=False)
+    return d
+
+
+def write_record(d: Path, record: dict) -> Path:
+    """Write ``locality.json`` into the run folder ``d`` (from ``make_run_dir``)."""
     record = dict({"kind": "synthetic-locality", "mlperf": False, "notice": NOTICE}, **record)
     (d / "locality.json").write_text(json.dumps(record, indent=2, default=_json_default))
     return d
