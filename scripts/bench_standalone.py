@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sut.base import SUTContext  # noqa: E402
-from sut.cli import _ENGINE_FLAGS  # noqa: E402
+from sut.cli import ENGINE_FLAGS  # noqa: E402
 from sut.constants import MAX_NEW_TOKENS  # noqa: E402
 from sut.dataset import QuerySampleLibrary, load_dataset  # noqa: E402
 from sut.engine import EnginePool, EngineSettings, GenerationSettings, read_model_info, settings_from_mapping  # noqa: E402
@@ -100,13 +100,13 @@ def main() -> int:
     ap.add_argument("--ignore-eos", action="store_true", help="fixed 128-token outputs (dummy weights)")
     ap.add_argument("--user-conf", default=str(Path(__file__).resolve().parent.parent / "user.conf"))
     ap.add_argument("--json", help="write results here")
-    for name, (typ, help_) in _ENGINE_FLAGS.items():
+    for name, (typ, help_) in ENGINE_FLAGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=typ, help=help_)
     ap.add_argument("--enforce-eager", action="store_true", default=None)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
-    eng = {k: getattr(a, k) for k in list(_ENGINE_FLAGS) + ["enforce_eager"] if getattr(a, k) is not None}
+    eng = {k: getattr(a, k) for k in list(ENGINE_FLAGS) + ["enforce_eager"] if getattr(a, k) is not None}
     es = settings_from_mapping(EngineSettings, eng)
     model = read_model_info(es.model)
     gen = GenerationSettings(ignore_eos=a.ignore_eos, eos_token_ids=model.eos_token_ids)

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -191,8 +191,9 @@ class SystemUnderTest(abc.ABC):
         return {}
 
     @classmethod
-    def check_options(cls, options: dict) -> None:
-        """Validate backend options before anything starts (the harness calls it first).
+    def check_options(cls, options: dict):
+        """Validate backend options before anything starts (the harness calls it first; a backend's
+        ``__init__`` may call it too and use what it returns, e.g. its options dataclass).
 
         Raises ``InputError`` naming the option for an unknown key or a bad value. The default
         accepts no options.

@@ -20,8 +20,8 @@ import tomllib
 from pathlib import Path
 
 from sut.base import InputError, RunFailed, sut_names
-from sut.compliance import (ComplianceError, PackageSettings, check_record, package, read_json, verify_test06,
-                            write_test06)
+from sut.compliance import (COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, PackageSettings, check_record,
+                            package, read_json, verify_test06, write_test06)
 from sut.constants import LLAMA31_EOS
 from sut.dataset import DatasetError
 from sut.engine import EngineError, EngineSettings, GenerationSettings, settings_from_mapping
@@ -40,7 +40,8 @@ class BadInput(SystemExit):
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = Path(__file__).resolve().parent / "models" / "tiny-llama3"
 
-_ENGINE_FLAGS = {
+#: EngineSettings fields offered as flags: name -> (type, help); also used by sut.locality and the benchmarks
+ENGINE_FLAGS = {
     "model": (str, "HF model folder (config.json; weights unless --load-format dummy)"),
     "dtype": (str, "auto | float32 | bfloat16 | float16 (CPU: use float32)"),
     "max_model_len": (int, "context length; must cover the longest prompt + 128 (official set: 2668)"),
@@ -88,7 +89,7 @@ def _add_run_parser(sub) -> None:
     g.add_argument("--model-key", help="LoadGen model key (default llama3_1-8b)")
     g.add_argument("--run-name", help="run folder name (default <time>-<sut>-<scenario>-<mode>)")
     g.add_argument("--audit-config", help="LoadGen audit config, e.g. TEST06's audit.config (never read implicitly)")
-    g.add_argument("--compliance-test", choices=["TEST06"],
+    g.add_argument("--compliance-test", choices=COMPLIANCE_TESTS,
                    help="MLPerf compliance test: TEST06 = loadgen_configs/TEST06/audit.config, then the TEST06 "
                         "checks; writes <run>/TEST06/verify_accuracy.txt, fails the run if a check fails")
     g.add_argument("--tokenizer", help="tokenizer for the accuracy gate (default: the model folder)")
@@ -104,7 +105,7 @@ def _add_run_parser(sub) -> None:
     q.add_argument("--benchmark-ignore-eos", action="store_true",
                    help="benchmark only: always generate 128 tokens (dummy weights emit EOS at random)")
     e = p.add_argument_group("engine (vLLM)")
-    for name, (typ, help_) in _ENGINE_FLAGS.items():
+    for name, (typ, help_) in ENGINE_FLAGS.items():
         e.add_argument("--" + name.replace("_", "-"), type=typ, help=help_)
     e.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs / torch.compile")
     f = p.add_argument_group("flame SUT")
@@ -164,7 +165,7 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
     run.setdefault("sut", "vllm")
     if "dataset" not in run:
         raise BadInput("error: --dataset is required (or [run] dataset in the preset)")
-    for key in list(_ENGINE_FLAGS) + ["enforce_eager"]:
+    for key in list(ENGINE_FLAGS) + ["enforce_eager"]:
         val = getattr(a, key)
         if val is not None:
             eng[key] = val
@@ -186,13 +187,19 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         raise BadInput(f"error: {e}") from None
 
 
-def _sigterm(*_):
-    raise KeyboardInterrupt  # SIGTERM: the same clean stop as Ctrl-C (engines ended, run.json "failed")
+def _raise_interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm_like_ctrl_c() -> None:
+    """Make SIGTERM raise ``KeyboardInterrupt`` in the main thread, so that it takes Ctrl-C's clean path
+    (engines ended, Flame session closed, the run recorded as failed)."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 def cmd_run(a) -> int:
     rs, es, gen, opts = settings_from_args(a)
-    signal.signal(signal.SIGTERM, _sigterm)
+    stop_on_sigterm_like_ctrl_c()
     try:
         rec = run_benchmark(rs, es, gen, opts, command=" ".join(["python -m sut"] + [shlex.quote(x) for x in a.argv]))
     except (DatasetError, EngineError, InputError) as e:
@@ -286,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("test06-verify", help="TEST06 checks on a run folder's mlperf_log_accuracy.json")
     t.add_argument("run_dir", help="run folder of a TEST06 run (or any folder holding mlperf_log_accuracy.json)")
     t.add_argument("--out", help="where TEST06/verify_accuracy.txt goes (default: the run folder)")
-    t.add_argument("--scenario", choices=["Offline", "Server", "Interactive", "SingleStream", "MultiStream"],
+    t.add_argument("--scenario", choices=MLPERF_SCENARIOS,
                    help="LoadGen scenario of the run (default: from run.json, else Offline; Offline skips the "
                         "first-token check)")
     t.add_argument("--eos-token-ids", type=int, nargs="+",

@@ -39,7 +39,7 @@ import threading
 import time
 import traceback
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 

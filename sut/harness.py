@@ -19,8 +19,8 @@ import importlib.metadata as md
 import json
 import logging
 import os
-import platform
 import math
+import platform
 import shutil
 import subprocess
 import sys
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from sut import __version__
-from sut.base import InputError, RunFailed, SUTContext, get_sut
+from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, get_sut
 from sut.compliance import COMPLIANCE_TESTS, TEST06_AUDIT_CONFIG, ComplianceError, verify_test06, write_test06
 from sut.constants import MIN_DURATION_MS, MODEL_KEYS, PERFORMANCE_SAMPLE_COUNT, SCENARIOS
 from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
@@ -347,7 +347,7 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
     _write_record(run_dir, record)
 
     try:
-        return _execute(rs, es, gen, options, model, dataset, ts, audit_config, run_dir, record)
+        return _execute(rs, es, gen, backend, options, model, dataset, ts, audit_config, run_dir, record)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
         if record.get("status") == "running":
             record["status"] = "failed"
@@ -357,13 +357,14 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         raise
 
 
-def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: dict, model, dataset: Dataset,
-             ts, audit_config: Optional[str], run_dir: Path, record: dict) -> dict:
+def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backend: type[SystemUnderTest],
+             options: dict, model, dataset: Dataset, ts, audit_config: Optional[str], run_dir: Path,
+             record: dict) -> dict:
     """Start the SUT, run LoadGen, check and record (the body of ``run_benchmark``)."""
     import mlperf_loadgen as lg
 
     ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress)
-    sut = get_sut(rs.sut)(ctx)
+    sut = backend(ctx)
     qsl = None
     handle = None
     error: Optional[str] = None

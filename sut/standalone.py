@@ -17,44 +17,60 @@ default off).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Sequence
 
 from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, register_sut
 from sut.constants import MAX_NEW_TOKENS
-from sut.engine import EngineError, EnginePool
+from sut.engine import EngineError, EnginePool, settings_from_mapping
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StandaloneOptions:
+    """Backend options of ``--sut vllm`` (``--option KEY=VALUE``; see the module docstring).
+
+    ``allow_prefix_caching`` lets an experiment run with ``enable_prefix_caching``; the harness then
+    marks the run not compliant.
+    """
+
+    dispatch_chunk: int = 512
+    allow_prefix_caching: bool = False
+    gc_freeze: bool = False
+
+    def __post_init__(self):
+        if self.dispatch_chunk < 1:
+            raise ValueError(f"dispatch_chunk must be >= 1, got {self.dispatch_chunk}")
 
 
 @register_sut("vllm")
 class StandaloneSUT(SystemUnderTest):
     """LoadGen SUT that runs vLLM engines in local worker processes (one per device)."""
 
-    #: backend options (``--option KEY=VALUE``) and their types
-    OPTIONS = {"dispatch_chunk": int, "allow_prefix_caching": bool, "gc_freeze": bool}
-
     @classmethod
-    def check_options(cls, options: dict) -> None:
-        unknown = sorted(set(options) - set(cls.OPTIONS))
+    def check_options(cls, options: dict) -> StandaloneOptions:
+        """The options as ``StandaloneOptions``; ``InputError`` names an unknown or ill-typed one."""
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(StandaloneOptions)})
         if unknown:
             raise InputError(f"--sut vllm: unknown option(s) {', '.join(unknown)} (flags such as --batch-size belong to "
-                             f"--sut flame); known: {', '.join(cls.OPTIONS)}")
-        for key, val in options.items():
-            typ = cls.OPTIONS[key]
-            if type(val) is not typ or (typ is int and val < 1):
-                raise InputError(f"--sut vllm: option {key} must be {'a positive integer' if typ is int else 'true/false'}, "
-                                 f"got {val!r}")
+                             "--sut flame)")
+        try:
+            return settings_from_mapping(StandaloneOptions, options)
+        except ValueError as e:
+            raise InputError(f"--sut vllm: {e}") from None
 
     def __init__(self, ctx: SUTContext, pool: EnginePool | None = None):
         super().__init__(ctx)
-        self.dispatch_chunk = int(ctx.options.get("dispatch_chunk", 512))
+        self.opts = self.check_options(ctx.options)
+        self.dispatch_chunk = self.opts.dispatch_chunk
         self._owns_pool = pool is None  # a benchmark passes one started pool to several SUT objects
-        self.pool = pool or EnginePool(ctx.engine, ctx.generation,
-                                       allow_prefix_caching=bool(ctx.options.get("allow_prefix_caching")),
-                                       gc_freeze=bool(ctx.options.get("gc_freeze")))
+        self.pool = pool or EnginePool(ctx.engine, ctx.generation, allow_prefix_caching=self.opts.allow_prefix_caching,
+                                       gc_freeze=self.opts.gc_freeze)
         self._inbox: "queue.Queue[list | None]" = queue.Queue()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)
         self._req_engine: dict[int, int] = {}  # request id -> engine index (for token accounting)

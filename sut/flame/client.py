@@ -203,19 +203,16 @@ class FlameSUT(SystemUnderTest):
     """LoadGen SUT that sends batches of samples as Flame tasks to vLLM services."""
 
     @classmethod
-    def check_options(cls, options: dict) -> None:
+    def check_options(cls, options: dict) -> FlameOptions:
+        """The options as ``FlameOptions``; ``InputError`` names an unknown or bad one."""
         try:
-            FlameOptions.from_mapping(dict(options))
+            return FlameOptions.from_mapping(dict(options))
         except (ValueError, TypeError) as e:
             raise InputError(f"flame SUT options: {e}") from None
 
     def __init__(self, ctx: SUTContext):
         super().__init__(ctx)
-        try:
-            self.opts = FlameOptions.from_mapping(dict(ctx.options))
-        except (ValueError, TypeError) as e:
-            raise InputError(f"flame SUT options: {e}") from None
-        o = self.opts
+        self.opts = o = self.check_options(ctx.options)
         self.batch_size = int(o.batch_size)
         self.per_engine = int(o.executors_per_engine or executors_per_engine(ctx.engine.max_num_seqs, self.batch_size,
                                                                              o.engine_fill, o.executor_slack))

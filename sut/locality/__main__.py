@@ -12,21 +12,14 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 
+from sut.cli import ENGINE_FLAGS, BadInput, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
 from sut.locality.router import RELEASE_GATES
 
 log = logging.getLogger("sut.locality")
 
-
-class _BadInput(SystemExit):
-    """Bad command-line input: message to stderr, exit code 2 (as ``python -m sut``)."""
-
-    def __init__(self, message: str):
-        print(message, file=sys.stderr)
-        super().__init__(2)
 
 _TRACE = {"documents": int, "doc_tokens": int, "doc_jitter": float, "questions": int, "question_tokens": int,
           "max_tokens": int, "zipf_s": float, "order": str, "seed": int}
@@ -35,9 +28,8 @@ _ROUTER = {"block_tokens": int, "prefix_blocks": int, "release_tokens": int,
                             "work exceeds the least busy replica's by --release-tokens; absolute: when it exceeds "
                             "--release-tokens by itself"},
            "max_entries": int, "decode_weight": float}
-_ENGINE = {"model": str, "dtype": str, "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
-           "gpu_memory_utilization": float, "kv_cache_dtype": str, "quantization": str, "load_format": str,
-           "device": str, "engines_per_device": int, "cpu_kvcache_gib": int}
+# the engine flags of `python -m sut run`, but --seed is the trace's here (the engine's is --engine-seed)
+_ENGINE = {name: {"type": typ, "help": help_} for name, (typ, help_) in ENGINE_FLAGS.items() if name != "seed"}
 
 
 def _add(group, fields: dict) -> None:
@@ -97,7 +89,7 @@ def cmd_run(a) -> int:
     ts = TraceSettings(**_pick(a, _TRACE))
     eng = _pick(a, _ENGINE)
     if "model" not in eng:
-        raise _BadInput("error: --model is required")
+        raise BadInput("error: --model is required")
     eng.setdefault("max_model_len", ts.max_prompt_tokens + ts.max_tokens)
     if a.enforce_eager:
         eng["enforce_eager"] = True
@@ -105,7 +97,7 @@ def cmd_run(a) -> int:
         eng["seed"] = a.engine_seed
     es = EngineSettings(enable_prefix_caching=True, **eng)
     if es.max_model_len < ts.max_prompt_tokens + ts.max_tokens:
-        raise _BadInput(f"error: --max-model-len {es.max_model_len} is below the longest prompt + max_tokens "
+        raise BadInput(f"error: --max-model-len {es.max_model_len} is below the longest prompt + max_tokens "
                          f"({ts.max_prompt_tokens} + {ts.max_tokens})")
     run = {"policies": tuple(a.policies)} if a.policies else {}
     for k in ("rounds", "rate", "output_dir", "run_name"):
@@ -117,16 +109,16 @@ def cmd_run(a) -> int:
     try:
         model = read_model_info(es.model)
     except EngineError as e:
-        raise _BadInput(f"error: {e}") from None
+        raise BadInput(f"error: {e}") from None
     if es.max_model_len > model.max_position_embeddings:
-        raise _BadInput(f"error: max_model_len {es.max_model_len} exceeds the model's max_position_embeddings "
+        raise BadInput(f"error: max_model_len {es.max_model_len} exceeds the model's max_position_embeddings "
                          f"{model.max_position_embeddings} ({es.model}/config.json); use shorter documents")
     gen = GenerationSettings(max_tokens=ts.max_tokens, ignore_eos=a.ignore_eos, eos_token_ids=model.eos_token_ids)
     from sut.locality.router import ROUTERS
 
     unknown = [x for x in rs.policies if x not in ROUTERS]
     if unknown:
-        raise _BadInput(f"error: unknown policy {unknown}; known: {', '.join(ROUTERS)}")
+        raise BadInput(f"error: unknown policy {unknown}; known: {', '.join(ROUTERS)}")
     trace = make_trace(ts)
     shape = describe(trace)
     log.warning("%s", NOTICE.upper())
@@ -137,10 +129,10 @@ def cmd_run(a) -> int:
     try:
         d = make_run_dir(rs)
     except FileExistsError as e:
-        raise _BadInput(f"error: run folder {e.filename} already exists (choose another --run-name)") from None
+        raise BadInput(f"error: run folder {e.filename} already exists (choose another --run-name)") from None
     except OSError as e:
-        raise _BadInput(f"error: cannot create the run folder under --output-dir {rs.output_dir}: {e.strerror}") from None
-    signal.signal(signal.SIGTERM, _terminate)
+        raise BadInput(f"error: cannot create the run folder under --output-dir {rs.output_dir}: {e.strerror}") from None
+    stop_on_sigterm_like_ctrl_c()  # SIGTERM: engines shut down in `finally`, nothing written
     pool = EnginePool(es, gen, allow_prefix_caching=True, detail=True)
     try:
         engines = pool.start()
@@ -170,10 +162,6 @@ def cmd_run(a) -> int:
     return 0
 
 
-def _terminate(*_):
-    raise KeyboardInterrupt  # SIGTERM: same clean stop as Ctrl-C (engines shut down in `finally`)
-
-
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "WARNING")
@@ -182,7 +170,7 @@ def main(argv=None) -> int:
     try:
         return {"run": cmd_run, "describe": cmd_describe}[a.cmd](a)
     except ValueError as e:
-        raise _BadInput(f"error: {e}") from None
+        raise BadInput(f"error: {e}") from None
 
 
 if __name__ == "__main__":
