@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -50,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="where to write accuracy.json etc. (default: the accuracy log's folder)")
     p.add_argument("--eos-ids", type=_eos_list, default=None,
                    help="comma-separated EOS ids, e.g. 128001,128008,128009 (default: generation_config.json next to the tokenizer)")
-    p.add_argument("--max-samples", type=_positive, default=None, help="the run used only the first N dataset records")
+    p.add_argument("--max-samples", type=_positive, default=None,
+                   help="the run used only the first N dataset records (python -m sut run --max-samples N): "
+                   "score only those, as the run did")
     p.add_argument("--write-reference", default=None, metavar="FILE",
                    help="also write this run's scores as a reference JSON (usable with --reference FILE)")
     p.add_argument("--clean-up-spaces", choices=("auto", "on", "off"), default="auto",
@@ -59,7 +62,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _without_max_samples(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--max-samples":
+            skip = True
+        elif not a.startswith("--max-samples="):
+            out.append(a)
+    return out
+
+
+def _hint_max_samples(result: dict, args: argparse.Namespace, argv: list[str]) -> None:
+    """Say how to score a ``--max-samples`` run when the coverage check fails for want of it."""
+    from accuracy.report import run_max_samples, suggested_max_samples
+
+    recorded = run_max_samples(args.accuracy_log)
+    k = suggested_max_samples(result.get("checks") or {}, args.max_samples, recorded)
+    if k is None:
+        return
+    why = (f"the run's run.json says it used --max-samples {k}" if recorded is not None else
+           f"the log holds exactly the dataset's first {k} samples, as a run made with --max-samples {k} logs them")
+    cmd = shlex.join(["python", "-m", "accuracy", *_without_max_samples(argv), "--max-samples", str(k)])
+    log.error("hint: %s; score it with the same option (it restricts the dataset to its first %d records, "
+              "as the run did):\n  %s", why, k, cmd)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
     from accuracy.gate import GateSettings, evaluate
@@ -84,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # e.g. an --output-dir that cannot be written
         log.error("accuracy gate: cannot write the results: %s", exc)
         return EXIT_BAD_INPUT
+    _hint_max_samples(result, args, argv)
     if settings.write_reference is not None and not result["files"].get("reference_written"):
         return EXIT_FAIL
     return EXIT_PASS if result["passed"] else EXIT_FAIL

@@ -1,9 +1,16 @@
-"""Reference summaries from an MLPerf ``cnn_eval.json``-format dataset.
+"""Reading an MLPerf ``cnn_eval.json``-format dataset: the one reader of the run and the gate.
 
 File format (mlcommons/inference ``language/llama3.1-8b/download_cnndm.py``): a JSON list of
 records ``{"instruction", "input", "tok_input", "output"}``; ``output`` is the reference
 summary (CNN/DailyMail ``highlights``), the only field the gate reads. Record ``i`` is LoadGen's
 ``qsl_idx`` ``i``.
+
+:func:`read_dataset_json` is how both ``python -m sut run`` (``sut/dataset.py``, before any engine
+starts) and the gate read the file, so a file the run accepts is a file the gate can score.
+Accepted encoding: UTF-8, with or without a byte-order mark (what ``download_cnndm.py`` and
+``json.dump`` write). UTF-16 and UTF-32 (with or without a BOM), other encodings and pickles are
+refused with a message naming the file; nothing is unpickled. The gate stays usable on its own:
+this module needs only the standard library and ``accuracy.errors``.
 """
 
 from __future__ import annotations
@@ -13,6 +20,76 @@ import os
 from pathlib import Path
 
 from accuracy.errors import AccuracyInputError
+
+#: What :func:`read_dataset_json` accepts, for messages and docs.
+ACCEPTED_ENCODING = "UTF-8 (with or without a byte-order mark)"
+_WIDE_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\xfe\xff", "UTF-16"),
+              (b"\xff\xfe", "UTF-16"))
+
+
+class DatasetFileError(AccuracyInputError):
+    """A dataset file cannot be read as cnn_eval JSON.
+
+    Attributes:
+        path: the file.
+        reason: what is wrong, without the path (``str()`` is ``"dataset <path>: <reason>"``).
+    """
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"dataset {path}: {reason}")
+
+
+def _wide_encoding(head: bytes) -> str | None:
+    """``"UTF-16"``/``"UTF-32"`` if the first bytes of a JSON text say so (BOM, or NULs as RFC 4627 detects)."""
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            return name
+    if len(head) >= 4 and head[:4].count(0) == 3:
+        return "UTF-32"
+    if len(head) >= 2 and 0 in head[:2]:
+        return "UTF-16"
+    return None
+
+
+def read_dataset_json(path: str | os.PathLike) -> list:
+    """The records of a cnn_eval-format file: a non-empty JSON list, ``ACCEPTED_ENCODING`` only.
+
+    Raises:
+        DatasetFileError: missing, a directory, unreadable, a pickle, UTF-16/UTF-32 or otherwise
+            not UTF-8 (naming the byte offset), malformed JSON, or not a non-empty JSON list.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DatasetFileError(path, "file not found") from None
+    except IsADirectoryError:
+        raise DatasetFileError(path, "is a directory, not a cnn_eval JSON file") from None
+    except PermissionError:
+        raise DatasetFileError(path, "permission denied") from None
+    except OSError as e:
+        raise DatasetFileError(path, f"cannot be read: {e.strerror or e}") from None
+    if raw[:1] == b"\x80":
+        raise DatasetFileError(path, "looks like a pickle; only the JSON cnn_eval format is read (never unpickled)")
+    wide = _wide_encoding(raw[:4])
+    if wide:
+        raise DatasetFileError(path, f"is {wide}-encoded; only {ACCEPTED_ENCODING} is read. Convert it first, e.g. "
+                                     f"iconv -f {wide} -t UTF-8 {path.name} > {path.stem}.utf8.json")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DatasetFileError(path, f"is not {ACCEPTED_ENCODING}: byte {e.start} (0x{raw[e.start]:02x}) "
+                                     "is not valid UTF-8") from None
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetFileError(path, f"malformed JSON: {e}") from None
+    if not isinstance(records, list):
+        raise DatasetFileError(path, f"top level must be a JSON list of records, got {type(records).__name__}")
+    if not records:
+        raise DatasetFileError(path, "the file holds no records")
+    return records
 
 
 def load_references(path: str | os.PathLike, max_samples: int | None = None) -> list[str]:
@@ -26,19 +103,15 @@ def load_references(path: str | os.PathLike, max_samples: int | None = None) -> 
         one reference string per kept record.
 
     Raises:
-        AccuracyInputError: missing/unreadable file, not a list of records, a record without
-            a string ``output``, or ``max_samples`` < 1 or larger than the file.
+        AccuracyInputError: missing/unreadable file or encoding (:func:`read_dataset_json`), a
+            record without a string ``output``, or ``max_samples`` < 1 or larger than the file.
     """
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            records = json.load(f)
-    except FileNotFoundError:
-        raise AccuracyInputError(f"dataset {path} not found: pass --dataset PATH/cnn_eval.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AccuracyInputError(f"dataset {path} is not readable JSON: {exc}") from None
-    if not isinstance(records, list) or not records:
-        raise AccuracyInputError(f"dataset {path}: expected a non-empty JSON list of records (cnn_eval.json format)")
+        records = read_dataset_json(path)
+    except DatasetFileError as e:
+        hint = ": pass --dataset PATH/cnn_eval.json" if e.reason == "file not found" else ""
+        raise AccuracyInputError(f"{e}{hint}") from None
     if max_samples is not None:
         if max_samples < 1 or max_samples > len(records):
             raise AccuracyInputError(f"max_samples={max_samples} but dataset {path} has {len(records)} records")

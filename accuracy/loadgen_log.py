@@ -18,8 +18,9 @@ Checks (each failure lists the offending ``qsl_idx`` values):
 - at most one EOS at the end (TEST06 EOS check: a trailing run of EOS ids of length ≥ 2
   fails; any of the EOS ids counts);
 - the bytes really are int32 token ids: a length that is not a multiple of 4, an
-  int64-encoded log (every other int32 word zero and ``token_count`` half the word count),
-  a big-endian log, or ids outside ``[0, vocab_size)`` fail with a message saying so.
+  int64-encoded log (every other int32 word zero, whatever ``token_count`` says: half the word
+  count or bytes / 4), a big-endian log, or ids outside ``[0, vocab_size)`` fail with a message
+  saying so.
 """
 
 from __future__ import annotations
@@ -215,7 +216,41 @@ def _preview(ids: Sequence, limit: int = 10) -> str:
     return shown + (f", ... (+{len(ids) - limit} more)" if len(ids) > limit else "")
 
 
-def _detect_dtype_error(entries: Sequence[LogEntry], vocab_size: int) -> str | None:
+#: An int32 log whose every second id is 0 (``!`` in Llama 3) over at least this many ids is taken for int64.
+INT64_MIN_HIGH_WORDS = 8
+
+
+def _int64_error(nonempty: Sequence[LogEntry], eos: np.ndarray) -> str | None:
+    """Why the log looks int64-encoded (each id followed by a zero high word), whatever ``token_count`` says.
+
+    The layout: every response a whole number of 8-byte ids, every odd int32 word zero and some
+    even word not. ``token_count`` may be the id count (half the words) or bytes / 4 (the words).
+    A real int32 log with ``0`` at every odd position is all but impossible for text, but a tiny
+    log could show it by chance, so the layout also needs evidence: ``token_count`` at half the
+    words, at least :data:`INT64_MIN_HIGH_WORDS` zero odd words, or an EOS followed only by one
+    zero word (an int32 SUT stops at the first EOS; an int64 one writes EOS's zero high half).
+    """
+    if not all(len(e.raw) % 8 == 0 for e in nonempty):
+        return None
+    words = [e.ids() for e in nonempty]
+    if any(w[1::2].any() for w in words) or not any(w[0::2].any() for w in words):
+        return None
+    counts_half = all(e.token_count is not None and e.token_count * 2 == len(w) for e, w in zip(nonempty, words))
+    counts_words = all(e.token_count is not None and e.token_count == len(w) for e, w in zip(nonempty, words))
+    high_words = sum(len(w) // 2 for w in words)
+    eos_then_zero = bool(eos.size) and any(len(w) >= 2 and bool(np.isin(w[-2], eos)) for w in words)
+    if not (counts_half or high_words >= INT64_MIN_HIGH_WORDS or eos_then_zero):
+        log.warning("every second int32 word of the log is 0 (an int64 layout?) over only %d id(s); "
+                    "checking it as int32", high_words)
+        return None
+    why = ("token_count is half the int32 length" if counts_half else
+           "token_count counts 4-byte words, so it matches the int32 length but not the ids" if counts_words else
+           f"{high_words} zero high words")
+    return ("the ids look int64-encoded (8 bytes per id: every other int32 word is zero; " + why + "); the SUT must "
+            "send little-endian int32 ids (numpy int32 .tobytes()), as evaluation.py --dtype int32 reads them")
+
+
+def _detect_dtype_error(entries: Sequence[LogEntry], vocab_size: int, eos: np.ndarray | None = None) -> str | None:
     """Why the log is not little-endian int32 token ids, or None if it looks right."""
     odd = [e.qsl_idx for e in entries if len(e.raw) % 4]
     if odd:
@@ -226,17 +261,9 @@ def _detect_dtype_error(entries: Sequence[LogEntry], vocab_size: int) -> str | N
     nonempty = [e for e in entries if e.raw]
     if not nonempty:
         return None
-    # int64 written where int32 is expected: pairs of words (low, 0) with token_count = half.
-    if all(len(e.raw) % 8 == 0 for e in nonempty):
-        high_words_zero = all(not e.ids()[1::2].any() for e in nonempty)
-        counts_half = all(e.token_count is None or e.token_count * 2 == len(e.raw) // 4 for e in nonempty)
-        some_low_nonzero = any(e.ids()[0::2].any() for e in nonempty)
-        if high_words_zero and counts_half and some_low_nonzero:
-            return (
-                "the ids look int64-encoded (8 bytes per id: every other int32 word is zero"
-                + (" and token_count is half the int32 length" if any(e.token_count is not None for e in nonempty) else "")
-                + "); the SUT must send little-endian int32 ids (numpy int32 .tobytes()), as evaluation.py --dtype int32 reads them"
-            )
+    int64 = _int64_error(nonempty, np.asarray([] if eos is None else eos, dtype=np.int64))
+    if int64:
+        return int64
 
     def in_vocab(ids: np.ndarray) -> bool:
         return bool(((ids >= 0) & (ids < vocab_size)).all())
@@ -272,7 +299,7 @@ def check_log(
     missing = [i for i in range(expected_samples) if i not in counts]
     duplicated = sorted(i for i, c in counts.items() if c > 1)
     unknown = sorted(i for i in counts if not 0 <= i < expected_samples)
-    dtype_error = _detect_dtype_error(entries, vocab_size)
+    dtype_error = _detect_dtype_error(entries, vocab_size, eos)
 
     mismatch: list[dict] = []
     too_long: set[int] = set()

@@ -86,3 +86,41 @@ def preview(ids: Iterable, limit: int = 10) -> str:
     items = list(ids)
     shown = ", ".join(str(i) for i in items[:limit])
     return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def run_max_samples(accuracy_log: str | os.PathLike) -> int | None:
+    """``run_settings.max_samples`` of the ``run.json`` next to ``accuracy_log`` (what ``python -m
+    sut run --max-samples N`` recorded), or None: no such file, unreadable, or no positive int there."""
+    import json
+
+    try:
+        rec = json.loads((Path(accuracy_log).parent / "run.json").read_text(encoding="utf-8"))
+        value = rec["run_settings"]["max_samples"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def suggested_max_samples(checks: dict, given: int | None, recorded: int | None) -> int | None:
+    """The ``--max-samples`` value that would make a failing coverage check pass, or None.
+
+    Args:
+        checks: ``accuracy.json`` → ``checks`` (``missing``, ``unknown_qsl_idx``, ``expected_samples``).
+        given: the ``--max-samples`` the gate ran with (None: the whole dataset).
+        recorded: the run's own ``max_samples`` from its ``run.json`` (:func:`run_max_samples`).
+
+    Returns:
+        ``recorded`` when samples are missing or unknown and it differs from ``given``; else, with
+        no ``run.json``, K when exactly the dataset's first K samples were logged (the rest missing),
+        as a ``--max-samples K`` run logs them.
+    """
+    missing, unknown = list(checks.get("missing") or []), list(checks.get("unknown_qsl_idx") or [])
+    if not missing and not unknown:
+        return None
+    if recorded is not None:
+        return recorded if recorded != given else None
+    n = int(checks.get("expected_samples") or 0)
+    k = n - len(missing)
+    if not unknown and 1 <= k < n and missing == list(range(k, n)):
+        return k
+    return None

@@ -1,9 +1,10 @@
 """Post-processing and ROUGE scoring exactly as mlcommons/inference
 ``language/llama3.1-8b/evaluation.py`` does it (paraphrased in the research notes §4.1).
 
-1. ``strip()`` each text, split into sentences with ``nltk.sent_tokenize``, join them with
-   ``"\\n"`` (rougeLsum treats newlines as sentence boundaries). Applied to predictions and
-   references alike.
+1. ``strip()`` each text, split into sentences with ``nltk.sent_tokenize`` as the reference's
+   pinned nltk 3.8.1 does it (:mod:`accuracy.sentences`; nltk ≥ 3.10.2 also splits after a
+   sentence-final curly quote), join them with ``"\\n"`` (rougeLsum treats newlines as sentence
+   boundaries). Applied to predictions and references alike.
 2. Per sample, ``rouge_score.rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL",
    "rougeLsum"], use_stemmer=True).score(reference, prediction)`` F-measure (this is what HF
    ``evaluate``'s "rouge" metric computes with ``use_aggregator=False``).
@@ -23,13 +24,14 @@ log = logging.getLogger(__name__)
 
 
 def postprocess_text(texts: Sequence[str]) -> list[str]:
-    """evaluation.py's ``postprocess_text`` for one list: strip, sentence-split, join with "\\n".
+    """evaluation.py's ``postprocess_text`` for one list: strip, sentence-split (nltk 3.8.1's
+    splitting, :func:`accuracy.sentences.split_all`), join with "\\n".
 
     Requires the NLTK ``punkt_tab`` data (see :func:`accuracy.punkt_data.ensure_punkt`).
     """
-    import nltk
+    from accuracy.sentences import split_all
 
-    return ["\n".join(nltk.sent_tokenize(t.strip())) for t in texts]
+    return ["\n".join(sents) for sents in split_all([t.strip() for t in texts])]
 
 
 def rouge_per_sample(predictions: Sequence[str], references: Sequence[str]) -> dict[str, list[float]]:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Standalone SUT vs Flame-batched SUT (batch 32 and 64): same inputs, same engine, alternating.
 
-    python scripts/bench_flame.py                        # CPU defaults: tiny model, stand-in Flame
-    python scripts/bench_flame.py --rounds 3 --min-duration-s 120
+    python scripts/bench_flame.py                        # CPU defaults: tiny model, real Flame if its binaries are here
+    python scripts/bench_flame.py --control-plane standin --rounds 3 --min-duration-s 120
     python scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model /models/Llama-3.1-8B-Instruct \\
         --dataset cnn_eval.json --user-conf loadgen_configs/h200_fp8.user.conf --idle-wait-s 0 \\
         --flame-endpoint http://fsm:8080 --flame-engines 8
@@ -13,9 +13,12 @@ LoadGen performance mode. Each round runs the three configurations in a rotated 
 the machine does not favour one of them. Printed: LoadGen tokens/s per run, the mean per
 configuration, and each Flame configuration's ratio to the standalone mean (target >= 0.995).
 
-Without ``--flame-endpoint`` (and without FLAME_ENDPOINT) the script starts the test stand-in of
-Flame's control plane (``python -m tests.flame_standin``) on this machine for the Flame runs; its
-numbers then include the stand-in's own CPU use, which a real Flame cluster runs elsewhere.
+Without ``--flame-endpoint`` (and without FLAME_ENDPOINT) the script starts a control plane on this
+machine for the Flame runs (``--control-plane``): ``real`` = Flame v0.6.0's own session manager and
+executor manager (``sut.flame.cluster``; binaries from ``--flame-bin``, FLAME_BIN or ../shared/flame/bin;
+the default when they are found), ``standin`` = the Python test stand-in (``python -m tests.flame_standin``).
+Either way the numbers include the control plane's own CPU use on this machine, which a production
+cluster runs elsewhere; the CPU accounting shows it as "flame control plane" / "flame stand-in".
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
 def _env() -> dict:
@@ -58,6 +64,28 @@ def start_standin(workdir: Path, max_executors: int) -> tuple[subprocess.Popen, 
         time.sleep(0.2)
     proc.kill()
     raise SystemExit("the Flame stand-in did not print its endpoint within 60 s")
+
+
+def resolve_control_plane(a) -> tuple[str, Optional[Path]]:
+    """``(plane, binaries folder)``: ``--control-plane``, else real when the binaries are found, else standin.
+    Exits with code 2 when real is asked for and the binaries are missing."""
+    from sut.flame.cluster import default_bin_dir, find_bin_dir
+
+    if a.flame_endpoint:
+        return "external", None
+    bin_dir = find_bin_dir(a.flame_bin)
+    plane = a.control_plane or ("real" if bin_dir else "standin")
+    if plane == "real" and bin_dir is None:
+        raise SystemExit(f"error: --control-plane real needs flame-session-manager and flame-executor-manager in "
+                         f"{a.flame_bin or default_bin_dir()} (--flame-bin DIR or FLAME_BIN)")
+    return plane, bin_dir
+
+
+def start_real(bin_dir: Path, workdir: Path):
+    """A one-host real Flame v0.6.0 cluster (sut.flame.cluster.RealCluster), started."""
+    from sut.flame.cluster import ClusterSettings, RealCluster
+
+    return RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=workdir)).start()
 
 
 def _cpu_times() -> dict[int, tuple[int, float]]:
@@ -94,7 +122,8 @@ def foreign_cpu_s(before: dict, after: dict) -> float:
     return sum(t - (before[pid][1] if pid in before else 0.0) for pid, (_, t) in after.items() if pid not in ours)
 
 
-_CATEGORIES = (("engine", "spawn_main"), ("flame service", "sut.flame.serve"), ("flame stand-in", "tests.flame_standin"),
+_CATEGORIES = (("engine", "spawn_main"), ("engine", "sut-engine-"), ("flame service", "sut.flame.serve"), ("flame stand-in", "tests.flame_standin"),
+               ("flame control plane", "flame-session-manager"), ("flame control plane", "flame-executor-manager"),
                ("harness + client", "-m sut run"))
 
 
@@ -262,7 +291,13 @@ def main(argv=None) -> int:
     p.add_argument("--ignore-eos", action="store_true", help="fixed 128-token outputs (benchmark only)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64])
-    p.add_argument("--flame-endpoint", default=os.environ.get("FLAME_ENDPOINT"))
+    p.add_argument("--flame-endpoint", default=os.environ.get("FLAME_ENDPOINT"),
+                   help="an external Flame cluster (then --control-plane is not used)")
+    p.add_argument("--control-plane", choices=("real", "standin"), default=None,
+                   help="Flame control plane to start here: real (Flame v0.6.0 binaries; the default when found) or "
+                        "standin (the Python test stand-in)")
+    p.add_argument("--flame-bin", default=None, help="folder with flame-session-manager and flame-executor-manager "
+                   "(default: FLAME_BIN, else ../shared/flame/bin)")
     p.add_argument("--flame-engines", type=int, default=1)
     p.add_argument("--standin-max-executors", type=int, default=32)
     p.add_argument("--out", default=str(REPO / "results" / "bench_flame"))
@@ -283,6 +318,7 @@ def main(argv=None) -> int:
     if a.simulate_fill:
         simulate_fill(max_num_seqs=a.max_num_seqs or 256)
         return 0
+    plane, bin_dir = resolve_control_plane(a)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # run the cleanup below
 
     out = Path(a.out).resolve() / time.strftime("%Y%m%d-%H%M%S")
@@ -318,9 +354,16 @@ def main(argv=None) -> int:
     if a.ignore_eos:
         common.append("--benchmark-ignore-eos")
 
-    standin = None
+    standin = cluster = None
     endpoint = a.flame_endpoint
-    if not endpoint:
+    if endpoint:
+        plane = "external"
+    elif plane == "real":
+        cluster = start_real(bin_dir, out / "flame-cluster")
+        endpoint = cluster.endpoint
+        print(f"real Flame v0.6.0 control plane ({bin_dir}) at {endpoint}, logs in {cluster.log_dir} (its CPU use "
+              "counts against the Flame runs on this machine)", flush=True)
+    else:
         standin, endpoint = start_standin(out / "standin", a.standin_max_executors)
         print(f"Flame stand-in at {endpoint} (its CPU use counts against the Flame runs on this machine)", flush=True)
     lock_dir = f"/tmp/sut-flame-bench-{os.getpid()}"  # engine seats and sockets of the Flame runs (short path)
@@ -353,9 +396,12 @@ def main(argv=None) -> int:
         if standin is not None:
             os.killpg(standin.pid, signal.SIGTERM)
             standin.wait(30)
+        if cluster is not None:
+            cluster.stop()
         shutil.rmtree(lock_dir, ignore_errors=True)
 
     summary = {"settings": vars(a), "dataset": dataset, "endpoint": endpoint, "standin": standin is not None,
+               "control_plane": plane, "flame_bin": str(bin_dir) if cluster is not None else None,
                "runs": results, "configs": {}}
     clean = [x for x in results if x["tokens_per_s"] and x["foreign_cpu_share"] <= a.foreign_cpu_max]
     if len(clean) < len(results):

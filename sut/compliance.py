@@ -46,6 +46,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sut.constants import LLAMA31_EOS
+from sut.records import (MLPERF_SCENARIOS, READ_BACK_SETTINGS, ComplianceError, check_record, engines_used, eos_ids,
+                         read_json, vocab_size)
+from sut.submission_files import measurements, readme
+
+__all__ = ["COMPLIANCE_TESTS", "MLPERF_SCENARIOS", "TEST06_AUDIT_CONFIG", "ComplianceError", "PackageSettings",
+           "Test06Result", "check_record", "package", "read_json", "verify_run_folder", "verify_test06", "write_test06"]
+
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +62,9 @@ TEST06_AUDIT_CONFIG = REPO / "loadgen_configs" / "TEST06" / "audit.config"
 #: Compliance tests the harness can run (mlcommons/inference compliance/README.md: llama3.1-8b → TEST06).
 COMPLIANCE_TESTS = ("TEST06",)
 #: LoadGen model key → benchmark folder name of the submission tree (submission_checker constants.py).
-BENCHMARK_NAMES = {"llama3_1-8b": "llama3.1-8b", "llama3_1-8b-edge": "llama3.1-8b-edge"}
+#: The Interactive scenario (model key ``llama3_1-8b-interactive``) is the folder ``Interactive`` of ``llama3.1-8b``.
+BENCHMARK_NAMES = {"llama3_1-8b": "llama3.1-8b", "llama3_1-8b-interactive": "llama3.1-8b",
+                   "llama3_1-8b-edge": "llama3.1-8b-edge"}
 #: Benchmarks that need TEST06 (submission_checker constants.py ``models_TEST06``).
 NEEDS_TEST06 = ("llama3.1-8b",)
 #: Fields ``measurements.json`` must carry (submission_checker constants.py ``SYSTEM_IMP_REQUIRED_FILES``).
@@ -63,10 +73,6 @@ MEASUREMENT_FIELDS = ("input_data_types", "retraining", "starting_weights_filena
 DIVISIONS = ("closed", "open")
 
 _INT32 = np.dtype("<i4")
-
-
-class ComplianceError(Exception):
-    """A compliance input (accuracy log, run folder, package request) is unusable; the message names it."""
 
 
 # ---------------------------------------------------------------------------------------------- TEST06
@@ -104,47 +110,6 @@ class Test06Result:
                 + ("TEST06 verification complete\n" if self.passed else "TEST06 verification failed\n"))
 
 
-def read_json(path: str | Path, what: str):
-    """Parsed JSON of ``path``. Raises ``ComplianceError`` naming ``what`` and the path if it is
-    missing or not valid JSON."""
-    path = Path(path)
-    if not path.is_file():
-        raise ComplianceError(f"{what} {path} not found")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ComplianceError(f"{what} {path} is not valid JSON ({e})") from None
-
-
-#: MLPerf scenario names (LoadGen's four, plus Interactive: Server with tighter latency targets); TEST06
-#: checks the first token in every scenario but Offline
-MLPERF_SCENARIOS = ("Offline", "Server", "Interactive", "SingleStream", "MultiStream")
-_RECORD_OBJECTS = ("compliance", "run_settings", "engine_settings", "generation", "model", "dataset", "options",
-                   "loadgen", "versions", "test06")
-_RECORD_STRINGS = ("status", "sut", "scenario", "mode", "model_key", "validity")
-
-
-def check_record(rec: object, path: str | Path) -> dict:
-    """``rec`` (a parsed ``run.json``) if its fields have the shapes this module reads.
-
-    Raises ``ComplianceError`` naming the file and the field otherwise (a list instead of an
-    object, a string where an object is due, an unknown scenario).
-    """
-    if not isinstance(rec, dict):
-        raise ComplianceError(f"{path}: a run record must be a JSON object, got {type(rec).__name__}")
-    for k in _RECORD_OBJECTS:
-        if rec.get(k) is not None and not isinstance(rec[k], dict):
-            raise ComplianceError(f"{path}: field {k!r} must be an object, got {type(rec[k]).__name__}")
-    for k in _RECORD_STRINGS:
-        if rec.get(k) is not None and not isinstance(rec[k], str):
-            raise ComplianceError(f"{path}: field {k!r} must be a string, got {type(rec[k]).__name__}")
-    if rec.get("scenario") is not None and rec["scenario"] not in MLPERF_SCENARIOS:
-        raise ComplianceError(f"{path}: unknown scenario {rec['scenario']!r} (known: {', '.join(MLPERF_SCENARIOS)})")
-    if rec.get("accuracy") is not None and not isinstance(rec["accuracy"], dict):
-        raise ComplianceError(f"{path}: field 'accuracy' must be an object, got {type(rec['accuracy']).__name__}")
-    return rec
-
-
 def _ids(hex_text: object, where: str) -> np.ndarray:
     if not isinstance(hex_text, str):
         raise ComplianceError(f"{where}: expected a hex string, got {type(hex_text).__name__}")
@@ -157,17 +122,21 @@ def _ids(hex_text: object, where: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=_INT32)
 
 
-def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequence[int]) -> Test06Result:
+def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequence[int],
+                  vocab: Optional[int] = None, eos_source: str = "EOS token ids") -> Test06Result:
     """Run the three TEST06 checks on a LoadGen ``mlperf_log_accuracy.json``.
 
     Args:
         accuracy_log: the log of the TEST06 run.
         scenario: ``Offline`` (first-token check skipped), ``Server``, ``Interactive``, ...
-        eos_token_ids: the model's EOS ids (Llama 3.1: 128001, 128008, 128009).
+        eos_token_ids: the model's EOS ids (Llama 3.1: 128001, 128008, 128009), a list or tuple of ints.
+        vocab: vocabulary size the EOS ids must be below (None: only int32 range).
+        eos_source: where the EOS ids came from, for messages.
 
     Raises:
         ComplianceError: the file is missing, not JSON, not a list of LoadGen records, empty, or a
-            record has no ``data``/``token_count`` or undecodable bytes (naming the record).
+            record has no ``data``/``token_count`` or undecodable bytes (naming the record); the
+            EOS ids are not a non-empty list of integers in ``[0, vocab)``.
     """
     path = Path(accuracy_log)
     records = read_json(path, "accuracy log")
@@ -178,12 +147,7 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
                               "(was the run made with loadgen_configs/TEST06/audit.config?)")
     if scenario not in MLPERF_SCENARIOS:
         raise ComplianceError(f"unknown scenario {scenario!r} (known: {', '.join(MLPERF_SCENARIOS)})")
-    try:
-        eos = {int(x) for x in eos_token_ids}
-    except (TypeError, ValueError):
-        raise ComplianceError(f"EOS token ids must be integers, got {list(eos_token_ids)!r}") from None
-    if not eos:
-        raise ComplianceError("no EOS token ids given for the EOS check")
+    eos = set(eos_ids(eos_token_ids, vocab if vocab is not None else 2**31, eos_source))
     check_first = scenario != "Offline"
     first_ok = eos_ok = len_ok = True
     failures: list[str] = []
@@ -228,6 +192,45 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
                         eos=eos_ok, sample_length=len_ok, failures=tuple(failures))
 
 
+def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, scenario: Optional[str] = None,
+                      eos_token_ids: Optional[Sequence[int]] = None) -> tuple[Test06Result, Optional[Path], tuple]:
+    """``python -m sut test06-verify``: the TEST06 checks on a folder's ``mlperf_log_accuracy.json``.
+
+    Scenario, EOS ids and vocabulary size come from the folder's ``run.json`` (type-checked) unless
+    given; without a record, Offline and Llama 3.1's EOS ids and vocabulary. The result is written
+    to ``<out>/TEST06/`` when ``out`` is given, else into the folder itself only if it is a TEST06
+    run (``run.json`` says so) or has no ``run.json``: an accuracy or performance run folder never
+    gets a ``TEST06/`` folder.
+
+    Returns:
+        ``(result, TEST06 folder written or None, EOS ids used)``.
+
+    Raises:
+        ComplianceError: a bad ``run.json`` field, bad EOS ids (negative, outside the vocabulary,
+            not a list of integers), or a bad accuracy log (naming the record).
+        OSError: the result cannot be written.
+    """
+    run_dir = Path(run_dir)
+    has_record = (run_dir / "run.json").is_file()
+    rec = check_record(read_json(run_dir / "run.json", "run record"), run_dir / "run.json") if has_record else {}
+    vocab = vocab_size(rec)
+    if eos_token_ids is not None:
+        source = "--eos-token-ids"
+    elif (rec.get("model") or {}).get("eos_token_ids") is not None:
+        eos_token_ids, source = rec["model"]["eos_token_ids"], f"{run_dir / 'run.json'} model.eos_token_ids"
+    else:
+        eos_token_ids, source = list(LLAMA31_EOS), "Llama 3.1's default"
+    eos = eos_ids(eos_token_ids, vocab, source)
+    res = verify_test06(run_dir / "mlperf_log_accuracy.json", scenario or rec.get("scenario") or "Offline", eos, vocab,
+                        source)
+    is_test06 = (rec.get("run_settings") or {}).get("compliance_test") == "TEST06"
+    if out is None and has_record and not is_test06:
+        log.warning("%s is not a TEST06 run (run.json has no compliance_test TEST06): TEST06/verify_accuracy.txt is "
+                    "not written into it; pass --out DIR to write the result elsewhere", run_dir)
+        return res, None, eos
+    return res, write_test06(res, run_dir / "mlperf_log_accuracy.json", out or run_dir), eos
+
+
 def write_test06(result: Test06Result, accuracy_log: str | Path, out_dir: str | Path) -> Path:
     """Write ``<out_dir>/TEST06/verify_accuracy.txt`` and copy the log to ``<out_dir>/TEST06/accuracy/``.
 
@@ -256,7 +259,8 @@ class PackageSettings:
         division: ``closed`` or ``open`` (open needs no TEST06).
         allow_noncompliant: lay out runs marked not compliant, or an accuracy run whose gate failed
             (dummy weights), anyway — to rehearse the layout with dev runs; the tree then holds
-            ``NOT-COMPLIANT.txt`` listing every reason. Failed runs, an INVALID performance result,
+            ``NOT-COMPLIANT.txt`` listing every reason; an INVALID performance result too (a short
+            Server/Interactive dev run cannot pass LoadGen's early stopping). Failed runs,
             LoadGen errors, a failed TEST06 and mismatched settings are refused regardless.
     """
 
@@ -291,6 +295,15 @@ def _gate_result_ok(gate: object) -> bool:
     return not gate["passed"] or (bool(verdict) and all(v["ok"] for v in verdict.values()))
 
 
+def _invalid_why(perf: dict) -> str:
+    """Which of LoadGen's checks an INVALID run failed, from its record."""
+    lg = perf.get("loadgen") or {}
+    failed = [name for key, name in (("result_min_duration_met", "min duration"), ("result_min_queries_met", "min queries"),
+                                     ("result_perf_constraints_met", "latency constraints"),
+                                     ("early_stopping_met", "early stopping")) if lg.get(key) is False]
+    return ", ".join(failed) or "see its mlperf_log_summary.txt"
+
+
 def _load_run(folder: str, role: str) -> tuple[Path, dict]:
     d = Path(folder)
     rec = check_record(read_json(d / "run.json", f"{role} run:"), d / "run.json")
@@ -315,23 +328,26 @@ def _same(a: dict, b: dict, role: str, field: str, ignore: Sequence[str] = ()) -
                               + ", ".join(f"{k} {va.get(k)!r} vs {vb.get(k)!r}" for k in diff))
 
 
-def measurements(perf: dict) -> dict:
-    """``measurements.json`` content derived from a run record (the five required fields + context)."""
-    es = perf.get("engine_settings") or {}
-    quant = es.get("quantization")
-    weight_types = "fp8" if quant == "fp8" else (quant or es.get("dtype") or "bf16")
-    transform = ("dynamic FP8 (e4m3) quantization of the linear layers at load time (vLLM quantization=fp8)"
-                 if quant == "fp8" else ("none" if not quant else f"vLLM quantization={quant} at load time"))
-    model_path = (perf.get("model") or {}).get("path") or es.get("model") or ""
-    return {
-        "input_data_types": "int32",
-        "retraining": "No",
-        "starting_weights_filename": Path(model_path).name or model_path,
-        "weight_data_types": weight_types,
-        "weight_transformations": transform,
-        "kv_cache_data_type": es.get("kv_cache_dtype") or "auto (model dtype)",
-        "harness": "mlperf-llama31-vllm harness (sut run), vLLM " + str((perf.get("versions") or {}).get("vllm")),
-    }
+def _same_engine(perf: dict, rec: dict, role: str) -> None:
+    """Compare the engine that really ran (the engines' read-back records) where both runs have one, and the
+    requested engine settings that nothing reads back; else the requested settings (models by config hash)."""
+    used_p, used_r = engines_used(perf), engines_used(rec)
+    if used_p is None or used_r is None:
+        _same(perf, rec, role, "engine_settings", ignore=("model",))
+        return
+    on_cpu = any(d.get("kind") == "cpu" for d, _ in used_p["devices"] + used_r["devices"])
+    _same(perf, rec, role, "engine_settings", ignore=READ_BACK_SETTINGS + (() if on_cpu else ("cpu_kvcache_gib",)))
+
+    def flat(used: dict) -> dict:
+        out = {k: v for k, v in used.items() if k != "engine_args"}
+        if len(used["engine_args"]) == 1:
+            out.update({f"engine_args.{k}": v for k, v in used["engine_args"][0].items()})
+        else:
+            out["engine_args"] = used["engine_args"]
+        return out
+
+    key = "the engines it ran (read back)"
+    _same({key: flat(used_p)}, {key: flat(used_r)}, role, key)
 
 
 def package(ps: PackageSettings) -> Path:
@@ -347,7 +363,7 @@ def package(ps: PackageSettings) -> Path:
     adir, acc = _load_run(ps.accuracy_run, "accuracy")
     key = perf.get("model_key")
     if key not in BENCHMARK_NAMES:
-        raise ComplianceError(f"performance run {pdir}: model key {key!r} has no Offline benchmark folder "
+        raise ComplianceError(f"performance run {pdir}: model key {key!r} has no benchmark folder "
                               f"(known: {', '.join(BENCHMARK_NAMES)})")
     bench = BENCHMARK_NAMES[key]
     scenario = perf.get("scenario") or "Offline"
@@ -358,7 +374,9 @@ def package(ps: PackageSettings) -> Path:
     if perf.get("run_settings", {}).get("compliance_test") or perf.get("run_settings", {}).get("audit_config"):
         raise ComplianceError(f"performance run {pdir}: made with an audit config (a compliance test run)")
     if perf.get("validity") != "VALID":
-        raise ComplianceError(f"performance run {pdir}: LoadGen result is {perf.get('validity')!r}, not VALID")
+        if not ps.allow_noncompliant or perf.get("validity") != "INVALID":
+            raise ComplianceError(f"performance run {pdir}: LoadGen result is {perf.get('validity')!r}, not VALID")
+        problems.append(f"performance run: LoadGen result is INVALID ({_invalid_why(perf)})")
     if acc.get("mode") != "accuracy":
         raise ComplianceError(f"accuracy run {adir}: mode is {acc.get('mode')!r}")
     gate = acc.get("accuracy")
@@ -406,7 +424,8 @@ def package(ps: PackageSettings) -> Path:
         eos = (t06.get("model") or {}).get("eos_token_ids") or (t06.get("test06") or {}).get("eos_token_ids")
         if not eos:
             raise ComplianceError(f"TEST06 run {tdir}: run.json has no model eos_token_ids for the EOS check")
-        t06_result = verify_test06(tdir / "mlperf_log_accuracy.json", t06.get("scenario") or "Offline", eos)
+        t06_result = verify_test06(tdir / "mlperf_log_accuracy.json", t06.get("scenario") or "Offline", eos,
+                                   vocab_size(t06), f"TEST06 run {tdir}: run.json eos_token_ids")
         if not t06_result.passed:
             raise ComplianceError(f"TEST06 run {tdir}: verification fails on its mlperf_log_accuracy.json: "
                                   + t06_result.verify_accuracy_txt().replace("\n", "; ")
@@ -424,7 +443,7 @@ def package(ps: PackageSettings) -> Path:
             if rec.get(f) != perf.get(f):
                 raise ComplianceError(f"{role} run differs from the performance run in {f}: "
                                       f"{rec.get(f)!r} vs {perf.get(f)!r}")
-        _same(perf, rec, role, "engine_settings", ignore=("model",))  # the model is compared by config below
+        _same_engine(perf, rec, role)
         _same(perf, rec, role, "generation")
         _same(perf, rec, role, "model", ignore=("path",))
         _same(perf, rec, role, "dataset", ignore=("path", "prompt_tokens"))
@@ -454,39 +473,10 @@ def package(ps: PackageSettings) -> Path:
                                   f"{user_conf} does not exist any more")
     shutil.copy2(user_conf, root / "user.conf")
     (root / "measurements.json").write_text(json.dumps(measurements(perf), indent=2) + "\n")
-    (root / "README.md").write_text(_readme(ps, perf, acc, t06, bench, scenario))
+    (root / "README.md").write_text(readme(ps.system, perf, acc, t06, bench, scenario))
     if problems:
         (root / "NOT-COMPLIANT.txt").write_text("These runs are not compliant; this tree is a rehearsal:\n"
                                                 + "".join(f"- {p}\n" for p in problems))
         log.warning("laid out NON-COMPLIANT runs (rehearsal): %s", "; ".join(problems))
     log.info("submission layout written: %s", root)
     return root
-
-
-def _readme(ps: PackageSettings, perf: dict, acc: dict, t06: Optional[dict], bench: str, scenario: str) -> str:
-    def cmd(rec):
-        return rec.get("command") or "(not recorded)"
-
-    es = perf.get("engine_settings") or {}
-    lines = [
-        f"# {ps.system} — {bench} {scenario}",
-        "",
-        f"Harness: `python -m sut run` (SUT `{perf.get('sut')}`), vLLM {(perf.get('versions') or {}).get('vllm')}, "
-        f"torch {(perf.get('versions') or {}).get('torch')}, mlcommons-loadgen "
-        f"{(perf.get('versions') or {}).get('mlcommons-loadgen')}.",
-        f"Engine: dtype {es.get('dtype')}, quantization {es.get('quantization')}, KV cache {es.get('kv_cache_dtype')}, "
-        f"max_num_seqs {es.get('max_num_seqs')}, max_num_batched_tokens {es.get('max_num_batched_tokens')}, "
-        f"max_model_len {es.get('max_model_len')}, prefix caching off.",
-        "",
-        "## Commands",
-        "",
-        f"Performance (LoadGen {perf.get('validity')}, {perf.get('samples_per_s')} samples/s, "
-        f"{perf.get('tokens_per_s')} tokens/s):",
-        "", "```", cmd(perf), "```", "",
-        "Accuracy (ROUGE + output-length gate):", "", "```", cmd(acc), "```", "",
-    ]
-    if t06:
-        lines += ["TEST06 (audit config `loadgen_configs/TEST06/audit.config`):", "", "```", cmd(t06), "```", ""]
-    lines += ["Before submitting: run `tools/submission/truncate_accuracy_log.py` and the submission checker "
-              "of mlcommons/inference on the whole tree.", ""]
-    return "\n".join(lines)

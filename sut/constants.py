@@ -13,8 +13,9 @@ from __future__ import annotations
 MODEL_KEYS = ("llama3_1-8b", "llama3_1-8b-interactive", "llama3_1-8b-edge")
 DEFAULT_MODEL_KEY = "llama3_1-8b"
 
-#: Scenarios the harness drives. Only Offline is in scope (design card).
-SCENARIOS = ("Offline",)
+#: Scenarios the harness drives, spelt as LoadGen and the submission checker spell them (``sut/scenarios.py``:
+#: Interactive is a LoadGen Server run with the model key ``llama3_1-8b-interactive``).
+SCENARIOS = ("Offline", "Server", "Interactive")
 
 #: Performance sample count per model key (MLPerf mlperf.conf,
 #: ``<key>.*.performance_sample_count_override``).

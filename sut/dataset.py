@@ -3,7 +3,9 @@
 File format (mlcommons/inference ``language/llama3.1-8b/download_cnndm.py``): a JSON list of
 records ``{"instruction", "input", "tok_input", "output"}``; ``tok_input`` is the Llama 3
 token ids of the filled prompt template, BOS included, and is what the SUT feeds to the model
-as is. The file is JSON, never a pickle, and nothing here unpickles.
+as is. The file is JSON in ``ACCEPTED_ENCODING`` (UTF-8, with or without BOM), read by the same
+function as the accuracy gate reads it (``accuracy.dataset.read_dataset_json``), never a pickle,
+and nothing here unpickles.
 
 Every record is validated before LoadGen starts; the first bad record raises one
 :class:`DatasetError` naming the file, the record index and the field.
@@ -12,7 +14,6 @@ Every record is validated before LoadGen starts; the first bad record raises one
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from accuracy.dataset import DatasetFileError, read_dataset_json
 from sut.constants import OUTPUT_RESERVE
 
 log = logging.getLogger(__name__)
@@ -88,26 +90,12 @@ class Dataset:
 
 
 def _read_records(path: Path) -> list:
+    """The file's records through the gate's reader (``accuracy.dataset.read_dataset_json``): one reader
+    and one set of accepted encodings (UTF-8, with or without BOM) for the run and the gate."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-            if head[:1] == b"\x80":
-                raise DatasetError(path, "looks like a pickle; only the JSON cnn_eval format is read (never unpickled)")
-            f.seek(0)
-            records = json.load(f)
-    except FileNotFoundError:
-        raise DatasetError(path, "file not found") from None
-    except IsADirectoryError:
-        raise DatasetError(path, "is a directory, not a cnn_eval JSON file") from None
-    except PermissionError:
-        raise DatasetError(path, "permission denied") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DatasetError(path, f"malformed JSON: {e}") from None
-    if not isinstance(records, list):
-        raise DatasetError(path, f"top level must be a JSON list of records, got {type(records).__name__}")
-    if not records:
-        raise DatasetError(path, "the file holds no records")
-    return records
+        return read_dataset_json(path)
+    except DatasetFileError as e:
+        raise DatasetError(path, e.reason) from None
 
 
 def validate_record(path: str | os.PathLike, index: int, rec: object, vocab_size: int, max_prompt_len: int) -> np.ndarray:

@@ -1,20 +1,31 @@
 """The embedded default ("demo"): what command 1 of the README runs after installing.
 
-Steps, each a separate ``python -m sut`` process (LoadGen's FromConfig is once per process):
-1. a deterministic synthetic dataset (128 samples, CNN/DailyMail-like prompt lengths) and its
-   word-level tokenizer;
+Steps, each a separate ``python -m sut`` process (LoadGen's FromConfig is once per process), all
+with the same engine, generation and dataset settings so that ``python -m sut package
+--allow-noncompliant`` can lay the three runs out as a (rehearsal) submission tree:
+
+1. a deterministic synthetic dataset (:data:`SAMPLES` samples, CNN/DailyMail-like prompt
+   lengths) and its word-level tokenizer (the tokenizer that made the dataset's ids, hence the
+   one the accuracy gate needs);
 2. a short Offline performance run of the standalone SUT with the tiny Llama-3-vocabulary
    model (``sut/models/tiny-llama3``, dummy weights) — LoadGen should say VALID;
-3. an accuracy-mode run over the first 64 samples, scored by the accuracy gate. With random
-   weights the ROUGE gate FAILS, as it must: the demo shows the pipeline, not a model.
+3. an accuracy-mode run over every sample, scored by the accuracy gate. With random weights
+   the ROUGE gate FAILS, as it must: the demo shows the pipeline, not a model;
+4. a TEST06 compliance run (``--compliance-test TEST06``) and its checks.
 
-Every run is marked NOT compliant (subset, short duration). Results go under ``output_dir``.
+Every run is marked NOT compliant (subset, short duration). The data go to ``<output_dir>/data/``
+(rewritten identically by every demo: same seed, same files); the runs of each demo go to their
+own folder ``<output_dir>/<YYYYmmdd-HHMMSS>/`` (a second demo never collides with the first).
+The demo ends by printing the ``python -m accuracy`` command that re-scores its accuracy run and
+the ``python -m sut package --allow-noncompliant ...`` command that lays out its three runs.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import logging
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +35,10 @@ log = logging.getLogger(__name__)
 TINY = Path(__file__).resolve().parent / "models" / "tiny-llama3"
 CPU_CONF = Path(__file__).resolve().parent.parent / "loadgen_configs" / "cpu_tiny.user.conf"
 ENGINE = ["--model", str(TINY), "--load-format", "dummy", "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
+#: Samples in the demo's dataset; every run uses all of them (no --max-samples anywhere).
+SAMPLES = 64
+#: The three runs: role -> run folder name (the harness appends -NOT-COMPLIANT).
+RUN_NAMES = {"performance": "performance", "accuracy": "accuracy", "test06": "test06"}
 
 
 def _sut(*args: str) -> None:
@@ -34,28 +49,76 @@ def _sut(*args: str) -> None:
         raise SystemExit(f"demo step failed (exit {rc}): {' '.join(cmd)}")
 
 
-def run_demo(out: Path) -> int:
-    """Run the three steps; return 0 when both runs completed (the gate verdict is reported, not enforced)."""
-    out = out.resolve()
-    data = out / "data"
-    _sut("synthetic", "--out", str(data / "synthetic_128.json"), "--samples", "128", "--tokenizer-out", str(data / "tokenizer"))
-    _sut("run", "--sut", "vllm", "--mode", "performance", *ENGINE, "--dataset", str(data / "synthetic_128.json"),
-         "--user-conf", str(CPU_CONF), "--min-duration-s", "10", "--min-query-count", "1",
-         "--output-dir", str(out), "--run-name", "performance")
-    _sut("run", "--sut", "vllm", "--mode", "accuracy", *ENGINE, "--dataset", str(data / "synthetic_128.json"),
-         "--max-samples", "64", "--user-conf", str(CPU_CONF), "--tokenizer", str(data / "tokenizer"),
-         "--output-dir", str(out), "--run-name", "accuracy")
-    perf = json.loads((out / "performance-NOT-COMPLIANT" / "run.json").read_text())
-    acc = json.loads((out / "accuracy-NOT-COMPLIANT" / "run.json").read_text())
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it lies under it (shorter to copy), else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def package_command(out: Path, runs: dict[str, Path]) -> list[str]:
+    """The ``python -m sut package --allow-noncompliant`` command that lays out the demo's runs.
+
+    Args:
+        out: the demo's folder; the tree goes to ``out/submission``.
+        runs: run folders by role ("performance", "accuracy", "test06").
+    """
+    return ["python", "-m", "sut", "package", "--allow-noncompliant", "--out", _shown(out / "submission"),
+            "--system", "1xCPU_tiny_demo", "--submitter", "demo",
+            "--performance", _shown(runs["performance"]), "--accuracy", _shown(runs["accuracy"]),
+            "--test06", _shown(runs["test06"])]
+
+
+def run_demo(output_dir: Path, stamp: str | None = None) -> int:
+    """Run the steps into ``output_dir/<stamp>/``; return 0 when every run completed.
+
+    The accuracy gate's verdict and TEST06's checks are reported, not enforced (random weights).
+
+    Raises:
+        SystemExit: a step failed (its exit code and command in the message).
+    """
+    stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = (Path(output_dir) / stamp).resolve()
+    data = Path(output_dir).resolve() / "data"  # deterministic: the same files for every demo
+    dataset, tokenizer = data / f"synthetic_{SAMPLES}.json", data / "tokenizer"
+    _sut("synthetic", "--out", str(dataset), "--samples", str(SAMPLES), "--tokenizer-out", str(tokenizer))
+    common = ["--sut", "vllm", *ENGINE, "--dataset", str(dataset), "--user-conf", str(CPU_CONF), "--output-dir", str(out)]
+    _sut("run", "--mode", "performance", *common, "--min-duration-s", "10", "--min-query-count", "1",
+         "--run-name", RUN_NAMES["performance"])
+    _sut("run", "--mode", "accuracy", *common, "--tokenizer", str(tokenizer), "--run-name", RUN_NAMES["accuracy"])
+    _sut("run", "--compliance-test", "TEST06", *common, "--run-name", RUN_NAMES["test06"])
+    runs = {role: out / f"{name}-NOT-COMPLIANT" for role, name in RUN_NAMES.items()}
+    recs = {role: json.loads((d / "run.json").read_text()) for role, d in runs.items()}
+    log.info("\n" + "\n".join(_summary(out, data, runs, recs)))
+    return 0
+
+
+def _rescore_command(acc_dir: Path, data: Path, acc: dict) -> list[str]:
+    """``python -m accuracy`` on the accuracy run, with the run's dataset, tokenizer and EOS ids
+    (the synthetic tokenizer knows only one EOS id; the run used the model's)."""
+    cmd = ["python", "-m", "accuracy", "--accuracy-log", _shown(acc_dir / "mlperf_log_accuracy.json"),
+           "--dataset", _shown(data / f"synthetic_{SAMPLES}.json"), "--tokenizer", _shown(data / "tokenizer")]
+    eos = (acc.get("model") or {}).get("eos_token_ids")
+    return cmd + (["--eos-ids", ",".join(str(e) for e in eos)] if eos else [])
+
+
+def _summary(out: Path, data: Path, runs: dict[str, Path], recs: dict[str, dict]) -> list[str]:
+    perf, acc, t06 = recs["performance"], recs["accuracy"], recs["test06"]
     gate = acc.get("accuracy") or {}
-    lines = [
+    verdict = "PASS" if gate.get("passed") else "FAIL (expected: random weights)" if "passed" in gate else gate.get("skipped")
+    test06 = t06.get("test06") or {}
+    return [
         "demo finished (tiny model with random weights, synthetic data: NOT compliant, by design)",
-        f"  performance run : {perf['output_dir']}",
+        f"  performance run : {_shown(runs['performance'])}",
         f"                    LoadGen {perf.get('validity')}, {perf.get('samples_per_s')} samples/s, {perf.get('tokens_per_s')} tokens/s",
-        f"  accuracy run    : {acc['output_dir']}",
-        f"                    {acc['ledger']['completed']} samples answered; accuracy log: mlperf_log_accuracy.json",
-        f"  accuracy gate   : {'PASS' if gate.get('passed') else 'FAIL (expected: random weights)' if 'passed' in gate else gate.get('skipped')}",
+        f"  accuracy run    : {_shown(runs['accuracy'])}",
+        f"                    {acc['ledger']['completed']} samples answered; accuracy gate {verdict}",
+        f"  TEST06 run      : {_shown(runs['test06'])}",
+        f"                    {test06.get('samples')} responses checked: {'pass' if test06.get('passed') else 'FAIL'}",
+        "  re-score the accuracy run (with the tokenizer that made the dataset's ids, written next to it):",
+        "    " + shlex.join(_rescore_command(runs["accuracy"], data, acc)),
+        "  lay the three runs out as a rehearsal submission tree (with . .venv/bin/activate):",
+        "    " + shlex.join(package_command(out, runs)),
         "  next: python -m sut run --help   (real model: README 'Real input')",
     ]
-    log.info("\n" + "\n".join(lines))
-    return 0

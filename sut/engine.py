@@ -9,11 +9,21 @@ thread binding), builds ``vllm.LLM`` once, reads its configuration back, reports
 then runs the same add-request / step loop that ``LLM.generate`` runs, fed from a pipe: new
 requests are added the moment they arrive and finished outputs are sent back after each step.
 
-Knobs (``EngineSettings``): model, dtype, max_model_len, max_num_seqs, max_num_batched_tokens,
+Knobs (``EngineSettings``): model, dtype, max_model_len, max_num_seqs, max_num_batched_tokens (the
+per-step token budget, which caps the prefill tokens of one step: vLLM's chunked prefill),
+long_prefill_token_threshold (a prompt longer than this is prefilled at most this many tokens per
+step; vLLM's ``SchedulerConfig``; 0/None = no cap), enable_chunked_prefill (None = vLLM's default, on),
 gpu_memory_utilization (split evenly between engines sharing one GPU), kv_cache_dtype,
 quantization, load_format (``dummy`` = random weights from config.json), enforce_eager, seed,
 enable_prefix_caching (must stay False for MLPerf; the run refuses to start otherwise),
 device (auto/cuda/cpu), engines_per_device, cpu_kvcache_gib.
+
+Engine output: vLLM writes its own logs, warnings and tracebacks (e.g. the harmless "Chat
+template warmup failed ... Tokenizer not available" of an engine started without a tokenizer)
+to the worker's stdout/stderr. ``EnginePool.start(log_dir)`` sends each worker's stdout and
+stderr, with those of vLLM's own child processes, to ``log_dir/engine-N.log`` instead of the
+console; a start failure or an engine death carries the log's last lines in its error message.
+Without ``log_dir`` (``--verbose``, the Flame service) the output goes where the parent's goes.
 
 Failure handling: each worker runs in its own process group. The pool watches each worker's
 pipe and process sentinel; an exited worker or an engine exception is reported through
@@ -35,6 +45,7 @@ import queue
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -72,6 +83,8 @@ class EngineSettings:
     max_model_len: int = 2668
     max_num_seqs: int = 256
     max_num_batched_tokens: Optional[int] = None
+    long_prefill_token_threshold: Optional[int] = None
+    enable_chunked_prefill: Optional[bool] = None
     gpu_memory_utilization: Optional[float] = None  # None = vLLM's default (0.92 in 0.26)
     kv_cache_dtype: str = "auto"
     quantization: Optional[str] = None
@@ -90,6 +103,8 @@ class EngineSettings:
             raise ValueError(f"engines_per_device must be >= 1, got {self.engines_per_device}")
         if self.max_model_len <= MAX_NEW_TOKENS:
             raise ValueError(f"max_model_len must exceed {MAX_NEW_TOKENS}, got {self.max_model_len}")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
 
     def vllm_kwargs(self, gpu_share: int = 1) -> dict:
         """Keyword arguments for ``vllm.LLM`` (``gpu_share`` engines split one GPU's memory)."""
@@ -108,6 +123,10 @@ class EngineSettings:
         )
         if self.max_num_batched_tokens:
             kw["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.long_prefill_token_threshold is not None:
+            kw["long_prefill_token_threshold"] = self.long_prefill_token_threshold
+        if self.enable_chunked_prefill is not None:
+            kw["enable_chunked_prefill"] = self.enable_chunked_prefill
         if self.quantization:
             kw["quantization"] = self.quantization
         util = self.gpu_memory_utilization
@@ -343,8 +362,25 @@ class GcPauseMonitor:
 # ---------------------------------------------------------------------------------------------
 
 
+def kv_cache_capacity(cache_config) -> dict:
+    """The KV cache vLLM allocated, as it reports it: ``{"blocks", "block_size", "tokens", "tokens_from"}``.
+
+    ``blocks`` is ``cache_config.num_gpu_blocks`` (device blocks: GPU memory, or the CPU backend's
+    ``VLLM_CPU_KVCACHE_SPACE``), ``block_size`` tokens per block, ``tokens`` vLLM's own
+    ``kv_cache_size_tokens`` (the "KV cache size: N tokens" of its log) where it has one
+    (``tokens_from="vllm"``), else blocks x block size (``"blocks"``). ``None``: not known.
+    """
+    blocks = getattr(cache_config, "num_gpu_blocks", None)
+    bs = getattr(cache_config, "block_size", None)
+    tokens, source = getattr(cache_config, "kv_cache_size_tokens", None), "vllm"
+    if tokens is None and blocks is not None and bs is not None:
+        tokens, source = int(blocks) * int(bs), "blocks"
+    return {"blocks": None if blocks is None else int(blocks), "block_size": None if bs is None else int(bs),
+            "tokens": None if tokens is None else int(tokens), "tokens_from": None if tokens is None else source}
+
+
 def _read_back(llm, vllm_mod, torch_mod, slot: EngineSlot) -> dict:
-    """What the running engine really uses, plus device identity."""
+    """What the running engine really uses, plus device identity and KV-cache capacity."""
     cfg = llm.llm_engine.vllm_config
     mc, cc, sc, lc = cfg.model_config, cfg.cache_config, cfg.scheduler_config, cfg.load_config
     info = {
@@ -358,6 +394,8 @@ def _read_back(llm, vllm_mod, torch_mod, slot: EngineSlot) -> dict:
             "max_model_len": mc.max_model_len,
             "max_num_seqs": sc.max_num_seqs,
             "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "long_prefill_token_threshold": getattr(sc, "long_prefill_token_threshold", None),
+            "enable_chunked_prefill": getattr(sc, "enable_chunked_prefill", None),
             "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
             "kv_cache_dtype": str(cc.cache_dtype),
             "quantization": mc.quantization,
@@ -367,6 +405,7 @@ def _read_back(llm, vllm_mod, torch_mod, slot: EngineSlot) -> dict:
             "block_size": cc.block_size,
         },
         "enable_prefix_caching": bool(cc.enable_prefix_caching),
+        "kv_cache": kv_cache_capacity(cc),
         "device": {"kind": slot.kind, "slot": slot.device},
     }
     if slot.kind == "cuda":
@@ -388,6 +427,45 @@ def _cpu_name() -> str:
     return "cpu"
 
 
+ENGINE_LOG_TAIL_LINES = 20
+
+
+def engine_log_path(log_dir: str | os.PathLike, index: int | str) -> Path:
+    """``log_dir/engine-<index>.log``: where engine ``index`` writes its console output."""
+    return Path(log_dir) / f"engine-{index}.log"
+
+
+def log_tail(path: Optional[Path], lines: int = ENGINE_LOG_TAIL_LINES, max_chars: int = 400) -> str:
+    """The last ``lines`` non-empty lines of ``path`` (each cut to ``max_chars``); '' if none or unreadable."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - lines * max_chars * 2))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    kept = [ln[:max_chars] for ln in text.splitlines() if ln.strip()][-lines:]
+    return "\n".join(kept)
+
+
+def _redirect_output(path: Path) -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2, inherited by vLLM's own
+    child processes) at ``path``, appending, line-buffered."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):  # not a TextIOWrapper (e.g. replaced by a test runner)
+            pass
+
+
 class _Terminated(BaseException):
     """SIGTERM in an engine worker that shares its parent's process group."""
 
@@ -397,7 +475,8 @@ def _raise_terminated(*_):
 
 
 def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationSettings, slot: EngineSlot,
-                 own_process_group: bool = True, gc_freeze: bool = False, detail: bool = False) -> None:
+                 own_process_group: bool = True, gc_freeze: bool = False, detail: bool = False,
+                 log_path: Optional[Path] = None, stream: bool = False) -> None:
     """Entry point of an engine worker process (spawned).
 
     ``own_process_group``: start a new process group (the standalone SUT ends vLLM's children
@@ -407,7 +486,13 @@ def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: Generation
     pause is logged at shutdown and reported on a ``("stats",)`` request.
     ``detail``: per-request timings and cached-token counts in every result (see ``_serve``);
     only the synthetic-locality entry point turns it on.
+    ``log_path``: stdout and stderr (vLLM's logs, warnings, tracebacks) go to this file, before vLLM
+    is imported; None keeps the parent's.
+    ``stream``: report each request's first generated token from the step that produced it (Server
+    and Interactive scenarios; see ``_serve``).
     """
+    if log_path is not None:
+        _redirect_output(log_path)
     if own_process_group:
         os.setpgrp()  # own process group: the parent ends vLLM's children with one killpg
     else:
@@ -438,7 +523,7 @@ def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: Generation
         conn.send(("error", f"engine {slot.index} failed to start:\n{traceback.format_exc()}"))
         return
     try:
-        _serve(conn, engine, params, gcmon.stats, llm=llm, detail=detail)
+        _serve(conn, engine, params, gcmon.stats, llm=llm, detail=detail, stream=stream)
     except (EOFError, BrokenPipeError, _Terminated):
         pass  # parent is gone, or the shared process group is being ended
     except BaseException:  # noqa: BLE001
@@ -461,7 +546,7 @@ def _worker_main(conn: mpc.Connection, settings: EngineSettings, gen: Generation
 
 
 def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None,
-           detail: bool = False) -> None:
+           detail: bool = False, stream: bool = False) -> None:
     """The hot loop: the same add_request/step cycle as ``LLM.generate``, fed from a pipe.
 
     Messages in: ("gen", [(request_id, int32 prompt), ...]), ("stats",), ("reset_cache",) and ("stop",).
@@ -475,7 +560,21 @@ def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[],
     deltas so the first token is seen, and each result is ``(request_id, ids, info)`` with
     ``info = {"ttft_s", "e2e_s", "cached_tokens"}`` (seconds from ``add_request``; prompt tokens
     vLLM served from its prefix cache).
+
+    ``stream`` (Server / Interactive scenarios): outputs are streamed as deltas (vLLM
+    ``RequestOutputKind.DELTA``); after each step, ("first", [(request_id, first id), ...]) for the
+    requests whose first token that step produced, sent before that step's ("done", ...), whose ids
+    are the whole generated sequence (so it starts with the reported first id). Offline (``stream``
+    False) keeps vLLM's ``FINAL_ONLY`` outputs: no per-step output objects.
     """
+    if stream and detail:
+        raise ValueError("stream and detail are exclusive")
+    if stream:
+        from vllm.sampling_params import RequestOutputKind
+
+        params = params.clone()
+        params.output_kind = RequestOutputKind.DELTA
+        streamed: dict[str, list] = {}
     if detail:
         from vllm.sampling_params import RequestOutputKind
 
@@ -519,12 +618,37 @@ def _serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[],
             continue
         outs = engine.step()
         # Stage 3: return finished requests.
-        if detail:
+        if stream:
+            first, done = _stream_results(outs, streamed)
+            if first:
+                conn.send(("first", first))
+        elif detail:
             done = _detail_results(outs, t_add, t_first, acc)
         else:
             done = [(int(o.request_id), np.asarray(o.outputs[0].token_ids, dtype=np.int32)) for o in outs if o.finished]
         if done:
             conn.send(("done", done))
+
+
+def _stream_results(outs, acc: dict) -> tuple[list, list]:
+    """Delta outputs of one step → ``(first, done)``: ``[(request_id, first generated id)]`` of the
+    requests that got their first token in this step, and the finished ``[(request_id, int32 ids)]``
+    (the whole sequence). ``acc`` holds each running request's ids so far (see ``_serve``)."""
+    first, done = [], []
+    for o in outs:
+        rid = o.request_id
+        ids = o.outputs[0].token_ids if o.outputs else ()
+        seen = acc.get(rid)
+        if seen is None:
+            if not len(ids) and not o.finished:
+                continue  # a prefill chunk: no token yet
+            seen = acc[rid] = []
+            if len(ids):
+                first.append((int(rid), int(ids[0])))
+        seen.extend(ids)
+        if o.finished:
+            done.append((int(rid), np.asarray(acc.pop(rid), dtype=np.int32)))
+    return first, done
 
 
 def _detail_results(outs, t_add: dict, t_first: dict, acc: dict) -> list:
@@ -571,8 +695,9 @@ class EngineHandle:
     """Parent-side handle of one engine worker: start, submit, watch, shut down."""
 
     def __init__(self, slot: EngineSlot, settings: EngineSettings, gen: GenerationSettings,
-                 own_process_group: bool = True, gc_freeze: bool = False, detail: bool = False):
+                 own_process_group: bool = True, gc_freeze: bool = False, detail: bool = False, stream: bool = False):
         self.slot, self.settings, self.gen = slot, settings, gen
+        self.stream = stream
         self.own_process_group = own_process_group
         self.gc_freeze = gc_freeze
         self.detail = detail
@@ -587,21 +712,53 @@ class EngineHandle:
         self._on_done: Optional[DoneCallback] = None
         self._on_fatal: Optional[FatalCallback] = None
         self._on_stats: Optional[Callable[[dict], None]] = None
+        self._on_first: Optional[DoneCallback] = None
         self._raw: "queue.Queue" = queue.Queue()
+        self.log_path: Optional[Path] = None
 
     @property
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc else None
 
-    def start(self) -> None:
+    def start(self, log_path: Optional[Path] = None) -> None:
+        """Spawn the worker. ``log_path``: its stdout/stderr (vLLM's output) go to this file, which
+        gets a header line first; None = the parent's stdout/stderr. Raises ``EngineError`` if the
+        file cannot be written."""
+        if log_path is not None:
+            log_path = Path(log_path)
+            try:
+                with open(log_path, "a") as fh:
+                    fh.write(f"engine {self.slot.index} ({self.slot.kind}:{self.slot.device}): vLLM's own output "
+                             f"(worker and its child processes), {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            except OSError as e:
+                raise EngineError(f"engine {self.slot.index}: cannot write its log {log_path}: {e.strerror}") from None
+        self.log_path = log_path
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         self._conn = parent
         self._proc = ctx.Process(target=_worker_main, args=(child, self.settings, self.gen, self.slot,
-                                                            self.own_process_group, self.gc_freeze, self.detail),
+                                                            self.own_process_group, self.gc_freeze, self.detail,
+                                                            log_path, self.stream),
                                  name=f"vllm-engine-{self.slot.index}", daemon=False)
         self._proc.start()
         child.close()
+
+    def failure(self, msg: str) -> str:
+        """``msg`` with the last lines of the engine log (when there is one) after its first line, so
+        the console shows why an engine died and still ends with the worker's own traceback, if any;
+        ``msg`` itself is then appended to the log, which thus holds the whole story."""
+        if self.log_path is None:
+            return msg
+        tail = log_tail(self.log_path)
+        try:
+            with open(self.log_path, "a") as fh:
+                fh.write(f"[{time.strftime('%H:%M:%S')}] {msg}\n")
+        except OSError:
+            pass
+        first, _, rest = msg.partition("\n")
+        tail = tail or "(empty)"
+        out = f"{first}\n--- last lines of {self.log_path} ---\n{tail}\n--- end of {self.log_path.name} ---"
+        return f"{out}\n{rest}" if rest else out
 
     def wait_ready(self, timeout: float) -> dict:
         """Block until the worker reports ready; raise ``EngineError`` on failure or timeout."""
@@ -609,34 +766,40 @@ class EngineHandle:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise EngineError(f"engine {self.slot.index} not ready after {timeout:.0f} s")
+                raise EngineError(self.failure(f"engine {self.slot.index} not ready after {timeout:.0f} s"))
             ready = mpc.wait([self._conn, self._proc.sentinel], timeout=left)
             if self._conn in ready:
                 try:
                     kind, payload = self._conn.recv()
                 except EOFError:
-                    raise EngineError(f"engine {self.slot.index} exited during start-up (code {self._proc.exitcode})") from None
+                    self._proc.join(1)
+                    raise EngineError(self.failure(f"engine {self.slot.index} exited during start-up "
+                                                   f"(code {self._proc.exitcode})")) from None
                 if kind == "ready":
                     self.info = payload
                     return payload
-                raise EngineError(payload)
+                raise EngineError(self.failure(payload))
             if self._proc.sentinel in ready:
                 self._proc.join(1)
-                raise EngineError(f"engine {self.slot.index} exited during start-up (code {self._proc.exitcode})")
+                raise EngineError(self.failure(f"engine {self.slot.index} exited during start-up "
+                                               f"(code {self._proc.exitcode})"))
 
     def watch(self, on_done: DoneCallback, on_fatal: FatalCallback,
-              on_stats: Optional[Callable[[dict], None]] = None) -> None:
+              on_stats: Optional[Callable[[dict], None]] = None, on_first: Optional[DoneCallback] = None) -> None:
         """Route results to ``on_done`` and death/errors to ``on_fatal`` (reported within milliseconds).
 
-        ``on_stats`` receives the worker's answer to :meth:`request_stats`. The watcher thread
+        ``on_stats`` receives the worker's answer to :meth:`request_stats`; ``on_first`` a streaming
+        worker's first tokens ``(engine index, [(request_id, first id)])``, always before the
+        ``on_done`` call of the same requests (one thread, in the worker's order). The watcher thread
         starts on the first call; later calls only swap the callbacks (a benchmark runs several
         SUTs over one pool).
         """
-        self._on_done, self._on_fatal, self._on_stats = on_done, on_fatal, on_stats
+        self._on_done, self._on_fatal, self._on_stats, self._on_first = on_done, on_fatal, on_stats, on_first
         if self._watcher is not None:
             return
 
         def fatal(msg: str) -> None:
+            msg = self.failure(msg)
             self._raw.put(EngineError(msg))
             if self._on_fatal is not None:
                 self._on_fatal(msg)
@@ -651,6 +814,10 @@ class EngineHandle:
                         kind, payload = "eof", None
                     if kind == "done":
                         self._on_done(self.slot.index, payload)
+                        continue
+                    if kind == "first":
+                        if self._on_first is not None:
+                            self._on_first(self.slot.index, payload)
                         continue
                     if kind == "stats":
                         if self._on_stats is not None:
@@ -714,7 +881,7 @@ class EngineHandle:
         """Stop the worker and end its process group, or only the worker when it shares its
         parent's group (SIGTERM, then SIGKILL)."""
         self._stopping = True
-        if self._proc is None:
+        if self._proc is None or self._proc.pid is None:  # never started (or its start raised)
             return
         if self._proc.is_alive():
             try:
@@ -767,10 +934,12 @@ class EnginePool:
             service's engine does); off by default.
         detail: per-request TTFT, latency and cached-token counts in results (synthetic-locality
             entry point only; needs ``allow_prefix_caching``).
+        stream: engines report each request's first token as soon as the step that made it returns
+            (``watch(on_first=...)``; Server and Interactive scenarios).
     """
 
     def __init__(self, settings: EngineSettings, gen: GenerationSettings, allow_prefix_caching: bool = False,
-                 start_timeout_s: float = 1800.0, gc_freeze: bool = False, detail: bool = False):
+                 start_timeout_s: float = 1800.0, gc_freeze: bool = False, detail: bool = False, stream: bool = False):
         if settings.enable_prefix_caching and not allow_prefix_caching:
             raise EngineError("enable_prefix_caching=True is not allowed in an MLPerf run (cross-query KV reuse is prohibited)")
         self.settings, self.gen = settings, gen
@@ -779,15 +948,24 @@ class EnginePool:
         self.slots = plan_engines(settings)
         if detail and not allow_prefix_caching:
             raise EngineError("per-request detail results are for the synthetic-locality entry point only")
-        self.engines = [EngineHandle(s, settings, gen, gc_freeze=gc_freeze, detail=detail) for s in self.slots]
+        self.engines = [EngineHandle(s, settings, gen, gc_freeze=gc_freeze, detail=detail, stream=stream)
+                        for s in self.slots]
 
     def __len__(self) -> int:
         return len(self.engines)
 
-    def start(self) -> list[dict]:
-        """Start every engine and wait for all; on any failure shut all down and raise ``EngineError``."""
+    def start(self, log_dir: Optional[str | os.PathLike] = None) -> list[dict]:
+        """Start every engine and wait for all; on any failure shut all down and raise ``EngineError``
+        (its message ends with the failing engine's last log lines).
+
+        ``log_dir``: engine N's stdout/stderr (vLLM's logs and warnings) go to ``log_dir/engine-N.log``;
+        None = the console.
+        """
         t0 = time.monotonic()
         log.info("starting %d engine(s): %s", len(self.engines), [(s.kind, s.device) for s in self.slots])
+        if log_dir is not None:
+            log.info("vLLM's own output (logs, warnings) goes to %s (--verbose: to the console)",
+                     engine_log_path(log_dir, 0 if len(self.engines) == 1 else "N"))
         # Engines on different devices start together; engines sharing one GPU start one after
         # the other, so that each one's memory profiling sees the previous one's final footprint.
         by_device: dict[str, list[EngineHandle]] = {}
@@ -797,7 +975,7 @@ class EnginePool:
         try:
             for wave in waves:
                 for e in wave:
-                    e.start()
+                    e.start(None if log_dir is None else engine_log_path(log_dir, e.slot.index))
                 for e in wave:
                     e.wait_ready(self.start_timeout_s)
             infos = [e.info for e in self.engines]

@@ -33,9 +33,11 @@ from typing import Optional
 from sut import __version__
 from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, get_sut
 from sut.compliance import COMPLIANCE_TESTS, TEST06_AUDIT_CONFIG, ComplianceError, verify_test06, write_test06
-from sut.constants import MIN_DURATION_MS, MODEL_KEYS, PERFORMANCE_SAMPLE_COUNT, SCENARIOS
+from sut.constants import MIN_DURATION_MS, MODEL_KEYS, PERFORMANCE_SAMPLE_COUNT
 from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
 from sut.engine import EngineSettings, GenerationSettings, read_model_info
+from sut.scenarios import LATENCY_LIMITS_MS, ScenarioError, check_backend, resolve_scenario
+from sut.userconf import check_user_conf
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,10 @@ class RunSettings:
         dataset: cnn_eval-format JSON file.
         output_dir: base folder; each run gets its own sub-folder.
         mode: ``performance`` or ``accuracy``.
-        scenario: LoadGen scenario (``Offline``).
-        model_key: LoadGen model key (MLPerf mlperf.conf), default ``llama3_1-8b``.
+        scenario: ``Offline``, ``Server`` or ``Interactive`` (``sut/scenarios.py``: Interactive is a
+            LoadGen Server run with the model key ``llama3_1-8b-interactive``).
+        model_key: LoadGen model key (MLPerf mlperf.conf); None = the scenario's (``llama3_1-8b``,
+            Interactive ``llama3_1-8b-interactive``); a key that does not go with the scenario is refused.
         user_conf: user.conf path, read once through ``FromConfig``.
         max_samples: use only the first N records (not compliant).
         min_duration_s / min_query_count / target_qps: overrides after user.conf (not compliant,
@@ -67,6 +71,8 @@ class RunSettings:
         enable_trace: LoadGen trace log (large; off by default).
         stall_timeout_s: fail if no sample completes for this long while samples are outstanding.
         run_name: sub-folder name; default ``<time>-<sut>-<scenario>-<mode>``.
+        engine_console: vLLM's own output (local engine workers' stdout/stderr) on the console
+            (``--verbose``) instead of ``<run>/engine-N.log``.
     """
 
     sut: str
@@ -74,7 +80,7 @@ class RunSettings:
     output_dir: str = "results"
     mode: str = "performance"
     scenario: str = "Offline"
-    model_key: str = "llama3_1-8b"
+    model_key: Optional[str] = None
     user_conf: str = "user.conf"
     max_samples: Optional[int] = None
     min_duration_s: Optional[float] = None
@@ -88,14 +94,15 @@ class RunSettings:
     stall_timeout_s: float = 1800.0
     run_name: Optional[str] = None
     progress: bool = True
+    engine_console: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.scenario not in SCENARIOS:
-            raise ValueError(f"scenario must be one of {SCENARIOS}, got {self.scenario!r}")
-        if self.model_key not in MODEL_KEYS:
-            raise ValueError(f"model_key must be one of {MODEL_KEYS}, got {self.model_key!r}")
+        if self.model_key is not None and self.model_key not in MODEL_KEYS:
+            raise ValueError(f"model_key must be one of {MODEL_KEYS} (spelt exactly so), got {self.model_key!r}")
+        # ScenarioError (a ValueError) names the right spelling or pairing; the key is then the scenario's
+        object.__setattr__(self, "model_key", resolve_scenario(self.scenario, self.model_key).model_key)
         if self.compliance_test is not None:
             if self.compliance_test not in COMPLIANCE_TESTS:
                 raise ValueError(f"compliance_test must be one of {COMPLIANCE_TESTS}, got {self.compliance_test!r}")
@@ -138,12 +145,16 @@ print(json.dumps({"rc": rc, **{k: getattr(ts, k) for k in sys.argv[3:]}}))
 """
 
 
-def mlperf_conf_settings(model_key: str, scenario: str) -> dict:
-    """The LoadGen settings of ``_CONF_FIELDS`` that the embedded mlperf.conf alone gives.
+#: Server settings mlperf.conf fixes for the streaming scenarios (the token-latency limits and their percentile).
+_SERVER_CONF_FIELDS = ("ttft_latency", "tpot_latency", "server_target_latency_percentile", "server_target_latency_ns")
+
+
+def mlperf_conf_settings(model_key: str, scenario: str, fields: tuple = _CONF_FIELDS) -> dict:
+    """The LoadGen settings ``fields`` that the embedded mlperf.conf alone gives (``scenario``: LoadGen's).
 
     Raises ``RunFailed`` if the child process cannot read them.
     """
-    out = subprocess.run([sys.executable, "-c", _CONF_SNIPPET, model_key, scenario, *_CONF_FIELDS],
+    out = subprocess.run([sys.executable, "-c", _CONF_SNIPPET, model_key, scenario, *fields],
                          capture_output=True, text=True, timeout=120)
     try:
         ref = json.loads(out.stdout.strip().splitlines()[-1])
@@ -166,11 +177,13 @@ def loadgen_test_settings(rs: RunSettings, dataset_size: int):
 
     if not Path(rs.user_conf).is_file():
         raise InputError(f"user.conf not found: {rs.user_conf}")
+    scen = resolve_scenario(rs.scenario, rs.model_key)  # Interactive: LoadGen's Server + the -interactive key
+    check_user_conf(rs.user_conf, rs.model_key, scen.loadgen)  # a line LoadGen would ignore is refused (exit 2)
     if _FROM_CONFIG_CALLED:
         raise RunFailed("TestSettings.FromConfig was already called in this process; start a new process per run")
     ts = lg.TestSettings()
-    ts.scenario = getattr(lg.TestScenario, rs.scenario)
-    rc = ts.FromConfig(str(rs.user_conf), rs.model_key, rs.scenario)
+    ts.scenario = getattr(lg.TestScenario, scen.loadgen)
+    rc = ts.FromConfig(str(rs.user_conf), rs.model_key, scen.loadgen)
     _FROM_CONFIG_CALLED = True
     if rc != 0:
         raise InputError(f"LoadGen rejected {rs.user_conf} (FromConfig returned {rc}); values must be numbers, "
@@ -180,8 +193,12 @@ def loadgen_test_settings(rs: RunSettings, dataset_size: int):
     if rs.scenario == "Offline" and not ts.offline_expected_qps > 0:
         raise InputError(f"{rs.user_conf}: target_qps must be a positive number of samples/s, got "
                          f"{ts.offline_expected_qps}")
-    ref = mlperf_conf_settings(rs.model_key, rs.scenario)
-    for key in _CONF_FIELDS:
+    if scen.loadgen == "Server" and not ts.server_target_qps > 0:
+        raise InputError(f"{rs.user_conf}: target_qps must be a positive number of queries/s, got "
+                         f"{ts.server_target_qps}")
+    fields = _CONF_FIELDS + (_SERVER_CONF_FIELDS if scen.loadgen == "Server" else ())
+    ref = mlperf_conf_settings(rs.model_key, scen.loadgen, fields)
+    for key in fields:
         val = getattr(ts, key)
         if val == ref[key] or (key in ("min_duration_ms", "min_query_count") and val > ref[key]):
             continue
@@ -200,7 +217,10 @@ def loadgen_test_settings(rs: RunSettings, dataset_size: int):
         ts.min_query_count = int(rs.min_query_count)
         reasons.append(f"min_query_count overridden to {rs.min_query_count}")
     if rs.target_qps is not None:
-        ts.offline_expected_qps = float(rs.target_qps)
+        if scen.loadgen == "Server":
+            ts.server_target_qps = float(rs.target_qps)
+        else:
+            ts.offline_expected_qps = float(rs.target_qps)
         reasons.append("target_qps set on the command line (put it in user.conf for a compliant run)")
     if ts.min_duration_ms < MIN_DURATION_MS:
         reasons.append(f"min_duration {ts.min_duration_ms} ms < {MIN_DURATION_MS} ms")
@@ -221,7 +241,14 @@ def parse_loadgen_detail(path: Path) -> dict:
     wanted = {"result_validity", "result_samples_per_second", "result_tokens_per_second", "result_min_duration_met",
               "result_min_queries_met", "early_stopping_met", "effective_samples_per_query", "effective_min_duration_ms",
               "effective_performance_sample_count", "effective_target_qps", "loadgen_version", "effective_min_query_count",
-              "result_max_latency_ns", "effective_sample_concatenate_permutation", "effective_use_token_latencies"}
+              "result_max_latency_ns", "effective_sample_concatenate_permutation", "effective_use_token_latencies",
+              "effective_scenario", "result_completed_samples_per_sec", "result_completed_tokens_per_second",
+              "result_scheduled_samples_per_sec", "result_perf_constraints_met", "early_stopping_ttft_result",
+              "early_stopping_tpot_result", "result_invalid_reason", "result_first_token_99.00_percentile_latency_ns",
+              "result_first_token_mean_latency_ns", "result_first_token_50.00_percentile_latency_ns",
+              "result_time_per_output_token_99.00_percentile_ns", "result_time_per_output_token_50.00_percentile_ns",
+              "result_99.00_percentile_latency_ns", "effective_target_latency_percentile", "result_query_count",
+              "requested_server_ttft_latency", "requested_server_tpot_latency"}
     out: dict = {"errors": 0, "warnings": 0}
     if not path.is_file():
         return out
@@ -240,6 +267,46 @@ def parse_loadgen_detail(path: Path) -> dict:
         if key == "warning" or str(key).startswith("warning_"):
             out["warnings"] += 1
     return out
+
+
+def token_latencies(scenario: str, results: dict, harness: dict) -> dict:
+    """``run.json`` ``latency``: the scenario's p99 limits, LoadGen's TTFT/TPOT (from
+    ``mlperf_log_detail.txt``, ms) and the harness's own per-sample figures."""
+    def ms(key):
+        v = results.get(key)
+        return None if v is None else v / 1e6
+
+    return {"limits_ms": LATENCY_LIMITS_MS.get(scenario),
+            "loadgen": {"ttft_p99_ms": ms("result_first_token_99.00_percentile_latency_ns"),
+                        "ttft_p50_ms": ms("result_first_token_50.00_percentile_latency_ns"),
+                        "ttft_mean_ms": ms("result_first_token_mean_latency_ns"),
+                        "tpot_p99_ms": ms("result_time_per_output_token_99.00_percentile_ns"),
+                        "tpot_p50_ms": ms("result_time_per_output_token_50.00_percentile_ns"),
+                        "latency_p99_ms": ms("result_99.00_percentile_latency_ns"),
+                        "perf_constraints_met": results.get("result_perf_constraints_met"),
+                        "early_stopping_met": results.get("early_stopping_met")},
+            "harness": harness}
+
+
+def host_info() -> dict:
+    """OS, CPU model and NVIDIA driver of this host (for ``systems/<system>.json``); None where unknown."""
+    cpu = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    driver = None
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30)
+            driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            driver = None
+    return {"os": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "gpu_driver": driver}
 
 
 def _file_sha256(path: Path) -> str:
@@ -288,6 +355,11 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
     except KeyError as e:
         raise InputError(e.args[0]) from None
     backend.check_options(options)
+    try:
+        check_backend(rs.sut, resolve_scenario(rs.scenario, rs.model_key))  # flame + Server: exit 2, nothing started
+    except ScenarioError as e:
+        raise InputError(str(e)) from None
+    backend.check_engine(es)  # e.g. --device cuda without a GPU: exit 2 before the run folder exists
     model = read_model_info(es.model)
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
@@ -323,6 +395,7 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         "kind": "mlperf-loadgen",
         "sut": rs.sut,
         "scenario": rs.scenario,
+        "loadgen_scenario": resolve_scenario(rs.scenario, rs.model_key).loadgen,
         "mode": rs.mode,
         "model_key": rs.model_key,
         "compliance": {"compliant": compliant, "reasons": reasons},
@@ -337,6 +410,7 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         "versions": {"project": __version__, "mlcommons-loadgen": _version("mlcommons-loadgen"), "python": platform.python_version(),
                      "flamepy": _version("flamepy")},
         "host": platform.node(),
+        "host_info": host_info(),
         "command": command,
         "audit_config": ({"path": str(Path(audit_config).resolve()), "sha256": _file_sha256(Path(audit_config))}
                          if audit_config else None),
@@ -363,12 +437,15 @@ def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backe
     """Start the SUT, run LoadGen, check and record (the body of ``run_benchmark``)."""
     import mlperf_loadgen as lg
 
-    ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress)
+    ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress,
+                     scenario=rs.scenario,
+                     engine_log_dir=None if rs.engine_console else str(run_dir), run_dir=str(run_dir))
     sut = backend(ctx)
     qsl = None
     handle = None
     error: Optional[str] = None
     t_start = None
+    loadgen_returned = True  # LoadGen's SUT/QSL objects may be destroyed only once StartTest has returned
     try:
         started = sut.start()
         record.update(started)
@@ -390,29 +467,38 @@ def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backe
         audit = str(Path(audit_config).resolve()) if audit_config else str(run_dir / "no-audit.config")
         log.info("LoadGen %s %s mode, model key %s, output %s", rs.scenario, rs.mode, rs.model_key, run_dir)
         t_start = time.monotonic()
-        error = _start_test_interruptible(lg, handle, qsl.handle, ts, ls, audit, sut, rs.stall_timeout_s)
-    except KeyboardInterrupt:
-        error = "interrupted (Ctrl-C)"
+        loadgen_returned = False
+        error, loadgen_returned = _start_test_interruptible(lg, handle, qsl.handle, ts, ls, audit, sut,
+                                                            rs.stall_timeout_s)
+    except KeyboardInterrupt as e:
+        error = interrupt_reason(e)
     finally:
         sut.stop()
-        if handle is not None:
+        sut.ledger.close()  # every queued answer sent and counted (backends close it too; this is idempotent)
+        if handle is not None and loadgen_returned:
             lg.DestroySUT(handle)
-        if qsl is not None:
+        if qsl is not None and loadgen_returned:
             qsl.destroy()
     wall = time.monotonic() - t_start if t_start else None
     error = error or sut.ledger.error
     led = sut.ledger
     record.update(sut.record())
-    record["ledger"] = {"issued": led.issued, "completed": led.completed, "output_tokens": led.output_tokens}
+    record["ledger"] = {"issued": led.issued, "completed": led.completed, "answered_empty": led.answered_empty,
+                        "output_tokens": led.output_tokens}
     if error is None and led.completed != led.issued:
         error = f"{led.issued - led.completed} issued sample(s) were never answered"
     results = parse_loadgen_detail(run_dir / "mlperf_log_detail.txt")
     record["loadgen"] = results
+    if hasattr(led, "first_sent"):  # Server / Interactive
+        record["ledger"]["first_tokens"] = led.first_sent
+        record["latency"] = token_latencies(rs.scenario, results, led.latency_summary())
+        if error is None and led.first_sent != led.completed:
+            error = f"{led.completed - led.first_sent} answered sample(s) got no first token"
     record["wall_s"] = wall
     if rs.mode == "performance":
         record["validity"] = results.get("result_validity")
-        record["samples_per_s"] = results.get("result_samples_per_second")
-        record["tokens_per_s"] = results.get("result_tokens_per_second")
+        record["samples_per_s"] = results.get("result_samples_per_second", results.get("result_completed_samples_per_sec"))
+        record["tokens_per_s"] = results.get("result_tokens_per_second", results.get("result_completed_tokens_per_second"))
     else:
         record["validity"] = None
         if wall:
@@ -439,11 +525,24 @@ def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backe
     return record
 
 
-def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut, stall_timeout_s) -> Optional[str]:
-    """Run StartTest on a thread; the main thread watches for Ctrl-C and stalls.
+#: After a failure the ledger answers every outstanding sample, and LoadGen returns within seconds
+#: (13,368 samples: well under one). If it has not returned after this long, the run stops waiting.
+LOADGEN_DRAIN_S = 120.0
 
-    Returns an error string or None. On Ctrl-C or a stall the ledger answers the outstanding
-    samples empty so that LoadGen returns, and the run is reported failed.
+
+def interrupt_reason(e: KeyboardInterrupt) -> str:
+    """``interrupted (<signal>)`` for the run record; a bare ``KeyboardInterrupt`` is Ctrl-C."""
+    return f"interrupted ({e.args[0] if e.args else 'SIGINT, Ctrl-C'})"
+
+
+def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
+                              stall_timeout_s) -> tuple[Optional[str], bool]:
+    """Run StartTest on a thread; the main thread watches for Ctrl-C/SIGTERM, stalls and failures.
+
+    Returns ``(error or None, whether StartTest returned)``. On Ctrl-C or a stall the ledger answers
+    the outstanding samples empty so that LoadGen returns, and the run is reported failed. After any
+    failure the main thread waits at most ``LOADGEN_DRAIN_S`` for LoadGen; a further Ctrl-C during
+    that wait is only logged.
     """
     done = threading.Event()
     exc: list = []
@@ -460,19 +559,31 @@ def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut, st
     t.start()
     led = sut.ledger
     error = None
-    try:
-        while not done.wait(0.5):
+    failed_at = None
+    while not done.is_set():
+        try:
+            if done.wait(0.5):
+                break
+            now = time.monotonic()
             last = led.last_complete_t or led.first_issue_t
-            if last and led.outstanding and time.monotonic() - last > stall_timeout_s:
+            if error is None and last and led.outstanding and now - last > stall_timeout_s:
                 error = f"no sample completed for {stall_timeout_s:.0f} s with {led.outstanding} outstanding (stall)"
                 led.fail(error)
-    except KeyboardInterrupt:
-        error = "interrupted (Ctrl-C)"
-        led.fail(error)
-        done.wait(60)
+            if failed_at is None and (error or led.error):
+                failed_at = now
+            if failed_at is not None and now - failed_at > LOADGEN_DRAIN_S:
+                error = f"{error or led.error}; LoadGen did not return within {LOADGEN_DRAIN_S:.0f} s after it"
+                log.error("%s", error)
+                break
+        except KeyboardInterrupt as e:
+            if error is None and led.error is None:
+                error = interrupt_reason(e)
+                led.fail(error)
+            else:
+                log.warning("already stopping (%s); waiting for LoadGen to return", error or led.error)
     if exc:
         error = error or f"LoadGen raised: {exc[0]!r}"
-    return error
+    return error, done.is_set()
 
 
 def _accuracy_gate(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_dir: Path) -> dict:

@@ -101,7 +101,9 @@ def write_dataset(path: str | Path, s: SyntheticSettings) -> dict:
 def write_tokenizer(folder: str | Path, vocab_size: int = LLAMA3_VOCAB) -> Path:
     """Write a HF ``tokenizers`` word-level tokenizer of ``vocab_size`` ids into ``folder``.
 
-    Files: ``tokenizer.json``, ``tokenizer_config.json``. Loadable with
+    Files: ``tokenizer.json``, ``tokenizer_config.json`` and ``generation_config.json`` (the EOS ids
+    128001/128008/128009 of Llama 3.1, as in ``sut/models/tiny-llama3``, so that the gate scored with
+    this folder alone cuts at the same EOS ids as the run). Loadable with
     ``transformers.AutoTokenizer.from_pretrained(folder)``.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
@@ -118,4 +120,6 @@ def write_tokenizer(folder: str | Path, vocab_size: int = LLAMA3_VOCAB) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL_TOKENS[128000], eos_token=SPECIAL_TOKENS[128009],
                                    unk_token=SPECIAL_TOKENS[128001])
     fast.save_pretrained(str(folder))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 128000, "do_sample": False, "eos_token_id": [128001, 128008, 128009]}))
     return folder

@@ -1,9 +1,10 @@
-"""Shared fixtures: paths, the tiny model, small synthetic datasets, real-data skips."""
+"""Shared fixtures: paths, the tiny model, small synthetic datasets, real-data skips, real Flame clusters."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 TINY_MODEL = REPO / "sut" / "models" / "tiny-llama3"
 CPU_CONF = REPO / "loadgen_configs" / "cpu_tiny.user.conf"
+# The real Flame v0.6.0 control plane of this repository's development set-up (or FLAME_BIN).
+FLAME_BIN = Path(os.environ.get("FLAME_BIN") or (REPO.parent / "shared" / "flame" / "bin"))
 TINY_ENGINE_ARGS = ["--model", str(TINY_MODEL), "--load-format", "dummy", "--dtype", "float32", "--enforce-eager",
                     "--max-model-len", "4096"]
 
@@ -20,10 +23,29 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "realflame: needs the real Flame v0.6.0 binaries (../shared/flame/bin or "
+                            "FLAME_BIN; skipped when absent)")
+
+
+def flame_bin_dir():
+    """The folder of the real Flame binaries, or None (then tests marked ``realflame`` skip)."""
+    from sut.flame.cluster import find_bin_dir
+
+    return find_bin_dir(FLAME_BIN)
+
+
 def pytest_collection_modifyitems(config, items):
+    no_flame = None
     for item in items:
         if "realdata" in item.keywords and not SHARED_DATA.is_dir():
             item.add_marker(pytest.mark.skip(reason=f"{SHARED_DATA} is absent"))
+        if "realflame" in item.keywords:
+            if no_flame is None:
+                no_flame = flame_bin_dir() is None
+            if no_flame:
+                item.add_marker(pytest.mark.skip(reason=f"real Flame control plane absent: no flame-session-manager and "
+                                                        f"flame-executor-manager in {FLAME_BIN} (set FLAME_BIN)"))
 
 
 @pytest.fixture
@@ -52,3 +74,56 @@ def sut_env():
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+@pytest.fixture
+def real_flame_factory(tmp_path_factory, request):
+    """``make(**ClusterSettings fields) -> RealCluster`` (started); every cluster is stopped at the end
+    of the test, and its folder (logs in ``home/logs``) removed unless the test failed."""
+    from sut.flame.cluster import ClusterSettings, RealCluster
+
+    bin_dir = flame_bin_dir()
+    if bin_dir is None:
+        pytest.skip(f"real Flame control plane absent: no binaries in {FLAME_BIN} (set FLAME_BIN)")
+    made = []
+
+    def make(**kw):
+        c = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=tmp_path_factory.mktemp("flame-real"), **kw))
+        made.append(c)
+        return c.start()
+
+    yield make
+    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+    for c in made:
+        c.stop()
+        if failed:
+            print(f"real Flame cluster logs kept in {c.log_dir}")
+        else:
+            shutil.rmtree(c.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def real_flame(tmp_path_factory, request):
+    """One real Flame v0.6.0 cluster for the whole test session (skips when the binaries are absent).
+    Logs are kept (path printed) when any test of the session failed."""
+    from sut.flame.cluster import ClusterSettings, RealCluster
+
+    bin_dir = flame_bin_dir()
+    if bin_dir is None:
+        pytest.skip(f"real Flame control plane absent: no binaries in {FLAME_BIN} (set FLAME_BIN)")
+    cluster = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=tmp_path_factory.mktemp("flame-real-session")))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+    if request.session.testsfailed:
+        print(f"real Flame cluster logs kept in {cluster.log_dir}")
+    else:
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps each phase's report on the item (``rep_call``), so fixtures can tell a failed test."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

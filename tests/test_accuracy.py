@@ -416,6 +416,50 @@ def test_int64_encoded_log_fails_with_clear_message(gate, vocab):
     assert res["checks"]["failures"][0] == res["checks"]["dtype_error"]
 
 
+def _int64_entries(vocab, token_count):
+    entries = []
+    for i, text in enumerate(REFERENCES_TEXT):
+        ids = ids_of(text, vocab) + [EOS]
+        data = encode_ids(ids, "<i8")
+        entries.append({"seq_id": i, "qsl_idx": i, "data": data,
+                        **({} if token_count is None else {"token_count": token_count(ids, data)})})
+    return entries
+
+
+def test_int64_log_with_token_count_bytes_over_4_fails(gate, vocab):
+    """Before: token_count = bytes / 4 agreed with the int32 length, so only an 'EOS before the last token' warning."""
+    res = gate(_int64_entries(vocab, lambda ids, data: len(data) // 8))  # hex: 2 chars a byte, 4 bytes a word
+    assert not res["passed"] and res["scores"] == {}
+    err = res["checks"]["dtype_error"]
+    assert "int64-encoded" in err and "token_count counts 4-byte words" in err
+    assert res["checks"]["failures"][0] == err
+    res = gate(_int64_entries(vocab, None))  # no token_count at all
+    assert not res["passed"] and "int64-encoded" in res["checks"]["dtype_error"]
+
+
+def _entries(*id_lists, token_count=-1, dtype="<i4"):
+    from accuracy.loadgen_log import LogEntry
+
+    return [LogEntry(i, i, len(ids) if token_count == -1 else token_count, np.asarray(ids, dtype=dtype).tobytes())
+            for i, ids in enumerate(id_lists)]
+
+
+def test_int64_layout_needs_evidence_beyond_a_few_zero_words(caplog):
+    """An int32 log whose every second id happens to be 0 over a handful of ids stays int32 (with a warning); an EOS
+    followed by one zero word, or many zero odd words, is int64 however short the log."""
+    from accuracy.loadgen_log import INT64_MIN_HIGH_WORDS, check_log
+
+    few = check_log(_entries([7, 0], [9, 0, 5, 0]), 2, 100, [EOS])
+    assert few.dtype_error is None and few.passed and "int64 layout?" in caplog.text
+    one_eos = check_log(_entries([EOS], token_count=2, dtype="<i8"), 1, 100, [EOS])
+    assert "int64-encoded" in one_eos.dtype_error and not one_eos.passed
+    many = check_log(_entries([7] * INT64_MIN_HIGH_WORDS, token_count=2 * INT64_MIN_HIGH_WORDS, dtype="<i8"), 1, 100,
+                     [EOS])
+    assert "int64-encoded" in many.dtype_error and "token_count counts 4-byte words" in many.dtype_error
+    zeros = check_log(_entries([0] * 16, [5, 6]), 2, 100, [EOS])  # odd words not all zero: int32
+    assert zeros.dtype_error is None
+
+
 def test_data_not_multiple_of_4_fails(gate, vocab):
     entries = perfect_log(vocab)
     entries[2]["data"] = entries[2]["data"][:-2]  # drop one byte

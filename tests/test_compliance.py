@@ -100,7 +100,7 @@ def test_verify_cli_exit_codes(tmp_path):
     write_log(run / "mlperf_log_accuracy.json", [make_log_entry(0, [1, 128009])])
     for rec, message in ((["a list"], "must be a JSON object"), ({"model": "str"}, "field 'model' must be an object"),
                          ({"scenario": "Bogus"}, "unknown scenario 'Bogus'"),
-                         ({"model": {"eos_token_ids": ["x"]}}, "EOS token ids must be integers")):
+                         ({"model": {"eos_token_ids": ["x"]}}, "'model.eos_token_ids' must be a list of integers")):
         (run / "run.json").write_text(json.dumps(rec))
         out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
                              capture_output=True, text=True)
@@ -322,3 +322,139 @@ def test_test06_run_of_the_standalone_sut(tmp_path, synthetic_small):
     assert any("audit config" in r for r in rec["compliance"]["reasons"])
     detail = (run / "mlperf_log_detail.txt").read_text()
     assert "audit" in detail.lower()
+
+
+# ------------------------------------------------------------------ test06-verify: run.json is not trusted
+def _t06_folder(base: Path, record: dict | None, ids=(5, 128009, 128009)) -> Path:
+    """A folder with a one-response log (by default ending in two EOS ids: the EOS check must fail) and run.json."""
+    base.mkdir(parents=True, exist_ok=True)
+    write_log(base / "mlperf_log_accuracy.json", [make_log_entry(0, list(ids))])
+    if record is not None:
+        (base / "run.json").write_text(json.dumps(record))
+    return base
+
+
+T06_SETTINGS = {"run_settings": {"compliance_test": "TEST06"}}
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"model": {"eos_token_ids": "128009"}}, "'model.eos_token_ids' must be a list of integers, got str"),
+    ({"model": {"eos_token_ids": 128009}}, "'model.eos_token_ids' must be a list of integers, got int"),
+    ({"model": {"eos_token_ids": [True]}}, "'model.eos_token_ids' must be a list of integers"),
+    ({"model": {"eos_token_ids": [128009.0]}}, "'model.eos_token_ids' must be a list of integers"),
+    ({"model": {"eos_token_ids": []}}, "no EOS token ids"),
+    ({"model": {"eos_token_ids": [-5]}}, "EOS token id -5 (" + "{run}/run.json model.eos_token_ids) is outside "
+                                         "the vocabulary [0, 128256)"),
+    ({"model": {"eos_token_ids": [128256]}}, "EOS token id 128256"),
+    ({"model": {"eos_token_ids": [128009], "vocab_size": 1000}}, "EOS token id 128009 (" + "{run}/run.json "
+                                                                 "model.eos_token_ids) is outside the vocabulary [0, 1000)"),
+    ({"model": {"vocab_size": "128256"}}, "'model.vocab_size' must be an integer"),
+    ({"model": {"vocab_size": 0}}, "'model.vocab_size' must be positive"),
+    ({"run_settings": {"compliance_test": 6}}, "'run_settings.compliance_test' must be a string"),
+    ({"compliance": {"compliant": "yes"}}, "'compliance.compliant' must be true/false"),
+    ({"compliance": {"reasons": "none"}}, "'compliance.reasons' must be a list of strings"),
+    ({"loadgen": {"errors": "0"}}, "'loadgen.errors' must be an integer"),
+    ({"loadgen": {"errors": -1}}, "'loadgen.errors' must not be negative"),
+    ({"engines": [{"engine_args": []}]}, "'engines[0].engine_args' must be an object"),
+])
+def test_test06_verify_type_checks_every_run_json_field_it_reads(tmp_path, record, message):
+    from sut.compliance import verify_run_folder
+
+    run = _t06_folder(tmp_path / "run", dict(T06_SETTINGS, **record))
+    with pytest.raises(ComplianceError) as e:
+        verify_run_folder(run)
+    assert message.format(run=run) in str(e.value), str(e.value)
+    assert not (run / "TEST06").exists()
+
+
+def test_string_eos_ids_are_not_read_digit_by_digit(tmp_path):
+    """Before: "128009" was read as the ids 1, 2, 8, 0, 9 and a response ending in two EOS ids passed."""
+    log = _t06_folder(tmp_path, None) / "mlperf_log_accuracy.json"
+    with pytest.raises(ComplianceError, match="must be a list of integers, got str '128009'"):
+        verify_test06(log, "Offline", "128009")
+    assert verify_test06(log, "Offline", [128009], vocab=128256).eos is False
+
+
+def test_test06_verify_cli_refuses_negative_and_out_of_vocabulary_eos_ids(tmp_path):
+    run = _t06_folder(tmp_path / "run", dict(T06_SETTINGS, model={"vocab_size": 50000}), ids=(5, 2))
+    for flag, message in ((["-5"], "EOS token id -5 (--eos-token-ids) is outside the vocabulary [0, 50000)"),
+                          (["2", "128009"], "EOS token id 128009 (--eos-token-ids) is outside the vocabulary")):
+        out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run), "--eos-token-ids", *flag],
+                             env=sut_env(), cwd=REPO, capture_output=True, text=True)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run), "--eos-token-ids", "2"],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and (run / "TEST06" / "verify_accuracy.txt").is_file(), out.stderr
+
+
+def test_test06_verify_writes_no_test06_folder_into_a_non_test06_run(tmp_path):
+    from sut.compliance import verify_run_folder
+
+    run = _t06_folder(tmp_path / "acc", {"mode": "accuracy", "model": {"eos_token_ids": list(EOS)}}, ids=(5, 128009))
+    res, written, eos = verify_run_folder(run)
+    assert res.passed and written is None and eos == EOS and not (run / "TEST06").exists()
+    res, written, _ = verify_run_folder(run, out=tmp_path / "elsewhere")
+    assert written == tmp_path / "elsewhere" / "TEST06" and (written / "verify_accuracy.txt").is_file()
+    assert not (run / "TEST06").exists()
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "not a TEST06 run" in out.stderr and not (run / "TEST06").exists(), out.stderr
+
+
+# ------------------------------------------------------------- package: the engine that ran, portable README
+def read_back(device_kind: str = "cpu", **args) -> list:
+    """One engine's read-back record as the engine workers write it (sut/engine.py _read_back)."""
+    engine_args = dict({"model": "/m", "dtype": "float32", "max_model_len": 4096, "max_num_seqs": 256,
+                        "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.92, "kv_cache_dtype": "auto",
+                        "quantization": None, "load_format": "dummy", "enforce_eager": True, "seed": 0,
+                        "block_size": 128}, **args)
+    return [{"engine": 0, "pid": 1234, "engine_args": engine_args, "enable_prefix_caching": False,
+             "device": {"kind": device_kind, "slot": "0-1", "name": "Some CPU", "uuid": None}}]
+
+
+def test_package_compares_the_engine_that_ran_not_how_it_was_asked_for(tmp_path):
+    """The demo asks for --device auto, cpu_tiny.toml for device cpu: the same CPU engine ran both."""
+    runs = tmp_path / "runs"
+    perf = make_run(runs, "perf", "performance", engine_settings=dict(ENGINE, device="auto", dtype="auto"),
+                    engines=read_back())
+    acc = make_run(runs, "acc", "accuracy", engine_settings=dict(ENGINE, device="cpu", dtype="float32"),
+                   engines=read_back())
+    t06 = make_test06_run(runs, engine_settings=dict(ENGINE, device="cpu", dtype="auto"), engines=read_back())
+    assert package(settings(tmp_path, perf, acc, t06)).is_dir()
+    for i, (engines, message) in enumerate((
+            (read_back(max_num_seqs=512), "engine_args.max_num_seqs 256 vs 512"),
+            (read_back("cuda"), "devices"),
+            (read_back() * 2, "engines 1 vs 2"))):
+        other = make_test06_run(tmp_path / f"t{i}", engine_settings=dict(ENGINE, device="cpu"), engines=engines)
+        with pytest.raises(ComplianceError, match=f"TEST06 run differs .*{message}"):
+            package(settings(tmp_path / f"o{i}", perf, acc, other))
+    kv = make_run(tmp_path / "kv", "acc", "accuracy", engine_settings=dict(ENGINE, cpu_kvcache_gib=8),
+                  engines=read_back())
+    with pytest.raises(ComplianceError, match="cpu_kvcache_gib"):  # not read back: the request is compared
+        package(settings(tmp_path / "kvo", perf, kv, t06))
+
+
+def test_package_readme_commands_are_relative_to_the_repository_root(tmp_path, runs):
+    perf, acc, t06 = runs
+    rec = json.loads((perf / "run.json").read_text())
+    rec["command"] = (f"python -m sut run --config {REPO}/loadgen_configs/cpu_tiny.toml --dataset=/data/cnn_eval.json "
+                      f"--user-conf {REPO}/loadgen_configs/cpu_tiny.user.conf --output-dir mine/results "
+                      f"--model sut/models/tiny-llama3 --run-name 'a b'")
+    (perf / "run.json").write_text(json.dumps(rec))
+    text = (package(settings(tmp_path, perf, acc, t06)) / "README.md").read_text()
+    assert ("python -m sut run --config loadgen_configs/cpu_tiny.toml --dataset=/data/cnn_eval.json --user-conf "
+            "loadgen_configs/cpu_tiny.user.conf --output-dir mine/results --model sut/models/tiny-llama3 "
+            "--run-name 'a b'") in text
+    assert str(REPO) not in text and "from the root of the harness repository" in text
+    assert "not under the repository root: `mine/results`" in text
+
+
+def test_generated_folders_are_ignored_by_git():
+    """README's `package --out submission`, the runs' `results/` and scripts/h200_runs.sh's `gpu_out/` stay untracked."""
+    import shutil
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("submission/closed/Org/README.md", "results/demo/x/run.json", "gpu_out/x.json", "models/m/config.json"):
+        out = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=REPO)
+        assert out.returncode == 0, f"{path} is not ignored by .gitignore"

@@ -155,3 +155,73 @@ def test_directory_overflowing_ids_and_too_many_samples_are_named(tmp_path, writ
         load_dataset(write_json([rec([1180591620717411303424])]), VOCAB, 300)
     with pytest.raises(DatasetError, match="--max-samples 4 is more than the 3 records"):
         load_dataset(write_json(good()), VOCAB, 300, max_samples=4)
+
+
+# ------------------------------------------------------------------------- one reader for the run and the gate
+def _encoded(tmp_path, encoding: str, prefix: bytes = b""):
+    text = json.dumps([rec([1, 2, 3], "Résumé — “quoted”"), rec([4, 5], "second")], ensure_ascii=False)
+    p = tmp_path / f"cnn_eval.{encoding}.json"
+    p.write_bytes(prefix + text.encode(encoding, errors="replace"))
+    return p
+
+
+@pytest.mark.parametrize("encoding, message", [
+    ("utf-16", "is UTF-16-encoded; only UTF-8 (with or without a byte-order mark) is read"),
+    ("utf-16-le", "is UTF-16-encoded"),
+    ("utf-16-be", "is UTF-16-encoded"),
+    ("utf-32", "is UTF-32-encoded"),
+    ("utf-32-le", "is UTF-32-encoded"),
+    ("latin-1", "is not UTF-8 (with or without a byte-order mark): byte "),
+    ("cp1252", "is not UTF-8"),
+])
+def test_other_encodings_are_refused_by_the_run_and_the_gate_alike(tmp_path, encoding, message):
+    """Before: the run auto-detected UTF-16/32 (json.load on bytes) and the gate, reading UTF-8 only, failed after
+    the whole accuracy run."""
+    from accuracy.dataset import load_references
+    from accuracy.errors import AccuracyInputError
+
+    p = _encoded(tmp_path, encoding)
+    with pytest.raises(DatasetError) as run_err:
+        load_dataset(p, VOCAB, 300)
+    assert message in str(run_err.value) and str(p) in str(run_err.value)
+    with pytest.raises(AccuracyInputError) as gate_err:
+        load_references(p)
+    assert message in str(gate_err.value) and str(p) in str(gate_err.value)
+
+
+@pytest.mark.parametrize("prefix", [b"", b"\xef\xbb\xbf"])
+def test_utf8_with_or_without_bom_is_read_the_same_by_the_run_and_the_gate(tmp_path, prefix):
+    from accuracy.dataset import load_references
+
+    p = _encoded(tmp_path, "utf-8", prefix)
+    ds = load_dataset(p, VOCAB, 300)
+    assert ds.references == load_references(p) == ["Résumé — “quoted”", "second"]
+
+
+def test_run_with_a_utf16_dataset_exits_2_before_any_engine_starts(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
+
+    p = _encoded(tmp_path, "utf-16")
+    out_dir = tmp_path / "results"
+    out = subprocess.run([sys.executable, "-m", "sut", "run", "--no-progress", *TINY_ENGINE_ARGS, "--dataset", str(p),
+                          "--user-conf", str(CPU_CONF), "--mode", "accuracy", "--output-dir", str(out_dir)],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and f"{p}: is UTF-16-encoded" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and not (out_dir.exists() and any(out_dir.iterdir()))
+
+
+def test_synthetic_tokenizer_folder_carries_the_models_eos_ids(tmp_path):
+    """The gate reads EOS ids from generation_config.json next to the tokenizer: the synthetic folder must name the
+    same three ids as the tiny model the demo runs, or a re-score cuts only at 128009."""
+    import json
+    from pathlib import Path
+
+    from sut.synthetic import write_tokenizer
+
+    folder = write_tokenizer(tmp_path / "tok", vocab_size=128256)
+    model_eos = json.loads((Path(__file__).resolve().parent.parent / "sut/models/tiny-llama3/generation_config.json")
+                           .read_text())["eos_token_id"]
+    assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == model_eos

@@ -85,3 +85,48 @@ def test_app_render_carries_this_process_pythonpath(monkeypatch, tmp_path):
     assert other["spec"]["environments"]["PYTHONPATH"] == "/opt/sut"
     with pytest.raises(ValueError, match="SUT_REPO"):
         app_mod.render(repo="relative/path")
+
+
+def test_service_logs_go_to_the_run_folder(tmp_path):
+    """Issue 16: the services' output of a run lands in that run's folder (not <repo>/results/flame-service),
+    and only services on the client's host write there."""
+    import json
+    import socket
+
+    ds = Dataset("mem", "0" * 64, [np.arange(1, 20, dtype=np.int32)] * 8, [""] * 8, 8)
+    ctx = SUTContext(dataset=ds, engine=EngineSettings(model="m", max_num_seqs=256), generation=GenerationSettings(),
+                     options={}, progress=False, run_dir=str(tmp_path / "run1"))
+    s = FlameSUT(ctx)
+    assert s.service_log_dir() == str(tmp_path / "run1" / "flame-service")
+    d = json.loads(s._common_data())
+    assert d["log_dir"] == str(tmp_path / "run1" / "flame-service") and d["client_host"] == socket.gethostname()
+    assert _sut(service_log_dir="none").service_log_dir() is None and _sut().service_log_dir() is None
+    assert "log_dir" not in json.loads(_sut()._common_data())
+
+
+@pytest.mark.parametrize("bad", [{"warmup_stall_s": 0}, {"unreachable_timeout_s": -1}])
+def test_bad_timeouts_are_refused(bad):
+    with pytest.raises(RunFailed, match="must be > 0"):
+        _sut(**bad)
+
+
+def test_bind_failures_that_flame_retries_do_not_fail_the_start():
+    """Seen with the real Flame v0.6.0: "shim creation failed ... transport error" for one executor, which
+    Flame retried with a new process; only the service's own on_session_enter failure or the retry limit
+    (1002) fail the start."""
+    from types import SimpleNamespace as NS
+
+    s = _sut()
+    events = [NS(code=1001, message="Executor <e1> on node <vm> failed to bind session with return_code <11>: shim "
+                                    "creation failed: failed to connect to service at </tmp/x/e1.sock>: transport error")]
+    s.session = NS(id="s1")
+    s.conn = NS(get_session=lambda sid: NS(events=list(events)))
+    s._check_bind_failures()
+    s._check_bind_failures()
+    assert len(s._bind_warnings) == 1  # logged once
+    events.append(NS(code=1002, message="Session retry limit reached"))
+    with pytest.raises(RunFailed, match="retry limit"):
+        s._check_bind_failures()
+    events[1:] = [NS(code=1001, message="... return_code <12>: on_session_enter failed: model files missing")]
+    with pytest.raises(RunFailed, match="model files missing"):
+        s._check_bind_failures()

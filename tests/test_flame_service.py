@@ -139,3 +139,68 @@ def test_gc_is_frozen_after_enter_and_unfrozen_at_shutdown(lock_dir):
     assert gc.get_freeze_count() == 0
     st = host.gcmon.stats()
     assert st["freeze_ms"] > 0 and st["frozen_objects"] > 0  # the freeze's collection is kept apart
+
+
+def test_output_goes_to_the_run_folder_on_the_clients_host(tmp_path):
+    """From on_session_enter on, the service process's stdout/stderr -- and so the engine worker's, started
+    later -- go to <log_dir>/<executor id>.log; a client on another host leaves them where Flame put them."""
+    import subprocess
+    import sys
+
+    code = """
+import os, socket, sys
+from sut.flame.service import ServiceConfig, VllmBatchService, make_common_data
+from sut.engine import EngineSettings, GenerationSettings
+host = sys.argv[2]
+cfg = ServiceConfig.from_bytes(make_common_data(EngineSettings(model="m"), GenerationSettings(), log_dir=sys.argv[1],
+                                                client_host=socket.gethostname() if host == "same" else "elsewhere"))
+svc = VllmBatchService()
+svc.session_id = "s1"
+print("before", flush=True)
+svc._redirect_output(cfg)
+print("after", flush=True)
+os.system("echo child-process")
+"""
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent), "FLAME_INSTANCE_ENDPOINT": "/x/exec-7.sock",
+           "PATH": "/usr/bin:/bin"}
+    for host in ("same", "other"):
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / host), host], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        if host == "same":
+            text = (tmp_path / "same" / "exec-7.log").read_text()
+            assert "after" in text and "child-process" in text and "before" not in text
+            assert "before" in out.stdout and "after" not in out.stdout
+        else:
+            assert not (tmp_path / "other").exists() and "child-process" in out.stdout
+
+
+def test_instance_socket_appears_only_once_listening(tmp_path):
+    """The executor manager connects the moment the socket file exists; grpc creates it at bind(), before
+    listen(). listen_unix binds a temporary path and renames it into place."""
+    import concurrent.futures as cf
+    import os
+    import socket
+
+    import grpc
+
+    from sut.flame.service import listen_unix
+
+    endpoint = str(tmp_path / "exec-1.sock")
+    server = grpc.server(cf.ThreadPoolExecutor(1))
+    bound = []
+    real_add = server.add_insecure_port
+
+    def add(addr):
+        bound.append((addr, os.path.exists(endpoint)))
+        return real_add(addr)
+
+    server.add_insecure_port = add
+    listen_unix(server, endpoint)
+    try:
+        assert bound == [(f"unix://{endpoint}.{os.getpid()}.tmp", False)]  # the endpoint did not exist while binding
+        assert os.listdir(tmp_path) == ["exec-1.sock"]
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect(endpoint)  # listening already, before server.start()
+    finally:
+        server.stop(0)

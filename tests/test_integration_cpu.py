@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -70,22 +71,65 @@ def test_accuracy_run_every_sample_once_with_consistent_token_counts(tmp_path, s
     assert "accuracy" in rec
 
 
-def _start_and_wait_for_engines(tmp_path, data, extra=()):
-    proc = subprocess.Popen(sut_cmd("--dataset", str(data), "--output-dir", str(tmp_path), "--min-duration-s", "120",
-                                    "--min-query-count", "1", *extra),
-                            env=sut_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        runs = [d for d in tmp_path.iterdir() if d.is_dir()] if tmp_path.exists() else []
-        if runs and (runs[0] / "run.json").is_file():
-            rec = json.loads((runs[0] / "run.json").read_text())
-            if rec.get("engines"):
-                return proc, runs[0], rec
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        time.sleep(0.5)
-    proc.kill()
-    pytest.fail("engines did not start in 300 s")
+class Run:
+    """``python -m sut run`` in its own session; its output (stdout + stderr) collected line by line."""
+
+    def __init__(self, args, preexec_fn=None):
+        self.proc = subprocess.Popen(sut_cmd(*args), env=sut_env(), cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=preexec_fn)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, what, timeout=300.0):
+        """Wait until ``what()`` is truthy; fail if the run exits first or after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = what()
+            if got:
+                return got
+            if self.proc.poll() is not None:
+                self._reader.join(10)
+                pytest.fail(f"run exited with {self.proc.returncode} first:\n{self.output[-3000:]}")
+            time.sleep(0.2)
+        self.kill()
+        pytest.fail(f"timed out after {timeout:.0f} s:\n{self.output[-3000:]}")
+
+    def wait(self, timeout) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            self.kill()
+        self._reader.join(10)
+        return rc
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _engines_started(out_dir: Path):
+    runs = [d for d in out_dir.iterdir() if d.is_dir()] if out_dir.exists() else []
+    if runs and (runs[0] / "run.json").is_file():
+        rec = json.loads((runs[0] / "run.json").read_text())
+        if rec.get("engines"):
+            return runs[0], rec
+    return None
+
+
+def _start_and_wait_for_engines(tmp_path, data, extra=(), preexec_fn=None):
+    run = Run(["--dataset", str(data), "--output-dir", str(tmp_path), "--min-duration-s", "120",
+               "--min-query-count", "1", *extra], preexec_fn=preexec_fn)
+    run_dir, rec = run.wait_for(lambda: _engines_started(tmp_path))
+    return run, run_dir, rec
 
 
 def _assert_group_gone(pgid):
@@ -101,22 +145,17 @@ def _assert_group_gone(pgid):
 
 def test_engine_death_fails_the_run_quickly_without_orphans(tmp_path, synthetic_small):
     data, _ = synthetic_small
-    proc, run, rec = _start_and_wait_for_engines(tmp_path, data)
+    run, run_dir, rec = _start_and_wait_for_engines(tmp_path, data)
     time.sleep(3)  # mid-run
     pid = rec["engines"][0]["pid"]
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    try:
-        rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    rc = run.wait(timeout=120)
     elapsed = time.monotonic() - t0
-    output = proc.stdout.read()
-    assert rc == 1, output[-3000:]
+    assert rc == 1, run.output[-3000:]
     assert elapsed < 60, f"took {elapsed:.0f} s to fail"
-    assert "exited unexpectedly" in output
-    final = json.loads((run / "run.json").read_text())
+    assert "exited unexpectedly" in run.output
+    final = json.loads((run_dir / "run.json").read_text())
     assert final["status"] == "failed" and "exited unexpectedly" in final["error"]
     _assert_group_gone(pid)
 
@@ -124,19 +163,66 @@ def test_engine_death_fails_the_run_quickly_without_orphans(tmp_path, synthetic_
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_stops_the_run_and_the_engines(tmp_path, synthetic_small, sig):
     data, _ = synthetic_small
-    proc, run, rec = _start_and_wait_for_engines(tmp_path, data)
+    run, run_dir, rec = _start_and_wait_for_engines(tmp_path, data)
     time.sleep(2)
-    proc.send_signal(sig)
-    try:
-        rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    output = proc.stdout.read()
-    assert rc == 1, output[-3000:]
-    final = json.loads((run / "run.json").read_text())
+    run.proc.send_signal(sig)
+    rc = run.wait(timeout=120)
+    assert rc == 130, run.output[-3000:]
+    final = json.loads((run_dir / "run.json").read_text())
     assert final["status"] == "failed" and "interrupted" in final["error"]
+    assert ("SIGTERM" if sig == signal.SIGTERM else "SIGINT") in final["error"]
     _assert_group_gone(rec["engines"][0]["pid"])
+
+
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a non-interactive shell does for `cmd &`
+
+
+def test_ctrl_c_works_when_started_with_sigint_ignored(tmp_path, synthetic_small):
+    """A script that starts the run in the background hands it SIGINT ignored (issue 16); the run
+    must still stop on SIGINT: exit 130, run.json failed, no engine left."""
+    data, _ = synthetic_small
+    run, run_dir, rec = _start_and_wait_for_engines(tmp_path, data, preexec_fn=_ignore_sigint)
+    time.sleep(2)
+    run.proc.send_signal(signal.SIGINT)
+    rc = run.wait(timeout=120)
+    assert rc == 130, run.output[-3000:]
+    final = json.loads((run_dir / "run.json").read_text())
+    assert final["status"] == "failed" and "interrupted (SIGINT" in final["error"]
+    _assert_group_gone(rec["engines"][0]["pid"])
+
+
+@pytest.fixture(scope="session")
+def synthetic_full(tmp_path_factory):
+    """The official size: 13,368 synthetic samples, written by ``python -m sut synthetic``."""
+    path = tmp_path_factory.mktemp("synthetic-full") / "syn13368.json"
+    out = subprocess.run([sys.executable, "-m", "sut", "synthetic", "--out", str(path)], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "term"])
+def test_engine_death_before_the_first_sample_of_a_full_size_query(tmp_path, synthetic_full, sig):
+    """Issue 16: mlperf.conf's own query size (min_query_count 13,368, equal issue), the engine killed
+    right after LoadGen issued it. Before the ledger's completer thread, the main process died with
+    SIGSEGV inside LoadGen (exit 139) and run.json stayed "running"."""
+    run = Run(["--dataset", str(synthetic_full), "--output-dir", str(tmp_path)])  # no query/duration override
+    run_dir, rec = run.wait_for(lambda: _engines_started(tmp_path), timeout=400)
+    run.wait_for(lambda: "LoadGen Offline performance mode" in run.output, timeout=60)
+    time.sleep(1)
+    pid = rec["engines"][0]["pid"]
+    os.kill(pid, sig)
+    rc = run.wait(timeout=180)
+    assert rc == 1, (rc, run.output[-3000:])
+    final = json.loads((run_dir / "run.json").read_text())
+    assert final["status"] == "failed" and "exited unexpectedly" in final["error"], final.get("error")
+    led = final["ledger"]
+    assert led["issued"] >= 13368 and led["completed"] + led["answered_empty"] == led["issued"], led
+    assert led["answered_empty"] > 13000  # the engine died before (nearly) any sample completed
+    assert (run_dir / "mlperf_log_summary.txt").is_file()
+    _assert_group_gone(pid)
 
 
 def test_two_cpu_engines_share_the_work_by_tokens(tmp_path, synthetic_small):

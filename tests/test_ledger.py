@@ -1,24 +1,34 @@
+import subprocess
+import sys
+import threading
 from types import SimpleNamespace as QS
 
 import numpy as np
 import pytest
 
+from conftest import REPO, sut_env
 from sut.base import SampleLedger
 
 EOS = (128009,)
 
 
 class Sink:
+    """Records every complete_fn call: its thread and its (sample id, ids) pairs."""
+
     def __init__(self):
         self.calls = []
+        self.batches = []
+        self.threads = set()
 
     def __call__(self, results):
+        self.threads.add(threading.current_thread().name)
+        self.batches.append(len(results))
         self.calls.extend((sid, ids.tolist()) for sid, ids in results)
 
 
-def make():
+def make(**kw):
     sink = Sink()
-    return SampleLedger(EOS, progress=False, complete_fn=sink), sink
+    return SampleLedger(EOS, progress=False, complete_fn=sink, **kw), sink
 
 
 def test_each_issued_sample_gets_its_own_request_even_for_repeats():
@@ -28,9 +38,10 @@ def test_each_issued_sample_gets_its_own_request_even_for_repeats():
     assert len(set(rids)) == 3 and [i for _, i in pairs] == [7, 7, 2]
     led.complete([(rids[1], np.array([5, 128009, 128009], np.int32)), (rids[0], np.array([6, 7], np.int32))])
     led.complete([(rids[2], np.array([8, 9], np.int32))])
+    assert led.idle.wait(10) and led.wait_sent(10)
     assert sink.calls == [(102, [5, 128009]), (101, [6, 7]), (103, [8, 9])]
-    assert led.completed == led.issued == 3 and led.outstanding == 0 and led.idle.is_set()
-    assert led.output_tokens == 6 and led.error is None
+    assert led.completed == led.issued == 3 and led.outstanding == 0
+    assert led.output_tokens == 6 and led.error is None and led.answered_empty == 0
 
 
 def test_second_answer_fails_the_run_loudly():
@@ -40,8 +51,17 @@ def test_second_answer_fails_the_run_loudly():
     led.complete([(rid, np.array([1, 2], np.int32))])
     assert "answered twice" in led.error
     # the remaining sample is released (empty) so LoadGen can stop; the run is failed
+    assert led.wait_sent(10)
     assert sink.calls == [(1, [1, 2]), (2, [])]
-    assert led.outstanding == 0
+    assert led.outstanding == 0 and led.completed == 1 and led.answered_empty == 1
+
+
+def test_a_bad_id_in_a_batch_still_sends_the_good_results_of_that_batch():
+    led, sink = make()
+    pairs = led.issue([QS(id=i, index=i) for i in range(3)])
+    led.complete([(pairs[0][0], np.array([4], np.int32)), (999, np.array([1], np.int32))])
+    assert led.wait_sent(10) and "request 999" in led.error
+    assert sorted(sink.calls) == [(0, [4]), (1, []), (2, [])]  # every issued sample answered exactly once
 
 
 def test_fail_answers_outstanding_once_and_ignores_late_results():
@@ -52,5 +72,59 @@ def test_fail_answers_outstanding_once_and_ignores_late_results():
     led.fail("second error is not recorded")
     led.complete([(pairs[1][0], np.array([3, 4], np.int32))])  # late result after failure: dropped
     assert led.error == "engine 0 died"
+    assert led.idle.wait(10)
     assert sorted(s for s, _ in sink.calls) == [0, 1, 2, 3]
     assert len(sink.calls) == 4
+
+
+def test_every_loadgen_call_is_made_on_one_long_lived_thread_in_chunks():
+    """complete/fail called from threads that end at once: LoadGen is only ever called from the
+    ledger's completer thread (a thread that called LoadGen must not exit while LoadGen runs)."""
+    led, sink = make(fail_chunk=1000)
+    pairs = led.issue([QS(id=i, index=i % 64) for i in range(13400)])
+    workers = [threading.Thread(target=led.complete, args=([(pairs[0][0], np.array([5], np.int32))],)),
+               threading.Thread(target=led.fail, args=("engine 0 (pid 1) exited unexpectedly",))]
+    for w in workers:
+        w.start()
+        w.join()
+    assert led.idle.wait(10)
+    assert sink.threads == {"loadgen-completer"}
+    assert sink.batches == [1] + [1000] * 13 + [399]
+    assert sorted(s for s, _ in sink.calls) == list(range(13400))
+    assert led.completed == 1 and led.answered_empty == 13399
+
+
+def test_a_failing_loadgen_call_fails_the_run():
+    def boom(results):
+        raise RuntimeError("bad response")
+
+    led = SampleLedger(EOS, progress=False, complete_fn=boom)
+    (rid, _), = led.issue([QS(id=1, index=0)])
+    led.complete([(rid, np.array([1], np.int32))])
+    assert led.wait_sent(10)
+    assert "QuerySamplesComplete failed" in led.error and "bad response" in led.error
+
+
+def test_progress_bar_has_no_zero_line_and_closes_before_the_last_answer(capsys):
+    order = []
+    led = SampleLedger(EOS, progress=True, complete_fn=lambda r: order.append(("loadgen", led._bar is None)))
+    pairs = led.issue([QS(id=i, index=i) for i in range(3)])
+    led.complete([(pairs[0][0], np.array([1], np.int32))])
+    led.complete([(rid, np.array([1], np.int32)) for rid, _ in pairs[1:]])
+    assert led.wait_sent(10)
+    led.close()
+    err = capsys.readouterr().err
+    assert "0sample" not in err and "3/3" in err
+    # the bar was open for the first call and already closed (final line written) for the last one
+    assert order == [("loadgen", False), ("loadgen", True)]
+
+
+@pytest.mark.parametrize("via", ["ledger-fail", "ledger-complete"])
+def test_full_query_answered_from_short_lived_threads_does_not_crash_loadgen(via):
+    """Real LoadGen, 13,368 samples answered from a thread that ends at once (issue 16). Before the
+    completer thread this died with SIGSEGV (exit 139) in most 20-round runs."""
+    script = REPO / "tests" / "loadgen_exit_repro.py"
+    out = subprocess.run([sys.executable, str(script), "--via", via, "--rounds", "20"],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.returncode, out.stdout[-1000:], out.stderr[-2000:])
+    assert out.stdout.count("13368 of 13368 issued samples answered") == 20

@@ -242,15 +242,33 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     rec = json.loads((run / "locality.json").read_text())
     assert rec["mlperf"] is False and rec["kind"] == "synthetic-locality"
     assert rec["engine_settings"]["enable_prefix_caching"] is True and len(rec["engines"]) == 2
+    # vLLM's own output is in the run folder, not on the console
+    for i in range(2):
+        assert "Chat template warmup failed" in (run / f"engine-{i}.log").read_text()
+    assert "Chat template warmup failed" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+    # KV-cache capacity as vLLM reports it, per replica
+    kv = rec["kv_cache"]
+    assert [p["replica"] for p in kv["per_replica"]] == [0, 1]
+    assert all(p["tokens"] > 0 and p["blocks"] > 0 and p["block_size"] > 0 for p in kv["per_replica"])
+    assert kv["tokens_total"] == sum(p["tokens"] for p in kv["per_replica"])
+    assert kv["trace_document_tokens"] == rec["trace"]["document_tokens"] > 6 * 540
+    assert "KV cache per replica" in out.stdout and f"{kv['per_replica'][0]['tokens']:,} tokens" in out.stdout
     rr, aff = rec["runs"]
     for r in (rr, aff):
         assert r["requests"] == 18 and r["output_tokens"] == 18 * 8
     assert aff["router"]["affinity_hits"] == 12 and aff["router"]["new_prefixes"] == 6
     assert aff["cache_hit_rate"] > rr["cache_hit_rate"] + 0.1, (rr["cache_hit_rate"], aff["cache_hit_rate"])
     assert aff["cache_hit_rate"] <= rec["trace"]["reusable_share_upper_bound"] + 0.01
+    # the console table has per-replica hit rates, skew and the router's counters
+    per_replica = " ".join(f"{p['cache_hit_rate']:.2f}" for p in aff["per_replica"])
+    assert per_replica in out.stdout and "req skew" in out.stdout and "token skew" in out.stdout
+    assert "hits 12, new 6, released 0" in out.stdout
 
 
 @pytest.mark.parametrize("args, message", [
+    (["--device", "cuda"], "device=cuda but no GPU is visible"),
+    (["--device", "cpu", "--engines-per-device", "64"], "CPU engines asked for, but only"),
+    (["--doc-tokens", "8192"], "max_model_len 9213 exceeds the model's max_position_embeddings 8192"),
     (["--rate", "nan"], "rate must be a finite number"),
     (["--zipf-s", "nan"], "zipf_s must be a finite number"),
     (["--policies", "round_robin", "round_robin"], "policies must be distinct"),
@@ -261,9 +279,67 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     (["--output-dir", "/proc/nope"], "cannot create the run folder"),
     (["--release-gate", "fleet"], "invalid choice: 'fleet'"),
 ])
-def test_locality_cli_refuses_bad_input_before_starting_engines(args, message):
+def test_locality_cli_refuses_bad_input_before_starting_engines(args, message, tmp_path):
+    out_dir = tmp_path / "results"
     cmd = [sys.executable, "-m", "sut.locality", "run", "--model", str(TINY_MODEL), "--device", "cpu",
-           "--documents", "2", "--doc-tokens", "300", *args]
-    out = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+           "--documents", "2", "--doc-tokens", "300", "--output-dir", str(out_dir), *args]
+    env = dict(sut_env(), CUDA_VISIBLE_DEVICES="")  # no GPU visible, on any host
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "starting" not in out.stderr
+    assert not out_dir.exists()  # no run folder left behind
+
+
+def test_describe_prints_a_labelled_table_and_json_on_request():
+    cmd = [sys.executable, "-m", "sut.locality", "describe", "--documents", "10", "--doc-tokens", "600",
+           "--questions", "4", "--zipf-s", "1.2"]
+    out = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ts = TraceSettings(documents=10, doc_tokens=600, questions=4, zipf_s=1.2)
+    shape = describe(make_trace(ts))
+    rows = {line[:30].strip(): line[30:].split() for line in out.stdout.splitlines()[1:]}
+    assert rows["requests"][0] == "40"
+    assert rows["longest prompt, this trace"][0] == f"{shape['prompt_max']:,}"
+    assert rows["longest prompt, any seed"][0] == f"{ts.max_prompt_tokens:,}"
+    assert rows["--max-model-len needed"][0] == f"{ts.max_prompt_tokens + ts.max_tokens:,}"
+    assert rows["distinct document tokens"][0] == f"{shape['document_tokens']:,}"
+    assert rows["hottest document's share"][0] == f"{shape['hot_document_share']:.1%}"
+    assert "{" not in out.stdout
+    js = subprocess.run(cmd + ["--json"], env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    rec = json.loads(js.stdout)
+    assert rec["prompt_max"] == shape["prompt_max"] and rec["max_prompt_tokens_possible"] == ts.max_prompt_tokens
+    assert rec["max_model_len_needed"] == ts.max_prompt_tokens + ts.max_tokens
+
+
+def test_every_trace_and_routing_knob_has_help_and_its_default():
+    from sut.locality.__main__ import build_parser
+
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    by_dest = {a.dest: a for a in run._actions}
+    for name, default in [("documents", 32), ("doc_tokens", 8192), ("doc_jitter", 0.1), ("questions", 4),
+                          ("question_tokens", 48), ("max_tokens", 128), ("zipf_s", 0.0), ("order", "shuffled"),
+                          ("seed", 0), ("block_tokens", 256), ("prefix_blocks", 4), ("release_tokens", 65536),
+                          ("release_gate", "excess"), ("max_entries", 65536), ("decode_weight", 1.0), ("rounds", 1),
+                          ("rate", 0.0), ("warmup_requests", 8)]:
+        assert by_dest[name].help and f"(default {default})" in by_dest[name].help, name
+    assert "9,213" in by_dest["max_model_len"].help and "8K" in by_dest["max_model_len"].help
+    assert by_dest["policies"].help and "engine-N.log" in by_dest["sub_verbose"].help
+
+
+def test_run_tables_show_replicas_skew_router_counters_and_kv_capacity():
+    from sut.locality.report import run_tables
+
+    pool = FakePool()
+    rs = LocalityRunSettings(policies=("round_robin", "prefix_affinity"), progress=False, warmup_requests=0)
+    recs = replay(pool, small_trace(), rs, max_tokens=4, affinity=AffinitySettings(block_tokens=64))
+    recs[1]["per_replica"][0]["cache_hit_rate"] = 0.123
+    engines = [{"engine": i, "device": {"kind": "cpu", "slot": str(i)},
+                "kv_cache": {"blocks": 100, "block_size": 16, "tokens": 1600, "tokens_from": "blocks"}} for i in range(2)]
+    shape = describe(small_trace())
+    text = run_tables(recs, summarize(recs), engines, shape, "RUN/locality.json")
+    assert "replica 0: 1,600 tokens (100 blocks x 16)" in text and "3,200 tokens in all" in text
+    assert f"need {shape['document_tokens']:,} tokens" in text
+    aff_row = next(line for line in text.splitlines() if line.startswith("prefix_affinity") and "hits" in line)
+    assert "0.12 " in aff_row and "hits 8, new 4, released 0, no key 0, evicted 0" in aff_row
+    assert f"{recs[1]['request_skew']:.2f}" in aff_row and f"{recs[1]['prompt_token_skew']:.2f}" in aff_row
+    assert "RUN/locality.json" in text

@@ -70,10 +70,12 @@ def test_every_shipped_user_conf_is_compliant_and_read_by_loadgen(conf):
     assert ts["offline_expected_qps"] == want
 
 
-def test_accuracy_mode_and_edge_key():
+def test_accuracy_mode_and_edge_key(tmp_path):
     import mlperf_loadgen as lg
 
-    ts = settings_in_fresh_process(5000, mode="accuracy", model_key="llama3_1-8b-edge")
+    conf = tmp_path / "edge.conf"
+    conf.write_text("llama3_1-8b-edge.Offline.target_qps = 20\n")
+    ts = settings_in_fresh_process(5000, mode="accuracy", model_key="llama3_1-8b-edge", user_conf=str(conf))
     assert ts["mode"] == int(lg.TestMode.AccuracyOnly) and ts["performance_sample_count_override"] == 5000
     assert ts["reasons"] == []
 
@@ -101,7 +103,7 @@ def test_bad_user_conf_is_rejected(tmp_path):
     code = ("from sut.harness import RunSettings, loadgen_test_settings; import sys\n"
             "loadgen_test_settings(RunSettings(sut='vllm', dataset='x', user_conf=sys.argv[1]), 13368)")
     out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, env=sut_env(), cwd=REPO)
-    assert out.returncode != 0 and "rejected" in out.stderr
+    assert out.returncode != 0 and f"{p}, line 1" in out.stderr and "value 'fast' is not a number" in out.stderr
 
 
 def test_missing_user_conf(tmp_path, monkeypatch):
@@ -111,7 +113,7 @@ def test_missing_user_conf(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"mode": "fast"}, "mode"), ({"scenario": "Server"}, "scenario"), ({"model_key": "llama2-70b"}, "model_key"),
+    ({"mode": "fast"}, "mode"), ({"scenario": "server"}, "scenario"), ({"model_key": "llama2-70b"}, "model_key"),
     ({"mode": "accuracy", "audit_config": "loadgen_configs/TEST06/audit.config"}, "audit config sets LoadGen's mode"),
     ({"min_duration_s": -5.0}, "min_duration_s"), ({"min_duration_s": float("nan")}, "min_duration_s"),
     ({"min_duration_s": 1e30}, "min_duration_s"), ({"target_qps": 0.0}, "target_qps"),
@@ -140,13 +142,12 @@ def test_user_conf_that_weakens_mlperf_conf_is_reported(tmp_path):
     sneaky = tmp_path / "sneaky.conf"
     sneaky.write_text("llama3_1-8b.Offline.target_qps = 40\n*.Offline.performance_sample_count_override = 2\n"
                       "*.*.sample_concatenate_permutation = 0\nllama3_1-8b.*.min_query_count = 1\n"
-                      "*.Offline.max_duration = 5000\nother-model.Offline.min_duration = 1\n")
+                      "*.Offline.max_duration = 5000\n")
     ts = settings_in_fresh_process(13368, user_conf=str(sneaky))
     text = "; ".join(ts["reasons"])
     for key, old, new in (("performance_sample_count_override", 13368, 2), ("sample_concatenate_permutation", True, False),
                           ("min_query_count", 13368, 1), ("max_duration_ms", 0, 5000)):
         assert f"changes {key} from mlperf.conf's {old} to {new}" in text, text
-    assert "min_duration" not in text  # the other model's line does not apply
     stricter = tmp_path / "stricter.conf"
     stricter.write_text("llama3_1-8b.Offline.target_qps = 40\n*.Offline.min_duration = 700000\n")
     assert settings_in_fresh_process(13368, user_conf=str(stricter))["reasons"] == []
@@ -208,3 +209,131 @@ def test_gpu_memory_utilization_passed_when_set_and_split_when_shared():
     assert EngineSettings(model="m", gpu_memory_utilization=0.9).vllm_kwargs()["gpu_memory_utilization"] == 0.9
     assert "gpu_memory_utilization" not in EngineSettings(model="m").vllm_kwargs()
     assert EngineSettings(model="m").vllm_kwargs(gpu_share=2)["gpu_memory_utilization"] == 0.45
+
+
+# ------------------------------------------------------------------------- user.conf lines that cannot apply
+QPS = "llama3_1-8b.Offline.target_qps = 3\n"
+
+
+@pytest.mark.parametrize("text, line, message", [
+    ("llama3.1-8b.Offline.target_qps = 3\n", 1, "model key 'llama3.1-8b' is not a LoadGen model key"),
+    ("llama3_1-8b.offline.target_qps = 3\n", 1, "scenario 'offline' is not a LoadGen scenario (they are case-sensitive: 'Offline')"),
+    ("llama3_1-8b.Offline.target_qps=3\n", 1, "with spaces around '='"),
+    ("llama3_1-8b.Offline.target_qps =\n", 1, "LoadGen ignores this line silently"),
+    ("llama3_1-8b.Offline.target_qps # = 3\n", 1, "LoadGen ignores this line silently: a key without '= value'"),
+    (QPS + "llama3_1-8b.Offline.target_qsp = 3\n", 2, "no setting 'target_qsp' (did you mean 'target_qps'?)"),
+    (QPS + "llama3_1-8b.Server.target_qsp = 3\n", 2, "no setting 'target_qsp' (did you mean 'target_qps'?)"),
+    (QPS + "*.*.target_latency = 10\n", 2, "no effect in the Offline scenario"),
+    (QPS + "*.Offline.target_latency = 10\n", 2, "no effect in the Offline scenario"),
+    (QPS + "*.*.qsl_rng_seed = 1\n", 2, "only from its embedded mlperf.conf"),
+    (QPS + "*.*.mode = 1\n", 2, "from --mode"),
+    (QPS + "qps = 3\n", 2, "the form model.scenario.setting"),
+    ("*.Offline.target_qps = 5\n" + QPS, 1, "takes target_qps from line 2"),
+    (QPS + "# again\n" + QPS, 1, "takes target_qps from line 3"),
+    (QPS + "*.Offline.min_duration = 1.5e5\n", 2, "min_duration is a whole number"),
+    (QPS + "*.Offline.min_query_count = 010\n", 2, "leading 0 is octal"),
+    (QPS + "*.Offline.min_query_count = -1\n", 2, "a sign wraps"),
+    ("llama3_1-8b.Offline.target_qps = 3 4\n", 1, "one value per line"),
+    ("llama3_1-8b.Offline.target_qps = 3 # fast\n", 1, "comment after the value"),
+    ("#comment without a space\n" + QPS, 1, "only when a space follows it"),
+    ("llama3_1-8b.Offline.target_qps = fast\n", 1, "value 'fast' is not a number"),
+    ("llama3_1-8b.Offline.target_qps = inf\n", 1, "finite"),
+    (QPS + "*.Offline.token_latency_scaling_factor = 9\n", 2, "only when infer_token_latencies = 1"),
+])
+def test_user_conf_line_that_loadgen_ignores_or_rejects_is_refused_by_file_and_line(tmp_path, text, line, message):
+    from sut.base import InputError
+    from sut.userconf import check_user_conf
+
+    p = tmp_path / "user.conf"
+    p.write_text(text)
+    with pytest.raises(InputError) as e:
+        check_user_conf(p, "llama3_1-8b", "Offline")
+    assert f"{p}, line {line} (" in str(e.value) and message in str(e.value), str(e.value)
+
+
+def test_user_conf_encodings_loadgen_misreads_are_refused(tmp_path):
+    from sut.base import InputError
+    from sut.userconf import check_user_conf
+
+    p = tmp_path / "user.conf"
+    p.write_bytes(b"\xef\xbb\xbf" + QPS.encode())
+    with pytest.raises(InputError, match="byte-order mark"):
+        check_user_conf(p, "llama3_1-8b", "Offline")
+    p.write_text(QPS, encoding="utf-16")
+    with pytest.raises(InputError, match="NUL bytes"):
+        check_user_conf(p, "llama3_1-8b", "Offline")
+
+
+def test_user_conf_lines_that_apply_are_accepted_with_loadgens_wildcards(tmp_path):
+    from sut.userconf import check_user_conf
+
+    p = tmp_path / "user.conf"
+    p.write_text("# comment\n\n   \t\n#llama3_1-8b.Offline.target_qps = 99\n#disabled\n*.Offline.target_qps = 3.5\r\n"
+                 "llama3_1-8b.*.min_duration = 700000\n*.*.min_query_count = 0x5000\n"
+                 "llama3_1-8b.Offline.max_duration\t=\t0\n*.Offline.infer_token_latencies = 1\n"
+                 "*.*.token_latency_scaling_factor = 7\n")
+    assert check_user_conf(p, "llama3_1-8b", "Offline") == {
+        "target_qps": "3.5", "min_duration": "700000", "min_query_count": "0x5000", "max_duration": "0",
+        "infer_token_latencies": "1", "token_latency_scaling_factor": "7"}
+    p.write_text("*.Offline.target_qps = 3.5\n*.*.min_duration = 700000\n")
+    assert check_user_conf(p, "llama3_1-8b-edge", "Offline") == {"target_qps": "3.5", "min_duration": "700000"}
+
+
+def test_one_user_conf_may_hold_lines_for_other_runs_of_the_system(tmp_path):
+    """Offline and Server lines (and the interactive key) in one file: the run uses its own, the rest is logged."""
+    from sut.userconf import check_user_conf
+
+    p = tmp_path / "user.conf"
+    p.write_text(QPS + "llama3_1-8b.Server.target_qps = 2\nllama3_1-8b-interactive.Offline.target_qps = 1\n"
+                 "*.Server.target_latency = 2000\n")
+    assert check_user_conf(p, "llama3_1-8b", "Offline") == {"target_qps": "3"}
+
+
+def test_shipped_cpu_user_conf_is_refused_for_another_model_key():
+    """The shipped lines are keyed llama3_1-8b: with --model-key llama3_1-8b-interactive LoadGen would run at its
+    default target_qps without a word."""
+    from sut.base import InputError
+    from sut.userconf import check_user_conf
+
+    with pytest.raises(InputError, match=r"no line applies to this run \(llama3_1-8b-interactive.Offline\): its lines "
+                                         r"are keyed .*llama3_1-8b.Offline"):
+        check_user_conf(CPU_CONF, "llama3_1-8b-interactive", "Offline")
+    for conf in sorted((REPO / "loadgen_configs").glob("*.user.conf")) + [REPO / "user.conf"]:
+        assert "target_qps" in check_user_conf(conf, "llama3_1-8b", "Offline")
+
+
+@pytest.mark.parametrize("text, key", [
+    ("llama3.1-8b.Offline.target_qps = 3\n", "llama3_1-8b"),
+    ("llama3_1-8b.offline.target_qps = 3\n", "llama3_1-8b"),
+    ("llama3_1-8b.Offline.target_qps=3\n", "llama3_1-8b"),
+    ("llama3_1-8b.Offline.target_qps = 3\n", "llama3_1-8b-interactive"),
+])
+def test_the_refused_lines_really_are_ignored_by_loadgen(tmp_path, text, key):
+    """Ground truth for the refusals above: LoadGen itself reads these files without error and keeps target_qps at
+    mlperf.conf's default 1 (if LoadGen ever starts reading them, this test says so)."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "user.conf"
+    p.write_text(text)
+    code = ("import sys, mlperf_loadgen as lg\nts = lg.TestSettings()\nts.scenario = lg.TestScenario.Offline\n"
+            "rc = ts.FromConfig(sys.argv[1], sys.argv[2], 'Offline')\nprint(rc, ts.offline_expected_qps)")
+    out = subprocess.run([sys.executable, "-c", code, str(p), key], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split()[-2:] == ["0", "1.0"], out.stdout + out.stderr
+
+
+def test_run_with_a_user_conf_line_for_another_model_exits_2_before_anything_starts(tmp_path, synthetic_small):
+    import subprocess
+    import sys
+
+    from conftest import TINY_ENGINE_ARGS, sut_env
+
+    data, _ = synthetic_small
+    out_dir = tmp_path / "results"
+    out = subprocess.run([sys.executable, "-m", "sut", "run", "--no-progress", *TINY_ENGINE_ARGS, "--dataset", str(data),
+                          "--user-conf", str(CPU_CONF), "--model-key", "llama3_1-8b-interactive", "--quick",
+                          "--output-dir", str(out_dir)], env=sut_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"{CPU_CONF}: no line applies to this run (llama3_1-8b-interactive.Offline)" in out.stderr
+    assert "Traceback" not in out.stderr and not (out_dir.exists() and any(out_dir.iterdir()))

@@ -1,4 +1,5 @@
-"""``python -m sut.flame {render-app,register}``: the Flame application of the Flame-batched SUT."""
+"""``python -m sut.flame {render-app,register,cluster}``: the Flame application of the Flame-batched SUT, and a
+one-host real Flame v0.6.0 cluster for tests and benchmarks (``cluster``, see ``sut.flame.cluster``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from sut.flame import app
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cluster"]:
+        from sut.flame import cluster
+
+        return cluster.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m sut.flame", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, help_ in (("render-app", "print app.yaml with this machine's paths (for flmctl register -f)"),
@@ -21,6 +27,8 @@ def main(argv=None) -> int:
         s.add_argument("--env", action="append", default=[], metavar="K=V", help="extra service environment")
         if name == "register":
             s.add_argument("--endpoint", help="Flame endpoint (default: FLAME_ENDPOINT or ~/.flame/flame.yaml)")
+    sub.add_parser("cluster", add_help=False, help="run a one-host real Flame v0.6.0 cluster until Ctrl-C "
+                   "(python -m sut.flame cluster --help)")
     a = p.parse_args(argv)
     envs = dict(e.split("=", 1) for e in a.env)
     doc = app.render(a.python, a.repo, a.workdir, a.name, envs)

@@ -8,7 +8,10 @@ for the whole run with ``min_instances = max_instances = engines x executors_per
 session's common data carries the engine and sampling settings, so every service builds the same
 engine as the standalone SUT. Warm-up: PING tasks are kept pending until that many distinct
 executors have answered (each answer names its engine shard and GPU UUID); a bind failure in the
-session's events fails the start at once.
+session's events fails the start at once, and so does a stall: fewer executors than needed and no new
+one from Flame for ``warmup_stall_s`` (e.g. a dead service's executor stuck in Unbinding, which in Flame
+v0.6.0 keeps every new session from getting executors). What the warm-up waits for is logged every
+``warmup_log_s``.
 
 ``issue_queries`` only registers the samples with the ledger and appends them to the inbox; it
 never blocks. One dispatcher thread cuts the inbox into batches of ``batch_size`` (a partial
@@ -32,7 +35,8 @@ Failures: a Failed task is read back with ``get_task`` (watch messages carry no 
 created again once; a second failure, a Cancelled task the SUT did not cause, a lost session or
 watch, or a per-sample error fails the run through the ledger (every outstanding sample is
 answered exactly once, empty). ``stop`` always closes the session, retrying while Flame refuses
-because tasks are still Running, so no task is left behind.
+because tasks are still Running, so no task is left behind -- unless the session manager itself is
+gone (its port refuses connections for ``unreachable_timeout_s``), which the failure message names.
 """
 
 from __future__ import annotations
@@ -43,11 +47,13 @@ import dataclasses
 import logging
 import math
 import os
+import socket
 import statistics
 import threading
 import time
 from pathlib import Path
 from typing import Optional, Sequence
+from urllib.parse import urlparse
 
 from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, register_sut
 from sut.flame import payload as pl
@@ -83,9 +89,13 @@ class FlameOptions:
     session_id: Optional[str] = None
     lock_dir: Optional[str] = None
     warmup_timeout_s: float = 1800.0
+    warmup_stall_s: float = 120.0  # fail the warm-up when Flame gives the session no new executor for this long
+    warmup_log_s: float = 10.0  # how often the warm-up logs what it waits for
     warmup_hold_ms: float = 200.0
     engine_start_timeout_s: float = 1800.0
     close_timeout_s: float = 600.0
+    unreachable_timeout_s: float = 15.0  # give up closing when the session manager stays unreachable this long
+    service_log_dir: Optional[str] = None  # default: <run folder>/flame-service (services on this host); "none"
     engine_backend: str = "vllm"  # vllm | fake (protocol tests only)
     fake_step_s: float = 0.05
     fake_start_s: float = 0.0
@@ -113,6 +123,9 @@ class FlameOptions:
             raise ValueError("executor_slack must be >= 0")
         if self.engine_fill <= 0:
             raise ValueError("engine_fill must be > 0")
+        for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
 
     @classmethod
     def from_mapping(cls, values: dict) -> "FlameOptions":
@@ -182,6 +195,21 @@ def _is_cancelled_error(e: BaseException) -> bool:
 
 
 @dataclasses.dataclass
+class _WarmupWatch:
+    """Progress of the warm-up: executors Flame listed for the session, executors that answered."""
+
+    t0: float
+    need: int
+    listed: int = 0
+    answered: int = 0
+    progress_t: float = 0.0
+    log_t: float = 0.0
+
+    def __post_init__(self):
+        self.progress_t = self.log_t = self.t0
+
+
+@dataclasses.dataclass
 class _Task:
     """One batch and the Flame task(s) that carry it."""
 
@@ -245,6 +273,7 @@ class FlameSUT(SystemUnderTest):
         self.engine_gc: dict[str, float] = {}
         self.warmup: dict = {}
         self.close_info: dict = {}
+        self._bind_warnings: list[str] = []
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> dict:
@@ -312,9 +341,20 @@ class FlameSUT(SystemUnderTest):
             dataset = {"path": str(Path(ds.path).resolve()), "sha256": ds.sha256,
                        "max_samples": len(ds) if len(ds) < ds.total_in_file else None}
         fake = {"step_s": o.fake_step_s, "start_s": o.fake_start_s} if o.engine_backend == "fake" else None
+        log_dir = self.service_log_dir()
         return make_common_data(es, self.ctx.generation, payload=o.payload, dataset=dataset, lock_dir=o.lock_dir,
                                 engine_backend=o.engine_backend, fake=fake, engine_start_timeout_s=o.engine_start_timeout_s,
-                                allow_prefix_caching=o.allow_prefix_caching)
+                                allow_prefix_caching=o.allow_prefix_caching,
+                                log_dir=log_dir, client_host=socket.gethostname() if log_dir else None)
+
+    def service_log_dir(self) -> Optional[str]:
+        """Where the services of this session write their output: ``service_log_dir``, else
+        ``<run folder>/flame-service``; None (``none``, or no run folder) = the application's working
+        directory only. Services on other hosts than the client always keep theirs."""
+        o = self.opts
+        if o.service_log_dir:
+            return None if o.service_log_dir.lower() == "none" else str(Path(o.service_log_dir).resolve())
+        return str(Path(self.ctx.run_dir).resolve() / "flame-service") if self.ctx.run_dir else None
 
     def _ensure_app(self) -> None:
         import flamepy
@@ -331,7 +371,10 @@ class FlameSUT(SystemUnderTest):
         if o.register_app == "never":
             raise RunFailed(f"application {o.app} is not registered at {self.endpoint}; register it first "
                             "(python -m sut.flame register, or flmctl register -f app.yaml)")
-        doc = app_mod.render(workdir=o.app_workdir, name=o.app)
+        workdir = o.app_workdir
+        if workdir is None and self.ctx.run_dir:  # next to the run folders, not under the repository
+            workdir = str(Path(self.ctx.run_dir).resolve().parent / "flame-service")
+        doc = app_mod.render(workdir=workdir, name=o.app)
         try:
             app_mod.register(self.conn, doc)
         except flamepy.FlameError as e:
@@ -351,6 +394,7 @@ class FlameSUT(SystemUnderTest):
         lock = threading.Lock()
         n_ping = 0
         last_events = 0.0
+        watch = _WarmupWatch(t0, need)
 
         def watch_ping(task_id: str) -> None:
             res = self._await_terminal(task_id, None)
@@ -386,11 +430,12 @@ class FlameSUT(SystemUnderTest):
                                  ex.get("id"), ex.get("pid"), ex.get("role"), ex.get("seat"), meta["shard"].get("key"),
                                  meta["shard"].get("gpu_uuid") or meta["shard"].get("device_name"))
                 else:
-                    raise RunFailed(f"warm-up task {tid} {state}: {msg}")
+                    raise RunFailed(f"warm-up task {tid} {state}: {self._lost_cause(msg) if state == _LOST else msg}")
             now = time.monotonic()
             if now - last_events > 1.0:
                 last_events = now
                 self._check_bind_failures()
+                self._warmup_progress(watch, len(seen), n_ping, now)
             if now > deadline:
                 raise RunFailed(f"only {len(seen)} of {need} Flame executors answered within {o.warmup_timeout_s:.0f} s "
                                 f"(session {self.session.id}); check the cluster's capacity, the session's max_instances "
@@ -398,17 +443,75 @@ class FlameSUT(SystemUnderTest):
         # Let the last pings finish, so no warm-up task is left when LoadGen starts.
         for tid, th in list(pending.items()):
             th.join(max(1.0, deadline - time.monotonic()))
-        self.warmup = {"executors": len(seen), "pings": n_ping, "seconds": round(time.monotonic() - t0, 3)}
+        self.warmup = {"executors": len(seen), "pings": n_ping, "seconds": round(time.monotonic() - t0, 3),
+                       "bind_failures_retried": list(self._bind_warnings)}
         log.info("flame: %d executor(s) on %d shard(s) ready after %.1f s", len(seen), len(self.shards), self.warmup["seconds"])
 
+    def _session_executors(self) -> Optional[tuple[collections.Counter, list]]:
+        """``(states of this session's executors, [(id, state) of executors stuck in Unbinding without a
+        session])`` as Flame lists them now; None if Flame cannot be asked."""
+        from flamepy.proto import types_pb2
+
+        try:
+            listed = self.conn.list_executors()
+        except Exception:  # noqa: BLE001 - diagnostics only
+            return None
+        ours, stuck = collections.Counter(), []
+        for e in listed:
+            state = types_pb2.ExecutorState.Name(e.status.state).removeprefix("Executor")
+            if e.status.session_id == self.session.id:
+                ours[state] += 1
+            elif state == "Unbinding" and not e.status.session_id:
+                stuck.append((e.metadata.id, state))
+        return ours, stuck
+
+    def _warmup_progress(self, w: "_WarmupWatch", answered: int, pings: int, now: float) -> None:
+        """Log what the warm-up waits for every ``warmup_log_s``; fail (``RunFailed``) when Flame has not
+        given the session a new executor for ``warmup_stall_s`` while it has fewer than needed."""
+        o = self.opts
+        got = self._session_executors()
+        if got is None:
+            return
+        ours, stuck = got
+        n_ours = sum(ours.values())
+        if n_ours > w.listed or answered > w.answered:
+            w.listed, w.answered, w.progress_t = max(w.listed, n_ours), max(w.answered, answered), now
+        states = ", ".join(f"{n} {k}" for k, n in sorted(ours.items())) or "none"
+        if now - w.log_t >= o.warmup_log_s:
+            w.log_t = now
+            log.info("flame: warm-up %.0f s: %d of %d executor(s) answered; Flame lists %d executor(s) for session %s "
+                     "(%s)%s; %d ping task(s) so far", now - w.t0, answered, w.need, n_ours, self.session.id, states,
+                     f", {len(stuck)} stuck in Unbinding without a session" if stuck else "", pings)
+        if n_ours < w.need and now - w.progress_t > o.warmup_stall_s:
+            msg = (f"warm-up: only {answered} of {w.need} Flame executors answered, and Flame has given session "
+                   f"{self.session.id} {n_ours} executor(s) ({states}), none new for {o.warmup_stall_s:.0f} s")
+            if stuck:
+                msg += (f"; the cluster has {len(stuck)} executor(s) stuck in Unbinding without a session "
+                        f"({', '.join(i for i, _ in stuck[:4])}): in Flame v0.6.0 an executor whose service died stays "
+                        "Unbinding for good, and Flame gives new sessions no executor while it exists -- restart the "
+                        "executor manager")
+            else:
+                msg += ("; check the cluster's capacity (executor managers, their resources), the session's resreq and "
+                        "max_instances, and the service logs")
+            raise RunFailed(msg)
+
     def _check_bind_failures(self) -> None:
+        """Fail the start on a bind failure that Flame's retries cannot fix: the service's own
+        ``on_session_enter`` failed (the same on every executor), or the session's retry limit was reached.
+        Other bind failures (the executor manager could not start or reach a service process) are retried
+        by Flame with a new process, up to ``cluster.recovery.session.retry_limits``: logged once each."""
         try:
             ssn = self.conn.get_session(self.session.id)
         except Exception as e:  # noqa: BLE001
             raise RunFailed(f"warm-up: cannot read session {self.session.id}: {e}") from None
-        bad = [ev for ev in (ssn.events or []) if ev.code in (SESSION_BIND_FAILED, SESSION_RETRY_LIMIT_REACHED)]
-        if bad:
-            raise RunFailed(f"a Flame executor failed to enter session {self.session.id}: {bad[0].message}")
+        events = [ev for ev in (ssn.events or []) if ev.code in (SESSION_BIND_FAILED, SESSION_RETRY_LIMIT_REACHED)]
+        fatal = [ev for ev in events if ev.code == SESSION_RETRY_LIMIT_REACHED or "on_session_enter" in (ev.message or "")]
+        if fatal:
+            first = next((ev for ev in events if "on_session_enter" in (ev.message or "")), fatal[0])
+            raise RunFailed(f"a Flame executor failed to enter session {self.session.id}: {first.message}")
+        for ev in events[len(self._bind_warnings):]:
+            self._bind_warnings.append(ev.message)
+            log.warning("flame: an executor failed to bind session %s (Flame retries it): %s", self.session.id, ev.message)
 
     # ------------------------------------------------------------------ LoadGen callbacks
     def issue_queries(self, samples: Sequence) -> None:
@@ -593,7 +696,7 @@ class FlameSUT(SystemUnderTest):
                                          f"{self.session.id} was closed by someone else")
                     return
                 if state == _LOST:
-                    self.ledger.fail(f"lost Flame task {tb.task_id} (batch {tb.batch_id}): {msg}")
+                    self.ledger.fail(f"lost Flame task {tb.task_id} (batch {tb.batch_id}): {self._lost_cause(msg)}")
                     return
                 # failed
                 tb.errors.append(msg)
@@ -721,6 +824,7 @@ class FlameSUT(SystemUnderTest):
             return
         t0 = time.monotonic()
         attempts = 0
+        unreachable_since = None
         while True:
             attempts += 1
             try:
@@ -731,9 +835,18 @@ class FlameSUT(SystemUnderTest):
                 msg = e.message
             except Exception as e:  # noqa: BLE001
                 msg = str(e)
-            if not self._session_exists():
-                self.close_info["error"] = f"session {self.session.id} is gone (lost by Flame): {msg}"
-                break
+            if not self.reachable():
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since >= self.opts.unreachable_timeout_s:
+                    self.close_info["error"] = (f"the Flame session manager at {self.endpoint} has been unreachable for "
+                                                f"{self.opts.unreachable_timeout_s:.0f} s; session {self.session.id} "
+                                                f"was not closed: {msg}")
+                    break
+            else:
+                unreachable_since = None
+                if not self._session_exists():
+                    self.close_info["error"] = f"session {self.session.id} is gone (lost by Flame): {msg}"
+                    break
             if time.monotonic() - t0 > self.opts.close_timeout_s:
                 self.close_info["error"] = (f"session {self.session.id} could not be closed within "
                                             f"{self.opts.close_timeout_s:.0f} s: {msg}")
@@ -751,6 +864,21 @@ class FlameSUT(SystemUnderTest):
         else:
             log.error("flame: %s", self.close_info["error"])
             self.ledger.fail(self.close_info["error"])
+
+    def reachable(self, timeout: float = 2.0) -> bool:
+        """True if the session manager's frontend port accepts a TCP connection."""
+        u = urlparse(self.endpoint or "")
+        try:
+            with socket.create_connection((u.hostname or "127.0.0.1", u.port or 8080), timeout=timeout):
+                return True
+        except OSError:
+            return False
+
+    def _lost_cause(self, msg: str) -> str:
+        if self.endpoint and not self.reachable():
+            return (f"the Flame session manager at {self.endpoint} is unreachable (it stopped, or the network failed); "
+                    f"with storage none its sessions are lost: {msg}")
+        return msg
 
     def _session_exists(self) -> bool:
         try:

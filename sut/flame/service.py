@@ -91,6 +91,8 @@ class ServiceConfig:
     fake: dict = dataclasses.field(default_factory=dict)
     engine_start_timeout_s: float = 1800.0
     allow_prefix_caching: bool = False
+    log_dir: Optional[str] = None  # the client's run folder/flame-service: output goes there on the client's host
+    client_host: Optional[str] = None
     digest: str = ""
 
     @classmethod
@@ -116,7 +118,8 @@ class ServiceConfig:
                    payload=d.get("payload", "tokens"), dataset=d.get("dataset"), lock_dir=d.get("lock_dir"),
                    engine_backend=d.get("engine_backend", "vllm"), fake=dict(d.get("fake") or {}),
                    engine_start_timeout_s=float(d.get("engine_start_timeout_s", 1800.0)),
-                   allow_prefix_caching=bool(d.get("allow_prefix_caching", False)), digest=digest)
+                   allow_prefix_caching=bool(d.get("allow_prefix_caching", False)), log_dir=d.get("log_dir"),
+                   client_host=d.get("client_host"), digest=digest)
 
 
 def make_common_data(engine: EngineSettings, generation: GenerationSettings, **extra) -> bytes:
@@ -669,6 +672,7 @@ class VllmBatchService(_base_service_class()):
             raise RuntimeError(f"this service process already entered session {self.session_id}")
         self.cfg = cfg = ServiceConfig.from_bytes(context.common_data())
         self.session_id = context.session_id
+        self._redirect_output(cfg)
         lock_dir = Path(cfg.lock_dir or os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR)
         lock_dir.mkdir(parents=True, exist_ok=True)
         slots = plan_engines(cfg.engine)
@@ -709,6 +713,28 @@ class VllmBatchService(_base_service_class()):
         self._frozen = True
         log.info("session %s entered as %s in %.1f s", self.session_id, self.role, time.monotonic() - t0)
         return True
+
+    def _redirect_output(self, cfg: ServiceConfig) -> None:
+        """Send this process's stdout/stderr (and so the engine worker's, started later) to
+        ``<log_dir>/<executor id>.log`` when the client runs on this host; Flame's own ``.out``/``.err``
+        files in the application's working directory keep what came before."""
+        if not cfg.log_dir or cfg.client_host != socket.gethostname():
+            return
+        try:
+            Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+            path = Path(cfg.log_dir) / f"{self.executor_id}.log"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as e:
+            log.warning("cannot write the service log into %s (%s); it stays in the working directory", cfg.log_dir, e)
+            return
+        log.info("session %s: the output of this service process goes to %s from now on", self.session_id, path)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        log.info("executor %s (pid %d), session %s: output of this service process", self.executor_id, os.getpid(),
+                 self.session_id)
 
     def _attach(self, sock_path: Path, lock_dir: Path, key: str, deadline: float) -> EngineClient:
         hello = {"session_id": self.session_id, "digest": self.cfg.digest, "pid": os.getpid(), "seat": self.seat}
@@ -776,6 +802,22 @@ class _BecomeHost(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
+def listen_unix(server, endpoint: str) -> None:
+    """Bind ``server`` to the Unix socket ``endpoint`` so that the path appears only once it accepts
+    connections: bind a temporary path next to it, then rename it into place.
+
+    Flame v0.6.0's executor manager busy-polls for the socket file and connects the moment it exists;
+    grpc creates the file at ``bind()``, before ``listen()``, and a connect in between fails the executor's
+    bind ("shim creation failed: failed to connect to service ...: transport error"; seen on a loaded host).
+    """
+    tmp = f"{endpoint}.{os.getpid()}.tmp"
+    if len(tmp.encode()) > 107:  # the Unix socket path limit: bind the endpoint directly
+        server.add_insecure_port(f"unix://{endpoint}")
+        return
+    server.add_insecure_port(f"unix://{tmp}")
+    os.rename(tmp, endpoint)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Serve the Flame instance socket named by ``FLAME_INSTANCE_ENDPOINT`` until SIGTERM."""
     logging.basicConfig(level=os.environ.get("SUT_FLAME_LOG", "INFO"), stream=sys.stderr,
@@ -796,7 +838,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # to shut the engine down on SIGTERM.
     server = grpc.server(cf.ThreadPoolExecutor(max_workers=4))
     add_InstanceServicer_to_server(FlameInstanceServicer(service), server)
-    server.add_insecure_port(f"unix://{endpoint}")
+    listen_unix(server, endpoint)
     server.start()
     log.info("serving %s (executor %s)", endpoint, service.executor_id)
     stop.wait()  # no timeout: an idle executor should not wake up (the signal handler sets the event)

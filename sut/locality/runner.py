@@ -301,3 +301,14 @@ def _json_default(o):
     if isinstance(o, (np.integer, np.floating)):
         return o.item()
     return str(o)
+
+
+def kv_cache_summary(engines: Sequence[dict], shape: dict) -> dict:
+    """``locality.json``'s ``kv_cache``: each replica's KV-cache capacity as vLLM reports it (tokens,
+    blocks, block size; from the engines' read-back ``kv_cache``), the total, and the trace's distinct
+    document tokens (``shape["document_tokens"]``) that the caches would need to hold at once."""
+    unknown = {"blocks": None, "block_size": None, "tokens": None, "tokens_from": None}
+    per = [dict({"replica": e.get("engine")}, **(e.get("kv_cache") or unknown)) for e in engines]
+    known = [p["tokens"] for p in per if p.get("tokens") is not None]
+    return {"per_replica": per, "tokens_total": sum(known) if len(known) == len(per) else None,
+            "trace_document_tokens": shape.get("document_tokens")}

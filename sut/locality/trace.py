@@ -15,16 +15,38 @@ cache-affinity routers pile work onto one replica.
 Arrival order (``order``): ``shuffled`` (random permutation of all requests), ``by_document``
 (all questions of document 0, then document 1, ...), ``round_robin`` (question 0 of every
 document, then question 1, ...: the longest reuse distance).
+
+Text (``text``): ``random`` (the above) or ``news``: documents concatenated from CNN/DailyMail
+articles of a cnn_eval-format file and question templates, tokenized with the model's tokenizer
+(``sut/locality/news.py``); lengths, popularity and order work the same way. ``TRACE_PRESETS`` holds
+the study's two traces (``study-no-reuse``, ``study-reuse``).
+
+For the study's protocol, ``warmup_traces`` derives warm-up traces from the measured one (ids
+shifted inside the vocabulary: same lengths and prefix relations, none of the measured prefixes),
+and ``input_hash`` / ``trace_hash`` identify what was sent.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
+import struct
 from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 
 ORDERS = ("shuffled", "by_document", "round_robin")
+TEXTS = ("random", "news")
+#: The study's traces (``../shared/research/study.md`` §3): ~8K-token news documents, one shuffled burst,
+#: 16 new tokens per request (exactly: the CLI turns ``ignore_eos`` on). ``trace``: TraceSettings fields;
+#: ``run``: LocalityRunSettings fields. Explicit flags override either.
+_STUDY = {"doc_tokens": 8192, "max_tokens": 16, "zipf_s": 0.0, "order": "shuffled", "text": "news"}
+TRACE_PRESETS = {
+    "study-no-reuse": {"trace": dict(_STUDY, documents=64, questions=1), "run": {"rate": 0.0}, "ignore_eos": True},
+    "study-reuse": {"trace": dict(_STUDY, documents=64, questions=4), "run": {"rate": 0.0}, "ignore_eos": True},
+}
 
 
 @dataclass(frozen=True)
@@ -36,13 +58,18 @@ class TraceSettings:
         doc_tokens: mean document length (default 8,192: "documents of ~8K tokens").
         doc_jitter: document lengths are uniform in ``doc_tokens x [1 - j, 1 + j]``.
         questions: questions per document (mean, when ``zipf_s > 0``).
-        question_tokens: mean question length; uniform ±50 %.
+        question_tokens: mean question length; uniform ±50 % (``text='news'``: questions come from
+            templates, and ``1.5 x question_tokens`` is only a bound they must fit, else ``ValueError``).
         max_tokens: output tokens per request (generation; fixed with ``ignore_eos``).
         zipf_s: document popularity skew (0 = uniform).
         order: arrival order, one of ``ORDERS``.
         seed: RNG seed; the same settings always give the same trace.
         bos: id prepended to every prompt (Llama 3 ``<|begin_of_text|>`` = 128000).
-        id_limit: token ids are drawn from ``[0, id_limit)``.
+        id_limit: token ids are drawn from ``[0, id_limit)`` (news text: must stay below it).
+        text: ``random`` token ids or ``news`` text (see the module docstring).
+        dataset: ``text='news'``: the cnn_eval-format JSON file (required then; ``None`` otherwise).
+        tokenizer: ``text='news'``: the model's tokenizer (HF folder, ``tokenizer.json`` or Llama 3
+            tiktoken ``tokenizer.model``); ``None``: the file's ``tok_input`` ids, template stripped.
     """
 
     documents: int = 32
@@ -56,6 +83,9 @@ class TraceSettings:
     seed: int = 0
     bos: int = 128000
     id_limit: int = 128000
+    text: str = "random"
+    dataset: Optional[str] = None
+    tokenizer: Optional[str] = None
 
     def __post_init__(self):
         if self.documents < 1 or self.questions < 1:
@@ -68,6 +98,12 @@ class TraceSettings:
             raise ValueError(f"zipf_s must be a finite number >= 0, got {self.zipf_s}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+        if self.text not in TEXTS:
+            raise ValueError(f"text must be one of {TEXTS}, got {self.text!r}")
+        if self.text == "news" and not self.dataset:
+            raise ValueError("text 'news' needs a dataset: pass --dataset FILE (cnn_eval format), or --text random")
+        if self.text == "random" and (self.dataset or self.tokenizer):
+            raise ValueError("--dataset and --tokenizer apply to --text news only")
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -101,18 +137,40 @@ def questions_per_document(ts: TraceSettings) -> list[int]:
     return [int(c) for c in counts]
 
 
-def make_trace(ts: TraceSettings) -> list[TraceRequest]:
-    """Build the trace; deterministic in ``ts``."""
-    rng = np.random.default_rng(ts.seed)
+def _random_parts(ts: TraceSettings, rng: np.random.Generator, counts: list[int]) -> tuple[list, list]:
+    """Random-token documents and questions (``questions[d][q]``), int32 arrays without BOS."""
     lo, hi = int(ts.doc_tokens * (1 - ts.doc_jitter)), int(ts.doc_tokens * (1 + ts.doc_jitter))
     docs = [rng.integers(0, ts.id_limit, size=int(rng.integers(max(lo, 1), hi + 1)), dtype=np.int32)
             for _ in range(ts.documents)]
     qlo, qhi = max(1, ts.question_tokens // 2), int(ts.question_tokens * 1.5)
-    pairs = []
-    for d, n in enumerate(questions_per_document(ts)):
-        for q in range(n):
-            question = rng.integers(0, ts.id_limit, size=int(rng.integers(qlo, qhi + 1)), dtype=np.int32)
-            pairs.append((d, q, np.concatenate([np.array([ts.bos], dtype=np.int32), docs[d], question]), 1 + len(docs[d])))
+    questions = [[rng.integers(0, ts.id_limit, size=int(rng.integers(qlo, qhi + 1)), dtype=np.int32) for _ in range(n)]
+                 for n in counts]
+    return docs, questions
+
+
+def make_trace(ts: TraceSettings, corpus=None) -> list[TraceRequest]:
+    """Build the trace; deterministic in ``ts`` (and, for news text, the file and tokenizer).
+
+    Args:
+        corpus: news text only: a ``news.NewsCorpus`` already loaded (e.g. with other question
+            templates); default ``news.load_corpus(ts.dataset, ts.tokenizer, ts.id_limit)``.
+
+    Raises:
+        ValueError: news text that cannot make the trace (a bad file or record, too few articles,
+            a question longer than the bound; the message names the file, record or template).
+    """
+    rng = np.random.default_rng(ts.seed)
+    counts = questions_per_document(ts)
+    if ts.text == "news":
+        from sut.locality.news import load_corpus, news_parts
+
+        corpus = corpus or load_corpus(ts.dataset, ts.tokenizer, ts.id_limit)
+        docs, questions = news_parts(corpus, ts, rng, counts)
+    else:
+        docs, questions = _random_parts(ts, rng, counts)
+    bos = np.array([ts.bos], dtype=np.int32)
+    pairs = [(d, q, np.concatenate([bos, docs[d], question]), 1 + len(docs[d]))
+             for d in range(ts.documents) for q, question in enumerate(questions[d])]
     if ts.order == "shuffled":
         pairs = [pairs[i] for i in rng.permutation(len(pairs))]
     elif ts.order == "round_robin":
@@ -121,8 +179,10 @@ def make_trace(ts: TraceSettings) -> list[TraceRequest]:
 
 
 def describe(trace: list[TraceRequest]) -> dict:
-    """Summary: requests, documents, prompt-length stats, the hottest document's share of requests,
-    and the shared-prefix share (tokens a perfect cache could skip / all prompt tokens)."""
+    """Summary: requests, documents, prompt-length stats (``prompt_max``: the longest prompt of this
+    trace), ``document_tokens`` (BOS + document tokens of the distinct documents: what the replicas'
+    prefix caches must hold together to serve every repeat from cache), the hottest document's share
+    of requests, and the shared-prefix share (tokens a perfect cache could skip / all prompt tokens)."""
     lens = np.array([len(r.prompt) for r in trace])
     count: dict[int, int] = {}
     prefix: dict[int, int] = {}
@@ -130,7 +190,141 @@ def describe(trace: list[TraceRequest]) -> dict:
         count[r.document] = count.get(r.document, 0) + 1
         prefix[r.document] = r.prefix_tokens
     reusable = sum((n - 1) * prefix[d] for d, n in count.items())
+    qlens = np.array([len(r.prompt) - r.prefix_tokens for r in trace])
     return {"requests": len(trace), "documents": len(count), "prompt_tokens": int(lens.sum()),
             "prompt_mean": round(float(lens.mean()), 1), "prompt_max": int(lens.max()),
+            "question_mean": round(float(qlens.mean()), 1), "question_max": int(qlens.max()),
+            "document_tokens": int(sum(prefix.values())),
             "hot_document_share": round(max(count.values()) / len(trace), 4),
             "reusable_share_upper_bound": round(reusable / float(lens.sum()), 4)}
+
+
+# ------------------------------------------------------------------------- warm-ups and hashes
+def _content_start(trace: Sequence[TraceRequest], id_limit: int) -> int:
+    """1 if every prompt starts with a special id (BOS, ``>= id_limit``) that the warm-ups keep, else 0.
+
+    Raises:
+        ValueError: an id outside ``[0, id_limit)`` after that position (it could not be shifted).
+    """
+    start = int(all(len(r.prompt) > 1 and r.prompt[0] >= id_limit for r in trace))
+    for r in trace:
+        body = r.prompt[start:]
+        if body.size == 0 or int(body.min()) < 0 or int(body.max()) >= id_limit:
+            raise ValueError(f"request {r.rid}: ids after position {start} must lie in [0, {id_limit}) to be shifted")
+    return start
+
+
+def _first_free(forbidden: np.ndarray, first: int) -> Optional[int]:
+    """The first index ``>= first`` (wrapping) that is not forbidden, or None."""
+    order = np.roll(np.arange(forbidden.size), -first)
+    free = order[~forbidden[order]]
+    return int(free[0]) if free.size else None
+
+
+def _shifts_first_id(firsts: np.ndarray, count: int, id_limit: int) -> list[int]:
+    """Shifts that move every first id off the measured first ids and off the other warm-ups' (k = 1)."""
+    firsts = np.unique(firsts)
+    forbidden = np.zeros(id_limit, dtype=bool)
+    forbidden[0] = True
+    new, shifts = firsts, []
+    for j in range(count):
+        for t in new:  # shift s collides iff (a + s) % V == t for a measured first id a and a taken id t
+            forbidden[(int(t) - firsts) % id_limit] = True
+        s = _first_free(forbidden, (j + 1) * id_limit // (count + 1))
+        if s is None:
+            break
+        shifts.append(s)
+        new = (firsts + s) % id_limit
+    return shifts
+
+
+def _shifts_by_keys(keys: np.ndarray, count: int, id_limit: int) -> list[int]:
+    """Shifts whose shifted ``k``-id keys meet no measured key and no other warm-up's (a scan)."""
+    def shifted(s: int) -> set:
+        return {row.tobytes() for row in (keys + s) % id_limit}
+
+    taken, shifts = shifted(0), []
+    for j in range(count):
+        first = (j + 1) * id_limit // (count + 1)
+        for i in range(id_limit - 1):
+            s = 1 + (first - 1 + i) % (id_limit - 1)
+            cand = shifted(s)
+            if s not in shifts and cand.isdisjoint(taken):
+                shifts.append(s)
+                taken |= cand
+                break
+        else:
+            break
+    return shifts
+
+
+def warmup_shifts(trace: Sequence[TraceRequest], count: int = 2, id_limit: int = 128000) -> list[int]:
+    """``count`` shifts in ``[1, id_limit)`` for :func:`shift_trace`, chosen so that no shifted prompt
+    begins like a measured prompt or like a prompt of another warm-up.
+
+    The key of a prompt is its first ``k`` ids after BOS; a shift is taken when the shifted keys meet
+    neither the measured keys nor those of the shifts already taken. ``k = 1`` (a warm-up prompt then
+    shares nothing beyond BOS with any measured prompt) unless no shift qualifies (several hundred
+    distinct first ids), then 2, 3, 4: at most BOS + 3 ids in common, far below one 16-token vLLM
+    cache block or one 256-token router block. Deterministic: shift ``j`` is the first that qualifies
+    from ``(j + 1) x id_limit / (count + 1)`` on.
+
+    Raises:
+        ValueError: ``count < 1``, ids that cannot be shifted, or no shift found.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    start = _content_start(trace, id_limit)
+    shortest = min(len(r.prompt) - start for r in trace)
+    shifts = _shifts_first_id(np.array([r.prompt[start] for r in trace], dtype=np.int64), count, id_limit)
+    for k in range(2, min(4, shortest) + 1):
+        if len(shifts) == count:
+            break
+        keys = np.array([r.prompt[start:start + k] for r in trace], dtype=np.int64)
+        shifts = _shifts_by_keys(keys, count, id_limit)
+    if len(shifts) < count:
+        raise ValueError(f"no {count} id shifts keep the warm-ups' prompt openings apart from the "
+                         f"{len(trace)} measured ones")
+    return shifts
+
+
+def shift_trace(trace: Sequence[TraceRequest], shift: int, id_limit: int = 128000) -> list[TraceRequest]:
+    """The trace with every id after BOS mapped to ``(id + shift) % id_limit``; BOS kept.
+
+    The map is a bijection on ``[0, id_limit)``, so every prompt keeps its length and any two prompts
+    share exactly as long a prefix as before (``prefix_tokens`` stays true); ids stay below ``id_limit``
+    (clear of the Llama 3 special tokens, ``>= 128000``). Same ``rid``, document, question and order.
+
+    Raises:
+        ValueError: ``shift % id_limit == 0`` or ids that cannot be shifted (see ``_content_start``).
+    """
+    if shift % id_limit == 0:
+        raise ValueError(f"shift {shift} is a multiple of id_limit {id_limit}: the warm-up would be the trace itself")
+    start = _content_start(trace, id_limit)
+    out = []
+    for r in trace:
+        p = r.prompt.copy()
+        p[start:] = (p[start:].astype(np.int64) + shift) % id_limit
+        out.append(dataclasses.replace(r, prompt=p))
+    return out
+
+
+def warmup_traces(trace: Sequence[TraceRequest], count: int = 2, id_limit: int = 128000) -> list[list[TraceRequest]]:
+    """The study's warm-ups: ``count`` shifted copies of ``trace`` (:func:`warmup_shifts`), each with the
+    measured trace's lengths and prefix relations and none of its prefixes, nor each other's."""
+    return [shift_trace(trace, s, id_limit) for s in warmup_shifts(trace, count, id_limit)]
+
+
+def input_hash(prompt: np.ndarray) -> str:
+    """Hex sha256 of the prompt's ids as little-endian int32 (what the validation compares)."""
+    return hashlib.sha256(np.ascontiguousarray(prompt, dtype="<i4").tobytes()).hexdigest()
+
+
+def trace_hash(trace: Sequence[TraceRequest]) -> str:
+    """Hex sha256 over the requests in arrival order: ``rid, document, question, prefix_tokens`` (int64
+    little-endian) and the 32-byte :func:`input_hash` of each; ``max_tokens`` is recorded separately."""
+    h = hashlib.sha256()
+    for r in trace:
+        h.update(struct.pack("<4q", r.rid, r.document, r.question, r.prefix_tokens))
+        h.update(bytes.fromhex(input_hash(r.prompt)))
+    return h.hexdigest()

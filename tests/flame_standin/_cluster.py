@@ -198,7 +198,13 @@ class StandinCluster:
         created = []
         with store.cond:
             live = [e for e in self._executors if e.state != "Released"]
+            # Real v0.6.0: the allocate action first "pipelines" Unbinding executors onto a session that needs
+            # executors (matched by shim only), so a stuck one (§3.8) is offered to every such session each cycle,
+            # never binds, and no new executor is created while it exists (checked with the real binaries).
+            starve = any(e.stuck for e in live)
             for ssn in sorted(store.sessions.values(), key=lambda s: s.seq):
+                if starve:
+                    break
                 if ssn.state != SESSION_OPEN or not ssn.pending:
                     continue
                 if ssn.retry_count >= self.bind_retry_limit:
@@ -366,6 +372,17 @@ class StandinCluster:
 
     def resume_scheduler(self) -> None:
         self._paused = False
+
+    def restart_executor_manager(self, timeout: float = 15.0) -> int:
+        """What restarting the real executor manager does for executors stuck in Unbinding (§3.8, §7 of
+        docs/flame_standin.md): they are dropped, their processes ended, and new executors can be created
+        again. Returns how many were stuck."""
+        with self._store.cond:
+            stuck = [e for e in self._executors if e.stuck]
+            for e in stuck:
+                e.restart_requested = True
+        self.wait_until(lambda: all(e.state == "Released" for e in stuck), timeout)
+        return len(stuck)
 
     def drop_session(self, session_id: str) -> None:
         """Make a session vanish from memory (what storage `none` does on UnregisterApplication or eviction):

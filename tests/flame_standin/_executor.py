@@ -148,6 +148,7 @@ class Executor:
         self.bind_error: Optional[str] = None
         self.leave_error: Optional[str] = None
         self.stuck = False
+        self.restart_requested = False  # restart_executor_manager()
         self.wedged: Optional[str] = None
         self.sigkill_needed = False
         self.tasks_run = 0
@@ -470,8 +471,10 @@ class Executor:
         try:
             r = self.stub.OnTaskInvoke(ctx)  # no deadline, as the FEM
         except grpc.RpcError as e:
-            # The FEM turns the shim error into a Failed result carrying the error text.
-            return FAILED, None, _details(e)
+            # The FEM turns the shim error into a Failed result carrying tonic's error text (checked with
+            # the real binaries): the task running when the service died gets "transport error", every later
+            # task on that executor "Connection refused (os error 111)".
+            return FAILED, None, _fem_invoke_error(e)
         output = r.output if r.HasField("output") else None
         message = r.message if r.HasField("message") else None
         if r.return_code != 0:
@@ -512,8 +515,8 @@ class Executor:
                     self.stuck = True
                     self.session_id = None  # the repeated UnbindExecutor clears it on the FSM side
                     self.store.cond.notify_all()
-            if c._stop_event.wait(c.leave_retry_interval_s):
-                return
+            if c._stop_event.wait(c.leave_retry_interval_s) or self.restart_requested:
+                return  # stand-in stop, or restart_executor_manager(): what restarting the real FEM does
 
     # ---------------------------------------------------------------- release
     def terminate(self, grace: float) -> None:
@@ -571,6 +574,17 @@ class Executor:
             self.released_at = time.time()
             self.store.cond.notify_all()
         c._executor_released(self)
+
+
+def _fem_invoke_error(e: grpc.RpcError) -> str:
+    d = _details(e)
+    if "Connection refused" in d or "failed to connect" in d or "No such file" in d:
+        return "Connection refused (os error 111)"
+    try:
+        unavailable = e.code() == grpc.StatusCode.UNAVAILABLE
+    except Exception:  # pragma: no cover
+        unavailable = False
+    return "transport error" if unavailable else d
 
 
 def _details(e: grpc.RpcError) -> str:

@@ -1,0 +1,409 @@
+"""A one-host real Flame v0.6.0 cluster (session manager + one executor manager) for tests and benchmarks.
+
+``RealCluster`` starts Flame's own binaries (``flame-session-manager``, ``flame-executor-manager``,
+built at tag v0.6.0; see ../shared/flame/README.md) on free loopback ports with their own
+``FLAME_HOME``, socket folder and log folder, both in one new process group, and stops them and
+everything they started (service processes, engine workers) on ``stop``::
+
+    with RealCluster(ClusterSettings(bin_dir=find_bin_dir(), workdir=tmp)) as cluster:
+        conn = flamepy.connect(cluster.endpoint)        # "http://127.0.0.1:<port>"
+
+CLI: ``python -m sut.flame cluster --workdir DIR [--flame-bin DIR] [--port N]`` prints
+``FLAME_ENDPOINT=...`` and serves until Ctrl-C / SIGTERM.
+
+Facts of v0.6.0 this module designs for: the frontend listens on the endpoint's port and the
+executor-manager backend on port + 1, both on **0.0.0.0** whatever host the endpoint names (so
+ports are checked free on every address, and the listening sockets are checked to belong to the
+session manager this module started); executors' Unix sockets go to ``$FLAME_SOCKET_DIR``
+(default /var/flame/executors, shared by every cluster of a host: each cluster here gets its own);
+the host shim starts every service in its own process group, so ``stop`` finds them by a marker in
+their environment (``SUT_FLAME_CLUSTER``, inherited from the executor manager) and ends their
+groups too. ``storage: none`` keeps all state in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger("sut.flame.cluster")
+
+REPO = Path(__file__).resolve().parent.parent.parent
+BIN_ENV = "FLAME_BIN"
+MARK_ENV = "SUT_FLAME_CLUSTER"
+FSM, FEM = "flame-session-manager", "flame-executor-manager"
+# Below the Linux ephemeral range (32768-60999), so outgoing connections never take our ports.
+PORT_RANGE = (20000, 32000)
+DEFAULT_RUST_LOG = "info,flame_session_manager::scheduler::plugins=warn"
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start (binaries missing, ports taken, a manager exited)."""
+
+
+def default_bin_dir() -> Path:
+    """``$FLAME_BIN``, else ``<repo>/../shared/flame/bin`` (this repository's development set-up)."""
+    return Path(os.environ.get(BIN_ENV) or (REPO.parent / "shared" / "flame" / "bin"))
+
+
+def find_bin_dir(bin_dir: Optional[str | Path] = None) -> Optional[Path]:
+    """The folder holding both executables (``bin_dir``, else ``default_bin_dir()``), or None."""
+    d = Path(bin_dir) if bin_dir else default_bin_dir()
+    if all(os.access(d / b, os.X_OK) for b in (FSM, FEM)):
+        return d.resolve()
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSettings:
+    """One one-host cluster. ``port`` 0 = two free consecutive ports in ``PORT_RANGE``."""
+
+    bin_dir: Path
+    workdir: Path
+    port: int = 0
+    max_executors: int = 128  # cluster.limits.max_executors (v0.6.0 parses it but does not enforce it)
+    resreq: str = "cpu=1,mem=1g"  # cluster default resreq of sessions without one
+    policies: tuple = ("priority", "gang")
+    schedule_interval_ms: int = 100
+    retry_limits: int = 5  # cluster.recovery.session.retry_limits (bind failures per session)
+    rust_log: str = DEFAULT_RUST_LOG
+    start_timeout_s: float = 30.0
+    stop_grace_s: float = 5.0
+    env: tuple = ()  # extra (key, value) pairs for both managers (the services inherit them)
+
+
+def _port_free(port: int) -> bool:
+    """True if ``port`` can be bound on 0.0.0.0 (as the session manager binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_ports(rng: Optional[random.Random] = None, tries: int = 200) -> int:
+    """A port p such that p and p + 1 are both free now (the frontend and backend ports)."""
+    rng = rng or random.Random()
+    for _ in range(tries):
+        p = rng.randrange(PORT_RANGE[0], PORT_RANGE[1] - 1)
+        if _port_free(p) and _port_free(p + 1):
+            return p
+    raise ClusterError(f"no two free consecutive ports found in {PORT_RANGE}")
+
+
+def cluster_yaml(s: ClusterSettings, port: int) -> str:
+    """The cluster file both managers read (flame-cluster.yaml format of v0.6.0)."""
+    pol = "".join(f"\n    - {p}" for p in s.policies)
+    return (f"---\ncluster:\n  name: flame\n  endpoint: \"http://127.0.0.1:{port}\"\n  resreq: \"{s.resreq}\"\n"
+            f"  policies:{pol}\n  storage: none\n  schedule_interval: {int(s.schedule_interval_ms)}\n"
+            f"  executors:\n    shim: host\n  limits:\n    max_executors: {int(s.max_executors)}\n"
+            f"  recovery:\n    session:\n      retry_limits: {int(s.retry_limits)}\n")
+
+
+def marked_processes(mark: str) -> list:
+    """psutil Processes whose environment carries ``SUT_FLAME_CLUSTER=<mark>`` (ours only)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(MARK_ENV) == mark:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+class RealCluster:
+    """A running one-host Flame cluster; see the module docstring. Not thread-safe."""
+
+    def __init__(self, settings: ClusterSettings):
+        self.s = settings
+        self.workdir = Path(settings.workdir).resolve()
+        self.mark = uuid.uuid4().hex[:12]
+        self.port: Optional[int] = None
+        self.endpoint: Optional[str] = None
+        self.fsm: Optional[subprocess.Popen] = None
+        self.fem: Optional[subprocess.Popen] = None
+        self.sock_dir: Optional[Path] = None
+        self.home = self.workdir / "home"
+        # The managers write their logs there themselves ($FLAME_HOME/logs/{fsm,fem}-<host>.<date>), and
+        # the same lines to stdout, which goes nowhere: one copy on disk. stderr (panics): <name>.stderr.
+        self.log_dir = self.home / "logs"
+        self._stopped = False
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> "RealCluster":
+        """Start both managers; returns once the executor manager's node is Ready. ``ClusterError``."""
+        for b in (FSM, FEM):
+            if not os.access(Path(self.s.bin_dir) / b, os.X_OK):
+                raise ClusterError(f"{Path(self.s.bin_dir) / b} is missing or not executable")
+        for d in (self.log_dir, self.home, self.workdir / "fem"):
+            d.mkdir(parents=True, exist_ok=True)
+        # Executor sockets: <dir>/<36-char executor id>.sock must stay under the 108-byte limit.
+        self.sock_dir = Path(tempfile.mkdtemp(prefix="flsk-", dir="/tmp"))
+        try:
+            self._start_managers()
+            self._wait_node_ready()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("flame cluster %s up at %s (workdir %s)", self.mark, self.endpoint, self.workdir)
+        return self
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        env.update(FLAME_HOME=str(self.home), FLAME_SOCKET_DIR=str(self.sock_dir), RUST_LOG=self.s.rust_log)
+        env[MARK_ENV] = self.mark
+        env.pop("FLAME_ENDPOINT", None)
+        env.update(dict(self.s.env))
+        return env
+
+    def _start_managers(self) -> None:
+        attempts = 1 if self.s.port else 5
+        for attempt in range(attempts):
+            port = self.s.port or pick_ports()
+            cfg = self.workdir / "cluster.yaml"
+            cfg.write_text(cluster_yaml(self.s, port))
+            fsm_log = open(self.log_dir / "fsm.stderr", "ab")
+            self.fsm = subprocess.Popen([str(Path(self.s.bin_dir) / FSM), "--config", str(cfg)], cwd=self.home,
+                                        env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=fsm_log, process_group=0)
+            fsm_log.close()
+            why = self._wait_listening(port)
+            if why is None:
+                break
+            self._end(self.fsm)
+            self.fsm = None
+            if attempt + 1 == attempts:
+                raise ClusterError(f"the session manager did not start on port {port}: {why}; "
+                                   f"logs in {self.log_dir}:\n{self.log_tail('fsm')}")
+            log.warning("session manager on port %d: %s; trying other ports", port, why)
+        self.port = port
+        self.endpoint = f"http://127.0.0.1:{port}"
+        fem_log = open(self.log_dir / "fem.stderr", "ab")
+        self.fem = subprocess.Popen([str(Path(self.s.bin_dir) / FEM), "--config", str(self.workdir / "cluster.yaml")],
+                                    cwd=self.workdir / "fem", env=self._env(), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=fem_log, process_group=self.fsm.pid)
+        fem_log.close()
+
+    def _wait_listening(self, port: int) -> Optional[str]:
+        """None once *our* session manager listens on port and port + 1, else why not."""
+        import psutil
+
+        deadline = time.monotonic() + self.s.start_timeout_s
+        proc = psutil.Process(self.fsm.pid)
+        while time.monotonic() < deadline:
+            if self.fsm.poll() is not None:
+                return f"it exited with code {self.fsm.returncode}"
+            try:
+                mine = {c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+            except psutil.Error as e:
+                return str(e)
+            if {port, port + 1} <= mine:
+                return None
+            time.sleep(0.05)
+        return f"not listening on {port} and {port + 1} after {self.s.start_timeout_s:.0f} s"
+
+    def _wait_node_ready(self) -> None:
+        import flamepy
+
+        deadline = time.monotonic() + self.s.start_timeout_s
+        conn = flamepy.connect(self.endpoint)
+        try:
+            while time.monotonic() < deadline:
+                if self.fem.poll() is not None:
+                    raise ClusterError(f"the executor manager exited with code {self.fem.returncode}; logs in "
+                                       f"{self.log_dir}:\n{self.log_tail('fem')}")
+                if self.fsm.poll() is not None:
+                    raise ClusterError(f"the session manager exited with code {self.fsm.returncode}:\n{self.log_tail('fsm')}")
+                try:
+                    if any(n.status.state == 1 for n in conn.list_nodes()):  # NodeState Ready
+                        return
+                except flamepy.FlameError:
+                    pass
+                time.sleep(0.1)
+        finally:
+            conn.close()
+        raise ClusterError(f"no Ready node after {self.s.start_timeout_s:.0f} s; logs in {self.log_dir}")
+
+    # ------------------------------------------------------------------ inspection
+    def log_text(self, which: str = "fsm") -> str:
+        """The log of the session manager (``fsm``) or executor manager (``fem``): its own files, then stderr."""
+        out = []
+        for f in sorted(self.log_dir.glob(f"{which}-*")) + [self.log_dir / f"{which}.stderr"]:
+            try:
+                out.append(f.read_text(errors="replace"))
+            except OSError:
+                pass
+        return "".join(out)
+
+    def log_tail(self, which: str = "fsm", n: int = 4000) -> str:
+        """The last ``n`` characters of ``log_text(which)``."""
+        return self.log_text(which)[-n:]
+
+    def processes(self) -> list:
+        """Every live process of this cluster: the managers, the services and their children."""
+        return marked_processes(self.mark)
+
+    def service_processes(self) -> list:
+        """The live processes started by the executor manager (services, engine workers)."""
+        managers = {p.pid for p in (self.fsm, self.fem) if p is not None}
+        return [p for p in self.processes() if p.pid not in managers]
+
+    def _conn(self):
+        import flamepy
+
+        if getattr(self, "_flame_conn", None) is None:
+            self._flame_conn = flamepy.connect(self.endpoint)
+        return self._flame_conn
+
+    def session_state(self, session_id: str) -> dict:
+        """``{"state": "Open"|"Closed", "counts": {task state name: n}}`` of a session, as Flame reports it."""
+        ssn = self._conn().get_session(session_id)
+        counts = {"Pending": 0, "Running": 0, "Succeed": 0, "Failed": 0, "Cancelled": 0}
+        for t in self.tasks(session_id):
+            counts[t["state"]] += 1
+        return {"state": "Open" if int(ssn.state) == 0 else "Closed", "counts": counts}
+
+    def session_events(self, session_id: str) -> list[tuple[int, str]]:
+        """``[(code, message)]`` of a session's events (1001 bind failed, 1002 retry limit reached)."""
+        return [(ev.code, ev.message) for ev in (self._conn().get_session(session_id).events or [])]
+
+    def tasks(self, session_id: str) -> list[dict]:
+        """The session's tasks in id order: ``{"id", "state" (name), "state_code"}``. Read with the raw
+        ListTask stream: flamepy 0.6.0 cannot parse the Cancelled state (4)."""
+        from flamepy.proto.frontend_pb2 import ListTaskRequest
+
+        names = {0: "Pending", 1: "Running", 2: "Succeed", 3: "Failed", 4: "Cancelled"}
+        out = [{"id": t.metadata.id, "state_code": int(t.status.state), "state": names[int(t.status.state)]}
+               for t in self._conn()._frontend.ListTask(ListTaskRequest(session_id=session_id))]
+        return sorted(out, key=lambda t: int(t["id"]))
+
+    def executors(self) -> list[dict]:
+        """Executors Flame lists now: ``{"id", "state" (e.g. "Bound"), "session_id", "node"}``."""
+        from flamepy.proto import types_pb2
+
+        return [{"id": e.metadata.id, "state": types_pb2.ExecutorState.Name(e.status.state).removeprefix("Executor"),
+                 "session_id": e.status.session_id or None, "node": e.spec.node} for e in self._conn().list_executors()]
+
+    @staticmethod
+    def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(interval)
+        return bool(predicate())
+
+    def kill_session_manager(self, sig: int = signal.SIGKILL) -> None:
+        """Fault injection: signal the session manager process only."""
+        self.fsm.send_signal(sig)
+        self.fsm.wait(10)
+
+    # ------------------------------------------------------------------ stop
+    def stop(self) -> None:
+        """End the managers, then every process that still carries this cluster's mark; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        others = self.service_processes()
+        for p in (self.fem, self.fsm):
+            if p is not None and p.poll() is None:
+                try:
+                    os.killpg(p.pid if p is self.fsm else os.getpgid(p.pid), signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for p in (self.fem, self.fsm):
+            if p is not None:
+                self._end(p)
+        self._end_marked(others)
+        if self.sock_dir is not None:
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
+        log.info("flame cluster %s stopped; logs in %s", self.mark, self.log_dir)
+
+    def _end(self, p: subprocess.Popen) -> None:
+        try:
+            p.wait(self.s.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+    def _end_marked(self, seen: list) -> None:
+        """SIGTERM the process groups of the cluster's remaining processes, then SIGKILL what is left."""
+        import psutil
+
+        own = os.getpgid(0)
+        procs = {p.pid: p for p in seen + self.processes()}
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            alive = [p for p in procs.values() if p.is_running()]
+            if not alive:
+                return
+            for p in alive:
+                try:
+                    pg = os.getpgid(p.pid)
+                    if pg != own:
+                        os.killpg(pg, sig)
+                    else:
+                        p.send_signal(sig)
+                except (ProcessLookupError, PermissionError, psutil.Error):
+                    pass
+            _, alive = psutil.wait_procs(alive, timeout=self.s.stop_grace_s)
+            procs = {p.pid: p for p in alive + self.processes()}
+        left = [p.pid for p in procs.values() if p.is_running()]
+        if left:
+            log.error("flame cluster %s: processes %s survived SIGKILL", self.mark, left)
+
+    def __enter__(self) -> "RealCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m sut.flame cluster``: run a cluster in the foreground until Ctrl-C / SIGTERM."""
+    import argparse
+    import threading
+
+    p = argparse.ArgumentParser(prog="python -m sut.flame cluster", description=main.__doc__)
+    p.add_argument("--flame-bin", help=f"folder with {FSM} and {FEM} (default: ${BIN_ENV}, else ../shared/flame/bin)")
+    p.add_argument("--workdir", required=True, help="cluster folder: cluster.yaml, home/ (FLAME_HOME; logs in home/logs), fem/")
+    p.add_argument("--port", type=int, default=0, help="frontend port (backend: port + 1; default: two free ports)")
+    p.add_argument("--resreq", default=ClusterSettings.resreq, help="default session resource request")
+    a = p.parse_args(argv)
+    bin_dir = find_bin_dir(a.flame_bin)
+    if bin_dir is None:
+        print(f"error: no {FSM} and {FEM} in {a.flame_bin or default_bin_dir()}; pass --flame-bin or set {BIN_ENV}")
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    try:
+        cluster = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=Path(a.workdir), port=a.port, resreq=a.resreq)).start()
+    except ClusterError as e:
+        print(f"error: {e}")
+        return 1
+    print(f"FLAME_ENDPOINT={cluster.endpoint}", flush=True)
+    try:
+        while not done.wait(0.5):
+            if cluster.fsm.poll() is not None or cluster.fem.poll() is not None:
+                log.error("a Flame manager exited; stopping (logs in %s)", cluster.log_dir)
+                return 1
+    finally:
+        cluster.stop()
+    return 0

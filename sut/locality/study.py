@@ -1,0 +1,248 @@
+"""The study's checks and arithmetic (``../shared/research/study.md``), as pure functions: no engines.
+
+* :func:`validate_results`: every timed request of a trace was answered exactly once, with the input
+  the trace holds (sha256 of the int32 ids), the asked number of output tokens, by the replica it was
+  routed to. Returns one line per failure, naming the request; :func:`raise_for_failures` turns them
+  into ``RunFailed`` (exit 1).
+* :func:`pair_report`: per-run records of the paired protocol (one record per system x policy x
+  pair) -> medians / min / max per system and policy, per-pair ratios ``flame / standalone`` per
+  policy with their median, min and max and the pairs below the 99 % line, and
+  ``prefix_affinity / round_robin`` per system (ratio of the medians, and per pair).
+  :func:`report_lines` prints it; :func:`plot_pair_report` draws it (PNG).
+
+NOT wired yet: the pair protocol (fresh engines per pair, two warm-ups, alternating system order)
+needs the dispatch core of issue 12; these functions are what it will call.
+
+A per-run record is a mapping with ``system`` (``standalone`` | ``flame`` | ...), ``policy``, ``pair``
+(int), ``requests_per_s``, ``output_tokens_per_s`` and ``cached_share`` (cached prompt tokens /
+prompt tokens, from the engines' counts, in ``[0, 1]``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from sut.base import RunFailed
+from sut.locality.trace import TraceRequest, input_hash
+
+METRICS = ("requests_per_s", "output_tokens_per_s", "cached_share")
+FLOOR = 0.99  # the study's line: Flame reaches at least 99 % of standalone
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One answered request as a transport reports it.
+
+    Attributes:
+        rid: the request id (``TraceRequest.rid``).
+        served: the replica whose engine produced the output (from the worker's own record).
+        routed: the replica the router chose.
+        output_ids: the generated token ids.
+        input_hash: hex sha256 of the prompt ids as sent (``trace.input_hash``).
+    """
+
+    rid: int
+    served: int
+    routed: int
+    output_ids: Sequence[int]
+    input_hash: str
+
+
+def validate_results(trace: Sequence[TraceRequest], results: Sequence[RequestResult], max_tokens: int) -> list[str]:
+    """Check the results of one timed burst against its trace.
+
+    Returns:
+        one line per failure, each starting ``request RID:`` (empty list: all good): unknown id, input
+        hash mismatch, output length != ``max_tokens``, served replica != routed replica, answered more
+        than once, never answered.
+    """
+    want = {r.rid: input_hash(r.prompt) for r in trace}
+    seen: Counter = Counter()
+    failures = []
+    for res in results:
+        seen[res.rid] += 1
+        if res.rid not in want:
+            failures.append(f"request {res.rid}: not in the trace")
+            continue
+        if seen[res.rid] > 1:
+            continue  # counted below
+        if res.input_hash != want[res.rid]:
+            failures.append(f"request {res.rid}: input hash {res.input_hash[:12]} != the trace's {want[res.rid][:12]}")
+        if len(res.output_ids) != max_tokens:
+            failures.append(f"request {res.rid}: {len(res.output_ids)} output tokens, {max_tokens} asked")
+        if res.served != res.routed:
+            failures.append(f"request {res.rid}: served by replica {res.served}, routed to replica {res.routed}")
+    failures += [f"request {rid}: answered {n} times (exactly once required)"
+                 for rid, n in seen.items() if n > 1 and rid in want]
+    failures += [f"request {rid}: never answered" for rid in want if seen[rid] == 0]
+    return failures
+
+
+def raise_for_failures(failures: Sequence[str], what: str = "validation", shown: int = 10) -> None:
+    """``RunFailed`` naming the first ``shown`` failures (and how many in all); nothing if none."""
+    if failures:
+        more = f" (and {len(failures) - shown} more)" if len(failures) > shown else ""
+        raise RunFailed(f"{what} failed for {len(failures)} check(s): " + "; ".join(failures[:shown]) + more)
+
+
+# --------------------------------------------------------------------------------------- arithmetic
+def stats(values: Sequence[float]) -> dict:
+    """``{"n", "median", "min", "max"}`` of ``values`` (``ValueError`` when empty)."""
+    if not values:
+        raise ValueError("no values")
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _index(records: Sequence[Mapping]) -> dict:
+    """``{(system, policy, pair): record}``; ``ValueError`` naming a bad or repeated record."""
+    out = {}
+    for i, r in enumerate(records):
+        missing = [k for k in ("system", "policy", "pair", *METRICS) if k not in r]
+        if missing:
+            raise ValueError(f"run record {i}: missing {missing}")
+        key = (r["system"], r["policy"], int(r["pair"]))
+        if key in out:
+            raise ValueError(f"run record {i}: system {key[0]}, policy {key[1]}, pair {key[2]} appears twice")
+        for m in METRICS:
+            if not (isinstance(r[m], (int, float)) and r[m] >= 0):
+                raise ValueError(f"run record {i}: {m} must be a number >= 0, got {r[m]!r}")
+        out[key] = r
+    return out
+
+
+def ratios_by_pair(records: Sequence[Mapping], num: tuple, den: tuple, metric: str = "requests_per_s") -> dict:
+    """``{pair: num / den}`` where ``num``, ``den`` are ``(system, policy)``; every pair that has either
+    must have both (``ValueError`` naming the pair), and ``den`` must be > 0."""
+    idx = _index(records)
+    pairs = sorted({p for (s, po, p) in idx if (s, po) in (num, den)})
+    out = {}
+    for p in pairs:
+        a, b = idx.get((*num, p)), idx.get((*den, p))
+        if a is None or b is None:
+            lack = num if a is None else den
+            raise ValueError(f"pair {p}: no run of system {lack[0]} with policy {lack[1]}")
+        if b[metric] <= 0:
+            raise ValueError(f"pair {p}: {den[0]} / {den[1]} has {metric} 0; no ratio")
+        out[p] = a[metric] / b[metric]
+    return out
+
+
+def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num: str = "flame",
+                den: str = "standalone", floor: float = FLOOR) -> dict:
+    """The study's numbers from per-run records (JSON-ready; pair numbers as ints in lists).
+
+    Returns:
+        ``runs[system][policy][metric]``: :func:`stats` over pairs; ``pair_ratios[policy]`` (when both
+        ``num`` and ``den`` systems ran): ``per_pair`` ``[{"pair", "ratio"}]``, ``median``, ``min``,
+        ``max``, ``below_floor`` (pairs under ``floor``); ``policy_ratios[system]`` (when it ran
+        ``prefix_affinity`` and ``round_robin``): ``ratio_of_medians`` and ``per_pair``.
+
+    Raises:
+        ValueError: a bad or repeated record, a pair missing one side (named).
+    """
+    idx = _index(records)
+    systems = sorted({s for s, _, _ in idx})
+    runs = {}
+    for s in systems:
+        runs[s] = {}
+        for po in sorted({po for s2, po, _ in idx if s2 == s}):
+            rs = [r for (s2, po2, _), r in sorted(idx.items()) if (s2, po2) == (s, po)]
+            runs[s][po] = {m: stats([float(r[m]) for r in rs]) for m in METRICS}
+    report = {"metric": metric, "floor": floor, "runs": runs, "pair_ratios": {}, "policy_ratios": {}}
+    if num in runs and den in runs:
+        for po in sorted(set(runs[num]) & set(runs[den])):
+            by_pair = ratios_by_pair(records, (num, po), (den, po), metric)
+            report["pair_ratios"][po] = dict(
+                stats(list(by_pair.values())), name=f"{num} / {den}",
+                per_pair=[{"pair": p, "ratio": v} for p, v in by_pair.items()],
+                below_floor=[p for p, v in by_pair.items() if v < floor])
+    for s in systems:
+        if {"prefix_affinity", "round_robin"} <= set(runs[s]):
+            med = runs[s]
+            by_pair = ratios_by_pair(records, (s, "prefix_affinity"), (s, "round_robin"), metric)
+            report["policy_ratios"][s] = {
+                "name": "prefix_affinity / round_robin",
+                "ratio_of_medians": med["prefix_affinity"][metric]["median"] / med["round_robin"][metric]["median"],
+                "per_pair": [{"pair": p, "ratio": v} for p, v in by_pair.items()]}
+    return report
+
+
+def report_lines(report: dict) -> list[str]:
+    """The report as console lines (medians with min-max, ratios as percentages)."""
+    m = report["metric"]
+    lines = [f"{'system':<12} {'policy':<16} {'pairs':>5} {m + ' median (min-max)':>34} {'cached share':>13}"]
+    for s, pols in report["runs"].items():
+        for po, st in pols.items():
+            x = st[m]
+            lines.append(f"{s:<12} {po:<16} {x['n']:>5} {x['median']:>14.3f} ({x['min']:.3f}-{x['max']:.3f})"
+                         f"{'':>2} {st['cached_share']['median']:>12.2%}")
+    for po, r in report["pair_ratios"].items():
+        below = ", ".join(str(p) for p in r["below_floor"]) or "none"
+        lines.append(f"{r['name']}, {po}: median {r['median']:.2%}, pairs {r['min']:.2%}-{r['max']:.2%}; "
+                     f"below {report['floor']:.0%}: {below}")
+    for s, r in report["policy_ratios"].items():
+        lines.append(f"{s}: {r['name']} = {r['ratio_of_medians']:.3f}x (ratio of medians)")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------- figure
+def plot_pair_report(records: Sequence[Mapping], path: str | Path, metric: str = "requests_per_s",
+                     num: str = "flame", den: str = "standalone", floor: float = FLOOR,
+                     title: Optional[str] = None) -> Path:
+    """Write a PNG with three panels: ``metric`` per pair for each system x policy; the per-pair ratios
+    ``num / den`` per policy with the ``floor`` line (and 100 %); the median cached share per policy and
+    system (bars, min-max whiskers). Uses matplotlib's Agg canvas (no display, no global backend).
+
+    Returns:
+        ``path``. Raises ``ValueError`` as :func:`pair_report` does.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    report = pair_report(records, metric, num, den, floor)
+    idx = _index(records)
+    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    policies = sorted({po for pols in report["runs"].values() for po in pols})
+    styles = ["-", "--", ":", "-."]
+    for i, (s, pols) in enumerate(report["runs"].items()):
+        for po in pols:
+            pts = sorted((p, r[metric]) for (s2, po2, p), r in idx.items() if (s2, po2) == (s, po))
+            ax1.plot([p for p, _ in pts], [v for _, v in pts], color=f"C{i}", marker="os^D"[i % 4],
+                     linestyle=styles[policies.index(po) % 4], label=f"{s}, {po}")
+    ax1.set(xlabel="pair", ylabel=metric.replace("_", " ").replace(" per s", "/s"), title=f"{metric} per pair")
+    ax1.legend(fontsize=8)
+    if report["pair_ratios"]:
+        for po, r in report["pair_ratios"].items():
+            ax2.plot([x["pair"] for x in r["per_pair"]], [100 * x["ratio"] for x in r["per_pair"]], marker="o",
+                     label=f"{po}: median {r['median']:.2%}")
+        ax2.axhline(100 * floor, color="red", linestyle=":", label=f"{floor:.0%}")
+        ax2.axhline(100, color="grey", linewidth=0.8)
+        ax2.legend(fontsize=8)
+    else:
+        ax2.text(0.5, 0.5, f"no pair ratios: needs both {num} and {den}", ha="center", va="center",
+                 transform=ax2.transAxes)
+    ax2.set(xlabel="pair", ylabel=f"{num} / {den}, %", title=f"pair ratios ({metric})")
+    for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    systems = list(report["runs"])
+    width = 0.8 / max(1, len(systems))
+    for i, s in enumerate(systems):
+        xs = [j + (i - (len(systems) - 1) / 2) * width for j, po in enumerate(policies) if po in report["runs"][s]]
+        st = [report["runs"][s][po]["cached_share"] for po in policies if po in report["runs"][s]]
+        med = [100 * x["median"] for x in st]
+        err = [[m - 100 * x["min"] for m, x in zip(med, st)], [100 * x["max"] - m for m, x in zip(med, st)]]
+        ax3.bar(xs, med, width, yerr=err, capsize=3, label=s, color=f"C{i}")
+    ax3.set_xticks(range(len(policies)), policies)
+    ax3.set(ylabel="cached share of input tokens, %", title="cached share per policy (median, min-max)")
+    ax3.legend(fontsize=8)
+    fig.suptitle(title or "synthetic-locality pairs (NOT an MLPerf result)")
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,0 +1,225 @@
+"""``python -m sut package``: the runs of one system, every scenario, as one submission tree.
+
+A closed datacenter Llama 3.1 8B submission needs **Offline plus Server or Interactive** (submission
+checker ``loader.py`` ``check_scenarios``: "missing ['(one of) Interactive or Server']"), the code
+under ``<division>/<submitter>/src/`` and ``<division>/<submitter>/systems/<system>.json`` (v6.0+).
+:func:`package_tree` groups the given run folders by the scenario their ``run.json`` records, lays
+each scenario out with :func:`sut.compliance.package` (which checks that the runs of one scenario
+describe the same engine, generation, model and dataset), checks that all scenarios ran on the same
+system (device kind, name and count, model config hash, dataset hash, generation settings), and writes::
+
+    <out>/<division>/<submitter>/
+        results/<system>/llama3.1-8b/{Offline,Server,Interactive}/...   (sut.compliance.package)
+        src/README.md                    harness commit, how to get the code, the exact commands
+        systems/<system>.json            template filled from run.json; FILL-IN fields are the user's
+
+Checker version: LoadGen 6.0.17 embeds the **v6.1** mlperf.conf RNG seeds, so a tree made with it
+passes the v6.1 submission checker (``--version v6.1``) and fails v6.0's seed check
+(:data:`CHECKER_VERSION`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from sut.compliance import BENCHMARK_NAMES, DIVISIONS, PackageSettings, package
+from sut.records import ComplianceError, check_record, engines_used, read_json
+from sut.submission_files import portable_command
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+#: The submission checker version a tree made with mlcommons-loadgen 6.0.17 targets.
+CHECKER_VERSION = "v6.1"
+CHECKER_NOTE = ("The tree targets the v6.1 submission checker (mlcommons/inference tools/submission/"
+                "submission_checker, --version v6.1): mlcommons-loadgen 6.0.17 embeds the v6.1 mlperf.conf RNG seeds, "
+                "so the tree passes v6.1's seed check and fails v6.0's.")
+#: Marker of a ``systems/<system>.json`` field that ``run.json`` cannot tell (the checker then fails on it).
+FILL_IN = "FILL-IN"
+#: Required fields of ``systems/<system>.json`` (submission checker ``constants.py``
+#: ``SYSTEM_DESC_REQUIRED_FIELDS``, v6.0 and v6.1).
+SYSTEM_FIELDS = (
+    "division", "submitter", "status", "system_name", "number_of_nodes", "host_processor_model_name",
+    "host_processors_per_node", "host_processor_core_count", "host_memory_capacity", "host_storage_capacity",
+    "host_storage_type", "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity",
+    "framework", "operating_system", "system_type", "other_software_stack", "host_processor_frequency",
+    "host_processor_caches", "host_memory_configuration", "host_processor_interconnect", "host_networking",
+    "host_networking_topology", "accelerator_frequency", "accelerator_host_interconnect", "accelerator_interconnect",
+    "accelerator_interconnect_topology", "accelerator_memory_configuration", "accelerator_on-chip_memories",
+    "cooling", "hw_notes", "sw_notes", "host_network_card_count", "system_type_detail",
+)
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """A request to lay out every scenario of one system.
+
+    Attributes:
+        out, system, submitter, division, allow_noncompliant: as in ``PackageSettings``.
+        performance_runs / accuracy_runs / test06_runs: run folders, any order; each run's
+            ``run.json`` says its scenario. Every scenario needs one performance and one accuracy
+            run (and, closed division, one TEST06 run).
+    """
+
+    out: str
+    system: str
+    submitter: str
+    performance_runs: tuple = ()
+    accuracy_runs: tuple = ()
+    test06_runs: tuple = ()
+    division: str = "closed"
+    allow_noncompliant: bool = False
+    repo: str = field(default=str(REPO), repr=False)
+
+    def __post_init__(self):
+        if self.division not in DIVISIONS:
+            raise ValueError(f"division must be one of {DIVISIONS}, got {self.division!r}")
+        if not self.performance_runs or not self.accuracy_runs:
+            raise ValueError("give at least one performance run and one accuracy run")
+
+
+def _by_scenario(folders, role: str) -> dict[str, tuple[str, dict]]:
+    out: dict[str, tuple[str, dict]] = {}
+    for f in folders:
+        rec = check_record(read_json(Path(f) / "run.json", f"{role} run:"), Path(f) / "run.json")
+        scen = rec.get("scenario") or "Offline"
+        if scen in out:
+            raise ComplianceError(f"two {role} runs of the {scen} scenario: {out[scen][0]} and {f}")
+        out[scen] = (str(f), rec)
+    return out
+
+
+def _system_facts(rec: dict) -> dict:
+    used = engines_used(rec) or {}
+    return {"devices": used.get("devices"), "model": (rec.get("model") or {}).get("config_sha256"),
+            "dataset": (rec.get("dataset") or {}).get("sha256"), "generation": rec.get("generation"),
+            "benchmark": BENCHMARK_NAMES.get(rec.get("model_key"))}
+
+
+def package_tree(ts: TreeSettings) -> Path:
+    """Lay the runs out as one tree and return ``<out>/<division>/<submitter>``.
+
+    Raises:
+        ComplianceError: a run is unusable (see ``sut.compliance.package``), two runs claim one
+            role in one scenario, a scenario lacks its performance or accuracy run, scenarios
+            ran on different systems, or (unless ``allow_noncompliant``) a closed datacenter tree
+            lacks Offline or both Server and Interactive. Scenario folders written before a
+            failure are removed again.
+    """
+    perf = _by_scenario(ts.performance_runs, "performance")
+    acc = _by_scenario(ts.accuracy_runs, "accuracy")
+    t06 = _by_scenario(ts.test06_runs, "TEST06")
+    for scen in sorted(set(acc) | set(t06)):
+        if scen not in perf:
+            raise ComplianceError(f"{scen}: an accuracy or TEST06 run but no performance run")
+    for scen in perf:
+        if scen not in acc:
+            raise ComplianceError(f"{scen}: a performance run but no accuracy run")
+    first_scen = next(iter(perf))
+    ref = _system_facts(perf[first_scen][1])
+    for scen, (folder, rec) in perf.items():
+        facts = _system_facts(rec)
+        diff = sorted(k for k in ref if facts[k] != ref[k])
+        if diff:
+            raise ComplianceError(f"{scen} run {folder} ran on another system than the {first_scen} run: differs in "
+                                  + ", ".join(diff))
+    problems = []
+    edge = ref["benchmark"] and ref["benchmark"].endswith("-edge")
+    if ts.division == "closed" and not edge:
+        if "Offline" not in perf:
+            problems.append("a closed datacenter submission needs an Offline result")
+        if not {"Server", "Interactive"} & set(perf):
+            problems.append("a closed datacenter submission needs a Server or an Interactive result (the checker "
+                            "says: missing ['(one of) Interactive or Server'])")
+    if problems and not ts.allow_noncompliant:
+        raise ComplianceError("incomplete submission (pass --allow-noncompliant only to rehearse the layout):\n  "
+                              + "\n  ".join(problems))
+    root = Path(ts.out) / ts.division / ts.submitter
+    written: list[Path] = []
+    try:
+        for scen, (pfolder, _) in perf.items():
+            written.append(package(PackageSettings(
+                out=ts.out, system=ts.system, submitter=ts.submitter, performance_run=pfolder,
+                accuracy_run=acc[scen][0], test06_run=t06[scen][0] if scen in t06 else None,
+                division=ts.division, allow_noncompliant=ts.allow_noncompliant)))
+    except BaseException:
+        for d in written:
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+    runs = [(scen, role, rec) for scen in perf for role, group in (("performance", perf), ("accuracy", acc),
+                                                                     ("TEST06", t06)) if scen in group
+            for rec in [group[scen][1]]]
+    write_src(root / "src", runs, Path(ts.repo))
+    systems = root / "systems"
+    systems.mkdir(parents=True, exist_ok=True)
+    (systems / f"{ts.system}.json").write_text(json.dumps(system_json(ts, perf[first_scen][1]), indent=2) + "\n")
+    if problems:
+        (root / "NOT-COMPLIANT.txt").write_text("This tree is a rehearsal:\n" + "".join(f"- {p}\n" for p in problems))
+    log.info("submission tree written: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
+    return root
+
+
+def _git(repo: Path, *args: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def write_src(src: Path, runs: list, repo: Path) -> Path:
+    """``src/README.md``: the harness commit (and whether the working tree had changes), how to get
+    the code, and the exact command of every run (paths made relative to the repository root)."""
+    commit = _git(repo, "rev-parse", "HEAD")
+    dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    remote = _git(repo, "config", "--get", "remote.origin.url")
+    src.mkdir(parents=True, exist_ok=True)
+    lines = ["# Harness source", "",
+             "MLPerf Inference Llama 3.1 8B on vLLM: `python -m sut run` (this repository's harness).", "",
+             f"- commit: `{commit or FILL_IN + ': not a git checkout'}`"
+             + (" (the working tree had uncommitted changes when this tree was made)" if dirty else ""),
+             f"- repository: {remote or FILL_IN + ': URL where reviewers can get this commit'}",
+             f"- {CHECKER_NOTE}", "",
+             "## Commands", "", "Run them from the repository root (paths inside it are relative to it).", ""]
+    for scen, role, rec in runs:
+        cmd = portable_command(rec["command"], repo)[0] if rec.get("command") else "(not recorded)"
+        lines += [f"{scen} {role}:", "", "```", cmd, "```", ""]
+    (src / "README.md").write_text("\n".join(lines))
+    return src
+
+
+def system_json(ts: TreeSettings, rec: dict) -> dict:
+    """``systems/<system>.json``: every required field; what ``run.json`` tells is filled in, the rest
+    is ``FILL-IN: ...`` (the checker rejects those until the user replaces them)."""
+    devices = rec.get("devices") or [e.get("device") or {} for e in rec.get("engines") or []]
+    gpus = {d.get("uuid") or d.get("slot") for d in devices if d.get("kind") == "cuda"}
+    names = sorted({d.get("name") for d in devices if d.get("kind") == "cuda" and d.get("name")})
+    v = rec.get("versions") or {}
+    host = rec.get("host_info") or {}
+    out = {k: f"{FILL_IN}: {k}" for k in SYSTEM_FIELDS}
+    out.update({
+        "division": ts.division, "submitter": ts.submitter, "system_name": ts.system, "number_of_nodes": 1,
+        "status": f"{FILL_IN}: available | preview | rdi", "system_type": "datacenter",
+        "accelerators_per_node": len(gpus), "accelerator_model_name": ", ".join(names) or "N/A",
+        "framework": f"vLLM {v.get('vllm')}, PyTorch {v.get('torch')}, mlcommons-loadgen {v.get('mlcommons-loadgen')}",
+        "other_software_stack": f"Python {v.get('python')}"
+        + (f", NVIDIA driver {host['gpu_driver']}" if host.get("gpu_driver") else "")
+        + (f", CUDA {v['cuda']}" if v.get("cuda") else ""),
+        "sw_notes": f"harness: python -m sut run --sut {rec.get('sut')}",
+    })
+    if host.get("os"):
+        out["operating_system"] = host["os"]
+    if host.get("cpu"):
+        out["host_processor_model_name"] = host["cpu"]
+    if not gpus:
+        for k in ("accelerator_memory_capacity", "accelerator_frequency", "accelerator_host_interconnect",
+                  "accelerator_interconnect", "accelerator_interconnect_topology",
+                  "accelerator_memory_configuration", "accelerator_on-chip_memories"):
+            out[k] = "N/A"
+    return out

@@ -1,0 +1,185 @@
+"""The sample ledger of the Server and Interactive scenarios: first tokens, then whole responses.
+
+LoadGen (6.0.17, ``use_token_latencies`` on, any scenario but Offline) needs, for every sample, one
+``FirstTokenComplete`` before its ``QuerySamplesComplete`` ("Attempted to record a sample latency
+before it's first token latency" otherwise); TTFT is counted from the query's scheduled time to that
+call, TPOT from it to the completion, divided by ``n_tokens - 1``. TEST06 then checks that the logged
+first-token ids are a prefix of the response.
+
+:class:`StreamingLedger` extends :class:`sut.ledger.SampleLedger`:
+
+- ``first_tokens([(request id, first id)])`` queues one ``FirstTokenComplete`` call (each response:
+  one little-endian int32, ``n_tokens`` 1, its buffer alive until the call returns) on the same
+  long-lived completer thread as every ``QuerySamplesComplete``, so a sample's first token always
+  reaches LoadGen before its completion (one FIFO queue, one thread);
+- ``complete`` refuses (the run fails, every outstanding sample answered empty) a response whose
+  first id is not the reported first token, or that comes without one;
+- ``issue`` after a failure answers the new samples empty at once: in Server, LoadGen keeps issuing
+  queries on its schedule after the run has failed, and ``StartTest`` returns only once every one
+  is answered;
+- per-sample latencies measured by the harness (from ``issue_queries`` to the first token reaching
+  the ledger, and from there to the whole response, per further token), summarised by
+  :meth:`latency_summary` for ``run.json`` next to LoadGen's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from sut.ledger import FAIL_CHUNK, SampleLedger, _Completer
+from sut.response import complete_samples, cut_at_first_eos, response_buffer
+
+
+def first_token_complete(results: Sequence[tuple[int, int]]) -> None:
+    """Send first tokens to LoadGen in one ``FirstTokenComplete`` call.
+
+    Args:
+        results: ``(loadgen sample id, first generated id)`` pairs.
+    """
+    import mlperf_loadgen as lg
+
+    buffers, responses = [], []  # buffers alive until FirstTokenComplete returns
+    for sample_id, first in results:
+        buf = response_buffer(np.asarray([first], dtype=np.int32))
+        buffers.append(buf)
+        addr, nbytes = buf.buffer_info()
+        responses.append(lg.QuerySampleResponse(sample_id, addr, nbytes, 1))
+    lg.FirstTokenComplete(responses)
+    del buffers
+
+
+def _pct(values: list, q: float) -> Optional[float]:
+    return None if not values else float(np.percentile(np.asarray(values), q))
+
+
+class StreamingLedger(SampleLedger):
+    """A :class:`SampleLedger` that also reports first tokens (see the module docstring).
+
+    Extra counters: ``first_sent`` (samples whose ``FirstTokenComplete`` call returned), and the
+    harness's per-sample ``ttft_s`` / ``tpot_s`` lists (seconds).
+
+    Args:
+        first_fn: sends ``[(loadgen sample id, first id)]`` to LoadGen (tests pass a recorder);
+            the other arguments as :class:`SampleLedger`.
+    """
+
+    def __init__(self, eos_ids: Iterable[int], progress: bool = True, complete_fn: Callable = complete_samples,
+                 fail_chunk: int = FAIL_CHUNK, first_fn: Callable = first_token_complete):
+        super().__init__(eos_ids, progress=progress, complete_fn=complete_fn, fail_chunk=fail_chunk)
+        self._first_fn = first_fn
+        self._first: dict[int, int] = {}  # request id -> first id reported
+        self._t_issue: dict[int, float] = {}
+        self._t_first: dict[int, float] = {}
+        self.first_sent = 0
+        self.ttft_s: list[float] = []
+        self.tpot_s: list[float] = []
+
+    def issue(self, samples: Sequence) -> list[tuple[int, int]]:
+        """As :meth:`SampleLedger.issue`; after a failure the samples are answered empty at once and
+        nothing is returned for dispatch."""
+        out = []
+        now = time.monotonic()
+        with self._lock:
+            if self.error is not None:
+                empty = [(s.id, np.zeros(0, np.int32)) for s in samples]
+                self.issued += len(empty)
+                for i in range(0, len(empty), self._fail_chunk):
+                    self._queue_locked(empty[i:i + self._fail_chunk], real=False)
+                return []
+            if self.first_issue_t is None:
+                self.first_issue_t = now
+            for s in samples:
+                rid = next(self._ids)
+                self._outstanding[rid] = (s.id, s.index)
+                self._t_issue[rid] = now
+                out.append((rid, s.index))
+            self.issued += len(out)
+            if out:
+                self.idle.clear()
+                self._bar_total()
+        return out
+
+    def first_tokens(self, results: Sequence[tuple[int, int]]) -> None:
+        """Queue ``(request id, first generated id)`` pairs for ``FirstTokenComplete``.
+
+        A request that is unknown, already finished or already has its first token fails the run.
+        Results after a failure are dropped.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if self.error is not None:
+                return
+            send, bad = [], []
+            for rid, first in results:
+                entry = self._outstanding.get(rid)
+                if entry is None or rid in self._first:
+                    bad.append(rid)
+                    continue
+                self._first[rid] = int(first)
+                self._t_first[rid] = now
+                send.append((entry[0], int(first)))
+            if send:
+                self._queued += 1
+                _Completer.submit(functools.partial(self._send_first, send))
+            if bad:
+                self._fail_locked(f"first token of request {bad[0]} reported twice, after its response, or for a "
+                                  "request never issued" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+
+    def _send_first(self, batch: list) -> None:
+        """On the completer thread: one ``FirstTokenComplete`` call for ``batch``."""
+        try:
+            self._first_fn(batch)
+        except Exception as e:  # noqa: BLE001 - LoadGen may not have these samples: the run fails
+            with self._lock:
+                if self.error is None:
+                    self._fail_locked(f"FirstTokenComplete failed for {len(batch)} sample(s): {e!r}")
+        finally:
+            with self._lock:
+                self.first_sent += len(batch)
+                self._queued -= 1
+                if not self._queued:
+                    self._sent.notify_all()
+                    if not self._outstanding:
+                        self.idle.set()
+
+    def complete(self, results: Sequence[tuple[int, np.ndarray]]) -> None:
+        """As :meth:`SampleLedger.complete`, after checking each response against its first token:
+        none reported, or a response that does not start with it, fails the run."""
+        now = time.monotonic()
+        with self._lock:
+            if self.error is not None:
+                return
+            for rid, ids in results:
+                if rid not in self._outstanding:
+                    continue  # the base class names it
+                first = self._first.pop(rid, None)
+                cut = cut_at_first_eos(ids, self.eos_ids)
+                if first is None:
+                    self._fail_locked(f"request {rid} finished without a first token (Server/Interactive need "
+                                      "FirstTokenComplete before the response)")
+                    return
+                if not len(cut) or int(cut[0]) != first:
+                    self._fail_locked(f"request {rid}: first token {first} was reported, but the response starts "
+                                      f"with {cut[:1].tolist()}")
+                    return
+                t0, t1 = self._t_issue.pop(rid, None), self._t_first.pop(rid, None)
+                if t0 is not None and t1 is not None:
+                    self.ttft_s.append(t1 - t0)
+                    if len(cut) > 1:
+                        self.tpot_s.append((now - t1) / (len(cut) - 1))
+        super().complete(results)
+
+    def latency_summary(self) -> dict:
+        """The harness's per-sample TTFT / TPOT (ms): count, mean, p50, p90, p99, max."""
+        out = {}
+        for name, vals in (("ttft_ms", self.ttft_s), ("tpot_ms", self.tpot_s)):
+            ms = [v * 1e3 for v in vals]
+            out[name] = {"samples": len(ms), "mean": float(np.mean(ms)) if ms else None,
+                         "p50": _pct(ms, 50), "p90": _pct(ms, 90), "p99": _pct(ms, 99), "max": max(ms) if ms else None}
+        out["measured"] = ("harness: from issue_queries to the first token reaching the ledger (TTFT), then per further "
+                           "token to the whole response (TPOT); LoadGen's own figures are in loadgen")
+        return out

@@ -1,0 +1,120 @@
+"""``python -m accuracy`` on a log of a ``--max-samples`` run: the failing coverage check says how
+to score it (``--max-samples N``), from the run's ``run.json`` or from the log's shape."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import nltk
+import pytest
+
+from accuracy.__main__ import main as cli_main
+from accuracy.errors import PunktDataMissingError
+from accuracy.loadgen_log import make_log_entry
+from accuracy.punkt_data import ensure_punkt, write_punkt_tab
+from accuracy.report import run_max_samples, suggested_max_samples
+
+WORDS = ["the", "cat", "sat", "on", "mat", "."]
+EOS = 2
+N = 5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def punkt_ready(tmp_path_factory):
+    try:
+        ensure_punkt()
+        yield
+        return
+    except PunktDataMissingError:
+        pass
+    root = tmp_path_factory.mktemp("nltk_data")
+    write_punkt_tab(root)
+    nltk.data.path.insert(0, str(root))
+    yield
+    nltk.data.path.remove(str(root))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> tuple[Path, Path]:
+    """(tokenizer folder, 5-record dataset) whose references are all 'the cat sat on the mat .'."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<bos>": 1, "<eos>": EOS}
+    for w in WORDS:
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<bos>", "<eos>")])
+    d = tmp_path_factory.mktemp("hint")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", unk_token="<unk>").save_pretrained(str(d / "tok"))
+    (d / "tok" / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}))
+    recs = [{"instruction": {"llama": "{input}"}, "input": f"a{i}", "tok_input": [1, 3], "output": "the cat sat on the mat ."}
+            for i in range(N)]
+    (d / "cnn_eval.json").write_text(json.dumps(recs))
+    return d / "tok", d / "cnn_eval.json"
+
+
+def _run_folder(tmp_path: Path, qsl: list[int], run_max: int | None = None) -> Path:
+    ids = [3, 4, 5, 6, 3, 7, 8, EOS]  # "the cat sat on the mat ." + EOS
+    (tmp_path / "mlperf_log_accuracy.json").write_text(json.dumps([make_log_entry(i, ids) for i in qsl]))
+    if run_max is not None:
+        (tmp_path / "run.json").write_text(json.dumps({"run_settings": {"max_samples": run_max}}))
+    return tmp_path / "mlperf_log_accuracy.json"
+
+
+def _gate(caplog, log: Path, inputs, *extra: str) -> tuple[int, str]:
+    tok, data = inputs
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="accuracy"):
+        rc = cli_main(["--accuracy-log", str(log), "--dataset", str(data), "--tokenizer", str(tok), *extra])
+    return rc, "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_hint_from_the_logs_shape(tmp_path, inputs, caplog):
+    """A log with exactly the first 3 of 5 samples: the failure names --max-samples 3 and the command."""
+    log = _run_folder(tmp_path, [0, 1, 2])
+    rc, text = _gate(caplog, log, inputs)
+    assert rc == 1 and "2 sample(s) missing from the log" in text
+    assert "hint: the log holds exactly the dataset's first 3 samples" in text
+    assert f"python -m accuracy --accuracy-log {log} --dataset" in text and text.rstrip().endswith("--max-samples 3")
+    rc, text = _gate(caplog, log, inputs, "--max-samples", "3", "--output-dir", str(tmp_path / "again"))
+    assert "missing" not in text and "hint:" not in text
+
+
+def test_hint_from_run_json_replaces_a_wrong_value(tmp_path, inputs, caplog):
+    log = _run_folder(tmp_path, [0, 1, 2, 3], run_max=4)
+    rc, text = _gate(caplog, log, inputs, "--max-samples=2")
+    assert rc == 1 and "qsl_idx outside the dataset" in text
+    assert "hint: the run's run.json says it used --max-samples 4" in text
+    assert "--max-samples=2" not in text.split("hint:")[1] and text.rstrip().endswith("--max-samples 4")
+
+
+def test_no_hint_when_a_sample_in_the_middle_is_missing(tmp_path, inputs, caplog):
+    rc, text = _gate(caplog, _run_folder(tmp_path, [0, 1, 3, 4]), inputs)
+    assert rc == 1 and "1 sample(s) missing" in text and "hint:" not in text
+
+
+@pytest.mark.parametrize("checks,given,recorded,expected", [
+    ({"missing": [], "unknown_qsl_idx": [], "expected_samples": 5}, None, 3, None),   # nothing wrong
+    ({"missing": [3, 4], "expected_samples": 5}, None, None, 3),                      # tail missing
+    ({"missing": [3, 4], "expected_samples": 5}, None, 2, 2),                         # run.json wins
+    ({"missing": [1, 3, 4], "expected_samples": 5}, None, None, None),                # a hole: no guess
+    ({"missing": [0, 1, 2, 3, 4], "expected_samples": 5}, None, None, None),          # empty coverage
+    ({"missing": [], "unknown_qsl_idx": [7], "expected_samples": 5}, 5, 8, 8),
+    ({"missing": [4], "expected_samples": 5}, 5, 5, None),                            # already given
+])
+def test_suggested_max_samples(checks, given, recorded, expected):
+    assert suggested_max_samples(checks, given, recorded) == expected
+
+
+def test_run_max_samples_reads_only_a_positive_int(tmp_path):
+    log = tmp_path / "mlperf_log_accuracy.json"
+    assert run_max_samples(log) is None
+    for value, expected in ((64, 64), (None, None), ("64", None), (0, None), (True, None)):
+        (tmp_path / "run.json").write_text(json.dumps({"run_settings": {"max_samples": value}}))
+        assert run_max_samples(log) == expected
+    (tmp_path / "run.json").write_text("{not json")
+    assert run_max_samples(log) is None

@@ -1,0 +1,92 @@
+"""The H200 performance scripts' arithmetic (scripts/perf_profile.py, scripts/perf_levers.py), on made-up data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import perf_levers  # noqa: E402
+import perf_profile  # noqa: E402
+
+
+@pytest.mark.parametrize("name,cat,want", [
+    ("void flash::FlashAttnFwdSm90<...>", "kernel", "attention"),
+    ("sm90_xmma_gemm_e4m3e4m3_bf16_f32_tn", "kernel", "fp8_gemm"),
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "kernel", "bf16_gemm_cublas"),
+    ("triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_max_mul_reciprocal_silu", "kernel", "norm_act_quant"),
+    ("_gumbel_sample_kernel", "kernel", "sampling"),
+    ("void vllm::cutlass_3x_gemm_fp8<...>", "kernel", "fp8_gemm"),
+    ("triton_poi_fused_mul_silu_0", "kernel", "norm_act_quant"),
+    ("void vllm::reshape_and_cache_flash_kernel<...>", "kernel", "kv_cache_write"),
+    ("void at::native::reduce_kernel<argmax>", "kernel", "sampling"),
+    ("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", "memcpy_memset"),
+    ("some_unknown_kernel_name", "kernel", "other"),
+])
+def test_categorize(name, cat, want):
+    assert perf_profile.categorize(name, cat) == want
+
+
+def test_summarize_trace_busy_gap_and_shares(tmp_path):
+    # Three kernels (µs): [0, 100) attention, [50, 150) gemm (overlaps), [300, 400) triton; one CPU event.
+    events = [
+        {"cat": "kernel", "name": "flash_fwd", "ts": 0, "dur": 100},
+        {"cat": "kernel", "name": "cutlass_3x_gemm_sm90_fp8", "ts": 50, "dur": 100},
+        {"cat": "kernel", "name": "triton_red_fused_rms", "ts": 300, "dur": 100},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000},
+    ]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": events}))
+    res = perf_profile.summarize_trace(p, steps=2, wall_s=0.001, tokens=4)
+    assert res["gpu_span_ms"] == pytest.approx(0.4)
+    assert res["gpu_busy_ms"] == pytest.approx(0.25)  # union of [0,150) and [300,400)
+    assert res["cpu_gap_ms"] == pytest.approx(0.15)
+    assert res["ms_per_step"] == pytest.approx(0.2)
+    assert res["categories_ms"] == pytest.approx({"attention": 0.1, "fp8_gemm": 0.1, "norm_act_quant": 0.1})
+    assert sum(res["categories_share"].values()) == pytest.approx(1.0)
+    assert res["top_kernels"][0]["calls"] == 1
+
+
+def test_summarize_trace_without_gpu_activity(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": [{"cat": "cpu_op", "name": "x", "ts": 0, "dur": 5}]}))
+    assert "error" in perf_profile.summarize_trace(p, 1, 0.1, 1)
+
+
+def test_lever_ratios_use_mean_of_both_baselines(tmp_path, capsys):
+    rows = [
+        {"lever": "baseline", "variant": "as_given", "tokens_per_s": 100.0, "engine_start_s": 1.0},
+        {"lever": "baseline", "variant": "as_given_again", "tokens_per_s": 110.0, "engine_start_s": 1.0},
+        {"lever": "fusion", "variant": "as_given", "tokens_per_s": 126.0, "engine_start_s": 1.0},
+        {"lever": "baseline_end", "variant": "as_given", "tokens_per_s": 90.0, "engine_start_s": 1.0},
+    ]
+    (tmp_path / "levers.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    perf_levers.summarize(tmp_path)
+    out = json.loads((tmp_path / "levers.json").read_text())
+    assert out["baseline_tokens_per_s"] == pytest.approx(100.0)
+    fusion = [r for r in out["rows"] if r["lever"] == "fusion"][0]
+    assert fusion["ratio_to_baseline"] == pytest.approx(1.26)
+
+
+def test_unknown_lever_exits_2(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", "m", "--dataset", "d",
+                        "--out", str(tmp_path / "o"), "--levers", "baseline,warp_drive"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "warp_drive" in r.stderr
+
+
+def test_recategorize_uses_top_kernels_and_keeps_the_remainder():
+    res = {"kernel_ms_total": 10.0, "top_kernels": [
+        {"name": "triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div", "ms": 3.0, "calls": 1},
+        {"name": "void vllm::cutlass_3x_gemm_sm90_fp8<...>", "ms": 5.0, "calls": 1},
+        {"name": "Memcpy HtoD (Pinned -> Device)", "ms": 1.0, "calls": 1}]}
+    out = perf_profile.recategorize(res)
+    assert out["categories_ms"] == pytest.approx({"fp8_gemm": 5.0, "norm_act_quant": 3.0, "memcpy_memset": 1.0,
+                                                  "not_in_top_kernels": 1.0})
+    assert out["categories_share"]["fp8_gemm"] == pytest.approx(0.5)

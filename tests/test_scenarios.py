@@ -1,0 +1,210 @@
+"""Server and Interactive scenarios without engines: names and model keys, the streaming worker's
+per-step split, pending-work routing, the target_qps search, and the multi-scenario submission tree."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import REPO, sut_env
+from sut.scenarios import NO_FIRST_TOKEN, ScenarioError, check_backend, resolve_scenario
+from sut.standalone import PendingWork
+
+sys.path.insert(0, str(REPO / "scripts"))
+import find_qps  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------- names
+def test_interactive_is_a_loadgen_server_run_with_the_interactive_key():
+    s = resolve_scenario("Interactive")
+    assert (s.loadgen, s.model_key, s.streaming) == ("Server", "llama3_1-8b-interactive", True)
+    s = resolve_scenario("Server")
+    assert (s.loadgen, s.model_key, s.streaming) == ("Server", "llama3_1-8b", True)
+    s = resolve_scenario("Offline", "llama3_1-8b-edge")
+    assert (s.loadgen, s.model_key, s.streaming) == ("Offline", "llama3_1-8b-edge", False)
+
+
+@pytest.mark.parametrize("scenario,key,message", [
+    ("server", None, "case-sensitive: 'Server'"),
+    ("interactive", None, "case-sensitive: 'Interactive'"),
+    ("SingleStream", None, "is not one of"),
+    ("Server", "llama3_1-8b-interactive", "use --scenario Interactive"),
+    ("Interactive", "llama3_1-8b", "llama3_1-8b-interactive"),
+    ("Server", "llama3_1-8b-edge", "edge benchmark has no Server"),
+    ("Offline", "llama3_1-8b-interactive", "use --scenario Interactive"),
+    ("Server", "llama3.1-8b", "LoadGen model keys"),
+])
+def test_wrong_scenario_or_model_key_is_refused(scenario, key, message):
+    with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        resolve_scenario(scenario, key)
+
+
+SERVER_SNIPPET = """
+import json, sys
+from sut.harness import RunSettings, loadgen_test_settings
+kw = json.loads(sys.argv[1])
+ts, reasons = loadgen_test_settings(RunSettings(**kw), 13368)
+print(json.dumps({"qps": ts.server_target_qps, "ttft": ts.ttft_latency, "tpot": ts.tpot_latency, "scenario": int(ts.scenario),
+                  "tokens": ts.use_token_latencies, "pct": ts.server_target_latency_percentile, "reasons": reasons}))
+"""
+
+
+def _settings(**kw):
+    base = dict(dict(sut="vllm", dataset="x.json", user_conf=str(REPO / "loadgen_configs" / "cpu_tiny.user.conf")), **kw)
+    out = subprocess.run([sys.executable, "-c", SERVER_SNIPPET, json.dumps(base)], capture_output=True, text=True,
+                         env=sut_env(), cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_shipped_cpu_user_conf_gives_server_and_interactive_their_own_qps_and_limits(tmp_path):
+    import mlperf_loadgen as lg
+
+    s = _settings(scenario="Server")
+    assert (s["qps"], s["ttft"], s["tpot"], s["pct"], s["tokens"]) == (4.0, 2_000_000_000, 100_000_000, 0.99, True)
+    assert s["scenario"] == int(lg.TestScenario.Server) and s["reasons"] == []
+    s = _settings(scenario="Interactive")
+    assert (s["qps"], s["ttft"], s["tpot"]) == (2.0, 500_000_000, 30_000_000) and s["reasons"] == []
+    assert s["scenario"] == int(lg.TestScenario.Server)
+    loose = tmp_path / "loose.conf"
+    loose.write_text("llama3_1-8b.Server.target_qps = 4\nllama3_1-8b.Server.ttft_latency = 5000\n")
+    s = _settings(scenario="Server", user_conf=str(loose))
+    assert any("ttft_latency" in r for r in s["reasons"])  # a looser limit than mlperf.conf's is not compliant
+
+
+def test_flame_cannot_stream_first_tokens():
+    check_backend("flame", resolve_scenario("Offline"))
+    for scen in ("Server", "Interactive"):
+        with pytest.raises(ScenarioError, match="no first-token event"):
+            check_backend("flame", resolve_scenario(scen))
+    assert "flame" in NO_FIRST_TOKEN
+
+
+# ------------------------------------------------------------------------------------- worker split
+def _out(rid, ids, finished=False):
+    return SimpleNamespace(request_id=str(rid), outputs=[SimpleNamespace(token_ids=list(ids))], finished=finished)
+
+
+def test_stream_results_reports_each_first_token_once_and_the_whole_sequence_at_the_end():
+    from sut.engine import _stream_results
+
+    acc = {}
+    first, done = _stream_results([_out(1, []), _out(2, [7])], acc)  # 1: a prefill chunk, 2: its first token
+    assert first == [(2, 7)] and done == []
+    first, done = _stream_results([_out(1, [4]), _out(2, [8, 9])], acc)
+    assert first == [(1, 4)] and done == []
+    first, done = _stream_results([_out(1, [5], finished=True), _out(2, [128009], finished=True)], acc)
+    assert first == []
+    assert [(r, ids.tolist()) for r, ids in done] == [(1, [4, 5]), (2, [7, 8, 9, 128009])]
+    assert all(ids.dtype == np.int32 for _, ids in done) and acc == {}
+
+
+# ------------------------------------------------------------------------------------- routing
+def test_pending_work_weights_requests_waiting_for_their_first_token():
+    pw = PendingWork(2, weight=8)
+    assert pw.pick(1) == 0 and pw.pick(2) == 1      # both empty: lower index, then the other
+    pw.first(1)                                      # engine 0: 1 outstanding, 0 waiting -> score 1
+    assert pw.pick(3) == 0                           # engine 1 has a request before its first token: 9
+    assert (pw.score(0), pw.score(1)) == (10, 9)
+    pw.done(3)                                       # finished without a first token: both counters drop
+    pw.done(1)
+    assert (pw.outstanding, pw.waiting_first) == ([0, 1], [0, 1])
+    pw.first(2)
+    pw.first(2)                                      # a repeat changes nothing
+    pw.done(2)
+    pw.done(2)
+    assert (pw.outstanding, pw.waiting_first) == ([0, 0], [0, 0])
+
+
+# ------------------------------------------------------------------------------------- qps search
+def test_search_brackets_then_bisects_on_validity():
+    calls = []
+
+    def run(q):
+        calls.append(q)
+        return find_qps.Try(q, "VALID" if q <= 13 else "INVALID")
+
+    best, tries = find_qps.search(run, start=4, factor=2, rel_tol=0.05, max_runs=20)
+    assert calls[:3] == [4, 8, 16] and best is not None and 12.3 < best <= 13
+    assert [t.qps for t in tries] == calls
+    best, tries = find_qps.search(lambda q: find_qps.Try(q, "INVALID"), start=4, max_runs=3)
+    assert best is None and [t.qps for t in tries] == [4, 2, 1]
+    best, _ = find_qps.search(lambda q: find_qps.Try(q, None), start=1, max_runs=2)  # failed runs count as INVALID
+    assert best is None
+    with pytest.raises(ValueError):
+        find_qps.search(run, start=0)
+
+
+# ------------------------------------------------------------------------------------- submission tree
+def _tree_runs(base: Path):
+    from accuracy.loadgen_log import encode_ids, make_log_entry
+    from test_compliance import make_run, make_test06_run, write_log
+
+    out = {}
+    for scen, key in (("Offline", "llama3_1-8b"), ("Interactive", "llama3_1-8b-interactive")):
+        b = base / scen
+        out[scen] = (make_run(b, "perf", "performance", scenario=scen, model_key=key),
+                     make_run(b, "acc", "accuracy", scenario=scen, model_key=key),
+                     make_test06_run(b, scenario=scen, model_key=key))
+        if scen != "Offline":  # a streamed run logs the first token too
+            entries = [dict(make_log_entry(i, ids), token_data=encode_ids(ids[:1])) for i, ids in enumerate([[1], [5]])]
+            write_log(out[scen][2] / "mlperf_log_accuracy.json", entries)
+    return out
+
+
+def test_package_tree_lays_out_offline_and_interactive_with_src_and_systems(tmp_path):
+    from sut.package_tree import FILL_IN, SYSTEM_FIELDS, TreeSettings, package_tree
+
+    runs = _tree_runs(tmp_path / "runs")
+    ts = TreeSettings(out=str(tmp_path / "sub"), system="1xH200_vllm", submitter="Org",
+                      performance_runs=(str(runs["Interactive"][0]), str(runs["Offline"][0])),
+                      accuracy_runs=(str(runs["Offline"][1]), str(runs["Interactive"][1])),
+                      test06_runs=(str(runs["Offline"][2]), str(runs["Interactive"][2])))
+    root = package_tree(ts)
+    assert root == tmp_path / "sub" / "closed" / "Org"
+    for scen in ("Offline", "Interactive"):
+        d = root / "results" / "1xH200_vllm" / "llama3.1-8b" / scen
+        assert (d / "performance" / "run_1" / "mlperf_log_detail.txt").is_file() and (d / "TEST06").is_dir()
+    readme = (root / "src" / "README.md").read_text()
+    assert "commit: `" in readme and "v6.1" in readme and "Interactive performance:" in readme
+    system = json.loads((root / "systems" / "1xH200_vllm.json").read_text())
+    assert set(SYSTEM_FIELDS) <= set(system)
+    assert system["submitter"] == "Org" and system["status"].startswith(FILL_IN)
+    assert "vLLM 0.26.0" in system["framework"]
+    assert not (root / "NOT-COMPLIANT.txt").exists()
+
+
+def test_package_tree_refuses_offline_only_and_mixed_systems(tmp_path):
+    from sut.package_tree import TreeSettings, package_tree
+    from sut.records import ComplianceError
+    from test_compliance import make_run
+
+    runs = _tree_runs(tmp_path / "runs")
+    only = dict(out=str(tmp_path / "sub"), system="s", submitter="o", performance_runs=(str(runs["Offline"][0]),),
+                accuracy_runs=(str(runs["Offline"][1]),), test06_runs=(str(runs["Offline"][2]),))
+    with pytest.raises(ComplianceError, match="one of\\) Interactive or Server"):
+        package_tree(TreeSettings(**only))
+    assert not (tmp_path / "sub" / "closed").exists()
+    rehearsal = package_tree(TreeSettings(**dict(only, allow_noncompliant=True)))
+    assert "Interactive or Server" in (rehearsal / "NOT-COMPLIANT.txt").read_text()
+    other = make_run(tmp_path / "x", "perf", "performance", scenario="Interactive", model_key="llama3_1-8b-interactive",
+                     model={"path": "/m", "config_sha256": "other", "eos_token_ids": [128009]})
+    with pytest.raises(ComplianceError, match="another system"):
+        package_tree(TreeSettings(out=str(tmp_path / "sub2"), system="s", submitter="o",
+                                  performance_runs=(str(runs["Offline"][0]), str(other)),
+                                  accuracy_runs=(str(runs["Offline"][1]), str(runs["Interactive"][1])),
+                                  test06_runs=(str(runs["Offline"][2]), str(runs["Interactive"][2]))))
+    with pytest.raises(ComplianceError, match="two performance runs of the Offline"):
+        package_tree(TreeSettings(out=str(tmp_path / "sub3"), system="s", submitter="o",
+                                  performance_runs=(str(runs["Offline"][0]), str(runs["Offline"][0])),
+                                  accuracy_runs=(str(runs["Offline"][1]),)))
+
+
+def test_package_help_names_the_checker_version():
+    out = subprocess.run([sys.executable, "-m", "sut", "package", "--help"], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "v6.1" in out.stdout and "v6.0" in out.stdout
