@@ -240,7 +240,8 @@ def _summary_lines(result: dict) -> list[str]:
             lines.append(f"  {k:<10}{v['value']:>10.4f}  >= {v['min']:.4f} (99% of {v['reference']})  {'ok' if v['ok'] else 'LOW'}")
         g = verdict["gen_len"]
         lines.append(
-            f"  {'gen_len':<10}{g['value']:>10d}  in [{g['min']:.1f}, {g['max']:.1f}] ({g['basis']}, ref {g['reference']})  "
+            f"  {'gen_len':<10}{g['value']:>10d}  in [{g['min']:.1f}, {g['max']:.1f}] (characters over all samples; "
+            f"{'reference scaled to this sample count' if g['basis'] == 'per-sample' else 'reference'} {g['reference']})  "
             f"{'ok' if g['ok'] else 'OUT OF RANGE'}"
         )
         lines.append(f"  {'gen_num':<10}{result['scores']['gen_num']:>10d}")

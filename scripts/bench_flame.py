@@ -117,9 +117,16 @@ def _ours(times: dict) -> set[int]:
 
 
 def foreign_cpu_s(before: dict, after: dict) -> float:
-    """CPU seconds used by processes that are not ours between two snapshots (other users' jobs)."""
+    """CPU seconds used by processes that are not ours between two snapshots (other users' jobs).
+
+    A process's time includes its reaped children's, so a child that exits inside the window adds its
+    whole life to its parent: what it had used before the window (its time in ``before``) is taken
+    off again, or one long job of another user ending in the window reads as many times the machine.
+    """
     ours = _ours(before) | _ours(after)
-    return sum(t - (before[pid][1] if pid in before else 0.0) for pid, (_, t) in after.items() if pid not in ours)
+    grown = sum(t - (before[pid][1] if pid in before else 0.0) for pid, (_, t) in after.items() if pid not in ours)
+    ended = sum(t for pid, (_, t) in before.items() if pid not in after and pid not in ours)
+    return max(0.0, grown - ended)
 
 
 _CATEGORIES = (("engine", "spawn_main"), ("engine", "sut-engine-"), ("flame service", "sut.flame.serve"), ("flame stand-in", "tests.flame_standin"),

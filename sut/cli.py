@@ -9,7 +9,6 @@ the command line win over the preset.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ import tomllib
 from pathlib import Path
 
 from sut.base import InputError, RunFailed, sut_names
-from sut.compliance import (COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, PackageSettings, package,
+from sut.compliance import (COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, PackageSettings,
                             verify_run_folder)
 from sut.dataset import DatasetError
 from sut.engine import EngineError, EngineSettings, GenerationSettings, settings_from_mapping
@@ -256,6 +255,17 @@ def _print_summary(rec: dict) -> None:
     ]
     if rec["mode"] == "performance":
         lines.append(f"LoadGen result  : {rec.get('validity')}, {rec.get('samples_per_s')} samples/s, {rec.get('tokens_per_s')} tokens/s")
+    lat = rec.get("latency")
+    if lat:
+        lg_, lim = lat.get("loadgen") or {}, lat.get("limits_ms") or {}
+        h = lat.get("harness") or {}
+
+        def f(v):
+            return "n/a" if v is None else f"{v:,.1f}"
+
+        lines.append(f"TTFT / TPOT p99: LoadGen {f(lg_.get('ttft_p99_ms'))} / {f(lg_.get('tpot_p99_ms'))} ms, harness "
+                     f"{f((h.get('ttft_ms') or {}).get('p99'))} / {f((h.get('tpot_ms') or {}).get('p99'))} ms "
+                     f"(limits {lim.get('ttft')} / {lim.get('tpot')} ms); first tokens {rec['ledger'].get('first_tokens')}")
     n_err = (rec.get("loadgen") or {}).get("errors")
     if n_err:
         lines.append(f"LoadGen errors  : {n_err} (see mlperf_log_detail.txt; the submission checker rejects them)")

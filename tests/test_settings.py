@@ -331,9 +331,9 @@ def test_run_with_a_user_conf_line_for_another_model_exits_2_before_anything_sta
     data, _ = synthetic_small
     out_dir = tmp_path / "results"
     out = subprocess.run([sys.executable, "-m", "sut", "run", "--no-progress", *TINY_ENGINE_ARGS, "--dataset", str(data),
-                          "--user-conf", str(CPU_CONF), "--model-key", "llama3_1-8b-interactive", "--quick",
+                          "--user-conf", str(CPU_CONF), "--model-key", "llama3_1-8b-edge", "--quick",
                           "--output-dir", str(out_dir)], env=sut_env(), cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
-    assert f"{CPU_CONF}: no line applies to this run (llama3_1-8b-interactive.Offline)" in out.stderr
+    assert f"{CPU_CONF}: no line applies to this run (llama3_1-8b-edge.Offline)" in out.stderr
     assert "Traceback" not in out.stderr and not (out_dir.exists() and any(out_dir.iterdir()))
