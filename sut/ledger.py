@@ -125,19 +125,27 @@ class SampleLedger:
 
     def issue(self, samples: Sequence) -> list[tuple[int, int]]:
         """Register LoadGen ``QuerySample`` objects; return ``(request id, qsl index)`` pairs."""
-        out = []
         with self._lock:
-            if self.first_issue_t is None:
-                self.first_issue_t = time.monotonic()
-            for s in samples:
-                rid = next(self._ids)
-                self._outstanding[rid] = (s.id, s.index)
-                out.append((rid, s.index))
-            self.issued += len(out)
-            if out:
-                self.idle.clear()
-                self._bar_total()
+            return self._issue_locked(samples, time.monotonic())
+
+    def _issue_locked(self, samples: Sequence, now: float) -> list[tuple[int, int]]:
+        """Give each sample a request id (lock held); ``now`` is the issue time (monotonic seconds)."""
+        if self.first_issue_t is None:
+            self.first_issue_t = now
+        out = []
+        for s in samples:
+            rid = next(self._ids)
+            self._outstanding[rid] = (s.id, s.index)
+            self._on_issued_locked(rid, now)
+            out.append((rid, s.index))
+        self.issued += len(out)
+        if out:
+            self.idle.clear()
+            self._bar_total()
         return out
+
+    def _on_issued_locked(self, rid: int, now: float) -> None:
+        """Hook for subclasses: request ``rid`` was issued at ``now`` (lock held)."""
 
     def complete(self, results: Sequence[tuple[int, np.ndarray]]) -> None:
         """Queue ``(request id, generated ids)`` results for LoadGen (cut at the first EOS).

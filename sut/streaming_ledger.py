@@ -81,7 +81,6 @@ class StreamingLedger(SampleLedger):
     def issue(self, samples: Sequence) -> list[tuple[int, int]]:
         """As :meth:`SampleLedger.issue`; after a failure the samples are answered empty at once and
         nothing is returned for dispatch."""
-        out = []
         now = time.monotonic()
         with self._lock:
             if self.error is not None:
@@ -90,18 +89,10 @@ class StreamingLedger(SampleLedger):
                 for i in range(0, len(empty), self._fail_chunk):
                     self._queue_locked(empty[i:i + self._fail_chunk], real=False)
                 return []
-            if self.first_issue_t is None:
-                self.first_issue_t = now
-            for s in samples:
-                rid = next(self._ids)
-                self._outstanding[rid] = (s.id, s.index)
-                self._t_issue[rid] = now
-                out.append((rid, s.index))
-            self.issued += len(out)
-            if out:
-                self.idle.clear()
-                self._bar_total()
-        return out
+            return self._issue_locked(samples, now)
+
+    def _on_issued_locked(self, rid: int, now: float) -> None:
+        self._t_issue[rid] = now
 
     def first_tokens(self, results: Sequence[tuple[int, int]]) -> None:
         """Queue ``(request id, first generated id)`` pairs for ``FirstTokenComplete``.
