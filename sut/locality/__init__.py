@@ -6,8 +6,10 @@ through LoadGen, no file is named ``mlperf_log_*``, every result folder name end
 ``-SYNTHETIC-LOCALITY-NOT-MLPERF`` and every result file says ``"mlperf": false``. The entry point is
 ``python -m sut.locality`` (never ``python -m sut run``).
 
-Modules: ``trace`` (deterministic trace generator), ``router`` (routing policies by name),
-``runner`` (drives an engine pool with a policy and measures it).
+Modules: ``trace`` (deterministic trace generator, shifted warm-up traces, input/trace hashes),
+``news`` (documents built from CNN/DailyMail news text), ``router`` (routing policies by name),
+``runner`` (drives an engine pool with a policy and measures it), ``report`` (console tables),
+``study`` (the study's validation of every request, pair report and figure).
 """
 
 NOTICE = "synthetic-locality trace with prefix caching ON: NOT an MLPerf result"
