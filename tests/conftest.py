@@ -127,3 +127,24 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
+
+
+@pytest.fixture(scope="session")
+def punkt_ready(tmp_path_factory):
+    """nltk's punkt_tab data for the gate: the installed copy, else one written to a temp folder for the session."""
+    import nltk
+
+    from accuracy.errors import PunktDataMissingError
+    from accuracy.punkt_data import ensure_punkt, write_punkt_tab
+
+    try:
+        ensure_punkt()
+        yield
+        return
+    except PunktDataMissingError:
+        pass
+    root = tmp_path_factory.mktemp("nltk_data")
+    write_punkt_tab(root)
+    nltk.data.path.insert(0, str(root))
+    yield
+    nltk.data.path.remove(str(root))

@@ -19,7 +19,6 @@ from accuracy.__main__ import main as cli_main
 from accuracy.constants import REFERENCES, ROUGE_KEYS
 from accuracy.gate import judge, load_reference_file, resolve_reference
 from accuracy.loadgen_log import encode_ids, make_log_entry
-from accuracy.punkt_data import ensure_punkt, write_punkt_tab
 from accuracy.report import format_accuracy_txt
 from accuracy.rouge import aggregate_rouge, postprocess_text, rouge_per_sample
 from accuracy.tokenizer import clean_up_tokenization, load_tokenizer, resolve_eos_ids
@@ -35,23 +34,10 @@ UNK, BOS, EOS, EOT = 0, 1, 2, 3
 VOCAB_WORDS = sorted({w for t in REFERENCES_TEXT for w in t.split()} | {"extra", "words", "here"})
 
 
+pytestmark = pytest.mark.usefixtures("punkt_ready")
+
+
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="session", autouse=True)
-def punkt_ready(tmp_path_factory):
-    """Make nltk's punkt_tab available (temp folder) if the environment lacks it."""
-    try:
-        ensure_punkt()
-        yield
-        return
-    except PunktDataMissingError:
-        pass
-    root = tmp_path_factory.mktemp("nltk_data")
-    write_punkt_tab(root)
-    nltk.data.path.insert(0, str(root))
-    yield
-    nltk.data.path.remove(str(root))
 
 
 def _build_tokenizer():

@@ -7,33 +7,18 @@ import json
 import logging
 from pathlib import Path
 
-import nltk
 import pytest
 
 from accuracy.__main__ import main as cli_main
-from accuracy.errors import PunktDataMissingError
 from accuracy.loadgen_log import make_log_entry
-from accuracy.punkt_data import ensure_punkt, write_punkt_tab
 from accuracy.report import run_max_samples, suggested_max_samples
 
 WORDS = ["the", "cat", "sat", "on", "mat", "."]
 EOS = 2
 N = 5
+pytestmark = pytest.mark.usefixtures("punkt_ready")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def punkt_ready(tmp_path_factory):
-    try:
-        ensure_punkt()
-        yield
-        return
-    except PunktDataMissingError:
-        pass
-    root = tmp_path_factory.mktemp("nltk_data")
-    write_punkt_tab(root)
-    nltk.data.path.insert(0, str(root))
-    yield
-    nltk.data.path.remove(str(root))
 
 
 @pytest.fixture(scope="module")

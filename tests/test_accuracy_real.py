@@ -16,9 +16,7 @@ import pytest
 from accuracy import run_gate
 from accuracy.__main__ import main as cli_main
 from accuracy.constants import LLAMA31_EOS_IDS, ROUGE_KEYS
-from accuracy.errors import PunktDataMissingError
 from accuracy.loadgen_log import make_log_entry
-from accuracy.punkt_data import ensure_punkt, write_punkt_tab
 from accuracy.tokenizer import load_tokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -28,24 +26,12 @@ N_ROWS = 200
 EOT = 128009
 
 pytestmark = [
+    pytest.mark.usefixtures("punkt_ready"),
     pytest.mark.realdata,
     pytest.mark.skipif(not (DATASET.is_file() and TOKENIZER.is_file()), reason=f"real data not found under {DATA}"),
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def punkt_ready(tmp_path_factory):
-    try:
-        ensure_punkt()
-        yield
-        return
-    except PunktDataMissingError:
-        pass
-    root = tmp_path_factory.mktemp("nltk_data")
-    write_punkt_tab(root)
-    nltk.data.path.insert(0, str(root))
-    yield
-    nltk.data.path.remove(str(root))
 
 
 @pytest.fixture(scope="module")
