@@ -124,9 +124,19 @@ class SampleLedger:
         self._progress = progress
 
     def issue(self, samples: Sequence) -> list[tuple[int, int]]:
-        """Register LoadGen ``QuerySample`` objects; return ``(request id, qsl index)`` pairs."""
+        """Register LoadGen ``QuerySample`` objects; return ``(request id, qsl index)`` pairs to dispatch.
+
+        After a failure the samples are answered empty at once and nothing is returned: in Server,
+        LoadGen keeps issuing queries on its schedule after the run failed, and ``StartTest`` returns
+        only once every one is answered.
+        """
+        now = time.monotonic()
         with self._lock:
-            return self._issue_locked(samples, time.monotonic())
+            if self.error is not None:
+                self.issued += len(samples)
+                self._answer_empty_locked([s.id for s in samples])
+                return []
+            return self._issue_locked(samples, now)
 
     def _issue_locked(self, samples: Sequence, now: float) -> list[tuple[int, int]]:
         """Give each sample a request id (lock held); ``now`` is the issue time (monotonic seconds)."""
@@ -188,11 +198,15 @@ class SampleLedger:
         if pending:
             log.error("answering %d outstanding sample(s) with empty responses so LoadGen can stop; "
                       "the run is marked failed", len(pending))
-            for i in range(0, len(pending), self._fail_chunk):
-                self._queue_locked([(sid, np.zeros(0, np.int32)) for sid in pending[i:i + self._fail_chunk]],
-                                   real=False)
+            self._answer_empty_locked(pending)
         elif not self._queued:
             self.idle.set()
+
+    def _answer_empty_locked(self, sample_ids: list) -> None:
+        """Queue empty responses for LoadGen sample ids, in chunks of ``fail_chunk`` (lock held)."""
+        for i in range(0, len(sample_ids), self._fail_chunk):
+            self._queue_locked([(sid, np.zeros(0, np.int32)) for sid in sample_ids[i:i + self._fail_chunk]],
+                               real=False)
 
     def _queue_locked(self, batch: list, real: bool) -> None:
         self._queued += 1
@@ -219,11 +233,15 @@ class SampleLedger:
                     self.last_complete_t = time.monotonic()
                 else:
                     self.answered_empty += len(batch)
-                self._queued -= 1
-                if not self._queued:
-                    self._sent.notify_all()
-                    if not self._outstanding:
-                        self.idle.set()
+                self._batch_sent_locked()
+
+    def _batch_sent_locked(self) -> None:
+        """One queued batch reached LoadGen (lock held): wake ``wait_sent`` and mark idle when nothing is left."""
+        self._queued -= 1
+        if not self._queued:
+            self._sent.notify_all()
+            if not self._outstanding:
+                self.idle.set()
 
     def wait_sent(self, timeout: Optional[float] = None) -> bool:
         """Wait until every queued answer has reached ``complete_fn``; False on timeout (seconds)."""

@@ -14,9 +14,8 @@ first-token ids are a prefix of the response.
   reaches LoadGen before its completion (one FIFO queue, one thread);
 - ``complete`` refuses (the run fails, every outstanding sample answered empty) a response whose
   first id is not the reported first token, or that comes without one;
-- ``issue`` after a failure answers the new samples empty at once: in Server, LoadGen keeps issuing
-  queries on its schedule after the run has failed, and ``StartTest`` returns only once every one
-  is answered;
+- (``issue`` after a failure answers the new samples empty at once, as every ledger does: in Server,
+  LoadGen keeps issuing queries after the run has failed);
 - per-sample latencies measured by the harness (from ``issue_queries`` to the first token reaching
   the ledger, and from there to the whole response, per further token), summarised by
   :meth:`latency_summary` for ``run.json`` next to LoadGen's own.
@@ -78,19 +77,6 @@ class StreamingLedger(SampleLedger):
         self.ttft_s: list[float] = []
         self.tpot_s: list[float] = []
 
-    def issue(self, samples: Sequence) -> list[tuple[int, int]]:
-        """As :meth:`SampleLedger.issue`; after a failure the samples are answered empty at once and
-        nothing is returned for dispatch."""
-        now = time.monotonic()
-        with self._lock:
-            if self.error is not None:
-                empty = [(s.id, np.zeros(0, np.int32)) for s in samples]
-                self.issued += len(empty)
-                for i in range(0, len(empty), self._fail_chunk):
-                    self._queue_locked(empty[i:i + self._fail_chunk], real=False)
-                return []
-            return self._issue_locked(samples, now)
-
     def _on_issued_locked(self, rid: int, now: float) -> None:
         self._t_issue[rid] = now
 
@@ -131,11 +117,7 @@ class StreamingLedger(SampleLedger):
         finally:
             with self._lock:
                 self.first_sent += len(batch)
-                self._queued -= 1
-                if not self._queued:
-                    self._sent.notify_all()
-                    if not self._outstanding:
-                        self.idle.set()
+                self._batch_sent_locked()
 
     def complete(self, results: Sequence[tuple[int, np.ndarray]]) -> None:
         """As :meth:`SampleLedger.complete`, after checking each response against its first token:

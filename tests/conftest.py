@@ -148,3 +148,16 @@ def punkt_ready(tmp_path_factory):
     nltk.data.path.insert(0, str(root))
     yield
     nltk.data.path.remove(str(root))
+
+
+@pytest.fixture(scope="session")
+def synthetic_full(tmp_path_factory):
+    """The official size: 13,368 synthetic samples, written by ``python -m sut synthetic``."""
+    import subprocess
+    import sys
+
+    path = tmp_path_factory.mktemp("synthetic-full") / "syn13368.json"
+    out = subprocess.run([sys.executable, "-m", "sut", "synthetic", "--out", str(path)], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return path

@@ -28,15 +28,6 @@ from sut.flame import app as app_mod  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def synthetic_full(tmp_path_factory):
-    path = tmp_path_factory.mktemp("synthetic-full") / "syn13368.json"
-    out = subprocess.run([sys.executable, "-m", "sut", "synthetic", "--out", str(path)], env=sut_env(), cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return path
-
-
 def _register_failing_app(endpoint, tmp_path):
     """The app with an injected fault: batch 0's task raises on its first and its retried attempt."""
     faults = {"task_error": {"batches": [0], "times": 2}, "state_dir": str(tmp_path)}

@@ -192,16 +192,6 @@ def test_ctrl_c_works_when_started_with_sigint_ignored(tmp_path, synthetic_small
     _assert_group_gone(rec["engines"][0]["pid"])
 
 
-@pytest.fixture(scope="session")
-def synthetic_full(tmp_path_factory):
-    """The official size: 13,368 synthetic samples, written by ``python -m sut synthetic``."""
-    path = tmp_path_factory.mktemp("synthetic-full") / "syn13368.json"
-    out = subprocess.run([sys.executable, "-m", "sut", "synthetic", "--out", str(path)], env=sut_env(), cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return path
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "term"])
 def test_engine_death_before_the_first_sample_of_a_full_size_query(tmp_path, synthetic_full, sig):
