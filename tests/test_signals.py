@@ -13,6 +13,10 @@ from conftest import REPO, sut_env
 from sut import cli
 from sut.harness import interrupt_reason
 
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a non-interactive shell does for `cmd &`
+
+
 # A stand-in for a run: install the handlers as cmd_run does, report, then wait to be stopped.
 _CHILD = """
 import sys, time
@@ -28,14 +32,14 @@ sys.exit(3)
 """
 
 
-def _ignore_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a non-interactive shell does for `cmd &`
-
-
 @pytest.mark.parametrize("sig, name", [(signal.SIGINT, "SIGINT, Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
 def test_stop_signals_work_even_when_sigint_was_inherited_ignored(sig, name):
-    p = subprocess.Popen([sys.executable, "-c", _CHILD], cwd=REPO, env=sut_env(), stdout=subprocess.PIPE, text=True,
-                         preexec_fn=_ignore_sigint)
+    # SIG_IGN survives exec: the wrapper ignores SIGINT and execs the run, as a shell does for `cmd &`. (No
+    # preexec_fn: forking a process that has gRPC threads and running Python before exec can hang the child.)
+    wrapper = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+               "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])")
+    p = subprocess.Popen([sys.executable, "-c", wrapper, _CHILD], cwd=REPO, env=sut_env(), stdout=subprocess.PIPE,
+                         text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
         p.send_signal(sig)
