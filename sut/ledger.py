@@ -168,7 +168,7 @@ class SampleLedger:
             if self.error is not None:
                 return
             send, unknown = [], []
-            for rid, ids in results:
+            for rid, ids, *_ in results:
                 entry = self._outstanding.pop(rid, None)
                 if entry is None:
                     unknown.append(rid)

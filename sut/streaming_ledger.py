@@ -126,7 +126,7 @@ class StreamingLedger(SampleLedger):
         with self._lock:
             if self.error is not None:
                 return
-            for rid, ids in results:
+            for rid, ids, *_ in results:
                 if rid not in self._outstanding:
                     continue  # the base class names it
                 first = self._first.pop(rid, None)

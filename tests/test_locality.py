@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, TINY_MODEL, sut_env
 from sut.base import RunFailed
 from sut.locality import RUN_SUFFIX
-from sut.locality.router import AffinitySettings, PrefixAffinityRouter, make_router
+from sut.core.routing import AffinitySettings, PrefixAffinityRouter, make_router
 from sut.locality.runner import LocalityRunSettings, _Replay, replay, summarize
 from sut.locality.trace import TraceSettings, describe, make_trace, questions_per_document
 

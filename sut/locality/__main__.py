@@ -29,7 +29,7 @@ from sut.cli import ENGINE_FLAGS, BadInput, stop_on_sigterm_like_ctrl_c
 from sut.engine import EngineError, EnginePool, EngineSettings, GenerationSettings, ModelInfo, read_model_info
 from sut.locality import NOTICE
 from sut.locality.report import describe_table, run_tables
-from sut.locality.router import RELEASE_GATES, ROUTERS, AffinitySettings
+from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings
 from sut.locality.runner import (LocalityRunSettings, kv_cache_summary, make_run_dir, replay, summarize,
                                  write_record)
 from sut.locality.trace import ORDERS, TEXTS, TRACE_PRESETS, TraceSettings, describe, make_trace, trace_hash
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "describe":
             s.add_argument("--json", action="store_true", help="print the shape as JSON instead of a table")
             continue
-        r = s.add_argument_group("routing (sut/locality/router.py AffinitySettings)")
+        r = s.add_argument_group("routing (sut/core/routing AffinitySettings)")
         r.add_argument("--policies", nargs="+", help=f"routing policies, each measured on emptied prefix caches, in "
                        f"this order: {', '.join(ROUTERS)} (default: all three)")
         _add(r, _ROUTER, _AD)

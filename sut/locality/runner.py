@@ -31,7 +31,7 @@ import numpy as np
 from sut.base import RunFailed
 from sut.engine import EnginePool
 from sut.locality import NOTICE, RUN_SUFFIX
-from sut.locality.router import AffinitySettings, Router, make_router
+from sut.core.routing import AffinitySettings, Router, make_router
 from sut.locality.trace import TraceRequest
 
 log = logging.getLogger(__name__)

@@ -1,16 +1,4 @@
-"""Request routing across engine replicas for synthetic-locality traces (never used in MLPerf runs).
-
-Policies, registered by name (``ROUTERS``, ``make_router``):
-
-``round_robin``
-    Replica ``i mod n`` for the i-th request. Cache-blind baseline.
-
-``least_loaded``
-    The replica with the least estimated work in flight, where a request's work is its prompt
-    tokens plus ``decode_weight x max_tokens``. Cache-blind baseline that balances load.
-
-``prefix_affinity``
-    Prefix hashing with sticky assignment and a saturation release:
+"""``prefix_affinity``: prefix hashing with sticky assignment and a saturation release:
 
     1. Key. Cut the first ``prefix_blocks x block_tokens`` prompt tokens into full blocks of
        ``block_tokens`` and hash them as a chain (block *i*'s hash covers blocks 0..i), so two
@@ -39,6 +27,10 @@ Policies, registered by name (``ROUTERS``, ``make_router``):
     SGLang's approximate tree or llm-d's approximate scorer): engine-side hits are reported
     afterwards and can differ, e.g. after the engine evicted the blocks.
 
+Model revision: ``model_revision`` (the model's config hash, ``sut.core.routing.model_revision``) seeds
+the hash chain, so two models never share an affinity map entry (as the study's router did:
+``../shared/research/study.md`` §7).
+
 Knobs (``AffinitySettings``): ``block_tokens`` (256), ``prefix_blocks`` (4, so the key covers the
 first 1,024 tokens), ``release_tokens`` (65,536 uncached tokens ≈ eight 8K documents: set it to peak
 prefill tokens/s x the extra TTFT you tolerate), ``release_gate`` (``excess``: release only when the
@@ -59,101 +51,11 @@ requests and estimated load per replica.
 from __future__ import annotations
 
 import hashlib
-import math
-from abc import ABC, abstractmethod
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Callable, Optional
 
 import numpy as np
 
-
-RELEASE_GATES = ("excess", "absolute")
-
-
-@dataclass(frozen=True)
-class AffinitySettings:
-    """Knobs of the routers (see the module docstring); lengths in tokens."""
-
-    block_tokens: int = 256
-    prefix_blocks: int = 4
-    release_tokens: int = 65536
-    release_gate: str = "excess"
-    max_entries: int = 65536
-    decode_weight: float = 1.0
-
-    def __post_init__(self):
-        if self.block_tokens < 1 or self.prefix_blocks < 1 or self.max_entries < 1:
-            raise ValueError("block_tokens, prefix_blocks and max_entries must be >= 1")
-        if self.release_tokens < 0:
-            raise ValueError(f"release_tokens must be >= 0, got {self.release_tokens}")
-        if self.release_gate not in RELEASE_GATES:
-            raise ValueError(f"release_gate must be one of {', '.join(RELEASE_GATES)}, got {self.release_gate!r}")
-        if not (math.isfinite(self.decode_weight) and self.decode_weight >= 0):
-            raise ValueError(f"decode_weight must be a finite number >= 0, got {self.decode_weight}")
-
-
-class Router(ABC):
-    """Routes requests to one of ``replicas`` engines.
-
-    Contract: ``route`` is called once per request, in arrival order, and returns a replica index;
-    ``done`` is called exactly once per routed request when it finishes. Not thread-safe: the
-    runner serialises calls.
-    """
-
-    name = "router"
-
-    def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
-        if replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {replicas}")
-        self.replicas, self.max_tokens, self.settings = replicas, max_tokens, settings
-        self.load = [0.0] * replicas  # estimated tokens of work in flight
-        self.uncached = [0.0] * replicas  # of which: estimated uncached prefill tokens
-        self.inflight = [0] * replicas
-        self.routed = [0] * replicas
-        self._cost: dict[int, tuple[int, float, int]] = {}
-
-    @abstractmethod
-    def _choose(self, rid: int, prompt: np.ndarray) -> tuple[int, int]:
-        """Return ``(replica, estimated uncached prompt tokens on it)``."""
-
-    def route(self, rid: int, prompt: np.ndarray) -> int:
-        """Replica for request ``rid`` with int32 ``prompt``; books its estimated work."""
-        r, uncached = self._choose(rid, prompt)
-        cost = uncached + self.settings.decode_weight * self.max_tokens
-        self._cost[rid] = (r, cost, uncached)
-        self.load[r] += cost
-        self.uncached[r] += uncached
-        self.inflight[r] += 1
-        self.routed[r] += 1
-        return r
-
-    def done(self, rid: int) -> None:
-        """Request ``rid`` finished. Raises ``KeyError`` for a request never routed or finished twice."""
-        r, cost, uncached = self._cost.pop(rid)
-        self.load[r] -= cost
-        self.uncached[r] -= uncached
-        self.inflight[r] -= 1
-
-    def _least(self, extra: Callable[[int], float]) -> int:
-        return min(range(self.replicas), key=lambda r: (self.load[r] + extra(r), self.inflight[r], r))
-
-    def stats(self) -> dict:
-        return {"policy": self.name, "routed": list(self.routed)}
-
-
-class RoundRobinRouter(Router):
-    name = "round_robin"
-
-    def _choose(self, rid, prompt):
-        return sum(self.routed) % self.replicas, len(prompt)
-
-
-class LeastLoadedRouter(Router):
-    name = "least_loaded"
-
-    def _choose(self, rid, prompt):
-        return self._least(lambda r: len(prompt)), len(prompt)
+from sut.core.routing.base import AffinitySettings, Router
 
 
 class PrefixAffinityRouter(Router):
@@ -163,13 +65,16 @@ class PrefixAffinityRouter(Router):
         super().__init__(replicas, max_tokens, settings)
         self.map: "OrderedDict[bytes, int]" = OrderedDict()
         self.hits = self.releases = self.new_prefixes = self.no_key = self.evictions = 0
+        rev = settings.model_revision
+        self._seed = hashlib.blake2b(rev.encode(), digest_size=16).digest() if rev else b""
 
     def keys(self, prompt: np.ndarray) -> list[bytes]:
-        """Chain hashes of the full ``block_tokens`` blocks in the first ``prefix_blocks`` blocks."""
+        """Chain hashes of the full ``block_tokens`` blocks in the first ``prefix_blocks`` blocks
+        (the chain starts from the model revision's hash)."""
         b = self.settings.block_tokens
         n = min(len(prompt) // b, self.settings.prefix_blocks)
         data = np.ascontiguousarray(prompt[: n * b], dtype="<i4").tobytes()
-        out, h = [], b""
+        out, h = [], self._seed
         for i in range(n):
             h = hashlib.blake2b(h + data[i * b * 4:(i + 1) * b * 4], digest_size=16).digest()
             out.append(h)
@@ -216,13 +121,3 @@ class PrefixAffinityRouter(Router):
     def stats(self) -> dict:
         return dict(super().stats(), affinity_hits=self.hits, releases=self.releases, new_prefixes=self.new_prefixes,
                     no_key=self.no_key, map_entries=len(self.map), evictions=self.evictions)
-
-
-ROUTERS: dict[str, type[Router]] = {c.name: c for c in (RoundRobinRouter, LeastLoadedRouter, PrefixAffinityRouter)}
-
-
-def make_router(name: str, replicas: int, max_tokens: int, settings: Optional[AffinitySettings] = None) -> Router:
-    """A router by policy name. Raises ``ValueError`` for an unknown name (listing the known ones)."""
-    if name not in ROUTERS:
-        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(ROUTERS)}")
-    return ROUTERS[name](replicas, max_tokens, settings or AffinitySettings())

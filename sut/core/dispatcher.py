@@ -1,0 +1,140 @@
+"""The dispatcher: routing policy x transport x ledger, the one path every SUT and the locality runner use.
+
+Algorithm
+---------
+``dispatch([Request, ...])`` routes each request (``sut.core.routing``; the policy books its
+load) and hands the requests of each replica to the transport in chunks of ``chunk``, sending a
+chunk as soon as it is full, so engines start on a large Offline query while the rest is still
+being routed. The dispatcher is the transport's ``ResultSink``:
+
+* ``on_first``: the policy learns the first token (``least_pending``), then the ledger
+  (``first_tokens``: LoadGen's ``FirstTokenComplete``).
+* ``on_results``: each completion must come from the replica its request was routed to (else the
+  run fails naming the request and both replicas); the policy takes its load off; the optional
+  ``observer(replica, completion)`` sees it (the locality runner records cached tokens and times);
+  then the ledger answers it (an unknown or duplicate request id fails the run there).
+* ``on_fatal``: the ledger fails the run with the event's message (every outstanding sample is
+  answered exactly once, empty).
+
+A submit that raises ``TransportError`` (a dead replica) waits up to ``death_report_s`` for the
+transport's own ``FatalEvent``, which says how the replica ended, before failing the run with the
+submit's error.
+
+The ledger is duck-typed: ``complete(results)``, ``fail(message)``, ``first_tokens(results)``
+(streaming only) and ``error`` (``sut.ledger.SampleLedger``, ``sut.streaming_ledger.StreamingLedger``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
+from sut.core.routing import Router
+from sut.core.transport import Transport, TransportError
+
+log = logging.getLogger(__name__)
+
+#: Seconds a failed submit waits for the transport to report how the replica ended.
+DEATH_REPORT_S = 3.0
+
+
+class Dispatcher:
+    """Routes requests to a transport's replicas and answers every one exactly once through a ledger.
+
+    Args:
+        transport: built, not started.
+        router: a routing policy over ``transport.replicas`` replicas.
+        ledger: ``SampleLedger``-like (module docstring).
+        chunk: requests per ``submit`` call (>= 1).
+        observer: called with ``(replica, Completion)`` for every valid completion, before the ledger.
+    """
+
+    def __init__(self, transport: Transport, router: Router, ledger, chunk: int = 512,
+                 observer: Optional[Callable[[int, Completion], None]] = None, death_report_s: float = DEATH_REPORT_S):
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        if router.replicas != transport.replicas:
+            raise ValueError(f"router has {router.replicas} replicas, transport {transport.replicas}")
+        self.transport, self.router, self.ledger = transport, router, ledger
+        self.chunk, self.observer, self.death_report_s = chunk, observer, death_report_s
+        self._lock = threading.Lock()
+        self._where: dict[int, int] = {}  # request id -> replica, until answered
+        self.replicas: list[ReplicaRecord] = []
+        self.answered = [0] * transport.replicas
+
+    def start(self) -> list[ReplicaRecord]:
+        """Start the transport with this dispatcher as its sink (blocks; ``TransportError``)."""
+        self.replicas = self.transport.start(self)
+        return self.replicas
+
+    # -- requests out --------------------------------------------------------------------------
+    def dispatch(self, items: Sequence[Request]) -> None:
+        """Route and send requests; failures go to the ledger (never raises)."""
+        per: dict[int, list] = {}
+        try:
+            for req in items:
+                with self._lock:
+                    r = self.router.route(req.rid, req.prompt)
+                    self._where[req.rid] = r
+                batch = per.setdefault(r, [])
+                batch.append(req)
+                if len(batch) >= self.chunk:
+                    self.transport.submit(r, batch)
+                    per[r] = []
+            for r, batch in per.items():
+                if batch:
+                    self.transport.submit(r, batch)
+        except TransportError as e:
+            deadline = time.monotonic() + self.death_report_s
+            while self.ledger.error is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.ledger.fail(f"dispatch failed: {e}")
+
+    def flush(self) -> None:
+        self.transport.flush()
+
+    # -- results in (ResultSink, on the transport's threads) -------------------------------------
+    def on_first(self, replica: int, firsts: list[FirstToken]) -> None:
+        with self._lock:
+            for f in firsts:
+                if self._where.get(f.rid) == replica:
+                    self.router.first(f.rid)
+        self.ledger.first_tokens(firsts)
+
+    def on_results(self, replica: int, results: list[Completion]) -> None:
+        wrong, ok = None, []
+        with self._lock:
+            for c in results:
+                r = self._where.get(c.rid)
+                if r is None:
+                    continue  # unknown or answered twice: the ledger fails the run naming it
+                if r != replica:
+                    wrong = wrong or (c.rid, r)
+                    continue
+                del self._where[c.rid]
+                self.router.done(c.rid)
+                self.answered[replica] += 1
+                ok.append(c)
+        if wrong is not None:
+            self.ledger.fail(f"request {wrong[0]} was routed to replica {wrong[1]} but answered by replica {replica}")
+            return
+        if self.observer is not None:
+            for c in ok:
+                self.observer(replica, c)
+        self.ledger.complete(results)
+
+    def on_fatal(self, event: FatalEvent) -> None:
+        self.ledger.fail(event.message)
+
+    # -- record ----------------------------------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        with self._lock:
+            return len(self._where)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self.router.stats(), answered=list(self.answered))

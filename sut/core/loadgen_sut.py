@@ -1,0 +1,141 @@
+"""``TransportSUT``: the LoadGen SUT over the dispatch core (``--sut vllm``, ``--sut flame``, ``--sut vllm-http``).
+
+Algorithm
+---------
+``issue_queries`` registers the samples with the ledger (each issued sample gets its own request
+id; ``sut.ledger``) and puts ``Request``s on the dispatch thread's inbox; it returns at once. The
+dispatch thread hands them to the ``Dispatcher`` (routing policy x transport; ``sut.core.dispatcher``);
+``flush_queries`` queues a flush behind them (a batching transport sends its partial batches). The
+transport's threads deliver results to the dispatcher, which answers each sample exactly once
+through the ledger. A fatal event from the transport fails the run at once.
+
+A backend is a subclass that names its transport (``transport_name``) and the routing policy per
+scenario (``policy_for``). Its options dataclass is the transport's ``options_cls``; the dispatch
+knobs every backend shares are read from it when present: ``dispatch_chunk`` (requests per submit,
+default 512), ``first_token_weight`` (``least_pending``'s weight, default 8),
+``allow_prefix_caching`` (experiments only: the run is then not compliant) and
+``allow_unconfirmed_prefix_caching`` (a transport that cannot read the setting back).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import ClassVar, Optional, Sequence
+
+from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest
+from sut.constants import MAX_NEW_TOKENS
+from sut.core import guard
+from sut.core.dispatcher import Dispatcher
+from sut.core.messages import Request
+from sut.core.routing import AffinitySettings, make_router
+from sut.core.transport import Transport, TransportSpec, make_transport, transport_class
+from sut.engine import settings_from_mapping
+from sut.scenarios import STREAMING_SCENARIOS
+
+log = logging.getLogger(__name__)
+
+_FLUSH = object()
+
+
+class TransportSUT(SystemUnderTest):
+    """LoadGen SUT = ledger + dispatcher (routing policy x transport). Subclasses set ``transport_name``."""
+
+    transport_name: ClassVar[str] = ""
+
+    @classmethod
+    def options_cls(cls) -> type:
+        return transport_class(cls.transport_name).options_cls
+
+    @classmethod
+    def check_options(cls, options):
+        """The options as the transport's options dataclass (an instance passes through);
+        ``InputError`` names an unknown or ill-typed option."""
+        ocls = cls.options_cls()
+        if isinstance(options, ocls):
+            return options
+        try:
+            return settings_from_mapping(ocls, dict(options or {}))
+        except (ValueError, TypeError) as e:
+            raise InputError(f"--sut {cls.name}: {e}") from None
+
+    def policy_for(self, scenario: str) -> str:
+        """Routing policy by scenario: token-balanced for Offline, least pending work when first tokens count."""
+        return "least_pending" if scenario in STREAMING_SCENARIOS else "least_loaded"
+
+    def __init__(self, ctx: SUTContext, transport: Optional[Transport] = None):
+        super().__init__(ctx)
+        self.opts = o = self.check_options(ctx.options)
+        self.streaming = ctx.scenario in STREAMING_SCENARIOS
+        self.allow_prefix_caching = bool(getattr(o, "allow_prefix_caching", False))
+        try:
+            guard.check_settings(ctx.engine.enable_prefix_caching, self.allow_prefix_caching)
+        except guard.PrefixCachingError as e:
+            raise RunFailed(str(e)) from None
+        self._owns_transport = transport is None  # a benchmark passes one started transport to several SUTs
+        self.transport = transport or make_transport(self.transport_name, TransportSpec(
+            engine=ctx.engine, generation=ctx.generation, options=o, log_dir=ctx.engine_log_dir, stream=self.streaming,
+            allow_prefix_caching=self.allow_prefix_caching, dataset_path=ctx.dataset.path, run_dir=ctx.run_dir))
+        self.policy = self.policy_for(ctx.scenario)
+        router = make_router(self.policy, self.transport.replicas, MAX_NEW_TOKENS,
+                             AffinitySettings(first_token_weight=float(getattr(o, "first_token_weight", 8.0))))
+        self.dispatcher = Dispatcher(self.transport, router, self.ledger, chunk=int(getattr(o, "dispatch_chunk", 512)))
+        self._inbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)
+        self._stopped = False
+        self.unconfirmed: list[int] = []
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> dict:
+        if self._owns_transport:
+            replicas = self.dispatcher.start()
+        else:
+            replicas = self.dispatcher.replicas = self.transport.attach(self.dispatcher)
+        try:
+            self.unconfirmed = guard.check_replicas(replicas, self.allow_prefix_caching,
+                                                    bool(getattr(self.opts, "allow_unconfirmed_prefix_caching", False)))
+        except guard.PrefixCachingError as e:
+            raise RunFailed(str(e)) from None
+        self._thread.start()
+        return {"engines": [r.info for r in replicas]}
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._inbox.put(None)
+        try:
+            if self._owns_transport:
+                self.transport.stop()
+        finally:
+            self.ledger.close()
+
+    # -- LoadGen callbacks ------------------------------------------------------------------
+    def issue_queries(self, samples: Sequence) -> None:
+        prompts = self.ctx.dataset.prompts
+        self._inbox.put([Request(rid, prompts[idx], idx) for rid, idx in self.ledger.issue(samples)])
+
+    def flush_queries(self) -> None:
+        self._inbox.put(_FLUSH)
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            items = self._inbox.get()
+            if items is None:
+                return
+            try:
+                if items is _FLUSH:
+                    self.dispatcher.flush()
+                elif items:
+                    self.dispatcher.dispatch(items)
+            except Exception as e:  # noqa: BLE001 - never lose a sample silently
+                log.exception("dispatch failed")
+                self.ledger.fail(f"dispatch failed: {e!r}")
+
+    def record(self) -> dict:
+        out = {"routing": self.dispatcher.stats(), "transport": self.transport.name}
+        out.update(self.transport.stats())
+        if self.unconfirmed:
+            out["prefix_caching_unconfirmed_replicas"] = self.unconfirmed
+        return out

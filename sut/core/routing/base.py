@@ -1,0 +1,108 @@
+"""The routing-policy interface and its load accounting (``sut.core.routing`` lists the policies).
+
+Contract: ``route(rid, prompt)`` is called once per request, in dispatch order, and returns a
+replica index; ``first(rid)`` when a streamed request's first token arrives (optional);
+``done(rid)`` exactly once per routed request when it finishes. Policies are not thread-safe: the
+dispatcher (``sut.core.dispatcher``) serialises every call under one lock.
+
+Load accounting (shared by every policy, kept here and not in the transport): a routed request
+books ``uncached + decode_weight x max_tokens`` estimated tokens of work on its replica, where
+``uncached`` is the policy's estimate of its prompt tokens the replica does not hold yet (the whole
+prompt for cache-blind policies); ``done`` takes the same amount off. ``inflight`` and ``routed``
+count requests.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+RELEASE_GATES = ("excess", "absolute")
+
+
+@dataclass(frozen=True)
+class AffinitySettings:
+    """Knobs of the routing policies (lengths in tokens; see each policy's module header).
+
+    ``block_tokens`` (256), ``prefix_blocks`` (4), ``release_tokens`` (65,536), ``release_gate``
+    (``excess`` | ``absolute``), ``max_entries`` (65,536), ``model_revision`` (a hash of the model's
+    config, part of every prefix hash: ``sut.core.routing.prefix_affinity``): prefix affinity.
+    ``decode_weight`` (1.0): every policy's decode-work estimate per new token.
+    ``first_token_weight`` (8.0): ``least_pending``'s weight of a request still waiting for its first token.
+    """
+
+    block_tokens: int = 256
+    prefix_blocks: int = 4
+    release_tokens: int = 65536
+    release_gate: str = "excess"
+    max_entries: int = 65536
+    decode_weight: float = 1.0
+    model_revision: str = ""
+    first_token_weight: float = 8.0
+
+    def __post_init__(self):
+        if self.block_tokens < 1 or self.prefix_blocks < 1 or self.max_entries < 1:
+            raise ValueError("block_tokens, prefix_blocks and max_entries must be >= 1")
+        if self.release_tokens < 0:
+            raise ValueError(f"release_tokens must be >= 0, got {self.release_tokens}")
+        if self.release_gate not in RELEASE_GATES:
+            raise ValueError(f"release_gate must be one of {', '.join(RELEASE_GATES)}, got {self.release_gate!r}")
+        if not (math.isfinite(self.decode_weight) and self.decode_weight >= 0):
+            raise ValueError(f"decode_weight must be a finite number >= 0, got {self.decode_weight}")
+        if not (math.isfinite(self.first_token_weight) and 0 <= self.first_token_weight <= 1e6):
+            raise ValueError(f"first_token_weight must be in [0, 1e6], got {self.first_token_weight}")
+
+
+class Router(ABC):
+    """Routes requests to one of ``replicas`` engine replicas (see the module docstring)."""
+
+    name = "router"
+
+    def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self.replicas, self.max_tokens, self.settings = replicas, max_tokens, settings
+        self.load = [0.0] * replicas  # estimated tokens of work in flight
+        self.uncached = [0.0] * replicas  # of which: estimated uncached prefill tokens
+        self.inflight = [0] * replicas
+        self.routed = [0] * replicas
+        self._cost: dict[int, tuple[int, float, int]] = {}
+
+    @abstractmethod
+    def _choose(self, rid: int, prompt: np.ndarray) -> tuple[int, int]:
+        """Return ``(replica, estimated uncached prompt tokens on it)``."""
+
+    def route(self, rid: int, prompt: np.ndarray) -> int:
+        """Replica for request ``rid`` with int32 ``prompt``; books its estimated work."""
+        r, uncached = self._choose(rid, prompt)
+        cost = uncached + self.settings.decode_weight * self.max_tokens
+        self._cost[rid] = (r, cost, uncached)
+        self.load[r] += cost
+        self.uncached[r] += uncached
+        self.inflight[r] += 1
+        self.routed[r] += 1
+        return r
+
+    def first(self, rid: int) -> None:
+        """Request ``rid`` produced its first token (streamed transports). Default: nothing."""
+
+    def done(self, rid: int) -> None:
+        """Request ``rid`` finished. Raises ``KeyError`` for a request never routed or finished twice."""
+        r, cost, uncached = self._cost.pop(rid)
+        self.load[r] -= cost
+        self.uncached[r] -= uncached
+        self.inflight[r] -= 1
+
+    def replica_of(self, rid: int) -> int:
+        """The replica ``rid`` was routed to (``KeyError`` once it is done)."""
+        return self._cost[rid][0]
+
+    def _least(self, extra: Callable[[int], float]) -> int:
+        return min(range(self.replicas), key=lambda r: (self.load[r] + extra(r), self.inflight[r], r))
+
+    def stats(self) -> dict:
+        return {"policy": self.name, "routed": list(self.routed)}

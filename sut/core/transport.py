@@ -1,0 +1,161 @@
+"""The one transport interface between the dispatcher and engine replicas, and its factory.
+
+A transport owns how requests reach engines and how results come back; it knows nothing of
+LoadGen, routing or the ledger. Life cycle:
+
+1. ``make_transport(name, spec)`` builds it (nothing starts). ``replicas`` is known from the spec
+   already, so a routing policy can be built before ``start``.
+2. ``start(sink)`` starts (or connects to) every replica and blocks until all are ready; returns one
+   ``ReplicaRecord`` per replica, in replica order (also kept as ``self.records``; the sink as
+   ``self.sink``, which implementations read at every delivery so that ``attach`` can swap it). Raises ``TransportError`` (the run fails before
+   LoadGen starts) and leaves nothing running.
+3. ``submit(replica, requests)`` hands ``Request``s to one replica; it must not block for long (a
+   transport that has back-pressure queues internally). Raises ``TransportError`` when the
+   replica is gone (the transport also reports a ``FatalEvent`` that says why; the dispatcher
+   prefers that message).
+4. Results flow to the sink on the transport's own threads: ``sink.on_first(replica,
+   [FirstToken])`` (only when ``spec.stream``), ``sink.on_results(replica, [Completion])`` and at
+   most one ``sink.on_fatal(FatalEvent)``. A request's first token is always reported before its
+   completion.
+5. ``flush()``: no more requests for now (LoadGen's ``flush_queries``; a batching transport sends
+   its partial batches). ``stats()``: transport facts for the run record. ``stop()``: end every
+   process, session and connection the transport made; safe to call twice and after a failure.
+
+Implementations register with ``@register_transport(name)``; ``TRANSPORTS`` maps the built-in
+names to the module that registers each (imported on first use, so a host without flamepy can run
+the others).
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
+
+from sut.base import RunFailed
+from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
+from sut.engine import EngineSettings, GenerationSettings
+
+
+class TransportError(RunFailed):
+    """A transport could not start, or a replica is gone (the message names it)."""
+
+
+class ResultSink(Protocol):
+    """Where a transport delivers results (the dispatcher implements it)."""
+
+    def on_first(self, replica: int, firsts: list[FirstToken]) -> None: ...
+
+    def on_results(self, replica: int, results: list[Completion]) -> None: ...
+
+    def on_fatal(self, event: FatalEvent) -> None: ...
+
+
+@dataclass(frozen=True)
+class TransportSpec:
+    """What every transport gets.
+
+    Attributes:
+        engine / generation: engine and sampling settings (every replica builds the same engine).
+        options: the transport's own options object (its ``options_cls``), parsed once by the caller.
+        log_dir: where engine, server and service output goes (``engine-N.log`` ...); None = console.
+        stream: report first tokens (Server/Interactive scenarios).
+        detail: per-request cached-token counts and timestamps in completions where they cost
+            something to collect (the synthetic-locality entry point).
+        allow_prefix_caching: the engines may run with prefix caching (never in MLPerf runs; the
+            guard in ``sut.core.guard`` enforces it).
+        dataset_path: the cnn_eval file (a transport whose remote side loads prompts by index).
+        run_dir: the run folder (a transport may keep its own files there).
+    """
+
+    engine: EngineSettings
+    generation: GenerationSettings
+    options: Any = None
+    log_dir: Optional[str] = None
+    stream: bool = False
+    detail: bool = False
+    allow_prefix_caching: bool = False
+    dataset_path: Optional[str] = None
+    run_dir: Optional[str] = None
+
+
+class Transport(abc.ABC):
+    """One way to reach engine replicas (see the module docstring for the contract)."""
+
+    name: ClassVar[str] = ""
+    #: frozen dataclass of the transport's options (``--option KEY=VALUE`` / its own CLI flags).
+    options_cls: ClassVar[Optional[type]] = None
+
+    def __init__(self, spec: TransportSpec):
+        self.spec = spec
+        self.sink: Optional[ResultSink] = None  # set by start/attach; read at every delivery
+        self.records: list[ReplicaRecord] = []  # set by start
+
+    def attach(self, sink: ResultSink) -> list[ReplicaRecord]:
+        """Deliver results of a started transport to ``sink`` from now on (a benchmark runs several
+        SUTs over one started transport); returns ``start``'s records. ``TransportError`` if not started."""
+        if not self.records:
+            raise TransportError(f"{self.name} transport: attach needs a started transport")
+        self.sink = sink
+        return self.records
+
+    @property
+    @abc.abstractmethod
+    def replicas(self) -> int:
+        """Number of replicas (known before ``start``)."""
+
+    @abc.abstractmethod
+    def start(self, sink: ResultSink) -> list[ReplicaRecord]:
+        """Start every replica; block until ready. Raises ``TransportError``."""
+
+    @abc.abstractmethod
+    def submit(self, replica: int, requests: Sequence[Request]) -> None:
+        """Send requests to one replica. Raises ``TransportError`` if it is gone."""
+
+    def flush(self) -> None:
+        """No more requests for now: send anything held back. Default: nothing held."""
+
+    def stats(self) -> dict:
+        """Transport facts for the run record."""
+        return {}
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """End everything this transport started. Idempotent."""
+
+
+_REGISTRY: dict[str, type[Transport]] = {}
+
+#: Built-in transports and the module that registers each.
+TRANSPORTS = {"local": "sut.core.transports.local", "flame": "sut.flame.transport", "http": "sut.core.transports.http"}
+
+
+def register_transport(name: str) -> Callable[[type[Transport]], type[Transport]]:
+    """Class decorator: make a transport available to ``make_transport(name, ...)``."""
+
+    def deco(cls: type[Transport]) -> type[Transport]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def transport_class(name: str) -> type[Transport]:
+    """The transport class registered as ``name``; ``KeyError`` listing the known names."""
+    if name not in _REGISTRY and name in TRANSPORTS:
+        importlib.import_module(TRANSPORTS[name])
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown transport {name!r}; known: {', '.join(sorted(set(TRANSPORTS) | set(_REGISTRY)))}") from None
+
+
+def make_transport(name: str, spec: TransportSpec) -> Transport:
+    """Build (not start) the transport ``name`` for ``spec``."""
+    return transport_class(name)(spec)
+
+
+__all__ = ["Completion", "FatalEvent", "FirstToken", "ReplicaRecord", "Request", "ResultSink", "Transport",
+           "TransportError", "TransportSpec", "make_transport", "register_transport", "transport_class"]

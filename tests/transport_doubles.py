@@ -1,0 +1,121 @@
+"""Test doubles of the dispatch core (never imported by the product).
+
+``FakeTransport``: a ``sut.core.transport.Transport`` without engines. Each replica is one worker
+thread that answers every submitted request after ``step_s`` seconds with ``out_len`` generated ids
+(deterministic: ``(prompt[0] + k) % 1000 + 10`` for k = 0..out_len-1), ``cached_tokens`` from a
+per-replica set of seen prompt prefixes (the first ``cache_block`` tokens), and monotonic timestamps.
+Faults: ``die_after`` (replica -> number of completions after which it reports a ``FatalEvent``),
+``duplicate`` (answer a request twice), ``wrong_replica`` (report a completion as another
+replica's), ``short_output`` (rid -> length). ``starts`` counts ``start`` calls across instances
+sharing one ``log`` list (pair-protocol tests check fresh starts).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord
+from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
+
+
+@dataclass(frozen=True)
+class FakeOptions:
+    replicas: int = 2
+    step_s: float = 0.001
+    out_len: int = 4
+    cache_block: int = 16
+    dispatch_chunk: int = 512
+    allow_prefix_caching: bool = False
+    prefix_caching_on: bool = False  # what the fake engines report
+    die_after: Optional[dict] = None
+    duplicate: Optional[int] = None
+    wrong_replica: Optional[int] = None
+    short_output: Optional[dict] = None
+    log: Optional[list] = field(default=None, hash=False, compare=False)
+
+
+@register_transport("fake")
+class FakeTransport(Transport):
+    options_cls = FakeOptions
+
+    def __init__(self, spec: TransportSpec):
+        super().__init__(spec)
+        self.o: FakeOptions = spec.options or FakeOptions()
+        self._queues = [queue.SimpleQueue() for _ in range(self.o.replicas)]
+        self._threads: list[threading.Thread] = []
+        self._seen = [set() for _ in range(self.o.replicas)]
+        self._done = [0] * self.o.replicas
+        self._dead = [False] * self.o.replicas
+        self.stopped = False
+
+    @property
+    def replicas(self) -> int:
+        return self.o.replicas
+
+    def start(self, sink):
+        if self.o.log is not None:
+            self.o.log.append(("start", id(self)))
+        self.sink = sink
+        for r in range(self.o.replicas):
+            th = threading.Thread(target=self._loop, args=(r,), daemon=True, name=f"fake-replica-{r}")
+            th.start()
+            self._threads.append(th)
+        self.records = [ReplicaRecord(r, {"engine": r, "enable_prefix_caching": self.o.prefix_caching_on,
+                                          "device": {"kind": "fake", "name": "fake", "uuid": f"FAKE-{r}"}})
+                        for r in range(self.o.replicas)]
+        return self.records
+
+    def submit(self, replica, requests):
+        if self._dead[replica] or self.stopped:
+            raise TransportError(f"fake replica {replica} is gone")
+        self._queues[replica].put(list(requests))
+
+    def _answer(self, r: int, req) -> Completion:
+        t0 = time.monotonic()
+        key = bytes(np.asarray(req.prompt[: self.o.cache_block], dtype=np.int32))
+        cached = self.o.cache_block if (key in self._seen[r] and len(req.prompt) >= self.o.cache_block) else 0
+        self._seen[r].add(key)
+        n = (self.o.short_output or {}).get(req.rid, self.o.out_len)
+        ids = ((int(req.prompt[0]) + np.arange(n)) % 1000 + 10).astype(np.int32)
+        return Completion(req.rid, ids, cached, t0, t0, time.monotonic())
+
+    def _loop(self, r: int) -> None:
+        while True:
+            batch = self._queues[r].get()
+            if batch is None:
+                return
+            for req in batch:
+                time.sleep(self.o.step_s)
+                limit = (self.o.die_after or {}).get(r)
+                if limit is not None and self._done[r] >= limit:
+                    self._dead[r] = True
+                    self.sink.on_fatal(FatalEvent(r, f"fake replica {r} died"))
+                    return
+                c = self._answer(r, req)
+                if self.spec.stream:
+                    self.sink.on_first(r, [FirstToken(req.rid, int(c.token_ids[0]))])
+                rep = (r + 1) % self.o.replicas if req.rid == self.o.wrong_replica else r
+                self.sink.on_results(rep, [c])
+                if req.rid == self.o.duplicate:
+                    self.sink.on_results(r, [c])
+                self._done[r] += 1
+
+    def stats(self):
+        return {"fake": {"answered": list(self._done)}}
+
+    def stop(self):
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.o.log is not None:
+            self.o.log.append(("stop", id(self)))
+        for q in self._queues:
+            q.put(None)
+        for th in self._threads:
+            th.join(5)
