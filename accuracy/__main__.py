@@ -1,4 +1,5 @@
-"""``python -m accuracy``: the accuracy dev gate's command line (exit 0 pass / 1 fail / 2 bad input)."""
+"""``python -m accuracy``: the accuracy dev gate's command line (exit 0 pass / 1 fail / 2 bad input / 130 stopped;
+the map of exceptions to exit codes is ``sut.exits``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from accuracy.constants import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS
+from accuracy.constants import EXIT_FAIL, EXIT_PASS
 from accuracy.errors import AccuracyInputError
+from sut.exits import BadInput, run_main
 
 log = logging.getLogger("accuracy")
 
@@ -89,8 +91,7 @@ def _hint_max_samples(result: dict, args: argparse.Namespace, argv: list[str]) -
               "as the run did):\n  %s", why, k, cmd)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
     from accuracy.gate import GateSettings, evaluate
@@ -109,16 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         result = evaluate(settings)
-    except AccuracyInputError as exc:
-        log.error("accuracy gate: bad input: %s", exc)
-        return EXIT_BAD_INPUT
+    except AccuracyInputError:  # exit 2 (sut.exits); some are OSErrors too (TokenizerNotFoundError)
+        raise
     except OSError as exc:  # e.g. an --output-dir that cannot be written
-        log.error("accuracy gate: cannot write the results: %s", exc)
-        return EXIT_BAD_INPUT
+        raise BadInput(f"accuracy gate: cannot write the results: {exc}") from None
     _hint_max_samples(result, args, argv)
     if settings.write_reference is not None and not result["files"].get("reference_written"):
         return EXIT_FAIL
     return EXIT_PASS if result["passed"] else EXIT_FAIL
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m accuracy``; returns the exit code (0 pass, 1 fail, 2 bad input, 130 stopped)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_main(_main, argv, messages={"bad_input": "accuracy gate: bad input: {}"}, logger=log)
 
 
 if __name__ == "__main__":

@@ -26,15 +26,15 @@ Everything after ``--`` goes to ``python -m sut run`` as is.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sut_runs import run_once, split_run_args  # noqa: E402
+
 MODEL_KEYS = {"Server": "llama3_1-8b", "Interactive": "llama3_1-8b-interactive"}
 
 
@@ -94,24 +94,17 @@ def sut_try(scenario: str, qps: float, out: Path, run_args: list[str], min_durat
             min_query_count: int, timeout_s: float) -> Try:
     """One ``python -m sut run`` at ``qps``; its verdict from the run's ``run.json``."""
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-findqps-{scenario}-{qps:g}"
-    cmd = [sys.executable, "-m", "sut", "run", *run_args, "--scenario", scenario, "--target-qps", f"{qps:g}",
-           "--min-duration-s", f"{min_duration_s:g}", "--min-query-count", str(min_query_count),
-           "--output-dir", str(out), "--run-name", name, "--no-progress"]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-        rc, err = proc.returncode, proc.stderr
-    except subprocess.TimeoutExpired:
-        rc, err = None, f"timed out after {timeout_s:.0f} s"
-    folder = next(out.glob(name + "*"), None)
-    if rc == 2 or folder is None:
-        raise SystemExit(f"python -m sut run refused the settings (exit {rc}):\n{err[-2000:]}")
-    rec = json.loads((folder / "run.json").read_text())
+    o = run_once([*run_args, "--scenario", scenario, "--target-qps", f"{qps:g}", "--min-duration-s",
+                  f"{min_duration_s:g}", "--min-query-count", str(min_query_count)], out, name, timeout_s)
+    if o.rc == 2 or o.record is None:
+        raise SystemExit(f"python -m sut run refused the settings (exit {o.rc}):\n{o.stderr}")
+    rec = o.record
     lg = rec.get("loadgen") or {}
-    note = "" if rc == 0 else f"run failed (exit {rc}): {rec.get('error')}"
-    return Try(qps, rec.get("validity") if rc == 0 else None,
+    note = "" if o.rc == 0 else f"run failed (exit {o.rc}): {rec.get('error')}"
+    return Try(qps, rec.get("validity") if o.rc == 0 else None,
                _ms(lg.get("result_first_token_99.00_percentile_latency_ns")),
                _ms(lg.get("result_time_per_output_token_99.00_percentile_ns")),
-               rec.get("tokens_per_s"), str(folder), note)
+               rec.get("tokens_per_s"), str(o.folder), note)
 
 
 def table(tries: list[Try]) -> str:
@@ -123,11 +116,7 @@ def table(tries: list[Try]) -> str:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    run_args: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, run_args = argv[:i], argv[i + 1:]
+    argv, run_args = split_run_args(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Arguments after -- go to python -m sut run (model, dataset, preset, ...).")
     p.add_argument("--scenario", required=True, choices=sorted(MODEL_KEYS))

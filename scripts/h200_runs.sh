@@ -18,6 +18,9 @@
 #   bash scripts/h200_runs.sh locality-start  # synthetic-locality traces (not MLPerf), one replica per GPU
 #   bash scripts/h200_runs.sh start flame-real # issue 11: run 3 again through the REAL Flame v0.6.0 control plane
 #                                             # (binaries in FLAME_BIN, default /root/gpu/flame/bin; ROUNDS, default 2)
+#   bash scripts/h200_runs.sh start core      # issue 12: --sut vllm vs raw generate; --sut vllm-http vs --sut vllm
+#   bash scripts/h200_runs.sh start study     # issue 13: Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES)
+#   bash scripts/h200_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS)
 #   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
@@ -156,11 +159,28 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for rate in ${LOC_RATE:-0}; do
       python3 -m sut.locality run --model "$MODEL" --load-format dummy --dtype bfloat16 --quantization fp8 \
         --kv-cache-dtype fp8 --max-num-seqs 512 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 \
-        --device cuda --engines-per-device "${ENGINES_PER_GPU:-1}" --documents 32 --questions 4 --ignore-eos \
-        --release-gate "${LOC_GATE:-excess}" --rounds "${LOC_ROUNDS:-1}" --rate "$rate" --output-dir "$JOB/locality" \
+        --device cuda --engines-per-device "${ENGINES_PER_GPU:-1}" --documents 32 --questions 4 \
+        --release-gate "${LOC_GATE:-excess}" --pairs "${LOC_ROUNDS:-1}" --rate "$rate" --output-dir "$JOB/locality" \
         --run-name "rate$rate" --no-progress > "$JOB/locality_rate$rate.console" 2>&1
       cp "$JOB/locality/rate$rate-SYNTHETIC-LOCALITY-NOT-MLPERF/locality.json" "$JOB/locality_rate$rate.json"
     done
+    ;;
+  study)
+    # Issue 13: the study's locality experiment (NOT MLPerf), scripts/bench_locality.py: Flame vs standalone, both
+    # with prefix affinity (study-reuse also round robin), STUDY_PAIRS fresh pairs (default 2; the study: 5, about
+    # 2.5 min per case here), two engines sharing one H200 (the study: one B200 each), bf16 eager, max_num_seqs 64,
+    # 8,192 batched tokens as the study; news text from the file's own Llama 3 ids; the real Flame v0.6.0 cluster.
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    FB=${FLAME_BIN:-/root/gpu/flame/bin}
+    python3 -m sut.flame cluster --flame-bin "$FB" --workdir "$JOB/study-cluster" > "$JOB/study-cluster.console" 2>&1 &
+    cpid=$!
+    until grep -q FLAME_ENDPOINT "$JOB/study-cluster.console"; do kill -0 $cpid || { cat "$JOB/study-cluster.console"; exit 2; }; sleep 0.5; done
+    export $(grep FLAME_ENDPOINT "$JOB/study-cluster.console")
+    python3 scripts/bench_locality.py --pairs "${STUDY_PAIRS:-2}" --traces ${STUDY_TRACES:-study-reuse study-no-reuse} \
+      --out "$JOB/study" -- --model "$MODEL" --load-format dummy --dtype bfloat16 --enforce-eager --max-num-seqs 64 \
+      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 --device cuda --engines-per-device 2 \
+      --dataset "$REAL" --no-progress > "$JOB/study.console" 2>&1
+    kill $cpid; wait $cpid
     ;;
   perf)
     # Issue 15: engine levers side by side with the shipped fp8 preset, then the torch-profiler map
@@ -171,6 +191,31 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       --levers "${LEVERS:-baseline,fusion,full_graphs,triton_attn,profile}" > "$JOB/perf.console" 2>&1
     for f in "$JOB"/perf/*.log; do [ -f "$f" ] && tail -c 4000 "$f" > "$f.tail"; done
     ;;
+  core)
+    # Issue 12 (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started
+    # engine; (b) --sut vllm-http (vllm serve started here) vs --sut vllm, same prompts and LoadGen load, HTTP_ROUNDS
+    # rounds (default 1) alternating; Flame 32/64 vs standalone is the flame-real step.
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    python3 scripts/bench_standalone.py "${COMMON[@]}" --dtype bfloat16 --quantization fp8 --kv-cache-dtype fp8 \
+      --dataset "$REAL" --ignore-eos --repeats 2 --json "$JOB/core_overhead_fp8.json" > "$JOB/core_overhead.console" 2>&1
+    python3 scripts/bench_suts.py --suts vllm vllm-http --rounds "${HTTP_ROUNDS:-1}" --out "$JOB/core_http" -- \
+      --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
+      --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 56 --min-duration-s "${MIN_S:-40}" \
+      --min-query-count 1 --benchmark-ignore-eos > "$JOB/core_http.console" 2>&1
+    ;;
+  server)
+    # Issue 14: one short Server and one short Interactive try each at SERVER_QPS / INTERACTIVE_QPS (dev runs,
+    # not compliant: min duration SCEN_S, default 60 s), fp8 preset, --sut vllm (SCEN_SUT).
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    for sc in Server Interactive; do
+      q=$([ $sc = Server ] && echo "${SERVER_QPS:-48}" || echo "${INTERACTIVE_QPS:-20}")
+      python3 scripts/find_qps.py --scenario $sc --start "$q" --max-runs "${SCEN_TRIES:-1}" \
+        --min-duration-s "${SCEN_S:-60}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
+        --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \
+        --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --benchmark-ignore-eos \
+        > "$JOB/scen_$sc.console" 2>&1
+    done
+    ;;
   batch-wait)
     limit=${2:-540}; t=0
     while [ $t -lt "$limit" ] && [ ! -f "$JOB/DONE" ]; do sleep 10; t=$((t+10)); done
@@ -178,10 +223,12 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for f in "$JOB"/flame*/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
        -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
-       -o -name "locality*.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" | tar -czf "$OUT/job.tgz" -T -)
+       -o -name "locality*.json" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" | tar -czf "$OUT/job.tgz" -T -)
     cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
     grep -E "^step .* rc=" "$JOB/batch.console"
+    tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console 2>/dev/null
     grep -E "^round|^config|^standalone|^flame|target" "$JOB"/flame*.console 2>/dev/null
+    grep -E "median|worst|round_robin|cached share|FAILED|note:" "$JOB/study.console" 2>/dev/null
     cat "$JOB/tune.tsv" 2>/dev/null
     grep -E "^\[|^lever|^ +[a-z_]+ +[a-z_]+ +[0-9]" "$JOB/perf.console" 2>/dev/null | tail -30
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"

@@ -12,13 +12,15 @@ which also makes every ``FirstTokenComplete`` call (``ledger.first_tokens``) on 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 from sut.dataset import Dataset
-from sut.engine import EngineSettings, GenerationSettings
+from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.ledger import SampleLedger
+from sut.registry import Registry
 from sut.scenarios import STREAMING_SCENARIOS
 from sut.streaming_ledger import StreamingLedger
 
@@ -35,15 +37,16 @@ class InputError(RunFailed):
 
 @dataclass
 class SUTContext:
-    """What every backend gets: the dataset, engine and sampling settings, backend options,
-    ``engine_log_dir``: where local engine workers write vLLM's own output (``engine-N.log``; None =
-    the console), and ``scenario`` (``Offline``, ``Server``, ``Interactive``: the last two stream
-    first tokens)."""
+    """What every backend gets: the dataset, engine and sampling settings, ``options``: the backend's
+    options object (its ``options_cls`` instance, parsed once by ``check_options``; None for a backend
+    without options), ``engine_log_dir``: where local engine workers write vLLM's own output
+    (``engine-N.log``; None = the console), and ``scenario`` (``Offline``, ``Server``,
+    ``Interactive``: the last two stream first tokens)."""
 
     dataset: Dataset
     engine: EngineSettings
     generation: GenerationSettings
-    options: dict = field(default_factory=dict)
+    options: Any = None
     progress: bool = True
     run_dir: Optional[str] = None  # the run folder (backends may keep their own logs there)
     engine_log_dir: Optional[str] = None
@@ -90,15 +93,51 @@ class SystemUnderTest(abc.ABC):
         return {}
 
     @classmethod
-    def check_options(cls, options: dict):
-        """Validate backend options before anything starts (the harness calls it first; a backend's
-        ``__init__`` may call it too and use what it returns, e.g. its options dataclass).
+    def options_cls(cls) -> Optional[type]:
+        """The backend's frozen options dataclass (fields with ``metadata["flag"]`` become its CLI
+        flags, ``sut.cli_flags``); None: the backend takes no options."""
+        return None
 
-        Raises ``InputError`` naming the option for an unknown key or a bad value. The default
-        accepts no options.
+    @classmethod
+    def check_options(cls, options: Any) -> Any:
+        """The backend options as an ``options_cls`` instance, checked before anything starts (the
+        harness calls it once; the instance is what ``SUTContext.options`` holds and ``run.json``
+        records). ``options``: an instance (returned as is), a mapping of field names (values
+        already typed: ``sut.engine.settings_from_mapping``), or None (the defaults).
+
+        Raises ``InputError`` naming the option for an unknown key or a bad value; a backend without
+        ``options_cls`` accepts no options and returns None.
         """
-        if options:
-            raise InputError(f"--sut {cls.name}: unknown option(s) {', '.join(sorted(options))}; it takes none")
+        ocls = cls.options_cls()
+        if ocls is None:
+            if options:
+                raise InputError(f"--sut {cls.name}: unknown option(s) {', '.join(sorted(options))}; it takes none")
+            return None
+        if isinstance(options, ocls):
+            return options
+        if dataclasses.is_dataclass(options):
+            raise InputError(f"--sut {cls.name}: options must be {ocls.__name__}, got {type(options).__name__}")
+        known = {f.name for f in dataclasses.fields(ocls)}
+        unknown = sorted(set(options or {}) - known)
+        if unknown:
+            raise InputError(f"--sut {cls.name}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        try:
+            return settings_from_mapping(ocls, dict(options or {}))
+        except (ValueError, TypeError) as e:
+            raise InputError(f"--sut {cls.name}: {e}") from None
+
+    @classmethod
+    def preflight(cls, options: Any, engine: EngineSettings) -> None:
+        """Checks that need both the parsed options and the engine settings (e.g. a given server serves
+        ``--model`` with a long enough context), run by the harness before the run folder exists.
+        Raises ``InputError`` naming what is wrong. The default checks nothing."""
+
+    @classmethod
+    def noncompliance_reasons(cls, options: Any) -> list[str]:
+        """Why a run with these options (the ``check_options`` instance) is not an MLPerf result, for
+        ``run.json`` ``compliance.reasons`` (e.g. prefix caching that could not be confirmed off).
+        The default: none. (``allow_prefix_caching`` is reported by the harness for every backend.)"""
+        return []
 
     @classmethod
     def check_engine(cls, engine: EngineSettings) -> None:
@@ -107,39 +146,15 @@ class SystemUnderTest(abc.ABC):
         a remote backend's engines run elsewhere."""
 
 
-_REGISTRY: dict[str, type[SystemUnderTest]] = {}
+#: Built-in backends and the module that registers each, imported on first use (``python -m sut run``
+#: imports each to build its flags; one that cannot be imported here, e.g. without flamepy, is left out).
+BUILTIN_BACKENDS = {"vllm": "sut.standalone", "flame": "sut.flame.client", "vllm-http": "sut.http_sut"}
 
-#: Built-in backends and the module that registers each. Only the requested one is imported, so
-#: a host without flamepy's extra dependencies can still run the standalone SUT.
-BUILTIN_BACKENDS = {"vllm": "sut.standalone", "flame": "sut.flame.client"}
+_REGISTRY: Registry[SystemUnderTest] = Registry("SUT", BUILTIN_BACKENDS)
 
-
-def register_sut(name: str) -> Callable[[type[SystemUnderTest]], type[SystemUnderTest]]:
-    """Class decorator: make a backend available as ``--sut NAME``."""
-
-    def deco(cls: type[SystemUnderTest]) -> type[SystemUnderTest]:
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def get_sut(name: str) -> type[SystemUnderTest]:
-    """The backend class registered as ``name`` (importing its module on first use).
-
-    Raises ``KeyError`` listing the known names.
-    """
-    if name not in _REGISTRY and name in BUILTIN_BACKENDS:
-        import importlib
-
-        importlib.import_module(BUILTIN_BACKENDS[name])
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown SUT {name!r}; known: {', '.join(sut_names())}") from None
-
-
-def sut_names() -> list[str]:
-    """Names of the built-in and registered backends."""
-    return sorted(set(BUILTIN_BACKENDS) | set(_REGISTRY))
+#: Class decorator: make a backend available as ``--sut NAME``.
+register_sut = _REGISTRY.register
+#: The backend class registered as NAME (its module imported on first use); ``KeyError`` listing the known names.
+get_sut = _REGISTRY.get
+#: Names of the built-in and registered backends.
+sut_names = _REGISTRY.names

@@ -1,74 +1,52 @@
 """Command line: ``python -m sut {run,synthetic,retokenize,convert-smollm2,demo,test06-verify,package}``.
 
-Every ``run`` flag maps to one field of ``RunSettings``, ``EngineSettings`` or
-``GenerationSettings``. A preset (``--config loadgen_configs/NAME.toml``) fills the same fields
-from the sections ``[run]``, ``[engine]``, ``[generation]`` and ``[options]``; flags given on
-the command line win over the preset.
+Every ``run`` flag maps to one field of ``RunSettings``, ``EngineSettings``, ``GenerationSettings``
+or the chosen backend's options dataclass (its flags are built from that dataclass's field
+metadata, ``sut.cli_flags``; ``--option KEY=VALUE`` reaches every field). A preset (``--config
+loadgen_configs/NAME.toml``) fills the same fields from the sections ``[run]``, ``[engine]``,
+``[generation]`` and ``[options]``; flags given on the command line win over the preset. Exit
+codes come from ``sut.exits`` (0 / 1 failed / 2 bad input / 130 stopped).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import shlex
-import signal
 import sys
-import threading
 import tomllib
 from pathlib import Path
+from typing import Optional
 
-from sut.base import InputError, RunFailed, sut_names
+from sut.base import InputError, RunFailed, get_sut, sut_names
+from sut.cli_flags import ENGINE_FLAGS, add_backend_flags, add_engine_flags, backend_options_from_args  # noqa: F401
+from sut.cli_flags import engine_settings_from_args
 from sut.compliance import (COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, PackageSettings,
                             verify_run_folder)
-from sut.dataset import DatasetError
-from sut.engine import EngineError, EngineSettings, GenerationSettings, settings_from_mapping
+from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
+from sut.exits import EXIT_INTERRUPTED, BadInput, run_main, stop_on_sigterm_like_ctrl_c  # noqa: F401 - re-exported
 from sut.harness import RunSettings, run_benchmark
 from sut.package_tree import CHECKER_NOTE
 
 log = logging.getLogger("sut")
 
-
-class BadInput(SystemExit):
-    """Bad command-line input: the message goes to stderr and the exit code is 2."""
-
-    def __init__(self, message: str):
-        print(message, file=sys.stderr)
-        super().__init__(2)
-
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = Path(__file__).resolve().parent / "models" / "tiny-llama3"
 
-#: EngineSettings fields offered as flags: name -> (type, help); also used by sut.locality and the benchmarks
-ENGINE_FLAGS = {
-    "model": (str, "HF model folder (config.json; weights unless --load-format dummy)"),
-    "dtype": (str, "auto | float32 | bfloat16 | float16 (CPU: use float32)"),
-    "max_model_len": (int, "context length; must cover the longest prompt + 128 (official set: 2668)"),
-    "max_num_seqs": (int, "max sequences per engine step"),
-    "max_num_batched_tokens": (int, "max tokens per engine step (chunked prefill budget; caps a step's prefill tokens)"),
-    "long_prefill_token_threshold": (int, "prefill a prompt longer than this at most this many tokens per step "
-                                          "(vLLM; 0 = no cap; Server/Interactive TTFT)"),
-    "gpu_memory_utilization": (float, "fraction of GPU memory per GPU (split between engines sharing a GPU)"),
-    "kv_cache_dtype": (str, "auto | fp8"),
-    "quantization": (str, "e.g. fp8 (dynamic FP8 weights)"),
-    "load_format": (str, "auto | dummy (random weights from config.json: throughput only)"),
-    "seed": (int, "engine seed"),
-    "device": (str, "auto | cuda | cpu"),
-    "engines_per_device": (int, "engines per GPU (sharing its memory) or number of CPU engines"),
-    "cpu_kvcache_gib": (int, "CPU KV cache per engine, GiB"),
-}
 
-
-# Explicit flags of the flame SUT; each maps to one backend option (sut/flame/client.py FlameOptions).
-_FLAME_FLAGS = (
-    ("--batch-size", "batch_size", int, "samples per Flame task (32 and 64 ship as presets)"),
-    ("--batch-window-ms", "batch_window_ms", float, "how long a partial batch waits for more samples"),
-    ("--flame-endpoint", "endpoint", str, "Flame session manager, e.g. http://HOST:8080 (default FLAME_ENDPOINT / ~/.flame/flame.yaml)"),
-    ("--flame-app", "app", str, "registered Flame application name (default sut-vllm)"),
-    ("--executors-per-engine", "executors_per_engine", int, "Flame executors feeding one engine (default ceil(engine_fill x max_num_seqs / batch_size) + executor_slack = ceil(2 x max_num_seqs / batch_size))"),
-    ("--flame-engines", "engines", int, "engines (GPUs x engines per GPU) the session spreads over (default 1)"),
-)
+def backend_options_classes() -> dict[str, Optional[type]]:
+    """Every backend's options dataclass (None: it takes none), by ``--sut`` name; a backend whose
+    module cannot be imported here (e.g. no flamepy) is left out, with a debug line."""
+    out = {}
+    for name in sut_names():
+        try:
+            out[name] = get_sut(name).options_cls()
+        except (ImportError, KeyError) as e:
+            log.debug("--sut %s is not available here (%s): no flags for it", name, e)
+    return out
 
 
 def _add_run_parser(sub) -> None:
@@ -113,15 +91,12 @@ def _add_run_parser(sub) -> None:
                                                     "(normally in user.conf)")
     q.add_argument("--benchmark-ignore-eos", action="store_true",
                    help="benchmark only: always generate 128 tokens (dummy weights emit EOS at random)")
-    e = p.add_argument_group("engine (vLLM)")
-    for name, (typ, help_) in ENGINE_FLAGS.items():
-        e.add_argument("--" + name.replace("_", "-"), type=typ, help=help_)
-    e.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs / torch.compile")
-    f = p.add_argument_group("flame SUT")
-    f.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="backend option (repeatable), e.g. batch_size=64 for --sut flame")
-    for flag, key, typ, help_ in _FLAME_FLAGS:
-        f.add_argument(flag, dest="flame_" + key, type=typ, help=help_ + f" (= --option {key}=...)")
+    add_engine_flags(p.add_argument_group("engine (vLLM)"))
+    b = p.add_argument_group("SUT backend options (each backend's own flags follow, one group per --sut)")
+    b.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="backend option (repeatable; the value is read as JSON, else as a string), e.g. batch_size=64 "
+                        "for --sut flame; checked by the backend's options dataclass")
+    add_backend_flags(p, backend_options_classes())
 
 
 def _preset(path: str | None) -> dict:
@@ -150,13 +125,8 @@ def _parse_option(s: str):
         return k, v
 
 
-def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettings, GenerationSettings, dict]:
-    """Merge preset and flags into the three settings objects and the backend options."""
-    pre = _preset(a.config)
-    run = dict(pre.get("run", {}))
-    eng = dict(pre.get("engine", {}))
-    gen = dict(pre.get("generation", {}))
-    opts = dict(pre.get("options", {}))
+def _run_fields(a: argparse.Namespace, run: dict) -> dict:
+    """``run`` (a preset's ``[run]``) overridden by the run flags given."""
     for key in ("sut", "scenario", "mode", "dataset", "output_dir", "user_conf", "model_key", "run_name", "audit_config",
                 "compliance_test", "tokenizer", "max_samples", "min_duration_s", "min_query_count", "target_qps"):
         val = getattr(a, key)
@@ -176,70 +146,63 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
     run.setdefault("sut", "vllm")
     if "dataset" not in run:
         raise BadInput("error: --dataset is required (or [run] dataset in the preset)")
-    for key in list(ENGINE_FLAGS) + ["enforce_eager"]:
-        val = getattr(a, key)
-        if val is not None:
-            eng[key] = val
-    if "model" not in eng:
-        raise BadInput("error: --model is required (or [engine] model in the preset)")
-    if a.benchmark_ignore_eos:
-        gen["ignore_eos"] = True
-    for _flag, key, _typ, _help in _FLAME_FLAGS:
-        val = getattr(a, "flame_" + key, None)
-        if val is not None:
-            opts[key] = val
+    return run
+
+
+def backend_options_from_cli(a: argparse.Namespace, sut: str, preset: dict):
+    """The options object of backend ``sut``: the preset's ``[options]``, then its own flags, then
+    ``--option KEY=VALUE`` (later wins), parsed once by the backend's ``check_options``.
+
+    Raises ``BadInput`` for an unknown SUT, a flag of another backend, an unknown key or a bad value.
+    """
+    try:
+        backend = get_sut(sut)
+    except KeyError as e:
+        raise BadInput(f"error: {e.args[0]}") from None
+    values, foreign = backend_options_from_args(a, sut)
+    if foreign:
+        fields = sorted(a.backend_flags[flag].field for flag, _ in foreign)
+        where = "; ".join(f"{flag} belongs to --sut {' / '.join(owners)}" for flag, owners in foreign)
+        raise BadInput(f"error: --sut {sut}: unknown option(s) {', '.join(fields)} ({where})")
+    opts = {**preset, **values}
     for s in a.option:
         k, v = _parse_option(s)
         opts[k] = v
+    ocls = backend.options_cls()
+    has_flags = any(sut in bf.backends for bf in (getattr(a, "backend_flags", None) or {}).values())
+    see = f" (see the {sut} SUT options in python -m sut run --help)" if has_flags else ""
+    known = {f.name for f in dataclasses.fields(ocls)} if ocls is not None else set()
+    if ocls is not None and set(opts) - known:
+        raise BadInput(f"error: --sut {sut}: unknown option(s) {', '.join(sorted(set(opts) - known))}; known: "
+                       f"{', '.join(sorted(known))}{see}")
     try:
-        return (settings_from_mapping(RunSettings, run), settings_from_mapping(EngineSettings, eng),
-                settings_from_mapping(GenerationSettings, gen), opts)
+        return backend.check_options(opts)
+    except InputError as e:
+        raise BadInput(f"error: {e}{see}") from None
+
+
+def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettings, GenerationSettings, object]:
+    """Merge preset and flags into the three settings objects and the backend's options object.
+
+    Raises ``BadInput`` (exit 2) naming the flag, preset field or option at fault.
+    """
+    pre = _preset(a.config)
+    run = _run_fields(a, dict(pre.get("run", {})))
+    gen = dict(pre.get("generation", {}))
+    if a.benchmark_ignore_eos:
+        gen["ignore_eos"] = True
+    try:
+        es = engine_settings_from_args(a, pre.get("engine", {}), model_hint=" (or [engine] model in the preset)")
+        rs, gs = settings_from_mapping(RunSettings, run), settings_from_mapping(GenerationSettings, gen)
     except (ValueError, TypeError) as e:
         raise BadInput(f"error: {e}") from None
-
-
-#: Exit code of a run stopped by Ctrl-C (SIGINT) or SIGTERM (the shell's 128 + SIGINT).
-EXIT_INTERRUPTED = 130
-_interrupted = threading.Event()  # a stop signal arrived in this process
-
-
-def _raise_interrupt(signum, _frame):
-    name = "SIGINT, Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-    if _interrupted.is_set():  # a second stop signal must not cut the clean shutdown short
-        log.warning("already stopping (%s again): ending engines / closing the Flame session; SIGKILL forces it", name)
-        return
-    _interrupted.set()
-    raise KeyboardInterrupt(name)
-
-
-def stop_on_sigterm_like_ctrl_c() -> None:
-    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread, so that both take Ctrl-C's
-    clean path (engines ended, Flame session closed, the run recorded as failed).
-
-    SIGINT is installed explicitly: a process that a script starts in the background inherits SIGINT
-    as *ignored*, Python then leaves it ignored, and Ctrl-C-style stops would do nothing.
-    """
-    signal.signal(signal.SIGINT, _raise_interrupt)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    return rs, es, gs, backend_options_from_cli(a, rs.sut, dict(pre.get("options", {})))
 
 
 def cmd_run(a) -> int:
     rs, es, gen, opts = settings_from_args(a)
     stop_on_sigterm_like_ctrl_c()
-    try:
-        rec = run_benchmark(rs, es, gen, opts, command=" ".join(["python -m sut"] + [shlex.quote(x) for x in a.argv]))
-    except (DatasetError, EngineError, RunFailed) as e:
-        if _interrupted.is_set():  # whatever the stop made fail (e.g. an engine start cut short)
-            log.error("run stopped: %s", e)
-            return EXIT_INTERRUPTED
-        if isinstance(e, RunFailed) and not isinstance(e, InputError):
-            log.error("run failed: %s", e)
-            return 1
-        log.error("%s", e)
-        return 2
-    except KeyboardInterrupt as e:  # outside the LoadGen phase, e.g. while the dataset is checked
-        log.error("interrupted (%s)", e.args[0] if e.args else "SIGINT, Ctrl-C")
-        return EXIT_INTERRUPTED
+    rec = run_benchmark(rs, es, gen, opts, command=" ".join(["python -m sut"] + [shlex.quote(x) for x in a.argv]))
     _print_summary(rec)
     return 0
 
@@ -292,11 +255,7 @@ def cmd_synthetic(a) -> int:
 def cmd_retokenize(a) -> int:
     from sut.retokenize import retokenize
 
-    try:
-        retokenize(a.source, a.tokenizer, a.out, a.max_samples, a.split)
-    except DatasetError as e:
-        log.error("%s", e)
-        return 2
+    retokenize(a.source, a.tokenizer, a.out, a.max_samples, a.split)  # DatasetError: exit 2
     return 0
 
 
@@ -366,13 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_test06_verify(a) -> int:
     try:
-        res, d, eos = verify_run_folder(a.run_dir, a.out, a.scenario, a.eos_token_ids)
-    except ComplianceError as e:
-        log.error("%s", e)
-        return 2
+        res, d, eos = verify_run_folder(a.run_dir, a.out, a.scenario, a.eos_token_ids)  # ComplianceError: exit 2
     except OSError as e:
-        log.error("cannot write the TEST06 result: %s", e)
-        return 2
+        raise InputError(f"cannot write the TEST06 result: {e}") from None
     sys.stdout.write(res.verify_accuracy_txt())
     for f in res.failures:
         log.error("TEST06: %s", f)
@@ -393,19 +348,21 @@ def cmd_package(a) -> int:
         Path(a.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out: exit 2 before any check
         root = package_tree(ts)
     except ValueError as e:
-        log.error("%s", e)
-        return 2
-    except ComplianceError as e:
-        log.error("cannot package: %s", e)
-        return 1
+        raise InputError(str(e)) from None
+    except ComplianceError as e:  # a run that cannot go into the tree: the packaging failed
+        raise RunFailed(f"cannot package: {e}") from None
     except OSError as e:
-        log.error("cannot write the submission tree: %s", e)
-        return 2
+        raise InputError(f"cannot write the submission tree: {e}") from None
     print(root)
     return 0
 
 
+#: How ``python -m sut run`` words its failures (``sut.exits.run_main``).
+_RUN_MESSAGES = {"failed": "run failed: {}", "stopped": "run stopped: {}"}
+
+
 def main(argv=None) -> int:
+    """``python -m sut``; returns the exit code (``sut.exits``: 0, 1 failed, 2 bad input, 130 stopped)."""
     a = build_parser().parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
     a.verbose = a.verbose or getattr(a, "run_verbose", False)
@@ -413,6 +370,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "INFO")
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    return {"run": cmd_run, "synthetic": cmd_synthetic, "retokenize": cmd_retokenize,
-            "convert-smollm2": cmd_convert_smollm2, "demo": cmd_demo, "test06-verify": cmd_test06_verify,
-            "package": cmd_package}[a.cmd](a)
+    cmd = {"run": cmd_run, "synthetic": cmd_synthetic, "retokenize": cmd_retokenize,
+           "convert-smollm2": cmd_convert_smollm2, "demo": cmd_demo, "test06-verify": cmd_test06_verify,
+           "package": cmd_package}[a.cmd]
+    return run_main(cmd, a, messages=_RUN_MESSAGES if a.cmd == "run" else None)

@@ -95,18 +95,21 @@ class SampleLedger:
     Args:
         eos_ids: the model's EOS token ids.
         progress: show a tqdm bar of completed / issued samples and output tokens/s.
-        complete_fn: sends ``[(loadgen sample id, int32 ids)]`` to LoadGen (tests pass a recorder).
+        complete_fn: sends ``[(loadgen sample id, int32 ids)]`` to LoadGen (tests pass a recorder; the
+            synthetic-locality runner passes one that records the outputs, with ``eos_ids=()``).
         fail_chunk: empty failure answers per ``complete_fn`` call.
+        first_id: the first request id ``issue`` hands out (then +1 per sample): ledgers that follow
+            each other over one transport keep their request ids apart.
     """
 
     def __init__(self, eos_ids: Iterable[int], progress: bool = True, complete_fn: Callable = complete_samples,
-                 fail_chunk: int = FAIL_CHUNK):
+                 fail_chunk: int = FAIL_CHUNK, first_id: int = 0):
         if fail_chunk < 1:
             raise ValueError(f"fail_chunk must be >= 1, got {fail_chunk}")
         self.eos_ids = tuple(eos_ids)
         self._complete_fn = complete_fn
         self._fail_chunk = fail_chunk
-        self._ids = itertools.count()
+        self._ids = itertools.count(first_id)
         self._lock = threading.Lock()
         self._sent = threading.Condition(self._lock)
         self._outstanding: dict[int, tuple[int, int]] = {}  # request id -> (loadgen sample id, qsl index)
@@ -252,6 +255,26 @@ class SampleLedger:
     def outstanding(self) -> int:
         with self._lock:
             return len(self._outstanding)
+
+    def check_stall(self, stall_timeout_s: float, now: Optional[float] = None) -> bool:
+        """Stall watchdog step: fail the run when samples are outstanding and none completed for
+        ``stall_timeout_s`` seconds (since the last completion, else the first issue). Returns True
+        when this call failed the run."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            last = self.last_complete_t or self.first_issue_t
+            n = len(self._outstanding)
+            if self.error is not None or not n or last is None or now - last <= stall_timeout_s:
+                return False
+            self._fail_locked(f"no request completed for {stall_timeout_s:.0f} s with {n} outstanding (stall)")
+            return True
+
+    def wait_idle(self, stall_timeout_s: float, poll_s: float = 0.5) -> Optional[str]:
+        """Block until every issued sample is answered and sent (``idle``), failing the run on a stall
+        (``check_stall``) meanwhile; returns ``error`` (None: every sample got its output)."""
+        while not self.idle.wait(poll_s):
+            self.check_stall(stall_timeout_s)
+        return self.error
 
     # -- progress bar (lock held) ---------------------------------------------------------
     def _bar_total(self) -> None:

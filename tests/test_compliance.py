@@ -403,7 +403,7 @@ def test_test06_verify_writes_no_test06_folder_into_a_non_test06_run(tmp_path):
 
 # ------------------------------------------------------------- package: the engine that ran, portable README
 def read_back(device_kind: str = "cpu", **args) -> list:
-    """One engine's read-back record as the engine workers write it (sut/engine.py _read_back)."""
+    """One engine's read-back record as the engine workers write it (sut/engine/readback.py read_back)."""
     engine_args = dict({"model": "/m", "dtype": "float32", "max_model_len": 4096, "max_num_seqs": 256,
                         "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.92, "kv_cache_dtype": "auto",
                         "quantization": None, "load_format": "dummy", "enforce_eager": True, "seed": 0,

@@ -1,6 +1,7 @@
 """Issue 16 through the Flame SUT: a full-size Offline query (mlperf.conf's 13,368 samples, equal
 issue) fails before any sample completes. ``python -m sut run --sut flame`` against the stand-in
-control plane with the fake engine; batch 0's task fails on every attempt, so its task thread
+control plane with the fake engine and the fault hooks (tests/flame_doubles.py, through the transport's
+extension points); batch 0's task fails on every attempt, so its task thread
 fails the run and answers the whole outstanding query, then ends. Before the ledger's completer
 thread that thread's ``QuerySamplesComplete`` crashed LoadGen (SIGSEGV, run.json "running", the
 session never closed). Now: exit 1, run.json "failed" naming the batch, the session closed, every
@@ -24,28 +25,37 @@ flamepy = pytest.importorskip("flamepy")
 standin = pytest.importorskip("tests.flame_standin")
 
 from sut.flame import app as app_mod  # noqa: E402
+from tests.flame_doubles import fake_options  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def _register_failing_app(endpoint, tmp_path):
-    """The app with an injected fault: batch 0's task raises on its first and its retried attempt."""
-    faults = {"task_error": {"batches": [0], "times": 2}, "state_dir": str(tmp_path)}
-    doc = app_mod.render(workdir=str(tmp_path / "svc"), environments={"SUT_FLAME_FAULTS": json.dumps(faults)})
+def _register_app(endpoint, tmp_path):
+    doc = app_mod.render(workdir=str(tmp_path / "svc"))
     conn = flamepy.connect(endpoint)
     app_mod.register(conn, doc)
     conn.close()
+
+
+def _fake_engine_options(tmp_path):
+    """--option flags: the fake engine (10 s per batch) and an injected fault: batch 0's task raises on its
+    first and its retried attempt."""
+    faults = {"task_error": {"batches": [0], "times": 2}, "state_dir": str(tmp_path)}
+    out = []
+    for k, v in fake_options(step_s=10, faults=faults).items():
+        out += ["--option", f"{k}={json.dumps(v) if isinstance(v, dict) else v}"]
+    return out
 
 
 def test_flame_task_failure_on_a_full_size_query_fails_cleanly(tmp_path, synthetic_full):
     lock_dir = tempfile.mkdtemp(prefix="sef-", dir="/tmp")
     try:
         with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
-            _register_failing_app(cluster.endpoint, tmp_path)
+            _register_app(cluster.endpoint, tmp_path)
             cmd = [sys.executable, "-m", "sut", "run", "--sut", "flame", "--flame-endpoint", cluster.endpoint,
                    "--dataset", str(synthetic_full), "--user-conf", str(CPU_CONF), *TINY_ENGINE_ARGS,
                    "--no-progress", "--output-dir", str(tmp_path / "out"), "--run-name", "full",
-                   "--option", "engine_backend=fake", "--option", "fake_step_s=10", "--option", f"lock_dir={lock_dir}",
+                   *_fake_engine_options(tmp_path), "--option", f"lock_dir={lock_dir}",
                    "--option", "close_timeout_s=120", "--executors-per-engine", "2"]
             proc = subprocess.Popen(cmd, cwd=REPO, env=sut_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, start_new_session=True)
@@ -65,7 +75,7 @@ def test_flame_task_failure_on_a_full_size_query_fails_cleanly(tmp_path, synthet
             assert rec["status"] == "failed" and "batch 0" in rec["error"], rec.get("error")
             led = rec["ledger"]
             assert led["issued"] >= 13368 and led["completed"] + led["answered_empty"] == led["issued"], led
-            assert led["answered_empty"] > 13000  # fake_step_s=10: (nearly) no batch finished before the failure
+            assert led["answered_empty"] > 13000  # step_s=10: (nearly) no batch finished before the failure
             flame = rec["flame"]
             assert flame["close"].get("closed") is True, flame["close"]
             st = cluster.session_state(flame["session_id"])

@@ -1,7 +1,7 @@
 """Where vLLM's own output goes: ``RUN/engine-N.log``, not the console (unless ``--verbose``); an engine
 that dies still shows why on the console; bad engine input exits 2 before any run folder exists.
 
-The fast tests run the real engine worker (``sut.engine._worker_main``: redirection, start-up,
+The fast tests run the real engine worker (``sut.engine.worker.worker_main``: redirection, start-up,
 read-back, failure reporting) in real spawned processes, with a stand-in ``vllm``/``torch`` package
 put first on the worker's ``sys.path``. The stand-in writes the way vLLM does: Python logging-style
 lines on stdout, a traceback on stderr, a C-level write to file descriptor 2 and a child process

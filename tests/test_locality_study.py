@@ -297,6 +297,19 @@ def test_pair_report_refuses_broken_records():
         pytest.approx(0.98)
 
 
+def test_a_transport_without_cached_token_counts_gives_no_cached_share(tmp_path):
+    recs = [dict(r, cached_share=None) if r["system"] == "flame" else r for r in made_up_records()]
+    rep = pair_report(recs)
+    assert rep["runs"]["flame"]["prefix_affinity"]["cached_share"] is None
+    assert rep["runs"]["standalone"]["prefix_affinity"]["cached_share"]["median"] == pytest.approx(0.748)
+    assert rep["pair_ratios"]["prefix_affinity"]["median"] == pytest.approx(0.995)
+    row = next(line for line in report_lines(rep) if line.startswith("flame        prefix_affinity"))
+    assert row.rstrip().endswith("-")
+    assert plot_pair_report(recs, tmp_path / "none.png").stat().st_size > 10_000
+    with pytest.raises(ValueError, match="requests_per_s must be a number >= 0, got None"):
+        pair_report([dict(recs[0], requests_per_s=None)])
+
+
 def test_figure_is_a_png_with_three_panels(tmp_path):
     import matplotlib.image
 

@@ -1,5 +1,5 @@
 """Server and Interactive scenarios without engines: names and model keys, the streaming worker's
-per-step split, pending-work routing, the target_qps search, and the multi-scenario submission tree."""
+per-step split (typed first tokens and completions), the vllm SUT's routing policies, the target_qps search, and the multi-scenario submission tree."""
 
 import json
 import subprocess
@@ -12,7 +12,6 @@ import pytest
 
 from conftest import REPO, sut_env
 from sut.scenarios import NO_FIRST_TOKEN, ScenarioError, check_backend, resolve_scenario
-from sut.standalone import PendingWork
 
 sys.path.insert(0, str(REPO / "scripts"))
 import find_qps  # noqa: E402
@@ -85,39 +84,76 @@ def test_flame_cannot_stream_first_tokens():
 
 
 # ------------------------------------------------------------------------------------- worker split
-def _out(rid, ids, finished=False):
-    return SimpleNamespace(request_id=str(rid), outputs=[SimpleNamespace(token_ids=list(ids))], finished=finished)
+def _out(rid, ids, finished=False, cached=None):
+    return SimpleNamespace(request_id=str(rid), outputs=[SimpleNamespace(token_ids=list(ids))], finished=finished,
+                           num_cached_tokens=cached)
 
 
-def test_stream_results_reports_each_first_token_once_and_the_whole_sequence_at_the_end():
-    from sut.engine import _stream_results
+def test_delta_collector_reports_each_first_token_once_and_the_whole_sequence_at_the_end():
+    from sut.core.messages import Completion, FirstToken
+    from sut.engine import DeltaCollector
 
-    acc = {}
-    first, done = _stream_results([_out(1, []), _out(2, [7])], acc)  # 1: a prefill chunk, 2: its first token
-    assert first == [(2, 7)] and done == []
-    first, done = _stream_results([_out(1, [4]), _out(2, [8, 9])], acc)
+    col = DeltaCollector(report_firsts=True)
+    col.t_add.update({"1": 0.0, "2": 0.0})
+    first, done = col.step([_out(1, []), _out(2, [7])])  # 1: a prefill chunk, 2: its first token
+    assert first == [FirstToken(2, 7)] and done == [] and type(first[0]) is FirstToken
+    first, done = col.step([_out(1, [4]), _out(2, [8, 9])])
     assert first == [(1, 4)] and done == []
-    first, done = _stream_results([_out(1, [5], finished=True), _out(2, [128009], finished=True)], acc)
+    first, done = col.step([_out(1, [5], finished=True, cached=16), _out(2, [128009], finished=True, cached=0)])
     assert first == []
-    assert [(r, ids.tolist()) for r, ids in done] == [(1, [4, 5]), (2, [7, 8, 9, 128009])]
-    assert all(ids.dtype == np.int32 for _, ids in done) and acc == {}
+    assert all(type(c) is Completion for c in done)
+    assert [(c.rid, c.token_ids.tolist(), c.cached_tokens) for c in done] == [(1, [4, 5], 16), (2, [7, 8, 9, 128009], 0)]
+    assert all(c.token_ids.dtype == np.int32 for c in done)
+    c1, c2 = done
+    assert 0.0 == c1.t_queued < c2.t_first <= c1.t_first <= c1.t_done == c2.t_done  # 2 got its first token a step earlier
+    assert col.t_add == {} and col._acc == {}
+
+
+def test_delta_collector_without_firsts_still_times_the_first_token():
+    from sut.engine import DeltaCollector
+
+    col = DeltaCollector(report_firsts=False)  # the locality runner's detail mode
+    assert col.step([_out(3, [1])]) == ([], [])
+    _, (c,) = col.step([_out(3, [2], finished=True, cached=5)])
+    assert c.token_ids.tolist() == [1, 2] and c.cached_tokens == 5 and c.t_first <= c.t_done and c.t_queued is None
+
+
+def test_final_collector_gives_completions_with_cached_tokens_and_no_first_token_time():
+    from sut.engine import FinalCollector
+
+    col = FinalCollector()
+    col.t_add["4"] = 1.5
+    firsts, done = col.step([_out(4, [9, 8], finished=True, cached=32), _out(5, [1])])
+    assert firsts == [] and len(done) == 1
+    (c,) = done
+    assert (c.rid, c.token_ids.tolist(), c.cached_tokens, c.t_queued, c.t_first) == (4, [9, 8], 32, 1.5, None)
+    assert c.t_done > c.t_queued and col.t_add == {}
 
 
 # ------------------------------------------------------------------------------------- routing
-def test_pending_work_weights_requests_waiting_for_their_first_token():
-    pw = PendingWork(2, weight=8)
-    assert pw.pick(1) == 0 and pw.pick(2) == 1      # both empty: lower index, then the other
-    pw.first(1)                                      # engine 0: 1 outstanding, 0 waiting -> score 1
-    assert pw.pick(3) == 0                           # engine 1 has a request before its first token: 9
-    assert (pw.score(0), pw.score(1)) == (10, 9)
-    pw.done(3)                                       # finished without a first token: both counters drop
-    pw.done(1)
-    assert (pw.outstanding, pw.waiting_first) == ([0, 1], [0, 1])
-    pw.first(2)
-    pw.first(2)                                      # a repeat changes nothing
-    pw.done(2)
-    pw.done(2)
-    assert (pw.outstanding, pw.waiting_first) == ([0, 0], [0, 0])
+def test_vllm_sut_is_the_local_transport_with_least_pending_for_streaming_scenarios():
+    from sut.base import get_sut
+    from sut.core.transport import transport_class
+
+    cls = get_sut("vllm")
+    assert cls.transport_name == "local" and cls.options_cls() is transport_class("local").options_cls
+    pick = cls.policy_for  # an instance method that reads nothing from the instance
+    assert [pick(None, s) for s in ("Offline", "Server", "Interactive")] == ["least_loaded", "least_pending",
+                                                                             "least_pending"]
+
+
+def test_least_pending_counts_a_repeated_first_token_once():
+    from sut.core.routing import AffinitySettings, make_router
+
+    r = make_router("least_pending", 2, 128, AffinitySettings(first_token_weight=8))
+    p = np.zeros(4, np.int32)
+    assert r.route(1, p) == 0 and r.route(2, p) == 1
+    r.first(2)
+    r.first(2)  # a repeat changes nothing
+    assert (r.score(0), r.score(1)) == (9, 1)
+    r.done(1)  # finished without a first token: both counters drop
+    r.done(2)
+    assert (r.inflight, r.waiting_first) == ([0, 0], [0, 0])
 
 
 # ------------------------------------------------------------------------------------- qps search

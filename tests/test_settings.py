@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from sut import harness
+from sut import loadgen_settings
 from sut.base import RunFailed, get_sut, sut_names
 from sut.engine import EngineError, EngineSettings, GenerationSettings, plan_engines, read_model_info
 from sut.harness import RunSettings, loadgen_test_settings
@@ -90,7 +90,7 @@ def test_every_override_is_reported_non_compliant():
 
 
 def test_from_config_only_once_per_process(monkeypatch):
-    monkeypatch.setattr(harness, "_FROM_CONFIG_CALLED", True)
+    monkeypatch.setattr(loadgen_settings, "_FROM_CONFIG_CALLED", True)
     with pytest.raises(RunFailed, match="already called"):
         loadgen_test_settings(rs(), 13368)
 
@@ -107,7 +107,7 @@ def test_bad_user_conf_is_rejected(tmp_path):
 
 
 def test_missing_user_conf(tmp_path, monkeypatch):
-    monkeypatch.setattr(harness, "_FROM_CONFIG_CALLED", False)
+    monkeypatch.setattr(loadgen_settings, "_FROM_CONFIG_CALLED", False)
     with pytest.raises(RunFailed, match="not found"):
         loadgen_test_settings(rs(user_conf=str(tmp_path / "none.conf")), 13368)
 
@@ -154,11 +154,13 @@ def test_user_conf_that_weakens_mlperf_conf_is_reported(tmp_path):
 
 
 def test_prefix_caching_is_refused_for_mlperf_runs():
-    from sut.engine import EnginePool
+    from sut.core.transport import TransportError, TransportSpec, make_transport
 
     es = EngineSettings(model=str(TINY_MODEL), enable_prefix_caching=True, device="cpu")
-    with pytest.raises(EngineError, match="not allowed"):
-        EnginePool(es, GenerationSettings())
+    t = make_transport("local", TransportSpec(engine=es, generation=GenerationSettings()))
+    with pytest.raises(TransportError, match="not allowed"):
+        t.start(sink=None)  # refused before any engine starts
+    assert t.pool.engines[0].pid is None
 
 
 def test_vllm_kwargs_always_pass_prefix_caching_explicitly():

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import REPO, sut_env
-from sut import cli
+from sut import exits
 from sut.harness import interrupt_reason
 
 def _ignore_sigint():
@@ -20,14 +20,14 @@ def _ignore_sigint():
 # A stand-in for a run: install the handlers as cmd_run does, report, then wait to be stopped.
 _CHILD = """
 import sys, time
-from sut import cli
-cli.stop_on_sigterm_like_ctrl_c()
+from sut import exits
+exits.stop_on_sigterm_like_ctrl_c()
 try:
     print("ready", flush=True)
     time.sleep(60)
 except KeyboardInterrupt as e:
     print("stopped:", e.args[0], flush=True)
-    sys.exit(cli.EXIT_INTERRUPTED)
+    sys.exit(exits.EXIT_INTERRUPTED)
 sys.exit(3)
 """
 
@@ -51,11 +51,11 @@ def test_stop_signals_work_even_when_sigint_was_inherited_ignored(sig, name):
 
 
 def test_a_second_signal_is_logged_not_raised(monkeypatch, caplog):
-    monkeypatch.setattr(cli, "_interrupted", type(cli._interrupted)())
+    monkeypatch.setattr(exits, "_interrupted", type(exits._interrupted)())
     with pytest.raises(KeyboardInterrupt) as first:
-        cli._raise_interrupt(signal.SIGTERM, None)
+        exits._raise_interrupt(signal.SIGTERM, None)
     assert interrupt_reason(first.value) == "interrupted (SIGTERM)"
-    cli._raise_interrupt(signal.SIGINT, None)  # the clean shutdown goes on
+    exits._raise_interrupt(signal.SIGINT, None)  # the clean shutdown goes on
     assert "already stopping" in caplog.text
 
 
@@ -82,3 +82,18 @@ def test_sut_run_stopped_while_checking_the_dataset_exits_130(tmp_path):
             p.kill()
     assert p.returncode == 130, out[-2000:]
     assert "interrupted (SIGINT, Ctrl-C)" in out and "Traceback" not in out
+
+
+def _engine_start_fails():
+    from sut.base import RunFailed
+
+    raise RunFailed("engine 0 exited while starting")
+
+
+def test_a_failure_while_stopping_exits_130_not_1(monkeypatch, caplog):
+    """An engine start cut short by Ctrl-C raises RunFailed; the stop, not the failure, decides the exit code."""
+    monkeypatch.setattr(exits, "_interrupted", type(exits._interrupted)())
+    assert exits.run_main(_engine_start_fails) == 1  # no stop signal: a failure
+    exits._interrupted.set()  # what the signal handler does
+    assert exits.run_main(_engine_start_fails, messages={"stopped": "run stopped: {}"}) == 130
+    assert "run stopped: engine 0 exited while starting" in caplog.text

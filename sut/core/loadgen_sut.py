@@ -24,14 +24,13 @@ import queue
 import threading
 from typing import ClassVar, Optional, Sequence
 
-from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest
+from sut.base import RunFailed, SUTContext, SystemUnderTest
 from sut.constants import MAX_NEW_TOKENS
 from sut.core import guard
 from sut.core.dispatcher import Dispatcher
 from sut.core.messages import Request
 from sut.core.routing import AffinitySettings, make_router
 from sut.core.transport import Transport, TransportSpec, make_transport, transport_class
-from sut.engine import settings_from_mapping
 from sut.scenarios import STREAMING_SCENARIOS
 
 log = logging.getLogger(__name__)
@@ -47,18 +46,6 @@ class TransportSUT(SystemUnderTest):
     @classmethod
     def options_cls(cls) -> type:
         return transport_class(cls.transport_name).options_cls
-
-    @classmethod
-    def check_options(cls, options):
-        """The options as the transport's options dataclass (an instance passes through);
-        ``InputError`` names an unknown or ill-typed option."""
-        ocls = cls.options_cls()
-        if isinstance(options, ocls):
-            return options
-        try:
-            return settings_from_mapping(ocls, dict(options or {}))
-        except (ValueError, TypeError) as e:
-            raise InputError(f"--sut {cls.name}: {e}") from None
 
     def policy_for(self, scenario: str) -> str:
         """Routing policy by scenario: token-balanced for Offline, least pending work when first tokens count."""

@@ -29,13 +29,13 @@ the others).
 from __future__ import annotations
 
 import abc
-import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
+from typing import Any, ClassVar, Optional, Protocol, Sequence
 
 from sut.base import RunFailed
 from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 from sut.engine import EngineSettings, GenerationSettings
+from sut.registry import Registry
 
 
 class TransportError(RunFailed):
@@ -92,6 +92,18 @@ class Transport(abc.ABC):
         self.sink: Optional[ResultSink] = None  # set by start/attach; read at every delivery
         self.records: list[ReplicaRecord] = []  # set by start
 
+    def check_prefix_caching_setting(self) -> None:
+        """The guard before anything starts (``sut.core.guard.check_settings``): ``TransportError`` when the
+        engine settings ask for prefix caching and neither the spec nor the options (``allow_prefix_caching``)
+        allow it."""
+        from sut.core import guard
+
+        allowed = self.spec.allow_prefix_caching or bool(getattr(self.spec.options, "allow_prefix_caching", False))
+        try:
+            guard.check_settings(self.spec.engine.enable_prefix_caching, allowed)
+        except guard.PrefixCachingError as e:
+            raise TransportError(str(e)) from None
+
     def attach(self, sink: ResultSink) -> list[ReplicaRecord]:
         """Deliver results of a started transport to ``sink`` from now on (a benchmark runs several
         SUTs over one started transport); returns ``start``'s records. ``TransportError`` if not started."""
@@ -125,31 +137,15 @@ class Transport(abc.ABC):
         """End everything this transport started. Idempotent."""
 
 
-_REGISTRY: dict[str, type[Transport]] = {}
-
 #: Built-in transports and the module that registers each.
 TRANSPORTS = {"local": "sut.core.transports.local", "flame": "sut.flame.transport", "http": "sut.core.transports.http"}
 
+_REGISTRY: Registry[Transport] = Registry("transport", TRANSPORTS)
 
-def register_transport(name: str) -> Callable[[type[Transport]], type[Transport]]:
-    """Class decorator: make a transport available to ``make_transport(name, ...)``."""
-
-    def deco(cls: type[Transport]) -> type[Transport]:
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def transport_class(name: str) -> type[Transport]:
-    """The transport class registered as ``name``; ``KeyError`` listing the known names."""
-    if name not in _REGISTRY and name in TRANSPORTS:
-        importlib.import_module(TRANSPORTS[name])
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown transport {name!r}; known: {', '.join(sorted(set(TRANSPORTS) | set(_REGISTRY)))}") from None
+#: Class decorator: make a transport available to ``make_transport(name, ...)``.
+register_transport = _REGISTRY.register
+#: The transport class registered as NAME; ``KeyError`` listing the known names.
+transport_class = _REGISTRY.get
 
 
 def make_transport(name: str, spec: TransportSpec) -> Transport:

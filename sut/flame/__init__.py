@@ -1,6 +1,11 @@
-"""The Flame-batched SUT: LoadGen samples -> batches -> Flame tasks -> vLLM engines in Flame services.
+"""The Flame-batched SUT and the ``flame`` transport: requests -> batches -> tasks of Flame sessions -> vLLM.
 
-Modules: ``client`` (the LoadGen SUT, registered as ``--sut flame``), ``service`` (the Flame
-service; entry point ``python -m sut.flame.serve``), ``payload`` (the task/result format),
-``app`` + ``app.yaml`` (the Flame application), ``fake_engine`` (test double). See docs/flame.md.
+Client side: ``options`` (``FlameOptions``), ``session`` (connect, application, one replica's
+session), ``warmup``, ``batcher``, ``tasks`` (task tracker), ``stats``, ``watch`` (task watching on
+one asyncio loop), ``transport`` (``FlameTransport``, registered as ``flame``), ``client``
+(``FlameSUT``, registered as ``--sut flame``). Service side (``python -m sut.flame.serve``):
+``service_config`` (the session's common data), ``seats``, ``hostlink`` (host <-> forwarder frames),
+``engine_host``, ``service`` (``VllmBatchService``). Shared: ``payload`` (the task/result format),
+``app`` + ``app.yaml`` (the Flame application), ``cluster`` (a one-host real Flame cluster).
+See docs/flame.md.
 """

@@ -1,20 +1,29 @@
 """``python -m sut.flame {render-app,register,cluster}``: the Flame application of the Flame-batched SUT, and a
-one-host real Flame v0.6.0 cluster for tests and benchmarks (``cluster``, see ``sut.flame.cluster``)."""
+one-host real Flame v0.6.0 cluster for tests and benchmarks (``cluster``, see ``sut.flame.cluster``).
+
+Exit codes (``sut.exits``): 0 done, 1 failed (e.g. Flame cannot be reached), 2 bad input, 130 stopped."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
+from sut.exits import BadInput, run_main
 from sut.flame import app
 
 
 def main(argv=None) -> int:
+    """``python -m sut.flame``; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["cluster"]:
         from sut.flame import cluster
 
-        return cluster.main(argv[1:])
+        return run_main(cluster.main, argv[1:])
+    return run_main(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m sut.flame", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, help_ in (("render-app", "print app.yaml with this machine's paths (for flmctl register -f)"),
@@ -30,6 +39,10 @@ def main(argv=None) -> int:
     sub.add_parser("cluster", add_help=False, help="run a one-host real Flame v0.6.0 cluster until Ctrl-C "
                    "(python -m sut.flame cluster --help)")
     a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    bad = [e for e in a.env if "=" not in e]
+    if bad:
+        raise BadInput(f"error: --env {bad[0]!r}: expected K=V")
     envs = dict(e.split("=", 1) for e in a.env)
     doc = app.render(a.python, a.repo, a.workdir, a.name, envs)
     if a.cmd == "render-app":

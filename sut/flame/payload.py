@@ -10,8 +10,14 @@ Layout (all integers little-endian)::
     task body, tokens  = request ids u64[n] | prompt lengths u32[n] | prompt ids int32[sum]
     task body, indices = request ids u64[n] | dataset (QSL) indices u32[n]
     result body        = request ids u64[n] | status u8[n] | lengths u32[n]
+                         | [DETAIL: cached prompt tokens i32[n] (-1: unknown)
+                            | t_queued f64[n] | t_first f64[n] | t_done f64[n] (NaN: unknown)]
                          | generated ids int32[sum of lengths where status == OK]
                          | error texts UTF-8 [sum of lengths where status != OK]
+
+The DETAIL section (flag ``DETAIL``, set on every result with samples) carries what the engine
+reported per sample (``sut.core.messages.Completion``): prompt tokens served from its prefix cache
+and its ``time.monotonic()`` seconds when it took, first-answered and finished the request.
 
 Kinds: ``GENERATE`` (a batch of samples), ``PING`` (warm-up: no samples, answers the
 executor's identity), ``RESULT`` (the answer to either). A result holds one entry per input
@@ -45,6 +51,7 @@ _KINDS = {KIND_GENERATE: "generate", KIND_PING: "ping", KIND_RESULT: "result"}
 
 FLAG_COMPRESSED = 0x01
 FLAG_INDICES = 0x02
+FLAG_DETAIL = 0x04
 
 STATUS_OK = 0
 STATUS_ERROR = 1
@@ -65,6 +72,8 @@ _U64 = np.dtype("<u8")
 _U32 = np.dtype("<u4")
 _I32 = np.dtype("<i4")
 _U8 = np.dtype("u1")
+_F64 = np.dtype("<f8")
+_I32_UNKNOWN = -1
 
 
 class PayloadError(ValueError):
@@ -100,6 +109,10 @@ class SampleResult:
     ok: bool
     token_ids: Optional[np.ndarray] = None  # int32
     error: Optional[str] = None
+    cached_tokens: Optional[int] = None  # prompt tokens from the engine's prefix cache (None: unknown)
+    t_queued: Optional[float] = None  # engine host's time.monotonic() seconds (None: unknown)
+    t_first: Optional[float] = None
+    t_done: Optional[float] = None
 
 
 @dataclass
@@ -125,7 +138,7 @@ class Encoded:
 
 def worst_case_result_bytes(n: int, max_tokens: int, meta_bytes: int = 4096) -> int:
     """Upper bound of an encoded result for ``n`` samples of at most ``max_tokens`` ids each."""
-    return HEADER_SIZE + meta_bytes + n * (8 + 1 + 4 + 4 * max_tokens) + 64  # zlib can add a few bytes
+    return HEADER_SIZE + meta_bytes + n * (8 + 1 + 4 + 4 + 24 + 4 * max_tokens) + 64  # zlib can add a few bytes
 
 
 def _meta_bytes(meta: Optional[dict]) -> bytes:
@@ -143,8 +156,9 @@ def _pack(kind: int, flags: int, batch_id: int, count: int, meta: Optional[dict]
 
 def encode_task(batch_id: int, request_ids: Sequence[int], prompts: Optional[Sequence[np.ndarray]] = None,
                 indices: Optional[Sequence[int]] = None, meta: Optional[dict] = None, max_tokens: int = 128,
-                input_budget: int = INPUT_BUDGET, total_budget: int = TOTAL_BUDGET) -> Encoded:
-    """Encode a GENERATE task: either token ``prompts`` (int32 arrays) or QSL ``indices``.
+                input_budget: int = INPUT_BUDGET, total_budget: int = TOTAL_BUDGET, compress: bool = True) -> Encoded:
+    """Encode a GENERATE task: either token ``prompts`` (int32 arrays) or QSL ``indices``; the body is
+    zlib level 1 unless ``compress`` is False.
 
     Raises:
         PayloadTooLarge: the encoded input exceeds ``input_budget``, or input plus the
@@ -172,7 +186,7 @@ def encode_task(batch_id: int, request_ids: Sequence[int], prompts: Optional[Seq
             raise PayloadError("dataset indices must fit in uint32")
         raw = rids.tobytes() + idx.astype(_U32).tobytes()
         flags = FLAG_INDICES
-    enc = _pack(KIND_GENERATE, flags, batch_id, n, meta, raw, compress=True)
+    enc = _pack(KIND_GENERATE, flags, batch_id, n, meta, raw, compress=compress)
     if enc.wire_bytes > input_budget:
         raise PayloadTooLarge(
             f"task {batch_id}: {n} samples encode to {enc.wire_bytes:,} bytes after zlib ({enc.raw_bytes:,} before), over the "
@@ -192,9 +206,18 @@ def encode_ping(batch_id: int = 0, meta: Optional[dict] = None) -> Encoded:
     return _pack(KIND_PING, 0, batch_id, 0, meta, b"", compress=False)
 
 
+def _detail_bytes(samples: Sequence[SampleResult]) -> bytes:
+    n = len(samples)
+    cached = np.fromiter((_I32_UNKNOWN if s.cached_tokens is None else s.cached_tokens for s in samples), _I32, n)
+    times = [np.fromiter((np.nan if getattr(s, k) is None else getattr(s, k) for s in samples), _F64, n)
+             for k in ("t_queued", "t_first", "t_done")]
+    return cached.tobytes() + b"".join(t.tobytes() for t in times)
+
+
 def encode_result(batch_id: int, samples: Sequence[SampleResult], meta: Optional[dict] = None,
-                  output_budget: int = OUTPUT_BUDGET) -> Encoded:
-    """Encode a RESULT, one entry per input sample, in input order.
+                  output_budget: int = OUTPUT_BUDGET, compress: bool = True) -> Encoded:
+    """Encode a RESULT, one entry per input sample, in input order (with the DETAIL section when
+    there are samples; the body is zlib level 1 unless ``compress`` is False).
 
     Raises:
         PayloadTooLarge: the encoded result exceeds ``output_budget``.
@@ -213,8 +236,9 @@ def encode_result(batch_id: int, samples: Sequence[SampleResult], meta: Optional
             errs.append(eb)
             lens[i] = len(eb)
     tok_bytes = np.concatenate(toks).astype(_I32, copy=False).tobytes() if toks else b""
-    raw = rids.tobytes() + status.tobytes() + lens.tobytes() + tok_bytes + b"".join(errs)
-    enc = _pack(KIND_RESULT, 0, batch_id, n, meta, raw, compress=True)
+    detail = _detail_bytes(samples) if n else b""
+    raw = rids.tobytes() + status.tobytes() + lens.tobytes() + detail + tok_bytes + b"".join(errs)
+    enc = _pack(KIND_RESULT, FLAG_DETAIL if n else 0, batch_id, n, meta, raw, compress=compress)
     if enc.wire_bytes > output_budget:
         raise PayloadTooLarge(f"result of task {batch_id} ({n} samples) is {enc.wire_bytes:,} bytes, over the "
                               f"{output_budget:,}-byte output budget")
@@ -288,10 +312,15 @@ def decode_task(data: bytes) -> TaskInput:
 
 def decode_result(data: bytes) -> TaskResult:
     """Decode a RESULT. Raises ``PayloadError``."""
-    _, _, batch_id, n, meta, raw, raw_total = _unpack(data, (KIND_RESULT,))
+    _, flags, batch_id, n, meta, raw, raw_total = _unpack(data, (KIND_RESULT,))
     rids, off = _take(raw, 0, _U64, n, "request ids")
     status, off = _take(raw, off, _U8, n, "status")
     lens, off = _take(raw, off, _U32, n, "lengths")
+    detail = None
+    if flags & FLAG_DETAIL:
+        cached, off = _take(raw, off, _I32, n, "cached token counts")
+        times, off = _take(raw, off, _F64, 3 * n, "engine times")
+        detail = (cached, times.reshape(3, n))
     ok = status == STATUS_OK
     n_tok = int(lens[ok].sum(dtype=np.int64))
     toks, off = _take(raw, off, _I32, n_tok, "generated ids")
@@ -302,12 +331,24 @@ def decode_result(data: bytes) -> TaskResult:
     for i in range(n):
         ln = int(lens[i])
         if ok[i]:
-            samples.append(SampleResult(int(rids[i]), True, token_ids=toks[t_off:t_off + ln]))
+            samples.append(SampleResult(int(rids[i]), True, token_ids=toks[t_off:t_off + ln], **_detail_of(detail, i)))
             t_off += ln
         else:
             samples.append(SampleResult(int(rids[i]), False, error=err_blob[e_off:e_off + ln].decode("utf-8", "replace")))
             e_off += ln
     return TaskResult(batch_id, samples, meta=meta, raw_bytes=raw_total, wire_bytes=len(data))
+
+
+def _detail_of(detail, i: int) -> dict:
+    if detail is None:
+        return {}
+    cached, times = detail
+    c = int(cached[i])
+    out = {"cached_tokens": None if c == _I32_UNKNOWN else c}
+    for k, row in zip(("t_queued", "t_first", "t_done"), times):
+        t = float(row[i])
+        out[k] = None if np.isnan(t) else t
+    return out
 
 
 def peek(data: bytes) -> tuple[str, int]:

@@ -1,4 +1,4 @@
-"""Task watching for the Flame SUT client: every WatchTask stream of a session on one asyncio loop.
+"""Task watching for the flame transport: every WatchTask stream of every session on one asyncio loop.
 
 flamepy 0.6.0's ``Session.run`` watches through a pool of 10 threads per connection (the 11th
 task's completion is noticed late), and ``Session.watch_task`` iterates a synchronous gRPC
@@ -23,10 +23,10 @@ TERMINAL = (SUCCEED, FAILED, CANCELLED)
 
 
 class AioWatcher:
-    """``watch(task_id)`` -> future of ``(state or None, output)``; None = the stream ended silently."""
+    """``watch(session_id, task_id)`` -> future of ``(state or None, output)``; None = the stream ended silently."""
 
-    def __init__(self, endpoint: str, session_id: str, ca_file: Optional[str] = None, connect_timeout_s: float = 10.0):
-        self.endpoint, self.session_id, self.ca_file = endpoint, session_id, ca_file
+    def __init__(self, endpoint: str, ca_file: Optional[str] = None, connect_timeout_s: float = 10.0):
+        self.endpoint, self.ca_file = endpoint, ca_file
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="flame-watch-loop", daemon=True)
         self._thread.start()
@@ -56,13 +56,13 @@ class AioWatcher:
         await asyncio.wait_for(self.channel.channel_ready(), timeout)
         self.stub = FrontendStub(self.channel)
 
-    def watch(self, task_id: str, on_running: Optional[Callable[[], None]] = None) -> cf.Future:
-        return asyncio.run_coroutine_threadsafe(self._watch(task_id, on_running), self.loop)
+    def watch(self, session_id: str, task_id: str, on_running: Optional[Callable[[], None]] = None) -> cf.Future:
+        return asyncio.run_coroutine_threadsafe(self._watch(session_id, task_id, on_running), self.loop)
 
-    async def _watch(self, task_id: str, on_running) -> tuple[Optional[int], Optional[bytes]]:
+    async def _watch(self, session_id: str, task_id: str, on_running) -> tuple[Optional[int], Optional[bytes]]:
         from flamepy.proto.frontend_pb2 import WatchTaskRequest
 
-        call = self.stub.WatchTask(WatchTaskRequest(task_id=task_id, session_id=self.session_id))
+        call = self.stub.WatchTask(WatchTaskRequest(task_id=task_id, session_id=session_id))
         async for msg in call:
             state = int(msg.status.state)
             if state == RUNNING and on_running is not None:

@@ -7,9 +7,12 @@ through LoadGen, no file is named ``mlperf_log_*``, every result folder name end
 ``python -m sut.locality`` (never ``python -m sut run``).
 
 Modules: ``trace`` (deterministic trace generator, shifted warm-up traces, input/trace hashes),
-``news`` (documents built from CNN/DailyMail news text), ``router`` (routing policies by name),
-``runner`` (drives an engine pool with a policy and measures it), ``report`` (console tables),
-``study`` (the study's validation of every request, pair report and figure).
+``news`` (documents built from CNN/DailyMail news text), ``systems`` (the systems compared: transports
+of the dispatch core with their options), ``burst`` (one burst through routing x transport x ledger,
+validated and measured), ``pairs`` (the study's pair protocol: fresh engines per case, warm-ups,
+placement checks), ``runner`` (trace preparation, run folder, ``locality.json``, figure), ``report``
+(console tables), ``study`` (validation of every request, pair report and figure). Routing policies
+are the dispatch core's (``sut.core.routing``).
 """
 
 NOTICE = "synthetic-locality trace with prefix caching ON: NOT an MLPerf result"

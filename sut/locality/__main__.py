@@ -1,16 +1,17 @@
 """``python -m sut.locality {run,describe}``: synthetic-locality traces (NOT an MLPerf benchmark).
 
-``run`` builds the trace, starts the engine replicas with prefix caching ON, replays the trace
-once per routing policy (prefix caches emptied in between) and writes
-``<output-dir>/<name>-SYNTHETIC-LOCALITY-NOT-MLPERF/locality.json``; vLLM's own output goes to
-``engine-N.log`` in that folder (``--verbose``: to the console). ``describe`` prints the trace's
-shape as a table without starting engines. Traces are random token ids or, with ``--text news
---dataset FILE [--tokenizer PATH]``, real CNN/DailyMail text; ``--trace-preset study-no-reuse|study-reuse``
-sets the study's shape (explicit flags override it).
+``run`` compares systems (``--systems standalone flame``) and routing policies (``--policies``) on one
+trace with the study's pair protocol (``sut/locality/pairs.py``): for every pair, system and policy
+fresh engines (Flame: fresh sessions) with prefix caching ON, two id-shifted warm-ups, then the timed
+burst; every request validated. It writes ``<output-dir>/<name>-SYNTHETIC-LOCALITY-NOT-MLPERF/`` with
+``locality.json``, ``locality.png`` and each case's engine logs (``--verbose``: on the console) and
+prints the report. ``describe`` prints the trace's shape without starting engines. Traces are random
+token ids or, with ``--text news --dataset FILE [--tokenizer PATH]``, real CNN/DailyMail text;
+``--trace-preset study-no-reuse|study-reuse`` sets the study's shape (explicit flags override it).
 
-Bad input (a missing model, a context too short for the trace, ``--device cuda`` without a GPU, ...)
-exits 2 before the run folder is made; an engine death or a lost request exits 1 and keeps only the
-engine logs; Ctrl-C or SIGTERM exits 130 and writes nothing.
+Exit codes: 0 done; 1 a case failed (engine or session death, stall, a request that fails validation:
+``locality.json`` says ``failed`` with the cause); 2 bad input, before the run folder is made and any
+engine starts; 130 Ctrl-C or SIGTERM (engines stopped, the run folder removed).
 """
 
 from __future__ import annotations
@@ -21,30 +22,30 @@ import json
 import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 
-from sut.base import RunFailed
-from sut.cli import ENGINE_FLAGS, BadInput, stop_on_sigterm_like_ctrl_c
-from sut.engine import EngineError, EnginePool, EngineSettings, GenerationSettings, ModelInfo, read_model_info
+from sut.cli_flags import add_engine_flags, engine_settings_from_args
+from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings, model_revision
+from sut.engine import EngineError, EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
+from sut.exits import BadInput, run_main, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
-from sut.locality.report import describe_table, run_tables
-from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings
-from sut.locality.runner import (LocalityRunSettings, kv_cache_summary, make_run_dir, replay, summarize,
-                                 write_record)
+from sut.locality.pairs import PairSettings, StudyContext
+from sut.locality.report import describe_table, study_tables
+from sut.locality.runner import command_line, make_run_dir, prepare_trace, run_study, runtime_versions
+from sut.locality.systems import SYSTEMS, parse_system_options, resolve_systems
 from sut.locality.trace import ORDERS, TEXTS, TRACE_PRESETS, TraceSettings, describe, make_trace, trace_hash
 
 log = logging.getLogger("sut.locality")
 
 _VERBOSE_HELP = ("debug logging, and vLLM's own output (its logs, warnings and the harmless 'Chat template warmup "
-                 "failed' traceback) on the console instead of RUN/engine-N.log")
+                 "failed' traceback) on the console instead of RUN/<case>/engine-N.log")
 
 
 def _defaults(cls) -> dict:
     return {f.name: f.default for f in dataclasses.fields(cls)}
 
 
-_TD, _AD, _RD = _defaults(TraceSettings), _defaults(AffinitySettings), _defaults(LocalityRunSettings)
+_TD, _AD, _PD = _defaults(TraceSettings), _defaults(AffinitySettings), _defaults(PairSettings)
 
 # name -> (argparse keywords, help); "(default ...)" is appended from the settings dataclass
 _TRACE = {
@@ -53,7 +54,7 @@ _TRACE = {
     "doc_jitter": (float, "document lengths are uniform in doc_tokens x [1 - j, 1 + j]"),
     "questions": (int, "questions per document (their mean when --zipf-s > 0)"),
     "question_tokens": (int, "mean question length, tokens (uniform +-50%%)"),
-    "max_tokens": (int, "output tokens per request (at most; exactly with --ignore-eos)"),
+    "max_tokens": (int, "output tokens per request (exactly: EOS is ignored, and validation checks the length)"),
     "zipf_s": (float, "document popularity: 0 = every document gets --questions questions; s > 0 = weights "
                       "1 / rank^s, a few hot documents draw most questions"),
     "order": ({"choices": ORDERS}, "arrival order: shuffled (random), by_document (all questions of a document "
@@ -81,45 +82,29 @@ _ROUTER = {
     "decode_weight": (float, "least_loaded, prefix_affinity: a request's estimated work = uncached prompt tokens + "
                              "decode_weight x --max-tokens"),
 }
-_RUN = {
-    "rounds": (int, "repeat the policies this many times, rotating their order each round"),
-    "rate": (float, "arrivals per second, Poisson; 0 = every request at once (a burst)"),
+_PROTOCOL = {
+    "pairs": (int, "fresh pairs: every system x policy starts fresh engines (Flame: fresh sessions) in every pair; "
+                   "systems alternate their order from pair to pair"),
+    "warmups": (int, "warm-up bursts before each timed burst (not timed): the trace with token ids shifted inside the "
+                     "vocabulary (same lengths and prefix relations, none of the measured prefixes)"),
+    "rate": (float, "arrivals per second, Poisson; 0 = every request at once (one burst, the study's)"),
     "arrival_seed": (int, "seed of the Poisson arrival times"),
-    "warmup_requests": (int, "requests sent round-robin before the first policy (caches emptied afterwards), so "
-                             "that no policy pays for first-use costs"),
     "stall_timeout_s": (float, "fail the run when no request finishes for this many seconds"),
-    "output_dir": (str, "base folder of the run folders"),
-    "run_name": (str, "run folder name prefix (default: time + policies)"),
 }
 _DEFAULT_LEN = TraceSettings().max_prompt_tokens + TraceSettings().max_tokens
 _ENGINE_HELP = {
+    "model": "HF model folder (config.json; weights unless --load-format dummy) (required)",
     "max_model_len": f"context length of every engine; default: the trace's longest possible prompt + --max-tokens "
                      f"({_DEFAULT_LEN:,} for the default ~8K-token documents: {_TD['doc_tokens']:,} x "
                      f"{1 + _TD['doc_jitter']:g} + BOS + question + {_TD['max_tokens']}); must not exceed the model's "
                      "max_position_embeddings (Llama 3.1: 131,072; the tiny CPU model: 8,192 -> use --doc-tokens <= 7000)",
     "device": "auto (every visible GPU, else CPU) | cuda | cpu (default auto)",
-    "engines_per_device": "replicas per GPU (sharing its memory) or number of CPU replicas (default 1)",
+    "engines_per_device": "replicas per GPU (sharing its memory) or number of CPU replicas (default 1); every system "
+                          "gets this many replicas, replica r on the same device",
 }
 _PRESET_HELP = ("the study's traces (../shared/research/study.md): study-no-reuse = 64 news documents x 1 question, "
                 "study-reuse = 64 x 4 = 256 requests; ~8K-token documents, one shuffled burst (--rate 0), exactly 16 "
-                "new tokens each (--max-tokens 16, --ignore-eos on), --text news (needs --dataset); explicit flags "
-                "override the preset")
-# the engine flags of `python -m sut run`, but --seed is the trace's here (the engine's is --engine-seed)
-_ED = _defaults(EngineSettings)
-
-
-def _engine_help(name: str, help_: str) -> str:
-    if name in _ENGINE_HELP:
-        return _ENGINE_HELP[name]
-    if name == "model":
-        return help_ + " (required)"
-    if name == "quantization":
-        return help_ + " (default none)"
-    return help_ + (f" (default {_ED[name]})" if _ED.get(name) is not None else " (default: vLLM's)")
-
-
-_ENGINE = {name: {"type": typ, "help": _engine_help(name, help_)}
-           for name, (typ, help_) in ENGINE_FLAGS.items() if name != "seed"}
+                "new tokens each (--max-tokens 16), --text news (needs --dataset); explicit flags override the preset")
 
 
 def _add(group, fields: dict, defaults: dict) -> None:
@@ -135,13 +120,42 @@ def _pick(a, fields: dict) -> dict:
     return {name: getattr(a, name) for name in fields if getattr(a, name, None) is not None}
 
 
+def _add_run_flags(s) -> None:
+    y = s.add_argument_group("systems (sut/locality/systems.py)")
+    y.add_argument("--systems", nargs="+", default=["standalone"], metavar="SYSTEM",
+                   help=f"systems to compare, any of: {', '.join(SYSTEMS)} (default standalone). standalone = vLLM "
+                        "engines of this host; flame = the Flame transport (needs a Flame control plane: "
+                        "FLAME_ENDPOINT, see docs/locality.md) with the study's settings: batch limit 128, window 10 ms, "
+                        "zlib payloads, frozen start-up heap")
+    y.add_argument("--http", action="store_true", help="standalone = `vllm serve` replicas started here (the study's "
+                   "standalone path) instead of in-process engines")
+    y.add_argument("--server-url", nargs="+", metavar="URL", help="standalone = these running `vllm serve` servers "
+                   "(one replica each; engines are then not fresh per pair)")
+    y.add_argument("--system-option", action="append", default=[], metavar="SYSTEM.KEY=VALUE",
+                   help="an option of a system's transport (JSON value, else a string), e.g. flame.batch_size=64 or "
+                        "standalone.dispatch_chunk=64; repeatable")
+    r = s.add_argument_group("routing (sut/core/routing AffinitySettings)")
+    r.add_argument("--policies", nargs="+", help=f"routing policies, each run per system and pair: {', '.join(ROUTERS)} "
+                   "(default round_robin least_loaded prefix_affinity)")
+    _add(r, _ROUTER, _AD)
+    g = s.add_argument_group("protocol (sut/locality/pairs.py PairSettings)")
+    _add(g, _PROTOCOL, _PD)
+    g.add_argument("--output-dir", default="results/locality", help="base folder of the run folders "
+                   "(default results/locality)")
+    g.add_argument("--run-name", help="run folder name prefix (default: time + systems)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e = s.add_argument_group("engine (sut/engine EngineSettings; prefix caching is always ON here)")
+    add_engine_flags(e, skip=("seed",), help=_ENGINE_HELP)
+    e.add_argument("--engine-seed", type=int, help="vLLM seed (--seed is the trace's; default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sut.locality", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("run", "describe"):
-        s = sub.add_parser(name, help="replay the trace per routing policy" if name == "run" else
+        s = sub.add_parser(name, help="the pair protocol: systems x policies x pairs" if name == "run" else
                            "print the trace's shape as a table (no engines)")
         s.add_argument("-v", "--verbose", dest="sub_verbose", action="store_true", help=_VERBOSE_HELP)
         t = s.add_argument_group("trace (sut/locality/trace.py TraceSettings)")
@@ -149,21 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument("--trace-preset", choices=sorted(TRACE_PRESETS), help=_PRESET_HELP)
         if name == "describe":
             s.add_argument("--json", action="store_true", help="print the shape as JSON instead of a table")
-            continue
-        r = s.add_argument_group("routing (sut/core/routing AffinitySettings)")
-        r.add_argument("--policies", nargs="+", help=f"routing policies, each measured on emptied prefix caches, in "
-                       f"this order: {', '.join(ROUTERS)} (default: all three)")
-        _add(r, _ROUTER, _AD)
-        g = s.add_argument_group("replay (sut/locality/runner.py LocalityRunSettings)")
-        _add(g, _RUN, _RD)
-        g.add_argument("--no-progress", action="store_true", help="no progress bar")
-        g.add_argument("--ignore-eos", action="store_true",
-                       help="always generate --max-tokens (dummy weights emit EOS at random)")
-        e = s.add_argument_group("engine (sut/engine.py EngineSettings; prefix caching is always ON here)")
-        for ename, kw in _ENGINE.items():
-            e.add_argument("--" + ename.replace("_", "-"), dest=ename, **kw)
-        e.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs / torch.compile")
-        e.add_argument("--engine-seed", type=int, help="vLLM seed (--seed is the trace's; default 0)")
+        else:
+            _add_run_flags(s)
     return p
 
 
@@ -184,30 +185,16 @@ def cmd_describe(a) -> int:
     return 0
 
 
-def _settings(a) -> tuple[TraceSettings, EngineSettings, LocalityRunSettings, AffinitySettings]:
-    """The four settings objects from the flags (``ValueError`` for a bad value, ``BadInput`` for
-    a missing model or a context too short for the trace)."""
-    ts = _trace_settings(a)
-    eng = _pick(a, _ENGINE)
-    if "model" not in eng:
-        raise BadInput("error: --model is required")
-    eng.setdefault("max_model_len", ts.max_prompt_tokens + ts.max_tokens)
-    if a.enforce_eager:
-        eng["enforce_eager"] = True
+def _engine(a, ts: TraceSettings) -> EngineSettings:
+    """Engine settings (prefix caching on); ``BadInput`` for a context too short for the trace."""
+    base = {"max_model_len": ts.max_prompt_tokens + ts.max_tokens}
     if a.engine_seed is not None:
-        eng["seed"] = a.engine_seed
-    es = EngineSettings(enable_prefix_caching=True, **eng)
+        base["seed"] = a.engine_seed
+    es = dataclasses.replace(engine_settings_from_args(a, base), enable_prefix_caching=True)
     if es.max_model_len < ts.max_prompt_tokens + ts.max_tokens:
         raise BadInput(f"error: --max-model-len {es.max_model_len} is below the longest prompt + max_tokens "
                        f"({ts.max_prompt_tokens} + {ts.max_tokens}); leave it out to get exactly that")
-    run = {**TRACE_PRESETS.get(a.trace_preset, {}).get("run", {}), **_pick(a, _RUN)}
-    if a.policies:
-        run["policies"] = tuple(a.policies)
-    rs = LocalityRunSettings(progress=not a.no_progress, **run)
-    unknown = [x for x in rs.policies if x not in ROUTERS]
-    if unknown:
-        raise BadInput(f"error: unknown policy {unknown}; known: {', '.join(ROUTERS)}")
-    return ts, es, rs, AffinitySettings(**_pick(a, _ROUTER))
+    return es
 
 
 def _model(es: EngineSettings) -> ModelInfo:
@@ -223,71 +210,96 @@ def _model(es: EngineSettings) -> ModelInfo:
     return model
 
 
-def _run_dir(rs: LocalityRunSettings) -> Path:
+def _protocol(a) -> PairSettings:
+    run = {**TRACE_PRESETS.get(a.trace_preset, {}).get("run", {}), **_pick(a, _PROTOCOL)}
+    if a.policies:
+        run["policies"] = tuple(a.policies)
+    ps = PairSettings(progress=not a.no_progress, **run)
+    unknown = [x for x in ps.policies if x not in ROUTERS]
+    if unknown:
+        raise BadInput(f"error: unknown policy {unknown}; known: {', '.join(ROUTERS)}")
+    return ps
+
+
+def _prepare(a):
+    """Every check before anything starts: settings, model, engine plan, systems, trace, warm-ups."""
+    ts = _trace_settings(a)
+    es = _engine(a, ts)
+    ps = _protocol(a)
+    model = _model(es)
+    try:  # the replicas every system gets; refuses --device cuda without a GPU, too many CPU engines
+        replicas = len(plan_engines(es))
+    except EngineError as e:
+        raise BadInput(f"error: {e}") from None
+    if a.http and a.server_url:
+        raise BadInput("error: --http starts servers here; --server-url uses running ones: give one of them")
+    urls = a.server_url or []
+    if urls:
+        replicas = len(urls)
+    systems = resolve_systems(a.systems, replicas, parse_system_options(a.system_option), http=a.http, urls=urls)
+    affinity = AffinitySettings(**_pick(a, _ROUTER), model_revision=model_revision(es.model))
+    prepared = prepare_trace(ts, ps.warmups)
+    if affinity.block_tokens > prepared.shape["prompt_max"] and "prefix_affinity" in ps.policies:
+        log.warning("--block-tokens %d is longer than every prompt (max %d): prefix_affinity has no key and "
+                    "routes every request least-loaded", affinity.block_tokens, prepared.shape["prompt_max"])
+    gen = GenerationSettings(max_tokens=ts.max_tokens, ignore_eos=True, eos_token_ids=model.eos_token_ids)
+    return es, gen, ps, model, systems, affinity, prepared
+
+
+def _run_dir(a, systems) -> Path:
     try:
-        return make_run_dir(rs)
+        return make_run_dir(a.output_dir, a.run_name, "-".join(s.name for s in systems))
     except FileExistsError as e:
         raise BadInput(f"error: run folder {e.filename} already exists (choose another --run-name)") from None
     except OSError as e:
-        raise BadInput(f"error: cannot create the run folder under --output-dir {rs.output_dir}: {e.strerror}") from None
+        raise BadInput(f"error: cannot create the run folder under --output-dir {a.output_dir}: {e.strerror}") from None
 
 
 def cmd_run(a) -> int:
-    ts, es, rs, affinity = _settings(a)
-    model = _model(es)
-    ignore_eos = a.ignore_eos or TRACE_PRESETS.get(a.trace_preset, {}).get("ignore_eos", False)
-    gen = GenerationSettings(max_tokens=ts.max_tokens, ignore_eos=ignore_eos, eos_token_ids=model.eos_token_ids)
-    try:  # plans the replicas: refuses --device cuda without a GPU, too many CPU engines
-        pool = EnginePool(es, gen, allow_prefix_caching=True, detail=True)
-    except EngineError as e:
-        raise BadInput(f"error: {e}") from None
-    trace = make_trace(ts)
-    shape = describe(trace)
-    log.warning("%s", NOTICE.upper())
-    log.info("trace: %s", shape)
-    if affinity.block_tokens > shape["prompt_max"] and "prefix_affinity" in rs.policies:
-        log.warning("--block-tokens %d is longer than every prompt (max %d): prefix_affinity has no key and "
-                    "routes every request least-loaded", affinity.block_tokens, shape["prompt_max"])
-    d = _run_dir(rs)  # last: bad input never leaves a run folder behind
-    stop_on_sigterm_like_ctrl_c()  # SIGTERM: engines shut down, nothing written
     try:
-        try:
-            engines = pool.start(log_dir=None if a.verbose else d)
-            records = replay(pool, trace, rs, ts.max_tokens, affinity)
-        finally:
-            pool.shutdown()
-    except (EngineError, RunFailed) as e:
-        log.error("%s", e)
-        if any(d.iterdir()):
-            log.error("run failed; the engine logs are kept in %s (no locality.json)", d)
-        else:
-            d.rmdir()
-        return 1
+        es, gen, ps, model, systems, affinity, prepared = _prepare(a)
+    except ValueError as e:
+        raise BadInput(f"error: {e}") from None
+    d = _run_dir(a, systems)  # last: bad input never leaves a run folder behind
+    log.warning("%s", NOTICE.upper())
+    log.info("trace: %s", prepared.shape)
+    stop_on_sigterm_like_ctrl_c()  # SIGTERM: engines shut down, nothing written
+    ctx = StudyContext(trace=prepared.trace, warmups=prepared.warmups, expected_hashes=prepared.input_hashes,
+                       engine=es, generation=gen, affinity=affinity, run_dir=d, max_tokens=prepared.settings.max_tokens,
+                       log_to_console=a.verbose)
+    base = {"command": command_line(), "trace_preset": a.trace_preset, "runtime": runtime_versions(),
+            "model": {"path": es.model, "config_sha256": model.config_sha256, "revision": affinity.model_revision},
+            "engine_settings": es, "generation": gen, "router_settings": affinity}
+    try:
+        record, error = run_study(systems, prepared, ctx, ps, base)
     except KeyboardInterrupt:
-        log.error("interrupted (Ctrl-C or SIGTERM); engines stopped, nothing written")
         shutil.rmtree(d, ignore_errors=True)
-        return 130
-    summary = summarize(records)
-    write_record(d, {"trace_settings": ts, "trace": shape, "engine_settings": es, "generation": gen,
-                     "router_settings": affinity, "run_settings": rs, "engines": engines,
-                     "kv_cache": kv_cache_summary(engines, shape),
-                     "command": "python -m sut.locality " + " ".join(sys.argv[1:]),
-                     "summary": summary, "runs": records})
-    print(run_tables(records, summary, engines, shape, d / "locality.json"))
+        raise
+    print(study_tables(record))
+    if error:
+        log.error("run failed: %s (record: %s)", error, record["record_path"])
+        return 1
     return 0
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     a = build_parser().parse_args(argv)
     a.verbose = a.verbose or a.sub_verbose
-    # vLLM's INFO lines (KV-cache size, ...) go to RUN/engine-N.log; with --verbose DEBUG to the console
+    # vLLM's INFO lines (KV-cache size, ...) go to RUN/<case>/engine-N.log; with --verbose DEBUG to the console
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "INFO")
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    try:
-        return {"run": cmd_run, "describe": cmd_describe}[a.cmd](a)
-    except ValueError as e:
-        raise BadInput(f"error: {e}") from None
+    if a.cmd == "describe":
+        try:
+            return cmd_describe(a)
+        except ValueError as e:
+            raise BadInput(f"error: {e}") from None
+    return cmd_run(a)
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv, messages={"interrupted": "interrupted ({}); engines stopped, nothing written"},
+                    logger=log)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Console tables of ``python -m sut.locality``: the trace's shape (``describe``) and a run's results.
 
-Every function returns plain text (lines joined by ``\\n``); the CLI prints it. The run tables show
-what ``locality.json`` holds per policy run (one row per policy and round): throughput and latency,
-engine-reported prefix-cache hit rate overall and per replica, request and prompt-token skew
-(max / mean over replicas), how many replicas served the hottest document, the router's counters,
-and each replica's KV-cache capacity as vLLM reports it.
+Every function returns plain text (lines joined by ``\\n``); the CLI prints it. The run report
+shows what ``locality.json`` holds per case (one row per pair x system x policy): requests/s, output
+tokens/s, the engine-reported cached share of input tokens, latencies, start-up time, requests per
+replica and the router's counters; then the pair report (``sut.locality.study.report_lines``:
+medians with min-max, flame / standalone per pair, prefix_affinity / round_robin per system), the
+placement and any deviation from the study's set-up.
 """
 
 from __future__ import annotations
@@ -58,25 +59,6 @@ def describe_table(ts: TraceSettings, shape: dict) -> str:
     return "\n".join(lines)
 
 
-def kv_cache_lines(engines: Sequence[dict], document_tokens: Optional[int]) -> list[str]:
-    """One line per replica with its KV-cache capacity (tokens, blocks x block size) as vLLM reports
-    it, and how it compares with the trace's distinct document tokens."""
-    lines = []
-    total = 0
-    for e in engines:
-        kv = e.get("kv_cache") or {}
-        total += kv.get("tokens") or 0
-        lines.append(f"  replica {e.get('engine')}: {_n(kv.get('tokens'))} tokens "
-                     f"({_n(kv.get('blocks'))} blocks x {_n(kv.get('block_size'))}) on "
-                     f"{(e.get('device') or {}).get('kind', '?')}:{(e.get('device') or {}).get('slot', '?')}")
-    head = f"KV cache per replica as vLLM reports it ({_n(total)} tokens in all)"
-    if document_tokens and total:
-        share = document_tokens / total
-        head += (f"; the trace's distinct documents need {document_tokens:,} tokens "
-                 + (f"({share:.1%} of it)" if share <= 1 else f"({share:.1f}x it: repeats find evicted blocks)"))
-    return [head + ":"] + lines
-
-
 def _router_cell(st: dict) -> str:
     if "affinity_hits" not in st:
         return "-"
@@ -94,30 +76,53 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) 
     return out
 
 
-def run_tables(records: Sequence[dict], summary: dict, engines: Sequence[dict], shape: dict, record_path) -> str:
-    """The console report of a finished run (``records`` from ``runner.replay``, ``summary`` from
-    ``runner.summarize``, ``engines`` the pool's read-back infos, ``shape`` the trace's ``describe``)."""
-    lines = [NOTICE, *kv_cache_lines(engines, shape.get("document_tokens")), ""]
-    lines += _table(
-        ("policy", "round", "out tok/s", "hit rate", "TTFT p50 s", "TTFT p99 s", "e2e p50 s"),
-        [(r["policy"], str(r.get("round", 0)), f"{r['output_tokens_per_s']:,.1f}", _f(r["cache_hit_rate"]),
-          _f(r["ttft_s"]["p50"]), _f(r["ttft_s"]["p99"]), _f(r["e2e_s"]["p50"])) for r in records])
-    lines.append("")
-    lines += _table(
-        ("policy", "round", "hit rate per replica", "requests per replica", "req skew", "token skew",
-         "hot doc on", "router (prefix_affinity)"),
-        [(r["policy"], str(r.get("round", 0)), " ".join(_f(p["cache_hit_rate"], 2) for p in r["per_replica"]),
-          " ".join(str(p["requests"]) for p in r["per_replica"]), _f(r["request_skew"], 2),
-          _f(r["prompt_token_skew"], 2), str(r["hot_document_replicas"]), _router_cell(r["router"]))
-         for r in records], left=1)
-    lines.append("")
-    base = next((k[len("throughput_ratio_to_"):] for s in summary.values() for k in s
-                 if k.startswith("throughput_ratio_to_")), "?")
-    lines += _table(
-        ("policy", "runs", "out tok/s", f"vs {base}", "hit rate", "TTFT p50 s"),
-        [(name, str(s["runs"]), f"{s['output_tokens_per_s']:,.1f}", _f(s["throughput_ratio_to_" + base]),
-          _f(s["cache_hit_rate"]), _f(s["ttft_p50_s"])) for name, s in summary.items()])
-    lines += ["", "skew = max / mean over replicas; hot doc on = replicas that served the hottest document; "
-              "hit rates are engine-reported (cached prompt tokens / prompt tokens)",
-              f"every field, per replica and per run: {record_path}"]
+def _p(lat: Optional[dict], key: str) -> str:
+    return _f(lat.get(key)) if lat else "-"
+
+
+def _share(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def case_rows(cases: Sequence[dict]) -> list[str]:
+    """One row per finished case: throughput, cached share, latencies (engine TTFT / e2e where the
+    transport reports them; completion = client side, from the burst's release), start-up seconds,
+    requests per replica and the router's counters."""
+    rows = []
+    for c in cases:
+        t = c.get("timed")
+        if not t:
+            rows.append((str(c["pair"]), c["system"], c["policy"], "failed", *["-"] * 9))
+            continue
+        rows.append((str(c["pair"]), c["system"], c["policy"], f"{t['requests_per_s']:,.3f}",
+                     f"{t['output_tokens_per_s']:,.1f}", _share(t["cached_share"]), _p(t["ttft_s"], "p50"),
+                     _p(t["ttft_s"], "p99"), _p(t["e2e_s"], "p50"), _p(t["completion_s"], "p50"),
+                     _f(c.get("start_s"), 1), " ".join(str(p["requests"]) for p in t["per_replica"]),
+                     _router_cell(c.get("routing") or {})))
+    return _table(("pair", "system", "policy", "req/s", "out tok/s", "cached", "TTFT p50 s", "TTFT p99 s",
+                   "e2e p50 s", "done p50 s", "start s", "per replica", "router (prefix_affinity)"), rows, left=3)
+
+
+def study_tables(record: dict) -> str:
+    """The console report of a locality run from its ``locality.json`` record (``runner.run_study``)."""
+    from sut.locality.study import report_lines
+
+    lines = [NOTICE, *[f"note: {n}" for n in record.get("notes", [])]]
+    if record.get("placement"):
+        lines.append("placement (checked on every case against the replicas' own records): "
+                     + ", ".join(f"replica {p['replica']} on {p['key']}" for p in record["placement"]))
+    if record.get("kv_cache"):
+        kv = record["kv_cache"]
+        cells = ", ".join(f"{_n(p.get('tokens'))}" for p in kv["per_replica"])
+        lines.append(f"KV cache per replica as vLLM reports it: {cells} tokens; the trace's distinct documents "
+                     f"need {_n(kv.get('trace_document_tokens'))}")
+    lines += ["", *case_rows(record.get("cases", []))]
+    if record.get("report"):
+        lines += ["", *report_lines(record["report"])]
+    lines += ["", "cached = prompt tokens the engines served from their prefix caches / all prompt tokens; TTFT and "
+              "e2e are engine-side; done = completion time from the burst's release (client side)"]
+    if record.get("error"):
+        lines.append(f"RUN FAILED: {record['error']}")
+    lines.append(f"every field: {record.get('record_path')}" + (f"; figure: {record['figure']}" if record.get("figure")
+                                                                 else ""))
     return "\n".join(lines)

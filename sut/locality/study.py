@@ -10,12 +10,12 @@
   ``prefix_affinity / round_robin`` per system (ratio of the medians, and per pair).
   :func:`report_lines` prints it; :func:`plot_pair_report` draws it (PNG).
 
-NOT wired yet: the pair protocol (fresh engines per pair, two warm-ups, alternating system order)
-needs the dispatch core of issue 12; these functions are what it will call.
+The pair protocol that produces the records and calls these is ``sut.locality.pairs``.
 
 A per-run record is a mapping with ``system`` (``standalone`` | ``flame`` | ...), ``policy``, ``pair``
 (int), ``requests_per_s``, ``output_tokens_per_s`` and ``cached_share`` (cached prompt tokens /
-prompt tokens, from the engines' counts, in ``[0, 1]``).
+prompt tokens, from the engines' counts, in ``[0, 1]``; None where the transport cannot tell: then
+its stats are None and the figure leaves its bar out).
 """
 
 from __future__ import annotations
@@ -52,15 +52,23 @@ class RequestResult:
     input_hash: str
 
 
-def validate_results(trace: Sequence[TraceRequest], results: Sequence[RequestResult], max_tokens: int) -> list[str]:
+def validate_results(trace: Sequence[TraceRequest], results: Sequence[RequestResult], max_tokens: int,
+                     expected_hashes: Optional[Sequence[str]] = None) -> list[str]:
     """Check the results of one timed burst against its trace.
+
+    Args:
+        expected_hashes: the trace's input hashes in trace order, as recorded when it was built
+            (default: ``input_hash`` of each prompt now).
 
     Returns:
         one line per failure, each starting ``request RID:`` (empty list: all good): unknown id, input
         hash mismatch, output length != ``max_tokens``, served replica != routed replica, answered more
         than once, never answered.
     """
-    want = {r.rid: input_hash(r.prompt) for r in trace}
+    if expected_hashes is not None and len(expected_hashes) != len(trace):
+        raise ValueError(f"{len(expected_hashes)} expected input hashes for a trace of {len(trace)} requests")
+    want = {r.rid: (expected_hashes[i] if expected_hashes is not None else input_hash(r.prompt))
+            for i, r in enumerate(trace)}
     seen: Counter = Counter()
     failures = []
     for res in results:
@@ -108,6 +116,8 @@ def _index(records: Sequence[Mapping]) -> dict:
         if key in out:
             raise ValueError(f"run record {i}: system {key[0]}, policy {key[1]}, pair {key[2]} appears twice")
         for m in METRICS:
+            if m == "cached_share" and r[m] is None:
+                continue
             if not (isinstance(r[m], (int, float)) and r[m] >= 0):
                 raise ValueError(f"run record {i}: {m} must be a number >= 0, got {r[m]!r}")
         out[key] = r
@@ -151,7 +161,8 @@ def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num:
         runs[s] = {}
         for po in sorted({po for s2, po, _ in idx if s2 == s}):
             rs = [r for (s2, po2, _), r in sorted(idx.items()) if (s2, po2) == (s, po)]
-            runs[s][po] = {m: stats([float(r[m]) for r in rs]) for m in METRICS}
+            runs[s][po] = {m: (None if any(r[m] is None for r in rs) else stats([float(r[m]) for r in rs]))
+                           for m in METRICS}
     report = {"metric": metric, "floor": floor, "runs": runs, "pair_ratios": {}, "policy_ratios": {}}
     if num in runs and den in runs:
         for po in sorted(set(runs[num]) & set(runs[den])):
@@ -171,6 +182,10 @@ def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num:
     return report
 
 
+def _share(st: Optional[dict]) -> str:
+    return f"{st['median']:>12.2%}" if st else f"{'-':>12}"
+
+
 def report_lines(report: dict) -> list[str]:
     """The report as console lines (medians with min-max, ratios as percentages)."""
     m = report["metric"]
@@ -179,7 +194,7 @@ def report_lines(report: dict) -> list[str]:
         for po, st in pols.items():
             x = st[m]
             lines.append(f"{s:<12} {po:<16} {x['n']:>5} {x['median']:>14.3f} ({x['min']:.3f}-{x['max']:.3f})"
-                         f"{'':>2} {st['cached_share']['median']:>12.2%}")
+                         f"{'':>2} {_share(st['cached_share'])}")
     for po, r in report["pair_ratios"].items():
         below = ", ".join(str(p) for p in r["below_floor"]) or "none"
         lines.append(f"{r['name']}, {po}: median {r['median']:.2%}, pairs {r['min']:.2%}-{r['max']:.2%}; "
@@ -234,8 +249,9 @@ def plot_pair_report(records: Sequence[Mapping], path: str | Path, metric: str =
     systems = list(report["runs"])
     width = 0.8 / max(1, len(systems))
     for i, s in enumerate(systems):
-        xs = [j + (i - (len(systems) - 1) / 2) * width for j, po in enumerate(policies) if po in report["runs"][s]]
-        st = [report["runs"][s][po]["cached_share"] for po in policies if po in report["runs"][s]]
+        have = [po for po in policies if (report["runs"][s].get(po) or {}).get("cached_share") is not None]
+        xs = [j + (i - (len(systems) - 1) / 2) * width for j, po in enumerate(policies) if po in have]
+        st = [report["runs"][s][po]["cached_share"] for po in have]
         med = [100 * x["median"] for x in st]
         err = [[m - 100 * x["min"] for m, x in zip(med, st)], [100 * x["max"] - m for m, x in zip(med, st)]]
         ax3.bar(xs, med, width, yerr=err, capsize=3, label=s, color=f"C{i}")

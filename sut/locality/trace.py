@@ -40,12 +40,12 @@ import numpy as np
 ORDERS = ("shuffled", "by_document", "round_robin")
 TEXTS = ("random", "news")
 #: The study's traces (``../shared/research/study.md`` §3): ~8K-token news documents, one shuffled burst,
-#: 16 new tokens per request (exactly: the CLI turns ``ignore_eos`` on). ``trace``: TraceSettings fields;
-#: ``run``: LocalityRunSettings fields. Explicit flags override either.
+#: 16 new tokens per request (exactly: locality runs always ignore EOS). ``trace``: TraceSettings fields;
+#: ``run``: ``sut.locality.pairs.PairSettings`` fields. Explicit flags override either.
 _STUDY = {"doc_tokens": 8192, "max_tokens": 16, "zipf_s": 0.0, "order": "shuffled", "text": "news"}
 TRACE_PRESETS = {
-    "study-no-reuse": {"trace": dict(_STUDY, documents=64, questions=1), "run": {"rate": 0.0}, "ignore_eos": True},
-    "study-reuse": {"trace": dict(_STUDY, documents=64, questions=4), "run": {"rate": 0.0}, "ignore_eos": True},
+    "study-no-reuse": {"trace": dict(_STUDY, documents=64, questions=1), "run": {"rate": 0.0}},
+    "study-reuse": {"trace": dict(_STUDY, documents=64, questions=4), "run": {"rate": 0.0}},
 }
 
 

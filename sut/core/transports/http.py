@@ -1,0 +1,396 @@
+"""The ``http`` transport: vLLM OpenAI-compatible servers (``vllm serve``), given as URLs or started here.
+
+Replicas: one per URL of ``HttpOptions.urls``; without URLs, one server per engine slot started on
+this host (``http_servers``: one per visible GPU, one on a CPU host; bound to 127.0.0.1, ended with the
+run). Wire format: ``http_api``; what a server reports about itself: ``http_readback``.
+
+Algorithm
+---------
+One asyncio event loop on one thread ("vllm-http-client") owns one ``aiohttp.ClientSession`` for every
+replica. ``start`` (blocking) starts the servers and waits for ``/health``, then per replica reads
+``/version``, ``/v1/models`` (the served model must be ``--model``: ``http_readback.pick_model``; its
+``max_model_len`` must cover the engine's), ``/metrics`` (prefix caching read back) and
+``/server_info`` where the server offers it, sends one 1-token probe completion (a server that
+returns text instead of ids fails here), and opens ``max_inflight_per_replica`` keep-alive connections
+(concurrent ``/health`` requests) before it returns: the client and its connections exist before the
+first query (the study had to drop a score distorted by concurrent client start-up). Then each
+replica gets a FIFO queue and ``max_inflight_per_replica`` worker coroutines (default 2 x
+``max_num_seqs``): ``submit`` puts requests on the queue (it never blocks), a worker sends one request
+at a time, so an Offline query of 13,368 samples keeps at most that many requests (and sockets) per
+replica in flight and queues the rest.
+
+A request is one ``POST /v1/completions``; streamed (``spec.stream``, Server/Interactive, or
+``spec.detail``, for first-token times) its first chunk with ids becomes a ``FirstToken`` at once.
+A request that cannot get a connection at all (a keep-alive connection the server closed) is sent
+once more; any other failure (HTTP error, broken stream, no ids) fails the run: one ``FatalEvent``
+naming the replica and URL (for a server started here: how its process ended, with its log's last
+lines). A monitor polls every replica's ``/health`` every ``health_interval_s`` (a server that is gone
+fails the run within seconds even while nothing is in flight); a watcher thread per started server
+reports its exit at once. ``stop`` cancels every request, closes the session and ends every server's
+process group.
+
+Errors: a URL that does not answer or serves another model is the user's input:
+``ServerInputError`` (an ``InputError`` and a ``TransportError``: the CLI exits 2); a server that
+cannot start, returns text instead of ids, or dies is a ``TransportError`` (exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from typing import Optional, Sequence
+
+import aiohttp
+import numpy as np
+
+from sut.base import InputError
+from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
+from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
+from sut.core.transports import http_api as api
+from sut.core.transports import http_readback as readback
+from sut.core.transports import http_servers as servers
+from sut.core.transports.http_options import HttpOptions
+from sut.engine import EngineError, plan_engines
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 30.0  # read-back requests and the probe completion
+HEALTH_TIMEOUT_S = 30.0  # a /health answer slower than this fails the run
+CONNECT_TIMEOUT_S = 30.0
+_JSON = {"Content-Type": "application/json"}
+
+
+class ServerInputError(InputError, TransportError):
+    """A server URL the user gave does not answer, or serves another model (the CLI exits 2)."""
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text if isinstance(e, api.ReplyError) else f"{type(e).__name__}: {text}"
+
+
+@register_transport("http")
+class HttpTransport(Transport):
+    """vLLM OpenAI-compatible servers behind the ``Transport`` interface (module docstring).
+
+    Raises ``ServerInputError`` at construction when servers are to be started here and the engines
+    cannot be placed (``--device cuda`` without a GPU).
+    """
+
+    options_cls = HttpOptions
+
+    def __init__(self, spec: TransportSpec):
+        super().__init__(spec)
+        self.options: HttpOptions = spec.options or HttpOptions()
+        try:
+            self.slots = [] if self.options.urls else plan_engines(spec.engine)
+        except EngineError as e:
+            raise ServerInputError(str(e)) from None
+        self.urls = list(self.options.urls) or [""] * len(self.slots)
+        self.inflight = self.options.max_inflight_per_replica or 2 * spec.engine.max_num_seqs
+        self.stream = spec.stream or spec.detail
+        self.servers: list[servers.ServerProcess] = []
+        self.samples = [0] * len(self.urls)
+        self.retries = 0
+        self._dead = [False] * len(self.urls)
+        self._lock = threading.Lock()
+        self._fatal_sent = self._stopped = False
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._queues: list[asyncio.Queue] = []
+        self._tasks: list[asyncio.Task] = []
+        self._bases: list[dict] = [{} for _ in self.urls]  # per replica: model + sampling fields
+
+    @property
+    def replicas(self) -> int:
+        return len(self.urls)
+
+    def _name(self, r: int) -> str:
+        return f"vllm-http replica {r} ({self.urls[r]})"
+
+    # -- start ----------------------------------------------------------------------------------
+    def start(self, sink) -> list[ReplicaRecord]:
+        """Start or reach every server, read each back, open the connections; ``TransportError`` /
+        ``ServerInputError`` (nothing left running)."""
+        self.check_prefix_caching_setting()
+        self.sink = sink
+        try:
+            if self.slots:
+                self._start_servers()
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-http-client", daemon=True)
+            self._thread.start()
+            infos = self._call(self._connect_all())
+            self.records = [ReplicaRecord(r, info) for r, info in enumerate(infos)]
+            self._call(self._start_workers())
+        except BaseException:
+            self.stop()
+            raise
+        return self.records
+
+    def _start_servers(self) -> None:
+        try:
+            prefix = servers.launcher(self.options.server_command)
+            for i, slot in enumerate(self.slots):
+                s = servers.launch(i, slot, self.spec.engine, prefix, self.spec.log_dir)
+                self.servers.append(s)
+                self.urls[i] = s.url
+                servers.watch(s, self._on_server_exit)
+            servers.wait_ready(self.servers, self.options.server_start_timeout_s)
+        except OSError as e:
+            raise TransportError(f"vllm-http server {len(self.servers)} could not be started: {e}") from None
+        except (RuntimeError, EngineError) as e:
+            raise TransportError(str(e)) from None
+
+    def _on_server_exit(self, server: servers.ServerProcess) -> None:
+        with self._lock:
+            quiet = self._stopped or self._fatal_sent or not self.records  # during start-up, wait_ready reports it
+        if not quiet:
+            self._fatal(server.index, server.exit_message())
+
+    def _call(self, coro, timeout: Optional[float] = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _connect_all(self) -> list[dict]:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=servers.KEEP_ALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S), read_bufsize=1 << 22)
+        tasks = [asyncio.create_task(self._connect(r)) for r in range(self.replicas)]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in tasks:  # the first failure wins; the others stop
+            if t.done() and t.exception() is not None:
+                for other in tasks:
+                    other.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise t.exception()
+        return [t.result() for t in tasks]
+
+    def _error(self, r: int, what: str, user_input: bool) -> TransportError:
+        cls = ServerInputError if user_input and self.options.urls else TransportError
+        return cls(f"{self._name(r)} {what}")
+
+    async def _get(self, url: str, as_json: bool = True):
+        """GET ``url``: the decoded body, or None on 404 (the server has no such endpoint)."""
+        async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+            if resp.status == 404:
+                return None
+            if resp.status != 200:
+                raise api.ReplyError(f"GET {url}: HTTP {resp.status}: {(await resp.text())[:300]}")
+            return await resp.json(content_type=None) if as_json else await resp.text()
+
+    async def _connect(self, r: int) -> dict:
+        url = self.urls[r]
+        try:
+            version = await self._get(f"{url}/version")
+            models = await self._get(f"{url}/v1/models")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
+            raise self._error(r, f"does not answer: {_describe(e)}", user_input=True) from None
+        listed = (models or {}).get("data") if isinstance(models, dict) else None
+        if not isinstance(listed, list) or not listed:
+            raise self._error(r, f"lists no model at {url}/v1/models: {str(models)[:200]}", user_input=True)
+        try:
+            model = readback.pick_model(listed, self.spec.engine.model, self.options.model_name)
+        except ValueError as e:
+            raise self._error(r, str(e), user_input=True) from None
+        served = next(m for m in listed if str(m.get("id")) == model)
+        max_len = served.get("max_model_len")
+        if isinstance(max_len, int) and max_len < self.spec.engine.max_model_len:
+            raise self._error(r, f"serves max_model_len {max_len} < --max-model-len {self.spec.engine.max_model_len} "
+                              f"(the dataset was checked against the latter; pass --max-model-len {max_len})",
+                              user_input=True)
+        self._bases[r] = dict(api.sampling_body(self.spec.generation), model=model)
+        await self._probe(r)
+        info = await self._read_back(r, served, version)
+        await asyncio.gather(*(self._ping(url) for _ in range(self.inflight)))
+        return info
+
+    async def _probe(self, r: int) -> None:
+        """One 1-token completion: the server must answer with token ids."""
+        body = json.dumps(dict(self._bases[r], prompt=[0], max_tokens=1, min_tokens=1)).encode()
+        try:
+            async with self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=_JSON,
+                                          timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise api.ReplyError(f"HTTP {resp.status}: {text[:300]}")
+            ids, _ = api.parse_completion(json.loads(text))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
+            raise self._error(r, f"probe completion failed: {_describe(e)}", user_input=False) from None
+        if len(ids) != 1:
+            raise self._error(r, f"probe completion returned {len(ids)} ids for max_tokens 1", user_input=False)
+
+    async def _read_back(self, r: int, served: dict, version) -> dict:
+        """The replica's record (``http_readback.replica_record``) from ``/metrics`` and ``/server_info``
+        where the server offers them."""
+        url = self.urls[r]
+        got = []
+        for path, as_json in (("/metrics", False), ("/server_info?config_format=json", True)):
+            try:
+                got.append(await self._get(f"{url}{path}", as_json=as_json))
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError):
+                got.append(None)
+        try:
+            return readback.replica_record(r, url, served, version, got[0], got[1], self.spec.engine,
+                                           self.servers[r] if self.servers else None)
+        except api.ReplyError as e:
+            raise self._error(r, f"read-back failed: {e}", user_input=False) from None
+
+    async def _ping(self, url: str) -> None:
+        async with self._session.get(f"{url}/health") as resp:
+            await resp.read()
+
+    async def _start_workers(self) -> None:
+        self._queues = [asyncio.Queue() for _ in range(self.replicas)]
+        self._tasks = [asyncio.create_task(self._worker(r)) for r in range(self.replicas) for _ in range(self.inflight)]
+        self._tasks.append(asyncio.create_task(self._monitor()))
+
+    # -- requests -------------------------------------------------------------------------------
+    def submit(self, replica: int, requests: Sequence[Request]) -> None:
+        if self._stopped or self._dead[replica] or self._loop is None:
+            raise TransportError(f"{self._name(replica)} is gone")
+        try:
+            self._loop.call_soon_threadsafe(self._enqueue, replica, list(requests))
+        except RuntimeError:  # the loop was closed meanwhile
+            raise TransportError(f"{self._name(replica)} is gone") from None
+
+    def _enqueue(self, replica: int, requests: list[Request]) -> None:
+        q = self._queues[replica]
+        for req in requests:
+            q.put_nowait(req)
+
+    async def _worker(self, r: int) -> None:
+        q = self._queues[r]
+        while True:
+            req = await q.get()
+            try:
+                c = await self._complete(r, req)
+                with self._lock:
+                    self.samples[r] += 1
+                self.sink.on_results(r, [c])
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - every failure fails the run, naming the replica
+                await self._failed(r, f"request {req.rid} failed: {_describe(e)}", e)
+                return
+
+    async def _send(self, r: int, body: bytes) -> aiohttp.ClientResponse:
+        """POST a completion, once more if no connection could be used at all (a keep-alive
+        connection the server had closed)."""
+        try:
+            return await self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=_JSON)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            with self._lock:
+                self.retries += 1
+            return await self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=_JSON)
+
+    async def _complete(self, r: int, req: Request) -> Completion:
+        t0 = time.monotonic()
+        resp = await self._send(r, api.request_body(self._bases[r], req.prompt, self.stream))
+        try:
+            if resp.status != 200:
+                raise api.ReplyError(f"HTTP {resp.status}: {(await resp.text())[:500]}")
+            if self.stream:
+                ids, cached, t_first = await self._read_stream(r, req, resp)
+            else:
+                (ids, cached), t_first = api.parse_completion(json.loads(await resp.read())), None
+        finally:
+            resp.release()
+        return Completion(req.rid, np.asarray(ids, dtype=np.int32), cached, t0, t_first, time.monotonic())
+
+    async def _read_stream(self, r: int, req: Request, resp: aiohttp.ClientResponse):
+        ids: list[int] = []
+        cached = t_first = None
+        async for line in resp.content:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return ids, cached, t_first
+            new, c = api.parse_chunk(json.loads(payload))
+            cached = c if c is not None else cached
+            if new and t_first is None:
+                t_first = time.monotonic()
+                if self.spec.stream:
+                    self.sink.on_first(r, [FirstToken(req.rid, int(new[0]))])
+            ids += new
+        raise api.ReplyError(f"the stream ended before [DONE] after {len(ids)} ids")
+
+    # -- failures -------------------------------------------------------------------------------
+    async def _monitor(self) -> None:
+        """Every ``health_interval_s``: each live replica must answer ``/health`` with 200."""
+        while True:
+            await asyncio.sleep(self.options.health_interval_s)
+            for r, url in enumerate(self.urls):
+                if self._dead[r]:
+                    continue
+                try:
+                    async with self._session.get(f"{url}/health",
+                                                 timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as resp:
+                        if resp.status != 200:
+                            raise api.ReplyError(f"HTTP {resp.status}")
+                except (aiohttp.ClientError, asyncio.TimeoutError, api.ReplyError) as e:
+                    await self._failed(r, f"failed its health check ({url}/health): {_describe(e)}", e)
+
+    async def _failed(self, r: int, what: str, e: BaseException) -> None:
+        """Fail the run for replica ``r``; for a server started here whose connection broke, wait up
+        to 3 s for its process to end and report how it ended instead."""
+        server = self.servers[r] if self.servers else None
+        if server is not None and isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError)):
+            for _ in range(30):
+                if server.proc.poll() is not None:
+                    self._fatal(r, server.exit_message())
+                    return
+                await asyncio.sleep(0.1)
+        self._fatal(r, f"{self._name(r)} {what}")
+
+    def _fatal(self, r: int, message: str) -> None:
+        with self._lock:
+            self._dead[r] = True
+            if self._fatal_sent or self._stopped:
+                return
+            self._fatal_sent = True
+        self.sink.on_fatal(FatalEvent(r, message))
+
+    # -- record and stop ------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """``engines``: each replica's record with its ``samples`` (completions delivered); ``http``:
+        client facts (requests in flight per replica, streaming, retried sends); ``dispatch_chunk``."""
+        with self._lock:
+            counts, retries = list(self.samples), self.retries
+        return {"engines": [dict(r.info, samples=n) for r, n in zip(self.records, counts)],
+                "http": {"max_inflight_per_replica": self.inflight, "stream": self.stream, "retried_sends": retries,
+                         "urls": list(self.urls)},
+                "dispatch_chunk": self.options.dispatch_chunk}
+
+    async def _close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def stop(self) -> None:
+        """Cancel every request, close the client, end every server started here. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        loop = self._loop
+        if loop is not None and self._thread is not None and self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self._close(), loop).result(10)
+            except Exception as e:  # noqa: BLE001 - stopping goes on
+                log.debug("vllm-http client close: %r", e)
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(10)
+        if loop is not None and not loop.is_running():
+            loop.close()
+        enders = [threading.Thread(target=servers.end, args=(s,), daemon=True) for s in self.servers]
+        for th in enders:
+            th.start()
+        for th in enders:
+            th.join(30)

@@ -1,0 +1,109 @@
+"""The wire format of vLLM's OpenAI-compatible server as the ``http`` transport uses it (vLLM 0.32).
+
+Requests (``POST /v1/completions``): the prompt as token ids, sampling equal to ``GenerationSettings``
+and to the ``local`` transport's ``SamplingParams`` (greedy: temperature 0, top_p 1, top_k 0, min_p 0,
+no penalties; ``max_tokens``, ``min_tokens`` (= ``max_tokens`` with ``ignore_eos``), ``ignore_eos``,
+``stop_token_ids`` = the model's EOS ids), each set explicitly so that a server's own defaults (its
+``--generation-config``) cannot change them, and ``return_token_ids: true``: without it a server
+started with ``--skip-tokenizer-init`` answers ``text: ""`` and ``token_ids: null``
+(``../shared/research/env_cpu.md`` §3). Streamed requests add ``stream_options.include_usage`` (the
+final chunk carries ``usage``) and ``stream_interval`` (tokens per chunk after the first, which vLLM
+always sends at once).
+
+Responses: ``choices[0].token_ids`` (the generated ids; streamed: each chunk's new ids), and
+``usage.prompt_tokens_details.cached_tokens`` where the server reports it (``--enable-prompt-tokens-
+details``). ``ReplyError`` names what is wrong with a reply; ``NoTokenIds`` is the server that returns
+text instead of ids.
+
+What a server reports about itself: ``sut.core.transports.http_readback``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional, Sequence
+
+from sut.engine import GenerationSettings
+
+#: Generated ids per streamed chunk after the first (the first chunk is always sent at once).
+STREAM_INTERVAL = 16
+
+
+class ReplyError(Exception):
+    """A server reply the transport cannot use (the message says why)."""
+
+
+class NoTokenIds(ReplyError):
+    """The server returns text instead of generated token ids."""
+
+
+def sampling_body(gen: GenerationSettings) -> dict:
+    """The request fields every completion request carries (module docstring)."""
+    return {
+        "max_tokens": gen.max_tokens,
+        "min_tokens": gen.max_tokens if gen.ignore_eos else gen.min_tokens,
+        "ignore_eos": gen.ignore_eos,
+        "stop_token_ids": list(gen.eos_token_ids),
+        "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "n": 1,
+        "return_token_ids": True,
+    }
+
+
+def request_body(base: dict, prompt: Sequence[int], stream: bool) -> bytes:
+    """The JSON body of one completion request: ``base`` (model + ``sampling_body``) and the prompt ids."""
+    body = dict(base, prompt=prompt.tolist() if hasattr(prompt, "tolist") else [int(t) for t in prompt])
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True}, stream_interval=STREAM_INTERVAL)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _cached(usage) -> Optional[int]:
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    val = details.get("cached_tokens")
+    return None if val is None else int(val)
+
+
+def _choice_ids(choice: dict, streamed: bool) -> list[int]:
+    ids = choice.get("token_ids")
+    if ids is None:
+        if streamed and not choice.get("text") and choice.get("finish_reason") is None:
+            return []
+        raise NoTokenIds("the server returns text instead of token ids (choices[0].token_ids is missing: it needs "
+                         "vLLM >= 0.10.2, which honours return_token_ids)")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise ReplyError(f"choices[0].token_ids is not a list of integers: {str(ids)[:200]}")
+    return ids
+
+
+def _error_of(data: dict) -> Optional[str]:
+    err = data.get("error")
+    if err is None:
+        return None
+    return str(err.get("message", err)) if isinstance(err, dict) else str(err)
+
+
+def parse_completion(data) -> tuple[list[int], Optional[int]]:
+    """``(generated ids, cached prompt tokens or None)`` of a non-streamed reply; ``ReplyError`` /
+    ``NoTokenIds`` when it has no usable ids."""
+    if not isinstance(data, dict):
+        raise ReplyError(f"reply is not a JSON object: {str(data)[:200]}")
+    if (err := _error_of(data)) is not None:
+        raise ReplyError(f"server error: {err}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1:
+        raise ReplyError(f"expected one choice, got {str(choices)[:200]}")
+    return _choice_ids(choices[0], streamed=False), _cached(data.get("usage"))
+
+
+def parse_chunk(data) -> tuple[list[int], Optional[int]]:
+    """``(new ids, cached prompt tokens or None)`` of one streamed chunk (``data: {...}``)."""
+    if not isinstance(data, dict):
+        raise ReplyError(f"stream chunk is not a JSON object: {str(data)[:200]}")
+    if (err := _error_of(data)) is not None:
+        raise ReplyError(f"server error: {err}")
+    ids: list[int] = []
+    for choice in data.get("choices") or []:
+        ids += _choice_ids(choice, streamed=True)
+    return ids, _cached(data.get("usage"))

@@ -1,0 +1,95 @@
+"""Where engines run: one ``EngineSlot`` per visible GPU x ``engines_per_device``, or CPU core groups.
+
+``plan_engines`` reads the visible GPUs (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi``); a worker
+pins itself with its slot's ``env`` (``CUDA_VISIBLE_DEVICES``, or the vLLM CPU thread binding and
+``CPU_ENV``). The slot order is the replica order of every transport (the same GPU serves replica
+``r`` on the local and the flame transport).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sut.engine.errors import EngineError
+from sut.engine.settings import EngineSettings
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    """Where one engine runs: a GPU (``kind='cuda'``) or a CPU core group (``kind='cpu'``)."""
+
+    index: int
+    kind: str
+    device: str  # physical GPU index / UUID or CPU core list, e.g. "0" or "0-1"
+    gpu_share: int = 1  # engines sharing this GPU
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _visible_gpus() -> list[str]:
+    """Physical GPU ids visible to this process (respects CUDA_VISIBLE_DEVICES)."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return [g.strip() for g in cvd.split(",") if g.strip() and g.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+# Environment that vLLM's CPU backend needs on these machines (../shared/research/env_cpu.md §2):
+# both cores for the worker, in-process engine (fast start, no EngineCore child), loopback only.
+CPU_ENV = {
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def plan_engines(settings: EngineSettings) -> list[EngineSlot]:
+    """One slot per visible GPU × engines_per_device, or CPU core groups on a host without GPUs.
+
+    Raises ``EngineError`` when ``device='cuda'`` and no GPU is visible, or when more CPU
+    engines are asked for than there are cores.
+    """
+    gpus = [] if settings.device == "cpu" else _visible_gpus()
+    if settings.device == "cuda" and not gpus:
+        raise EngineError("device=cuda but no GPU is visible (CUDA_VISIBLE_DEVICES / nvidia-smi)")
+    k = settings.engines_per_device
+    slots: list[EngineSlot] = []
+    if gpus:
+        for g in gpus:
+            for _ in range(k):
+                slots.append(EngineSlot(len(slots), "cuda", g, k, (("CUDA_VISIBLE_DEVICES", g),)))
+        return slots
+    cores = sorted(os.sched_getaffinity(0))
+    if k > len(cores):
+        raise EngineError(f"{k} CPU engines asked for, but only {len(cores)} cores are usable")
+    groups = np.array_split(np.array(cores), k)
+    for grp in groups:
+        bind = f"{grp[0]}-{grp[-1]}" if len(grp) > 1 else f"{grp[0]}"
+        env = dict(CPU_ENV, VLLM_CPU_OMP_THREADS_BIND=bind, VLLM_CPU_KVCACHE_SPACE=str(settings.cpu_kvcache_gib))
+        slots.append(EngineSlot(len(slots), "cpu", bind, 1, tuple(sorted(env.items()))))
+    return slots
+
+
+def cpu_name() -> str:
+    """The CPU model name from /proc/cpuinfo ("cpu" when it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"

@@ -1,0 +1,249 @@
+"""``EngineHandle``: the parent-side handle of one engine worker process (start, submit, watch, shut down).
+
+Failure handling: a worker runs in its own process group (or, for the Flame service, in its
+parent's). The watcher thread waits on the worker's pipe and its process sentinel together, so an
+exited worker or an engine exception reaches ``on_fatal`` at once (no polling delay), with the last
+lines of the engine log; ``shutdown`` ends the process group (SIGTERM, then SIGKILL), so vLLM's own
+child processes never outlive the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from sut.core.messages import Completion, FirstToken
+from sut.engine.devices import EngineSlot
+from sut.engine.errors import EngineError
+from sut.engine.logs import start_log, with_log_tail
+from sut.engine.messages import (Done, Failed, Firsts, Generate, RawDone, RawGenerate, Ready, ResetCache, Stats,
+                                 StatsQuery, Stop)
+from sut.engine.settings import EngineSettings, GenerationSettings
+from sut.engine.worker import worker_main
+
+DoneCallback = Callable[[int, list[Completion]], None]  # (engine index, completions)
+FirstCallback = Callable[[int, list[FirstToken]], None]  # (engine index, first tokens)
+FatalCallback = Callable[[str], None]  # the message names the engine
+
+
+class EngineHandle:
+    """Parent-side handle of one engine worker.
+
+    Args:
+        slot: where the engine runs (``sut.engine.devices``).
+        own_process_group: the worker starts its own process group (``shutdown`` ends it with one
+            killpg); False keeps it in this process's group (the Flame service).
+        gc_freeze: freeze the worker's heap after start-up and time its GC pauses.
+        detail / stream: delta outputs with first-token times; ``stream`` also reports first tokens
+            (``watch(on_first=...)``; ``sut.engine.worker``).
+    """
+
+    def __init__(self, slot: EngineSlot, settings: EngineSettings, gen: GenerationSettings,
+                 own_process_group: bool = True, gc_freeze: bool = False, detail: bool = False, stream: bool = False):
+        self.slot, self.settings, self.gen = slot, settings, gen
+        self.own_process_group, self.gc_freeze, self.detail, self.stream = own_process_group, gc_freeze, detail, stream
+        self.info: dict = {}
+        self.log_path: Optional[Path] = None
+        self._conn: Optional[mpc.Connection] = None
+        self._proc: Optional[mp.Process] = None
+        self._send_lock = threading.Lock()
+        self._watcher: Optional[threading.Thread] = None
+        self._stopping = False
+        self._on_done: Optional[DoneCallback] = None
+        self._on_fatal: Optional[FatalCallback] = None
+        self._on_stats: Optional[Callable[[dict], None]] = None
+        self._on_first: Optional[FirstCallback] = None
+        self._raw: "queue.Queue" = queue.Queue()
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc else None
+
+    def start(self, log_path: Optional[Path] = None) -> None:
+        """Spawn the worker. ``log_path``: its stdout/stderr (vLLM's output) go to this file, which
+        gets a header line first; None = the parent's stdout/stderr. Raises ``EngineError`` if the
+        file cannot be written."""
+        if log_path is not None:
+            log_path = start_log(log_path, f"engine {self.slot.index}", f"({self.slot.kind}:{self.slot.device}): "
+                                 "vLLM's own output (worker and its child processes)")
+        self.log_path = log_path
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        self._conn = parent
+        self._proc = ctx.Process(target=worker_main, args=(child, self.settings, self.gen, self.slot,
+                                                           self.own_process_group, self.gc_freeze, self.detail,
+                                                           log_path, self.stream),
+                                 name=f"vllm-engine-{self.slot.index}", daemon=False)
+        self._proc.start()
+        child.close()
+
+    def failure(self, msg: str) -> str:
+        """``msg`` with the engine log's last lines (``sut.engine.logs.with_log_tail``)."""
+        return with_log_tail(msg, self.log_path)
+
+    def _exited(self, during: str) -> EngineError:
+        self._proc.join(1)
+        return EngineError(self.failure(f"engine {self.slot.index} exited {during} (code {self._proc.exitcode})"))
+
+    def wait_ready(self, timeout: float) -> dict:
+        """Block until the worker reports ready; return its read-back record. Raises ``EngineError``
+        on failure or timeout (the message ends with the engine log's last lines)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineError(self.failure(f"engine {self.slot.index} not ready after {timeout:.0f} s"))
+            ready = mpc.wait([self._conn, self._proc.sentinel], timeout=left)
+            if self._conn in ready:
+                try:
+                    msg = self._conn.recv()
+                except EOFError:
+                    raise self._exited("during start-up") from None
+                if type(msg) is Ready:
+                    self.info = msg.info
+                    return msg.info
+                raise EngineError(self.failure(msg.message if type(msg) is Failed else
+                                               f"engine {self.slot.index}: unexpected start-up message {msg!r}"))
+            if self._proc.sentinel in ready:
+                raise self._exited("during start-up")
+
+    def watch(self, on_done: DoneCallback, on_fatal: FatalCallback, on_stats: Optional[Callable[[dict], None]] = None,
+              on_first: Optional[FirstCallback] = None) -> None:
+        """Route results to ``on_done(engine index, [Completion])`` and death/errors to ``on_fatal(message)``
+        (reported within milliseconds).
+
+        ``on_stats`` receives the worker's answer to :meth:`request_stats` / :meth:`reset_prefix_cache`;
+        ``on_first`` a streaming worker's ``(engine index, [FirstToken])``, always before the ``on_done``
+        call of the same requests (one thread, in the worker's order). The watcher thread starts on the
+        first call; later calls only swap the callbacks (a benchmark runs several SUTs over one engine).
+        """
+        self._on_done, self._on_fatal, self._on_stats, self._on_first = on_done, on_fatal, on_stats, on_first
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_loop, name=f"engine-{self.slot.index}-watch",
+                                             daemon=True)
+            self._watcher.start()
+
+    def _fatal(self, msg: str) -> None:
+        msg = self.failure(msg)
+        self._raw.put(EngineError(msg))
+        if self._on_fatal is not None:
+            self._on_fatal(msg)
+
+    def _deliver(self, msg) -> bool:
+        """Hand one result message to its callback; False if ``msg`` is not a result."""
+        kind = type(msg)
+        if kind is Done:
+            self._on_done(self.slot.index, msg.completions)
+        elif kind is Firsts:
+            if self._on_first is not None:
+                self._on_first(self.slot.index, msg.firsts)
+        elif kind is Stats:
+            if self._on_stats is not None:
+                self._on_stats(msg.stats)
+        elif kind is RawDone:
+            self._raw.put((msg.seconds, msg.results))
+        else:
+            return False
+        return True
+
+    def _watch_loop(self) -> None:
+        conn, sentinel = self._conn, self._proc.sentinel
+        while True:
+            ready = mpc.wait([conn, sentinel])
+            if conn in ready:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if self._deliver(msg):
+                    continue
+                if self._stopping:
+                    return
+                if type(msg) is Failed:
+                    self._fatal(msg.message)
+                    return
+            if self._stopping:
+                return
+            self._proc.join(2)
+            self._fatal(f"engine {self.slot.index} (pid {self._proc.pid}) exited unexpectedly with code "
+                        f"{self._proc.exitcode}")
+            return
+
+    def _send(self, msg) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (OSError, BrokenPipeError) as e:
+            raise EngineError(f"engine {self.slot.index} is gone: {e}") from None
+
+    def submit(self, batch: Sequence) -> None:
+        """Send ``Request``s (or ``(request id, int32 prompt)`` pairs) to the worker. Raises ``EngineError``
+        if it is gone."""
+        self._send(Generate(list(batch)))
+
+    def raw_generate_start(self, batch: Sequence) -> None:
+        """Ask the idle worker for one plain ``LLM.generate`` over ``batch`` (see ``raw_generate_result``)."""
+        self._send(RawGenerate(list(batch)))
+
+    def raw_generate_result(self, timeout: float = 3600.0) -> tuple[float, list[Completion]]:
+        """``(generate seconds, [Completion])`` of the raw batch; needs ``watch`` running."""
+        res = self._raw.get(timeout=timeout)
+        if isinstance(res, Exception):
+            raise res
+        return res
+
+    def reset_prefix_cache(self) -> None:
+        """Ask the idle worker to empty vLLM's prefix cache; the answer (``{"reset_prefix_cache": ok}``)
+        goes to ``watch``'s ``on_stats``."""
+        self._send(ResetCache())
+
+    def request_stats(self) -> None:
+        """Ask the worker for its GC statistics; the answer goes to ``watch``'s ``on_stats``."""
+        self._send(StatsQuery())
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the worker and end its process group, or only the worker when it shares its
+        parent's group (SIGTERM, then SIGKILL). Safe to call twice and before ``start``."""
+        self._stopping = True
+        if self._proc is None or self._proc.pid is None:  # never started (or its start raised)
+            return
+        if self._proc.is_alive():
+            try:
+                with self._send_lock:
+                    self._conn.send(Stop())
+            except (OSError, BrokenPipeError):
+                pass
+            self._proc.join(timeout)
+        if self.own_process_group:
+            _end_group(self._proc.pid)
+        else:
+            for end, wait in ((self._proc.terminate, 10), (self._proc.kill, 5)):
+                if self._proc.is_alive():
+                    end()
+                    self._proc.join(wait)
+        self._proc.join(5)
+        if self._conn is not None:
+            self._conn.close()
+
+
+def _end_group(pgid: int) -> None:
+    """SIGTERM the process group ``pgid``, wait up to 10 s, then SIGKILL it and wait up to 5 s."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)

@@ -1,0 +1,64 @@
+"""What a running engine really uses, read back from vLLM: engine arguments, prefix caching, device
+identity and KV-cache capacity (the record ``run.json`` lists under ``engines``; a transport's
+``ReplicaRecord.info``)."""
+
+from __future__ import annotations
+
+import os
+
+from sut.engine.devices import EngineSlot, cpu_name
+
+
+def kv_cache_capacity(cache_config) -> dict:
+    """The KV cache vLLM allocated, as it reports it: ``{"blocks", "block_size", "tokens", "tokens_from"}``.
+
+    ``blocks`` is ``cache_config.num_gpu_blocks`` (device blocks: GPU memory, or the CPU backend's
+    ``VLLM_CPU_KVCACHE_SPACE``), ``block_size`` tokens per block, ``tokens`` vLLM's own
+    ``kv_cache_size_tokens`` (the "KV cache size: N tokens" of its log) where it has one
+    (``tokens_from="vllm"``), else blocks x block size (``"blocks"``). ``None``: not known.
+    """
+    blocks = getattr(cache_config, "num_gpu_blocks", None)
+    bs = getattr(cache_config, "block_size", None)
+    tokens, source = getattr(cache_config, "kv_cache_size_tokens", None), "vllm"
+    if tokens is None and blocks is not None and bs is not None:
+        tokens, source = int(blocks) * int(bs), "blocks"
+    return {"blocks": None if blocks is None else int(blocks), "block_size": None if bs is None else int(bs),
+            "tokens": None if tokens is None else int(tokens), "tokens_from": None if tokens is None else source}
+
+
+def read_back(llm, vllm_mod, torch_mod, slot: EngineSlot) -> dict:
+    """What the running engine really uses, plus device identity and KV-cache capacity."""
+    cfg = llm.llm_engine.vllm_config
+    mc, cc, sc, lc = cfg.model_config, cfg.cache_config, cfg.scheduler_config, cfg.load_config
+    info = {
+        "engine": slot.index,
+        "pid": os.getpid(),
+        "vllm_version": vllm_mod.__version__,
+        "torch_version": torch_mod.__version__,
+        "engine_args": {
+            "model": mc.model,
+            "dtype": str(mc.dtype).replace("torch.", ""),
+            "max_model_len": mc.max_model_len,
+            "max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "long_prefill_token_threshold": getattr(sc, "long_prefill_token_threshold", None),
+            "enable_chunked_prefill": getattr(sc, "enable_chunked_prefill", None),
+            "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
+            "kv_cache_dtype": str(cc.cache_dtype),
+            "quantization": mc.quantization,
+            "load_format": str(lc.load_format),
+            "enforce_eager": bool(mc.enforce_eager),
+            "seed": mc.seed,
+            "block_size": cc.block_size,
+        },
+        "enable_prefix_caching": bool(cc.enable_prefix_caching),
+        "kv_cache": kv_cache_capacity(cc),
+        "device": {"kind": slot.kind, "slot": slot.device},
+    }
+    if slot.kind == "cuda":
+        props = torch_mod.cuda.get_device_properties(0)
+        info["device"].update(name=props.name, uuid=f"GPU-{props.uuid}" if hasattr(props, "uuid") else None,
+                              gpu_share=slot.gpu_share)
+    else:
+        info["device"].update(name=cpu_name(), uuid=None)
+    return info

@@ -1,0 +1,210 @@
+"""Engine and sampling settings, model facts, and typed settings from a mapping.
+
+``EngineSettings``: one frozen dataclass of vLLM engine settings shared by every engine of a run
+(``vllm_kwargs`` gives ``vllm.LLM``'s keyword arguments). Knobs: model, dtype, max_model_len,
+max_num_seqs, max_num_batched_tokens (the per-step token budget, which caps the prefill tokens of
+one step: vLLM's chunked prefill), long_prefill_token_threshold (a prompt longer than this is
+prefilled at most this many tokens per step; vLLM's ``SchedulerConfig``; 0/None = no cap),
+enable_chunked_prefill (None = vLLM's default, on), gpu_memory_utilization (split evenly between
+engines sharing one GPU), kv_cache_dtype, quantization, load_format (``dummy`` = random weights from
+config.json), enforce_eager, seed, enable_prefix_caching (must stay False for MLPerf: the one guard
+is ``sut.core.guard``), device (auto/cuda/cpu), engines_per_device, cpu_kvcache_gib.
+
+``GenerationSettings``: the reference SUT's sampling. ``read_model_info``: vocabulary size, EOS ids
+and config hash of a HF model folder. ``settings_from_mapping``: a frozen settings dataclass from a
+preset section plus flags, typed (no string coercion).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from sut.constants import MAX_NEW_TOKENS, MIN_NEW_TOKENS
+from sut.engine.errors import EngineError
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """vLLM engine settings shared by every engine of a run.
+
+    ``max_model_len`` must cover the longest prompt plus 128 new tokens (MLPerf
+    ``max_new_tokens``); the official CNN/DailyMail set needs 2,540 + 128 = 2,668.
+    """
+
+    model: str
+    dtype: str = "auto"
+    max_model_len: int = 2668
+    max_num_seqs: int = 256
+    max_num_batched_tokens: Optional[int] = None
+    long_prefill_token_threshold: Optional[int] = None
+    enable_chunked_prefill: Optional[bool] = None
+    gpu_memory_utilization: Optional[float] = None  # None = vLLM's default (0.92 in 0.26)
+    kv_cache_dtype: str = "auto"
+    quantization: Optional[str] = None
+    load_format: str = "auto"
+    enforce_eager: bool = False
+    seed: int = 0
+    enable_prefix_caching: bool = False
+    device: str = "auto"  # auto | cuda | cpu
+    engines_per_device: int = 1
+    cpu_kvcache_gib: int = 2
+
+    def __post_init__(self):
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device must be auto, cuda or cpu, got {self.device!r}")
+        if self.engines_per_device < 1:
+            raise ValueError(f"engines_per_device must be >= 1, got {self.engines_per_device}")
+        if self.max_model_len <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_model_len must exceed {MAX_NEW_TOKENS}, got {self.max_model_len}")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
+
+    def vllm_kwargs(self, gpu_share: int = 1) -> dict:
+        """Keyword arguments for ``vllm.LLM`` (``gpu_share`` engines split one GPU's memory)."""
+        kw = dict(
+            model=self.model,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            kv_cache_dtype=self.kv_cache_dtype,
+            load_format=self.load_format,
+            enforce_eager=self.enforce_eager,
+            seed=self.seed,
+            enable_prefix_caching=self.enable_prefix_caching,
+            skip_tokenizer_init=True,
+            disable_log_stats=True,
+        )
+        if self.max_num_batched_tokens:
+            kw["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.long_prefill_token_threshold is not None:
+            kw["long_prefill_token_threshold"] = self.long_prefill_token_threshold
+        if self.enable_chunked_prefill is not None:
+            kw["enable_chunked_prefill"] = self.enable_chunked_prefill
+        if self.quantization:
+            kw["quantization"] = self.quantization
+        util = self.gpu_memory_utilization
+        if util is None and gpu_share > 1:
+            util = 0.90  # engines sharing a GPU must split it explicitly
+        if util is not None:
+            kw["gpu_memory_utilization"] = round(util / gpu_share, 4)
+        return kw
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Sampling as the reference SUT (SUT_VLLM.py): greedy, 128 max / 1 min new tokens.
+
+    ``ignore_eos`` is a benchmark-only switch (fixed 128-token outputs for dummy weights, which
+    emit EOS at random); it is never on in a compliant run.
+    """
+
+    max_tokens: int = MAX_NEW_TOKENS
+    min_tokens: int = MIN_NEW_TOKENS
+    ignore_eos: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+
+    def sampling_params(self):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            temperature=0.0,
+            top_p=1.0,
+            max_tokens=self.max_tokens,
+            min_tokens=self.max_tokens if self.ignore_eos else self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=list(self.eos_token_ids),
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts read from a HF model folder: vocabulary size, EOS ids, config hash."""
+
+    path: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    config_sha256: str
+    max_position_embeddings: int
+
+
+def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
+    """Read ``config.json`` (and ``generation_config.json`` if present) of a HF model folder.
+
+    EOS ids come from ``generation_config.json`` ``eos_token_id`` (what the checkpoint
+    generates with), else ``config.json``. Raises ``EngineError`` if the folder or
+    ``config.json`` is missing or has no ``vocab_size``.
+    """
+    d = Path(model_dir)
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise EngineError(f"{d}: no config.json (expected a Hugging Face model folder)")
+    raw = cfg_path.read_bytes()
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{cfg_path}: malformed JSON: {e}") from None
+    if "vocab_size" not in cfg:
+        raise EngineError(f"{cfg_path}: field 'vocab_size' missing")
+    eos = None
+    gen_path = d / "generation_config.json"
+    if gen_path.is_file():
+        eos = json.loads(gen_path.read_text()).get("eos_token_id")
+    if eos is None:
+        eos = cfg.get("eos_token_id")
+    if eos is None:
+        raise EngineError(f"{d}: no eos_token_id in generation_config.json or config.json")
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+    return ModelInfo(
+        path=str(d),
+        vocab_size=int(cfg["vocab_size"]),
+        eos_token_ids=eos_ids,
+        config_sha256=hashlib.sha256(raw).hexdigest(),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
+    )
+
+
+def settings_from_mapping(cls, values: dict):
+    """Build a frozen settings dataclass from a mapping (a preset section plus flags).
+
+    Raises ``ValueError`` naming the field for an unknown key or a value of the wrong type (a
+    preset's ``max_samples = "4"`` is refused, not coerced); ints are accepted where a float is due.
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    hints = typing.get_type_hints(cls)
+    for key, val in values.items():
+        want = hints.get(key)
+        args = typing.get_args(want)
+        if val is None and type(None) in args:
+            continue
+        kinds = tuple(a for a in args if a is not type(None)) or (want,)
+        ok = any(_is_kind(val, k) for k in kinds)
+        if not ok and all(k in (int, float, bool, str) for k in kinds):
+            names_ = " or ".join({int: "an integer", float: "a number", bool: "true/false", str: "a string"}[k]
+                                 for k in kinds)
+            raise ValueError(f"{cls.__name__}.{key} must be {names_}, got {val!r} ({type(val).__name__})")
+    return cls(**values)
+
+
+def _is_kind(val, kind) -> bool:
+    if kind is bool:
+        return isinstance(val, bool)
+    if kind is int:
+        return isinstance(val, int) and not isinstance(val, bool)
+    if kind is float:
+        return isinstance(val, (int, float)) and not isinstance(val, bool)
+    if kind is str:
+        return isinstance(val, str)
+    return True

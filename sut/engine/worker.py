@@ -1,0 +1,185 @@
+"""The engine worker process: build ``vllm.LLM`` once, read it back, then serve the pipe.
+
+``worker_main`` (the spawned process's entry point) pins itself to its slot (``CUDA_VISIBLE_DEVICES``
+or the vLLM CPU thread binding), sends its output to the engine log, builds the engine, reports
+``Ready(info)`` (or ``Failed``) and runs ``serve``: the same add-request / step loop that
+``LLM.generate`` runs, fed from the pipe (``sut.engine.messages``). New requests are added the moment
+they arrive (the loop blocks on the pipe only while nothing runs), and each step's finished requests
+go back as one ``Done`` of ``Completion``s (``sut.engine.outputs``), preceded by a ``Firsts`` of that
+step's first tokens when the worker streams.
+
+Modes: Offline keeps vLLM's ``FinalOnly`` outputs (no per-step output objects); ``stream`` (Server /
+Interactive) and ``detail`` (the locality runner: first-token times) switch to ``DELTA`` outputs;
+only ``stream`` reports first tokens.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection as mpc
+import os
+import signal
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from sut.core.messages import Completion
+from sut.engine.devices import EngineSlot
+from sut.engine.errors import EngineError
+from sut.engine.gcmon import GcPauseMonitor
+from sut.engine.logs import redirect_output
+from sut.engine.messages import (Done, Failed, Firsts, Generate, RawDone, RawGenerate, Ready, ResetCache, Stats,
+                                 StatsQuery, Stop)
+from sut.engine.outputs import DeltaCollector, FinalCollector
+from sut.engine.readback import read_back
+from sut.engine.settings import EngineSettings, GenerationSettings
+
+
+class _Terminated(BaseException):
+    """SIGTERM in an engine worker that shares its parent's process group."""
+
+
+def _raise_terminated(*_):
+    raise _Terminated()
+
+
+def _pin(slot: EngineSlot, own_process_group: bool, log_path: Optional[Path]) -> None:
+    """Log redirection, process group, signals, the slot's environment and the process title."""
+    if log_path is not None:
+        redirect_output(log_path)
+    if own_process_group:
+        os.setpgrp()  # own process group: the parent ends vLLM's children with one killpg
+    else:
+        signal.signal(signal.SIGTERM, _raise_terminated)  # the group's SIGTERM: clean exit through `finally`
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    os.environ.update(dict(slot.env))
+    try:  # show up as sut-engine-N in ps/top (setproctitle comes with vLLM)
+        import setproctitle
+
+        setproctitle.setproctitle(f"sut-engine-{slot.index} ({slot.kind}:{slot.device})")
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
+def worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationSettings, slot: EngineSlot,
+                own_process_group: bool = True, gc_freeze: bool = False, detail: bool = False,
+                log_path: Optional[Path] = None, stream: bool = False) -> None:
+    """Entry point of an engine worker process (spawned).
+
+    ``own_process_group``: start a new process group (the local transport ends vLLM's children with
+    one killpg); False keeps the worker in its parent's group, so that whoever ends the parent's
+    group (Flame's executor manager at unbind) ends the engine too.
+    ``gc_freeze``: after start-up, ``gc.freeze()`` the heap and time every GC pause; the largest pause
+    is logged at shutdown and reported on a ``StatsQuery``.
+    ``detail`` / ``stream``: delta outputs with first-token times; ``stream`` also reports first
+    tokens (see the module docstring).
+    ``log_path``: stdout and stderr (vLLM's logs, warnings, tracebacks) go to this file, before vLLM
+    is imported; None keeps the parent's.
+    """
+    _pin(slot, own_process_group, log_path)
+    gcmon = GcPauseMonitor(f"engine-{slot.index}")
+    try:
+        import torch
+        import vllm
+        from vllm import LLM
+
+        llm = LLM(**settings.vllm_kwargs(slot.gpu_share))
+        params = gen.sampling_params()
+        info = read_back(llm, vllm, torch, slot)
+        if gc_freeze:
+            gcmon.install()
+            info["gc_frozen_objects"] = gcmon.freeze()
+        conn.send(Ready(info))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the run
+        conn.send(Failed(f"engine {slot.index} failed to start:\n{traceback.format_exc()}"))
+        return
+    try:
+        serve(conn, llm.llm_engine, params, gcmon.stats, llm=llm, detail=detail, stream=stream)
+    except (EOFError, BrokenPipeError, _Terminated):
+        pass  # parent is gone, or the shared process group is being ended
+    except BaseException:  # noqa: BLE001
+        try:
+            conn.send(Failed(f"engine {slot.index} failed:\n{traceback.format_exc()}"))
+        except (OSError, EOFError):
+            pass
+    finally:
+        if gc_freeze:
+            gcmon.unfreeze()  # before the engine's objects are released
+            gcmon.uninstall()
+            st = gcmon.stats()
+            print(f"engine {slot.index} (pid {os.getpid()}): largest GC pause {st['max_pause_ms']:.1f} ms "
+                  f"(generation {st['max_pause_generation']}), {st['collections']} collections, "
+                  f"{st['total_ms']:.0f} ms in total", flush=True)
+        del llm
+
+
+def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None,
+          detail: bool = False, stream: bool = False) -> None:
+    """The hot loop: the same add_request/step cycle as ``LLM.generate``, fed from the pipe
+    (messages: ``sut.engine.messages``). Returns on ``Stop``; raises ``EOFError`` when the parent is gone."""
+    raw_params = params
+    if stream or detail:
+        from vllm.sampling_params import RequestOutputKind
+
+        params = params.clone()
+        params.output_kind = RequestOutputKind.DELTA
+        collect = DeltaCollector(report_firsts=stream)
+    else:
+        collect = FinalCollector()
+    while True:
+        # Stage 1: intake. Block only when nothing is running.
+        if conn.poll(0 if engine.has_unfinished_requests() else None):
+            if not _intake(conn, engine, params, collect.t_add, stats_fn, llm, raw_params):
+                return
+        # Stage 2: one engine step.
+        if not engine.has_unfinished_requests():
+            continue
+        firsts, done = collect.step(engine.step())
+        # Stage 3: first tokens, then finished requests.
+        if firsts:
+            conn.send(Firsts(firsts))
+        if done:
+            conn.send(Done(done))
+
+
+def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params) -> bool:
+    """Handle every message waiting on the pipe (at least one). False on ``Stop``."""
+    while True:
+        msg = conn.recv()
+        kind = type(msg)
+        if kind is Generate:
+            add, now = engine.add_request, time.monotonic
+            for req in msg.requests:
+                rid = str(req[0])
+                add(rid, {"prompt_token_ids": req[1].tolist()}, params)
+                t_add[rid] = now()
+        elif kind is Stop:
+            return False
+        elif kind is StatsQuery:
+            conn.send(Stats(stats_fn() if stats_fn else {}))
+        elif kind is ResetCache:
+            ok = bool(engine.reset_prefix_cache()) if not engine.has_unfinished_requests() else False
+            conn.send(Stats({"reset_prefix_cache": ok}))
+        elif kind is RawGenerate:
+            conn.send(RawDone(*raw_generate(llm, raw_params, msg.requests)))
+        else:
+            raise EngineError(f"engine worker: unknown message {msg!r}")
+        if not conn.poll(0):
+            return True
+
+
+def raw_generate(llm, params, batch) -> tuple[float, list[Completion]]:
+    """One plain ``LLM.generate`` over ``[(request id, int32 prompt)]`` on an idle engine; returns
+    ``(seconds, [Completion])`` (no timestamps). Raises ``EngineError`` if the engine is busy."""
+    from vllm.inputs import TokensPrompt
+
+    if llm is None or llm.llm_engine.has_unfinished_requests():
+        raise EngineError("raw generate needs an idle engine")
+    prompts = [TokensPrompt(prompt_token_ids=r[1].tolist()) for r in batch]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    return dt, [Completion(int(r[0]), np.asarray(o.outputs[0].token_ids, dtype=np.int32),
+                           getattr(o, "num_cached_tokens", None)) for r, o in zip(batch, outs)]

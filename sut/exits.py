@@ -1,0 +1,151 @@
+"""The one map from exceptions to exit codes, and the wrapper every entry point runs its command in.
+
+Exit codes (every command: ``python -m sut ...``, ``python -m sut.locality``, ``python -m accuracy``,
+``python -m sut.flame``):
+
+* 0: done (a command may also return 1 itself for a verdict, e.g. a failed accuracy gate);
+* 1: the run or check failed (``RunFailed`` and its kin: ``TransportError``; ``EngineError``);
+* 2: bad input, before anything starts (``BadInput``, ``InputError``, ``DatasetError``,
+  ``ScenarioError``, ``ComplianceError``, ``AccuracyInputError``);
+* 130: stopped by Ctrl-C or SIGTERM (``KeyboardInterrupt``; also any failure that a stop signal
+  caused, e.g. an engine start cut short).
+
+Classes are matched by name along the exception's MRO, restricted to this project's modules
+(``sut.*``, ``accuracy.*``), so this module imports none of them and an error class
+may move between modules; the most specific class wins (``InputError`` is a ``RunFailed``: 2).
+
+Usage::
+
+    from sut.exits import BadInput, run_main, stop_on_sigterm_like_ctrl_c
+
+    def _main(argv) -> int:
+        a = build_parser().parse_args(argv)          # argparse's own errors still exit 2
+        if not a.model:
+            raise BadInput("error: --model is required")   # printed as is to stderr, exit 2
+        stop_on_sigterm_like_ctrl_c()                # SIGINT and SIGTERM raise KeyboardInterrupt
+        ...                                          # raise RunFailed / InputError / ...: mapped
+        return 0
+
+    def main(argv=None) -> int:
+        return run_main(_main, argv, messages={"failed": "run failed: {}"})
+
+Exceptions outside the map (programming errors) propagate with their traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Callable, Mapping, Optional
+
+log = logging.getLogger("sut")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+#: Exit code of a command stopped by Ctrl-C (SIGINT) or SIGTERM (the shell's 128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+#: Project exception class name -> exit code (see the module docstring).
+EXIT_CODES: dict[str, int] = {
+    "BadInput": EXIT_BAD_INPUT,
+    "InputError": EXIT_BAD_INPUT,
+    "DatasetError": EXIT_BAD_INPUT,
+    "ScenarioError": EXIT_BAD_INPUT,
+    "ComplianceError": EXIT_BAD_INPUT,
+    "AccuracyInputError": EXIT_BAD_INPUT,
+    "RunFailed": EXIT_FAILED,
+    "TransportError": EXIT_FAILED,
+    "EngineError": EXIT_FAILED,
+}
+_PROJECT_MODULES = ("sut", "accuracy")
+
+#: How each kind of exit is logged; ``{}`` is the exception's message. ``stopped``: a failure while a
+#: stop signal was being handled (exit 130).
+DEFAULT_MESSAGES = {"failed": "{}", "bad_input": "{}", "interrupted": "interrupted ({})", "stopped": "stopped: {}"}
+
+
+class BadInput(SystemExit):
+    """Bad command-line input: ``run_main`` prints the message to stderr as is; exit code 2.
+
+    A ``SystemExit``, so that it still exits 2 where no ``run_main`` catches it.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(EXIT_BAD_INPUT)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def exit_code(exc: BaseException) -> Optional[int]:
+    """The exit code for ``exc`` (module docstring), or None when it is not in the map."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    for cls in type(exc).__mro__:
+        if cls.__module__.split(".")[0] in _PROJECT_MODULES and cls.__name__ in EXIT_CODES:
+            return EXIT_CODES[cls.__name__]
+    return None
+
+
+_interrupted = threading.Event()  # a stop signal arrived in this process
+
+
+def interrupted() -> bool:
+    """Whether a stop signal (SIGINT, SIGTERM) arrived since ``stop_on_sigterm_like_ctrl_c``."""
+    return _interrupted.is_set()
+
+
+def _raise_interrupt(signum, _frame):
+    name = "SIGINT, Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    if _interrupted.is_set():  # a second stop signal must not cut the clean shutdown short
+        log.warning("already stopping (%s again): ending engines / closing the Flame session; SIGKILL forces it", name)
+        return
+    _interrupted.set()
+    raise KeyboardInterrupt(name)
+
+
+def stop_on_sigterm_like_ctrl_c() -> None:
+    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt("SIGINT, Ctrl-C" | "SIGTERM")`` in the main
+    thread, so that both take Ctrl-C's clean path (engines ended, Flame session closed, the run
+    recorded as failed). A second signal during that shutdown is only logged.
+
+    SIGINT is installed explicitly: a process that a script starts in the background inherits SIGINT
+    as *ignored*, Python then leaves it ignored, and Ctrl-C-style stops would do nothing.
+    """
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def run_main(fn: Callable[..., int], *args, messages: Optional[Mapping[str, str]] = None,
+             logger: Optional[logging.Logger] = None) -> int:
+    """Call ``fn(*args)`` and return its exit code; a mapped exception becomes its exit code and one
+    error line (``messages`` overrides ``DEFAULT_MESSAGES`` per kind; ``logger`` defaults to ``sut``).
+
+    ``BadInput`` is printed to stderr as is; ``SystemExit`` (argparse) and unmapped exceptions
+    propagate.
+    """
+    msgs = {**DEFAULT_MESSAGES, **(messages or {})}
+    out = logger or log
+    try:
+        return fn(*args)
+    except BadInput as e:
+        print(e.message, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - mapped below, else re-raised
+        code = exit_code(e)
+        if code is None:
+            raise
+        if code == EXIT_INTERRUPTED:
+            out.error(msgs["interrupted"].format(e.args[0] if e.args else "SIGINT, Ctrl-C"))
+        elif _interrupted.is_set():  # whatever the stop made fail (e.g. an engine start cut short)
+            out.error(msgs["stopped"].format(e))
+            return EXIT_INTERRUPTED
+        else:
+            out.error(msgs["failed" if code == EXIT_FAILED else "bad_input"].format(e))
+        return code

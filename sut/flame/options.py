@@ -1,0 +1,138 @@
+"""Options of the ``flame`` transport (``--sut flame``; ``--option KEY=VALUE`` or a preset's ``[options]``).
+
+``FlameOptions`` is the transport's ``options_cls``: a frozen dataclass whose values arrive typed
+(``sut.engine.settings_from_mapping``: a preset's ``"4"`` is refused, not coerced). Fields with their
+own CLI flag say so in ``metadata["flag"]``; the CLI builds its "flame SUT" flag group from them.
+
+Sizing: with ``executors_per_engine = ceil(engine_fill x max_num_seqs / batch_size) +
+executor_slack`` (default fill 2) executors feeding each engine, the engine always holds more
+sequences than it can run (see ``executors_per_engine``).
+
+Study settings (``../shared/research/study.md`` §6, the synthetic-locality entry point):
+``FlameOptions.for_locality()`` = batch limit 128, batch-formation window 10 ms; zlib payload
+(``compress``) and the frozen start-up heap (``gc_freeze``) are on by default, and every request of
+a batch is always submitted to the engine at once (the engine host's asynchronous admission).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+#: The study's Flame settings (batch limit 128, batch-formation window 10 ms).
+LOCALITY_DEFAULTS = {"batch_size": 128, "batch_window_ms": 10.0}
+
+
+def _flag(name: str, help_: str) -> dict:
+    return {"flag": name, "help": help_}
+
+
+@dataclass(frozen=True)
+class FlameOptions:
+    """Options of the flame transport (units in the names: ``_ms``, ``_s``).
+
+    Extension points (tests and experiments; a benchmark leaves them unset): ``engine_factory`` =
+    ``"module:callable"`` that the service imports and calls as ``factory(slot, engine_settings,
+    generation_settings, gc_freeze=..., **engine_factory_args)`` instead of building
+    ``sut.engine.EngineHandle``; ``service_hooks`` = ``"module:callable"`` called once per service
+    process with ``**service_hooks_args``, returning an object whose optional ``on_enter(service)``
+    and ``on_task(service, batch_id)`` methods the service calls (fault injection). Both travel in
+    the session's common data; the service processes must be able to import the module (the
+    application's ``PYTHONPATH`` starts with the repository root).
+    """
+
+    batch_size: int = field(default=32, metadata=_flag("--batch-size", "samples per Flame task (32 and 64 ship as presets)"))
+    batch_window_ms: float = field(default=20.0, metadata=_flag(
+        "--batch-window-ms", "how long a partial batch waits for more samples"))
+    endpoint: Optional[str] = field(default=None, metadata=_flag(
+        "--flame-endpoint", "Flame session manager, e.g. http://HOST:8080 (default FLAME_ENDPOINT / ~/.flame/flame.yaml)"))
+    app: str = field(default="sut-vllm", metadata=_flag("--flame-app", "registered Flame application name (default sut-vllm)"))
+    register_app: str = "if_missing"  # if_missing | never
+    app_workdir: Optional[str] = None
+    engines: int = field(default=1, metadata=_flag(
+        "--flame-engines", "engine replicas (default 1): one Flame session each, replica r pinned to engine slot r of "
+                           "the executor hosts (GPUs x engines per GPU, in sut.engine.plan_engines order)"))
+    executors_per_engine: Optional[int] = field(default=None, metadata=_flag(
+        "--executors-per-engine", "Flame executors feeding one engine (default ceil(engine_fill x max_num_seqs / "
+                                  "batch_size) + executor_slack = ceil(2 x max_num_seqs / batch_size))"))
+    engine_fill: float = 2.0
+    executor_slack: int = 0
+    min_executors: Optional[int] = None  # per replica session; default: all of its executors
+    inflight_per_executor: int = 2
+    payload: str = "tokens"  # tokens | indices
+    compress: bool = True  # zlib level 1 of task and result bodies
+    gc_freeze: bool = True  # services and engines freeze their start-up heap (gc.freeze)
+    resreq: Optional[str] = None
+    session_id: Optional[str] = None
+    lock_dir: Optional[str] = None
+    warmup_timeout_s: float = 1800.0
+    warmup_stall_s: float = 120.0  # fail the warm-up when Flame gives a session no new executor for this long
+    warmup_log_s: float = 10.0  # how often the warm-up logs what it waits for
+    warmup_hold_ms: float = 200.0
+    engine_start_timeout_s: float = 1800.0
+    close_timeout_s: float = 600.0
+    unreachable_timeout_s: float = 15.0  # give up closing when the session manager stays unreachable this long
+    service_log_dir: Optional[str] = None  # default: <run folder>/flame-service (services on this host); "none"
+    engine_factory: Optional[str] = None  # "module:callable"; default sut.engine.EngineHandle
+    engine_factory_args: Optional[dict] = None
+    service_hooks: Optional[str] = None  # "module:callable"; default none
+    service_hooks_args: Optional[dict] = None
+    allow_prefix_caching: bool = False
+    dispatch_chunk: int = 512
+    record_tasks: bool = True
+    aio_watch: bool = True  # all watch streams on one grpc.aio loop; false: flamepy's Session.watch_task per thread
+
+    def __post_init__(self):
+        for name in ("batch_size", "engines", "inflight_per_executor", "dispatch_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("executors_per_engine", "min_executors"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_window_ms < 0:
+            raise ValueError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
+        if self.payload not in ("tokens", "indices"):
+            raise ValueError(f"payload must be tokens or indices, got {self.payload!r}")
+        if self.register_app not in ("if_missing", "never"):
+            raise ValueError(f"register_app must be if_missing or never, got {self.register_app!r}")
+        if self.executor_slack < 0:
+            raise ValueError(f"executor_slack must be >= 0, got {self.executor_slack}")
+        if not (math.isfinite(self.engine_fill) and self.engine_fill > 0):
+            raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
+        for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("engine_factory", "service_hooks"):
+            spec = getattr(self, name)
+            if spec is not None and (spec.count(":") != 1 or not all(spec.split(":"))):
+                raise ValueError(f"{name} must be 'module:callable', got {spec!r}")
+            args = getattr(self, f"{name}_args")
+            if args is not None and not isinstance(args, dict):
+                raise ValueError(f"{name}_args must be a JSON object (keyword arguments), got {args!r}")
+
+    @classmethod
+    def for_locality(cls, **overrides) -> "FlameOptions":
+        """The study's settings (``LOCALITY_DEFAULTS``) with ``overrides`` on top."""
+        return cls(**dict(LOCALITY_DEFAULTS, **overrides))
+
+    def per_engine(self, max_num_seqs: int) -> int:
+        """Executors per engine (replica session): the option, else ``executors_per_engine(...)``."""
+        return self.executors_per_engine or executors_per_engine(max_num_seqs, self.batch_size, self.engine_fill,
+                                                                 self.executor_slack)
+
+    def asdict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def executors_per_engine(max_num_seqs: int, batch_size: int, fill: float = 2.0, slack: int = 0) -> int:
+    """Executors one engine needs so that it always holds more sequences than it can run.
+
+    A task returns only when its longest sample is done, so the finished samples of a running
+    batch hold no engine slot while the batch waits for its last one. With executors holding
+    ``fill`` x ``max_num_seqs`` sequences the engine stays full even when output lengths vary
+    (``python scripts/bench_flame.py --simulate-fill``: 1x + one batch keeps it 67-82 % busy
+    with 20..128-token outputs, 2x keeps it >= 99.9 % busy).
+    """
+    return max(1, math.ceil(fill * max_num_seqs / batch_size)) + slack

@@ -1,0 +1,166 @@
+"""The task tracker of one replica: create a batch's Flame task, watch it, retry once, deliver its results.
+
+Every task has its own thread that waits on its watch (``ReplicaSession.await_terminal``: all streams
+on one ``grpc.aio`` loop) and handles the outcome:
+
+* Succeed: the result (``sut.flame.payload``) must be the batch's (same batch id, same request ids
+  in order); each sample becomes a ``sut.core.messages.Completion`` (generated ids, the engine's
+  cached prompt tokens and times) delivered for the replica **the result names** (the service's
+  slot), so a result served by another replica than the one routed to fails the run in the
+  dispatcher. A per-sample error (a prompt the engine cannot take) fails the run naming the
+  request, batch and replica.
+* Failed: read back with ``get_task`` (watch messages carry no events) and created again once; a
+  second failure fails the run naming both tasks and their messages.
+* Cancelled (a session closed by someone else) or lost (session gone, watch broken): fails the run.
+
+Failing the run = one ``FatalEvent`` naming the replica, through the transport (``owner.fatal``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Optional
+
+from sut.core.messages import Completion
+from sut.flame import payload as pl
+from sut.flame.session import CANCELLED, LOST, SUCCEED, ReplicaSession, lost_cause
+from sut.flame.stats import FlameStats
+
+log = logging.getLogger("sut.flame.transport")
+
+
+@dataclasses.dataclass
+class Batch:
+    """One batch of requests and the Flame task(s) that carry it (times: ``time.monotonic()`` s)."""
+
+    batch_id: int
+    requests: list  # sut.core.messages.Request
+    data: bytes
+    raw_bytes: int
+    task_id: Optional[str] = None
+    attempts: int = 0
+    errors: list = dataclasses.field(default_factory=list)
+    t_create: float = 0.0  # last attempt
+    t_running: Optional[float] = None
+    t_done: Optional[float] = None
+
+
+class TaskTracker:
+    """Creates and follows the tasks of replica session ``rs``.
+
+    ``owner`` (the transport) provides ``deliver(replica, [Completion])``, ``fatal(replica, message)``
+    and ``halted`` (True once the transport is stopping or has failed: no new task, no retry).
+    ``done_cb(batch)`` runs when a batch's thread ends, whatever the outcome (credits).
+    """
+
+    def __init__(self, rs: ReplicaSession, stats: FlameStats, owner, done_cb):
+        self.rs, self.stats, self.owner, self.done_cb = rs, stats, owner, done_cb
+        self.replica = rs.replica
+        self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()
+
+    def launch(self, tb: Batch) -> bool:
+        """Create the batch's task and start its thread; False (after a fatal event) if it could not be created."""
+        if not self._create(tb):
+            return False
+        th = threading.Thread(target=self._track, args=(tb,), name=f"flame-task-{self.replica}-{tb.batch_id}", daemon=True)
+        with self._lock:
+            self._threads.add(th)
+        th.start()
+        return True
+
+    def join(self, timeout: float) -> None:
+        with self._lock:
+            threads = list(self._threads)
+        for th in threads:
+            th.join(timeout)
+
+    def _create(self, tb: Batch) -> bool:
+        tb.attempts += 1
+        tb.t_create = time.monotonic()
+        tb.t_running = None
+        try:
+            tb.task_id = self.rs.create_task(tb.data)
+        except Exception as e:  # noqa: BLE001 - any RPC failure here means the session is unusable
+            self.owner.fatal(self.replica, f"cannot create a Flame task for batch {tb.batch_id} of replica {self.replica} "
+                                           f"in session {self.rs.id}: {lost_cause(self.rs.endpoint, str(e))}")
+            return False
+        self.stats.note_sent(tb.raw_bytes, len(tb.data), tb.t_create)
+        return True
+
+    def _track(self, tb: Batch) -> None:
+        try:
+            while not self._attempt(tb):
+                if not self._create(tb):
+                    return
+        except Exception as e:  # noqa: BLE001 - never lose a sample silently
+            log.exception("flame: watcher of batch %d (replica %d) crashed", tb.batch_id, self.replica)
+            self.owner.fatal(self.replica, f"watcher of batch {tb.batch_id} (replica {self.replica}) crashed: {e!r}")
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+            self.done_cb(tb)
+
+    def _attempt(self, tb: Batch) -> bool:
+        """Wait for the current task of ``tb``; True when the batch is settled, False to create it again."""
+
+        def running():
+            if tb.t_running is None:
+                tb.t_running = time.monotonic()
+
+        state, out, msg = self.rs.await_terminal(tb.task_id, running)
+        tb.t_done = time.monotonic()
+        where = f"Flame task {tb.task_id} (batch {tb.batch_id}, replica {self.replica})"
+        if state == SUCCEED:
+            self._finish(tb, out)
+        elif state == CANCELLED:
+            if not self.owner.halted:
+                self.owner.fatal(self.replica, f"{where} was cancelled: session {self.rs.id} was closed by someone else")
+        elif state == LOST:
+            self.owner.fatal(self.replica, f"lost {where}: {lost_cause(self.rs.endpoint, msg)}")
+        else:
+            return self._failed(tb, msg)
+        return True
+
+    def _failed(self, tb: Batch, msg: str) -> bool:
+        tb.errors.append(msg)
+        retry = tb.attempts < 2 and not self.owner.halted
+        self.stats.note_failure(self.replica, tb.batch_id, tb.task_id, tb.attempts, msg, retry)
+        if retry:
+            log.warning("flame: task %s (batch %d, replica %d) failed: %s; retrying once", tb.task_id, tb.batch_id,
+                        self.replica, msg)
+            return False
+        if tb.attempts >= 2:
+            tasks = ", ".join(self.stats.failed_task_ids(tb.batch_id, self.replica))
+            self.owner.fatal(self.replica, f"Flame task for batch {tb.batch_id} of replica {self.replica} failed "
+                                           f"{tb.attempts} times (tasks {tasks}): {' | '.join(tb.errors)}")
+        return True
+
+    def _finish(self, tb: Batch, out: Optional[bytes]) -> None:
+        where = f"Flame task {tb.task_id} (batch {tb.batch_id}, replica {self.replica})"
+        try:
+            res = pl.decode_result(out)
+        except pl.PayloadError as e:
+            self.owner.fatal(self.replica, f"{where} returned an unreadable result: {e}")
+            return
+        rids = [r.rid for r in tb.requests]
+        got = [s.request_id for s in res.samples]
+        if res.batch_id != tb.batch_id or got != rids:
+            self.owner.fatal(self.replica, f"{where}: result of batch {res.batch_id} with {len(got)} samples does not "
+                                           f"match the batch's {len(rids)} samples")
+            return
+        self.stats.note_result(self.replica, tb, res)
+        ok = [Completion(s.request_id, s.token_ids, s.cached_tokens, s.t_queued, s.t_first, s.t_done)
+              for s in res.samples if s.ok]
+        bad = [s for s in res.samples if not s.ok]
+        if ok:
+            served = res.meta.get("replica", self.replica)
+            self.owner.deliver(self.replica if served is None else int(served), ok)
+        if bad:
+            qsl = {r.rid: r.index for r in tb.requests}
+            self.owner.fatal(self.replica, f"{len(bad)} sample(s) of batch {tb.batch_id} (replica {self.replica}) failed "
+                                           f"in the service; first: request {bad[0].request_id} (QSL index "
+                                           f"{qsl.get(bad[0].request_id)}): {bad[0].error}")

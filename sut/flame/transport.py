@@ -1,0 +1,285 @@
+"""The ``flame`` transport: batches of requests become tasks of Flame sessions, one session per replica.
+
+Algorithm
+---------
+``start`` connects to Flame (option ``endpoint``, else ``FLAME_ENDPOINT``, else
+``~/.flame/flame.yaml``), registers the application if it is missing, and opens **one session per
+replica** (``replicas`` = option ``engines``), as the study did ("two persistent worker sessions",
+../shared/research/study.md §2): session r has ``min_instances = max_instances`` = the executors of one
+engine (``executors_per_engine``), and its common data (``sut.flame.service_config``) carries the
+engine and sampling settings and names **engine slot r**, so its services build the engine of slot r
+of ``sut.engine.plan_engines`` on their host (the same GPU UUID that serves replica r on the local
+transport) and no other. All sessions warm up at once (``sut.flame.warmup``: every executor answers a
+PING; bind failures and stalls fail the start); each replica's ``ReplicaRecord`` carries its engine's
+read-back record (``enable_prefix_caching`` included: the caller runs ``sut.core.guard.check_replicas``).
+
+``submit(r, requests)`` hands requests to replica r's ``Batcher`` (``sut.flame.batcher``: batch size,
+batch-formation window, credits per executor, zlib payload); its ``TaskTracker``
+(``sut.flame.tasks``) creates the tasks, retries a failed one once and delivers one
+``Completion`` per sample (generated ids, cached prompt tokens, the engine's queued / first / done
+times) to the sink. A lost session, an exhausted retry or a per-sample error is one ``FatalEvent``
+naming the replica (and batch); after it no task is created any more. ``stop`` closes every session
+(retrying while Flame refuses because tasks are still Running), waits for the task threads and closes
+the connection. Prefix caching is allowed only through the spec (``spec.allow_prefix_caching``: the
+synthetic-locality entry point), or the option of the same name (experiments; not compliant).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Optional, Sequence
+
+from sut.base import RunFailed
+from sut.core.messages import FatalEvent, ReplicaRecord
+from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
+from sut.dataset import sha256_file
+from sut.flame.batcher import Batcher, check_fits
+from sut.flame.options import FlameOptions
+from sut.flame.service_config import make_common_data
+from sut.flame.session import ReplicaSession, connect, ensure_app
+from sut.flame.stats import FlameStats
+from sut.flame.tasks import TaskTracker
+from sut.flame.warmup import Warmup
+
+log = logging.getLogger("sut.flame.transport")
+
+
+@register_transport("flame")
+class FlameTransport(Transport):
+    """Replicas = Flame sessions pinned to engine slots (see the module docstring)."""
+
+    options_cls = FlameOptions
+
+    def __init__(self, spec: TransportSpec):
+        super().__init__(spec)
+        self.o: FlameOptions = spec.options if spec.options is not None else FlameOptions()
+        self.per_engine = self.o.per_engine(spec.engine.max_num_seqs)
+        self.allow_prefix_caching = bool(spec.allow_prefix_caching or self.o.allow_prefix_caching)
+        self.dataset = None  # sut.dataset.Dataset when the caller has one (payload fit check, indices mode)
+        self.counters = FlameStats(self.o.record_tasks)
+        self.conn = None
+        self.endpoint: Optional[str] = None
+        self.watcher = None
+        self.sessions: list[ReplicaSession] = []
+        self.batchers: list[Batcher] = []
+        self.trackers: list[TaskTracker] = []
+        self.warmup: list[dict] = []
+        self._lock = threading.Lock()
+        self._failed: Optional[FatalEvent] = None
+        self._stopping = False
+        self._stopped = False
+
+    @property
+    def replicas(self) -> int:
+        return self.o.engines
+
+    @property
+    def halted(self) -> bool:
+        """True once the transport is stopping or has reported a fatal event: no new task, no retry."""
+        return self._stopping or self._failed is not None
+
+    def use_dataset(self, dataset) -> None:
+        """The run's ``sut.dataset.Dataset``: the start refuses a batch size whose longest prompts would not fit
+        one Flame message, and ``payload=indices`` sends its path, hash and size to the services."""
+        self.dataset = dataset
+
+    # -- start ------------------------------------------------------------------------------
+    def start(self, sink) -> list[ReplicaRecord]:
+        self.sink = sink
+        if self.spec.stream:
+            raise TransportError("the flame transport cannot stream first tokens (Flame 0.6 has no first-token event)")
+        try:
+            if self.dataset is not None:
+                check_fits(self.dataset.prompts, self.o, self.spec.generation.max_tokens)
+            self._connect()
+            self._open_sessions()
+            self.records = self._warm_up()
+        except RunFailed as e:
+            self.stop()
+            raise TransportError(str(e)) from None
+        except BaseException:
+            self.stop()
+            raise
+        for r, rs in enumerate(self.sessions):
+            tracker = TaskTracker(rs, self.counters, self, done_cb=None)
+            batcher = Batcher(tracker, self.o, self.spec.generation.max_tokens,
+                              self.per_engine * self.o.inflight_per_executor, self.counters, self)
+            tracker.done_cb = batcher.release
+            self.trackers.append(tracker)
+            self.batchers.append(batcher)
+            batcher.start()
+        return self.records
+
+    def _connect(self) -> None:
+        self.conn, self.endpoint = connect(self.o.endpoint)
+        log.info("flame: connected to %s", self.endpoint)
+        ensure_app(self.conn, self.endpoint, self.o, self.spec.run_dir)
+        if self.o.aio_watch:
+            import flamepy
+
+            from sut.flame.watch import AioWatcher
+
+            try:
+                tls = flamepy.FlameContext().tls if self.endpoint.startswith("https://") else None
+                self.watcher = AioWatcher(self.endpoint, tls.ca_file if tls else None)
+            except Exception as e:  # noqa: BLE001 - the synchronous path works everywhere
+                log.warning("flame: asyncio watcher unavailable (%s); watching with one thread per task", e)
+
+    def _open_sessions(self) -> None:
+        o = self.o
+        for r in range(self.replicas):
+            rs = ReplicaSession(r, self.conn, self.endpoint, o, self.watcher)
+            self.sessions.append(rs)
+            sid = o.session_id if (o.session_id is None or self.replicas == 1) else f"{o.session_id}-r{r}"
+            rs.open(self.common_data(r), self.per_engine, sid)
+            log.info("flame: replica %d = session %s (application %s, engine slot %d), %d executor(s), batch %d, "
+                     "window %.0f ms, at most %d task(s) in flight", r, rs.id, o.app, r, self.per_engine, o.batch_size,
+                     o.batch_window_ms, self.per_engine * o.inflight_per_executor)
+
+    def common_data(self, replica: int) -> bytes:
+        """The common data of replica ``replica``'s session (``sut.flame.service_config``)."""
+        o, es = self.o, self.spec.engine
+        if os.path.exists(es.model):
+            es = dataclasses.replace(es, model=str(Path(es.model).resolve()))
+        log_dir = self.service_log_dir()
+        return make_common_data(
+            es, self.spec.generation, slot=replica, payload=o.payload, compress=o.compress, gc_freeze=o.gc_freeze,
+            detail=self.spec.detail, dataset=self._dataset_record(), lock_dir=o.lock_dir,
+            engine_start_timeout_s=o.engine_start_timeout_s, allow_prefix_caching=self.allow_prefix_caching,
+            log_dir=log_dir, client_host=socket.gethostname() if log_dir else None, engine_factory=o.engine_factory,
+            engine_factory_args=o.engine_factory_args, service_hooks=o.service_hooks, service_hooks_args=o.service_hooks_args)
+
+    def _dataset_record(self) -> Optional[dict]:
+        if self.o.payload != "indices":
+            return None
+        ds = self.dataset
+        if ds is not None:
+            return {"path": str(Path(ds.path).resolve()), "sha256": ds.sha256,
+                    "max_samples": len(ds) if len(ds) < ds.total_in_file else None}
+        if not self.spec.dataset_path:
+            raise RunFailed("payload=indices needs the dataset file (the services load prompts by index)")
+        return {"path": str(Path(self.spec.dataset_path).resolve()), "sha256": sha256_file(self.spec.dataset_path)}
+
+    def service_log_dir(self) -> Optional[str]:
+        """Where the services write their output: ``service_log_dir``, else ``<run folder>/flame-service``;
+        None (``none``, or no run folder) = the application's working directory only. Services on other
+        hosts than the client always keep theirs."""
+        o = self.o
+        if o.service_log_dir:
+            return None if o.service_log_dir.lower() == "none" else str(Path(o.service_log_dir).resolve())
+        return str(Path(self.spec.run_dir).resolve() / "flame-service") if self.spec.run_dir else None
+
+    def _warm_up(self) -> list[ReplicaRecord]:
+        """Warm every session up at once; one ``ReplicaRecord`` per replica (its first shard's engine record)."""
+        need = self.o.min_executors or self.per_engine
+        firsts: dict[int, dict] = {}
+
+        def answer(r: int, meta: dict) -> None:
+            self.counters.note_ping(meta)
+            firsts.setdefault(r, meta)
+
+        abort = threading.Event()
+        with cf.ThreadPoolExecutor(self.replicas, thread_name_prefix="flame-warmup") as pool:
+            futs = [pool.submit(Warmup(rs, need, lambda m, r=rs.replica: answer(r, m), abort).run) for rs in self.sessions]
+            done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+            failed = [f for f in futs if f in done and f.exception() is not None]
+            if failed:
+                abort.set()
+                raise failed[0].exception()
+            self.warmup = [f.result() for f in futs]
+        records = []
+        for rs in self.sessions:
+            meta = firsts[rs.replica]
+            sh = meta.get("shard") or {}
+            info = dict(meta.get("engine") or {})
+            info["device"] = dict(info.get("device") or {}, shard=f"{sh.get('node')}/{sh.get('key')}", node=sh.get("node"))
+            info.update(replica=rs.replica, session_id=rs.id)
+            records.append(ReplicaRecord(rs.replica, info))
+        return records
+
+    # -- requests and results ---------------------------------------------------------------
+    def submit(self, replica: int, requests: Sequence) -> None:
+        if self._failed is not None:
+            raise TransportError(f"flame replica {replica}: {self._failed.message}")
+        if self._stopping or not self.batchers:
+            raise TransportError(f"flame replica {replica}: the transport is not running")
+        self.batchers[replica].put(requests)
+
+    def flush(self) -> None:
+        for b in self.batchers:
+            b.flush()
+
+    def deliver(self, replica: int, completions: list) -> None:
+        self.sink.on_results(replica, completions)
+
+    def fatal(self, replica: Optional[int], message: str) -> None:
+        """Report the first fatal event; later ones are logged only."""
+        with self._lock:
+            first = self._failed is None
+            if first:
+                self._failed = FatalEvent(replica, message)
+        if first:
+            self.sink.on_fatal(self._failed)
+        else:
+            log.warning("flame: after the failure: %s", message)
+
+    # -- stop and record ------------------------------------------------------------------------
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = self._stopping = True
+        for b in self.batchers:
+            b.close()
+        errors = []
+        try:
+            if self.sessions:
+                with cf.ThreadPoolExecutor(len(self.sessions), thread_name_prefix="flame-close") as pool:
+                    errors = [e for e in pool.map(lambda rs: rs.close(), self.sessions) if e]
+        finally:
+            for t in self.trackers:
+                t.join(30)
+            if self.watcher is not None:
+                self.watcher.close()
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        if errors and self.sink is not None:
+            self.fatal(None, errors[0])
+
+    def stats(self) -> dict:
+        o = self.o
+        closes = [rs.close_info for rs in self.sessions if rs.close_info]
+        close = {}
+        if closes:
+            close = {"closed": all(c["closed"] for c in closes), "attempts": sum(c["attempts"] for c in closes),
+                     "seconds": max(c["seconds"] for c in closes), "sessions": closes}
+            err = next((c["error"] for c in closes if c.get("error")), None)
+            if err:
+                close["error"] = err
+        rec = {"endpoint": self.endpoint, "application": o.app,
+               "session_id": self.sessions[0].id if self.sessions else None,
+               "session_ids": [rs.id for rs in self.sessions], "options": o.asdict(), "batch_size": o.batch_size,
+               "batch_window_ms": o.batch_window_ms, "engines": o.engines, "executors_per_engine": self.per_engine,
+               "executors": o.engines * self.per_engine,
+               "max_inflight_tasks": o.engines * self.per_engine * o.inflight_per_executor,
+               "payload": o.payload, "engine_backend": o.engine_factory or "vllm",
+               "warmup": _merge_warmups(self.warmup), "close": close}
+        rec.update(self.counters.record())
+        return {"flame": rec}
+
+
+def _merge_warmups(parts: list[dict]) -> dict:
+    """One warm-up record over every replica (the per-replica ones under ``replicas``)."""
+    if not parts:
+        return {}
+    return {"executors": sum(p["executors"] for p in parts), "pings": sum(p["pings"] for p in parts),
+            "seconds": max(p["seconds"] for p in parts),
+            "bind_failures_retried": [m for p in parts for m in p["bind_failures_retried"]], "replicas": parts}

@@ -1,0 +1,104 @@
+"""``--sut vllm-http``: the LoadGen SUT over the ``http`` transport (vLLM OpenAI-compatible servers).
+
+It is ``TransportSUT`` (``sut.core.loadgen_sut``) with ``transport_name = "http"``
+(``sut.core.transports.http``): servers given with ``--server-url URL[,URL...]`` (one replica each),
+or, without URLs, one ``vllm serve`` per GPU (one on a CPU host) started on 127.0.0.1 and ended with
+the run. Routing as ``--sut vllm``: ``least_loaded`` (Offline), ``least_pending`` with streamed first
+tokens (Server, Interactive).
+
+Prefix caching: a run is compliant only when every server confirms it off: a server started here gets
+``--no-enable-prefix-caching`` (its launch arguments are recorded) and is read back from its
+``/metrics``; a given URL is read back from ``/metrics`` (or ``/server_info``). A server whose setting
+cannot be read back stops the run before LoadGen starts, unless the option
+``allow_unconfirmed_prefix_caching=true`` is given, and then the run is not compliant
+(``noncompliance_reasons``).
+
+Input checks before anything starts (exit 2 naming the URL, no run folder): every given URL must
+answer ``/health`` (``check_options``) and serve ``--model`` (or the option ``model_name``) with a
+context of at least ``--max-model-len`` (``preflight``); without URLs the servers' devices must exist
+(``--device cuda`` without a GPU). The transport checks the same again when it connects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.error import URLError
+
+from sut.base import InputError, register_sut
+from sut.core.loadgen_sut import TransportSUT
+from sut.core.transports.http import HttpOptions, ServerInputError
+from sut.core.transports.http_readback import pick_model
+from sut.core.transports.http_servers import _OPENER, health_status
+from sut.engine import EngineError, EngineSettings, plan_engines
+
+#: Seconds a given URL has to answer ``/health`` in ``check_options``.
+REACH_TIMEOUT_S = 10.0
+
+UNCONFIRMED_REASON = ("option allow_unconfirmed_prefix_caching=true: prefix caching may not be confirmed off on "
+                      "every server (cross-query KV reuse must be off in MLPerf)")
+
+
+def check_reachable(urls, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """``InputError`` naming the first URL whose ``/health`` does not answer 200 within ``timeout_s``."""
+    for url in urls:
+        try:
+            status = health_status(url, timeout_s)
+        except (URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            raise InputError(f"--sut vllm-http: server {url} does not answer ({url}/health: {reason})") from None
+        if status != 200:
+            raise InputError(f"--sut vllm-http: server {url} is not healthy ({url}/health: HTTP {status})")
+
+
+def check_served_model(url: str, engine: EngineSettings, model_name, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """``InputError`` unless ``url/v1/models`` lists ``engine.model`` (``http_readback.pick_model``) with a
+    ``max_model_len`` (where listed) of at least ``engine.max_model_len``."""
+    try:
+        with _OPENER.open(f"{url}/v1/models", timeout=timeout_s) as resp:
+            listed = (json.loads(resp.read()) or {}).get("data") or []
+        served = next(m for m in listed if str(m.get("id")) == pick_model(listed, engine.model, model_name))
+    except (URLError, OSError, ValueError, AttributeError, StopIteration) as e:
+        raise InputError(f"--sut vllm-http: server {url}: {getattr(e, 'reason', e)}") from None
+    max_len = served.get("max_model_len")
+    if isinstance(max_len, int) and max_len < engine.max_model_len:
+        raise InputError(f"--sut vllm-http: server {url} serves max_model_len {max_len} < --max-model-len "
+                         f"{engine.max_model_len} (pass --max-model-len {max_len})")
+
+
+@register_sut("vllm-http")
+class HttpSUT(TransportSUT):
+    """LoadGen SUT over running (or started) vLLM OpenAI-compatible servers (module docstring)."""
+
+    transport_name = "http"
+
+    @classmethod
+    def check_options(cls, options: Any) -> HttpOptions:
+        """The options as ``HttpOptions`` (``InputError`` names a bad one); a mapping's URLs must answer
+        (an ``HttpOptions`` instance is taken as already checked)."""
+        checked = isinstance(options, HttpOptions)
+        opts = super().check_options(options)
+        if not checked and opts.urls:
+            check_reachable(opts.urls)
+        return opts
+
+    @classmethod
+    def preflight(cls, options: HttpOptions, engine: EngineSettings) -> None:
+        """``InputError`` when a given URL serves another model or a shorter context, or, without URLs,
+        when the servers cannot be placed here (``plan_engines``)."""
+        if not options.urls:
+            try:
+                plan_engines(engine)
+            except EngineError as e:
+                raise InputError(f"--sut vllm-http: {e}") from None
+            return
+        for url in options.urls:
+            check_served_model(url, engine, options.model_name)
+
+    @classmethod
+    def noncompliance_reasons(cls, options: Any) -> list[str]:
+        """A run that may go on with prefix caching unconfirmed is not an MLPerf result."""
+        return [UNCONFIRMED_REASON] if getattr(options, "allow_unconfirmed_prefix_caching", False) else []
+
+
+__all__ = ["HttpOptions", "HttpSUT", "ServerInputError", "check_reachable"]

@@ -1,0 +1,128 @@
+"""LoadGen ``TestSettings`` of a run: mlperf.conf + user.conf read once per process, then the dev overrides.
+
+``loadgen_test_settings(run_settings, dataset_size)`` returns the settings and the reasons the run is
+not compliant (a user.conf that weakens mlperf.conf, a cut dataset, command-line overrides);
+``mlperf_conf_settings`` reads what mlperf.conf alone gives, in a child process (``FromConfig`` may run
+once per process: a second call would make LoadGen log "Multiple conf files are used", which the
+submission checker rejects).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from sut.base import InputError, RunFailed
+from sut.constants import MIN_DURATION_MS, PERFORMANCE_SAMPLE_COUNT
+from sut.scenarios import resolve_scenario
+from sut.userconf import check_user_conf
+
+_FROM_CONFIG_CALLED = False
+
+# LoadGen settings that mlperf.conf fixes for a compliant run; a user.conf may only make the first two
+# stricter (a longer run, more queries). Checked against mlperf.conf's own values, read in a child
+# process (FromConfig may run once per process).
+_CONF_FIELDS = ("min_duration_ms", "min_query_count", "max_duration_ms", "max_query_count",
+                "performance_sample_count_override", "accuracy_sample_count_override",
+                "sample_concatenate_permutation", "use_token_latencies")
+_CONF_SNIPPET = """
+import json, sys, tempfile, mlperf_loadgen as lg
+ts = lg.TestSettings()
+ts.scenario = getattr(lg.TestScenario, sys.argv[2])
+with tempfile.NamedTemporaryFile("w", suffix=".conf") as f:
+    rc = ts.FromConfig(f.name, sys.argv[1], sys.argv[2])
+print(json.dumps({"rc": rc, **{k: getattr(ts, k) for k in sys.argv[3:]}}))
+"""
+
+
+#: Server settings mlperf.conf fixes for the streaming scenarios (the token-latency limits and their percentile).
+_SERVER_CONF_FIELDS = ("ttft_latency", "tpot_latency", "server_target_latency_percentile", "server_target_latency_ns")
+
+
+def mlperf_conf_settings(model_key: str, scenario: str, fields: tuple = _CONF_FIELDS) -> dict:
+    """The LoadGen settings ``fields`` that the embedded mlperf.conf alone gives (``scenario``: LoadGen's).
+
+    Raises ``RunFailed`` if the child process cannot read them.
+    """
+    out = subprocess.run([sys.executable, "-c", _CONF_SNIPPET, model_key, scenario, *fields],
+                         capture_output=True, text=True, timeout=120)
+    try:
+        ref = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise RunFailed(f"could not read mlperf.conf's settings for {model_key}/{scenario}: {out.stderr[-500:]}") from None
+    if ref.pop("rc") != 0:
+        raise RunFailed(f"LoadGen's FromConfig failed on an empty user.conf for {model_key}/{scenario}")
+    return ref
+
+
+def loadgen_test_settings(rs, dataset_size: int):
+    """Build LoadGen ``TestSettings`` from mlperf.conf + user.conf, then apply dev overrides
+    (``rs``: ``sut.harness.RunSettings``).
+
+    Returns ``(settings, noncompliance_reasons)``. Raises ``RunFailed`` if user.conf is
+    missing/invalid or ``FromConfig`` was already called in this process (LoadGen would log
+    "Multiple conf files are used", which the submission checker rejects).
+    """
+    global _FROM_CONFIG_CALLED
+    import mlperf_loadgen as lg
+
+    if not Path(rs.user_conf).is_file():
+        raise InputError(f"user.conf not found: {rs.user_conf}")
+    scen = resolve_scenario(rs.scenario, rs.model_key)  # Interactive: LoadGen's Server + the -interactive key
+    check_user_conf(rs.user_conf, rs.model_key, scen.loadgen)  # a line LoadGen would ignore is refused (exit 2)
+    if _FROM_CONFIG_CALLED:
+        raise RunFailed("TestSettings.FromConfig was already called in this process; start a new process per run")
+    ts = lg.TestSettings()
+    ts.scenario = getattr(lg.TestScenario, scen.loadgen)
+    rc = ts.FromConfig(str(rs.user_conf), rs.model_key, scen.loadgen)
+    _FROM_CONFIG_CALLED = True
+    if rc != 0:
+        raise InputError(f"LoadGen rejected {rs.user_conf} (FromConfig returned {rc}); values must be numbers, "
+                        "lines 'model.scenario.key = value'")
+    ts.mode = lg.TestMode.AccuracyOnly if rs.mode == "accuracy" else lg.TestMode.PerformanceOnly
+    reasons = []
+    if rs.scenario == "Offline" and not ts.offline_expected_qps > 0:
+        raise InputError(f"{rs.user_conf}: target_qps must be a positive number of samples/s, got "
+                         f"{ts.offline_expected_qps}")
+    if scen.loadgen == "Server" and not ts.server_target_qps > 0:
+        raise InputError(f"{rs.user_conf}: target_qps must be a positive number of queries/s, got "
+                         f"{ts.server_target_qps}")
+    fields = _CONF_FIELDS + (_SERVER_CONF_FIELDS if scen.loadgen == "Server" else ())
+    ref = mlperf_conf_settings(rs.model_key, scen.loadgen, fields)
+    for key in fields:
+        val = getattr(ts, key)
+        if val == ref[key] or (key in ("min_duration_ms", "min_query_count") and val > ref[key]):
+            continue
+        reasons.append(f"{rs.user_conf} changes {key} from mlperf.conf's {ref[key]} to {val}")
+    official_count = PERFORMANCE_SAMPLE_COUNT[rs.model_key]
+    if dataset_size != official_count:
+        reasons.append(f"dataset has {dataset_size} samples, the benchmark needs {official_count}")
+    if ts.performance_sample_count_override > dataset_size or ts.performance_sample_count_override == 0:
+        ts.performance_sample_count_override = dataset_size
+    reasons += _dev_overrides(ts, rs, scen.loadgen)
+    if ts.min_duration_ms < MIN_DURATION_MS:
+        reasons.append(f"min_duration {ts.min_duration_ms} ms < {MIN_DURATION_MS} ms")
+    return ts, reasons
+
+
+def _dev_overrides(ts, rs, loadgen_scenario: str) -> list[str]:
+    """Apply the run's dev overrides (``--max-samples``, ``--min-duration-s``, ...) to ``ts``; returns
+    the reasons they make the run not compliant."""
+    reasons = []
+    if rs.max_samples is not None:
+        reasons.append(f"dataset cut to its first {rs.max_samples} records (--max-samples)")
+    if rs.min_duration_s is not None:
+        ts.min_duration_ms = int(rs.min_duration_s * 1000)
+        reasons.append(f"min_duration overridden to {rs.min_duration_s} s")
+    if rs.min_query_count is not None:
+        ts.min_query_count = int(rs.min_query_count)
+        reasons.append(f"min_query_count overridden to {rs.min_query_count}")
+    if rs.target_qps is not None:
+        if loadgen_scenario == "Server":
+            ts.server_target_qps = float(rs.target_qps)
+        else:
+            ts.offline_expected_qps = float(rs.target_qps)
+        reasons.append("target_qps set on the command line (put it in user.conf for a compliant run)")
+    return reasons

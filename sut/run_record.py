@@ -1,0 +1,200 @@
+"""The run record (``run.json``) of a LoadGen run: its first version, LoadGen's results, the checks after the run.
+
+``initial_record`` is what is on disk before any engine starts (settings, options, model, dataset,
+versions, host); ``parse_loadgen_detail`` / ``token_latencies`` read LoadGen's results;
+``test06_record`` and ``accuracy_gate_record`` run the checks after a finished run;
+``write_record`` replaces ``run.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import importlib.metadata as md
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+from sut import __version__
+from sut.compliance import ComplianceError, verify_test06, write_test06
+from sut.dataset import Dataset
+from sut.scenarios import LATENCY_LIMITS_MS, resolve_scenario
+
+log = logging.getLogger("sut.harness")
+
+def version(dist: str) -> Optional[str]:
+    for name in (dist, dist + "-cpu"):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def parse_loadgen_detail(path: Path) -> dict:
+    """Key results from ``mlperf_log_detail.txt`` (``:::MLLOG`` JSON lines) as plain values."""
+    wanted = {"result_validity", "result_samples_per_second", "result_tokens_per_second", "result_min_duration_met",
+              "result_min_queries_met", "early_stopping_met", "effective_samples_per_query", "effective_min_duration_ms",
+              "effective_performance_sample_count", "effective_target_qps", "loadgen_version", "effective_min_query_count",
+              "result_max_latency_ns", "effective_sample_concatenate_permutation", "effective_use_token_latencies",
+              "effective_scenario", "result_completed_samples_per_sec", "result_completed_tokens_per_second",
+              "result_scheduled_samples_per_sec", "result_perf_constraints_met", "early_stopping_ttft_result",
+              "early_stopping_tpot_result", "result_invalid_reason", "result_first_token_99.00_percentile_latency_ns",
+              "result_first_token_mean_latency_ns", "result_first_token_50.00_percentile_latency_ns",
+              "result_time_per_output_token_99.00_percentile_ns", "result_time_per_output_token_50.00_percentile_ns",
+              "result_99.00_percentile_latency_ns", "effective_target_latency_percentile", "result_query_count",
+              "requested_server_ttft_latency", "requested_server_tpot_latency"}
+    out: dict = {"errors": 0, "warnings": 0}
+    if not path.is_file():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.startswith(":::MLLOG"):
+            continue
+        try:
+            rec = json.loads(line[len(":::MLLOG"):])
+        except json.JSONDecodeError:
+            continue
+        key = rec.get("key")
+        if key in wanted:
+            out[key] = rec.get("value")
+        if key == "error" or str(key).startswith("error_"):
+            out["errors"] += 1
+        if key == "warning" or str(key).startswith("warning_"):
+            out["warnings"] += 1
+    return out
+
+
+def token_latencies(scenario: str, results: dict, harness: dict) -> dict:
+    """``run.json`` ``latency``: the scenario's p99 limits, LoadGen's TTFT/TPOT (from
+    ``mlperf_log_detail.txt``, ms) and the harness's own per-sample figures."""
+    def ms(key):
+        v = results.get(key)
+        return None if v is None else v / 1e6
+
+    return {"limits_ms": LATENCY_LIMITS_MS.get(scenario),
+            "loadgen": {"ttft_p99_ms": ms("result_first_token_99.00_percentile_latency_ns"),
+                        "ttft_p50_ms": ms("result_first_token_50.00_percentile_latency_ns"),
+                        "ttft_mean_ms": ms("result_first_token_mean_latency_ns"),
+                        "tpot_p99_ms": ms("result_time_per_output_token_99.00_percentile_ns"),
+                        "tpot_p50_ms": ms("result_time_per_output_token_50.00_percentile_ns"),
+                        "latency_p99_ms": ms("result_99.00_percentile_latency_ns"),
+                        "perf_constraints_met": results.get("result_perf_constraints_met"),
+                        "early_stopping_met": results.get("early_stopping_met")},
+            "harness": harness}
+
+
+def host_info() -> dict:
+    """OS, CPU model and NVIDIA driver of this host (for ``systems/<system>.json``); None where unknown."""
+    cpu = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    driver = None
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30)
+            driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            driver = None
+    return {"os": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "gpu_driver": driver}
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test06_record(rs, model, run_dir: Path) -> dict:
+    """TEST06 checks on this run's sampled accuracy log; writes ``<run>/TEST06/``."""
+    acc_log = run_dir / "mlperf_log_accuracy.json"
+    try:
+        res = verify_test06(acc_log, rs.scenario, model.eos_token_ids)
+    except ComplianceError as e:
+        return {"passed": False, "error": str(e), "verify_accuracy": None}
+    write_test06(res, acc_log, run_dir)
+    log.info("TEST06 on %d logged responses: %s", res.samples, res.verify_accuracy_txt().replace("\n", "; "))
+    return {"passed": res.passed, "samples": res.samples, "eos_token_ids": list(model.eos_token_ids),
+            "verify_accuracy": res.verify_accuracy_txt(), "failures": list(res.failures),
+            "folder": str(run_dir / "TEST06")}
+
+
+def accuracy_gate_record(rs, es, model, dataset: Dataset, run_dir: Path) -> dict:
+    tok = rs.tokenizer or es.model
+    try:
+        import accuracy
+    except ImportError as e:  # pragma: no cover - the package ships with the project
+        return {"skipped": f"accuracy package unavailable: {e}"}
+    try:
+        res = accuracy.run_gate(str(run_dir / "mlperf_log_accuracy.json"), rs.dataset, tok, str(run_dir),
+                                eos_ids=list(model.eos_token_ids), max_samples=rs.max_samples)
+    except Exception as e:  # noqa: BLE001 - the run itself succeeded; report why the gate did not run
+        log.error("accuracy gate could not run: %s", e)
+        return {"skipped": str(e)}
+    return {"passed": res.get("passed"), "scores": res.get("scores"), "file": str(run_dir / "accuracy.json")}
+
+
+def write_record(run_dir: Path, record: dict) -> None:
+    tmp = run_dir / "run.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(tmp, run_dir / "run.json")
+
+
+def options_record(options) -> dict:
+    """``run.json`` ``options``: the fields of the backend's options object (None: ``{}``)."""
+    if options is None:
+        return {}
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        return dataclasses.asdict(options)
+    return dict(options)
+
+
+def initial_record(rs, es, gen, options, model, dataset: Dataset, reasons: list, command: Optional[str],
+                   audit_config: Optional[str], run_dir: Path) -> dict:
+    """``run.json`` as written before the SUT starts (``status`` "running").
+
+    ``rs`` / ``es`` / ``gen``: run, engine and generation settings; ``options``: the backend's
+    options object; ``model``: ``sut.engine.ModelInfo``; ``reasons``: why the run is not compliant.
+    """
+    return {
+        "record_version": 1,
+        "status": "running",
+        "kind": "mlperf-loadgen",
+        "sut": rs.sut,
+        "scenario": rs.scenario,
+        "loadgen_scenario": resolve_scenario(rs.scenario, rs.model_key).loadgen,
+        "mode": rs.mode,
+        "model_key": rs.model_key,
+        "compliance": {"compliant": not reasons, "reasons": reasons},
+        "run_settings": dataclasses.asdict(rs),
+        "engine_settings": dataclasses.asdict(es),
+        "generation": dataclasses.asdict(gen),
+        "options": options_record(options),
+        "model": {"path": model.path, "config_sha256": model.config_sha256, "vocab_size": model.vocab_size,
+                  "eos_token_ids": list(model.eos_token_ids)},
+        "dataset": {"path": str(Path(rs.dataset).resolve()), "sha256": dataset.sha256, "samples": len(dataset),
+                    "records_in_file": dataset.total_in_file, "prompt_tokens": dataset.length_stats()},
+        "versions": {"project": __version__, "mlcommons-loadgen": version("mlcommons-loadgen"),
+                     "python": platform.python_version(), "flamepy": version("flamepy")},
+        "host": platform.node(),
+        "host_info": host_info(),
+        "command": command,
+        "audit_config": ({"path": str(Path(audit_config).resolve()), "sha256": file_sha256(Path(audit_config))}
+                         if audit_config else None),
+        "started": now_iso(),
+        "output_dir": str(run_dir),
+    }
+
+
+def now_iso() -> str:
+    """Local time with its offset, to the second (``started`` / ``finished``)."""
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")

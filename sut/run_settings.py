@@ -1,0 +1,97 @@
+"""``RunSettings``: the settings of one LoadGen run (``python -m sut run``'s run flags, a preset's ``[run]``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from sut.compliance import COMPLIANCE_TESTS, TEST06_AUDIT_CONFIG
+from sut.constants import MODEL_KEYS
+from sut.scenarios import resolve_scenario
+
+MODES = ("performance", "accuracy")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Settings of one LoadGen run.
+
+    Attributes:
+        sut: registered backend name (``vllm``, ``flame``).
+        dataset: cnn_eval-format JSON file.
+        output_dir: base folder; each run gets its own sub-folder.
+        mode: ``performance`` or ``accuracy``.
+        scenario: ``Offline``, ``Server`` or ``Interactive`` (``sut/scenarios.py``: Interactive is a
+            LoadGen Server run with the model key ``llama3_1-8b-interactive``).
+        model_key: LoadGen model key (MLPerf mlperf.conf); None = the scenario's (``llama3_1-8b``,
+            Interactive ``llama3_1-8b-interactive``); a key that does not go with the scenario is refused.
+        user_conf: user.conf path, read once through ``FromConfig``.
+        max_samples: use only the first N records (not compliant).
+        min_duration_s / min_query_count / target_qps: overrides after user.conf (not compliant,
+            except ``target_qps`` which is marked so because it belongs in user.conf).
+        tokenizer: tokenizer for the accuracy gate (default: the model folder).
+        accuracy_gate: run the ROUGE + length gate after an accuracy-mode run.
+        audit_config: LoadGen audit config (e.g. TEST06's ``audit.config``); None = never read one.
+        compliance_test: ``TEST06`` runs MLPerf's TEST06: the shipped audit config (unless
+            ``audit_config`` names another), then the TEST06 checks on the sampled accuracy log
+            (``sut/compliance.py``); the result goes to ``<run>/TEST06/`` and ``run.json``, and a
+            failed check fails the run.
+        enable_trace: LoadGen trace log (large; off by default).
+        stall_timeout_s: fail if no sample completes for this long while samples are outstanding.
+        run_name: sub-folder name; default ``<time>-<sut>-<scenario>-<mode>``.
+        engine_console: vLLM's own output (local engine workers' stdout/stderr) on the console
+            (``--verbose``) instead of ``<run>/engine-N.log``.
+    """
+
+    sut: str
+    dataset: str
+    output_dir: str = "results"
+    mode: str = "performance"
+    scenario: str = "Offline"
+    model_key: Optional[str] = None
+    user_conf: str = "user.conf"
+    max_samples: Optional[int] = None
+    min_duration_s: Optional[float] = None
+    min_query_count: Optional[int] = None
+    target_qps: Optional[float] = None
+    tokenizer: Optional[str] = None
+    accuracy_gate: bool = True
+    audit_config: Optional[str] = None
+    compliance_test: Optional[str] = None
+    enable_trace: bool = False
+    stall_timeout_s: float = 1800.0
+    run_name: Optional[str] = None
+    progress: bool = True
+    engine_console: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.model_key is not None and self.model_key not in MODEL_KEYS:
+            raise ValueError(f"model_key must be one of {MODEL_KEYS} (spelt exactly so), got {self.model_key!r}")
+        # ScenarioError (a ValueError) names the right spelling or pairing; the key is then the scenario's
+        object.__setattr__(self, "model_key", resolve_scenario(self.scenario, self.model_key).model_key)
+        if self.compliance_test is not None:
+            if self.compliance_test not in COMPLIANCE_TESTS:
+                raise ValueError(f"compliance_test must be one of {COMPLIANCE_TESTS}, got {self.compliance_test!r}")
+            if self.mode != "performance":
+                raise ValueError(f"{self.compliance_test} is a performance-mode run (its audit config sets mode 2); "
+                                 f"got mode {self.mode!r}")
+            if self.audit_config and Path(self.audit_config).resolve() != TEST06_AUDIT_CONFIG.resolve():
+                raise ValueError(f"--compliance-test {self.compliance_test} uses {TEST06_AUDIT_CONFIG}; do not also "
+                                 f"pass --audit-config ({self.audit_config})")
+        if self.audit_config and self.mode != "performance":
+            raise ValueError("an audit config sets LoadGen's mode itself (TEST06: performance with a sampled accuracy "
+                             f"log); run it with --mode performance, got {self.mode!r}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
+        if self.min_query_count is not None and self.min_query_count < 1:
+            raise ValueError(f"min_query_count must be >= 1, got {self.min_query_count}")
+        for name in ("min_duration_s", "target_qps"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and 0 < v <= 1e7):
+                raise ValueError(f"{name} must be a number in (0, 1e7], got {v}")
+        if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
+            raise ValueError(f"stall_timeout_s must be a positive number, got {self.stall_timeout_s}")

@@ -1,0 +1,216 @@
+"""The dispatch core without engines: Dispatcher x routing x ledger over the FakeTransport test double."""
+
+from types import SimpleNamespace as QS
+
+import numpy as np
+import pytest
+
+from sut.core import guard
+from sut.core.dispatcher import Dispatcher
+from sut.core.messages import Completion, ReplicaRecord, Request
+from sut.core.routing import ROUTERS, AffinitySettings, make_router, model_revision
+from sut.core.transport import TransportSpec, make_transport, transport_class
+from sut.ledger import SampleLedger
+from sut.streaming_ledger import StreamingLedger
+from transport_doubles import FakeOptions
+
+
+class Sink(list):
+    def __call__(self, results):
+        self.extend((sid, np.atleast_1d(np.asarray(ids)).tolist()) for sid, ids in results)
+
+
+def _setup(policy="least_loaded", stream=False, chunk=3, **opts):
+    sink, firsts = Sink(), Sink()
+    if stream:
+        led = StreamingLedger((), progress=False, complete_fn=sink, first_fn=firsts)
+    else:
+        led = SampleLedger((), progress=False, complete_fn=sink)
+    tr = make_transport("fake", TransportSpec(engine=None, generation=None, options=FakeOptions(**opts), stream=stream))
+    d = Dispatcher(tr, make_router(policy, tr.replicas, 4), led, chunk=chunk)
+    d.start()
+    return led, d, tr, sink, firsts
+
+
+def _issue(led, d, n, length=20):
+    items = led.issue([QS(id=1000 + i, index=i) for i in range(n)])
+    d.dispatch([Request(rid, (np.arange(length) + 7 * idx).astype(np.int32), idx) for rid, idx in items])
+
+
+@pytest.mark.parametrize("policy", sorted(ROUTERS))
+def test_every_request_answered_exactly_once_under_every_policy(policy):
+    led, d, tr, sink, _ = _setup(policy)
+    try:
+        _issue(led, d, 25)
+        assert led.idle.wait(10) and led.wait_sent(10)
+        assert sorted(s for s, _ in sink) == list(range(1000, 1025)) and led.error is None
+        assert sum(d.answered) == 25 and d.outstanding == 0
+        st = d.stats()
+        assert st["policy"] == policy and sum(st["routed"]) == 25
+        if policy in ("round_robin", "least_loaded"):
+            assert min(st["routed"]) >= 12  # both replicas used
+    finally:
+        tr.stop()
+
+
+def test_a_duplicate_answer_fails_the_run_naming_the_request():
+    led, d, tr, sink, _ = _setup(duplicate=0)
+    try:
+        _issue(led, d, 4)
+        assert led.idle.wait(10)
+        assert "answered twice" in led.error and "request 0" in led.error
+        assert led.wait_sent(10) and len(sink) == 4  # the others still answered exactly once
+    finally:
+        tr.stop()
+
+
+def test_an_answer_from_another_replica_fails_the_run_naming_both():
+    led, d, tr, sink, _ = _setup("round_robin", wrong_replica=2)
+    try:
+        _issue(led, d, 4)
+        assert led.idle.wait(10)
+        assert led.error == "request 2 was routed to replica 0 but answered by replica 1"
+        assert led.wait_sent(10) and sorted(s for s, _ in sink) == [1000, 1001, 1002, 1003]
+    finally:
+        tr.stop()
+
+
+def test_a_fatal_event_answers_every_outstanding_sample_empty():
+    led, d, tr, sink, _ = _setup("round_robin", die_after={0: 1}, step_s=0.01)
+    try:
+        _issue(led, d, 10)
+        assert led.idle.wait(10)
+        assert led.error == "fake replica 0 died"
+        assert led.wait_sent(10) and sorted(s for s, _ in sink) == list(range(1000, 1010))
+        assert led.answered_empty + led.completed == 10 and led.answered_empty >= 4
+    finally:
+        tr.stop()
+
+
+def test_submit_to_a_dead_replica_fails_the_run_after_waiting_for_the_transport_report():
+    led, d, tr, sink, _ = _setup("round_robin")
+    tr.stop()
+    d.death_report_s = 0.2
+    _issue(led, d, 2)
+    assert led.error.startswith("dispatch failed: fake replica 0 is gone")
+    assert led.wait_sent(10) and len(sink) == 2
+
+
+def test_streaming_first_tokens_reach_the_ledger_and_the_least_pending_policy():
+    led, d, tr, sink, firsts = _setup("least_pending", stream=True)
+    try:
+        _issue(led, d, 6)
+        assert led.idle.wait(10) and led.wait_sent(10)
+        assert led.error is None and len(firsts) == 6
+        assert {sid: ids[0] for sid, ids in sink} == {sid: f[0] for sid, f in firsts}
+        assert d.router.waiting_first == [0, 0] and d.router.inflight == [0, 0]
+    finally:
+        tr.stop()
+
+
+def test_least_pending_scores_outstanding_plus_weighted_waiting():
+    r = make_router("least_pending", 2, 128, AffinitySettings(first_token_weight=8))
+    p = np.zeros(10, np.int32)
+    assert [r.route(i, p) for i in range(2)] == [0, 1]
+    r.first(0)  # replica 0: 1 outstanding, 0 waiting (score 1); replica 1: 1 + 8
+    assert r.route(2, p) == 0  # scores 1 vs 9
+    assert r.route(3, p) == 1  # replica 0 now 2 + 8 = 10 > 9
+    r.done(1)
+    assert r.route(4, p) == 1
+
+
+def test_prefix_hash_depends_on_the_model_revision():
+    p = np.arange(600, dtype=np.int32)
+    a = make_router("prefix_affinity", 2, 16, AffinitySettings(model_revision="a"))
+    b = make_router("prefix_affinity", 2, 16, AffinitySettings(model_revision="b"))
+    a2 = make_router("prefix_affinity", 2, 16, AffinitySettings(model_revision="a"))
+    assert a.keys(p) == a2.keys(p) and len(a.keys(p)) == 2
+    assert not set(a.keys(p)) & set(b.keys(p))
+
+
+def test_model_revision_is_the_config_hash(tmp_path):
+    (tmp_path / "config.json").write_text('{"b": 1, "a": 2}')
+    r1 = model_revision(tmp_path)
+    (tmp_path / "config.json").write_text('{"a": 2, "b": 1}')
+    assert model_revision(tmp_path) == r1 and len(r1) == 16
+    (tmp_path / "config.json").write_text('{"a": 3, "b": 1}')
+    assert model_revision(tmp_path) != r1
+
+
+def test_the_guard_refuses_prefix_caching_on_or_unconfirmed():
+    with pytest.raises(guard.PrefixCachingError, match="not allowed in an MLPerf run"):
+        guard.check_settings(True, allowed=False)
+    guard.check_settings(True, allowed=True)
+    on, off, unknown = (ReplicaRecord(i, {"enable_prefix_caching": v}) for i, v in enumerate((True, False, None)))
+    with pytest.raises(guard.PrefixCachingError, match="replica 0 reports enable_prefix_caching=True"):
+        guard.check_replicas([off, on], allowed=False)
+    with pytest.raises(guard.PrefixCachingError, match="replica 2: prefix caching could not be confirmed off"):
+        guard.check_replicas([off, unknown], allowed=False)
+    assert guard.check_replicas([off, unknown], allowed=False, allow_unconfirmed=True) == [2]
+    assert guard.check_replicas([on, unknown], allowed=True) == []
+
+
+def test_completions_unpack_like_pairs_for_the_ledger():
+    c = Completion(5, np.array([1, 2], np.int32), cached_tokens=3)
+    rid, ids, *_ = c
+    assert rid == 5 and ids.tolist() == [1, 2] and c.t_first is None
+
+
+def test_unknown_transport_lists_the_known_ones():
+    with pytest.raises(KeyError, match="unknown transport 'nope'; known: .*flame.*http.*local"):
+        transport_class("nope")
+
+
+def _ctx(scenario="Offline", prefix_caching=False, **opts):
+    from types import SimpleNamespace as NS
+
+    from sut.base import SUTContext
+
+    ds = NS(prompts=[(np.arange(20) + i).astype(np.int32) for i in range(8)], path="/nonexistent.json")
+    return SUTContext(dataset=ds, engine=NS(enable_prefix_caching=prefix_caching),
+                      generation=NS(eos_token_ids=()), options=FakeOptions(**opts), progress=False, scenario=scenario)
+
+
+class FakeSUT:
+    """A TransportSUT over the fake transport (built lazily so the import order stays the product's)."""
+
+    def __new__(cls, ctx):
+        from sut.core.loadgen_sut import TransportSUT
+
+        sub = type("FakeTransportSUT", (TransportSUT,), {"transport_name": "fake", "name": "fake"})
+        return sub(ctx)
+
+
+def test_transport_sut_answers_loadgen_samples_and_records_routing():
+    sut = FakeSUT(_ctx())
+    sink = Sink()
+    sut.ledger._complete_fn = sink
+    rec = sut.start()
+    try:
+        assert [e["device"]["uuid"] for e in rec["engines"]] == ["FAKE-0", "FAKE-1"]
+        sut.issue_queries([QS(id=50 + i, index=i % 8) for i in range(12)])
+        sut.flush_queries()
+        assert sut.ledger.idle.wait(10) and sut.ledger.wait_sent(10)
+        assert sorted(s for s, _ in sink) == list(range(50, 62)) and sut.ledger.error is None
+    finally:
+        sut.stop()
+    r = sut.record()
+    assert r["routing"]["policy"] == "least_loaded" and sum(r["routing"]["answered"]) == 12 and r["transport"] == "fake"
+
+
+def test_transport_sut_picks_least_pending_for_streaming_scenarios():
+    assert FakeSUT(_ctx("Server")).policy == "least_pending"
+    assert FakeSUT(_ctx("Interactive")).policy == "least_pending"
+
+
+def test_transport_sut_refuses_prefix_caching_before_and_after_start():
+    from sut.base import RunFailed
+
+    with pytest.raises(RunFailed, match="not allowed in an MLPerf run"):
+        FakeSUT(_ctx(prefix_caching=True))
+    sut = FakeSUT(_ctx(prefix_caching_on=True))  # the engines say so although the settings did not ask
+    try:
+        with pytest.raises(RunFailed, match="replica 0 reports enable_prefix_caching=True"):
+            sut.start()
+    finally:
+        sut.stop()

@@ -1,0 +1,481 @@
+"""The ``http`` transport and ``--sut vllm-http`` against a fake vLLM OpenAI server (``fake_vllm_server.py``).
+
+Fast: no vLLM engine. The real ``vllm serve`` runs are in ``test_http_cpu.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
+from sut.base import InputError
+from sut.core import guard
+from sut.core.messages import Request
+from sut.core.transport import TransportError, TransportSpec, make_transport
+from sut.core.transports import http_servers as servers
+from sut.core.transports.http import ServerInputError
+from sut.core.transports.http_options import HttpOptions
+from sut.engine import EngineSettings, GenerationSettings
+from sut.http_sut import HttpSUT, UNCONFIRMED_REASON
+
+pytestmark = pytest.mark.timeout(120)
+
+FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
+MODEL = str(TINY_MODEL)
+EOS = (128001, 128008, 128009)
+
+
+def _health(url: str) -> bool:
+    try:
+        return servers.health_status(url, timeout=1) == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def fake_server():
+    """``start(*flags, model=MODEL) -> (url, Popen)``: a fake server on a free port, killed at the end."""
+    procs = []
+
+    def start(*flags, model=MODEL):
+        port = servers.free_port()
+        p = subprocess.Popen([sys.executable, str(FAKE), "--model", model, "--port", str(port), *flags],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        procs.append(p)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 15
+        while not _health(url):
+            assert p.poll() is None and time.monotonic() < deadline, "fake server did not start"
+            time.sleep(0.05)
+        return url, p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+class Sink:
+    """Records what the transport delivers, in order."""
+
+    def __init__(self):
+        self.events, self.fatal = [], []
+        self.results: dict[int, tuple[int, object]] = {}
+        self.firsts: dict[int, int] = {}
+        self.cond = threading.Condition()
+
+    def on_first(self, replica, firsts):
+        with self.cond:
+            for f in firsts:
+                self.events.append(("first", f.rid))
+                self.firsts[f.rid] = f.token_id
+
+    def on_results(self, replica, results):
+        with self.cond:
+            for c in results:
+                self.events.append(("done", c.rid))
+                self.results[c.rid] = (replica, c)
+            self.cond.notify_all()
+
+    def on_fatal(self, event):
+        with self.cond:
+            self.fatal.append(event)
+            self.cond.notify_all()
+
+    def wait(self, what, timeout=10.0):
+        with self.cond:
+            assert self.cond.wait_for(what, timeout), f"timed out; fatal={self.fatal}, results={len(self.results)}"
+
+
+def transport(options: HttpOptions, stream=False, gen=None, log_dir=None, **engine):
+    es = EngineSettings(model=MODEL, max_model_len=4096, **engine)
+    gen = gen or GenerationSettings(max_tokens=6, eos_token_ids=EOS)
+    return make_transport("http", TransportSpec(engine=es, generation=gen, options=options, stream=stream,
+                                                log_dir=log_dir))
+
+
+def requests(n, start=0):
+    return [Request(i, np.array([i, 7, 8, 9], dtype=np.int32)) for i in range(start, start + n)]
+
+
+def stats_of(url):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/_stats", timeout=5) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture
+def started():
+    """Stops every transport a test started."""
+    made = []
+    yield made
+    for t in made:
+        t.stop()
+
+
+# -- options ---------------------------------------------------------------------------------------
+def test_urls_option_takes_a_list_or_a_comma_string():
+    assert HttpOptions(urls="http://a:1/, https://b:2/v1 ,").urls == ("http://a:1", "https://b:2")
+    assert HttpOptions(urls=["http://a:1"]).urls == ("http://a:1",)
+    assert HttpOptions().urls == ()
+    for bad in ("ftp://a:1", "a:1", "http://"):
+        with pytest.raises(ValueError, match="not an http"):
+            HttpOptions(urls=bad)
+
+
+def test_bad_options_are_input_errors_naming_the_option():
+    with pytest.raises(InputError, match="max_inflight_per_replica must be >= 1"):
+        HttpSUT.check_options({"max_inflight_per_replica": 0})
+    with pytest.raises(InputError, match="not an http"):
+        HttpSUT.check_options({"urls": "localhost:8000"})
+    with pytest.raises(InputError, match="unknown .*batch_size"):
+        HttpSUT.check_options({"batch_size": 4})
+
+
+def test_serve_command_is_built_from_the_engine_settings():
+    es = EngineSettings(model="/m", dtype="bfloat16", max_model_len=3000, max_num_seqs=64, max_num_batched_tokens=8192,
+                        long_prefill_token_threshold=512, enable_chunked_prefill=False, gpu_memory_utilization=0.9,
+                        kv_cache_dtype="fp8", quantization="fp8", load_format="dummy", enforce_eager=True, seed=3)
+    slot = servers.EngineSlot(0, "cuda", "1", gpu_share=2, env=(("CUDA_VISIBLE_DEVICES", "1"),))
+    cmd = servers.serve_command(["vllm", "serve"], es, slot, 8123)
+    text = " ".join(cmd)
+    for part in ("--model /m", "--dtype bfloat16", "--max-model-len 3000", "--max-num-seqs 64",
+                 "--max-num-batched-tokens 8192", "--long-prefill-token-threshold 512", "--no-enable-chunked-prefill",
+                 "--gpu-memory-utilization 0.45", "--kv-cache-dtype fp8", "--quantization fp8", "--load-format dummy",
+                 "--enforce-eager", "--seed 3", "--no-enable-prefix-caching", "--skip-tokenizer-init",
+                 "--host 127.0.0.1", "--port 8123", "--enable-prompt-tokens-details"):
+        assert part in text, part
+    assert "disable-log-stats" not in text  # /metrics is where prefix caching is read back
+    env = servers.server_env(servers.EngineSlot(0, "cpu", "0-1", env=(("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+                                                                       ("VLLM_CPU_OMP_THREADS_BIND", "0-1"))))
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == str(servers.KEEP_ALIVE_S)
+
+
+# -- requests and results --------------------------------------------------------------------------
+def test_token_ids_cached_tokens_and_sampling_on_two_replicas(fake_server, started):
+    (u0, _), (u1, _) = fake_server("--cached", "3"), fake_server("--cached", "3")
+    t = transport(HttpOptions(urls=[u0, u1], max_inflight_per_replica=4))
+    started.append(t)
+    sink = Sink()
+    records = t.start(sink)
+    assert [r.info["url"] for r in records] == [u0, u1]
+    assert all(r.enable_prefix_caching is False and r.info["served_model"] == MODEL for r in records)
+    t.submit(0, requests(10))
+    t.submit(1, requests(10, start=10))
+    sink.wait(lambda: len(sink.results) == 20)
+    for rid, (replica, c) in sink.results.items():
+        assert replica == (0 if rid < 10 else 1)
+        assert c.token_ids.dtype == np.int32 and list(c.token_ids) == [(rid + k) % 1000 + 10 for k in range(6)]
+        assert c.cached_tokens == 3 and c.t_queued <= c.t_done and c.t_first is None
+    body = [b for b in stats_of(u0)["bodies"] if b["prompt"] == [3, 7, 8, 9]][0]
+    assert body["model"] == MODEL and body["return_token_ids"] is True and "stream" not in body
+    assert (body["max_tokens"], body["min_tokens"], body["ignore_eos"]) == (6, 1, False)
+    assert body["stop_token_ids"] == list(EOS) and body["temperature"] == 0.0 and body["top_p"] == 1.0
+    assert (body["top_k"], body["min_p"], body["repetition_penalty"]) == (0, 0.0, 1.0)
+    assert [e["samples"] for e in t.stats()["engines"]] == [10, 10] and not sink.fatal
+
+
+def test_ignore_eos_asks_for_fixed_length_outputs(fake_server, started):
+    url, _ = fake_server()
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=2),
+                  gen=GenerationSettings(max_tokens=5, ignore_eos=True, eos_token_ids=EOS))
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    t.submit(0, requests(1))
+    sink.wait(lambda: len(sink.results) == 1)
+    body = stats_of(url)["bodies"][-1]
+    assert (body["max_tokens"], body["min_tokens"], body["ignore_eos"]) == (5, 5, True)
+
+
+def test_streaming_reports_each_first_token_before_its_completion(fake_server, started):
+    url, _ = fake_server("--delay", "0.05")
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=8), stream=True)
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    t.submit(0, requests(12))
+    sink.wait(lambda: len(sink.results) == 12)
+    for rid, (_, c) in sink.results.items():
+        assert sink.events.index(("first", rid)) < sink.events.index(("done", rid))
+        assert sink.firsts[rid] == c.token_ids[0] and len(c.token_ids) == 6
+        assert c.t_queued <= c.t_first <= c.t_done and c.cached_tokens == 0
+    body = stats_of(url)["bodies"][-1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+def test_requests_in_flight_are_bounded_on_connections_opened_before_start_returns(fake_server, started):
+    url, _ = fake_server("--delay", "0.05")
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=3))
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    opened = set(stats_of(url)["health_ports"])
+    assert len(opened) >= 3  # the pool's connections exist before the first request
+    t.submit(0, requests(30))
+    sink.wait(lambda: len(sink.results) == 30)
+    st = stats_of(url)
+    assert st["max_inflight"] == 3  # 30 requests, never more than 3 on the server at once
+    used = set(st["completion_ports"])
+    assert len(used) <= 4 and len(used - opened) <= 1  # completions ride the pre-opened connections (+ the probe's)
+
+
+# -- errors before the run -----------------------------------------------------------------------
+def test_unreachable_url_is_an_input_error_naming_it(started):
+    url = f"http://127.0.0.1:{servers.free_port()}"
+    with pytest.raises(InputError, match=f"server {url} does not answer"):
+        HttpSUT.check_options({"urls": url})
+    t = transport(HttpOptions(urls=url))
+    with pytest.raises(ServerInputError, match=f"replica 0 \\({url}\\) does not answer") as e:
+        t.start(Sink())
+    assert isinstance(e.value, TransportError) and isinstance(e.value, InputError)
+
+
+def test_a_server_of_another_model_is_refused_unless_named(fake_server, started):
+    url, _ = fake_server(model="/models/Other-Model-7B")
+    with pytest.raises(ServerInputError, match=f"\\({url}\\) serves another model.*Other-Model-7B"):
+        transport(HttpOptions(urls=url)).start(Sink())
+    t = transport(HttpOptions(urls=url, model_name="/models/Other-Model-7B", max_inflight_per_replica=1))
+    started.append(t)
+    assert t.start(Sink())[0].info["served_model"] == "/models/Other-Model-7B"
+
+
+def test_same_model_under_another_folder_is_recognised_by_name(fake_server, started):
+    url, _ = fake_server(model=f"/elsewhere/{TINY_MODEL.name}")
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=1))
+    started.append(t)
+    assert t.start(Sink())[0].info["served_model"] == f"/elsewhere/{TINY_MODEL.name}"
+
+
+def test_a_server_with_a_shorter_context_is_refused(fake_server):
+    url, _ = fake_server("--max-model-len", "2048")
+    with pytest.raises(ServerInputError, match="serves max_model_len 2048 < --max-model-len 4096"):
+        transport(HttpOptions(urls=url)).start(Sink())
+
+
+def test_a_server_that_returns_text_instead_of_ids_is_a_transport_error(fake_server):
+    url, _ = fake_server("--text-only")
+    with pytest.raises(TransportError, match=f"\\({url}\\) probe completion failed: .*text instead of token ids") as e:
+        transport(HttpOptions(urls=url)).start(Sink())
+    assert not isinstance(e.value, InputError)
+
+
+def test_unconfirmed_prefix_caching_is_refused_unless_allowed_and_then_not_compliant(fake_server, started):
+    url, _ = fake_server("--no-metrics")
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=1))
+    started.append(t)
+    records = t.start(Sink())
+    assert records[0].enable_prefix_caching is None
+    with pytest.raises(guard.PrefixCachingError, match="could not be confirmed off"):
+        guard.check_replicas(records, allowed=False)
+    assert guard.check_replicas(records, allowed=False, allow_unconfirmed=True) == [0]
+    assert HttpSUT.noncompliance_reasons(HttpOptions(allow_unconfirmed_prefix_caching=True)) == [UNCONFIRMED_REASON]
+    assert HttpSUT.noncompliance_reasons(HttpOptions()) == []
+
+
+def test_server_info_of_a_dev_mode_server_is_read_back(fake_server, started):
+    url, _ = fake_server("--no-metrics", "--server-info")
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=1))
+    started.append(t)
+    info = t.start(Sink())[0].info
+    assert info["enable_prefix_caching"] is False and info["engine_args_from"] == ["/v1/models", "/server_info"]
+    assert info["engine_args"]["max_num_seqs"] == 64 and info["engine_args"]["dtype"] == "float32"
+    assert info["kv_cache"]["tokens"] == 512 * 16 and info["vllm_version"] == "0.0.0-fake"
+
+
+def test_a_server_reporting_prefix_caching_on_is_refused(fake_server, started):
+    url, _ = fake_server("--enable-prefix-caching")
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=1))
+    started.append(t)
+    records = t.start(Sink())
+    with pytest.raises(guard.PrefixCachingError, match="reports enable_prefix_caching=True"):
+        guard.check_replicas(records, allowed=False, allow_unconfirmed=True)
+
+
+# -- failures during the run ---------------------------------------------------------------------
+def test_server_killed_mid_run_is_one_fatal_event_naming_it(fake_server, started):
+    url, proc = fake_server("--delay", "0.3")
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=4))
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    t.submit(0, requests(40))
+    sink.wait(lambda: len(sink.results) >= 4)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGKILL)
+    sink.wait(lambda: sink.fatal, timeout=10)
+    assert time.monotonic() - t0 < 5
+    assert len(sink.fatal) == 1 and sink.fatal[0].replica == 0 and url in sink.fatal[0].message
+    with pytest.raises(TransportError, match="is gone"):
+        t.submit(0, requests(1, start=100))
+    time.sleep(0.5)
+    assert len(sink.fatal) == 1  # at most one fatal event
+
+
+def test_an_idle_server_that_dies_is_found_by_the_health_check(fake_server, started):
+    url, proc = fake_server()
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=1, health_interval_s=0.2))
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    os.killpg(proc.pid, signal.SIGKILL)
+    sink.wait(lambda: sink.fatal, timeout=5)
+    assert "health check" in sink.fatal[0].message and url in sink.fatal[0].message
+
+
+# -- servers started here -------------------------------------------------------------------------
+def _group_gone(pgid, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_started_servers_are_recorded_watched_and_ended(tmp_path, started):
+    opts = HttpOptions(server_command=f"{sys.executable} {FAKE}", max_inflight_per_replica=2)
+    t = transport(opts, log_dir=str(tmp_path), device="cpu", engines_per_device=2)
+    started.append(t)
+    sink = Sink()
+    records = t.start(sink)
+    assert len(records) == 2
+    for r in records:
+        info = r.info
+        assert info["url"].startswith("http://127.0.0.1:") and info["pid"] and info["enable_prefix_caching"] is False
+        assert "--no-enable-prefix-caching" in info["launch_args"] and info["device"]["kind"] == "cpu"
+        assert info["engine_args"]["max_model_len"] == 4096 and "/metrics" in info["engine_args_from"]
+        assert (tmp_path / f"server-{r.index}.log").is_file()
+    assert sorted(r.info["device"]["slot"] for r in records) == ["0", "1"]
+    t.submit(1, requests(3))
+    sink.wait(lambda: len(sink.results) == 3)
+    pid = records[1].info["pid"]
+    os.kill(pid, signal.SIGKILL)
+    sink.wait(lambda: sink.fatal, timeout=5)
+    msg = sink.fatal[0].message
+    assert sink.fatal[0].replica == 1 and "exited unexpectedly (killed by signal 9)" in msg
+    assert "fake vLLM server" in msg  # the log's last lines
+    t.stop()
+    assert all(_group_gone(r.info["pid"]) for r in records)
+
+
+def test_a_server_that_fails_to_start_names_it_with_its_log(tmp_path):
+    opts = HttpOptions(server_command=f"{sys.executable} {FAKE} --fail-start", server_start_timeout_s=30)
+    t = transport(opts, log_dir=str(tmp_path), device="cpu")
+    with pytest.raises(TransportError, match="server 0 .* exited during start-up") as e:
+        t.start(Sink())
+    assert "refusing to start" in str(e.value) and not isinstance(e.value, InputError)
+
+
+# -- the whole run through the CLI ----------------------------------------------------------------
+def _run(tmp_path, synthetic_small, *args):
+    data, _ = synthetic_small
+    return subprocess.run([sys.executable, "-m", "sut", "run", "--no-progress", "--sut", "vllm-http", "--user-conf",
+                           str(CPU_CONF), "--model", MODEL, "--max-model-len", "4096", "--dataset", str(data),
+                           "--mode", "accuracy", "--max-samples", "8", "--no-accuracy-gate",
+                           "--output-dir", str(tmp_path), *args],
+                          env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=90)
+
+
+def test_cli_accuracy_run_over_a_given_server(tmp_path, synthetic_small, fake_server):
+    url, _ = fake_server()
+    out = _run(tmp_path, synthetic_small, "--server-url", url, "--max-inflight-per-replica", "4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "ok" and rec["sut"] == "vllm-http" and rec["ledger"]["completed"] == 8
+    assert rec["engines"][0]["url"] == url and rec["engines"][0]["samples"] == 8
+    assert rec["prefix_caching"]["enabled"] is False and rec["options"]["urls"] == [url]
+    log = json.loads((run / "mlperf_log_accuracy.json").read_text())
+    assert sorted(r["qsl_idx"] for r in log) == list(range(8))
+
+
+def test_cli_unconfirmed_prefix_caching_fails_unless_allowed_then_not_compliant(tmp_path, synthetic_small, fake_server):
+    url, _ = fake_server("--no-metrics")
+    out = _run(tmp_path / "a", synthetic_small, "--server-url", url)
+    assert out.returncode == 1 and "could not be confirmed off" in out.stderr, out.stderr[-2000:]
+    out = _run(tmp_path / "b", synthetic_small, "--server-url", url, "--allow-unconfirmed-prefix-caching")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = (tmp_path / "b").iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["compliance"]["compliant"] is False and UNCONFIRMED_REASON in rec["compliance"]["reasons"]
+    assert rec["prefix_caching_unconfirmed_replicas"] == [0]
+
+
+def test_cli_unreachable_url_exits_2_before_a_run_folder(tmp_path, synthetic_small):
+    url = f"http://127.0.0.1:{servers.free_port()}"
+    out = _run(tmp_path, synthetic_small, "--server-url", url)
+    assert out.returncode == 2 and f"server {url} does not answer" in out.stderr, out.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_server_scenario_streams_the_first_token_of_every_sample(tmp_path, synthetic_small, fake_server):
+    url, _ = fake_server("--delay", "0.02")
+    out = _run(tmp_path, synthetic_small, "--server-url", url, "--scenario", "Server", "--target-qps", "20")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["routing"]["policy"] == "least_pending"
+    assert rec["ledger"]["issued"] == rec["ledger"]["completed"] == rec["ledger"]["first_tokens"] == 8
+    for r in json.loads((run / "mlperf_log_accuracy.json").read_text()):
+        ids = np.frombuffer(bytes.fromhex(r["data"]), "<i4")
+        first = np.frombuffer(bytes.fromhex(r["token_data"]), "<i4")
+        assert list(first) == [ids[0]] and r["token_count"] == len(ids)
+
+
+def test_cli_server_of_another_model_exits_2_naming_it(tmp_path, synthetic_small, fake_server):
+    url, _ = fake_server(model="/models/Other-Model-7B")
+    out = _run(tmp_path, synthetic_small, "--server-url", url)
+    assert out.returncode == 2 and f"server {url}: serves another model" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert not list(tmp_path.iterdir())  # refused before the run folder is made (HttpSUT.preflight)
+
+
+def test_cli_server_with_a_shorter_context_exits_2_before_a_run_folder(tmp_path, synthetic_small, fake_server):
+    url, _ = fake_server("--max-model-len", "512")
+    out = _run(tmp_path, synthetic_small, "--server-url", url, "--max-model-len", "1024")
+    assert out.returncode == 2 and f"server {url} serves max_model_len 512 < --max-model-len 1024" in out.stderr, \
+        out.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_ctrl_c_ends_the_servers_it_started(tmp_path, synthetic_small):
+    data, _ = synthetic_small
+    cmd = [sys.executable, "-m", "sut", "run", "--no-progress", "--sut", "vllm-http", "--user-conf", str(CPU_CONF),
+           "--model", MODEL, "--max-model-len", "4096", "--device", "cpu", "--dataset", str(data),
+           "--option", f"server_command={sys.executable} {FAKE} --delay 0.2", "--max-inflight-per-replica", "2",
+           "--min-duration-s", "60", "--min-query-count", "1", "--output-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=sut_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline, rec = time.monotonic() + 60, {}
+        while not rec.get("engines") and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            runs = list(tmp_path.iterdir())
+            if runs and (runs[0] / "run.json").is_file():
+                rec = json.loads((runs[0] / "run.json").read_text())
+        assert rec.get("engines"), proc.stdout.read() if proc.poll() is not None else "no engines in run.json"
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 130, proc.stdout.read()[-3000:]
+    final = json.loads((runs[0] / "run.json").read_text())
+    assert final["status"] == "failed" and "interrupted (SIGINT" in final["error"]
+    assert _group_gone(rec["engines"][0]["pid"])

@@ -1,0 +1,304 @@
+"""The ``local`` transport (``sut.core.transports.local``) and the engine worker's typed pipe.
+
+Fast tests run the real worker, pipe, handle and transport in spawned processes with the stand-in
+``vllm`` of ``tests/vllm_standin.py`` (deterministic tokens, prefix-cache hits, a child process in
+the worker's group); the slow one runs the real vLLM on CPU with the tiny dummy-weight model.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import vllm_standin
+from conftest import TINY_MODEL
+from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
+from sut.core.transport import TransportError, TransportSpec, make_transport
+from sut.engine import EngineSettings, GenerationSettings
+from sut.engine import messages as wm
+
+pytestmark = pytest.mark.timeout(120)
+OUT_LEN = 4
+
+
+class Sink:
+    """A ``ResultSink`` that keeps every delivery in order."""
+
+    def __init__(self):
+        self.events: list = []
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+
+    def _add(self, ev):
+        with self.cond:
+            self.events.append(ev)
+            self.cond.notify_all()
+
+    def on_first(self, replica, firsts):
+        for f in firsts:
+            self._add(("first", replica, f))
+
+    def on_results(self, replica, results):
+        for c in results:
+            self._add(("done", replica, c))
+
+    def on_fatal(self, event):
+        self._add(("fatal", event.replica, event))
+
+    def wait(self, pred, timeout=30.0):
+        with self.cond:
+            assert self.cond.wait_for(lambda: pred(self.events), timeout), self.events
+            return list(self.events)
+
+    def of(self, kind):
+        return [e for e in self.events if e[0] == kind]
+
+
+def _done_count(n):
+    return lambda evs: sum(e[0] == "done" for e in evs) >= n
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    vllm_standin.install(tmp_path / "standin", monkeypatch)
+    pids = tmp_path / "child-pids"
+    monkeypatch.setenv("STANDIN_CHILD_PIDS", str(pids))
+    return pids
+
+
+def _transport(engines=1, stream=False, detail=False, **kw):
+    es = EngineSettings(model=str(TINY_MODEL), device="cpu", engines_per_device=engines, max_model_len=512)
+    spec = TransportSpec(engine=es, generation=GenerationSettings(max_tokens=OUT_LEN), stream=stream, detail=detail, **kw)
+    return make_transport("local", spec)
+
+
+def _requests(rids, length=20):
+    return [Request(rid, (np.arange(length) + 3 * (rid % 2)).astype(np.int32), rid) for rid in rids]
+
+
+def _expected(req):
+    return ((int(req.prompt[0]) + np.arange(OUT_LEN)) % 1000 + 10).tolist()
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _gone(pids, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# --------------------------------------------------------------------------- start / submit / results
+def test_streaming_replicas_give_first_tokens_then_typed_completions(standin):
+    t, sink = _transport(engines=2, stream=True), Sink()
+    try:
+        records = t.start(sink)
+        assert [type(r) for r in records] == [ReplicaRecord, ReplicaRecord] and [r.index for r in records] == [0, 1]
+        assert all(r.enable_prefix_caching is False and r.info["device"]["kind"] == "cpu" for r in records)
+        assert records[0].info["engine_args"]["model"] == str(TINY_MODEL) and records[0].info["pid"] != os.getpid()
+        reqs = _requests(range(6))
+        t.submit(0, reqs[:4])  # rids 0 and 2 share their first 16 ids, as do 1 and 3: prefix-cache hits
+        t.submit(1, reqs[4:])
+        events = sink.wait(_done_count(6))
+    finally:
+        t.stop()
+    assert not sink.of("fatal")
+    by_rid = {}
+    for kind, replica, item in events:
+        assert type(item) is (FirstToken if kind == "first" else Completion)
+        by_rid.setdefault(item.rid, []).append((kind, replica, item))
+    for req in reqs:
+        (k1, r1, first), (k2, r2, c) = by_rid[req.rid]  # exactly one first token, then one completion
+        assert (k1, k2) == ("first", "done") and r1 == r2 == (0 if req.rid < 4 else 1)
+        assert c.token_ids.dtype == np.int32 and c.token_ids.tolist() == _expected(req)
+        assert first.token_id == c.token_ids[0]
+        assert isinstance(c.cached_tokens, int) and c.t_queued <= c.t_first <= c.t_done
+    assert [by_rid[r][1][2].cached_tokens for r in range(6)] == [0, 0, 16, 16, 0, 0]
+    st = t.stats()
+    assert [e["samples"] for e in st["engines"]] == [4, 2] and st["dispatch_chunk"] == 512
+    assert [e["engine"] for e in st["engines"]] == [0, 1]
+
+
+def test_offline_completions_carry_queue_and_done_times_but_no_first_token(standin):
+    t, sink = _transport(), Sink()
+    try:
+        t.start(sink)
+        t.submit(0, _requests(range(3)))
+        events = sink.wait(_done_count(3))
+    finally:
+        t.stop()
+    assert [e[0] for e in events] == ["done"] * 3
+    for _, _, c in events:
+        assert c.t_first is None and c.t_queued <= c.t_done and c.cached_tokens in (0, 16)
+
+
+def test_detail_times_first_tokens_without_reporting_them(standin):
+    t, sink = _transport(detail=True), Sink()
+    try:
+        t.start(sink)
+        t.submit(0, _requests([7]))
+        ((kind, _, c),) = sink.wait(_done_count(1))
+    finally:
+        t.stop()
+    assert kind == "done" and c.t_queued <= c.t_first <= c.t_done
+
+
+def test_raw_generate_answers_completions_on_an_idle_engine(standin):
+    t = _transport()
+    try:
+        t.start(Sink())
+        e = t.pool.engines[0]
+        e.raw_generate_start([(r.rid, r.prompt) for r in _requests([1, 2])])
+        secs, res = e.raw_generate_result(timeout=30)
+    finally:
+        t.stop()
+    assert secs >= 0 and [type(c) for c in res] == [Completion, Completion]
+    assert [(c.rid, c.token_ids.tolist()) for c in res] == [(r.rid, _expected(r)) for r in _requests([1, 2])]
+
+
+# --------------------------------------------------------------------------- failures and stop
+def test_a_killed_worker_is_one_fatal_event_naming_its_replica_and_stop_leaves_no_process(standin, monkeypatch):
+    monkeypatch.setenv("STANDIN_STEP_S", "0.05")  # slow steps: requests are still running when it dies
+    t, sink = _transport(engines=2), Sink()
+    try:
+        t.start(sink)
+        workers = [e.pid for e in t.pool.engines]
+        children = [int(x) for x in standin.read_text().split()]
+        assert len(children) == 2 and all(_alive(p) for p in workers + children)
+        t.submit(1, _requests(range(100, 140)))
+        os.kill(workers[1], signal.SIGKILL)
+        sink.wait(lambda evs: any(e[0] == "fatal" for e in evs))
+        time.sleep(0.5)  # a second report would arrive now
+        (fatal,) = sink.of("fatal")
+        ev = fatal[2]
+        assert type(ev) is FatalEvent and ev.replica == 1
+        assert f"engine 1 (pid {workers[1]}) exited unexpectedly" in ev.message
+        with pytest.raises(TransportError, match="engine 1 is gone"):
+            t.submit(1, _requests([999]))
+    finally:
+        t.stop()
+    assert _gone(workers + children), [p for p in workers + children if _alive(p)]
+    t.stop()  # twice is fine
+
+
+def test_a_worker_that_fails_to_start_leaves_nothing_running(standin, tmp_path):
+    t = _transport(engines=2, log_dir=str(tmp_path))
+    t.pool.engines[1].gen = None  # engine 1's worker raises after LLM(...) started its child process
+    with pytest.raises(TransportError, match="engine 1 failed to start"):
+        t.start(Sink())
+    children = [int(x) for x in standin.read_text().split()]
+    assert len(children) >= 1 and _gone([e.pid for e in t.pool.engines if e.pid] + children)
+    assert "AttributeError" in (tmp_path / "engine-1.log").read_text()
+
+
+# --------------------------------------------------------------------------- the typed pipe
+class FakeConn:
+    """The worker's end of the pipe, scripted: ``inbox`` is read in order, ``sent`` collects."""
+
+    def __init__(self, inbox):
+        self.inbox, self.sent = list(inbox), []
+
+    def poll(self, timeout=None):
+        return bool(self.inbox)
+
+    def recv(self):
+        return self.inbox.pop(0)
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+@pytest.fixture
+def standin_here(standin):
+    """The stand-in ``vllm`` imported into this process; taken out of ``sys.modules`` afterwards."""
+    import importlib
+    import sys
+
+    before = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
+    for k in before:
+        del sys.modules[k]
+    yield importlib.import_module("vllm")
+    for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+        del sys.modules[k]
+    sys.modules.update(before)
+
+
+def test_serve_speaks_typed_messages_whatever_the_mode(standin_here):
+    vllm = standin_here
+    from sut.engine.worker import serve
+
+    for stream in (False, True):
+        llm = vllm.LLM(model="m", max_model_len=64, max_num_seqs=4, enable_prefix_caching=False)
+        params = GenerationSettings(max_tokens=2).sampling_params()
+        reqs = _requests([1, 2])
+        conn = FakeConn([wm.Generate(reqs), wm.StatsQuery()])
+        orig_step = llm.llm_engine.step
+
+        def step(engine=llm.llm_engine, orig=orig_step):  # stop once both requests are done
+            outs = orig()
+            if not engine.has_unfinished_requests():
+                conn.inbox.extend([wm.ResetCache(), wm.Stop()])
+            return outs
+
+        llm.llm_engine.step = step
+        serve(conn, llm.llm_engine, params, stats_fn=lambda: {"collections": 0}, llm=llm, stream=stream)
+        kinds = [type(m) for m in conn.sent]
+        assert kinds[0] is wm.Stats and kinds[-1] is wm.Stats and conn.sent[-1].stats == {"reset_prefix_cache": True}
+        done = [c for m in conn.sent if type(m) is wm.Done for c in m.completions]
+        firsts = [f for m in conn.sent if type(m) is wm.Firsts for f in m.firsts]
+        assert sorted(c.rid for c in done) == [1, 2] and all(type(c) is Completion for c in done)
+        assert (len(firsts) == 2) is stream and all(type(f) is FirstToken for f in firsts)
+        assert kinds.index(wm.Done) > (kinds.index(wm.Firsts) if stream else 0)
+    with pytest.raises(Exception, match="unknown message"):
+        serve(FakeConn([("gen", [])]), llm.llm_engine, params)
+
+
+def test_worker_messages_pickle_about_as_small_as_plain_tuples():
+    """A typed batch costs its class reference once, not a name per item."""
+    comps = [Completion(i, np.arange(128, dtype=np.int32) + i, 0, 1.0 + i, 2.0 + i, 3.0 + i) for i in range(256)]
+    a = len(pickle.dumps(wm.Done(comps), -1))
+    b = len(pickle.dumps(("done", [tuple(c) for c in comps]), -1))
+    assert a < 1.02 * b, (a, b)
+    back = pickle.loads(pickle.dumps(wm.Done(comps), -1))
+    assert type(back) is wm.Done and type(back.completions[0]) is Completion and back.completions[5].rid == 5
+
+
+# --------------------------------------------------------------------------- the real engine
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_real_cpu_engine_streams_first_tokens_and_completions_with_cached_tokens(tmp_path):
+    es = EngineSettings(model=str(TINY_MODEL), dtype="float32", load_format="dummy", enforce_eager=True, device="cpu",
+                        max_model_len=512)
+    t = make_transport("local", TransportSpec(engine=es, generation=GenerationSettings(max_tokens=8, ignore_eos=True),
+                                              stream=True, log_dir=str(tmp_path)))
+    sink = Sink()
+    try:
+        (rec,) = t.start(sink)
+        assert rec.enable_prefix_caching is False and rec.info["engine_args"]["dtype"] == "float32"
+        t.submit(0, [Request(i, (np.arange(40) * (i + 1) % 1000).astype(np.int32), i) for i in range(4)])
+        events = sink.wait(_done_count(4), timeout=300)
+        pid = t.pool.engines[0].pid
+    finally:
+        t.stop()
+    firsts = {f.rid: f.token_id for k, _, f in events if k == "first"}
+    done = [c for k, _, c in events if k == "done"]
+    assert sorted(firsts) == [0, 1, 2, 3] and len(done) == 4
+    for c in done:
+        assert len(c.token_ids) == 8 and c.token_ids[0] == firsts[c.rid]
+        assert c.cached_tokens == 0 and c.t_queued <= c.t_first <= c.t_done
+    assert _gone([pid])
