@@ -365,3 +365,15 @@ def test_every_system_must_run_as_many_replicas(systems, tmp_path):
     _, error = run_pairs(resolve_systems(["standalone", "flame"], 2), ctx,
                          PairSettings(policies=("round_robin",), pairs=1, progress=False))
     assert "pair0-flame-round_robin has 1 replica(s), pair0-standalone-round_robin had 2" in error
+
+
+def test_the_flame_system_needs_a_control_plane_that_answers(tmp_path, monkeypatch):
+    pytest.importorskip("flamepy")
+    monkeypatch.delenv("FLAME_ENDPOINT", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.flame/flame.yaml
+    with pytest.raises(ValueError, match="system flame: no Flame endpoint: .*python -m sut.flame cluster"):
+        resolve_systems(["flame"], 2)
+    monkeypatch.setenv("FLAME_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(ValueError, match="no Flame session manager answers at http://127.0.0.1:9"):
+        resolve_systems(["flame"], 2)
+    assert cli(tmp_path, "--systems", "standalone", "flame") == 2 and not (tmp_path / "out").exists()

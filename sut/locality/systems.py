@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from sut.core.transport import Transport, TransportSpec, make_transport, transport_class
 from sut.engine import settings_from_mapping
@@ -38,12 +38,29 @@ class SystemSpec:
         defaults: option defaults of this entry point (fields the options class lacks are skipped).
         replicas_field: the option that sets the replica count (None: the transport plans it itself).
         fresh: every case gets freshly started engines (False: engines that were already running).
+        check: called with the parsed options before anything starts; raises ``ValueError`` naming
+            what the user must fix (e.g. no Flame control plane to talk to).
     """
 
     transport: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     replicas_field: Optional[str] = None
     fresh: bool = True
+    check: Optional[Callable[[Any], None]] = None
+
+
+def check_flame(options) -> None:
+    """The Flame system needs a control plane that answers (``ValueError`` saying how to get one)."""
+    from sut.base import RunFailed
+    from sut.flame.session import reachable, resolve_endpoint
+
+    try:
+        endpoint = resolve_endpoint(getattr(options, "endpoint", None))
+    except RunFailed as e:
+        raise ValueError(f"system flame: {e} (e.g. `python -m sut.flame cluster`: docs/locality.md)") from None
+    if not reachable(endpoint):
+        raise ValueError(f"system flame: no Flame session manager answers at {endpoint} (start one, e.g. "
+                         "`python -m sut.flame cluster`: docs/locality.md)")
 
 
 #: The study's Flame settings for this entry point (study.md §6: batch limit 128, 10 ms window, zlib, gc.freeze).
@@ -51,7 +68,7 @@ FLAME_STUDY_DEFAULTS = {"batch_size": 128, "batch_window_ms": 10.0, "compress": 
 
 SYSTEMS: dict[str, SystemSpec] = {
     "standalone": SystemSpec("local"),
-    "flame": SystemSpec("flame", FLAME_STUDY_DEFAULTS, replicas_field="engines"),
+    "flame": SystemSpec("flame", FLAME_STUDY_DEFAULTS, replicas_field="engines", check=check_flame),
 }
 
 
@@ -107,8 +124,8 @@ def resolve_systems(names: Sequence[str], replicas: int, overrides: Mapping[str,
 
     Raises:
         ValueError: an unknown or repeated system, an option override for a system not run, an
-            unknown or ill-typed option, or a system whose transport is not available here (named,
-            with the import error).
+            unknown or ill-typed option, a system whose transport is not available here (named,
+            with the import error), or one whose ``check`` fails (Flame: no control plane answers).
     """
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown:
@@ -138,6 +155,8 @@ def resolve_systems(names: Sequence[str], replicas: int, overrides: Mapping[str,
                 opts = settings_from_mapping(cls.options_cls, values)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"system {name}: {e}") from None
+        if spec.check is not None:
+            spec.check(opts)
         out.append(System(name, spec, opts))
     return out
 
