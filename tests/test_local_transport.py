@@ -302,3 +302,15 @@ def test_real_cpu_engine_streams_first_tokens_and_completions_with_cached_tokens
         assert len(c.token_ids) == 8 and c.token_ids[0] == firsts[c.rid]
         assert c.cached_tokens == 0 and c.t_queued <= c.t_first <= c.t_done
     assert _gone([pid])
+
+
+def test_a_long_temp_dir_gets_a_short_vllm_rpc_dir():
+    """Flame sets TMPDIR inside the app's working dir; vLLM's IPC socket path (dir + 37 bytes) must fit 107."""
+    from sut.engine.worker import MAX_RPC_DIR, short_rpc_dir
+
+    long = "/tmp/job/study/bench-study-reuse-SYNTHETIC-LOCALITY-NOT-MLPERF/flame-service/work/sut-vllm/tmp"
+    assert len(long) > MAX_RPC_DIR and MAX_RPC_DIR + 37 <= 107
+    assert short_rpc_dir({}, long) == "/tmp"
+    assert short_rpc_dir({}, "/tmp") is None
+    assert short_rpc_dir({"VLLM_RPC_BASE_PATH": "/run/x"}, long) is None
+    assert short_rpc_dir({"VLLM_RPC_BASE_PATH": long}, "/tmp") == "/tmp"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing.connection as mpc
 import os
 import signal
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -45,6 +46,19 @@ def _raise_terminated(*_):
     raise _Terminated()
 
 
+#: Longest directory for vLLM's ZMQ IPC sockets: a Unix socket path holds at most 107 bytes and vLLM appends
+#: ``/<uuid4>`` (37 bytes) to ``VLLM_RPC_BASE_PATH`` (default: the temp dir, which Flame's executor manager
+#: sets inside the application's working directory, e.g. under a long run folder).
+MAX_RPC_DIR = 64
+
+
+def short_rpc_dir(env: dict, tempdir: str, fallback: str = "/tmp") -> Optional[str]:
+    """The ``VLLM_RPC_BASE_PATH`` to set when the one in effect (``env``'s, else ``tempdir``) is longer than
+    ``MAX_RPC_DIR`` bytes: ``fallback``; None when it is short enough."""
+    current = env.get("VLLM_RPC_BASE_PATH") or tempdir
+    return fallback if len(current.encode()) > MAX_RPC_DIR else None
+
+
 def _pin(slot: EngineSlot, own_process_group: bool, log_path: Optional[Path]) -> None:
     """Log redirection, process group, signals, the slot's environment and the process title."""
     if log_path is not None:
@@ -55,6 +69,9 @@ def _pin(slot: EngineSlot, own_process_group: bool, log_path: Optional[Path]) ->
         signal.signal(signal.SIGTERM, _raise_terminated)  # the group's SIGTERM: clean exit through `finally`
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ.update(dict(slot.env))
+    rpc_dir = short_rpc_dir(os.environ, tempfile.gettempdir())
+    if rpc_dir:
+        os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir  # else vLLM's engine-core socket path may not fit
     try:  # show up as sut-engine-N in ps/top (setproctitle comes with vLLM)
         import setproctitle
 

@@ -98,8 +98,10 @@ class FlameTransport(Transport):
             if self.dataset is not None:
                 check_fits(self.dataset.prompts, self.o, self.spec.generation.max_tokens)
             self._connect()
-            self._open_sessions()
-            self.records = self._warm_up()
+            self.records = []
+            for group in self._start_groups():
+                self._open_sessions(group)
+                self.records += self._warm_up([self.sessions[r] for r in group])
         except RunFailed as e:
             self.stop()
             raise TransportError(str(e)) from None
@@ -131,9 +133,17 @@ class FlameTransport(Transport):
             except Exception as e:  # noqa: BLE001 - the synchronous path works everywhere
                 log.warning("flame: asyncio watcher unavailable (%s); watching with one thread per task", e)
 
-    def _open_sessions(self) -> None:
+    def _start_groups(self) -> list[list[int]]:
+        """Replicas whose sessions open and warm up together: all at once, except when engines share a
+        device (``engines_per_device`` > 1): then one after the other, as ``EnginePool`` starts them, so
+        that each engine's memory profiling sees the previous one's final footprint."""
+        if self.spec.engine.engines_per_device > 1:
+            return [[r] for r in range(self.replicas)]
+        return [list(range(self.replicas))]
+
+    def _open_sessions(self, replicas: Sequence[int]) -> None:
         o = self.o
-        for r in range(self.replicas):
+        for r in replicas:
             rs = ReplicaSession(r, self.conn, self.endpoint, o, self.watcher)
             self.sessions.append(rs)
             sid = o.session_id if (o.session_id is None or self.replicas == 1) else f"{o.session_id}-r{r}"
@@ -175,8 +185,8 @@ class FlameTransport(Transport):
             return None if o.service_log_dir.lower() == "none" else str(Path(o.service_log_dir).resolve())
         return str(Path(self.spec.run_dir).resolve() / "flame-service") if self.spec.run_dir else None
 
-    def _warm_up(self) -> list[ReplicaRecord]:
-        """Warm every session up at once; one ``ReplicaRecord`` per replica (its first shard's engine record)."""
+    def _warm_up(self, sessions: list) -> list[ReplicaRecord]:
+        """Warm ``sessions`` up at once; one ``ReplicaRecord`` per replica (its first shard's engine record)."""
         need = self.o.min_executors or self.per_engine
         firsts: dict[int, dict] = {}
 
@@ -185,16 +195,16 @@ class FlameTransport(Transport):
             firsts.setdefault(r, meta)
 
         abort = threading.Event()
-        with cf.ThreadPoolExecutor(self.replicas, thread_name_prefix="flame-warmup") as pool:
-            futs = [pool.submit(Warmup(rs, need, lambda m, r=rs.replica: answer(r, m), abort).run) for rs in self.sessions]
+        with cf.ThreadPoolExecutor(len(sessions), thread_name_prefix="flame-warmup") as pool:
+            futs = [pool.submit(Warmup(rs, need, lambda m, r=rs.replica: answer(r, m), abort).run) for rs in sessions]
             done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
             failed = [f for f in futs if f in done and f.exception() is not None]
             if failed:
                 abort.set()
                 raise failed[0].exception()
-            self.warmup = [f.result() for f in futs]
+            self.warmup += [f.result() for f in futs]
         records = []
-        for rs in self.sessions:
+        for rs in sessions:
             meta = firsts[rs.replica]
             sh = meta.get("shard") or {}
             info = dict(meta.get("engine") or {})
