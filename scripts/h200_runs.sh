@@ -70,6 +70,9 @@ case "${1:-}" in
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site --upgrade \
       /root/gpu/extra/*.whl .gpu/b/extra/*.whl
+    # vllm serve (--sut vllm-http) also imports jmespath and supervisor (model_hosting_container_standards)
+    ls .gpu/c/fi/jmespath-*.whl .gpu/c/fi/supervisor-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index \
+      --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/c/fi/jmespath-*.whl .gpu/c/fi/supervisor-*.whl
     python3 -c "import grpc, google.protobuf, flamepy, sut.flame.client, sut.flame.service, tests.flame_standin, mlperf_loadgen; \
 print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__)"
     ;;
@@ -195,10 +198,11 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
   core)
     # Issue 12 (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started
     # engine; (b) --sut vllm-http (vllm serve started here) vs --sut vllm, same prompts and LoadGen load, HTTP_ROUNDS
-    # rounds (default 1) alternating; Flame 32/64 vs standalone is the flame-real step.
+    # rounds (default 1) alternating; Flame 32/64 vs standalone is the flame-real step. CORE_OVERHEAD=0 skips (a).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
-    python3 scripts/bench_standalone.py "${COMMON[@]}" --dtype bfloat16 --quantization fp8 --kv-cache-dtype fp8 \
-      --dataset "$REAL" --ignore-eos --repeats 2 --json "$JOB/core_overhead_fp8.json" > "$JOB/core_overhead.console" 2>&1
+    [ "${CORE_OVERHEAD:-1}" = 0 ] || python3 scripts/bench_standalone.py "${COMMON[@]}" --dtype bfloat16 --quantization fp8 \
+      --kv-cache-dtype fp8 --dataset "$REAL" --ignore-eos --repeats 2 --json "$JOB/core_overhead_fp8.json" \
+      > "$JOB/core_overhead.console" 2>&1
     python3 scripts/bench_suts.py --suts vllm vllm-http --rounds "${HTTP_ROUNDS:-1}" --out "$JOB/core_http" -- \
       --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
       --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 56 --min-duration-s "${MIN_S:-40}" \
