@@ -119,6 +119,8 @@ def test_systems_alternate_and_every_case_starts_a_fresh_transport(systems, tmp_
         rep["runs"]["flame"]["round_robin"]["cached_share"]["median"]
     saved = json.loads((tmp_path / "locality.json").read_text())
     assert saved["mlperf"] is False and saved["trace_hash"] == record["trace_hash"] and len(saved["input_hashes"]) == 12
+    lines = [json.loads(x) for x in (tmp_path / "cases.jsonl").read_text().splitlines()]
+    assert [(c["system"], c["pair"]) for c in lines] == [(c["system"], c["pair"]) for c in saved["cases"]]
     assert [w["shift"] for w in saved["warmups"]] == prep.shifts and (tmp_path / "locality.png").stat().st_size > 10_000
 
 

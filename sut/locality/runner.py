@@ -6,6 +6,7 @@ the hashes that validation and the record use. ``run_study`` runs every case
 (``sut.locality.pairs``) and writes into the run folder (made first by ``make_run_dir``; its name
 ends in ``-SYNTHETIC-LOCALITY-NOT-MLPERF``):
 
+* ``cases.jsonl``: each finished case's record as soon as it is done (kept if the run is cut off);
 * ``locality.json``: ``"mlperf": false``; ``status`` (``ok`` | ``failed``) and ``error``; runtime
   versions, model (path, config sha256, the revision the router hashes), trace settings, shape,
   trace hash, every input hash, the warm-ups' shifts and hashes; engine, generation, routing and
@@ -29,12 +30,12 @@ import platform
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import metadata as md
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
+from sut.run_record import version
 from sut.locality import NOTICE, RUN_SUFFIX
 from sut.locality.pairs import PairSettings, StudyContext, run_pairs, run_records
 from sut.locality.study import pair_report, plot_pair_report
@@ -84,15 +85,6 @@ def make_run_dir(output_dir: str, run_name: Optional[str], label: str) -> Path:
     return d
 
 
-def _version(dist: str) -> Optional[str]:
-    for name in (dist, dist + "-cpu"):
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            continue
-    return None
-
-
 def runtime_versions() -> dict:
     """Python, the packages that run the experiment, and this repository's commit (None outside git)."""
     try:
@@ -103,7 +95,7 @@ def runtime_versions() -> dict:
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
     return {"python": platform.python_version(), "platform": platform.platform(),
-            **{d: _version(d) for d in ("vllm", "torch", "transformers", "flamepy", "numpy")},
+            **{d: version(d) for d in ("vllm", "torch", "transformers", "flamepy", "numpy")},
             "harness_commit": commit, "harness_uncommitted_changes": dirty}
 
 
@@ -113,6 +105,13 @@ def write_record(d: Path, record: dict) -> Path:
     path = d / "locality.json"
     path.write_text(json.dumps(record, indent=1, default=_json_default))
     return path
+
+
+def append_case(d: Path, rec: dict) -> None:
+    """Append one finished case's record as a line of ``<run>/cases.jsonl``, so that a run cut off
+    before ``locality.json`` is written (a device budget that ends) keeps every case it finished."""
+    with open(d / "cases.jsonl", "a") as fh:
+        fh.write(json.dumps(rec, default=_json_default) + "\n")
 
 
 def _json_default(o):
@@ -154,7 +153,7 @@ def run_study(systems: Sequence[System], prepared: PreparedTrace, ctx: StudyCont
               base_record: dict) -> tuple[dict, Optional[str]]:
     """Run every case; write ``locality.json`` (and, with results, ``locality.png``) into
     ``ctx.run_dir``. Returns ``(record, error)``; ``error`` None when every case passed."""
-    cases, error = run_pairs(systems, ctx, ps)
+    cases, error = run_pairs(systems, ctx, ps, on_case=lambda rec: append_case(ctx.run_dir, rec))
     runs = run_records(cases)
     record = dict(base_record, status="failed" if error else "ok", error=error,
                   **prepared.record(), pair_settings=ps,
