@@ -143,7 +143,9 @@ def test_bad_options_are_input_errors_naming_the_option():
         HttpSUT.check_options({"batch_size": 4})
 
 
-def test_serve_command_is_built_from_the_engine_settings():
+def test_serve_command_is_built_from_the_engine_settings(monkeypatch):
+    # an in-process vLLM config (another test) sets this in os.environ; the servers' env starts from os.environ
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     es = EngineSettings(model="/m", dtype="bfloat16", max_model_len=3000, max_num_seqs=64, max_num_batched_tokens=8192,
                         long_prefill_token_threshold=512, enable_chunked_prefill=False, gpu_memory_utilization=0.9,
                         kv_cache_dtype="fp8", quantization="fp8", load_format="dummy", enforce_eager=True, seed=3)

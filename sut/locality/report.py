@@ -38,7 +38,7 @@ def describe_table(ts: TraceSettings, shape: dict) -> str:
         ("question length", f"{shape['question_mean']:,.0f}" if news else f"{ts.question_tokens:,}",
          f"tokens, mean (longest {shape['question_max']}, bound {int(ts.question_tokens * 1.5)})" if news
          else "tokens, mean, uniform +-50%"),
-        ("output tokens per request", f"{ts.max_tokens:,}", "--max-tokens (at most; exactly with --ignore-eos)"),
+        ("output tokens per request", f"{ts.max_tokens:,}", "--max-tokens (exactly: EOS is ignored, and validation checks the length)"),
         ("requests", _n(shape["requests"]), f"arrival order {ts.order}, seed {ts.seed}"),
         ("prompt tokens, total", _n(shape["prompt_tokens"]), "BOS + document + question, all requests"),
         ("prompt tokens, mean", f"{shape['prompt_mean']:,.0f}", ""),
