@@ -200,8 +200,8 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
 
 
 def cmd_run(a) -> int:
+    stop_on_sigterm_like_ctrl_c()  # before the option checks: vllm-http probes its servers there
     rs, es, gen, opts = settings_from_args(a)
-    stop_on_sigterm_like_ctrl_c()
     rec = run_benchmark(rs, es, gen, opts, command=" ".join(["python -m sut"] + [shlex.quote(x) for x in a.argv]))
     _print_summary(rec)
     return 0

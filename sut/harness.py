@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from sut.core import guard
 from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, get_sut
 from sut.compliance import TEST06_AUDIT_CONFIG
 from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
@@ -68,6 +69,9 @@ def _check_backend(rs: RunSettings, es: EngineSettings, options: Any) -> tuple[t
         check_backend(rs.sut, resolve_scenario(rs.scenario, rs.model_key))  # flame + Server: exit 2, nothing started
     except ScenarioError as e:
         raise InputError(str(e)) from None
+    if es.enable_prefix_caching and not getattr(options, "allow_prefix_caching", False):
+        raise InputError(f"{guard.PROHIBITED}; an experiment may pass --option allow_prefix_caching=true (the run is "
+                         "then not compliant)")
     backend.check_engine(es)  # e.g. --device cuda without a GPU: exit 2 before the run folder exists
     backend.preflight(options, es)  # e.g. a given vLLM server serves another model
     return backend, options

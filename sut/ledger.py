@@ -170,13 +170,18 @@ class SampleLedger:
         with self._lock:
             if self.error is not None:
                 return
-            send, unknown = [], []
+            send, unknown, broken = [], [], None
             for rid, ids, *_ in results:
-                entry = self._outstanding.pop(rid, None)
+                entry = self._outstanding.get(rid)
                 if entry is None:
                     unknown.append(rid)
                     continue
-                cut = cut_at_first_eos(ids, self.eos_ids)
+                try:
+                    cut = cut_at_first_eos(ids, self.eos_ids)
+                except Exception as e:  # noqa: BLE001 - the sample stays outstanding and is answered by the failure
+                    broken = broken or f"the result of request {rid} is unusable: {e!r}"
+                    continue
+                del self._outstanding[rid]
                 send.append((entry[0], cut))
                 self.output_tokens += len(cut)
             if send:
@@ -184,6 +189,8 @@ class SampleLedger:
             if unknown:
                 self._fail_locked(f"request {unknown[0]} was answered twice or never issued"
                                   + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+            if broken:
+                self._fail_locked(broken)
 
     def fail(self, message: str) -> None:
         """Record a fatal error (the first one wins) and answer every outstanding sample empty."""

@@ -214,3 +214,19 @@ def test_transport_sut_refuses_prefix_caching_before_and_after_start():
             sut.start()
     finally:
         sut.stop()
+
+
+def test_a_first_token_from_another_replica_fails_the_run():
+    led, d, tr, sink, firsts = _setup("round_robin", stream=True)
+    try:
+        items = led.issue([QS(id=1, index=0)])
+        with d._lock:  # routed to replica 0 without sending it
+            d._where[items[0][0]] = 0
+            d.router.route(items[0][0], np.zeros(20, np.int32))
+        from sut.core.messages import FirstToken
+
+        d.on_first(1, [FirstToken(items[0][0], 5)])
+        assert led.error == "first token of request 0 was routed to replica 0 but came from replica 1"
+        assert led.wait_sent(10) and firsts == []
+    finally:
+        tr.stop()

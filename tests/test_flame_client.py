@@ -212,3 +212,12 @@ def test_the_product_never_imports_test_doubles():
     assert not (REPO / "sut" / "flame" / "fake_engine.py").exists()
     assert "engine_backend" not in {f.name for f in dataclasses.fields(FlameOptions)}
     assert not [f.name for f in dataclasses.fields(FlameOptions) if f.name.startswith("fake")]
+
+
+@pytest.mark.parametrize("field", ["batch_window_ms", "warmup_stall_s"])
+def test_flame_options_refuse_nan(field):
+    """NaN would make the batcher spin (Condition.wait(nan) returns at once) or disable the stall check."""
+    from sut.flame.options import FlameOptions
+
+    with pytest.raises(ValueError, match=field):
+        FlameOptions(**{field: float("nan")})

@@ -481,3 +481,10 @@ def test_cli_ctrl_c_ends_the_servers_it_started(tmp_path, synthetic_small):
     final = json.loads((runs[0] / "run.json").read_text())
     assert final["status"] == "failed" and "interrupted (SIGINT" in final["error"]
     assert _group_gone(rec["engines"][0]["pid"])
+
+
+@pytest.mark.parametrize("value", ["", " , ", [""]])
+def test_an_empty_server_url_is_refused_not_taken_as_start_servers_here(value):
+    with pytest.raises(ValueError, match="empty"):
+        HttpOptions(urls=value)
+    assert HttpOptions().urls == ()

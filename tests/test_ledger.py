@@ -128,3 +128,12 @@ def test_full_query_answered_from_short_lived_threads_does_not_crash_loadgen(via
                          env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (out.returncode, out.stdout[-1000:], out.stderr[-2000:])
     assert out.stdout.count("13368 of 13368 issued samples answered") == 20
+
+
+def test_an_unusable_result_fails_the_run_and_its_sample_is_still_answered_once():
+    led, sink = make()
+    (r0, _), (r1, _) = led.issue([QS(id=100, index=0), QS(id=101, index=1)])
+    led.complete([(r0, "not an array of ids"), (r1, np.array([3, 4], np.int32))])
+    assert led.error and "result of request 0 is unusable" in led.error
+    assert led.wait_sent(10) and sorted(sid for sid, _ in sink.calls) == [100, 101]
+    assert led.outstanding == 0 and led.completed == 1 and led.answered_empty == 1

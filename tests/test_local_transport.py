@@ -314,3 +314,22 @@ def test_a_long_temp_dir_gets_a_short_vllm_rpc_dir():
     assert short_rpc_dir({}, "/tmp") is None
     assert short_rpc_dir({"VLLM_RPC_BASE_PATH": "/run/x"}, long) is None
     assert short_rpc_dir({"VLLM_RPC_BASE_PATH": long}, "/tmp") == "/tmp"
+
+
+def test_a_result_sink_that_raises_becomes_one_fatal_event_not_a_dead_watcher(standin):
+    """A broken callback (e.g. the ledger raising) must fail the run at once, not stall it for 30 minutes."""
+
+    class RaisingSink(Sink):
+        def on_results(self, replica, results):
+            raise ValueError("ledger bug")
+
+    t = _transport()
+    sink = RaisingSink()
+    t.start(sink)
+    try:
+        t.submit(0, _requests([0]))
+        evs = sink.wait(lambda evs: any(e[0] == "fatal" for e in evs))
+        fatal = [e for e in evs if e[0] == "fatal"][0][2]
+        assert fatal.replica == 0 and "handling its results failed: ValueError('ledger bug')" in fatal.message
+    finally:
+        t.stop()

@@ -1,4 +1,7 @@
 import dataclasses
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -7,7 +10,7 @@ from sut.base import RunFailed, get_sut, sut_names
 from sut.engine import EngineError, EngineSettings, GenerationSettings, plan_engines, read_model_info
 from sut.harness import RunSettings, loadgen_test_settings
 
-from conftest import CPU_CONF, REPO, TINY_MODEL
+from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
 
 
 SNIPPET = """
@@ -339,3 +342,34 @@ def test_run_with_a_user_conf_line_for_another_model_exits_2_before_anything_sta
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"{CPU_CONF}: no line applies to this run (llama3_1-8b-edge.Offline)" in out.stderr
     assert "Traceback" not in out.stderr and not (out_dir.exists() and any(out_dir.iterdir()))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+    ({"min_tokens": 500}, "min_tokens must be in [0, max_tokens=128]"),
+    ({"eos_token_ids": "abc"}, "eos_token_ids must be a list of token ids"),
+    ({"eos_token_ids": [1.5]}, "eos_token_ids must be a list of token ids"),
+    ({"eos_token_ids": 7}, "eos_token_ids must be a list of token ids"),
+])
+def test_bad_generation_settings_are_refused(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GenerationSettings(**fields)
+    assert GenerationSettings(eos_token_ids=[128001, 128009]).eos_token_ids == (128001, 128009)
+
+
+@pytest.mark.parametrize("fields, message", [({"max_num_seqs": 0}, "max_num_seqs must be >= 1"),
+                                             ({"max_num_batched_tokens": -1}, "max_num_batched_tokens must be >= 1")])
+def test_bad_engine_batch_limits_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        EngineSettings(model="m", **fields)
+
+
+def test_prefix_caching_in_the_preset_exits_2_before_a_run_folder(tmp_path, synthetic_small):
+    data, _ = synthetic_small
+    preset = tmp_path / "pc.toml"
+    preset.write_text("[engine]\nenable_prefix_caching = true\n")
+    out = subprocess.run([sys.executable, "-m", "sut", "run", "--config", str(preset), "--model", str(TINY_MODEL),
+                          "--device", "cpu", "--dataset", str(data), "--output-dir", str(tmp_path / "out"),
+                          "--no-progress"], cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "not allowed in an MLPerf run" in out.stderr, out.stderr[-1500:]
+    assert "allow_prefix_caching=true" in out.stderr and not (tmp_path / "out").exists()

@@ -98,10 +98,18 @@ class Dispatcher:
 
     # -- results in (ResultSink, on the transport's threads) -------------------------------------
     def on_first(self, replica: int, firsts: list[FirstToken]) -> None:
+        wrong = None
         with self._lock:
             for f in firsts:
-                if self._where.get(f.rid) == replica:
+                r = self._where.get(f.rid)
+                if r == replica:
                     self.router.first(f.rid)
+                elif r is not None:
+                    wrong = wrong or (f.rid, r)
+        if wrong is not None:
+            self.ledger.fail(f"first token of request {wrong[0]} was routed to replica {wrong[1]} but came from "
+                             f"replica {replica}")
+            return
         self.ledger.first_tokens(firsts)
 
     def on_results(self, replica: int, results: list[Completion]) -> None:

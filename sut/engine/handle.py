@@ -162,7 +162,12 @@ class EngineHandle:
                     msg = conn.recv()
                 except (EOFError, OSError):
                     msg = None
-                if self._deliver(msg):
+                try:
+                    delivered = self._deliver(msg)
+                except Exception as e:  # noqa: BLE001 - a broken callback must fail the run, not the watcher
+                    self._fatal(f"engine {self.slot.index}: handling its results failed: {e!r}")
+                    return
+                if delivered:
                     continue
                 if self._stopping:
                     return

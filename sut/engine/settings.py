@@ -61,6 +61,10 @@ class EngineSettings:
             raise ValueError(f"device must be auto, cuda or cpu, got {self.device!r}")
         if self.engines_per_device < 1:
             raise ValueError(f"engines_per_device must be >= 1, got {self.engines_per_device}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len <= MAX_NEW_TOKENS:
             raise ValueError(f"max_model_len must exceed {MAX_NEW_TOKENS}, got {self.max_model_len}")
         if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
@@ -109,6 +113,17 @@ class GenerationSettings:
     min_tokens: int = MIN_NEW_TOKENS
     ignore_eos: bool = False
     eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not 1 <= self.max_tokens <= 1 << 20:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        ids = self.eos_token_ids
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__") or \
+                not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise ValueError(f"eos_token_ids must be a list of token ids (non-negative integers), got {ids!r}")
+        object.__setattr__(self, "eos_token_ids", tuple(ids))
 
     def sampling_params(self):
         from vllm import SamplingParams

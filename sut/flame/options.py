@@ -91,7 +91,7 @@ class FlameOptions:
         for name in ("executors_per_engine", "min_executors"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.batch_window_ms < 0:
+        if not math.isfinite(self.batch_window_ms) or self.batch_window_ms < 0:
             raise ValueError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
         if self.payload not in ("tokens", "indices"):
             raise ValueError(f"payload must be tokens or indices, got {self.payload!r}")
@@ -102,8 +102,8 @@ class FlameOptions:
         if not (math.isfinite(self.engine_fill) and self.engine_fill > 0):
             raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
         for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         for name in ("engine_factory", "service_hooks"):
             spec = getattr(self, name)
             if spec is not None and (spec.count(":") != 1 or not all(spec.split(":"))):

@@ -15,7 +15,11 @@ from urllib.parse import urlsplit
 def _url_list(value) -> tuple[str, ...]:
     if value is None:
         return ()
+    if not isinstance(value, (str, list, tuple)):
+        raise ValueError(f"HttpOptions.urls: expected URL strings (a list or a comma-separated string), got {value!r}")
     items = value.split(",") if isinstance(value, str) else list(value)
+    if (isinstance(value, str) or items) and not any(isinstance(u, str) and u.strip() for u in items):
+        raise ValueError("HttpOptions.urls: empty (an unset variable?); leave --server-url out to start servers here")
     out = []
     for u in items:
         if not isinstance(u, str):
