@@ -373,3 +373,11 @@ def test_prefix_caching_in_the_preset_exits_2_before_a_run_folder(tmp_path, synt
                           "--no-progress"], cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "not allowed in an MLPerf run" in out.stderr, out.stderr[-1500:]
     assert "allow_prefix_caching=true" in out.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, text", [("generation_config.json", "{bad"), ("config.json", '{"vocab_size": "big", "eos_token_id": 1}')])
+def test_a_malformed_model_folder_is_an_engine_error_naming_the_file(tmp_path, name, text):
+    (tmp_path / "config.json").write_text('{"vocab_size": 100, "eos_token_id": 1}')
+    (tmp_path / name).write_text(text)
+    with pytest.raises(EngineError, match=str(tmp_path)):
+        read_model_info(tmp_path)

@@ -173,15 +173,22 @@ def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
     eos = None
     gen_path = d / "generation_config.json"
     if gen_path.is_file():
-        eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        try:
+            eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as e:
+            raise EngineError(f"{gen_path}: malformed: {e}") from None
     if eos is None:
         eos = cfg.get("eos_token_id")
     if eos is None:
         raise EngineError(f"{d}: no eos_token_id in generation_config.json or config.json")
-    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+    try:
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+        vocab_size = int(cfg["vocab_size"])
+    except (TypeError, ValueError) as e:
+        raise EngineError(f"{d}: eos_token_id / vocab_size are not integers: {e}") from None
     return ModelInfo(
         path=str(d),
-        vocab_size=int(cfg["vocab_size"]),
+        vocab_size=vocab_size,
         eos_token_ids=eos_ids,
         config_sha256=hashlib.sha256(raw).hexdigest(),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),

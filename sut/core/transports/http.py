@@ -205,7 +205,10 @@ class HttpTransport(Transport):
         self._bases[r] = dict(api.sampling_body(self.spec.generation), model=model)
         await self._probe(r)
         info = await self._read_back(r, served, version)
-        await asyncio.gather(*(self._ping(url) for _ in range(self.inflight)))
+        try:  # open the pool's connections now, not on the first timed request
+            await asyncio.gather(*(self._ping(url) for _ in range(self.inflight)))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise self._error(r, f"cannot open {self.inflight} connections: {_describe(e)}", user_input=False) from None
         return info
 
     async def _probe(self, r: int) -> None:
@@ -240,7 +243,7 @@ class HttpTransport(Transport):
             raise self._error(r, f"read-back failed: {e}", user_input=False) from None
 
     async def _ping(self, url: str) -> None:
-        async with self._session.get(f"{url}/health") as resp:
+        async with self._session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
             await resp.read()
 
     async def _start_workers(self) -> None:
