@@ -230,3 +230,16 @@ def test_a_first_token_from_another_replica_fails_the_run():
         assert led.wait_sent(10) and firsts == []
     finally:
         tr.stop()
+
+
+def test_transport_sut_refuses_a_second_start_and_answers_samples_issued_after_stop():
+    sut = FakeSUT(_ctx())
+    sink = Sink()
+    sut.ledger._complete_fn = sink
+    sut.start()
+    with pytest.raises(RuntimeError, match="called twice"):
+        sut.start()
+    sut.stop()
+    sut.issue_queries([QS(id=7, index=0)])
+    assert "issue_queries after stop" in sut.ledger.error
+    assert sut.ledger.wait_sent(10) and [s for s, _ in sink] == [7] and sut.ledger.outstanding == 0

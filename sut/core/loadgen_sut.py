@@ -75,6 +75,8 @@ class TransportSUT(SystemUnderTest):
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> dict:
+        if self._thread.is_alive() or self._stopped:
+            raise RuntimeError(f"--sut {self.name}: start() called twice or after stop()")
         if self._owns_transport:
             replicas = self.dispatcher.start()
         else:
@@ -101,7 +103,11 @@ class TransportSUT(SystemUnderTest):
     # -- LoadGen callbacks ------------------------------------------------------------------
     def issue_queries(self, samples: Sequence) -> None:
         prompts = self.ctx.dataset.prompts
-        self._inbox.put([Request(rid, prompts[idx], idx) for rid, idx in self.ledger.issue(samples)])
+        items = [Request(rid, prompts[idx], idx) for rid, idx in self.ledger.issue(samples)]
+        if self._stopped:  # nobody dispatches any more: answer them (empty) through the failure path
+            self.ledger.fail(f"--sut {self.name}: issue_queries after stop()")
+            return
+        self._inbox.put(items)
 
     def flush_queries(self) -> None:
         self._inbox.put(_FLUSH)
