@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 
+import vllm_standin
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
 from sut.engine import EngineError, EnginePool, EngineSettings, GenerationSettings, kv_cache_capacity, log_tail
 
@@ -47,20 +48,6 @@ class LLM:
                  load_config=ns(load_format="dummy"))
         self.llm_engine = ns(vllm_config=cfg, has_unfinished_requests=lambda: False)
 '''
-FAKE_SAMPLING = '''
-import enum
-
-
-class RequestOutputKind(enum.Enum):
-    CUMULATIVE = 0
-    DELTA = 1
-    FINAL_ONLY = 2
-
-
-class SamplingParams:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-'''
 VLLM_LINES = ("Chat template warmup failed", "NUMA binding (C-level stderr)", "EngineCore child process says hello",
               "standin-vllm non-default args")
 
@@ -72,7 +59,7 @@ def standin_vllm(tmp_path, monkeypatch):
     (root / "vllm").mkdir(parents=True)
     (root / "torch").mkdir()
     (root / "vllm" / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
-    (root / "vllm" / "sampling_params.py").write_text(textwrap.dedent(FAKE_SAMPLING))
+    (root / "vllm" / "sampling_params.py").write_text(textwrap.dedent(vllm_standin.SAMPLING))
     (root / "torch" / "__init__.py").write_text('__version__ = "0.0-standin"\n')
     monkeypatch.syspath_prepend(str(root))
 
