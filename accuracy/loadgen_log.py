@@ -77,6 +77,18 @@ def make_log_entry(qsl_idx: int, ids: Sequence[int], token_count: int | None = -
     return entry
 
 
+def hex_bytes(value: object, where: str, error: type[Exception] = AccuracyInputError) -> bytes:
+    """The bytes of a hex field of a LoadGen accuracy-log entry (``data``, ``token_data``), e.g.
+    ``"0A000000"`` -> ``b"\\n\\x00\\x00\\x00"``. Raises ``error("<where>: expected a hex string, got
+    <type>")`` or ``error("<where>: not a hex string")``; used by the gate and by ``sut.compliance``."""
+    if not isinstance(value, str):
+        raise error(f"{where}: expected a hex string, got {type(value).__name__}")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise error(f"{where}: not a hex string") from None
+
+
 def _as_int(value: object) -> int | None:
     if isinstance(value, bool):
         return None
@@ -116,13 +128,7 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
         qsl_idx = _as_int(rec.get("qsl_idx"))
         if qsl_idx is None:
             raise AccuracyInputError(f"accuracy log {path}: entry {pos} has no integer 'qsl_idx'")
-        data = rec.get("data")
-        if not isinstance(data, str):
-            raise AccuracyInputError(f"accuracy log {path}: entry {pos} (qsl_idx {qsl_idx}) has no 'data' hex string")
-        try:
-            raw = bytes.fromhex(data)
-        except ValueError:
-            raise AccuracyInputError(f"accuracy log {path}: entry {pos} (qsl_idx {qsl_idx}): 'data' is not hex") from None
+        raw = hex_bytes(rec.get("data"), f"accuracy log {path}: entry {pos} (qsl_idx {qsl_idx}) 'data'")
         tc = rec.get("token_count")
         entries.append(LogEntry(pos, qsl_idx, _as_int(tc) if tc is not None else None, raw))
     return entries

@@ -3,7 +3,9 @@
 Runs ``python -m sut.locality run`` once per trace preset with ``--systems standalone flame`` (the
 ``study-reuse`` trace with ``prefix_affinity`` and ``round_robin``, ``study-no-reuse`` with
 ``prefix_affinity``), ``--pairs N`` fresh pairs each, then prints the pair ratios and checks the
-targets of issue 13 against the runs' ``locality.json`` (``--check`` only checks finished runs):
+targets of issue 13 against the runs' ``locality.json`` (``--check`` only checks finished runs, merged
+reports of ``python -m sut.locality report``, and runs cut off before their ``locality.json``: their
+finished cases in ``cases.jsonl``, complete pairs only):
 
 * flame / standalone, both with prefix affinity, ``study-reuse``: median >= 99.5 %, worst pair >= 99 %
   (the study: 99.14 %, worst 97.97 %); ``study-no-reuse``: median >= 99.5 % (the study: 99.45 %);
@@ -95,11 +97,37 @@ def print_targets(run: Path, record: dict) -> bool:
     return ok
 
 
-def run_preset(preset: str, pairs: int, out: Path, passthrough: list[str]) -> Path:
-    """One ``python -m sut.locality run`` for ``preset``; returns its run folder."""
+def load_record(run: Path) -> Optional[dict]:
+    """The run's ``locality.json`` (a run's or a merged report's); for a run cut off before it, the
+    report of its finished cases (``cases.jsonl``, ``sut.locality.merge``: complete pairs only); None
+    (said why) when there is neither."""
+    path = run / "locality.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    if not (run / "cases.jsonl").is_file():
+        print(f"\n{run}: no locality.json or cases.jsonl (the run failed before its first case, or this is no run folder)")
+        return None
+    from sut.exits import BadInput
+    from sut.locality.merge import build
+    from sut.locality.runner import deviation_notes
+    from sut.locality.study import pair_report
+
+    try:
+        m = build([run])
+    except BadInput as e:
+        print(f"\n{run}: {e}")
+        return None
+    return dict(m.record, report=pair_report(m.runs) if m.runs else None,
+                notes=m.record["notes"] + deviation_notes(m.cases))
+
+
+def run_preset(preset: str, pairs: int, out: Path, passthrough: list[str], policies: Optional[list[str]] = None) -> Path:
+    """One ``python -m sut.locality run`` for ``preset`` with the trace's policies (those of them in
+    ``policies`` when given); returns its run folder."""
     name = f"bench-{preset}"
+    chosen = [x for x in TRACES[preset] if not policies or x in policies]
     cmd = [sys.executable, "-m", "sut.locality", "run", "--trace-preset", preset, "--systems", "standalone", "flame",
-           "--policies", *TRACES[preset], "--pairs", str(pairs), "--output-dir", str(out), "--run-name", name,
+           "--policies", *chosen, "--pairs", str(pairs), "--output-dir", str(out), "--run-name", name,
            *passthrough]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=REPO)
@@ -113,21 +141,21 @@ def main(argv=None) -> int:
     p.add_argument("--pairs", type=int, default=5, help="fresh pairs per trace (default 5, as the study)")
     p.add_argument("--traces", nargs="+", choices=sorted(TRACES), default=["study-reuse", "study-no-reuse"])
     p.add_argument("--out", default="results/bench-locality", help="output folder of the runs")
+    p.add_argument("--policies", nargs="+", choices=["prefix_affinity", "round_robin"],
+                   help="run only these of each trace's policies (e.g. prefix_affinity alone when device time is short)")
     p.add_argument("--check", nargs="+", metavar="RUN", help="only check finished run folders (no runs)")
     p.add_argument("--require-targets", action="store_true", help="exit 1 when a target is missed")
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if a.pairs < 1:
         p.error("--pairs must be >= 1")
-    runs = [Path(x) for x in a.check] if a.check else [run_preset(t, a.pairs, Path(a.out), passthrough)
+    runs = [Path(x) for x in a.check] if a.check else [run_preset(t, a.pairs, Path(a.out), passthrough, a.policies)
                                                        for t in a.traces]
     failed, missed = False, False
     for run in runs:
-        path = run / "locality.json"
-        if not path.is_file():
-            print(f"\n{run}: no locality.json (the run failed before writing it, or this is no run folder)")
+        record = load_record(run)
+        if record is None:
             failed = True
             continue
-        record = json.loads(path.read_text())
         failed = failed or record.get("status") != "ok"
         missed = not print_targets(run, record) or missed
     return 1 if failed or (missed and a.require_targets) else 0

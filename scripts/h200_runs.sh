@@ -19,7 +19,8 @@
 #   bash scripts/h200_runs.sh start flame-real # issue 11: run 3 again through the REAL Flame v0.6.0 control plane
 #                                             # (binaries in FLAME_BIN, default /root/gpu/flame/bin; ROUNDS, default 2)
 #   bash scripts/h200_runs.sh start core      # issue 12: --sut vllm vs raw generate; --sut vllm-http vs --sut vllm
-#   bash scripts/h200_runs.sh start study     # issue 13: Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES)
+#   bash scripts/h200_runs.sh start study     # issue 13: Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES,
+#                                             # STUDY_POLICIES: a subset of prefix_affinity round_robin)
 #   bash scripts/h200_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS)
 #   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
@@ -181,6 +182,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     until grep -q FLAME_ENDPOINT "$JOB/study-cluster.console"; do kill -0 $cpid || { cat "$JOB/study-cluster.console"; exit 2; }; sleep 0.5; done
     export $(grep FLAME_ENDPOINT "$JOB/study-cluster.console")
     python3 scripts/bench_locality.py --pairs "${STUDY_PAIRS:-2}" --traces ${STUDY_TRACES:-study-reuse study-no-reuse} \
+      ${STUDY_POLICIES:+--policies $STUDY_POLICIES} \
       --out "$JOB/study" -- --model "$MODEL" --load-format dummy --dtype bfloat16 --enforce-eager --max-num-seqs 64 \
       --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 --device cuda --engines-per-device 2 \
       --dataset "$REAL" --question-tokens 16 --no-progress > "$JOB/study.console" 2>&1
@@ -198,24 +200,35 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
   core)
     # Issue 12 (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started
     # engine; (b) --sut vllm-http (vllm serve started here) vs --sut vllm, same prompts and LoadGen load, HTTP_ROUNDS
-    # rounds (default 1) alternating; Flame 32/64 vs standalone is the flame-real step. CORE_OVERHEAD=0 skips (a).
+    # rounds (default 2) alternating, MIN_S-second LoadGen windows (default 40); Flame 32/64 vs standalone is the flame-real step. CORE_OVERHEAD=0 skips (a).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     [ "${CORE_OVERHEAD:-1}" = 0 ] || python3 scripts/bench_standalone.py "${COMMON[@]}" --dtype bfloat16 --quantization fp8 \
       --kv-cache-dtype fp8 --dataset "$REAL" --ignore-eos --repeats 2 --json "$JOB/core_overhead_fp8.json" \
       > "$JOB/core_overhead.console" 2>&1
-    python3 scripts/bench_suts.py --suts vllm vllm-http --rounds "${HTTP_ROUNDS:-1}" --out "$JOB/core_http" -- \
+    # CORE_STATS=1 adds `vllm-http+stats` (servers with vLLM's request statistics on, as `vllm serve` defaults).
+    suts=(vllm vllm-http); variant=()
+    [ "${CORE_STATS:-0}" = 1 ] && suts+=(vllm-http+stats) && variant=(--variant "vllm-http+stats=--sut vllm-http --server-log-stats")
+    python3 scripts/bench_suts.py --suts "${suts[@]}" "${variant[@]}" --rounds "${HTTP_ROUNDS:-2}" --out "$JOB/core_http" -- \
       --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
       --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 56 --min-duration-s "${MIN_S:-40}" \
       --min-query-count 1 --benchmark-ignore-eos > "$JOB/core_http.console" 2>&1
     ;;
   server)
-    # Issue 14: one short Server and one short Interactive try each at SERVER_QPS / INTERACTIVE_QPS (dev runs,
-    # not compliant: min duration SCEN_S, default 60 s), fp8 preset, --sut vllm (SCEN_SUT).
+    # Issue 14: target_qps search (scripts/find_qps.py) for SCENARIOS (default "Server Interactive"), fp8 preset,
+    # --sut SCEN_SUT (default vllm), tries of 1,000 queries and >= SCEN_S s (default 20), at most SCEN_TRIES per
+    # scenario (default 8), none started that would end > SCEN_BUDGET_S s (default 1200) after this step began.
+    # Resumable: each finished try is appended at once to $JOB/scen/h200_fp8_<sc>.jsonl; an earlier session's file
+    # in SCEN_PRIOR (default docs/results/find_qps_h200) is copied there first and resumed. Keep SCEN_S, SCEN_SUT,
+    # MODEL, REAL the same across sessions (find_qps refuses tries made with other settings).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
-    for sc in Server Interactive; do
+    mkdir -p "$JOB/scen"; t0=$(date +%s)
+    for sc in ${SCENARIOS:-Server Interactive}; do
       q=$([ $sc = Server ] && echo "${SERVER_QPS:-48}" || echo "${INTERACTIVE_QPS:-20}")
-      python3 scripts/find_qps.py --scenario $sc --start "$q" --max-runs "${SCEN_TRIES:-1}" \
-        --min-duration-s "${SCEN_S:-60}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
+      f="$JOB/scen/h200_fp8_$sc.jsonl"; prior="${SCEN_PRIOR:-docs/results/find_qps_h200}/h200_fp8_$sc.jsonl"
+      resume=(); [ -s "$prior" ] && cp "$prior" "$f" && resume=(--resume "$f")
+      python3 scripts/find_qps.py --scenario $sc --start "$q" --log "$f" "${resume[@]}" \
+        --budget-s $(( ${SCEN_BUDGET_S:-1200} - $(date +%s) + t0 )) --max-runs "${SCEN_TRIES:-8}" \
+        --min-duration-s "${SCEN_S:-20}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
         --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \
         --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --benchmark-ignore-eos \
         > "$JOB/scen_$sc.console" 2>&1
@@ -228,12 +241,13 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for f in "$JOB"/flame*/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
        -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
-       -o -name "locality*.json" -o -name "cases.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" | tar -czf "$OUT/job.tgz" -T -)
+       -o -name "locality*.json" -o -name "cases.jsonl" -o -name "run_header.json" -o -path "./scen/*.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" | tar -czf "$OUT/job.tgz" -T -)
     cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
     grep -E "^step .* rc=" "$JOB/batch.console"
     tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console 2>/dev/null
     grep -E "^round|^config|^standalone|^flame|target" "$JOB"/flame*.console 2>/dev/null
     grep -E "median|worst|round_robin|cached share|FAILED|note:" "$JOB/study.console" 2>/dev/null
+    for f in "$JOB"/scen/*.jsonl; do [ -f "$f" ] && cut -c1-200 "$f"; done
     cat "$JOB/tune.tsv" 2>/dev/null
     grep -E "^\[|^lever|^ +[a-z_]+ +[a-z_]+ +[0-9]" "$JOB/perf.console" 2>/dev/null | tail -30
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"

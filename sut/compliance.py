@@ -46,6 +46,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from accuracy.loadgen_log import hex_bytes
 from sut.constants import LLAMA31_EOS
 from sut.records import (MLPERF_SCENARIOS, READ_BACK_SETTINGS, ComplianceError, check_record, engines_used, eos_ids,
                          read_json, vocab_size)
@@ -111,12 +112,8 @@ class Test06Result:
 
 
 def _ids(hex_text: object, where: str) -> np.ndarray:
-    if not isinstance(hex_text, str):
-        raise ComplianceError(f"{where}: expected a hex string, got {type(hex_text).__name__}")
-    try:
-        raw = bytes.fromhex(hex_text)
-    except ValueError:
-        raise ComplianceError(f"{where}: not a hex string") from None
+    """LoadGen's hex ``data`` as int32 token ids; ``ComplianceError`` naming ``where``."""
+    raw = hex_bytes(hex_text, where, ComplianceError)
     if len(raw) % 4:
         raise ComplianceError(f"{where}: {len(raw)} bytes is not a whole number of int32 token ids")
     return np.frombuffer(raw, dtype=_INT32)

@@ -6,17 +6,23 @@ or, without URLs, one ``vllm serve`` per GPU (one on a CPU host) started on 127.
 the run. Routing as ``--sut vllm``: ``least_loaded`` (Offline), ``least_pending`` with streamed first
 tokens (Server, Interactive).
 
+Servers started here get the engine settings of ``--sut vllm`` as ``vllm serve`` flags, including
+``--disable-log-stats`` (``vllm.LLM``'s default; ``--server-log-stats`` keeps vLLM's statistics on),
+then the option ``server_args`` (extra flags; one the harness owns is refused, exit 2).
+
 Prefix caching: a run is compliant only when every server confirms it off: a server started here gets
-``--no-enable-prefix-caching`` (its launch arguments are recorded) and is read back from its
-``/metrics``; a given URL is read back from ``/metrics`` (or ``/server_info``). A server whose setting
-cannot be read back stops the run before LoadGen starts, unless the option
-``allow_unconfirmed_prefix_caching=true`` is given, and then the run is not compliant
-(``noncompliance_reasons``).
+``--no-enable-prefix-caching`` and is read back from its launch arguments, and from ``/metrics`` where
+that reports it (only with statistics on); a given URL is read back from ``/metrics`` (or
+``/server_info``). Sources that disagree stop the run. A server whose setting cannot be read back
+stops the run before LoadGen starts, unless the option ``allow_unconfirmed_prefix_caching=true`` is
+given, and then the run is not compliant (``noncompliance_reasons``).
 
 Input checks before anything starts (exit 2 naming the URL, no run folder): every given URL must
 answer ``/health`` (``check_options``) and serve ``--model`` (or the option ``model_name``) with a
 context of at least ``--max-model-len`` (``preflight``); without URLs the servers' devices must exist
-(``--device cuda`` without a GPU). The transport checks the same again when it connects.
+(``--device cuda`` without a GPU) and ``server_args`` / ``server_command`` may not give a flag the
+harness sets (an engine setting's, also abbreviated: vLLM's parser takes unique prefixes). The
+transport checks the same again when it connects.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from sut.base import InputError, register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.core.transports.http import HttpOptions, ServerInputError
 from sut.core.transports.http_readback import pick_model
-from sut.core.transports.http_servers import _OPENER, health_status
+from sut.core.transports.http_servers import _OPENER, check_server_args, health_status
 from sut.engine import EngineError, EngineSettings, plan_engines
 
 #: Seconds a given URL has to answer ``/health`` in ``check_options``.
@@ -85,11 +91,13 @@ class HttpSUT(TransportSUT):
     @classmethod
     def preflight(cls, options: HttpOptions, engine: EngineSettings) -> None:
         """``InputError`` when a given URL serves another model or a shorter context, or, without URLs,
-        when the servers cannot be placed here (``plan_engines``)."""
+        when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
+        the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``)."""
         if not options.urls:
             try:
+                check_server_args(options.server_args, engine, options.server_command)
                 plan_engines(engine)
-            except EngineError as e:
+            except (EngineError, ValueError) as e:
                 raise InputError(f"--sut vllm-http: {e}") from None
             return
         for url in options.urls:

@@ -11,8 +11,11 @@ completions).
 Output ids are deterministic: the k-th generated id is ``(prompt[0] + k) % 1000 + 10`` for
 k < ``max_tokens``; ``usage.prompt_tokens_details.cached_tokens`` is ``--cached``.
 
+``--disable-log-stats`` leaves ``vllm:cache_config_info`` out of ``/metrics`` (as vLLM 0.32 does).
+
 Faults: ``--text-only`` (no ``token_ids``: a server that returns text), ``--no-metrics`` (no
-``/metrics``), ``--fail-start`` (exit 3 at once with a message), ``--delay S`` (seconds per completion),
+``/metrics``), ``--metrics-prefix-caching True|False`` (what ``/metrics`` reports, whatever the flags),
+``--fail-start`` (exit 3 at once with a message), ``--delay S`` (seconds per completion),
 ``--served-model-name`` (serve another id); ``--server-info`` (answer ``/server_info`` as vLLM's dev
 mode does, with ``max_num_seqs`` 64).
 """
@@ -37,6 +40,8 @@ def parse(argv):
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--text-only", action="store_true")
     p.add_argument("--no-metrics", action="store_true")
+    p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--metrics-prefix-caching", choices=("True", "False"), default=None)
     p.add_argument("--fail-start", action="store_true")
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--cached", type=int, default=0)
@@ -72,7 +77,9 @@ class Fake:
     async def metrics(self, request):
         if self.a.no_metrics:
             return web.Response(status=404)
-        epc = "True" if self.a.enable_prefix_caching else "False"
+        if self.a.disable_log_stats:
+            return web.Response(text="# TYPE process_open_fds gauge\nprocess_open_fds 12.0\n", content_type="text/plain")
+        epc = self.a.metrics_prefix_caching or ("True" if self.a.enable_prefix_caching else "False")
         text = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
                 "# TYPE vllm:cache_config_info gauge\n"
                 f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="{epc}",engine="0",'

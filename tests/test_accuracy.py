@@ -483,7 +483,10 @@ def test_bad_inputs_raise(tmp_path, tok_dir, dataset_file, vocab):
         run_gate(str(empty), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"qsl_idx": 0, "data": "XYZ"}]))
-    with pytest.raises(AccuracyInputError, match="not hex"):
+    with pytest.raises(AccuracyInputError, match=r"entry 0 \(qsl_idx 0\) 'data': not a hex string"):
+        run_gate(str(bad), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
+    bad.write_text(json.dumps([{"qsl_idx": 0, "data": 7}]))
+    with pytest.raises(AccuracyInputError, match=r"'data': expected a hex string, got int"):
         run_gate(str(bad), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
 
 

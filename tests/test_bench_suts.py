@@ -1,10 +1,14 @@
-"""scripts/bench_suts.py: run order rotates per round; medians and ratios skip failed runs."""
+"""scripts/bench_suts.py: run order rotates per round; medians and ratios skip failed runs; labelled variants."""
 
+import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import bench_suts  # noqa: E402
+from sut_runs import RunOutcome  # noqa: E402
 
 
 def test_order_rotates_so_no_sut_always_runs_first():
@@ -22,3 +26,55 @@ def test_summary_is_median_of_good_runs_and_ratio_to_the_first_sut():
     assert s["a"] == {"median_tokens_per_s": 100.0, "runs": 3, "ratio_to_a": 1.0}
     assert s["b"] == {"median_tokens_per_s": 99.0, "runs": 1, "ratio_to_a": 0.99}
     assert bench_suts.summarize([{"sut": "a", "ok": False, "tokens_per_s": None}], ["a"])["a"]["ratio_to_a"] is None
+
+
+def test_variants_are_labelled_entries_with_their_own_run_args():
+    variant = 'vllm-http+stats=--sut vllm-http --option "server_args=--max-num-partial-prefills 2"'
+    args = bench_suts.entry_args(["vllm", "vllm-http", "vllm-http+stats"], [variant],
+                                 ["vllm-http+stats=--server-log-stats", "vllm=--dispatch-chunk 256"])
+    assert args == {"vllm": ["--sut", "vllm", "--dispatch-chunk", "256"], "vllm-http": ["--sut", "vllm-http"],
+                    "vllm-http+stats": ["--sut", "vllm-http", "--option", "server_args=--max-num-partial-prefills 2",
+                                        "--server-log-stats"]}
+
+
+@pytest.mark.parametrize("suts, variants, extras, error", [
+    (["a", "a"], [], [], "distinct"),
+    (["a b"], [], [], "a label is"),
+    (["a"], ["b=--sut a"], [], "LABEL one of --suts"),
+    (["a"], ["a"], [], "expected LABEL=ARGS"),
+    (["a"], ["a=--sut x", "a=--sut y"], [], "given twice"),
+    (["a"], ["a=--server-log-stats"], [], "must name the SUT"),
+    (["a"], ["a=--sut"], [], "exactly once"),
+    (["a"], ["a=--sut="], [], "exactly once"),
+    (["a"], ["a=--sut --max-num-seqs 4"], [], "exactly once"),
+    (["a"], ["a=--sut vllm --sut flame"], [], "exactly once"),
+    (["vllm", "x"], ["vllm=--sut vllm-http"], [], "may not be a SUT's name"),
+    (["vllm-http", "x"], ["vllm-http=--sut vllm-http --server-log-stats"], [], "may not be a SUT's name"),
+    (["vllm", "vllm-http"], [], ["vllm=--sut vllm-http"], "--extra vllm: must not name --sut"),
+    (["a"], ["a=--sut vllm"], ["a=--sut=flame"], "--extra a: must not name --sut"),
+    (["a"], [], ["b=--x"], "--extra b: not one of --suts"),
+])
+def test_bad_variants_are_refused(suts, variants, extras, error):
+    with pytest.raises(ValueError, match=error):
+        bench_suts.entry_args(suts, variants, extras)
+
+
+def test_main_runs_each_label_with_its_args_in_rotation_and_labels_the_summary(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run_once(run_args, out, name, timeout_s):
+        calls.append((name.split("-", 1)[1], run_args))
+        tps = 100.0 if "--server-log-stats" in run_args else 99.0
+        return RunOutcome(0, {"validity": "VALID", "tokens_per_s": tps}, None, "")
+
+    monkeypatch.setattr(bench_suts, "run_once", fake_run_once)
+    rc = bench_suts.main(["--suts", "vllm-http", "vllm-http+stats", "--rounds", "2", "--out", str(tmp_path),
+                          "--variant", "vllm-http+stats=--sut vllm-http --server-log-stats", "--", "--model", "M"])
+    assert rc == 0
+    assert [c[0] for c in calls] == ["vllm-http-r0", "vllm-http+stats-r0", "vllm-http+stats-r1", "vllm-http-r1"]
+    assert calls[1][1] == ["--model", "M", "--sut", "vllm-http", "--server-log-stats"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["entry_args"]["vllm-http+stats"] == ["--sut", "vllm-http", "--server-log-stats"]
+    assert summary["summary"]["vllm-http+stats"]["ratio_to_vllm-http"] == round(100 / 99, 4)
+    with pytest.raises(SystemExit):
+        bench_suts.main(["--suts", "a", "--out", str(tmp_path), "--", "--sut", "vllm"])

@@ -64,6 +64,35 @@ def test_a_duplicate_answer_fails_the_run_naming_the_request():
         tr.stop()
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded"])
+def test_a_request_id_twice_in_one_dispatch_fails_the_run_naming_it(policy):
+    led, d, tr, sink, _ = _setup(policy)
+    try:
+        items = led.issue([QS(id=1000 + i, index=i) for i in range(3)])
+        reqs = [Request(rid, (np.arange(20) + 7 * idx).astype(np.int32), idx) for rid, idx in items]
+        d.dispatch(reqs + [reqs[1]])
+        assert led.idle.wait(10)
+        assert led.error == "dispatch refused: request id 1 came twice in one dispatch (ids must be unique)"
+        assert led.wait_sent(10) and sorted(s for s, _ in sink) == [1000, 1001, 1002]  # each answered once (empty)
+        assert d.outstanding == 0 and sum(d.stats()["routed"]) == 0  # nothing was routed or sent
+    finally:
+        tr.stop()
+
+
+def test_a_request_id_still_outstanding_from_an_earlier_dispatch_fails_the_run_naming_it():
+    led, d, tr, sink, _ = _setup("round_robin", step_s=0.2)
+    try:
+        items = led.issue([QS(id=1000 + i, index=i) for i in range(2)])
+        reqs = [Request(rid, (np.arange(20) + 7 * idx).astype(np.int32), idx) for rid, idx in items]
+        d.dispatch(reqs)
+        d.dispatch(reqs[1:])
+        assert led.idle.wait(10)
+        assert led.error == "dispatch refused: request id 1 is still outstanding from an earlier dispatch"
+        assert led.wait_sent(10) and sorted(s for s, _ in sink) == [1000, 1001]
+    finally:
+        tr.stop()
+
+
 def test_an_answer_from_another_replica_fails_the_run_naming_both():
     led, d, tr, sink, _ = _setup("round_robin", wrong_replica=2)
     try:

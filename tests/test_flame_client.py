@@ -43,7 +43,8 @@ def _sut(**opts):
 def test_executor_sizing():
     assert executors_per_engine(256, 32) == 16 and executors_per_engine(256, 64) == 8
     assert executors_per_engine(256, 32, fill=1.0, slack=1) == 9
-    assert executors_per_engine(4, 1000) == 1
+    assert executors_per_engine(4, 1000) == 2  # never 1: a second task of a replica must not wait for the first
+    assert executors_per_engine(64, 128) == 2  # the study's max_num_seqs 64 with batch limit 128
     s = _sut(batch_size=64, engines=8)
     rec = s.transport.stats()["flame"]
     assert (s.transport.per_engine, rec["executors"], rec["max_inflight_tasks"]) == (8, 64, 128)

@@ -232,7 +232,9 @@ def test_service_killed_mid_task_then_next_session_fails_fast(tmp_path, dataset,
             sut.stop()
         # Either the retry ran on a live executor, or the dead service failed the run loudly. Real Flame: the
         # dead executor stays Bound and pops the next Pending task at once ("transport error", then
-        # "Connection refused (os error 111)"), so the retry fails too.
+        # "Connection refused (os error 111)"), so the retry fails too. When the crashed service was the one
+        # hosting the engine (seat 0), the retry on the other seat finds its engine host gone (which seat got
+        # the crashing batch depends on timing).
         if sut.ledger.error is None:
             assert sut.record()["flame"]["tasks"]["retries"] >= 1
             by_id = {s.id: s.index for s in samples}
@@ -240,7 +242,8 @@ def test_service_killed_mid_task_then_next_session_fails_fast(tmp_path, dataset,
                 assert np.array_equal(ids, _expected(dataset, by_id[sid]))
         else:
             assert "batch" in sut.ledger.error
-            assert "transport error" in sut.ledger.error or "Connection refused (os error 111)" in sut.ledger.error
+            assert any(m in sut.ledger.error for m in ("transport error", "Connection refused (os error 111)",
+                                                       "is gone: engine host closed the connection")), sut.ledger.error
         _assert_closed(cluster, sut)
         _assert_exactly_once(samples, answers)
         if not _is_real(cluster):
@@ -277,7 +280,9 @@ def test_close_with_pending_tasks(tmp_path, dataset, lock_dir, control_plane):
         states = collections.Counter(t["state"] for t in cluster.tasks(_sid(sut)))
         assert states["Running"] == 0 and states["Pending"] == 0
         assert sum(states.values()) <= n_at_fail + 1  # no new task after the failure (one create may be under way)
-        assert n_at_fail < 10 + 2  # the credits held the backlog back (10 batches + 2 warm-up pings)
+        # the credits held the backlog back: fewer than the 10 batches were tasks (the warm-up sends a ping
+        # again while an executor has not answered, so on a loaded host there can be more than 2 pings)
+        assert n_at_fail - sut.record()["flame"]["warmup"]["pings"] < 10
         assert sut.record()["flame"]["close"]["closed"]
 
 
@@ -379,3 +384,42 @@ def test_two_replicas_pinned_to_two_slots_routed_by_policy(tmp_path, lock_dir):
         assert all(shards[t["shard"]]["replica"] == t["replica"] for t in rec["per_task"])  # tasks ran on their slot
         for sid in rec["session_ids"]:
             assert cluster.session_state(sid)["state"] == "Closed"
+
+
+def test_overflow_task_does_not_wait_behind_a_full_one(tmp_path, lock_dir):
+    """A replica that gets more requests than the batch limit gets two tasks; with the default sizing
+    (at least two executors per engine, ``executors_per_engine``) the second task starts while the first
+    still runs, instead of queueing behind it (the H200 study run: 130 requests to one replica with batch
+    limit 128 and one executor made the 2 extra requests a 0.35 s tail). Fails with one executor."""
+    from sut.core.dispatcher import Dispatcher
+    from sut.core.messages import Request
+    from sut.core.routing import make_router
+    from sut.core.transport import TransportSpec, make_transport
+    from sut.flame.options import FlameOptions
+
+    step_s = 1.0
+    engine = EngineSettings(model=str(TINY), max_model_len=1024, max_num_seqs=1, device="cpu")
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+        _register(cluster, tmp_path)
+        opts = FlameOptions(endpoint=cluster.endpoint, lock_dir=str(lock_dir), engines=1, batch_size=2,
+                            batch_window_ms=5, warmup_timeout_s=60, close_timeout_s=60,
+                            **fake_options(step_s=step_s, block=16))
+        transport = make_transport("flame", TransportSpec(engine=engine, generation=GenerationSettings(eos_token_ids=EOS),
+                                                          options=opts))
+        assert transport.per_engine == 2  # ceil(2 x 1 / 2) = 1, raised to the minimum of 2
+        answers = []
+        ledger = SampleLedger((), progress=False, complete_fn=answers.extend)
+        disp = Dispatcher(transport, make_router("round_robin", 1, 128), ledger, chunk=8)
+        try:
+            disp.start()
+            pairs = ledger.issue([QS(i, i) for i in range(3)])
+            disp.dispatch([Request(rid, np.arange(1, 21, dtype=np.int32) + 100 * i, i) for i, (rid, _) in enumerate(pairs)])
+            disp.flush()
+            assert ledger.idle.wait(30) and ledger.wait_sent(10)
+            tasks = sorted(transport.stats()["flame"]["per_task"], key=lambda t: t["created_s"])
+        finally:
+            transport.stop()
+            ledger.close()
+        assert ledger.error is None and len(answers) == 3
+        assert [t["n"] for t in tasks[-2:]] == [2, 1]
+        assert tasks[-1]["queue_s"] < step_s / 2, tasks[-1]  # picked up at once, not after the first task

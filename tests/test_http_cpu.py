@@ -11,9 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
+from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
+from sut.core.messages import Request
+from sut.core.transport import TransportSpec, make_transport
+from sut.core.transports.http_options import HttpOptions
+from sut.engine import EngineSettings, GenerationSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -59,8 +64,9 @@ def test_performance_run_valid_and_recorded(tmp_path, synthetic_small):
     assert rec["status"] == "ok" and rec["validity"] == "VALID" and rec["tokens_per_s"] > 0
     eng = rec["engines"][0]
     assert eng["url"].startswith("http://127.0.0.1:") and eng["enable_prefix_caching"] is False
-    assert "--no-enable-prefix-caching" in eng["launch_args"] and "/metrics" in eng["engine_args_from"]
-    assert eng["engine_args"]["dtype"] == "float32" and eng["engine_args"]["block_size"] > 0
+    assert "--no-enable-prefix-caching" in eng["launch_args"] and "--disable-log-stats" in eng["launch_args"]
+    # statistics off (as --sut vllm's engine): /metrics has no cache config; the launch arguments confirm it off
+    assert eng["engine_args_from"] == ["launch args", "/v1/models"] and eng["engine_args"]["dtype"] == "float32"
     assert eng["device"]["kind"] == "cpu" and eng["samples"] == rec["ledger"]["completed"] == rec["ledger"]["issued"]
     assert rec["versions"]["vllm"].startswith("0.") and rec["transport"] == "http"
     assert "Samples per second" in out.stdout + out.stderr
@@ -110,3 +116,46 @@ def test_server_killed_mid_run_fails_the_run_quickly_without_orphans(tmp_path, s
     assert final["status"] == "failed" and "exited unexpectedly (killed by signal 9)" in final["error"]
     assert rec["engines"][0]["url"] in final["error"]
     _assert_group_gone(pid)
+
+
+class _Results:
+    def __init__(self):
+        self.done, self.fatal = {}, []
+
+    def on_first(self, replica, firsts):
+        pass
+
+    def on_results(self, replica, results):
+        self.done.update({c.rid: c for c in results})
+
+    def on_fatal(self, event):
+        self.fatal.append(event)
+
+
+def _wait_for(what, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_cached_token_counts_with_statistics_off_and_launch_args_read_back(tmp_path):
+    """``--disable-log-stats`` (the default) keeps ``prompt_tokens_details.cached_tokens``: with prefix
+    caching on (allowed here, never in MLPerf) a repeated 600-token prompt reports its cached blocks."""
+    es = EngineSettings(model=str(TINY_MODEL), load_format="dummy", dtype="float32", enforce_eager=True,
+                        max_model_len=4096, device="cpu", enable_prefix_caching=True)
+    t = make_transport("http", TransportSpec(engine=es, generation=GenerationSettings(max_tokens=2, eos_token_ids=(1,)),
+                                             options=HttpOptions(max_inflight_per_replica=1), log_dir=str(tmp_path),
+                                             allow_prefix_caching=True))
+    sink = _Results()
+    try:
+        (rec,) = t.start(sink)
+        assert rec.enable_prefix_caching is True and rec.info["engine_args_from"] == ["launch args", "/v1/models"]
+        prompt = np.arange(1, 601, dtype=np.int32)
+        for rid in (0, 1):
+            t.submit(0, [Request(rid, prompt)])
+            _wait_for(lambda: rid in sink.done or sink.fatal)
+    finally:
+        t.stop()
+    assert not sink.fatal and sink.done[0].cached_tokens == 0
+    assert 0 < sink.done[1].cached_tokens < 600  # whole KV blocks of the first request's prompt

@@ -22,7 +22,9 @@ from sut.base import InputError
 from sut.core import guard
 from sut.core.messages import Request
 from sut.core.transport import TransportError, TransportSpec, make_transport
+from sut.core.transports import http_readback as readback
 from sut.core.transports import http_servers as servers
+from sut.core.transports.http_api import ReplyError
 from sut.core.transports.http import ServerInputError
 from sut.core.transports.http_options import HttpOptions
 from sut.engine import EngineSettings, GenerationSettings
@@ -158,11 +160,137 @@ def test_serve_command_is_built_from_the_engine_settings(monkeypatch):
                  "--enforce-eager", "--seed 3", "--no-enable-prefix-caching", "--skip-tokenizer-init",
                  "--host 127.0.0.1", "--port 8123", "--enable-prompt-tokens-details"):
         assert part in text, part
-    assert "disable-log-stats" not in text  # /metrics is where prefix caching is read back
+    assert cmd[-1] == "--disable-log-stats"  # the engine of --sut vllm: vllm.LLM's disable_log_stats=True
+    assert "--disable-log-stats" not in servers.serve_command(["vllm", "serve"], es, slot, 8123, log_stats=True)
+    extra = servers.serve_command(["vllm", "serve"], es, slot, 8123, extra=("--max-num-partial-prefills", "2"))
+    assert extra[-3:] == ["--disable-log-stats", "--max-num-partial-prefills", "2"]
     env = servers.server_env(servers.EngineSlot(0, "cpu", "0-1", env=(("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
                                                                        ("VLLM_CPU_OMP_THREADS_BIND", "0-1"))))
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == str(servers.KEEP_ALIVE_S)
+
+
+@pytest.mark.parametrize("args, flag", [
+    ("--port 9000", "--port"), ("--host=0.0.0.0", "--host"), ("--model /other", "--model"),
+    ("--enable-prefix-caching", "--enable-prefix-caching"),
+    (["--no-enable-prefix-caching"], "--no-enable-prefix-caching"),
+    ("--disable_log_stats", "--disable-log-stats")])
+def test_server_args_that_the_harness_owns_are_input_errors_naming_the_flag(args, flag):
+    with pytest.raises(InputError, match=f"server_args: {flag} is set by"):
+        HttpSUT.check_options({"server_args": args})
+
+
+@pytest.mark.parametrize("args, flag", [("--max_num_seqs 8", "--max-num-seqs"),
+                                        ("--quantization=fp8", "--quantization"),
+                                        ("--no-enable-chunked-prefill", "--no-enable-chunked-prefill"),
+                                        ("--enable-prompt-tokens-details", "--enable-prompt-tokens-details")])
+def test_server_args_giving_an_engine_setting_are_refused_before_the_run(args, flag):
+    es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu")
+    opts = HttpSUT.check_options({"server_args": f"--max-num-partial-prefills 2 {args}"})
+    with pytest.raises(InputError, match=f"server_args: {flag} is set by the harness"):
+        HttpSUT.preflight(opts, es)
+    with pytest.raises(ServerInputError, match=f"server_args: {flag} is set by the harness"):
+        transport(opts, device="cpu")
+    ok = HttpSUT.check_options({"server_args": "--max-num-partial-prefills 2"})
+    assert ok.server_args == ("--max-num-partial-prefills", "2")
+    HttpSUT.preflight(ok, es)
+
+
+
+#: Words vLLM's parser (argparse, abbreviations allowed) reads as a harness-owned flag -> that flag.
+SMUGGLED = [("--enable-prefix", "--enable-prefix-caching"), ("--no-enable-prefix", "--no-enable-prefix-caching"),
+            ("--max-num-seq 4", "--max-num-seqs"), ("--max-num-s=4", "--max-num-seqs"),
+            ("--gpu-memory-util 0.5", "--gpu-memory-utilization"),
+            ("--gpu_memory_util=0.5", "--gpu-memory-utilization"), ("--device-mem 0.5", "--gpu-memory-utilization"),
+            ("-q fp8", "--quantization"), ("-qfp8", "--quantization"), ("-q=fp8", "--quantization"),
+            ("--mod /x", "--model"), ("--disable-log-s", "--disable-log-stats"), ("--config c.yaml", "--config")]
+
+
+@pytest.mark.parametrize("args, flag", SMUGGLED)
+def test_abbreviated_or_short_flags_of_the_harness_are_refused(args, flag):
+    es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu")
+    with pytest.raises(ValueError, match=f"server_args: {flag} .*is set by"):
+        servers.check_server_args(HttpOptions(server_args=f"--max-num-partial-prefills 2 {args}").server_args, es)
+    with pytest.raises(InputError, match=f"server_args: {flag} .*is set by"):
+        HttpSUT.preflight(HttpSUT.check_options({"server_args": args}), es)
+
+
+@pytest.mark.parametrize("args", ["--max-num-partial-prefills 2", "-tp 1", "-O3", "--served-model-name m",
+                                  "--config-format auto", "--compilation-config.mode 0", "--", "-1"])
+def test_other_vllm_flags_pass_the_server_args_check(args):
+    es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu")
+    servers.check_server_args(HttpOptions(server_args=args).server_args, es)
+
+
+@pytest.mark.parametrize("command, flag", [("vllm serve --quantization fp8", "--quantization"),
+                                           ("vllm serve -q fp8", "--quantization"),
+                                           ("python -m vllm.entrypoints.openai.api_server --max-num-seq 4",
+                                            "--max-num-seqs"),
+                                           ("vllm serve --port=1", "--port"),
+                                           ("./serve.sh --enable-prefix", "--enable-prefix-caching")])
+def test_server_command_flags_are_checked_as_server_args(command, flag):
+    es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu")
+    with pytest.raises(InputError, match=f"server_command: {flag} .*is set by"):
+        HttpSUT.preflight(HttpSUT.check_options({"server_command": command}), es)
+    if flag not in ("--port", "--enable-prefix-caching"):  # those are refused by HttpOptions already
+        with pytest.raises(ServerInputError, match=f"server_command: {flag} .*is set by"):
+            transport(HttpOptions(server_command=command), device="cpu")
+    HttpSUT.preflight(HttpSUT.check_options({"server_command": f"{sys.executable} {FAKE} --delay 0"}), es)
+
+
+@pytest.mark.slow
+def test_the_check_refuses_exactly_what_vllms_own_parser_reads_as_a_harness_setting():
+    """Against vLLM's ``vllm serve`` parser (importing it takes 15-25 s here): every option string
+    whose dest the harness sets is refused, also as its shortest unique abbreviation (which vLLM
+    parses as the flag); every other option passes."""
+    pytest.importorskip("vllm")
+    from dataclasses import fields
+
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = make_arg_parser(FlexibleArgumentParser())
+    es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu")
+    owned = ({f.name for f in fields(EngineSettings)} | set(es.vllm_kwargs())
+             | {"host", "port", "model", "config", "enable_prompt_tokens_details", "disable_uvicorn_access_log"})
+    options = {o: a.dest for a in parser._actions for o in a.option_strings if a.dest != "help"}
+
+    def refused(words):
+        try:
+            servers.check_server_args(HttpOptions(server_args=words).server_args, es)
+            return False
+        except ValueError:
+            return True
+
+    wrong = [o for o, dest in options.items() if refused([o, "1"]) != (dest in owned)]
+    assert not wrong, f"check disagrees with vLLM's parser on {wrong}"
+    for opt, dest in options.items():
+        if dest not in owned or not opt.startswith("--") or opt == "--config":
+            continue
+        abbrev = next((opt[:n] for n in range(3, len(opt))
+                       if [o for o in options if o.startswith(opt[:n])] == [opt]), opt)
+        action = parser._option_string_actions[opt]
+        value = [] if action.nargs == 0 else [str(next(iter(action.choices or ["1"])))]
+        assert refused([abbrev, *value]), abbrev
+        as_abbrev, as_flag = parser.parse_known_args([abbrev, *value]), parser.parse_known_args([opt, *value])
+        assert vars(as_abbrev[0]) == vars(as_flag[0]) and as_abbrev[1] == [], abbrev
+
+def test_server_args_are_refused_with_urls_and_must_be_strings():
+    with pytest.raises(InputError, match="server_args: only for servers started here"):
+        HttpSUT.check_options({"urls": "http://127.0.0.1:1", "server_args": "--max-num-partial-prefills 2"})
+    with pytest.raises(ValueError, match="server_args: expected a string or a list of strings"):
+        HttpOptions(server_args=3)
+
+
+def test_prefix_caching_from_launch_args_and_contradicting_sources():
+    assert readback.launch_prefix_caching(["x", "--enable-prefix-caching", "--no-enable-prefix-caching"]) is False
+    assert readback.launch_prefix_caching(["x", "--no-enable-prefix-caching", "--enable_prefix_caching"]) is True
+    assert readback.launch_prefix_caching(["x", "--seed", "0"]) is None
+    assert readback.launch_prefix_caching(["x", "--no-enable-prefix-caching", "--enable-prefix"]) is True
+    assert readback.launch_prefix_caching(["x", "--enable-prefix-caching", "--no-enable-pre"]) is False
+    assert readback.agreed_prefix_caching([("launch arguments", False), ("/metrics", None)]) is False
+    assert readback.agreed_prefix_caching([("/metrics", None)]) is None
+    with pytest.raises(ReplyError, match=r"contradicts itself \(launch arguments: off, /metrics: on\)"):
+        readback.agreed_prefix_caching([("launch arguments", False), ("/metrics", True)])
 
 
 # -- requests and results --------------------------------------------------------------------------
@@ -349,7 +477,7 @@ def _group_gone(pgid, timeout=10.0) -> bool:
     return False
 
 
-def test_started_servers_are_recorded_watched_and_ended(tmp_path, started):
+def test_started_servers_are_recorded_watched_and_ended(tmp_path, started, caplog):
     opts = HttpOptions(server_command=f"{sys.executable} {FAKE}", max_inflight_per_replica=2)
     t = transport(opts, log_dir=str(tmp_path), device="cpu", engines_per_device=2)
     started.append(t)
@@ -360,7 +488,10 @@ def test_started_servers_are_recorded_watched_and_ended(tmp_path, started):
         info = r.info
         assert info["url"].startswith("http://127.0.0.1:") and info["pid"] and info["enable_prefix_caching"] is False
         assert "--no-enable-prefix-caching" in info["launch_args"] and info["device"]["kind"] == "cpu"
-        assert info["engine_args"]["max_model_len"] == 4096 and "/metrics" in info["engine_args_from"]
+        assert "--disable-log-stats" in info["launch_args"] and info["engine_args"]["disable_log_stats"] is True
+        # statistics off: /metrics has no cache config; the launch arguments are the read-back
+        assert info["engine_args"]["max_model_len"] == 4096
+        assert info["engine_args_from"] == ["launch args", "/v1/models"]
         assert (tmp_path / f"server-{r.index}.log").is_file()
     assert sorted(r.info["device"]["slot"] for r in records) == ["0", "1"]
     t.submit(1, requests(3))
@@ -370,9 +501,33 @@ def test_started_servers_are_recorded_watched_and_ended(tmp_path, started):
     sink.wait(lambda: sink.fatal, timeout=5)
     msg = sink.fatal[0].message
     assert sink.fatal[0].replica == 1 and "exited unexpectedly (killed by signal 9)" in msg
-    assert "fake vLLM server" in msg  # the log's last lines
+    # the log's last lines: logged once at once; the event (reported again at the run's end) names the log
+    assert "fake vLLM server" not in msg and "the last lines of its log are above" in msg and "server-1.log" in msg
+    assert sum("fake vLLM server" in r.getMessage() for r in caplog.records) == 1
     t.stop()
     assert all(_group_gone(r.info["pid"]) for r in records)
+
+
+def test_server_log_stats_and_server_args_reach_a_started_server(tmp_path, started):
+    opts = HttpOptions(server_command=f"{sys.executable} {FAKE}", max_inflight_per_replica=1, server_log_stats=True,
+                       server_args="--max-num-partial-prefills 2")
+    t = transport(opts, log_dir=str(tmp_path), device="cpu")
+    started.append(t)
+    (rec,) = t.start(Sink())
+    info = rec.info
+    assert "--disable-log-stats" not in info["launch_args"]
+    assert info["launch_args"][-2:] == ["--max-num-partial-prefills", "2"]
+    assert info["engine_args_from"] == ["launch args", "/v1/models", "/metrics"]
+    assert info["enable_prefix_caching"] is False
+    assert info["engine_args"]["disable_log_stats"] is False and info["engine_args"]["block_size"] == 16
+
+
+def test_a_started_server_whose_metrics_contradict_its_launch_args_is_refused(tmp_path):
+    opts = HttpOptions(server_command=f"{sys.executable} {FAKE} --metrics-prefix-caching True", server_log_stats=True)
+    t = transport(opts, log_dir=str(tmp_path), device="cpu")
+    with pytest.raises(TransportError, match=r"contradicts itself \(launch arguments: off, /metrics: on\)"):
+        t.start(Sink())
+    assert all(_group_gone(s.pid) for s in t.servers)
 
 
 def test_a_server_that_fails_to_start_names_it_with_its_log(tmp_path):
@@ -481,6 +636,13 @@ def test_cli_ctrl_c_ends_the_servers_it_started(tmp_path, synthetic_small):
     final = json.loads((runs[0] / "run.json").read_text())
     assert final["status"] == "failed" and "interrupted (SIGINT" in final["error"]
     assert _group_gone(rec["engines"][0]["pid"])
+
+
+@pytest.mark.parametrize("args, flag", [("--port 9000", "--port"), ("--max-num-seqs 4", "--max-num-seqs")])
+def test_cli_server_args_of_the_harness_exit_2_before_a_run_folder(tmp_path, synthetic_small, args, flag):
+    out = _run(tmp_path, synthetic_small, "--device", "cpu", "--option", f"server_args={args}")
+    assert out.returncode == 2 and f"server_args: {flag} is set by" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("value", ["", " , ", [""]])

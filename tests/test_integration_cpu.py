@@ -71,12 +71,23 @@ def test_accuracy_run_every_sample_once_with_consistent_token_counts(tmp_path, s
     assert "accuracy" in rec
 
 
-class Run:
-    """``python -m sut run`` in its own session; its output (stdout + stderr) collected line by line."""
+#: Starts ``argv[1:]`` with SIGINT ignored, as a non-interactive shell does for ``cmd &``: SIG_IGN survives exec,
+#: and the run keeps this process's pid. (No ``preexec_fn``: Python code between fork and exec is unsafe in a
+#: process with threads, such as pytest's.)
+_SIGINT_IGNORED = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                   "os.execv(sys.argv[1], sys.argv[1:])")
 
-    def __init__(self, args, preexec_fn=None):
-        self.proc = subprocess.Popen(sut_cmd(*args), env=sut_env(), cwd=REPO, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=preexec_fn)
+
+class Run:
+    """``python -m sut run`` in its own session; its output (stdout + stderr) collected line by line.
+    ``sigint_ignored``: the run starts with SIGINT ignored (``_SIGINT_IGNORED``)."""
+
+    def __init__(self, args, sigint_ignored=False):
+        cmd = sut_cmd(*args)
+        if sigint_ignored:
+            cmd = [sys.executable, "-c", _SIGINT_IGNORED, *cmd]
+        self.proc = subprocess.Popen(cmd, env=sut_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -125,9 +136,9 @@ def _engines_started(out_dir: Path):
     return None
 
 
-def _start_and_wait_for_engines(tmp_path, data, extra=(), preexec_fn=None):
+def _start_and_wait_for_engines(tmp_path, data, extra=(), sigint_ignored=False):
     run = Run(["--dataset", str(data), "--output-dir", str(tmp_path), "--min-duration-s", "120",
-               "--min-query-count", "1", *extra], preexec_fn=preexec_fn)
+               "--min-query-count", "1", *extra], sigint_ignored=sigint_ignored)
     run_dir, rec = run.wait_for(lambda: _engines_started(tmp_path))
     return run, run_dir, rec
 
@@ -155,8 +166,10 @@ def test_engine_death_fails_the_run_quickly_without_orphans(tmp_path, synthetic_
     assert rc == 1, run.output[-3000:]
     assert elapsed < 60, f"took {elapsed:.0f} s to fail"
     assert "exited unexpectedly" in run.output
+    assert run.output.count("--- last lines of") == 1, run.output[-3000:]  # the engine log's tail, printed once
     final = json.loads((run_dir / "run.json").read_text())
     assert final["status"] == "failed" and "exited unexpectedly" in final["error"]
+    assert "engine-0.log" in final["error"] and "--- last lines of" not in final["error"]
     _assert_group_gone(pid)
 
 
@@ -174,15 +187,19 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_the_engines(tmp_path, synthetic_sma
     _assert_group_gone(rec["engines"][0]["pid"])
 
 
-def _ignore_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a non-interactive shell does for `cmd &`
+def test_the_sigint_ignored_wrapper_hands_sig_ign_across_exec_in_the_same_process():
+    probe = "import os, signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, os.getpid())"
+    p = subprocess.Popen([sys.executable, "-c", _SIGINT_IGNORED, sys.executable, "-c", probe], stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    out, _ = p.communicate(timeout=60)
+    assert out.split() == ["True", str(p.pid)]  # ignored after exec, and the pid the test signals is the run's
 
 
 def test_ctrl_c_works_when_started_with_sigint_ignored(tmp_path, synthetic_small):
     """A script that starts the run in the background hands it SIGINT ignored (issue 16); the run
     must still stop on SIGINT: exit 130, run.json failed, no engine left."""
     data, _ = synthetic_small
-    run, run_dir, rec = _start_and_wait_for_engines(tmp_path, data, preexec_fn=_ignore_sigint)
+    run, run_dir, rec = _start_and_wait_for_engines(tmp_path, data, sigint_ignored=True)
     time.sleep(2)
     run.proc.send_signal(signal.SIGINT)
     rc = run.wait(timeout=120)

@@ -196,6 +196,44 @@ def test_a_killed_worker_is_one_fatal_event_naming_its_replica_and_stop_leaves_n
     t.stop()  # twice is fine
 
 
+def test_a_dead_engines_log_tail_is_logged_once_and_the_fatal_event_names_the_log(standin, tmp_path, caplog):
+    t, sink = _transport(log_dir=str(tmp_path)), Sink()
+    log_file = tmp_path / "engine-0.log"
+    try:
+        t.start(sink)
+        pid = t.pool.engines[0].pid
+        with open(log_file, "a") as fh:
+            fh.write("the worker's last words\n")
+        os.kill(pid, signal.SIGKILL)
+        (fatal,) = sink.wait(lambda evs: any(e[0] == "fatal" for e in evs))
+    finally:
+        t.stop()
+    msg = fatal[2].message
+    assert msg == (f"engine 0 (pid {pid}) exited unexpectedly with code -9 (the last lines of its log are above; "
+                   f"all of it: {log_file})")
+    logged = [r.getMessage() for r in caplog.records if "last words" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].startswith(f"engine 0 (pid {pid}) exited unexpectedly with code -9\n"
+                                                     f"--- last lines of {log_file} ---\n")
+    assert "the worker's last words" in log_file.read_text()
+
+
+def test_stop_is_prompt_even_when_the_engine_is_slow_to_shut_down_and_leaves_no_process(standin, monkeypatch):
+    monkeypatch.setenv("STANDIN_SHUTDOWN_S", "5")  # releasing the LLM: 5 s, the interpreter's exit: 5 s more
+    t, sink = _transport(engines=2), Sink()
+    try:
+        t.start(sink)
+        t.submit(0, _requests([1, 2]))
+        sink.wait(_done_count(2))
+        pids = [e.pid for e in t.pool.engines] + [int(x) for x in standin.read_text().split()]
+        t0 = time.monotonic()
+        t.stop()
+        took = time.monotonic() - t0
+    finally:
+        t.stop()
+    assert took < 3.0, f"stop took {took:.1f} s"
+    assert _gone(pids, timeout=0.5), [p for p in pids if _alive(p)]
+
+
 def test_a_worker_that_fails_to_start_leaves_nothing_running(standin, tmp_path):
     t = _transport(engines=2, log_dir=str(tmp_path))
     t.pool.engines[1].gen = None  # engine 1's worker raises after LLM(...) started its child process
@@ -293,15 +331,19 @@ def test_real_cpu_engine_streams_first_tokens_and_completions_with_cached_tokens
         t.submit(0, [Request(i, (np.arange(40) * (i + 1) % 1000).astype(np.int32), i) for i in range(4)])
         events = sink.wait(_done_count(4), timeout=300)
         pid = t.pool.engines[0].pid
+        t0 = time.monotonic()
+        t.stop()
+        took = time.monotonic() - t0
     finally:
         t.stop()
+    assert took < 3.0, f"stop took {took:.1f} s"  # it took 9-17 s before the worker skipped vLLM's teardown
     firsts = {f.rid: f.token_id for k, _, f in events if k == "first"}
     done = [c for k, _, c in events if k == "done"]
     assert sorted(firsts) == [0, 1, 2, 3] and len(done) == 4
     for c in done:
         assert len(c.token_ids) == 8 and c.token_ids[0] == firsts[c.rid]
         assert c.cached_tokens == 0 and c.t_queued <= c.t_first <= c.t_done
-    assert _gone([pid])
+    assert _gone([pid], timeout=0.5)
 
 
 def test_a_long_temp_dir_gets_a_short_vllm_rpc_dir():

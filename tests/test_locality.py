@@ -119,7 +119,7 @@ def test_excess_gate_keeps_an_owner_no_busier_than_release_tokens_and_releases_a
     r.route(5, prompt(5, n=6000))          # new prefix -> the owner: 10,256 vs 6,040
     assert r.pressure(owner) > 2000
     assert r.route(6, prompt(1, q=2)) != owner and r.stats()["releases"] == 1
-    with pytest.raises(ValueError, match="release_gate must be one of excess, absolute"):
+    with pytest.raises(ValueError, match="release_gate must be one of excess, absolute, never"):
         AffinitySettings(release_gate="fleet")
 
 
@@ -256,3 +256,25 @@ def test_every_trace_and_routing_knob_has_help_and_its_default():
         assert by_dest[name].help and f"(default {default})" in by_dest[name].help, name
     assert "9,213" in by_dest["max_model_len"].help and "8K" in by_dest["max_model_len"].help
     assert by_dest["policies"].help and "engine-N.log" in by_dest["sub_verbose"].help
+
+
+def test_never_gate_keeps_a_saturated_owner_and_study_presets_use_it():
+    """release_gate="never" (the study's router kept every assignment): the saturated owner of the
+    scenario above keeps its repeat question; the study trace presets default to it, flags override."""
+    from sut.locality.__main__ import _routing, build_parser
+
+    r = make_router("prefix_affinity", 2, 0, AffinitySettings(release_tokens=2000, release_gate="never"))
+    owner = r.route(0, prompt(1))
+    r.route(1, prompt(2, n=3000))
+    r.route(2, prompt(3, n=3000))
+    r.route(4, prompt(4, n=3000))
+    r.route(5, prompt(5, n=6000))
+    assert r.uncached[owner] - min(r.uncached) > 2000  # excess would release here (test above)
+    assert r.route(6, prompt(1, q=2)) == owner and r.stats()["releases"] == 0
+    parser = build_parser()
+    base = ["run", "--model", "m"]
+    assert _routing(parser.parse_args(base + ["--trace-preset", "study-reuse"]), "rev").release_gate == "never"
+    assert _routing(parser.parse_args(base + ["--trace-preset", "study-no-reuse"]), "").release_gate == "never"
+    assert _routing(parser.parse_args(base), "").release_gate == "excess"
+    over = _routing(parser.parse_args(base + ["--trace-preset", "study-reuse", "--release-gate", "excess"]), "rev")
+    assert over.release_gate == "excess" and over.model_revision == "rev"

@@ -132,12 +132,17 @@ def test_warmups_use_shifted_ids_and_their_own_request_ids(systems, tmp_path):
             seen.extend((r.rid, r.prompt[1]) for r in requests)
             super().submit(replica, requests)
 
+        def mark_timed(self):  # the transport learns where the warm-ups end (Flame counts batches apart)
+            seen.append(("timed", None))
+
     register_transport("fake-spy")(Spy)
     SYSTEMS["standalone"] = fake("fake-spy")
     prep, ctx = context(tmp_path)
     _, error = run_pairs(resolve_systems(["standalone"], 2), ctx, PairSettings(policies=("round_robin",), pairs=1,
                                                                               progress=False))
     assert error is None
+    assert [i for i, (rid, _) in enumerate(seen) if rid == "timed"] == [24]  # once, after both warm-ups
+    seen.pop(24)
     rids = [rid for rid, _ in seen]
     assert sorted(rids[:12]) == [1_000_000 + i for i in range(12)]
     assert sorted(rids[12:24]) == [2_000_000 + i for i in range(12)]
@@ -271,6 +276,9 @@ def test_cli_runs_fake_systems_and_a_failed_check_exits_1_naming_the_request(sys
     (["--doc-tokens", "8000"], "exceeds the model's max_position_embeddings 8192"),
     (["--system-option", "flame.nope=1", "--systems", "flame"], "unknown FakeOptions field"),
     (["--http", "--server-url", "http://127.0.0.1:1"], "give one of them"),
+    (["--server-url", "http://127.0.0.1:1"], "system standalone: --sut vllm-http: server http://127.0.0.1:1"),
+    (["--server-url", "http://127.0.0.1:1,http://127.0.0.1:2"], "server http://127.0.0.1:1:"),  # a comma list
+    (["--http", "--system-option", "standalone.server_args=--enable-prefix"], "system standalone"),
 ])
 def test_cli_bad_input_exits_2_before_anything_starts(systems, tmp_path, capsys, args, message):
     assert cli(tmp_path, *args) == 2

@@ -3,7 +3,9 @@
 Each test starts a real engine process (~30-45 s each on 2 cores). Checked: every issued sample is
 answered once, each with one first token that is the first id of its response (the accuracy log of an
 accuracy-mode or TEST06 run holds both, as LoadGen logged them), token counts agree, TTFT/TPOT are in
-run.json, a stall fails the run within the stall timeout, bad names and flame exit 2 before anything starts."""
+run.json, a stall fails the run within the stall timeout, bad names and flame exit 2 before anything starts.
+The same over the http transport against the fake vLLM server (``fake_vllm_server.py``, fast); real ``vllm
+serve`` Server/Interactive runs are in ``test_http_cpu.py`` (slow)."""
 
 import json
 import os
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, sut_env
+from test_http_transport import fake_server  # noqa: F401 (the fixture)
 from test_integration_cpu import Run, _assert_group_gone, _engines_started, only_dir, sut_cmd
 
 pytestmark = pytest.mark.timeout(600)
@@ -81,7 +84,7 @@ def test_a_stall_mid_run_fails_within_the_stall_timeout(tmp_path, synthetic_smal
     preset.write_text("[run]\nstall_timeout_s = 5.0\n")
     out_dir = tmp_path / "out"
     run = Run(["--config", str(preset), "--scenario", "Server", "--dataset", str(data), "--output-dir", str(out_dir),
-               "--max-samples", "12", "--target-qps", "4", "--min-duration-s", "20", "--min-query-count", "1"])
+               "--max-samples", "12", "--target-qps", "4", "--min-duration-s", "12", "--min-query-count", "1"])
     run_dir, rec = run.wait_for(lambda: _engines_started(out_dir))
     pid = rec["engines"][0]["pid"]
     time.sleep(4)  # queries flowing
@@ -115,3 +118,52 @@ def test_bad_scenario_model_key_or_flame_exit_2_before_anything_starts(tmp_path,
                          env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "o").exists()
+
+
+# -- the http transport (--sut vllm-http) against the fake vLLM server: no engine, a few seconds each -------------
+def _http_args(url, data, out_dir, *args):
+    return ["--sut", "vllm-http", "--server-url", url, "--dataset", str(data), "--output-dir", str(out_dir), *args]
+
+
+def test_http_interactive_test06_run_streams_first_tokens_and_records_latencies(tmp_path, synthetic_small,
+                                                                                fake_server):
+    url, _ = fake_server("--delay", "0.05")  # first id at once, the rest 50 ms later: TPOT > 0
+    data, _ = synthetic_small
+    out = subprocess.run(sut_cmd(*_http_args(url, data, tmp_path, "--scenario", "Interactive", "--compliance-test",
+                                             "TEST06", "--max-samples", "12", "--target-qps", "20")),
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = only_dir(tmp_path)
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "ok" and rec["transport"] == "http" and rec["model_key"] == "llama3_1-8b-interactive"
+    assert rec["mode"] == "performance" and rec["latency"]["limits_ms"] == {"ttft": 500, "tpot": 30}
+    assert rec["test06"]["passed"]
+    _check_streamed_log(run, rec)
+
+
+def test_http_server_that_stalls_mid_run_fails_within_the_stall_timeout(tmp_path, synthetic_small, fake_server):
+    """The stall is noticed within the timeout; LoadGen (no abort call) then goes on issuing until its minimum
+    duration, each new query answered empty at once, so the process ends after that (here 12 s)."""
+    url, server = fake_server("--delay", "0.05")
+    data, _ = synthetic_small
+    preset = tmp_path / "stall.toml"
+    preset.write_text("[run]\nstall_timeout_s = 5.0\n")
+    out_dir = tmp_path / "out"
+    run = Run(["--config", str(preset), *_http_args(url, data, out_dir, "--scenario", "Server", "--max-samples", "12",
+                                                    "--target-qps", "4", "--min-duration-s", "12",
+                                                    "--min-query-count", "1")])
+    run_dir, _ = run.wait_for(lambda: _engines_started(out_dir), timeout=60)
+    time.sleep(2)  # queries flowing
+    os.kill(server.pid, signal.SIGSTOP)  # the server stops answering, its process and sockets live on
+    t0 = time.monotonic()
+    try:
+        run.wait_for(lambda: "no sample completed for 5 s" in run.output, timeout=60)
+        detected = time.monotonic() - t0
+        rc = run.wait(timeout=60)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert detected < 5 + 5, f"stall noticed after {detected:.1f} s"
+    assert rc == 1, run.output[-3000:]
+    final = json.loads((run_dir / "run.json").read_text())
+    assert final["status"] == "failed" and "stall" in final["error"], final["error"]
+    assert final["ledger"]["completed"] + final["ledger"]["answered_empty"] == final["ledger"]["issued"]

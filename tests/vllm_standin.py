@@ -12,6 +12,8 @@ outputs follow ``params.output_kind`` (``FINAL_ONLY``: finished requests only, w
 same first 16 ids was added before (and the cache was not reset), else 0. ``LLM.__init__`` starts a
 child process (``sleep``) in the worker's process group, as vLLM's own children are, and writes its
 pid to ``$STANDIN_CHILD_PIDS`` (one line per engine) so tests can check that it is ended too.
+``$STANDIN_SHUTDOWN_S`` (default 0): seconds that releasing the ``LLM`` and the interpreter's exit
+each take, as vLLM's shutdown (its full ``gc.collect``) and teardown do on CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 VLLM = '''
-import os, subprocess, time, types
+import atexit, os, subprocess, time, types, weakref
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: F401
 
 __version__ = "0.0-standin"
@@ -83,6 +85,10 @@ class LLM:
             with open(path, "a") as fh:
                 fh.write(f"{child.pid}\\n")
         self.llm_engine = _Engine(kw)
+        slow = float(os.environ.get("STANDIN_SHUTDOWN_S", "0"))
+        if slow:  # vLLM's engine shutdown when the LLM is released (a full gc.collect), the interpreter's teardown
+            weakref.finalize(self, time.sleep, slow)
+            atexit.register(time.sleep, slow)
 
     def generate(self, prompts, params, use_tqdm=False):
         return [ns(outputs=[ns(token_ids=[(p["prompt_token_ids"][0] + k) % 1000 + 10 for k in range(params.max_tokens)])],

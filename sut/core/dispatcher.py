@@ -5,7 +5,9 @@ Algorithm
 ``dispatch([Request, ...])`` routes each request (``sut.core.routing``; the policy books its
 load) and hands the requests of each replica to the transport in chunks of ``chunk``, sending a
 chunk as soon as it is full, so engines start on a large Offline query while the rest is still
-being routed. The dispatcher is the transport's ``ResultSink``:
+being routed. A request id used twice (twice in one ``dispatch``, or again while still outstanding)
+fails the run naming it before anything of that dispatch is routed. The dispatcher is the
+transport's ``ResultSink``:
 
 * ``on_first``: the policy learns the first token (``least_pending``), then the ledger
   (``first_tokens``: LoadGen's ``FirstTokenComplete``).
@@ -72,7 +74,13 @@ class Dispatcher:
 
     # -- requests out --------------------------------------------------------------------------
     def dispatch(self, items: Sequence[Request]) -> None:
-        """Route and send requests; failures go to the ledger (never raises)."""
+        """Route and send requests; failures go to the ledger (never raises). A request id that comes
+        twice in ``items``, or is still outstanding from an earlier dispatch, fails the run naming it
+        before anything of ``items`` is routed."""
+        reused = self._reused_id(items)
+        if reused is not None:
+            self.ledger.fail(f"dispatch refused: {reused}")
+            return
         per: dict[int, list] = {}
         try:
             for req in items:
@@ -92,6 +100,17 @@ class Dispatcher:
             while self.ledger.error is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.ledger.fail(f"dispatch failed: {e}")
+
+    def _reused_id(self, items: Sequence[Request]) -> Optional[str]:
+        """Why ``items`` cannot be dispatched (a request id used twice), or None."""
+        seen: set[int] = set()
+        for req in items:
+            if req.rid in seen:
+                return f"request id {req.rid} came twice in one dispatch (ids must be unique)"
+            seen.add(req.rid)
+        with self._lock:
+            old = next((rid for rid in seen if rid in self._where), None)
+        return None if old is None else f"request id {old} is still outstanding from an earlier dispatch"
 
     def flush(self) -> None:
         self.transport.flush()

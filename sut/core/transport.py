@@ -132,6 +132,11 @@ class Transport(abc.ABC):
         """Transport facts for the run record."""
         return {}
 
+    def mark_timed(self) -> None:
+        """Everything sent so far was warm-up, not timed (the locality runner's warm-up bursts): a
+        transport that counts batches reports those apart from the timed ones (``sut.flame.stats``).
+        Default: nothing to do."""
+
     @abc.abstractmethod
     def stop(self) -> None:
         """End everything this transport started. Idempotent."""

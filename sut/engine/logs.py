@@ -4,12 +4,14 @@ vLLM writes its own logs, warnings and tracebacks (e.g. the harmless "Chat templ
 Tokenizer not available" of an engine started without a tokenizer) to the worker's stdout/stderr.
 ``redirect_output`` (called in the worker before vLLM is imported) points file descriptors 1 and 2,
 inherited by vLLM's own child processes, at ``log_dir/engine-N.log``; ``with_log_tail`` puts the
-last ``ENGINE_LOG_TAIL_LINES`` lines of that log into a start failure's or a death's message.
+last ``ENGINE_LOG_TAIL_LINES`` lines of that log into a start failure's or a death's message;
+``split_log_tail`` takes them out again for a caller that prints them once itself.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -67,6 +69,30 @@ def with_log_tail(msg: str, path: Optional[Path]) -> str:
     first, _, rest = msg.partition("\n")
     out = f"{first}\n--- last lines of {path} ---\n{tail or '(empty)'}\n--- end of {path.name} ---"
     return f"{out}\n{rest}" if rest else out
+
+
+def split_log_tail(msg: str) -> tuple[str, str]:
+    """Undo ``with_log_tail`` for the console: ``(msg with its log-tail block replaced by a pointer to
+    the log, the block)``; ``(msg, "")`` when ``msg`` has no block. A caller that logs the block once
+    passes the short message on, so that the tail is not printed again with every report of it."""
+    m = _TAIL_BLOCK.search(msg)
+    if m is None:
+        return msg, ""
+    short = f"{msg[:m.start()]} (the last lines of its log are above; all of it: {m['path']}){msg[m.end():]}"
+    return short, m.group(0).lstrip("\n")
+
+
+def log_tail_once(message: str, logger) -> str:
+    """Log ``message``'s log-tail block (``with_log_tail``) once with ``logger.error``, at once, and return
+    the message with the block replaced by a pointer to the log (``split_log_tail``): what a transport
+    puts in its ``FatalEvent``, which the run reports again at its end."""
+    short, tail = split_log_tail(message)
+    if tail:
+        logger.error("%s\n%s", message.partition("\n")[0], tail)
+    return short
+
+
+_TAIL_BLOCK = re.compile(r"\n--- last lines of (?P<path>[^\n]+) ---\n.*?\n--- end of [^\n]+ ---", re.S)
 
 
 def redirect_output(path: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing.connection as mpc
 import os
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -112,8 +113,10 @@ def worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationS
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the run
         conn.send(Failed(f"engine {slot.index} failed to start:\n{traceback.format_exc()}"))
         return
+    stopped = False
     try:
         serve(conn, llm.llm_engine, params, gcmon.stats, llm=llm, detail=detail, stream=stream)
+        stopped = True
     except (EOFError, BrokenPipeError, _Terminated):
         pass  # parent is gone, or the shared process group is being ended
     except BaseException:  # noqa: BLE001
@@ -129,7 +132,21 @@ def worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationS
             print(f"engine {slot.index} (pid {os.getpid()}): largest GC pause {st['max_pause_ms']:.1f} ms "
                   f"(generation {st['max_pause_generation']}), {st['collections']} collections, "
                   f"{st['total_ms']:.0f} ms in total", flush=True)
-        del llm
+        if stopped and own_process_group:  # a normal Stop: the parent ends the group right after
+            _exit_now()
+        del llm  # otherwise (parent gone, error): vLLM's own shutdown ends its children
+
+
+def _exit_now() -> None:
+    """End this worker at once (exit code 0) after a normal ``Stop``: the parent ends its process group
+    right after (``EngineHandle.shutdown``), which ends vLLM's own child processes too. Not when the
+    parent is gone or serving failed: then nobody ends the group, and vLLM's own shutdown (``del llm``)
+    must end its EngineCore. This skips
+    vLLM's engine shutdown (it runs a full ``gc.collect``) and the interpreter's teardown: measured on
+    2 busy CPU cores with the tiny model, 2-4 s and 6-12 s of a 9-17 s stop."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None,

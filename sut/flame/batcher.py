@@ -142,6 +142,6 @@ class Batcher:
             self._next_batch += 1
             if tb is None or not self._take_credit():
                 continue
-            self.stats.note_batch(len(items))
+            self.stats.note_batch(self.replica, tb.batch_id, len(items))
             if not self.tracker.launch(tb):
                 self.release(tb)

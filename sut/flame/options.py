@@ -4,9 +4,10 @@
 (``sut.engine.settings_from_mapping``: a preset's ``"4"`` is refused, not coerced). Fields with their
 own CLI flag say so in ``metadata["flag"]``; the CLI builds its "flame SUT" flag group from them.
 
-Sizing: with ``executors_per_engine = ceil(engine_fill x max_num_seqs / batch_size) +
+Sizing: with ``executors_per_engine = max(2, ceil(engine_fill x max_num_seqs / batch_size)) +
 executor_slack`` (default fill 2) executors feeding each engine, the engine always holds more
-sequences than it can run (see ``executors_per_engine``).
+sequences than it can run, and a task never waits behind another of its replica (see
+``executors_per_engine``).
 
 Study settings (``../shared/research/study.md`` §6, the synthetic-locality entry point):
 ``FlameOptions.for_locality()`` = batch limit 128, batch-formation window 10 ms; zlib payload
@@ -55,8 +56,8 @@ class FlameOptions:
         "--flame-engines", "engine replicas (default 1): one Flame session each, replica r pinned to engine slot r of "
                            "the executor hosts (GPUs x engines per GPU, in sut.engine.plan_engines order)"))
     executors_per_engine: Optional[int] = field(default=None, metadata=_flag(
-        "--executors-per-engine", "Flame executors feeding one engine (default ceil(engine_fill x max_num_seqs / "
-                                  "batch_size) + executor_slack = ceil(2 x max_num_seqs / batch_size))"))
+        "--executors-per-engine", "Flame executors feeding one engine (default max(2, ceil(engine_fill x max_num_seqs / "
+                                  "batch_size)) + executor_slack = max(2, ceil(2 x max_num_seqs / batch_size)))"))
     engine_fill: float = 2.0
     executor_slack: int = 0
     min_executors: Optional[int] = None  # per replica session; default: all of its executors
@@ -126,6 +127,10 @@ class FlameOptions:
         return dataclasses.asdict(self)
 
 
+#: Fewest executors feeding one engine (see ``executors_per_engine``).
+MIN_EXECUTORS_PER_ENGINE = 2
+
+
 def executors_per_engine(max_num_seqs: int, batch_size: int, fill: float = 2.0, slack: int = 0) -> int:
     """Executors one engine needs so that it always holds more sequences than it can run.
 
@@ -134,5 +139,12 @@ def executors_per_engine(max_num_seqs: int, batch_size: int, fill: float = 2.0, 
     ``fill`` x ``max_num_seqs`` sequences the engine stays full even when output lengths vary
     (``python scripts/bench_flame.py --simulate-fill``: 1x + one batch keeps it 67-82 % busy
     with 20..128-token outputs, 2x keeps it >= 99.9 % busy).
+
+    At least 2: a Flame executor runs its tasks one after another, so with one executor a replica's
+    second task (e.g. the 2 requests beyond the batch limit 128 when prefix affinity routes 130 of a
+    burst to one replica) waits until the whole first task is done and then runs alone: a tail of
+    one extra small-batch run (H200, study-reuse trace, ``max_num_seqs`` 64: +0.35 s on an 18.4 s
+    burst, Flame / standalone 0.974 instead of ~0.995; docs/benchmarks.md). With two, the engine gets
+    both tasks' requests at once, as the standalone engine does.
     """
-    return max(1, math.ceil(fill * max_num_seqs / batch_size)) + slack
+    return max(MIN_EXECUTORS_PER_ENGINE, math.ceil(fill * max_num_seqs / batch_size)) + slack

@@ -6,6 +6,13 @@ since the first task; ``queue_s`` = total - the service's own time; ``exec_s`` t
 done) and payload bytes (raw and on the wire). Overall: batch-size distribution, bytes and
 compression ratios, retries and failed attempts, peak tasks in flight, executors and engine shards
 as the warm-up and the results name them, with their largest GC pauses.
+
+Timed and untimed batches: ``mark_timed`` (a caller that sends warm-up requests over the started
+transport, e.g. the locality runner's warm-up bursts) makes every batch made so far untimed. The
+batch-size distribution, ``tasks`` (completed, times), ``per_task`` and each executor's ``tasks``
+then count timed batches only; ``untimed`` counts the others (batches, their sizes, completed
+tasks). The warm-up PING tasks are never batches: the transport reports them under ``warmup``.
+Bytes, retries and failed attempts cover every task.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ class FlameStats:
         self.record_tasks = record_tasks
         self.lock = threading.Lock()
         self.task_log: list[dict] = []
-        self.batch_sizes: collections.Counter = collections.Counter()
+        self.batch_sizes: dict[tuple[int, int], int] = {}  # (replica, batch id) -> requests in it
+        self.untimed: set[tuple[int, int]] = set()  # batches made before the last mark_timed
+        self.completed: list[tuple[tuple[int, int], str]] = []  # ((replica, batch id), executor key) per result
         self.bytes = {"in_raw": 0, "in_wire": 0, "out_raw": 0, "out_wire": 0}
         self.retries = 0
         self.failed_attempts: list[dict] = []
@@ -37,9 +46,15 @@ class FlameStats:
         self.inflight = 0
         self.peak_inflight = 0
 
-    def note_batch(self, n: int) -> None:
+    def note_batch(self, replica: int, batch_id: int, n: int) -> None:
+        """Batch ``batch_id`` of ``replica`` (``n`` requests) goes out as a task."""
         with self.lock:
-            self.batch_sizes[n] += 1
+            self.batch_sizes[(replica, batch_id)] = n
+
+    def mark_timed(self) -> None:
+        """Every batch made so far was warm-up (not timed): from now on it counts under ``untimed``."""
+        with self.lock:
+            self.untimed.update(self.batch_sizes)
 
     def inflight_change(self, delta: int) -> None:
         """Tasks in flight over every replica go up or down by ``delta`` (the peak is recorded)."""
@@ -68,7 +83,7 @@ class FlameStats:
         key = f"{ex.get('node')}/{ex.get('id')}"
         with self.lock:
             e = self.executors.setdefault(key, {"id": ex.get("id"), "node": ex.get("node"), "pid": ex.get("pid"),
-                                                "role": ex.get("role"), "seat": ex.get("seat"), "shard": shard, "tasks": 0})
+                                                "role": ex.get("role"), "seat": ex.get("seat"), "shard": shard})
             e["gc_max_pause_ms"] = max(e.get("gc_max_pause_ms") or 0.0, ex.get("gc_max_pause_ms") or 0.0)
 
     def note_ping(self, meta: dict) -> None:
@@ -89,7 +104,7 @@ class FlameStats:
         shard_key = f"{meta.get('node')}/{meta.get('shard')}"
         self.note_executor(ex, shard_key)
         with self.lock:
-            self.executors[f"{ex.get('node')}/{ex.get('id')}"]["tasks"] += 1
+            self.completed.append(((replica, tb.batch_id), f"{ex.get('node')}/{ex.get('id')}"))
             if meta.get("engine_gc_max_pause_ms") is not None:
                 self.engine_gc[shard_key] = max(self.engine_gc.get(shard_key, 0.0), meta["engine_gc_max_pause_ms"])
             self.bytes["out_raw"] += res.raw_bytes
@@ -108,18 +123,26 @@ class FlameStats:
     def record(self) -> dict:
         """The counters as ``run.json`` keeps them (``tasks``, ``bytes``, ``shards``, ``executor_list``, ...)."""
         with self.lock:
-            tasks = list(self.task_log)
+            untimed = self.untimed
+            tasks = [x for x in self.task_log if (x["replica"], x["batch_id"]) not in untimed]
+            done = collections.Counter(ex for key, ex in self.completed if key not in untimed)
+            sizes = [collections.Counter(n for key, n in self.batch_sizes.items() if (key in untimed) is u)
+                     for u in (False, True)]
             return {
                 "peak_inflight_tasks": self.peak_inflight,
-                "batch_size_distribution": {str(k): v for k, v in sorted(self.batch_sizes.items())},
-                "tasks": {"completed": len(tasks), "retries": self.retries, "failed_attempts": list(self.failed_attempts),
+                "batch_size_distribution": _distribution(sizes[0]),
+                "untimed": {"batches": sum(sizes[1].values()), "batch_size_distribution": _distribution(sizes[1]),
+                            "tasks_completed": len(self.completed) - sum(done.values())},
+                "tasks": {"completed": sum(done.values()), "retries": self.retries,
+                          "failed_attempts": list(self.failed_attempts),
                           **{k: summary([x[k] for x in tasks]) for k in ("queue_s", "exec_s", "engine_s", "total_s")}},
                 "bytes": dict(self.bytes, in_ratio=_ratio(self.bytes["in_wire"], self.bytes["in_raw"]),
                               out_ratio=_ratio(self.bytes["out_wire"], self.bytes["out_raw"])),
                 "shards": [dict({k: v for k, v in sh.items() if k != "engine"}, shard=key,
                                 engine_gc_max_pause_ms=self.engine_gc.get(key))
                            for key, sh in sorted(self.shards.items())],
-                "executor_list": sorted(self.executors.values(), key=lambda e: (str(e["shard"]), e["seat"] or 0)),
+                "executor_list": sorted((dict(e, tasks=done[k]) for k, e in self.executors.items()),
+                                        key=lambda e: (str(e["shard"]), e["seat"] or 0)),
                 "per_task": tasks,
             }
 
@@ -132,6 +155,11 @@ def summary(values) -> dict:
     pick = lambda q: v[min(len(v) - 1, int(round(q * (len(v) - 1))))]  # noqa: E731
     return {"n": len(v), "mean": round(statistics.fmean(v), 4), "p50": round(pick(0.5), 4), "p90": round(pick(0.9), 4),
             "p99": round(pick(0.99), 4), "max": round(v[-1], 4)}
+
+
+def _distribution(sizes: collections.Counter) -> dict:
+    """``{"<batch size>": batches}``, by size."""
+    return {str(k): v for k, v in sorted(sizes.items())}
 
 
 def _ratio(a: int, b: int) -> Optional[float]:

@@ -264,6 +264,10 @@ class FlameTransport(Transport):
         if errors and self.sink is not None:
             self.fatal(None, errors[0])
 
+    def mark_timed(self) -> None:
+        """Batches sent so far were warm-ups: ``stats`` reports them under ``untimed`` (``sut.flame.stats``)."""
+        self.counters.mark_timed()
+
     def stats(self) -> dict:
         o = self.o
         closes = [rs.close_info for rs in self.sessions if rs.close_info]

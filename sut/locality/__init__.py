@@ -17,3 +17,11 @@ are the dispatch core's (``sut.core.routing``).
 
 NOTICE = "synthetic-locality trace with prefix caching ON: NOT an MLPerf result"
 RUN_SUFFIX = "-SYNTHETIC-LOCALITY-NOT-MLPERF"
+
+
+def knob(default, help: str, **extra):  # noqa: A002 - argparse's word
+    """A settings field that ``python -m sut.locality`` offers as a flag ``--name`` (``help``; extra
+    metadata such as ``choices``): ``dataclasses.field(default=default, metadata={"help": help, ...})``."""
+    import dataclasses
+
+    return dataclasses.field(default=default, metadata={"help": help, **extra})

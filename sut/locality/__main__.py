@@ -1,11 +1,12 @@
-"""``python -m sut.locality {run,describe}``: synthetic-locality traces (NOT an MLPerf benchmark).
+"""``python -m sut.locality {run,describe,report}``: synthetic-locality traces (NOT an MLPerf benchmark).
 
 ``run`` compares systems (``--systems standalone flame``) and routing policies (``--policies``) on one
 trace with the study's pair protocol (``sut/locality/pairs.py``): for every pair, system and policy
 fresh engines (Flame: fresh sessions) with prefix caching ON, two id-shifted warm-ups, then the timed
 burst; every request validated. It writes ``<output-dir>/<name>-SYNTHETIC-LOCALITY-NOT-MLPERF/`` with
 ``locality.json``, ``locality.png`` and each case's engine logs (``--verbose``: on the console) and
-prints the report. ``describe`` prints the trace's shape without starting engines. Traces are random
+prints the report. ``report RUN...`` merges the finished cases of several runs (device sessions) into
+one new run folder with the same report (``sut/locality/merge.py``). ``describe`` prints the trace's shape without starting engines. Traces are random
 token ids or, with ``--text news --dataset FILE [--tokenizer PATH]``, real CNN/DailyMail text;
 ``--trace-preset study-no-reuse|study-reuse`` sets the study's shape (explicit flags override it).
 
@@ -22,18 +23,21 @@ import json
 import logging
 import os
 import shutil
+import typing
 from pathlib import Path
 
 from sut.cli_flags import add_engine_flags, engine_settings_from_args
 from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings, model_revision
 from sut.engine import EngineError, EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
+from sut.base import InputError, RunFailed
 from sut.exits import BadInput, run_main, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
+from sut.locality.merge import build, write_merged
 from sut.locality.pairs import PairSettings, StudyContext
 from sut.locality.report import describe_table, study_tables
 from sut.locality.runner import command_line, make_run_dir, prepare_trace, run_study, runtime_versions
 from sut.locality.systems import SYSTEMS, parse_system_options, resolve_systems
-from sut.locality.trace import ORDERS, TEXTS, TRACE_PRESETS, TraceSettings, describe, make_trace, trace_hash
+from sut.locality.trace import TRACE_PRESETS, TraceSettings, describe, make_trace, trace_hash
 
 log = logging.getLogger("sut.locality")
 
@@ -47,27 +51,23 @@ def _defaults(cls) -> dict:
 
 _TD, _AD, _PD = _defaults(TraceSettings), _defaults(AffinitySettings), _defaults(PairSettings)
 
+
+def _flags(cls) -> dict:
+    """name -> (argparse type or ``{"choices": ...}``, help) of the fields of ``cls`` declared with
+    ``sut.locality.knob`` (a help in their metadata)."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if "help" in f.metadata:
+            kind = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+            out[f.name] = ({"choices": f.metadata["choices"]} if "choices" in f.metadata else kind[0],
+                           f.metadata["help"].replace("%", "%%"))
+    return out
+
+
 # name -> (argparse keywords, help); "(default ...)" is appended from the settings dataclass
-_TRACE = {
-    "documents": (int, "number of documents"),
-    "doc_tokens": (int, "mean document length, tokens"),
-    "doc_jitter": (float, "document lengths are uniform in doc_tokens x [1 - j, 1 + j]"),
-    "questions": (int, "questions per document (their mean when --zipf-s > 0)"),
-    "question_tokens": (int, "mean question length, tokens (uniform +-50%%)"),
-    "max_tokens": (int, "output tokens per request (exactly: EOS is ignored, and validation checks the length)"),
-    "zipf_s": (float, "document popularity: 0 = every document gets --questions questions; s > 0 = weights "
-                      "1 / rank^s, a few hot documents draw most questions"),
-    "order": ({"choices": ORDERS}, "arrival order: shuffled (random), by_document (all questions of a document "
-                                   "together), round_robin (question 0 of every document, then question 1, ...: "
-                                   "the longest reuse distance)"),
-    "seed": (int, "trace seed: the same settings always give the same trace"),
-    "text": ({"choices": TEXTS}, "random token ids, or news: documents concatenated from the CNN/DailyMail articles of "
-                                 "--dataset, each followed by a question from a few templates (sut/locality/news.py)"),
-    "dataset": (str, "--text news: a cnn_eval-format JSON file (a list of records with input, tok_input)"),
-    "tokenizer": (str, "--text news: the model's tokenizer (HF folder or tokenizer.json, or a Llama 3 tiktoken "
-                       "tokenizer.model or its folder); left out: the file's tok_input ids, with the prompt template "
-                       "common to all records (BOS included) stripped"),
-}
+_TRACE = _flags(TraceSettings)
+_PROTOCOL = _flags(PairSettings)
 _ROUTER = {
     "block_tokens": (int, "prefix_affinity: tokens per hashed block of the prompt"),
     "prefix_blocks": (int, "prefix_affinity: blocks hashed per prompt (the key covers the first "
@@ -77,19 +77,11 @@ _ROUTER = {
                             "TTFT you accept"),
     "release_gate": ({"choices": RELEASE_GATES}, "prefix_affinity: excess = release when the owner's uncached work "
                      "exceeds the least busy replica's by --release-tokens (a burst that loads every replica alike "
-                     "keeps affinity); absolute = when it exceeds --release-tokens by itself (a TTFT bound per owner)"),
+                     "keeps affinity); absolute = when it exceeds --release-tokens by itself (a TTFT bound per owner); never = no "
+                     "release (the study's router; default of the study trace presets, else excess)"),
     "max_entries": (int, "prefix_affinity: affinity map size, block hashes (LRU)"),
     "decode_weight": (float, "least_loaded, prefix_affinity: a request's estimated work = uncached prompt tokens + "
                              "decode_weight x --max-tokens"),
-}
-_PROTOCOL = {
-    "pairs": (int, "fresh pairs: every system x policy starts fresh engines (Flame: fresh sessions) in every pair; "
-                   "systems alternate their order from pair to pair"),
-    "warmups": (int, "warm-up bursts before each timed burst (not timed): the trace with token ids shifted inside the "
-                     "vocabulary (same lengths and prefix relations, none of the measured prefixes)"),
-    "rate": (float, "arrivals per second, Poisson; 0 = every request at once (one burst, the study's)"),
-    "arrival_seed": (int, "seed of the Poisson arrival times"),
-    "stall_timeout_s": (float, "fail the run when no request finishes for this many seconds"),
 }
 _DEFAULT_LEN = TraceSettings().max_prompt_tokens + TraceSettings().max_tokens
 _ENGINE_HELP = {
@@ -130,7 +122,8 @@ def _add_run_flags(s) -> None:
     y.add_argument("--http", action="store_true", help="standalone = `vllm serve` replicas started here (the study's "
                    "standalone path) instead of in-process engines")
     y.add_argument("--server-url", nargs="+", metavar="URL", help="standalone = these running `vllm serve` servers "
-                   "(one replica each; engines are then not fresh per pair)")
+                   "(one replica each, space- or comma-separated; engines are then not fresh per pair); each must "
+                   "answer and serve --model before anything starts (exit 2)")
     y.add_argument("--system-option", action="append", default=[], metavar="SYSTEM.KEY=VALUE",
                    help="an option of a system's transport (JSON value, else a string), e.g. flame.batch_size=64 or "
                         "standalone.dispatch_chunk=64; repeatable")
@@ -165,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--json", action="store_true", help="print the shape as JSON instead of a table")
         else:
             _add_run_flags(s)
+    r = sub.add_parser("report", help="one report from the finished cases of several runs (sut/locality/merge.py)")
+    r.add_argument("-v", "--verbose", dest="sub_verbose", action="store_true", help=_VERBOSE_HELP)
+    r.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with cases.jsonl), merged in this order: "
+                   "their pairs are renumbered run by run; only runs of the same trace and settings")
+    r.add_argument("--output-dir", default="results/locality", help="base folder of the merged run folder "
+                   "(default results/locality)")
+    r.add_argument("--run-name", help="merged run folder name prefix (default: time + 'merged')")
     return p
 
 
@@ -221,6 +221,26 @@ def _protocol(a) -> PairSettings:
     return ps
 
 
+def _preflight_servers(systems, es: EngineSettings) -> None:
+    """`vllm serve` replicas are checked as `python -m sut run --sut vllm-http` checks them, before the run
+    folder: given URLs must answer and serve ``--model`` with a long enough context; servers to start here
+    must be placeable and ``server_args`` must not set the harness's settings (``HttpSUT.preflight``)."""
+    from sut.http_sut import HttpSUT
+
+    for system in systems:
+        if system.transport == "http":
+            try:
+                HttpSUT.preflight(system.options, es)
+            except InputError as e:
+                raise BadInput(f"error: system {system.name}: {e}") from None
+
+
+def _routing(a, revision: str) -> AffinitySettings:
+    """The router knobs: the trace preset's ``routing`` (study presets: release gate ``never``), then the flags."""
+    return AffinitySettings(**{**TRACE_PRESETS.get(a.trace_preset, {}).get("routing", {}), **_pick(a, _ROUTER)},
+                            model_revision=revision)
+
+
 def _prepare(a):
     """Every check before anything starts: settings, model, engine plan, systems, trace, warm-ups."""
     ts = _trace_settings(a)
@@ -233,11 +253,12 @@ def _prepare(a):
         raise BadInput(f"error: {e}") from None
     if a.http and a.server_url:
         raise BadInput("error: --http starts servers here; --server-url uses running ones: give one of them")
-    urls = a.server_url or []
+    urls = [u for item in a.server_url or [] for u in item.split(",") if u]  # spaces or commas, as `sut run`
     if urls:
         replicas = len(urls)
     systems = resolve_systems(a.systems, replicas, parse_system_options(a.system_option), http=a.http, urls=urls)
-    affinity = AffinitySettings(**_pick(a, _ROUTER), model_revision=model_revision(es.model))
+    _preflight_servers(systems, es)
+    affinity = _routing(a, model_revision(es.model))
     prepared = prepare_trace(ts, ps.warmups)
     if affinity.block_tokens > prepared.shape["prompt_max"] and "prefix_affinity" in ps.policies:
         log.warning("--block-tokens %d is longer than every prompt (max %d): prefix_affinity has no key and "
@@ -248,7 +269,7 @@ def _prepare(a):
 
 def _run_dir(a, systems) -> Path:
     try:
-        return make_run_dir(a.output_dir, a.run_name, "-".join(s.name for s in systems))
+        return make_run_dir(a.output_dir, a.run_name, "-".join(s.name for s in systems) or "merged")
     except FileExistsError as e:
         raise BadInput(f"error: run folder {e.filename} already exists (choose another --run-name)") from None
     except OSError as e:
@@ -282,6 +303,23 @@ def cmd_run(a) -> int:
     return 0
 
 
+def cmd_report(a) -> int:
+    """Merge the runs' finished cases into a new run folder; print its report (``sut.locality.merge``).
+    Every check and the report come first (bad input: exit 2, no folder); a failure while writing
+    removes the half-written folder (a file that cannot be written: ``RunFailed``, exit 1)."""
+    merged = build(a.runs, command_line())
+    d = _run_dir(a, [])
+    try:
+        record = write_merged(merged, d)
+    except BaseException as e:
+        shutil.rmtree(d, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise RunFailed(f"cannot write the merged report into {d}: {e}") from e
+        raise
+    print(study_tables(record))
+    return 0
+
+
 def _main(argv) -> int:
     a = build_parser().parse_args(argv)
     a.verbose = a.verbose or a.sub_verbose
@@ -289,6 +327,8 @@ def _main(argv) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "INFO")
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if a.cmd == "report":
+        return cmd_report(a)
     if a.cmd == "describe":
         try:
             return cmd_describe(a)

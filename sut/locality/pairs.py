@@ -41,6 +41,7 @@ from sut.core.messages import FatalEvent, ReplicaRecord
 from sut.core.routing import AffinitySettings, make_router
 from sut.core.transport import Transport, TransportSpec
 from sut.engine import EngineError, EngineSettings, GenerationSettings
+from sut.locality import knob
 from sut.locality.burst import BurstSettings, run_burst
 from sut.locality.systems import System, build_transport
 from sut.locality.trace import TraceRequest
@@ -65,11 +66,13 @@ class PairSettings:
     """
 
     policies: tuple = ("round_robin", "least_loaded", "prefix_affinity")
-    pairs: int = 5
-    warmups: int = 2
-    rate: float = 0.0
-    arrival_seed: int = 0
-    stall_timeout_s: float = 900.0
+    pairs: int = knob(5, "fresh pairs: every system x policy starts fresh engines (Flame: fresh sessions) in every "
+                         "pair; systems alternate their order from pair to pair")
+    warmups: int = knob(2, "warm-up bursts before each timed burst (not timed): the trace with token ids shifted "
+                           "inside the vocabulary (same lengths and prefix relations, none of the measured prefixes)")
+    rate: float = knob(0.0, "arrivals per second, Poisson; 0 = every request at once (one burst, the study's)")
+    arrival_seed: int = knob(0, "seed of the Poisson arrival times")
+    stall_timeout_s: float = knob(900.0, "fail the run when no request finishes for this many seconds")
     progress: bool = True
 
     def __post_init__(self):
@@ -277,6 +280,7 @@ def _measure(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, 
         t.attach(idle)
         rec["warmups"].append({k2: res.metrics[k2] for k2 in ("requests", "wall_s", "requests_per_s", "cached_share")})
     idle.check()
+    t.mark_timed()
     log.info("%s: timed burst of %d requests", case.name, len(ctx.trace))
     res = _burst(t, ctx, case.policy, ctx.trace, 0, ps.progress, ps.rate, ps.arrival_seed, ps.stall_timeout_s,
                  ctx.expected_hashes)

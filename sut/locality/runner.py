@@ -6,6 +6,8 @@ the hashes that validation and the record use. ``run_study`` runs every case
 (``sut.locality.pairs``) and writes into the run folder (made first by ``make_run_dir``; its name
 ends in ``-SYNTHETIC-LOCALITY-NOT-MLPERF``):
 
+* ``run_header.json`` (first, before any engine starts): the settings part of ``locality.json``
+  (``run_header``), so that a run cut off later can be merged (``sut.locality.merge``);
 * ``cases.jsonl``: each finished case's record as soon as it is done (kept if the run is cut off);
 * ``locality.json``: ``"mlperf": false``; ``status`` (``ok`` | ``failed``) and ``error``; runtime
   versions, model (path, config sha256, the revision the router hashes), trace settings, shape,
@@ -46,6 +48,8 @@ from sut.locality.trace import (TraceRequest, TraceSettings, describe, input_has
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
+#: Written by ``run`` before its first case: the run's settings (``run_header``), for merging.
+HEADER = "run_header.json"
 
 
 @dataclass
@@ -99,10 +103,10 @@ def runtime_versions() -> dict:
             "harness_commit": commit, "harness_uncommitted_changes": dirty}
 
 
-def write_record(d: Path, record: dict) -> Path:
-    """Write ``locality.json`` into the run folder ``d``; returns its path."""
+def write_record(d: Path, record: dict, name: str = "locality.json") -> Path:
+    """Write ``record`` (marked ``"mlperf": false``) as ``name`` into the run folder ``d``; returns its path."""
     record = dict({"kind": "synthetic-locality", "mlperf": False, "notice": NOTICE}, **record)
-    path = d / "locality.json"
+    path = d / name
     path.write_text(json.dumps(record, indent=1, default=_json_default))
     return path
 
@@ -149,25 +153,43 @@ def deviation_notes(cases: Sequence[dict]) -> list[str]:
     return notes
 
 
-def run_study(systems: Sequence[System], prepared: PreparedTrace, ctx: StudyContext, ps: PairSettings,
-              base_record: dict) -> tuple[dict, Optional[str]]:
-    """Run every case; write ``locality.json`` (and, with results, ``locality.png``) into
-    ``ctx.run_dir``. Returns ``(record, error)``; ``error`` None when every case passed."""
-    cases, error = run_pairs(systems, ctx, ps, on_case=lambda rec: append_case(ctx.run_dir, rec))
-    runs = run_records(cases)
-    record = dict(base_record, status="failed" if error else "ok", error=error,
-                  **prepared.record(), pair_settings=ps,
-                  systems={s.name: s.record() for s in systems},
-                  placement=[{"replica": r, "key": k, "first_seen_in": c} for r, (k, c) in sorted(ctx.placement.items())],
-                  notes=deviation_notes(cases), cases=cases, runs=runs)
+def run_header(systems: Sequence[System], prepared: PreparedTrace, ps: PairSettings, base_record: dict) -> dict:
+    """What a run is, known before its first case: ``base_record`` (command, trace preset, runtime,
+    model, engine, generation and router settings), the trace record and the protocol and systems'
+    settings. ``run_study`` writes it as ``run_header.json`` first, so that a run cut off before
+    ``locality.json`` can still be merged (``sut.locality.merge``)."""
+    return dict(base_record, **prepared.record(), pair_settings=ps, systems={s.name: s.record() for s in systems})
+
+
+def finish_record(d: Path, record: dict, cases: Sequence[dict], runs: Sequence[dict], shape: dict,
+                  placement: Sequence[dict], report: Optional[dict] = None) -> dict:
+    """Add the cases, per-run records, notes, KV-cache summary and (with ``runs`` and no ``error``)
+    the pair report (``report`` when already computed, else ``pair_report(runs)``) and ``locality.png``
+    to ``record``; write ``locality.json`` into ``d``. Shared by ``run`` and ``report`` (merged runs,
+    whose report is computed before their folder is made)."""
+    record.update(placement=list(placement), notes=list(record.get("notes", [])) + deviation_notes(cases),
+                  cases=list(cases), runs=list(runs))
     first = next((c for c in cases if c.get("replicas")), None)
     if first:
-        record["kv_cache"] = kv_cache_summary(first["replicas"], prepared.shape)
-    if runs and not error:
-        record["report"] = pair_report(runs)
-        record["figure"] = plot_pair_report(runs, ctx.run_dir / "locality.png").name
-    record["record_path"] = str(write_record(ctx.run_dir, record))
-    return record, error
+        record["kv_cache"] = kv_cache_summary(first["replicas"], shape or {})
+    if runs and not record.get("error"):
+        record["report"] = report if report is not None else pair_report(runs)
+        record["figure"] = plot_pair_report(runs, d / "locality.png").name
+    record["record_path"] = str(write_record(d, record))
+    return record
+
+
+def run_study(systems: Sequence[System], prepared: PreparedTrace, ctx: StudyContext, ps: PairSettings,
+              base_record: dict) -> tuple[dict, Optional[str]]:
+    """Write ``run_header.json``, run every case; write ``locality.json`` (and, with results,
+    ``locality.png``) into ``ctx.run_dir``. Returns ``(record, error)``; ``error`` None when every
+    case passed."""
+    header = run_header(systems, prepared, ps, base_record)
+    write_record(ctx.run_dir, header, HEADER)
+    cases, error = run_pairs(systems, ctx, ps, on_case=lambda rec: append_case(ctx.run_dir, rec))
+    record = dict(header, status="failed" if error else "ok", error=error)
+    places = [{"replica": r, "key": k, "first_seen_in": c} for r, (k, c) in sorted(ctx.placement.items())]
+    return finish_record(ctx.run_dir, record, cases, run_records(cases), prepared.shape, places), error
 
 
 def command_line() -> str:

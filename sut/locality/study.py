@@ -149,7 +149,8 @@ def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num:
         ``runs[system][policy][metric]``: :func:`stats` over pairs; ``pair_ratios[policy]`` (when both
         ``num`` and ``den`` systems ran): ``per_pair`` ``[{"pair", "ratio"}]``, ``median``, ``min``,
         ``max``, ``below_floor`` (pairs under ``floor``); ``policy_ratios[system]`` (when it ran
-        ``prefix_affinity`` and ``round_robin``): ``ratio_of_medians`` and ``per_pair``.
+        ``prefix_affinity`` and ``round_robin``): ``ratio_of_medians`` and ``per_pair`` (the pairs that
+        ran both: merged runs may hold pairs of one policy only).
 
     Raises:
         ValueError: a bad or repeated record, a pair missing one side (named).
@@ -174,7 +175,10 @@ def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num:
     for s in systems:
         if {"prefix_affinity", "round_robin"} <= set(runs[s]):
             med = runs[s]
-            by_pair = ratios_by_pair(records, (s, "prefix_affinity"), (s, "round_robin"), metric)
+            both = {p for (s2, po, p) in idx if s2 == s and po == "prefix_affinity"} & \
+                {p for (s2, po, p) in idx if s2 == s and po == "round_robin"}
+            by_pair = ratios_by_pair([r for r in records if int(r["pair"]) in both], (s, "prefix_affinity"),
+                                     (s, "round_robin"), metric)
             report["policy_ratios"][s] = {
                 "name": "prefix_affinity / round_robin",
                 "ratio_of_medians": med["prefix_affinity"][metric]["median"] / med["round_robin"][metric]["median"],

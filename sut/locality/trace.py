@@ -37,15 +37,20 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sut.locality import knob
+
 ORDERS = ("shuffled", "by_document", "round_robin")
 TEXTS = ("random", "news")
 #: The study's traces (``../shared/research/study.md`` §3): ~8K-token news documents, one shuffled burst,
 #: 16 new tokens per request (exactly: locality runs always ignore EOS). ``trace``: TraceSettings fields;
-#: ``run``: ``sut.locality.pairs.PairSettings`` fields. Explicit flags override either.
+#: ``run``: ``sut.locality.pairs.PairSettings`` fields; ``routing``: ``AffinitySettings`` fields (the study's
+#: router kept every assignment: release gate ``never``). Explicit flags override any of them.
 _STUDY = {"doc_tokens": 8192, "max_tokens": 16, "zipf_s": 0.0, "order": "shuffled", "text": "news"}
 TRACE_PRESETS = {
-    "study-no-reuse": {"trace": dict(_STUDY, documents=64, questions=1), "run": {"rate": 0.0}},
-    "study-reuse": {"trace": dict(_STUDY, documents=64, questions=4), "run": {"rate": 0.0}},
+    "study-no-reuse": {"trace": dict(_STUDY, documents=64, questions=1), "run": {"rate": 0.0},
+                       "routing": {"release_gate": "never"}},
+    "study-reuse": {"trace": dict(_STUDY, documents=64, questions=4), "run": {"rate": 0.0},
+                    "routing": {"release_gate": "never"}},
 }
 
 
@@ -72,20 +77,29 @@ class TraceSettings:
             tiktoken ``tokenizer.model``); ``None``: the file's ``tok_input`` ids, template stripped.
     """
 
-    documents: int = 32
-    doc_tokens: int = 8192
-    doc_jitter: float = 0.10
-    questions: int = 4
-    question_tokens: int = 48
-    max_tokens: int = 128
-    zipf_s: float = 0.0
-    order: str = "shuffled"
-    seed: int = 0
+    documents: int = knob(32, "number of documents")
+    doc_tokens: int = knob(8192, "mean document length, tokens")
+    doc_jitter: float = knob(0.10, "document lengths are uniform in doc_tokens x [1 - j, 1 + j]")
+    questions: int = knob(4, "questions per document (their mean when --zipf-s > 0)")
+    question_tokens: int = knob(48, "mean question length, tokens (uniform +-50%)")
+    max_tokens: int = knob(128, "output tokens per request (exactly: EOS is ignored, and validation checks the length)")
+    zipf_s: float = knob(0.0, "document popularity: 0 = every document gets --questions questions; s > 0 = weights "
+                              "1 / rank^s, a few hot documents draw most questions")
+    order: str = knob("shuffled", "arrival order: shuffled (random), by_document (all questions of a document "
+                                  "together), round_robin (question 0 of every document, then question 1, ...: "
+                                  "the longest reuse distance)", choices=ORDERS)
+    seed: int = knob(0, "trace seed: the same settings always give the same trace")
     bos: int = 128000
     id_limit: int = 128000
-    text: str = "random"
-    dataset: Optional[str] = None
-    tokenizer: Optional[str] = None
+    text: str = knob("random", "random token ids, or news: documents concatenated from the CNN/DailyMail articles of "
+                               "--dataset, each followed by a question from a few templates (sut/locality/news.py)",
+                     choices=TEXTS)
+    dataset: Optional[str] = knob(None, "--text news: a cnn_eval-format JSON file (a list of records with input, "
+                                        "tok_input)")
+    tokenizer: Optional[str] = knob(None, "--text news: the model's tokenizer (HF folder or tokenizer.json, or a "
+                                          "Llama 3 tiktoken tokenizer.model or its folder); left out: the file's "
+                                          "tok_input ids, with the prompt template common to all records (BOS "
+                                          "included) stripped")
 
     def __post_init__(self):
         if self.documents < 1 or self.questions < 1:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-RELEASE_GATES = ("excess", "absolute")
+RELEASE_GATES = ("excess", "absolute", "never")
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class AffinitySettings:
     """Knobs of the routing policies (lengths in tokens; see each policy's module header).
 
     ``block_tokens`` (256), ``prefix_blocks`` (4), ``release_tokens`` (65,536), ``release_gate``
-    (``excess`` | ``absolute``), ``max_entries`` (65,536), ``model_revision`` (a hash of the model's
+    (``excess`` | ``absolute`` | ``never``), ``max_entries`` (65,536), ``model_revision`` (a hash of the model's
     config, part of every prefix hash: ``sut.core.routing.prefix_affinity``): prefix affinity.
     ``decode_weight`` (1.0): every policy's decode-work estimate per new token.
     ``first_token_weight`` (8.0): ``least_pending``'s weight of a request still waiting for its first token.

@@ -10,7 +10,8 @@
        flight minus the smallest uncached work of any replica, the owner included
        (``release_gate="excess"``, default; equal to ``absolute`` while some replica has none), or the
        owner's own uncached work (``release_gate="absolute"``). If the pressure is at most
-       ``release_tokens``, the request goes to the owner (an affinity hit).
+       ``release_tokens``, the request goes to the owner (an affinity hit). ``release_gate="never"``:
+       always the owner (the study's router kept every assignment: ``../shared/research/study.md`` §7).
     4. Otherwise — a new prefix, or a saturated owner — choose the replica with the least estimated
        work after taking the request: ``load[r] + uncached(r)``, where ``uncached(r)`` is the prompt
        length minus the matched tokens if ``r`` is the owner, else the whole prompt (``load`` also
@@ -37,7 +38,8 @@ prefill tokens/s x the extra TTFT you tolerate), ``release_gate`` (``excess``: r
 owner is that much busier than the least-loaded replica, so a burst that loads every replica alike
 keeps affinity; ``absolute``: release when the owner alone holds that much, i.e. a TTFT bound per
 owner that also releases when every replica is as busy — measured on two H200s in docs/benchmarks.md;
-``excess`` never releases where ``absolute`` would not),
+``excess`` never releases where ``absolute`` would not; ``never``: no release at all, the study's router and
+the default of the locality entry point's study trace presets),
 ``max_entries`` (65,536 map entries), ``decode_weight`` (1.0).
 
 Design notes (``../shared/research/anchors.md`` §2): every affinity-first router with a fleet-wide
@@ -82,7 +84,9 @@ class PrefixAffinityRouter(Router):
 
     def pressure(self, owner: int) -> float:
         """The owner's estimated uncached prefill tokens in flight, less the least-loaded replica's
-        (``release_gate="excess"``) or as they are (``"absolute"``)."""
+        (``release_gate="excess"``) or as they are (``"absolute"``); 0 for ``"never"``."""
+        if self.settings.release_gate == "never":
+            return 0.0
         if self.settings.release_gate == "excess":
             return self.uncached[owner] - min(self.uncached)
         return self.uncached[owner]

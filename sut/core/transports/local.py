@@ -9,7 +9,9 @@ KV cache, pid). ``submit`` sends ``Request``s down the worker's pipe at once (th
 the running engine between steps). Each worker's watcher thread delivers ``Completion``s
 (``cached_tokens``, ``t_queued``, ``t_done``; ``t_first`` when streaming or ``spec.detail``) and,
 when ``spec.stream``, ``FirstToken``s before them; an engine that dies or raises becomes one
-``FatalEvent`` naming the replica (the first only). ``stop`` ends every worker's process group.
+``FatalEvent`` naming the replica (the first only): the last lines of its log are logged once, at
+once, and the event's message names the log instead of repeating them. ``stop`` ends every
+worker's process group.
 
 Options (``LocalOptions``, ``--option KEY=VALUE`` of ``--sut vllm``): ``dispatch_chunk`` (requests
 per submit, default 512: Offline engines start on a large query while the rest is still routed),
@@ -28,6 +30,7 @@ from typing import Sequence
 from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
 from sut.engine import EngineError, EnginePool
+from sut.engine.logs import log_tail_once
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ class LocalTransport(Transport):
                 if self._fatal_sent or self._stopped:
                     return
                 self._fatal_sent = True
-            self.sink.on_fatal(FatalEvent(replica, message))
+            self.sink.on_fatal(FatalEvent(replica, log_tail_once(message, log)))
 
         return on_fatal
 

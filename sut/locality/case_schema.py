@@ -1,0 +1,115 @@
+"""The shape of what ``python -m sut.locality report`` reads: one ``cases.jsonl`` record, one run header.
+
+``sut.locality.merge`` checks every record before it merges anything, so that a malformed file is
+refused (exit 2, naming run, line and field) instead of failing while the report or the merged run
+folder is written. The fields checked are the ones the merged record, the pair report
+(``study.pair_report``), the KV-cache summary and the console table (``report.case_rows``) read;
+their writer is ``pairs.run_case`` (cases) and ``runner.run_header`` (headers).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple, Optional
+
+_MISSING = object()
+
+
+class Check(NamedTuple):
+    """``path`` (dotted, into the record) must satisfy ``ok``, described as ``what``; an absent
+    ``required`` field is reported as lacking, an absent optional one is checked as None."""
+
+    path: str
+    required: bool
+    ok: Callable[[object], bool]
+    what: str
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _obj_or_null(v) -> bool:
+    return v is None or isinstance(v, dict)
+
+
+def _objects(v, item: Callable[[dict], bool]) -> bool:
+    """A list of objects, each satisfying ``item``."""
+    return isinstance(v, list) and all(isinstance(x, dict) and item(x) for x in v)
+
+
+def _latency(v) -> bool:
+    return v is None or (isinstance(v, dict) and all(x is None or _number(x) for x in v.values()))
+
+
+def _kv(v) -> bool:
+    return v is None or (isinstance(v, dict) and all(v.get(k) is None or _number(v[k]) for k in ("tokens", "blocks")))
+
+
+CASE_CHECKS = (
+    Check("pair", True, _int, "an integer"),
+    Check("system", True, lambda v: isinstance(v, str) and v != "", "a system name"),
+    Check("policy", True, lambda v: isinstance(v, str) and v != "", "a policy name"),
+    Check("timed", True, lambda v: isinstance(v, dict), "an object"),
+    Check("timed.requests_per_s", True, lambda v: _number(v) and v > 0, "a number > 0"),
+    Check("timed.output_tokens_per_s", True, lambda v: _number(v) and v >= 0, "a number >= 0"),
+    Check("timed.cached_share", False, lambda v: v is None or (_number(v) and 0 <= v <= 1), "null or in [0, 1]"),
+    *(Check(f"timed.{k}", False, _latency, "null or an object of numbers")
+      for k in ("ttft_s", "e2e_s", "completion_s")),
+    Check("timed.per_replica", False, lambda v: v is None or _objects(v, lambda x: _int(x.get("requests"))),
+          "a list of objects with an integer requests"),
+    Check("placement", False, lambda v: v is None or _objects(v, lambda x: _int(x.get("replica"))
+                                                              and isinstance(x.get("key"), str)),
+          "a list of objects with an integer replica and a key"),
+    Check("replicas", False, lambda v: v is None or _objects(v, lambda x: _kv(x.get("kv_cache"))),
+          "a list of objects (kv_cache: null or an object with numeric tokens and blocks)"),
+    Check("start_s", False, lambda v: v is None or _number(v), "null or a number"),
+    Check("routing", False, _obj_or_null, "null or an object"),
+)
+
+HEADER_CHECKS = (
+    Check("systems", False, lambda v: v is None or (isinstance(v, dict) and all(
+        isinstance(s, dict) and _obj_or_null(s.get("options")) for s in v.values())),
+          "null or an object of systems, each an object with an options object"),
+    Check("runtime", False, _obj_or_null, "null or an object"),
+    Check("trace", False, _obj_or_null, "null or an object"),
+)
+
+
+def _at(record: dict, dotted: str):
+    value = record
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def problem(record, checks=CASE_CHECKS) -> Optional[str]:
+    """What is wrong with ``record`` (a decoded JSON value) against ``checks``, as a phrase that
+    follows "line N" or "run_header.json" (e.g. ``"field timed.requests_per_s is 0.0, not a number > 0"``);
+    None when nothing is. Checks stop at the first problem (an absent ``timed`` is not reported again
+    for each metric)."""
+    if not isinstance(record, dict):
+        return f"is {type(record).__name__} {_short(record)}, not a JSON object"
+    if checks is CASE_CHECKS and "error" in record:
+        return f"is a failed case ({record['error']})"
+    lack = [c.path for c in checks if c.required and "." not in c.path and record.get(c.path) is None]
+    if lack:
+        return f"lacks {lack}"
+    for c in checks:
+        v = _at(record, c.path)
+        if v is _MISSING and c.required:
+            return f"lacks field {c.path}"
+        if not c.ok(None if v is _MISSING else v):
+            return f"field {c.path} is {_short(v)}, not {c.what}"
+    return None
+
+
+def _short(v, width: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= width else text[:width - 3] + "..."

@@ -1,0 +1,328 @@
+"""One report from the finished cases of several locality runs (``python -m sut.locality report``).
+
+A study (5 pairs x systems x policies) may span several device sessions, each cut off by its device
+time. Every run appends each finished case to ``<run>/cases.jsonl`` and writes its settings first, as
+``<run>/run_header.json`` (``runner.run_header``); a run that ended writes them into ``locality.json``
+too. This module reads those files and builds one record from them:
+
+* **settings**: each run's header (``locality.json``, else ``run_header.json``). Runs whose trace hash,
+  trace preset, model revision, engine settings (the model's path aside: the revision names the model),
+  generation, router settings, protocol (warm-ups, rate, arrival seed) or the settings of a system they
+  both ran differ are refused (``BadInput``, exit 2, naming the run and the field). A run without a
+  header (cut off by a version that wrote none) can only be reported alone: its settings are unknown
+  and the record says so;
+* **cases**: every ``cases.jsonl`` line must be a finished case of the shape ``case_schema`` checks
+  (``BadInput`` naming run, line and field); a last line without its newline that is no JSON (the run
+  stopped while appending it) is skipped and noted. A folder given twice, or a copy of another run
+  (an identical case record), is refused naming both runs;
+* **pairs**: renumbered in run order, then by the run's own pair number; every case keeps its
+  ``source`` (run folder, pair, position in that run);
+* **complete pairs only**: a pair counts for a policy when every system of the merged runs finished
+  that policy in it; the others are listed in ``dropped`` and left out of the per-run records
+  (``runs``) and so of the medians and ratios (``sut.locality.study.pair_report``); no complete pair
+  at all is refused. The report is computed by ``build``, before any folder is made.
+
+``write_merged`` writes the record as a new run folder (``...-SYNTHETIC-LOCALITY-NOT-MLPERF``) with
+``locality.json``, ``locality.png`` and the console table: the same code as ``run``
+(``runner.finish_record``). Each case's logs stay in its source run's folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from sut.exits import BadInput
+from sut.locality.case_schema import HEADER_CHECKS, problem
+from sut.locality.pairs import run_records
+from sut.locality.runner import HEADER, finish_record
+from sut.locality.study import pair_report
+
+#: Header fields that must be equal in every merged run (dotted paths into the header).
+COMPARED = ("trace_hash", "trace_preset", "model.revision", "engine_settings", "generation", "router_settings",
+            "pair_settings.warmups", "pair_settings.rate", "pair_settings.arrival_seed")
+#: Fields of a host, not of the experiment: left out of the comparison.
+HOST_FIELDS = {"engine_settings": ("model",),
+               "options": ("endpoint", "urls", "app_workdir", "service_log_dir", "lock_dir", "session_id")}
+
+
+@dataclass
+class SourceRun:
+    """One run folder as read: ``header`` (None: unknown) and where it came from, the run's status
+    and error (from ``locality.json``; None when it never wrote one), its finished cases, notes on
+    what was skipped (a cut-off last line of ``cases.jsonl``)."""
+
+    path: Path
+    header: Optional[dict]
+    header_file: Optional[str]
+    status: Optional[str]
+    error: Optional[str]
+    cases: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+
+@dataclass
+class Merged:
+    """The merged record's settings part (``record``), its cases (renumbered), the per-run records
+    of complete pairs (``runs``), their pair report (``study.pair_report``), the trace shape and the
+    placement (per source run)."""
+
+    record: dict
+    cases: list
+    runs: list
+    report: dict
+    shape: dict
+    placement: list
+
+
+def _read_text(path: Path, run: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"error: run {run}: cannot read {path.name}: {e}") from None
+
+
+def _read_header(path: Path, run: Path) -> dict:
+    """The run's header file (``BadInput`` naming run, file and field when it is no header)."""
+    try:
+        header = json.loads(_read_text(path, run))
+    except ValueError as e:
+        raise BadInput(f"error: run {run}: cannot read {path.name}: {e}") from None
+    why = problem(header, HEADER_CHECKS)
+    if why:
+        raise BadInput(f"error: run {run}: {path.name} {why}")
+    return header
+
+
+def read_cases(run: Path) -> tuple[list[dict], list[str]]:
+    """The finished cases of ``run/cases.jsonl`` and notes on what was skipped: a last line that is
+    not JSON and has no newline (the run was stopped while appending it) is skipped with a note.
+    ``BadInput`` naming run, line and field for any other bad line (``case_schema.problem``)."""
+    path = run / "cases.jsonl"
+    if not path.is_file():
+        raise BadInput(f"error: run {run}: no cases.jsonl (not a locality run folder, or one older than cases.jsonl)")
+    text = _read_text(path, run)
+    lines = text.splitlines()
+    cases, notes = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            case = json.loads(line)
+        except ValueError as e:
+            if n == len(lines) and not text.endswith("\n"):
+                notes.append(f"run {run}: cases.jsonl line {n} is cut off (the run stopped while writing it): skipped")
+                continue
+            raise BadInput(f"error: run {run}: cases.jsonl line {n} is not JSON ({e})") from None
+        why = problem(case)
+        if why:
+            raise BadInput(f"error: run {run}: cases.jsonl line {n} {why}")
+        cases.append(case)
+    twice = sorted(k for k, count in Counter((c["pair"], c["system"], c["policy"]) for c in cases).items()
+                   if count > 1)
+    if twice:
+        raise BadInput(f"error: run {run}: cases.jsonl holds pair {twice[0][0]}, system {twice[0][1]}, "
+                       f"policy {twice[0][2]} twice")
+    if not cases:
+        raise BadInput(f"error: run {run}: cases.jsonl holds no finished case")
+    return cases, notes
+
+
+def load_run(path: str | Path) -> SourceRun:
+    """Read one run folder (``BadInput`` for a folder without cases.jsonl or with unreadable files)."""
+    run = Path(path)
+    if not run.is_dir():
+        raise BadInput(f"error: run {run}: no such folder")
+    cases, notes = read_cases(run)
+    status = error = None
+    header, header_file = None, None
+    if (run / "locality.json").is_file():
+        header, header_file = _read_header(run / "locality.json", run), "locality.json"
+        status, error = header.get("status"), header.get("error")
+    elif (run / HEADER).is_file():
+        header, header_file = _read_header(run / HEADER, run), HEADER
+    return SourceRun(run, header, header_file, status, error, cases, notes)
+
+
+def _get(header: dict, dotted: str):
+    value = header
+    for part in dotted.split("."):
+        value = (value or {}).get(part) if isinstance(value, dict) else None
+    if isinstance(value, dict) and dotted in HOST_FIELDS:
+        value = {k: v for k, v in value.items() if k not in HOST_FIELDS[dotted]}
+    return value
+
+
+def _system_settings(sys_rec: dict) -> dict:
+    opts = {k: v for k, v in (sys_rec.get("options") or {}).items() if k not in HOST_FIELDS["options"]}
+    return dict(sys_rec, options=opts)
+
+
+def check_compatible(runs: Sequence[SourceRun]) -> None:
+    """``BadInput`` naming the run and field where a run's settings differ from the first run's, or
+    when a run without a header is merged with others."""
+    unknown = [r for r in runs if r.header is None]
+    if unknown and len(runs) > 1:
+        raise BadInput(f"error: run {unknown[0].path}: no locality.json or {HEADER} (cut off by a version that wrote "
+                       "no header): its settings are unknown, so it can only be reported alone")
+    first = runs[0]
+    for r in runs[1:]:
+        for name in COMPARED:
+            a, b = _get(first.header, name), _get(r.header, name)
+            if a != b:
+                raise BadInput(f"error: run {r.path}: {name} differs from run {first.path}'s ({b!r} vs {a!r}); "
+                               "only runs of the same trace and settings can be merged")
+        both = set(first.header.get("systems") or {}) & set(r.header.get("systems") or {})
+        for s in sorted(both):
+            if _system_settings(first.header["systems"][s]) != _system_settings(r.header["systems"][s]):
+                raise BadInput(f"error: run {r.path}: systems.{s} (its transport or options) differs from run "
+                               f"{first.path}'s; only runs of the same systems' settings can be merged")
+
+
+def check_distinct(runs: Sequence[SourceRun]) -> None:
+    """``BadInput`` for a folder given twice (by any path: each is resolved once) or a copy of another
+    run (``cp -r``, the same run fetched twice): a case record identical to one of another run. Two
+    runs never finish a case alike (its timings, hashes and replica records differ), and a copy
+    merged would count its pairs twice."""
+    resolved = [r.path.resolve() for r in runs]
+    twice = sorted(str(p) for p, count in Counter(resolved).items() if count > 1)
+    if twice:
+        raise BadInput(f"error: run {twice[0]} is given twice")
+    seen: dict = {}
+    for r in runs:
+        for c in r.cases:
+            first = seen.setdefault(json.dumps(c, sort_keys=True), r)
+            if first is not r:
+                raise BadInput(f"error: run {r.path} holds the same case as run {first.path} (pair {c['pair']}, "
+                               f"{c['system']}, {c['policy']}): a copy of that run; give each run once")
+
+
+def renumber(runs: Sequence[SourceRun]) -> list[dict]:
+    """Every case with its pair renumbered (run order, then the run's pair) and its ``source``."""
+    out, base = [], 0
+    for r in runs:
+        pairs = sorted({int(c["pair"]) for c in r.cases})
+        new = {p: base + i for i, p in enumerate(pairs)}
+        for c in r.cases:
+            src = {"run": str(r.path), "pair": int(c["pair"]), "order": c.get("order")}
+            out.append(dict(c, pair=new[int(c["pair"])], source=src))
+        base += len(pairs)
+    return out
+
+
+def complete_pairs(cases: Sequence[dict], systems: Sequence[str]) -> tuple[list[dict], list[dict]]:
+    """``(kept, dropped)``: the cases whose pair has every system of ``systems`` for their policy, and
+    one entry per incomplete (pair, policy): ``pair``, ``policy``, ``systems`` finished, ``missing``,
+    ``source`` (run and pair)."""
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault((c["pair"], c["policy"]), []).append(c)
+    kept, dropped = [], []
+    for (pair, policy), cs in sorted(groups.items()):
+        have = sorted(c["system"] for c in cs)
+        missing = sorted(set(systems) - set(have))
+        if missing:
+            dropped.append({"pair": pair, "policy": policy, "systems": have, "missing": missing,
+                            "source": {k: cs[0]["source"][k] for k in ("run", "pair")}})
+        else:
+            kept += cs
+    return kept, dropped
+
+
+def _runtime_notes(runs: Sequence[SourceRun]) -> list[str]:
+    first = runs[0].header.get("runtime") or {}
+    notes = []
+    for r in runs[1:]:
+        other = r.header.get("runtime") or {}
+        diff = sorted(k for k in set(first) | set(other) if k != "platform" and first.get(k) != other.get(k))
+        if diff:
+            notes.append(f"run {r.path} ran other runtime versions than run {runs[0].path}: {', '.join(diff)}")
+    return notes
+
+
+def _source_notes(runs: Sequence[SourceRun], dropped: Sequence[dict]) -> list[str]:
+    notes = [n for r in runs for n in r.notes]
+    for r in runs:
+        if r.status is None:
+            notes.append(f"run {r.path} was cut off before its locality.json (its {len(r.cases)} finished case(s) "
+                         "from cases.jsonl)")
+        elif r.status != "ok":
+            notes.append(f"run {r.path} ended {r.status}: {r.error} (its finished cases only)")
+    for d in dropped:
+        notes.append(f"pair {d['pair']} ({d['source']['run']} pair {d['source']['pair']}), {d['policy']}: dropped, "
+                     f"no {', '.join(d['missing'])} case")
+    return notes
+
+
+def _placement(cases: Sequence[dict]) -> list[dict]:
+    """Each source run's replica -> device, from its first case with a placement."""
+    out, seen = [], set()
+    for c in cases:
+        run = c["source"]["run"]
+        if run in seen or not c.get("placement"):
+            continue
+        seen.add(run)
+        case = f"pair{c['source']['pair']}-{c['system']}-{c['policy']}"
+        out += [{"replica": p["replica"], "key": p["key"], "first_seen_in": f"{run}: {case}"} for p in c["placement"]]
+    return out
+
+
+def _report(kept: Sequence[dict], runs: Sequence[SourceRun], dropped: Sequence[dict]) -> tuple[list, dict]:
+    """The per-run records of the complete pairs and their pair report; ``BadInput`` when no pair is
+    complete or the report cannot be made."""
+    names = ", ".join(str(r.path) for r in runs)
+    if not kept:
+        lacks = "; ".join(f"pair {d['source']['pair']} of {d['source']['run']} ({d['policy']}) lacks "
+                          f"{', '.join(d['missing'])}" for d in dropped[:5])
+        raise BadInput(f"error: runs {names}: no complete pair (a pair counts when every system finished its policy "
+                       f"in it): {lacks}")
+    records = run_records(kept)
+    try:
+        return records, pair_report(records)
+    except ValueError as e:
+        raise BadInput(f"error: runs {names}: no report from their cases: {e}") from None
+
+
+def build(paths: Sequence[str | Path], command: str = "") -> Merged:
+    """Read, check and merge the runs and compute their report (module docstring); nothing is written.
+    ``BadInput`` (exit 2) as ``load_run``, ``check_compatible``, ``check_distinct`` raise it, and when no
+    pair is complete."""
+    if not paths:
+        raise BadInput("error: report needs at least one run folder")
+    runs = [load_run(p) for p in paths]
+    check_compatible(runs)
+    check_distinct(runs)
+    cases = renumber(runs)
+    known = runs[0].header is not None
+    if known:
+        systems = sorted({s for r in runs for s in (r.header.get("systems") or {})} | {c["system"] for c in cases})
+        record = dict(runs[0].header)
+        for k in ("status", "error", "cases", "runs", "report", "figure", "record_path", "placement", "kv_cache",
+                  "notes", "kind", "mlperf", "notice"):
+            record.pop(k, None)
+        notes = _runtime_notes(runs)
+    else:
+        systems = sorted({c["system"] for c in cases})
+        record = {"trace_preset": None, "systems": {s: {"transport": next(c.get("transport") for c in cases
+                                                                          if c["system"] == s)} for s in systems}}
+        notes = [f"settings unknown: run {runs[0].path} has no header (locality.json or {HEADER}); the trace, engine "
+                 "and system settings are not recorded (each case's replicas record their engine arguments)"]
+    kept, dropped = complete_pairs(cases, systems)
+    records, report = _report(kept, runs, dropped)
+    record.update(command=command, status="ok", error=None, merged=True, settings_known=known,
+                  sources=[{"run": str(r.path), "header": r.header_file, "status": r.status, "error": r.error,
+                            "cases": len(r.cases), "runtime": (r.header or {}).get("runtime"),
+                            "pairs": sorted({(c["source"]["pair"], c["pair"]) for c in cases
+                                             if c["source"]["run"] == str(r.path)})} for r in runs],
+                  dropped=dropped, notes=notes + _source_notes(runs, dropped))
+    for s in record["sources"]:
+        s["pairs"] = [{"pair": old, "merged_pair": new} for old, new in s["pairs"]]
+    return Merged(record, cases, records, report, (runs[0].header or {}).get("trace") or {}, _placement(cases))
+
+
+def write_merged(m: Merged, d: Path) -> dict:
+    """Write the merged record into the (new) run folder ``d``: ``locality.json``, ``locality.png``."""
+    return finish_record(d, dict(m.record), m.cases, m.runs, m.shape, m.placement, report=m.report)

@@ -1,0 +1,159 @@
+"""scripts/find_qps.py's resumable search: tries appended to a JSONL file as they end, ``--resume`` going on
+from the recorded bounds, a cut-off mid-try or mid-write, settings checks and the time budget. A fake run
+function stands in for ``python -m sut run`` (no engines; fast)."""
+
+import json
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import find_qps  # noqa: E402
+from find_qps import Budget, Try, TryLog, search  # noqa: E402
+
+SETTINGS = {"scenario": "Server", "min_duration_s": 30.0, "min_query_count": 1000, "run_args": ["--config", "x.toml"]}
+
+
+def fake(limit=13.0, wall_s=150.0):
+    """A try is VALID at or below ``limit`` qps; the calls are recorded."""
+    calls = []
+
+    def run(q):
+        calls.append(q)
+        return Try(q, "VALID" if q <= limit else "INVALID", 400.0, 20.0, 5000.0 * q, f"run-{q:g}", "", wall_s)
+    run.calls = calls
+    return run
+
+
+class CutOff(Exception):
+    """The device session ends mid-try."""
+
+
+def test_a_search_cut_off_mid_try_resumes_from_the_log_and_ends_where_an_uncut_one_does(tmp_path):
+    whole = fake()
+    best_whole, tries_whole = search(whole, start=4, rel_tol=0.05, max_runs=20)
+
+    trylog = TryLog(tmp_path / "tries.jsonl", SETTINGS)
+    first = fake()
+
+    def session1(q):
+        if len(first.calls) == 3:
+            raise CutOff  # the 4th try never ends
+        t = first(q)
+        trylog.append(t)
+        return t
+    with pytest.raises(CutOff):
+        search(session1, start=4, rel_tol=0.05, max_runs=20)
+    assert len((tmp_path / "tries.jsonl").read_text().splitlines()) == 3  # every finished try, at once
+
+    prior = TryLog(tmp_path / "tries.jsonl", SETTINGS).read()
+    assert prior == tries_whole[:3]  # the records read back as the tries were
+    second = fake()
+    best, tries = search(second, start=None, rel_tol=0.05, max_runs=20, prior=prior)
+    assert best == best_whole and tries == tries_whole
+    assert second.calls == [t.qps for t in tries_whole[3:]]  # no try made twice
+    assert second.calls[0] == (8 + 16) / 2  # the bisection starts from the recorded bounds (VALID 8, INVALID 16)
+
+
+def test_resume_of_a_finished_search_makes_no_try_and_bad_inputs_raise():
+    done = [Try(10, "VALID"), Try(10.4, "INVALID")]
+    run = fake()
+    best, tries = search(run, start=None, rel_tol=0.05, prior=done)
+    assert best == 10 and run.calls == [] and tries == done
+    best, _ = search(run, start=None, rel_tol=0.05, prior=[Try(12, "VALID"), Try(11, "INVALID")])  # noisy: crossed
+    assert best == 12 and run.calls == []
+    assert search(run, start=None, prior=[Try(6, None)], max_runs=1)[1][-1].qps == 3  # a failed try counts INVALID
+    with pytest.raises(ValueError, match="start"):
+        search(run, start=None)  # nothing recorded and nowhere to start
+    with pytest.raises(ValueError):
+        search(run, start=0)
+
+
+def test_log_skips_and_trims_a_line_cut_off_while_written(tmp_path, caplog):
+    path = tmp_path / "t.jsonl"
+    log = TryLog(path, SETTINGS)
+    log.append(Try(4, "VALID", wall_s=100.0))
+    with open(path, "a") as f:
+        f.write('{"qps": 8, "validity": "INV')  # killed mid-write
+    assert log.read() == [Try(4, "VALID", wall_s=100.0)] and "unfinished record" in caplog.text
+    log.append(Try(8, "INVALID"))
+    lines = path.read_text().splitlines()
+    assert [json.loads(x)["qps"] for x in lines] == [4, 8]
+    assert json.loads(lines[1])["settings"] == SETTINGS and json.loads(lines[1])["finished"]
+
+
+def test_log_refuses_a_bad_line_or_tries_made_with_other_settings(tmp_path):
+    path = tmp_path / "t.jsonl"
+    TryLog(path, SETTINGS).append(Try(4, "VALID"))
+    with pytest.raises(ValueError, match=r"t.jsonl line 1: made with min_query_count 1000, this search uses 500"):
+        TryLog(path, dict(SETTINGS, min_query_count=500)).read()
+    with pytest.raises(ValueError, match="made with scenario 'Server', this search uses 'Interactive'"):
+        TryLog(path, dict(SETTINGS, scenario="Interactive")).read()
+    path.write_text('not json\n{"qps": 4}\n')
+    with pytest.raises(ValueError, match="t.jsonl line 1: not a try record"):
+        TryLog(path, SETTINGS).read()
+
+
+def test_budget_starts_no_try_that_would_end_after_it():
+    now = [0.0]
+    b = Budget(600, earlier=[Try(4, "VALID", wall_s=150.0)], clock=lambda: now[0])
+    assert b.may_start()  # 0 + 150 <= 600
+    now[0] = 400.0
+    b.note(Try(8, "VALID", wall_s=190.0))
+    assert b.may_start()  # 400 + 190
+    now[0] = 420.0
+    assert not b.may_start()  # 420 + 190 > 600
+    assert Budget(None, clock=lambda: 1e9).may_start()
+    run, clock = fake(wall_s=150.0), [0.0]
+    b = Budget(400, clock=lambda: clock[0])
+
+    def timed(q):
+        clock[0] += 150.0
+        return b.note(run(q))
+    _, tries = search(timed, start=4, max_runs=8, may_start=b.may_start)
+    assert len(tries) == 2  # 300 s used, a third try would end at 450 s
+
+
+def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch, capsys):
+    run = fake()
+    monkeypatch.setattr(find_qps, "sut_try", lambda scenario, q, *a: run(q))
+    args = ["--scenario", "Server", "--min-duration-s", "30", "--output-dir", str(tmp_path), "--rel-tol", "0.05"]
+    assert find_qps.main([*args, "--start", "4", "--max-runs", "3", "--", "--config", "x.toml"]) == 0
+    path = tmp_path / "tries-Server.jsonl"
+    out = capsys.readouterr().out
+    assert f"not converged (highest VALID 8, lowest INVALID 16, --rel-tol 0.05): go on with --resume {path}" in out
+    assert [json.loads(x)["qps"] for x in path.read_text().splitlines()] == [4, 8, 16]
+    assert find_qps.main([*args, "--resume", str(path), "--", "--config", "x.toml"]) == 0
+    out = capsys.readouterr().out
+    assert "3 earlier tries" in out and "not converged" not in out
+    assert "user.conf line: llama3_1-8b.Server.target_qps = 13\n" in out
+    assert run.calls == [4, 8, 16, 12, 14, 13, 13.5]  # went on at the midpoint of the recorded bounds
+    assert len(path.read_text().splitlines()) == len(run.calls)  # the resumed tries went to the same file
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--max-runs", "1"], "start (needed without earlier tries)"),
+    (["--resume", "missing.jsonl"], "no such file"),
+    (["--resume", "OTHER", "--min-query-count", "500"], "made with min_query_count 1000, this search uses 500"),
+])
+def test_main_bad_resume_or_no_start_exits_2_before_any_try(tmp_path, monkeypatch, capsys, extra, message):
+    other = tmp_path / "other.jsonl"
+    TryLog(other, dict(SETTINGS, min_duration_s=60.0, run_args=[])).append(Try(4, "VALID"))
+    monkeypatch.setattr(find_qps, "sut_try", lambda *a: pytest.fail("a try started"))
+    extra = [str(other) if x == "OTHER" else x for x in extra]
+    with pytest.raises(SystemExit) as e:
+        find_qps.main(["--scenario", "Server", "--output-dir", str(tmp_path / "o"), *extra])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_main_says_when_a_valid_try_lies_above_an_invalid_one(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    settings = {"scenario": "Server", "min_duration_s": 60.0, "min_query_count": 1000, "run_args": []}
+    for t in (Try(8, "VALID"), Try(7, "INVALID")):
+        TryLog(path, settings).append(t)
+    assert find_qps.main(["--scenario", "Server", "--resume", str(path), "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: VALID at 8 above INVALID at 7 (noisy tries)" in out and "0 new" in out

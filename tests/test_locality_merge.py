@@ -1,0 +1,281 @@
+"""``python -m sut.locality report``: one report from the finished cases of several runs
+(``sut/locality/merge.py``): pairs renumbered, incomplete pairs dropped, runs of other settings or
+without cases.jsonl refused (exit 2); ``run`` writes its header first; the benchmark script checks
+merged reports and cut-off runs; the real H200 run that was cut off after 9 cases."""
+
+import importlib.util
+import json
+import shutil
+import statistics
+
+import pytest
+
+import transport_doubles  # noqa: F401 - registers the "fake" transport
+from conftest import REPO
+from sut.locality import RUN_SUFFIX
+from sut.locality.__main__ import main
+from sut.locality.runner import HEADER, run_study
+from sut.locality.systems import SYSTEMS
+from test_locality_pairs import context, fake
+
+REAL = REPO / "tests" / "data" / "locality_h200_cut_off"
+
+
+def case(pair, system, rps, policy="prefix_affinity"):
+    """A finished case as ``cases.jsonl`` holds it (the fields the report reads)."""
+    lat = {"p50": 1.0, "p90": 1.5, "p99": 2.0}
+    timed = {"requests": 12, "wall_s": 12 / rps, "requests_per_s": rps, "output_tokens_per_s": 16 * rps,
+             "cached_share": 0.7, "ttft_s": lat, "e2e_s": lat, "completion_s": lat,
+             "per_replica": [{"replica": 0, "requests": 6}, {"replica": 1, "requests": 6}]}
+    return {"pair": pair, "system": system, "policy": policy, "order": 0, "transport": "fake", "fresh_engines": True,
+            "placement": [{"replica": r, "key": f"fake:{r}"} for r in (0, 1)], "timed": timed, "routing": {}}
+
+
+def header(**over):
+    h = {"trace_preset": "study-reuse", "trace_hash": "abc", "trace": {"requests": 12},
+         "model": {"revision": "rev1", "path": "/m"}, "engine_settings": {"model": "/m", "dtype": "bfloat16"},
+         "generation": {"max_tokens": 16}, "router_settings": {"block_tokens": 256},
+         "pair_settings": {"warmups": 2, "rate": 0.0, "arrival_seed": 0, "pairs": 5},
+         "systems": {"standalone": {"transport": "local", "options": {}},
+                     "flame": {"transport": "flame", "options": {"batch_size": 128, "endpoint": "http://a:1"}}},
+         "runtime": {"vllm": "0.26.0"}}
+    for k, v in over.items():
+        h[k] = v
+    return h
+
+
+def make_run(tmp_path, name, cases, hdr=None, header_file=HEADER):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
+    if hdr is not None:
+        (d / header_file).write_text(json.dumps(hdr))
+    return d
+
+
+def report(tmp_path, *runs, name="merged"):
+    rc = main(["report", *map(str, runs), "--output-dir", str(tmp_path / "out"), "--run-name", name])
+    d = tmp_path / "out" / (name + RUN_SUFFIX)
+    return rc, (json.loads((d / "locality.json").read_text()) if d.is_dir() else None)
+
+
+def test_two_runs_merge_with_pairs_renumbered_and_incomplete_pairs_dropped(tmp_path, capsys):
+    a = make_run(tmp_path, "a", [case(0, "standalone", 10.0), case(0, "flame", 9.9), case(1, "flame", 9.6),
+                                 case(1, "standalone", 10.0), case(2, "standalone", 11.0)], header())
+    b_header = dict(header(), status="ok", error=None, runtime={"vllm": "0.27.0"},
+                    systems=dict(header()["systems"], flame={"transport": "flame",
+                                                             "options": {"batch_size": 128, "endpoint": "http://b:2"}}))
+    b = make_run(tmp_path, "b", [case(3, "flame", 12.1), case(3, "standalone", 11.0), case(5, "standalone", 12.0),
+                                 case(5, "flame", 12.0)], b_header, header_file="locality.json")
+    rc, rec = report(tmp_path, a, b)
+    assert rc == 0 and rec["merged"] is True and rec["mlperf"] is False and rec["status"] == "ok"
+    # run a's pairs 0, 1, 2 -> 0, 1, 2; run b's pairs 3, 5 -> 3, 4
+    assert [(c["pair"], c["source"]["pair"], c["source"]["run"]) for c in rec["cases"]][-4:] == \
+        [(3, 3, str(b)), (3, 3, str(b)), (4, 5, str(b)), (4, 5, str(b))]
+    assert rec["sources"][1]["pairs"] == [{"pair": 3, "merged_pair": 3}, {"pair": 5, "merged_pair": 4}]
+    assert rec["dropped"] == [{"pair": 2, "policy": "prefix_affinity", "systems": ["standalone"],
+                               "missing": ["flame"], "source": {"run": str(a), "pair": 2}}]
+    by_hand = [9.9 / 10.0, 9.6 / 10.0, 12.1 / 11.0, 12.0 / 12.0]
+    got = rec["report"]["pair_ratios"]["prefix_affinity"]
+    assert [x["pair"] for x in got["per_pair"]] == [0, 1, 3, 4]
+    assert [x["ratio"] for x in got["per_pair"]] == pytest.approx(by_hand)
+    assert got["median"] == pytest.approx(statistics.median(by_hand)) and got["min"] == pytest.approx(0.96)
+    st = rec["report"]["runs"]["standalone"]["prefix_affinity"]["requests_per_s"]
+    assert st["n"] == 4 and st["median"] == pytest.approx(statistics.median([10.0, 10.0, 11.0, 12.0]))
+    assert any("other runtime versions" in n and "vllm" in n for n in rec["notes"])  # noted, not refused
+    assert (tmp_path / "out" / ("merged" + RUN_SUFFIX) / "locality.png").stat().st_size > 10_000
+    out = capsys.readouterr().out
+    assert "pair 2 (" in out and "dropped, no flame case" in out and "median 99.50%" in out
+
+
+def test_policy_ratios_over_pairs_that_ran_both_policies(tmp_path):
+    a = make_run(tmp_path, "a", [case(0, s, r, po) for s in ("standalone", "flame")
+                                 for po, r in (("prefix_affinity", 20.0), ("round_robin", 10.0))], header())
+    b = make_run(tmp_path, "b", [case(0, "standalone", 22.0), case(0, "flame", 21.0)], header())
+    rc, rec = report(tmp_path, a, b)
+    assert rc == 0
+    pr = rec["report"]["policy_ratios"]["standalone"]
+    assert pr["per_pair"] == [{"pair": 0, "ratio": 2.0}]
+    assert pr["ratio_of_medians"] == pytest.approx(21.0 / 10.0)
+
+
+@pytest.mark.parametrize("field,value", [("trace_hash", "other"), ("trace_preset", "study-no-reuse"),
+                                         ("engine_settings", {"model": "/m", "dtype": "float16"}),
+                                         ("model", {"revision": "rev2"}),
+                                         ("pair_settings", {"warmups": 1, "rate": 0.0, "arrival_seed": 0})])
+def test_runs_of_other_settings_are_refused_naming_run_and_field(tmp_path, capsys, field, value):
+    a = make_run(tmp_path, "a", [case(0, "standalone", 10.0), case(0, "flame", 9.9)], header())
+    b = make_run(tmp_path, "b", [case(0, "standalone", 10.0), case(0, "flame", 9.9)], header(**{field: value}))
+    rc, rec = report(tmp_path, a, b)
+    err = capsys.readouterr().err
+    assert rc == 2 and rec is None and not (tmp_path / "out").exists()
+    assert f"run {b}: {field}" in err
+
+
+def test_other_system_options_missing_cases_jsonl_and_headerless_merges_exit_2(tmp_path, capsys):
+    good = [case(0, "standalone", 10.0), case(0, "flame", 9.9)]
+    a = make_run(tmp_path, "a", good, header())
+    flame64 = dict(header()["systems"], flame={"transport": "flame", "options": {"batch_size": 64}})
+    b = make_run(tmp_path, "b", good, header(systems=flame64))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / HEADER).write_text(json.dumps(header()))
+    bare = make_run(tmp_path, "bare", good)
+    for runs, msg in (([a, b], f"run {b}: systems.flame"), ([a, empty], f"run {empty}: no cases.jsonl"),
+                      ([a, bare], f"run {bare}: no locality.json or {HEADER}"), ([a, a], "given twice")):
+        assert report(tmp_path, *runs) == (2, None)
+        assert msg in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_headerless_run_alone_is_reported_with_settings_unknown(tmp_path):
+    rc, rec = report(tmp_path, make_run(tmp_path, "bare", [case(0, "standalone", 10.0), case(0, "flame", 9.0)]))
+    assert rc == 0 and rec["settings_known"] is False and rec["trace_preset"] is None
+    assert rec["report"]["pair_ratios"]["prefix_affinity"]["median"] == pytest.approx(0.9)
+    assert any(n.startswith("settings unknown") for n in rec["notes"])
+
+
+def test_run_writes_its_header_first_and_a_cut_off_run_merges_with_a_finished_one(tmp_path, monkeypatch):
+    monkeypatch.setitem(SYSTEMS, "standalone", fake())
+    monkeypatch.setitem(SYSTEMS, "flame", fake(step_s=0.002))
+    from sut.locality.pairs import PairSettings
+    from sut.locality.systems import resolve_systems
+
+    runs = []
+    for name in ("s1", "s2"):
+        d = tmp_path / name
+        d.mkdir()
+        prep, ctx = context(d, warmups=0)
+        ctx.run_dir = d
+        sy = resolve_systems(["standalone", "flame"], 2)
+        run_study(sy, prep, ctx, PairSettings(policies=("prefix_affinity",), pairs=2, warmups=0, progress=False),
+                  {"trace_preset": None, "model": {"revision": "r"}, "engine_settings": ctx.engine})
+        head = json.loads((d / HEADER).read_text())
+        assert head["trace_hash"] == prep.record()["trace_hash"] and set(head["systems"]) == {"standalone", "flame"}
+        assert "cases" not in head and head["mlperf"] is False
+        runs.append(d)
+    (runs[0] / "locality.json").unlink()  # cut off: cases.jsonl and run_header.json only
+    rc, rec = report(tmp_path, *runs)
+    assert rc == 0 and rec["settings_known"] is True and rec["trace_hash"] == head["trace_hash"]
+    assert sorted({c["pair"] for c in rec["cases"]}) == [0, 1, 2, 3] and rec["dropped"] == []
+    assert rec["report"]["pair_ratios"]["prefix_affinity"]["n"] == 4
+    assert any("cut off before its locality.json" in n for n in rec["notes"])
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_locality", REPO / "scripts" / "bench_locality.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_real_h200_run_cut_off_after_nine_cases(tmp_path, capsys):
+    run = tmp_path / "bench-study-reuse-SYNTHETIC-LOCALITY-NOT-MLPERF"
+    shutil.copytree(REAL, run)
+    rc, rec = report(tmp_path, run)
+    aff = rec["report"]["pair_ratios"]["prefix_affinity"]
+    assert rc == 0 and aff["n"] == 4 and round(aff["median"], 4) == 0.9741
+    assert [d["pair"] for d in rec["dropped"]] == [4]
+    assert rec["report"]["runs"]["standalone"]["prefix_affinity"]["requests_per_s"]["n"] == 4
+    capsys.readouterr()
+    bench = _bench()  # --check takes the merged report and the cut-off run alike
+    assert bench.main(["--check", str(run), str(tmp_path / "out" / ("merged" + RUN_SUFFIX))]) == 0
+    out = capsys.readouterr().out
+    assert out.count("median 97.41%") == 2 and "replicas share 1 device" in out
+    (run / "cases.jsonl").unlink()
+    assert bench.main(["--check", str(run)]) == 1
+
+
+# ----------------------------------------------------------------- malformed input, copies, cut-off lines
+GOOD = [case(0, "standalone", 10.0), case(0, "flame", 9.9)]
+
+
+def _timed(**over):
+    return dict(GOOD[0]["timed"], **over)
+
+
+@pytest.mark.parametrize("line,field", [
+    ("5", "not a JSON object"), ("null", "not a JSON object"), ('["pair", "system", "policy", "timed"]', "JSON object"),
+    (dict(GOOD[0], pair="x"), "field pair"), (dict(GOOD[0], pair=0.5), "field pair"),
+    (dict(GOOD[0], pair=None), "pair"),
+    (dict(GOOD[0], timed={}), "timed.requests_per_s"), (dict(GOOD[0], timed=None), "timed"),
+    (dict(GOOD[0], system=["a"]), "field system"), (dict(GOOD[0], placement=[{"x": 1}]), "field placement"),
+    (dict(GOOD[0], timed=_timed(requests_per_s=0.0)), "timed.requests_per_s"),
+    (dict(GOOD[0], timed=_timed(requests_per_s="fast")), "timed.requests_per_s"),
+    (dict(GOOD[0], timed=_timed(ttft_s=[1])), "timed.ttft_s"), (dict(GOOD[0], replicas=[{"kv_cache": 3}]), "replicas"),
+], ids=["int", "null", "list", "pair-str", "pair-float", "pair-none", "timed-empty", "timed-null", "system-list",
+        "placement", "rps-0", "rps-str", "ttft-list", "kv-int"])
+def test_malformed_case_lines_exit_2_naming_run_line_and_field_without_a_folder(tmp_path, capsys, line, field):
+    d = make_run(tmp_path, "r", [], header())
+    (d / "cases.jsonl").write_text(json.dumps(GOOD[1]) + "\n" + (line if isinstance(line, str) else json.dumps(line))
+                                   + "\n")
+    assert report(tmp_path, d) == (2, None) and not (tmp_path / "out").exists()
+    err = capsys.readouterr().err
+    assert f"error: run {d}: cases.jsonl line 2" in err and field in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("hdr,msg", [("[1, 2]", "run_header.json is list"), ('"text"', "run_header.json is str"),
+                                     (json.dumps(header(systems=["flame"])), "run_header.json field systems"),
+                                     ("{", "cannot read run_header.json")])
+def test_a_header_that_is_not_a_header_or_a_file_not_utf8_exits_2(tmp_path, capsys, hdr, msg):
+    d = make_run(tmp_path, "r", GOOD)
+    (d / HEADER).write_text(hdr)
+    assert report(tmp_path, d) == (2, None)
+    assert f"error: run {d}: {msg}" in capsys.readouterr().err
+    (d / HEADER).write_text(json.dumps(header()))
+    (d / "cases.jsonl").write_bytes(b"\xff" + (d / "cases.jsonl").read_bytes())
+    assert report(tmp_path, d) == (2, None) and not (tmp_path / "out").exists()
+    assert f"error: run {d}: cannot read cases.jsonl" in capsys.readouterr().err
+
+
+def test_a_copy_of_a_run_is_refused_naming_both_runs(tmp_path, capsys):
+    a = make_run(tmp_path, "a", GOOD + [case(1, "standalone", 10.0), case(1, "flame", 9.0)], header())
+    b = make_run(tmp_path, "b", [case(2, "standalone", 11.0), case(2, "flame", 10.0)], header())
+    shutil.copytree(a, tmp_path / "a_copy")
+    (tmp_path / "a_copy" / "cases.jsonl").write_text(json.dumps(GOOD[1]) + "\n")  # a copy cut off earlier
+    assert report(tmp_path, a, b, tmp_path / "a_copy") == (2, None) and not (tmp_path / "out").exists()
+    assert f"run {tmp_path / 'a_copy'} holds the same case as run {a}" in capsys.readouterr().err
+
+
+def test_each_run_path_is_resolved_once(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    runs = [make_run(tmp_path, f"r{i}", [case(0, "standalone", 10.0 + i), case(0, "flame", 9.0 + i)], header())
+            for i in range(30)]
+    calls = []
+    real = Path.resolve
+    monkeypatch.setattr(Path, "resolve", lambda self, *a, **k: calls.append(self) or real(self, *a, **k))
+    from sut.locality.merge import build
+
+    m = build(runs)
+    assert len(calls) <= 30 and len(m.runs) == 60  # was 30 + 30 x 30 x 2: quadratic in the runs
+
+
+def test_a_cut_off_last_line_is_skipped_with_a_note_other_bad_lines_exit_2(tmp_path, capsys):
+    text = "".join(json.dumps(c) + "\n" for c in GOOD + [case(1, "standalone", 10.0)])
+    d = make_run(tmp_path, "r", [], header())
+    (d / "cases.jsonl").write_text(text + json.dumps(case(1, "flame", 9.0))[:40])
+    rc, rec = report(tmp_path, d)
+    assert rc == 0 and len(rec["cases"]) == 3 and rec["report"]["pair_ratios"]["prefix_affinity"]["n"] == 1
+    assert f"run {d}: cases.jsonl line 4 is cut off (the run stopped while writing it): skipped" in rec["notes"]
+    for bad, n in ((text + json.dumps(case(1, "flame", 9.0))[:40] + "\n", 4), ("{\n" + text, 1)):
+        (d / "cases.jsonl").write_text(bad)  # ended by a newline or not the last line: corrupt, not cut off
+        assert report(tmp_path, d, name=f"bad{n}") == (2, None)
+        assert f"error: run {d}: cases.jsonl line {n} is not JSON" in capsys.readouterr().err
+
+
+def test_runs_without_a_complete_pair_exit_2(tmp_path, capsys):
+    a = make_run(tmp_path, "a", [case(0, "standalone", 10.0), case(1, "standalone", 10.5)], header())
+    b = make_run(tmp_path, "b", [case(0, "flame", 9.0)], header())
+    assert report(tmp_path, a, b) == (2, None) and not (tmp_path / "out").exists()
+    err = capsys.readouterr().err
+    assert f"error: runs {a}, {b}: no complete pair" in err and f"pair 0 of {a} (prefix_affinity) lacks flame" in err
+
+
+def test_a_failure_while_writing_leaves_no_folder(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("sut.locality.runner.plot_pair_report", boom)
+    rc, rec = report(tmp_path, make_run(tmp_path, "a", GOOD, header()))
+    assert rc == 1 and rec is None and list((tmp_path / "out").iterdir()) == []
