@@ -213,7 +213,8 @@ def _print_summary(rec: dict) -> None:
         f"run folder      : {rec['output_dir']}",
         f"sut / mode      : {rec['sut']} / {rec['scenario']} {rec['mode']}",
         f"compliant       : {'yes' if comp['compliant'] else 'NO - ' + '; '.join(comp['reasons'])}",
-        f"prefix caching  : {'ON' if rec.get('prefix_caching', {}).get('enabled') else 'off'} (read back from the engines)",
+        f"prefix caching  : {'ON' if rec.get('prefix_caching', {}).get('enabled') else 'off'} "
+        "(read back from every replica: its engine, or a server's launch arguments / /metrics)",
         f"samples         : {rec['ledger']['completed']} answered of {rec['ledger']['issued']} issued",
     ]
     if rec["mode"] == "performance":

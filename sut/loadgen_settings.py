@@ -102,8 +102,8 @@ def loadgen_test_settings(rs, dataset_size: int):
     if ts.performance_sample_count_override > dataset_size or ts.performance_sample_count_override == 0:
         ts.performance_sample_count_override = dataset_size
     reasons += _dev_overrides(ts, rs, scen.loadgen)
-    if ts.min_duration_ms < MIN_DURATION_MS:
-        reasons.append(f"min_duration {ts.min_duration_ms} ms < {MIN_DURATION_MS} ms")
+    if ts.min_duration_ms < MIN_DURATION_MS and not any("min_duration" in r for r in reasons):
+        reasons.append(f"min_duration {ts.min_duration_ms} ms < {MIN_DURATION_MS} ms")  # said once
     return ts, reasons
 
 

@@ -88,6 +88,7 @@ def test_every_override_is_reported_non_compliant():
     text = "; ".join(ts["reasons"])
     for word in ("64 samples", "min_duration overridden", "min_query_count overridden", "target_qps", "--max-samples"):
         assert word in text
+    assert sum("min_duration" in r for r in ts["reasons"]) == 1  # the short duration is said once
     assert ts["min_duration_ms"] == 10000 and ts["performance_sample_count_override"] == 64
     assert ts["offline_expected_qps"] == 3.5
 
