@@ -67,7 +67,7 @@ def test_shipped_cpu_user_conf_gives_server_and_interactive_their_own_qps_and_li
     assert (s["qps"], s["ttft"], s["tpot"], s["pct"], s["tokens"]) == (4.0, 2_000_000_000, 100_000_000, 0.99, True)
     assert s["scenario"] == int(lg.TestScenario.Server) and s["reasons"] == []
     s = _settings(scenario="Interactive")
-    assert (s["qps"], s["ttft"], s["tpot"]) == (2.0, 500_000_000, 30_000_000) and s["reasons"] == []
+    assert (s["qps"], s["ttft"], s["tpot"]) == (0.5, 500_000_000, 30_000_000) and s["reasons"] == []
     assert s["scenario"] == int(lg.TestScenario.Server)
     loose = tmp_path / "loose.conf"
     loose.write_text("llama3_1-8b.Server.target_qps = 4\nllama3_1-8b.Server.ttft_latency = 5000\n")
