@@ -69,9 +69,11 @@ def _check_backend(rs: RunSettings, es: EngineSettings, options: Any) -> tuple[t
         check_backend(rs.sut, resolve_scenario(rs.scenario, rs.model_key))  # flame + Server: exit 2, nothing started
     except ScenarioError as e:
         raise InputError(str(e)) from None
-    if es.enable_prefix_caching and not getattr(options, "allow_prefix_caching", False):
-        raise InputError(f"{guard.PROHIBITED}; an experiment may pass --option allow_prefix_caching=true (the run is "
-                         "then not compliant)")
+    try:  # the one guard, before the run folder (transports call it again when they start)
+        guard.check_settings(es.enable_prefix_caching, getattr(options, "allow_prefix_caching", False))
+    except guard.PrefixCachingError as e:
+        raise InputError(f"{e}; an experiment may pass --option allow_prefix_caching=true (the run is "
+                         "then not compliant)") from None
     backend.check_engine(es)  # e.g. --device cuda without a GPU: exit 2 before the run folder exists
     backend.preflight(options, es)  # e.g. a given vLLM server serves another model
     return backend, options

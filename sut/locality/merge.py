@@ -315,11 +315,10 @@ def build(paths: Sequence[str | Path], command: str = "") -> Merged:
     record.update(command=command, status="ok", error=None, merged=True, settings_known=known,
                   sources=[{"run": str(r.path), "header": r.header_file, "status": r.status, "error": r.error,
                             "cases": len(r.cases), "runtime": (r.header or {}).get("runtime"),
-                            "pairs": sorted({(c["source"]["pair"], c["pair"]) for c in cases
-                                             if c["source"]["run"] == str(r.path)})} for r in runs],
+                            "pairs": [{"pair": old, "merged_pair": new} for old, new in
+                                      sorted({(c["source"]["pair"], c["pair"]) for c in cases
+                                              if c["source"]["run"] == str(r.path)})]} for r in runs],
                   dropped=dropped, notes=notes + _source_notes(runs, dropped))
-    for s in record["sources"]:
-        s["pairs"] = [{"pair": old, "merged_pair": new} for old, new in s["pairs"]]
     return Merged(record, cases, records, report, (runs[0].header or {}).get("trace") or {}, _placement(cases))
 
 

@@ -119,6 +119,7 @@ def _server_args(value) -> tuple[str, ...]:
     refuse_owned(words, RESERVED_SERVER_FLAGS, "server_args")
     return tuple(words)
 
+
 @dataclass(frozen=True)
 class HttpOptions:
     """Options of the ``http`` transport (``--sut vllm-http``; module docstring).

@@ -120,6 +120,7 @@ def launch_prefix_caching(cmd: list[str]) -> Optional[bool]:
             val = name == "--enable-prefix-caching"
     return val
 
+
 def agreed_prefix_caching(readings: list[tuple[str, Optional[bool]]]) -> Optional[bool]:
     """The one prefix-caching value of ``[(source, value or None)]`` (None if no source tells);
     ``ReplyError`` naming the sources when two disagree."""

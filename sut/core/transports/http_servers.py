@@ -127,6 +127,7 @@ def check_server_args(extra: Sequence[str], engine: EngineSettings, server_comma
     refuse_owned(extra, owned, "server_args")
     refuse_owned(launcher_args(shlex.split(server_command or "")), owned, "server_command")
 
+
 def server_env(slot: EngineSlot) -> dict:
     """This process's environment plus the slot's pinning (module docstring)."""
     env = dict(os.environ)
