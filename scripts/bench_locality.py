@@ -110,15 +110,13 @@ def load_record(run: Path) -> Optional[dict]:
     from sut.exits import BadInput
     from sut.locality.merge import build
     from sut.locality.runner import deviation_notes
-    from sut.locality.study import pair_report
 
     try:
-        m = build([run])
+        m = build([run])  # computes the pair report once (``Merged.report``)
     except BadInput as e:
         print(f"\n{run}: {e}")
         return None
-    return dict(m.record, report=pair_report(m.runs) if m.runs else None,
-                notes=m.record["notes"] + deviation_notes(m.cases))
+    return dict(m.record, report=m.report, notes=m.record["notes"] + deviation_notes(m.cases))
 
 
 def run_preset(preset: str, pairs: int, out: Path, passthrough: list[str], policies: Optional[list[str]] = None) -> Path:
