@@ -1,7 +1,8 @@
 """The accuracy dev gate: check a LoadGen accuracy log, score it, judge it, write the report.
 
 Entry points: :func:`run_gate` (the stable API the ``sut`` run command calls) and
-:func:`evaluate` (takes a :class:`GateSettings`; the CLI uses it).
+:func:`evaluate` (takes a :class:`GateSettings`; the CLI uses it). The reference scores and
+:func:`judge` live in :mod:`accuracy.reference` (still importable from here).
 
 Verdict (MLPerf submission checker, :mod:`accuracy.constants`): the gate passes iff the log
 passes every check of :mod:`accuracy.loadgen_log`, each ROUGE score is ≥ 99 % of the reference,
@@ -12,34 +13,19 @@ different number of samples than this run scored, ``gen_len`` is compared per sa
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
-import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from accuracy.constants import (
-    ACCURACY_JSON,
-    ACCURACY_TXT,
-    EDGE_SAMPLES,
-    GEN_LEN_MAX_FRACTION,
-    GEN_LEN_MIN_FRACTION,
-    HISTOGRAM_PNG,
-    LLAMA31_EOS_IDS,
-    MAX_NEW_TOKENS,
-    REFERENCES,
-    ROUGE_KEYS,
-    ROUGE_MIN_FRACTION,
-)
+from accuracy.constants import ACCURACY_JSON, ACCURACY_TXT, HISTOGRAM_PNG, LLAMA31_EOS_IDS, MAX_NEW_TOKENS, ROUGE_KEYS
 from accuracy.dataset import load_references
-from accuracy.errors import AccuracyInputError
-from accuracy.loadgen_log import check_log, read_accuracy_log
+from accuracy.loadgen_log import LogCheck, check_log, read_accuracy_log
 from accuracy.punkt_data import ensure_punkt
+from accuracy.reference import Reference, judge, load_reference_file, resolve_reference, write_reference_file  # noqa: F401
 from accuracy.report import format_accuracy_txt, length_stats, preview, write_histogram
 from accuracy.rouge import score_texts
 from accuracy.tokenizer import load_tokenizer, resolve_eos_ids
@@ -78,132 +64,6 @@ class GateSettings:
     clean_up_spaces: bool | None = None
     write_reference: Path | None = None
     max_new_tokens: int = MAX_NEW_TOKENS
-
-
-@dataclass(frozen=True)
-class Reference:
-    """Reference scores to compare with.
-
-    Attributes:
-        name: "datacenter", "edge" or "file".
-        source: where the numbers come from.
-        values: rouge1/rouge2/rougeL/rougeLsum (×100) and gen_len (characters).
-        gen_num: samples the reference was measured on, or None if unknown.
-    """
-
-    name: str
-    source: str
-    values: Mapping[str, float]
-    gen_num: int | None
-
-
-def _number(value: object, key: str, path: Path) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise AccuracyInputError(f"reference file {path}: '{key}' must be a finite number, got {value!r}")
-    return float(value)
-
-
-def load_reference_file(path: str | os.PathLike) -> Reference:
-    """Read a reference JSON: ``{"rouge1", "rouge2", "rougeL", "rougeLsum", "gen_len"[, "gen_num"]}``.
-
-    ROUGE values are ×100 (numbers or numeric strings as evaluation.py prints them),
-    ``gen_len`` in characters. Other keys are ignored.
-
-    Raises:
-        AccuracyInputError: unreadable, or a key missing / not a number.
-    """
-    path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise AccuracyInputError(
-            f"reference {path} not found: pass --reference datacenter|edge|auto or an existing JSON file"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AccuracyInputError(f"reference file {path} is not readable JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise AccuracyInputError(f"reference file {path}: expected a JSON object")
-    values = {}
-    for key in (*ROUGE_KEYS, "gen_len"):
-        if key not in raw:
-            raise AccuracyInputError(f"reference file {path}: missing '{key}' (needs {', '.join(ROUGE_KEYS)}, gen_len)")
-        v = raw[key]
-        if isinstance(v, str):
-            try:
-                v = float(v)
-            except ValueError:
-                pass
-        values[key] = _number(v, key, path)
-    gen_num = raw.get("gen_num")
-    if gen_num is not None:
-        gen_num = int(_number(gen_num, "gen_num", path))
-        if gen_num < 1:
-            raise AccuracyInputError(f"reference file {path}: gen_num must be >= 1")
-    return Reference("file", str(path), values, gen_num)
-
-
-def resolve_reference(spec: str, n_samples: int) -> Reference:
-    """Pick the reference for ``spec`` ("auto", "datacenter", "edge" or a file path).
-
-    "auto": datacenter for 13,368 samples, edge for 5,000, otherwise datacenter (a subset run;
-    ``gen_len`` then compared per sample).
-    """
-    spec = (spec or "auto").strip()
-    if spec == "auto":
-        spec = "edge" if n_samples == EDGE_SAMPLES else "datacenter"
-    if spec in REFERENCES:
-        ref = dict(REFERENCES[spec])
-        gen_num = int(ref.pop("gen_num"))
-        return Reference(spec, f"MLPerf submission checker constants.py llama3.1-8b{'-edge' if spec == 'edge' else ''}", ref, gen_num)
-    return load_reference_file(spec)
-
-
-def judge(scores: Mapping, ref: Reference) -> dict:
-    """Compare scores with the reference; returns ``{metric: {value, reference, min[, max], ok}}``.
-
-    ``gen_len``'s entry also has ``basis``: "total", or "per-sample" when ``ref.gen_num``
-    differs from ``scores["gen_num"]`` (then ``reference`` is the scaled value).
-    """
-    verdict: dict = {}
-    for k in ROUGE_KEYS:
-        target = float(ref.values[k])
-        lo = ROUGE_MIN_FRACTION * target
-        verdict[k] = {"value": float(scores[k]), "reference": target, "min": round(lo, 6), "ok": bool(scores[k] >= lo)}
-    gen_len, gen_num = int(scores["gen_len"]), int(scores["gen_num"])
-    target = float(ref.values["gen_len"])
-    basis = "total"
-    if ref.gen_num is not None and ref.gen_num != gen_num:
-        target = target / ref.gen_num * gen_num
-        basis = "per-sample"
-    lo, hi = GEN_LEN_MIN_FRACTION * target, GEN_LEN_MAX_FRACTION * target
-    verdict["gen_len"] = {
-        "value": gen_len,
-        "reference": round(target, 3),
-        "min": round(lo, 3),
-        "max": round(hi, 3),
-        "ok": bool(lo <= gen_len <= hi),
-        "basis": basis,
-    }
-    return verdict
-
-
-def write_reference_file(scores: Mapping, path: str | os.PathLike, note: Mapping | None = None) -> Path:
-    """Write ``scores`` as a reference JSON that ``--reference FILE`` accepts.
-
-    Keys: rouge1, rouge2, rougeL, rougeLsum, gen_len, gen_num, plus ``created`` (UTC ISO time)
-    and the optional ``note`` mapping under ``source``.
-    """
-    path = Path(path)
-    doc = {k: float(scores[k]) for k in ROUGE_KEYS}
-    doc["gen_len"] = int(scores["gen_len"])
-    doc["gen_num"] = int(scores["gen_num"])
-    doc["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    if note:
-        doc["source"] = dict(note)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    return path
 
 
 def _plain(obj):
@@ -265,6 +125,66 @@ def _summary_lines(result: dict) -> list[str]:
     return lines
 
 
+def _output_lengths(check: LogCheck, eos_ids: Sequence[int], max_new_tokens: int, out_dir: Path) -> tuple[dict, str | None]:
+    """``(length_stats of the unique responses, histogram PNG written or None)``; ``{"samples": 0}`` when
+    the log's bytes are not int32 ids."""
+    if check.dtype_error is not None:
+        return {"samples": 0}, None
+    id_arrays = [e.ids() for e in check.unique]
+    eos_arr = np.asarray(eos_ids, dtype=np.int64)
+    lengths = [len(a) for a in id_arrays]
+    ends = [bool(len(a) and np.isin(a[-1], eos_arr)) for a in id_arrays]
+    info = length_stats(lengths, ends, max_new_tokens)
+    if not lengths:
+        return info, None
+    png = write_histogram(
+        lengths, out_dir / HISTOGRAM_PNG, max_new_tokens,
+        title=f"{len(lengths)} samples: mean {info['mean']:.1f} tokens, "
+              f"{100 * info['at_cap_share']:.0f}% at cap, {100 * info['eos_share']:.0f}% EOS",
+    )
+    return info, str(png)
+
+
+def _score(check: LogCheck, det, references: Sequence[str], ref: Reference, out_dir: Path) -> tuple[dict, dict, str | None]:
+    """``(scores, verdict, accuracy.txt written or None)``; all empty when nothing can be decoded."""
+    if not (check.decodable and check.unique):
+        return {}, {}, None
+    log.info("detokenizing and scoring %d samples ...", len(check.unique))
+    preds = det.decode_batch([e.ids() for e in check.unique])
+    targets = [references[e.qsl_idx] for e in check.unique]
+    scores, _ = score_texts(preds, targets)
+    txt = out_dir / ACCURACY_TXT
+    txt.write_text(format_accuracy_txt(scores), encoding="utf-8")
+    return scores, judge(scores, ref), str(txt)
+
+
+def _reasons(check: LogCheck, verdict: dict) -> list[str]:
+    """Why the gate failed: the log's failed checks, then each metric out of its range."""
+    reasons = list(check.failures())
+    if not verdict and check.passed:
+        reasons.append("nothing could be scored")
+    for k, v in verdict.items():
+        if v["ok"]:
+            continue
+        if k == "gen_len":
+            reasons.append(f"gen_len {v['value']} outside [{v['min']}, {v['max']}] ({v['basis']})")
+        else:
+            reasons.append(f"{k} {v['value']} < {v['min']} (99% of reference {v['reference']})")
+    return reasons
+
+
+def _write_reference(settings: GateSettings, check: LogCheck, scores: dict, tokenizer: str) -> str | None:
+    """``--write-reference``: this run's scores as a reference file, only when its log passed and was scored."""
+    if not (check.passed and scores):
+        log.error("not writing reference %s: the log failed its checks or could not be scored", settings.write_reference)
+        return None
+    path = write_reference_file(scores, settings.write_reference, {
+        "accuracy_log": str(settings.accuracy_log), "dataset": str(settings.dataset),
+        "max_samples": settings.max_samples, "tokenizer": tokenizer})
+    log.info("wrote reference %s", path)
+    return str(path)
+
+
 def evaluate(settings: GateSettings) -> dict:
     """Run the gate described by ``settings``; write the outputs; return the report dict.
 
@@ -292,82 +212,26 @@ def evaluate(settings: GateSettings) -> dict:
 
     out_dir = Path(settings.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files: dict = {"accuracy_json": str(out_dir / ACCURACY_JSON), "accuracy_txt": None, "histogram": None}
-
-    lengths_info: dict = {"samples": 0}
-    if check.dtype_error is None:
-        id_arrays = [e.ids() for e in check.unique]
-        eos_arr = np.asarray(eos_ids, dtype=np.int64)
-        lengths = [len(a) for a in id_arrays]
-        ends = [bool(len(a) and np.isin(a[-1], eos_arr)) for a in id_arrays]
-        lengths_info = length_stats(lengths, ends, settings.max_new_tokens)
-        if lengths:
-            png = write_histogram(
-                lengths, out_dir / HISTOGRAM_PNG, settings.max_new_tokens,
-                title=f"{len(lengths)} samples: mean {lengths_info['mean']:.1f} tokens, "
-                      f"{100 * lengths_info['at_cap_share']:.0f}% at cap, {100 * lengths_info['eos_share']:.0f}% EOS",
-            )
-            files["histogram"] = str(png)
-
-    scores: dict = {}
-    verdict: dict = {}
-    if check.decodable and check.unique:
-        log.info("detokenizing and scoring %d samples ...", len(check.unique))
-        preds = det.decode_batch([e.ids() for e in check.unique])
-        targets = [references[e.qsl_idx] for e in check.unique]
-        scores, _ = score_texts(preds, targets)
-        verdict = judge(scores, ref)
-        txt = out_dir / ACCURACY_TXT
-        txt.write_text(format_accuracy_txt(scores), encoding="utf-8")
-        files["accuracy_txt"] = str(txt)
-
+    lengths_info, histogram = _output_lengths(check, eos_ids, settings.max_new_tokens, out_dir)
+    scores, verdict, txt = _score(check, det, references, ref, out_dir)
+    files: dict = {"accuracy_json": str(out_dir / ACCURACY_JSON), "accuracy_txt": txt, "histogram": histogram}
     passed = bool(check.passed and verdict and all(v["ok"] for v in verdict.values()))
-    reasons = list(check.failures())
-    if not verdict and check.passed:
-        reasons.append("nothing could be scored")
-    for k, v in verdict.items():
-        if not v["ok"]:
-            if k == "gen_len":
-                reasons.append(f"gen_len {v['value']} outside [{v['min']}, {v['max']}] ({v['basis']})")
-            else:
-                reasons.append(f"{k} {v['value']} < {v['min']} (99% of reference {v['reference']})")
-    subset = bool(ref.gen_num is not None and ref.gen_num != n)
     result = {
-        "version": REPORT_VERSION,
-        "passed": passed,
-        "summary": "",
-        "reasons": reasons,
-        "scores": scores,
-        "verdict": verdict,
-        "checks": check.to_dict(),
+        "version": REPORT_VERSION, "passed": passed, "summary": "", "reasons": _reasons(check, verdict),
+        "scores": scores, "verdict": verdict, "checks": check.to_dict(),
         "reference": {"name": ref.name, "source": ref.source, "values": dict(ref.values), "gen_num": ref.gen_num},
-        "subset": subset,
+        "subset": bool(ref.gen_num is not None and ref.gen_num != n),
         "output_lengths": lengths_info,
         "inputs": {
-            "accuracy_log": str(settings.accuracy_log),
-            "dataset": str(settings.dataset),
-            "dataset_samples": n,
-            "max_samples": settings.max_samples,
-            "tokenizer": det.description,
-            "clean_up_spaces": det.clean_up_spaces,
-            "eos_ids": list(eos_ids),
-            "eos_ids_source": eos_source,
-            "output_dir": str(out_dir),
+            "accuracy_log": str(settings.accuracy_log), "dataset": str(settings.dataset), "dataset_samples": n,
+            "max_samples": settings.max_samples, "tokenizer": det.description, "clean_up_spaces": det.clean_up_spaces,
+            "eos_ids": list(eos_ids), "eos_ids_source": eos_source, "output_dir": str(out_dir),
         },
         "files": files,
     }
     if settings.write_reference is not None:
-        if check.passed and scores:
-            path = write_reference_file(scores, settings.write_reference, {
-                "accuracy_log": str(settings.accuracy_log), "dataset": str(settings.dataset),
-                "max_samples": settings.max_samples, "tokenizer": det.description})
-            files["reference_written"] = str(path)
-            log.info("wrote reference %s", path)
-        else:
-            files["reference_written"] = None
-            log.error("not writing reference %s: the log failed its checks or could not be scored", settings.write_reference)
-    lines = _summary_lines(result)
-    result["summary"] = "\n".join(lines)
+        files["reference_written"] = _write_reference(settings, check, scores, det.description)
+    result["summary"] = "\n".join(_summary_lines(result))
     result = _plain(result)
     Path(files["accuracy_json"]).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (log.info if passed else log.warning)("%s", result["summary"])

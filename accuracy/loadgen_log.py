@@ -284,6 +284,40 @@ def _detect_dtype_error(entries: Sequence[LogEntry], vocab_size: int, eos: np.nd
     return None
 
 
+def _token_count_mismatch(entries: Sequence[LogEntry]) -> list[dict]:
+    """``{"qsl_idx", "token_count", "decoded_tokens"}`` per entry whose ``token_count`` is absent or differs
+    from its int32 id count (``decoded_tokens`` None: not a whole number of ids), sorted by qsl_idx."""
+    mismatch = []
+    for e in entries:
+        n_words = len(e.raw) // 4 if len(e.raw) % 4 == 0 else None
+        if e.token_count is None or n_words is None or e.token_count != n_words:
+            mismatch.append({"qsl_idx": e.qsl_idx, "token_count": e.token_count, "decoded_tokens": n_words})
+    mismatch.sort(key=lambda m: (m["qsl_idx"], str(m["token_count"])))
+    return mismatch
+
+
+def _id_findings(entries: Sequence[LogEntry], vocab_size: int, eos: np.ndarray, max_new_tokens: int) -> dict[str, list[int]]:
+    """The checks on the ids of int32 entries: sorted qsl_idx lists under ``too_long``, ``empty``,
+    ``multiple_trailing_eos``, ``out_of_vocab`` and ``eos_not_last``."""
+    found: dict[str, set[int]] = {k: set() for k in ("too_long", "empty", "multiple_trailing_eos", "out_of_vocab",
+                                                      "eos_not_last")}
+    for e in entries:
+        ids = e.ids()
+        if len(ids) > max_new_tokens:
+            found["too_long"].add(e.qsl_idx)
+        if len(ids) == 0:
+            found["empty"].add(e.qsl_idx)
+            continue
+        if ((ids < 0) | (ids >= vocab_size)).any():
+            found["out_of_vocab"].add(e.qsl_idx)
+        is_eos = np.isin(ids, eos)
+        if len(ids) >= 2 and is_eos[-1] and is_eos[-2]:
+            found["multiple_trailing_eos"].add(e.qsl_idx)
+        if is_eos[:-1].any() and e.qsl_idx not in found["multiple_trailing_eos"]:
+            found["eos_not_last"].add(e.qsl_idx)
+    return {k: sorted(v) for k, v in found.items()}
+
+
 def check_log(
     entries: Sequence[LogEntry],
     expected_samples: int,
@@ -302,52 +336,20 @@ def check_log(
     """
     eos = np.asarray(sorted({int(e) for e in eos_ids}), dtype=np.int64)
     counts = Counter(e.qsl_idx for e in entries)
-    missing = [i for i in range(expected_samples) if i not in counts]
-    duplicated = sorted(i for i, c in counts.items() if c > 1)
-    unknown = sorted(i for i in counts if not 0 <= i < expected_samples)
     dtype_error = _detect_dtype_error(entries, vocab_size, eos)
-
-    mismatch: list[dict] = []
-    too_long: set[int] = set()
-    empty: set[int] = set()
-    trailing: set[int] = set()
-    oov: set[int] = set()
-    eos_inside: set[int] = set()
     first: dict[int, LogEntry] = {}
     for e in entries:
         if 0 <= e.qsl_idx < expected_samples and e.qsl_idx not in first:
             first[e.qsl_idx] = e
-        n_words = len(e.raw) // 4 if len(e.raw) % 4 == 0 else None
-        if e.token_count is None or n_words is None or e.token_count != n_words:
-            mismatch.append({"qsl_idx": e.qsl_idx, "token_count": e.token_count, "decoded_tokens": n_words})
-        if dtype_error is not None:
-            continue
-        ids = e.ids()
-        if len(ids) > max_new_tokens:
-            too_long.add(e.qsl_idx)
-        if len(ids) == 0:
-            empty.add(e.qsl_idx)
-            continue
-        if ((ids < 0) | (ids >= vocab_size)).any():
-            oov.add(e.qsl_idx)
-        is_eos = np.isin(ids, eos)
-        if len(ids) >= 2 and is_eos[-1] and is_eos[-2]:
-            trailing.add(e.qsl_idx)
-        if is_eos[:-1].any() and e.qsl_idx not in trailing:
-            eos_inside.add(e.qsl_idx)
-    mismatch.sort(key=lambda m: (m["qsl_idx"], str(m["token_count"])))
+    findings = _id_findings(entries if dtype_error is None else (), vocab_size, eos, max_new_tokens)
     return LogCheck(
         expected_samples=expected_samples,
         log_entries=len(entries),
         dtype_error=dtype_error,
-        missing=missing,
-        duplicated=duplicated,
-        unknown_qsl_idx=unknown,
-        token_count_mismatch=mismatch,
-        too_long=sorted(too_long),
-        empty=sorted(empty),
-        multiple_trailing_eos=sorted(trailing),
-        out_of_vocab=sorted(oov),
-        eos_not_last=sorted(eos_inside),
+        missing=[i for i in range(expected_samples) if i not in counts],
+        duplicated=sorted(i for i, c in counts.items() if c > 1),
+        unknown_qsl_idx=sorted(i for i in counts if not 0 <= i < expected_samples),
+        token_count_mismatch=_token_count_mismatch(entries),
         unique=[first[i] for i in sorted(first)],
+        **findings,
     )

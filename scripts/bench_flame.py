@@ -36,8 +36,11 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _p in (REPO, REPO / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+from cpu_accounting import cpu_times, foreign_cpu_s, proc_stat, wait_idle, window_cpu  # noqa: E402
+from fill_model import simulate_fill  # noqa: E402
 
 
 def _env() -> dict:
@@ -88,100 +91,12 @@ def start_real(bin_dir: Path, workdir: Path):
     return RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=workdir)).start()
 
 
-def _cpu_times() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, utime+stime+cutime+cstime seconds) for every process."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2:].split()
-        out[int(name)] = (int(rest[1]), sum(int(x) for x in rest[11:15]) / tick)
-    return out
-
-
-def _ours(times: dict) -> set[int]:
-    """This script and its descendants (the runs, the stand-in, the services, the engines)."""
-    mine, changed = {os.getpid()}, True
-    while changed:
-        changed = False
-        for pid, (ppid, _) in times.items():
-            if ppid in mine and pid not in mine:
-                mine.add(pid)
-                changed = True
-    return mine
-
-
-def foreign_cpu_s(before: dict, after: dict) -> float:
-    """CPU seconds used by processes that are not ours between two snapshots (other users' jobs).
-
-    A process's time includes its reaped children's, so a child that exits inside the window adds its
-    whole life to its parent: what it had used before the window (its time in ``before``) is taken
-    off again, or one long job of another user ending in the window reads as many times the machine.
-    """
-    ours = _ours(before) | _ours(after)
-    grown = sum(t - (before[pid][1] if pid in before else 0.0) for pid, (_, t) in after.items() if pid not in ours)
-    ended = sum(t for pid, (_, t) in before.items() if pid not in after and pid not in ours)
-    return max(0.0, grown - ended)
-
-
-_CATEGORIES = (("engine", "spawn_main"), ("engine", "sut-engine-"), ("flame service", "sut.flame.serve"), ("flame stand-in", "tests.flame_standin"),
-               ("flame control plane", "flame-session-manager"), ("flame control plane", "flame-executor-manager"),
-               ("harness + client", "-m sut run"))
-
-
-def _category(pid: int) -> str:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return "other"
-    for name, needle in _CATEGORIES:
-        if needle in cmd:
-            return name
-    return "other"
-
-
-def window_cpu(before: dict, after: dict, seconds: float) -> dict:
-    """CPU share of the machine per process category inside the LoadGen window (ours only)."""
-    ours = _ours(after)
-    out: dict = {}
-    for pid, (_, t) in after.items():
-        if pid in ours and pid in before and pid != os.getpid():
-            cat = _category(pid)
-            out[cat] = out.get(cat, 0.0) + t - before[pid][1]
-    total = seconds * (os.cpu_count() or 1)
-    return {k: round(v / total, 4) for k, v in sorted(out.items())}
-
-
-def _proc_stat() -> list[int]:
-    """The machine's CPU time counters (user nice system idle iowait irq softirq steal ...)."""
-    return [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-
-
-def wait_idle(max_wait_s: float, busy_threshold: float = 0.10) -> float:
-    """Wait until the machine's CPUs are at most ``busy_threshold`` busy over 10 s; returns the last load."""
-    deadline = time.monotonic() + max_wait_s
-    while True:
-        a = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        time.sleep(10)
-        b = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        d = [y - x for x, y in zip(a, b)]
-        busy = 1.0 - (d[3] + d[4]) / max(1, sum(d))
-        if busy <= busy_threshold or time.monotonic() > deadline:
-            return busy
-        print(f"  machine {busy:.0%} busy (other jobs); waiting", flush=True)
-
-
 def run_one(name: str, sut_args: list[str], common: list[str], out_dir: Path, log_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "sut", "run", *sut_args, *common, "--output-dir", str(out_dir), "--run-name", name,
            "--no-progress"]
     t0 = time.monotonic()
-    cpu0 = _cpu_times()
-    stat0 = _proc_stat()
+    cpu0 = cpu_times()
+    stat0 = proc_stat()
     with open(log_dir / f"{name}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
         win: dict = {}
@@ -192,9 +107,9 @@ def run_one(name: str, sut_args: list[str], common: list[str], out_dir: Path, lo
             while proc.poll() is None:
                 text = logp.read_text(errors="replace") if state != "done" else ""
                 if state == "wait" and "LoadGen Offline" in text:
-                    win["t0"], win["cpu0"], state = time.monotonic(), _cpu_times(), "in"
+                    win["t0"], win["cpu0"], state = time.monotonic(), cpu_times(), "in"
                 elif state == "in" and "encountered during test" in text:
-                    win["share"] = window_cpu(win["cpu0"], _cpu_times(), time.monotonic() - win["t0"])
+                    win["share"] = window_cpu(win["cpu0"], cpu_times(), time.monotonic() - win["t0"])
                     state = "done"
                 time.sleep(0.25)
             rc = proc.wait()
@@ -206,8 +121,8 @@ def run_one(name: str, sut_args: list[str], common: list[str], out_dir: Path, lo
                 proc.kill()
             raise
     wall = time.monotonic() - t0
-    foreign = foreign_cpu_s(cpu0, _cpu_times())
-    d = [y - x for x, y in zip(stat0, _proc_stat())]
+    foreign = foreign_cpu_s(cpu0, cpu_times())
+    d = [y - x for x, y in zip(stat0, proc_stat())]
     steal = d[7] / max(1, sum(d)) if len(d) > 7 else 0.0
     runs = [d / "run.json" for d in (out_dir / name, out_dir / f"{name}-NOT-COMPLIANT") if (d / "run.json").is_file()]
     rec = json.loads(runs[-1].read_text()) if runs else {}
@@ -228,59 +143,7 @@ def run_one(name: str, sut_args: list[str], common: list[str], out_dir: Path, lo
     return res
 
 
-def simulate_fill(n: int = 13368, max_num_seqs: int = 256, seed: int = 0) -> None:
-    """How busy one engine stays when serial executors feed it whole batches (step-level model).
-
-    Model: every engine step advances each running sequence by one token; the engine admits
-    waiting sequences FIFO up to ``max_num_seqs``; an executor hands its batch to the engine, and
-    takes the next batch only when the last sequence of its batch is done. Occupancy = mean
-    running sequences per step, relative to the standalone SUT (all samples queued at once).
-    """
-    import collections
-    import math
-    import random
-
-    def steps(lens, b, k):
-        waiting, running, left, free, nxt, step, done, busy = collections.deque(), {}, {}, k, 0, 0, 0, 0
-        batches = [range(i, min(i + b, n)) for i in range(0, n, b)]
-        if k is None:
-            for j, bt in enumerate(batches):
-                waiting.extend((x, j) for x in bt)
-                left[j] = len(bt)
-        while done < n:
-            while k is not None and free > 0 and nxt < len(batches):
-                waiting.extend((x, nxt) for x in batches[nxt])
-                left[nxt], nxt, free = len(batches[nxt]), nxt + 1, free - 1
-            while len(running) < max_num_seqs and waiting:
-                x, j = waiting.popleft()
-                running[x] = [lens[x], j]
-            step, busy = step + 1, busy + len(running)
-            for x in [x for x, v in running.items() if v[0] == 1]:
-                j = running.pop(x)[1]
-                done, left[j] = done + 1, left[j] - 1
-                if left[j] == 0 and k is not None:
-                    free += 1
-            for v in running.values():
-                v[0] -= 1
-        return step
-
-    rng = random.Random(seed)
-    dists = {"128 fixed (ignore_eos)": [128] * n, "uniform 20..128": [rng.randint(20, 128) for _ in range(n)],
-             "normal(95, 30) in 2..128": [min(128, max(2, int(rng.gauss(95, 30)))) for _ in range(n)]}
-    print(f"{n} samples, max_num_seqs {max_num_seqs}: engine occupancy relative to the standalone SUT")
-    print(f"{'output lengths':<26} {'batch':>5} " + " ".join(f"{f'fill {f}':>14}" for f in (1.0, 1.5, 2.0)))
-    for name, lens in dists.items():
-        base = steps(lens, 64, None)
-        for b in (32, 64):
-            cells = []
-            for f in (1.0, 1.5, 2.0):
-                k = math.ceil(f * max_num_seqs / b) + (1 if f == 1.0 else 0)
-                cells.append(f"{base / steps(lens, b, k):.4f} (K={k:2d})")
-            print(f"{name:<26} {b:>5} " + " ".join(f"{c:>14}" for c in cells))
-    print("fill 1.0 = ceil(max_num_seqs / batch) + 1 executors; fill f = ceil(f x max_num_seqs / batch)")
-
-
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="engine preset for every run (e.g. loadgen_configs/h200_fp8.toml); its engine "
                    "settings replace the CPU defaults below, and --sut is set per run")
@@ -321,22 +184,21 @@ def main(argv=None) -> int:
                    help="also run the standalone SUT with gc_freeze=true (the Flame engines always freeze)")
     p.add_argument("--simulate-fill", action="store_true",
                    help="only print the engine-occupancy model behind the executors-per-engine rule")
-    a = p.parse_args(argv)
-    if a.simulate_fill:
-        simulate_fill(max_num_seqs=a.max_num_seqs or 256)
-        return 0
-    plane, bin_dir = resolve_control_plane(a)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # run the cleanup below
+    return p
 
-    out = Path(a.out).resolve() / time.strftime("%Y%m%d-%H%M%S")
-    runs_dir, log_dir = out / "runs", out / "logs"
-    runs_dir.mkdir(parents=True)
-    log_dir.mkdir()
-    dataset = a.dataset
-    if not dataset:
-        dataset = str(out / f"synthetic{a.synthetic_samples}.json")
-        subprocess.run([sys.executable, "-m", "sut", "synthetic", "--out", dataset, "--samples", str(a.synthetic_samples)],
-                       cwd=REPO, env=_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def _dataset(a, out: Path) -> str:
+    """``--dataset``, else a synthetic dataset of ``--synthetic-samples`` written into ``out``."""
+    if a.dataset:
+        return a.dataset
+    dataset = str(out / f"synthetic{a.synthetic_samples}.json")
+    subprocess.run([sys.executable, "-m", "sut", "synthetic", "--out", dataset, "--samples", str(a.synthetic_samples)],
+                   cwd=REPO, env=_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return dataset
+
+
+def common_run_args(a, dataset: str) -> list[str]:
+    """The ``python -m sut run`` flags every configuration shares."""
     load_format = a.load_format or ("dummy" if Path(a.model).name == "tiny-llama3" else "auto")
     # min_query_count 1: otherwise MLPerf's llama3_1-8b setting (13,368) makes one Offline query of 13,368
     # samples; with it, LoadGen issues target_qps x min_duration x 1.1 samples.
@@ -360,20 +222,26 @@ def main(argv=None) -> int:
         common += ["--target-qps", str(a.target_qps)]
     if a.ignore_eos:
         common.append("--benchmark-ignore-eos")
+    return common
 
-    standin = cluster = None
-    endpoint = a.flame_endpoint
-    if endpoint:
-        plane = "external"
-    elif plane == "real":
+
+def _start_control_plane(a, plane: str, bin_dir: Optional[Path], out: Path):
+    """``(plane, endpoint, stand-in process or None, real cluster or None)``: the external endpoint, or a
+    control plane started here."""
+    if a.flame_endpoint:
+        return "external", a.flame_endpoint, None, None
+    if plane == "real":
         cluster = start_real(bin_dir, out / "flame-cluster")
-        endpoint = cluster.endpoint
-        print(f"real Flame v0.6.0 control plane ({bin_dir}) at {endpoint}, logs in {cluster.log_dir} (its CPU use "
-              "counts against the Flame runs on this machine)", flush=True)
-    else:
-        standin, endpoint = start_standin(out / "standin", a.standin_max_executors)
-        print(f"Flame stand-in at {endpoint} (its CPU use counts against the Flame runs on this machine)", flush=True)
-    lock_dir = f"/tmp/sut-flame-bench-{os.getpid()}"  # engine seats and sockets of the Flame runs (short path)
+        print(f"real Flame v0.6.0 control plane ({bin_dir}) at {cluster.endpoint}, logs in {cluster.log_dir} (its CPU "
+              "use counts against the Flame runs on this machine)", flush=True)
+        return plane, cluster.endpoint, None, cluster
+    standin, endpoint = start_standin(out / "standin", a.standin_max_executors)
+    print(f"Flame stand-in at {endpoint} (its CPU use counts against the Flame runs on this machine)", flush=True)
+    return plane, endpoint, standin, None
+
+
+def run_configs(a, endpoint: str, lock_dir: str, out: Path) -> list[tuple[str, list[str]]]:
+    """``(name, python -m sut run flags)`` per configuration: standalone (and standalone-gcf), flame<batch>."""
     configs = [("standalone", ["--sut", "vllm"])]
     if a.standalone_gc_freeze:
         configs.append(("standalone-gcf", ["--sut", "vllm", "--option", "gc_freeze=true"]))
@@ -382,23 +250,85 @@ def main(argv=None) -> int:
                                       "--flame-engines", str(a.flame_engines), "--option", f"lock_dir={lock_dir}",
                                       "--option", f"app_workdir={out / 'service'}",
                                       *[x for o in a.flame_option for x in ("--option", o)]]))
+    return configs
+
+
+def _print_run(r: int, name: str, res: dict, foreign_cpu_max: float) -> None:
+    flag = "  << other jobs used the CPU" if res["foreign_cpu_share"] > foreign_cpu_max else ""
+    print(f"round {r} {name:<10} {res['tokens_per_s'] or float('nan'):10.2f} tok/s  "
+          f"({res['samples']} samples, {res['validity']}, process {res['process_s']} s, "
+          f"foreign CPU {res['foreign_cpu_share']:.1%}, steal {res['steal_share']:.1%}){flag}", flush=True)
+    if res.get("loadgen_window_cpu_share"):
+        print("      CPU share of the machine during LoadGen: " + ", ".join(
+            f"{k} {v:.2%}" for k, v in res["loadgen_window_cpu_share"].items()), flush=True)
+
+
+def _run_rounds(a, configs: list, common: list[str], runs_dir: Path, log_dir: Path) -> list[dict]:
+    """Every round, the configurations in a rotated order; one result dict per run."""
     results: list[dict] = []
+    for r in range(a.rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        for name, args in order:
+            if a.idle_wait_s > 0:
+                wait_idle(a.idle_wait_s)
+            res = run_one(f"r{r}-{name}", args, common, runs_dir, log_dir)
+            res.update(config=name, round=r)
+            results.append(res)
+            _print_run(r, name, res, a.foreign_cpu_max)
+    return results
+
+
+def summarize(configs: list, results: list[dict], foreign_cpu_max: float) -> dict:
+    """Per configuration (runs that failed or shared the CPU left out): runs, mean/min/max tokens/s and the
+    ratio of the mean to the standalone mean; printed as a table."""
+    clean = [x for x in results if x["tokens_per_s"] and x["foreign_cpu_share"] <= foreign_cpu_max]
+    if len(clean) < len(results):
+        print(f"\n{len(results) - len(clean)} run(s) shared the CPU with other jobs (> {foreign_cpu_max:.0%}) "
+              "or failed; left out below")
+    base = [x["tokens_per_s"] for x in clean if x["config"] == "standalone" and x["tokens_per_s"]]
+    base_mean = statistics.fmean(base) if base else None
+    out: dict = {}
+    print("\nconfig       runs  mean tok/s   min      max     ratio to standalone")
+    for name, _ in configs:
+        vals = [x["tokens_per_s"] for x in clean if x["config"] == name and x["tokens_per_s"]]
+        if not vals:
+            print(f"{name:<12} 0 successful runs")
+            continue
+        m = statistics.fmean(vals)
+        ratio = m / base_mean if base_mean else None
+        out[name] = {"runs": len(vals), "mean_tokens_per_s": m, "min": min(vals), "max": max(vals),
+                     "ratio_to_standalone": ratio}
+        print(f"{name:<12} {len(vals):>4}  {m:10.2f} {min(vals):8.2f} {max(vals):8.2f}   "
+              f"{'' if ratio is None else f'{ratio:.4f}'}")
+    return out
+
+
+def target_met(configs: list, per_config: dict) -> bool:
+    """Every Flame configuration reaches 99.5 % of the standalone mean."""
+    flame_names = [n for n, _ in configs if n.startswith("flame")]
+    return "standalone" in per_config and all(
+        (per_config.get(n) or {}).get("ratio_to_standalone", 0) >= 0.995 for n in flame_names)
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    if a.simulate_fill:
+        simulate_fill(max_num_seqs=a.max_num_seqs or 256)
+        return 0
+    plane, bin_dir = resolve_control_plane(a)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # run the cleanup below
+
+    out = Path(a.out).resolve() / time.strftime("%Y%m%d-%H%M%S")
+    runs_dir, log_dir = out / "runs", out / "logs"
+    runs_dir.mkdir(parents=True)
+    log_dir.mkdir()
+    dataset = _dataset(a, out)
+    common = common_run_args(a, dataset)
+    plane, endpoint, standin, cluster = _start_control_plane(a, plane, bin_dir, out)
+    lock_dir = f"/tmp/sut-flame-bench-{os.getpid()}"  # engine seats and sockets of the Flame runs (short path)
+    configs = run_configs(a, endpoint, lock_dir, out)
     try:
-        for r in range(a.rounds):
-            order = configs[r % len(configs):] + configs[: r % len(configs)]
-            for name, args in order:
-                if a.idle_wait_s > 0:
-                    wait_idle(a.idle_wait_s)
-                res = run_one(f"r{r}-{name}", args, common, runs_dir, log_dir)
-                res.update(config=name, round=r)
-                results.append(res)
-                flag = "  << other jobs used the CPU" if res["foreign_cpu_share"] > a.foreign_cpu_max else ""
-                print(f"round {r} {name:<10} {res['tokens_per_s'] or float('nan'):10.2f} tok/s  "
-                      f"({res['samples']} samples, {res['validity']}, process {res['process_s']} s, "
-                      f"foreign CPU {res['foreign_cpu_share']:.1%}, steal {res['steal_share']:.1%}){flag}", flush=True)
-                if res.get("loadgen_window_cpu_share"):
-                    print("      CPU share of the machine during LoadGen: " + ", ".join(
-                        f"{k} {v:.2%}" for k, v in res["loadgen_window_cpu_share"].items()), flush=True)
+        results = _run_rounds(a, configs, common, runs_dir, log_dir)
     finally:
         if standin is not None:
             os.killpg(standin.pid, signal.SIGTERM)
@@ -409,33 +339,11 @@ def main(argv=None) -> int:
 
     summary = {"settings": vars(a), "dataset": dataset, "endpoint": endpoint, "standin": standin is not None,
                "control_plane": plane, "flame_bin": str(bin_dir) if cluster is not None else None,
-               "runs": results, "configs": {}}
-    clean = [x for x in results if x["tokens_per_s"] and x["foreign_cpu_share"] <= a.foreign_cpu_max]
-    if len(clean) < len(results):
-        print(f"\n{len(results) - len(clean)} run(s) shared the CPU with other jobs (> {a.foreign_cpu_max:.0%}) "
-              "or failed; left out below")
-    results_all, results = results, clean
-    base = [x["tokens_per_s"] for x in results if x["config"] == "standalone" and x["tokens_per_s"]]
-    base_mean = statistics.fmean(base) if base else None
-    print("\nconfig       runs  mean tok/s   min      max     ratio to standalone")
-    for name, _ in configs:
-        vals = [x["tokens_per_s"] for x in results if x["config"] == name and x["tokens_per_s"]]
-        if not vals:
-            print(f"{name:<12} 0 successful runs")
-            continue
-        m = statistics.fmean(vals)
-        ratio = m / base_mean if base_mean else None
-        summary["configs"][name] = {"runs": len(vals), "mean_tokens_per_s": m, "min": min(vals), "max": max(vals),
-                                    "ratio_to_standalone": ratio}
-        print(f"{name:<12} {len(vals):>4}  {m:10.2f} {min(vals):8.2f} {max(vals):8.2f}   "
-              f"{'' if ratio is None else f'{ratio:.4f}'}")
-    summary["runs"] = results_all
+               "runs": results, "configs": summarize(configs, results, a.foreign_cpu_max)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\nwritten {out / 'summary.json'}")
-    flame_names = [n for n, _ in configs if n.startswith("flame")]
-    ok = "standalone" in summary["configs"] and all(
-        (summary["configs"].get(n) or {}).get("ratio_to_standalone", 0) >= 0.995 for n in flame_names)
-    print("target (Flame >= 99.5% of standalone at every batch size):", "MET" if ok else "NOT MET")
+    print("target (Flame >= 99.5% of standalone at every batch size):", "MET" if target_met(configs, summary["configs"])
+          else "NOT MET")
     return 0
 
 

@@ -1,12 +1,19 @@
 """Find the highest Server / Interactive ``target_qps`` that LoadGen calls VALID (issue 14).
 
-Each try is one short ``python -m sut run`` (a fresh process: LoadGen's ``FromConfig`` runs once per
-process) at one ``--target-qps``; its ``run.json`` gives LoadGen's verdict (``result_validity``,
-which in Server includes the p99 TTFT/TPOT limits and early stopping) and the TTFT/TPOT p99s. The
-search grows (x ``--factor``) from ``--start`` until a try is INVALID, or shrinks until one is VALID,
-then bisects between the highest VALID and the lowest INVALID value until they are within
-``--rel-tol`` of each other or ``--max-runs`` tries are spent. It prints every try, then the result
-and the user.conf line for it.
+Each try is one short LoadGen test at one ``target_qps`` with its own run folder and ``run.json``, exactly as
+``python -m sut run`` writes them; ``run.json`` gives LoadGen's verdict (``result_validity``: in Server also
+the p99 TTFT/TPOT limits and early stopping) and the p99s. The search grows (x ``--factor``) from ``--start``
+until a try is INVALID, or shrinks until one is VALID, then bisects between the highest VALID and the lowest
+INVALID value until they are within ``--rel-tol`` or ``--max-runs`` tries are spent. It prints every try,
+then the result and the user.conf line for it.
+
+``--one-process`` (default): every try runs in this process over one engine start (``sut.series``: a fresh
+SUT object and ledger per try; the first try's LoadGen settings copied for the next with only ``target_qps``
+changed; each ``run.json`` says "try N of a one-process target_qps search: engine warm from earlier tries";
+the engine logs are in the first try's folder). A try that fails (engine death, a sample never answered, a
+ledger error) is logged as a failed try and ends the search with exit 1 (Ctrl-C: 130), engines stopped.
+``--fresh-process``: each try is one ``python -m sut run`` process (the engines start for every try; a
+failed try counts as INVALID and the search goes on).
 
 Early stopping needs enough queries: with every query under the limits LoadGen wants about 460 at
 p99 ("Would need to run at least N more queries"), so a short try needs ``--min-query-count`` of
@@ -20,7 +27,7 @@ Example (one H200, fp8, Server):
 CPU try-out (tiny model; small settings):
     python scripts/find_qps.py --scenario Server --start 4 --min-duration-s 5 --min-query-count 500 --max-runs 4 \
         -- --config loadgen_configs/cpu_tiny.toml --dataset results/demo/data/synthetic_64.json
-Everything after ``--`` goes to ``python -m sut run`` as is.
+Everything after ``--`` is ``python -m sut run``'s arguments.
 
 Resumable, cut-off safe: each try is appended to a JSONL file (``--log``, default
 ``OUTPUT_DIR/tries-SCENARIO.jsonl``; one object a line: qps, validity, TTFT/TPOT p99 ms, tokens/s,
@@ -37,6 +44,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -44,7 +52,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sut_runs import run_once, split_run_args  # noqa: E402
+from sut_runs import ROOT, run_once, split_run_args  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
 
 log = logging.getLogger("find_qps")
 MODEL_KEYS = {"Server": "llama3_1-8b", "Interactive": "llama3_1-8b-interactive"}
@@ -53,7 +63,8 @@ MODEL_KEYS = {"Server": "llama3_1-8b", "Interactive": "llama3_1-8b-interactive"}
 @dataclass(frozen=True)
 class Try:
     """One short run: ``qps`` asked, LoadGen's ``validity`` (``VALID``/``INVALID``/None = the run failed),
-    its p99s (ms), output tokens/s and how long the try took (``wall_s``, engine start included)."""
+    its p99s (ms), output tokens/s and how long the try took (``wall_s``, engine start included: one-process
+    mode, the first try of a session only)."""
 
     qps: float
     validity: Optional[str]
@@ -90,6 +101,13 @@ def next_qps(lo: Optional[float], hi: Optional[float], start: Optional[float], f
     return None if hi / lo - 1 <= rel_tol else (lo + hi) / 2
 
 
+def check_search_args(start: Optional[float], factor: float, rel_tol: float, max_runs: int, prior: list) -> None:
+    """``ValueError`` for search arguments that cannot work (``search``'s)."""
+    if (start is None and not prior) or (start is not None and start <= 0) or factor <= 1 or rel_tol <= 0 \
+            or max_runs < 0:
+        raise ValueError("start (needed without earlier tries), rel_tol must be > 0, factor > 1, max_runs >= 0")
+
+
 def search(run: Callable[[float], Try], start: Optional[float], factor: float = 2.0, rel_tol: float = 0.05,
            max_runs: int = 8, prior: Iterable[Try] = (),
            may_start: Callable[[], bool] = lambda: True) -> tuple[Optional[float], list[Try]]:
@@ -102,9 +120,7 @@ def search(run: Callable[[float], Try], start: Optional[float], factor: float = 
     may be None only when ``prior`` holds tries).
     """
     tries = list(prior)
-    if (start is None and not tries) or (start is not None and start <= 0) or factor <= 1 or rel_tol <= 0 \
-            or max_runs < 0:
-        raise ValueError("start (needed without earlier tries), rel_tol must be > 0, factor > 1, max_runs >= 0")
+    check_search_args(start, factor, rel_tol, max_runs, tries)
     lo, hi = bounds(tries)
     for _ in range(max_runs):
         q = next_qps(lo, hi, start, factor, rel_tol)
@@ -202,13 +218,80 @@ def sut_try(scenario: str, qps: float, out: Path, run_args: list[str], min_durat
                   f"{min_duration_s:g}", "--min-query-count", str(min_query_count)], out, name, timeout_s)
     if o.rc == 2 or o.record is None:
         raise SystemExit(f"python -m sut run refused the settings (exit {o.rc}):\n{o.stderr}")
-    rec = o.record
+    note = "" if o.rc == 0 else f"run failed (exit {o.rc}): {o.record.get('error')}"
+    return try_from_record(qps, o.record, o.rc == 0, o.folder, time.monotonic() - t0, note)
+
+
+def try_from_record(qps: float, rec: dict, ok: bool, folder, wall_s: float, note: str = "") -> Try:
+    """The ``Try`` of a run whose ``run.json`` is ``rec`` (``ok``: the run finished; else validity None)."""
     lg = rec.get("loadgen") or {}
-    note = "" if o.rc == 0 else f"run failed (exit {o.rc}): {rec.get('error')}"
-    return Try(qps, rec.get("validity") if o.rc == 0 else None,
+    return Try(qps, rec.get("validity") if ok else None,
                _ms(lg.get("result_first_token_99.00_percentile_latency_ns")),
                _ms(lg.get("result_time_per_output_token_99.00_percentile_ns")),
-               rec.get("tokens_per_s"), str(o.folder), note, round(time.monotonic() - t0, 1))
+               rec.get("tokens_per_s"), str(folder), note, round(wall_s, 1))
+
+
+def sut_run_settings(scenario: str, out: Path, run_args: list[str], min_duration_s: float, min_query_count: int):
+    """``python -m sut run``'s settings for the tries, parsed as it parses ``run_args`` (preset, flags,
+    ``--option``): ``(RunSettings, EngineSettings, GenerationSettings, options, command)``. Bad input
+    exits 2 (argparse) or raises ``BadInput``."""
+    from sut import cli
+
+    args = [*run_args, "--scenario", scenario, "--min-duration-s", f"{min_duration_s:g}", "--min-query-count",
+            str(min_query_count), "--output-dir", str(out), "--no-progress"]
+    a = cli.build_parser().parse_args(["run", *args])
+    a.argv = ["run", *args]
+    return (*cli.settings_from_args(a), "python scripts/find_qps.py (one process) = python -m sut " +
+            " ".join(shlex.quote(x) for x in a.argv) + " --target-qps QPS")
+
+
+class TryFailed(Exception):
+    """A try that failed in a way that ends the search (one-process mode): ``try_`` goes to the log, then
+    ``cause`` is raised."""
+
+    def __init__(self, t: Try, cause: BaseException):
+        super().__init__(str(cause))
+        self.try_, self.cause = t, cause
+
+
+class OneProcessTries:
+    """``tries(qps) -> Try`` over one engine start (``sut.series``). The first call parses ``run_args`` as
+    ``python -m sut run`` does and checks everything (bad input: exit 2, nothing started); the engines start
+    with the first test. A try that fails raises ``TryFailed`` (Ctrl-C: its ``RunFailed``); ``close()`` stops
+    the engines."""
+
+    def __init__(self, a, run_args: list[str]):
+        self.a, self.run_args, self.out = a, run_args, Path(a.output_dir).resolve()
+        self.series = None
+
+    def __call__(self, q: float) -> Try:
+        from sut.base import InputError, RunFailed
+        from sut.engine import EngineError
+        from sut.exits import interrupted
+        from sut.series import SUTSeries
+
+        a = self.a
+        if self.series is None:
+            *settings, command = sut_run_settings(a.scenario, self.out, self.run_args, a.min_duration_s,
+                                                  a.min_query_count)
+            self.series = SUTSeries(*settings, command=command)
+        name, t0 = f"{time.strftime('%Y%m%d-%H%M%S')}-findqps-{a.scenario}-{q:g}", time.monotonic()
+        try:
+            rec = self.series.run(q, name)
+        except InputError:
+            raise
+        except (RunFailed, EngineError) as e:
+            folder = next(self.out.glob(name + "*"), None)
+            if interrupted() or folder is None or not (folder / "run.json").is_file():
+                raise
+            rec = json.loads((folder / "run.json").read_text())
+            raise TryFailed(try_from_record(q, rec, False, folder, time.monotonic() - t0,
+                                            f"run failed: {rec.get('error')}"), e) from e
+        return try_from_record(q, rec, True, rec["output_dir"], time.monotonic() - t0)
+
+    def close(self) -> None:
+        if self.series is not None:
+            self.series.close()
 
 
 def table(tries: list[Try]) -> str:
@@ -232,7 +315,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-duration-s", type=float, default=60.0, help="LoadGen min duration of each try (default 60)")
     p.add_argument("--min-query-count", type=int, default=1000,
                    help="LoadGen min query count of each try (early stopping needs several hundred; default 1000)")
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="give up on one try after this long")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--one-process", dest="fresh_process", action="store_false",
+                      help="(default) every try in this process over one engine start (sut.series)")
+    mode.add_argument("--fresh-process", dest="fresh_process", action="store_true",
+                      help="every try a fresh python -m sut run process (the engines start for each try)")
+    p.set_defaults(fresh_process=False)
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="--fresh-process: give up on one try after this "
+                                                                   "long (one process: the run's stall timeout)")
     p.add_argument("--output-dir", default="results/find_qps", help="where the tries' run folders go")
     p.add_argument("--log", type=Path, help="JSONL file each finished try is appended to at once "
                                             "(default: the --resume file, else OUTPUT_DIR/tries-SCENARIO.jsonl)")
@@ -242,7 +332,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def _setup(argv):
+    """Parse and check everything (exit 2 before any try): ``(args, run args, earlier tries, try log, budget)``."""
     argv, run_args = split_run_args(argv)
     p = _parser()
     a = p.parse_args(argv)
@@ -259,19 +350,50 @@ def main(argv=None) -> int:
             prior = TryLog(a.resume, settings).read()
         except (ValueError, OSError) as e:
             p.error(f"--resume: {e}")
-    trylog = TryLog(a.log or a.resume or out / f"tries-{a.scenario}.jsonl", settings)
-    budget = Budget(a.budget_s, prior)
-
-    def one(q: float) -> Try:
-        t = budget.note(sut_try(a.scenario, q, out.resolve(), run_args, a.min_duration_s, a.min_query_count,
-                                a.timeout_s))
-        trylog.append(t)
-        return t
-
-    try:  # the run folders and the log's folder are made by the first try, after every check
-        best, tries = search(one, a.start, a.factor, a.rel_tol, a.max_runs, prior, budget.may_start)
+    try:
+        check_search_args(a.start, a.factor, a.rel_tol, a.max_runs, prior)
     except ValueError as e:
         p.error(str(e))
+    trylog = TryLog(a.log or a.resume or out / f"tries-{a.scenario}.jsonl", settings)
+    return a, run_args, prior, trylog, Budget(a.budget_s, prior)
+
+
+def main(argv=None) -> int:
+    a, run_args, prior, trylog, budget = _setup(argv)
+    if a.fresh_process:
+        return _search(a, lambda q: sut_try(a.scenario, q, Path(a.output_dir).resolve(), run_args, a.min_duration_s,
+                                            a.min_query_count, a.timeout_s), prior, trylog, budget)
+    from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
+
+    tries = OneProcessTries(a, run_args)
+
+    def one_process() -> int:
+        stop_on_sigterm_like_ctrl_c()
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # vLLM's own lines go to the engine logs
+        try:
+            return _search(a, tries, prior, trylog, budget)
+        finally:
+            tries.close()  # the engines stop once, also after a failed try or Ctrl-C
+
+    return run_main(one_process, messages={"failed": "search failed: {}", "stopped": "search stopped: {}"}, logger=log)
+
+
+def _search(a, make_try: Callable[[float], Try], prior: list[Try], trylog: TryLog, budget: Budget) -> int:
+    """Run the search with ``make_try``, appending every finished try to ``trylog`` at once, and report.
+    ``TryFailed``: the failed try is appended, then its cause raised."""
+    def one(q: float) -> Try:
+        try:
+            t = make_try(q)
+        except TryFailed as e:
+            trylog.append(budget.note(e.try_))
+            log.error("the try at %g queries/s failed (%s); the search stops. Every try is in %s", q, e.try_.folder,
+                      trylog.path)
+            raise e.cause from None
+        trylog.append(budget.note(t))
+        return t
+
+    # the run folders and the log's folder are made by the first try, after every check
+    best, tries = search(one, a.start, a.factor, a.rel_tol, a.max_runs, prior, budget.may_start)
     return report(a, tries, best, len(prior), trylog.path)
 
 

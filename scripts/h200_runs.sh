@@ -219,14 +219,15 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # scenario (default 8), none started that would end > SCEN_BUDGET_S s (default 1200) after this step began.
     # Resumable: each finished try is appended at once to $JOB/scen/h200_fp8_<sc>.jsonl; an earlier session's file
     # in SCEN_PRIOR (default docs/results/find_qps_h200) is copied there first and resumed. Keep SCEN_S, SCEN_SUT,
-    # MODEL, REAL the same across sessions (find_qps refuses tries made with other settings).
+    # MODEL, REAL the same across sessions (find_qps refuses tries made with other settings). --one-process: the
+    # engines start once per scenario (not once per try); a try that fails ends that scenario's search (exit 1).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     mkdir -p "$JOB/scen"; t0=$(date +%s)
     for sc in ${SCENARIOS:-Server Interactive}; do
       q=$([ $sc = Server ] && echo "${SERVER_QPS:-48}" || echo "${INTERACTIVE_QPS:-20}")
       f="$JOB/scen/h200_fp8_$sc.jsonl"; prior="${SCEN_PRIOR:-docs/results/find_qps_h200}/h200_fp8_$sc.jsonl"
       resume=(); [ -s "$prior" ] && cp "$prior" "$f" && resume=(--resume "$f")
-      python3 scripts/find_qps.py --scenario $sc --start "$q" --log "$f" "${resume[@]}" \
+      python3 scripts/find_qps.py --one-process --scenario $sc --start "$q" --log "$f" "${resume[@]}" \
         --budget-s $(( ${SCEN_BUDGET_S:-1200} - $(date +%s) + t0 )) --max-runs "${SCEN_TRIES:-8}" \
         --min-duration-s "${SCEN_S:-20}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
         --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \

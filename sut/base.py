@@ -51,6 +51,7 @@ class SUTContext:
     run_dir: Optional[str] = None  # the run folder (backends may keep their own logs there)
     engine_log_dir: Optional[str] = None
     scenario: str = "Offline"
+    first_request_id: int = 0  # the ledger's first request id (tests that follow each other over one transport)
 
 
 class SystemUnderTest(abc.ABC):
@@ -65,9 +66,11 @@ class SystemUnderTest(abc.ABC):
     def __init__(self, ctx: SUTContext):
         self.ctx = ctx
         if ctx.scenario in STREAMING_SCENARIOS:
-            self.ledger = StreamingLedger(ctx.generation.eos_token_ids, progress=ctx.progress)
+            self.ledger = StreamingLedger(ctx.generation.eos_token_ids, progress=ctx.progress,
+                                          first_id=ctx.first_request_id)
         else:
-            self.ledger = SampleLedger(ctx.generation.eos_token_ids, progress=ctx.progress)
+            self.ledger = SampleLedger(ctx.generation.eos_token_ids, progress=ctx.progress,
+                                       first_id=ctx.first_request_id)
 
     @abc.abstractmethod
     def start(self) -> dict:

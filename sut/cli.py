@@ -23,12 +23,13 @@ from typing import Optional
 
 from sut.base import InputError, RunFailed, get_sut, sut_names
 from sut.cli_flags import ENGINE_FLAGS, add_backend_flags, add_engine_flags, backend_options_from_args  # noqa: F401
-from sut.cli_flags import engine_settings_from_args
-from sut.compliance import (COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, PackageSettings,
-                            verify_run_folder)
+from sut.cli_flags import engine_defaults, engine_settings_from_args
+from sut.compliance import COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, verify_run_folder
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.exits import EXIT_INTERRUPTED, BadInput, run_main, stop_on_sigterm_like_ctrl_c  # noqa: F401 - re-exported
 from sut.harness import RunSettings, run_benchmark
+from sut.package_scenario import PackageSettings
+from sut.run_settings import QUICK_MIN_DURATION_S, QUICK_MIN_QUERY_COUNT, QUICK_PERFORMANCE_SAMPLES
 from sut.package_tree import CHECKER_NOTE
 
 log = logging.getLogger("sut")
@@ -83,7 +84,11 @@ def _add_run_parser(sub) -> None:
                    help="debug logging, and vLLM's own output (its logs, warnings, the harmless 'Chat template warmup "
                         "failed' traceback) on the console instead of RUN/engine-N.log")
     q = p.add_argument_group("dev overrides (each makes the run NOT compliant)")
-    q.add_argument("--quick", action="store_true", help="short dev run: min duration 10 s, min query count 1")
+    q.add_argument("--quick", action="store_true",
+                   help=f"short dev run: min duration {QUICK_MIN_DURATION_S:g} s and min query count "
+                        f"{QUICK_MIN_QUERY_COUNT} (unless given), at most {QUICK_PERFORMANCE_SAMPLES} performance "
+                        "samples (Offline: one query of about that duration x target_qps samples, not the whole "
+                        "dataset)")
     q.add_argument("--max-samples", type=int, help="use only the first N dataset records")
     q.add_argument("--min-duration-s", type=float, help="override LoadGen min duration")
     q.add_argument("--min-query-count", type=int, help="override LoadGen min query count")
@@ -91,7 +96,8 @@ def _add_run_parser(sub) -> None:
                                                     "(normally in user.conf)")
     q.add_argument("--benchmark-ignore-eos", action="store_true",
                    help="benchmark only: always generate 128 tokens (dummy weights emit EOS at random)")
-    add_engine_flags(p.add_argument_group("engine (vLLM)"))
+    add_engine_flags(p.add_argument_group("engine (vLLM; a preset's [engine] replaces these defaults)"),
+                     defaults=engine_defaults())
     b = p.add_argument_group("SUT backend options (each backend's own flags follow, one group per --sut)")
     b.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="backend option (repeatable; the value is read as JSON, else as a string), e.g. batch_size=64 "
@@ -133,8 +139,7 @@ def _run_fields(a: argparse.Namespace, run: dict) -> dict:
         if val is not None:
             run[key] = val
     if a.quick:
-        run.setdefault("min_duration_s", 10.0)
-        run.setdefault("min_query_count", 1)
+        run["quick"] = True  # RunSettings fills min_duration_s / min_query_count unless given
     if a.no_accuracy_gate:
         run["accuracy_gate"] = False
     if a.enable_trace:

@@ -4,10 +4,10 @@ backend's options dataclass.
 
 Engine flags::
 
-    from sut.cli_flags import add_engine_flags, engine_settings_from_args
+    from sut.cli_flags import add_engine_flags, engine_defaults, engine_settings_from_args
 
     e = parser.add_argument_group("engine (vLLM)")
-    add_engine_flags(e, defaults=None, skip=("seed",), help={"device": "auto | cuda | cpu (default auto)"})
+    add_engine_flags(e, defaults=engine_defaults(), skip=("seed",), help={"device": "auto | cuda | cpu (default auto)"})
     a = parser.parse_args(argv)
     es = engine_settings_from_args(a, {"enable_prefix_caching": True, "max_model_len": 9000})
     # flags given win over the base mapping; BadInput (exit 2) without a model;
@@ -65,21 +65,35 @@ def add_engine_flags(group, defaults: Optional[Mapping[str, Any]] = None, skip: 
     """Add ``--model``, ``--dtype``, ... (``ENGINE_FLAGS``) and ``--enforce-eager`` to ``group``
     (dest = the field name, default None = not given).
 
-    ``defaults``: values to show as ``(default X)`` in the help; ``skip``: field names left out;
-    ``help``: replacement help texts by field name (shown as given, without a default).
+    ``defaults``: values to show as ``(default X)`` in the help (``engine_defaults()``: EngineSettings'); a
+    name mapped to None shows ``(default unset: vLLM's own)``; ``skip``: field names left out; ``help``: replacement
+    help texts by field name (shown as given, without a default).
     """
     help = help or {}
-    for name, (typ, text) in ENGINE_FLAGS.items():
+    for name, (typ, text) in [*ENGINE_FLAGS.items(), ("enforce_eager", (None, _EAGER_HELP))]:
         if name in skip:
             continue
         if name in help:
             text = help[name]
-        elif defaults and defaults.get(name) is not None:
-            text += f" (default {defaults[name]})"
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=text)
-    if "enforce_eager" not in skip:
-        group.add_argument("--enforce-eager", dest="enforce_eager", action="store_true", default=None,
-                           help=help.get("enforce_eager", _EAGER_HELP))
+        elif defaults and name in defaults:
+            text += f" (default {_default_text(defaults[name])})"
+        kw = {"type": typ} if typ else {"action": "store_true", "default": None}
+        group.add_argument("--" + name.replace("_", "-"), dest=name, help=text, **kw)
+
+
+def _default_text(value) -> str:
+    if value is None:
+        return "unset: vLLM's own"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def engine_defaults() -> dict[str, Any]:
+    """EngineSettings' default of every field that has one (None: vLLM decides), for ``add_engine_flags``."""
+    from sut.engine import EngineSettings
+
+    return {f.name: f.default for f in dataclasses.fields(EngineSettings) if f.default is not dataclasses.MISSING}
 
 
 def engine_overrides(a: argparse.Namespace) -> dict:

@@ -105,18 +105,11 @@ def _noncompliance_reasons(gen: GenerationSettings, es: EngineSettings, audit_co
     return reasons + list(backend.noncompliance_reasons(options))
 
 
-def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None,
-                  command: Optional[str] = None) -> dict:
-    """Run one LoadGen test and return the run record (also written to ``run.json``).
+def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None):
+    """Everything a run checks before its folder exists: ``(backend class, options object, model info,
+    generation settings with the model's EOS ids, dataset)``.
 
-    ``options``: the backend's options object, or a mapping of its fields (parsed here, once);
-    ``command`` is the command line to record (the CLI passes its own); the run folder also keeps
-    a copy of the user.conf it read.
-
-    Raises:
-        InputError / DatasetError: bad input (before any engine starts, no run folder left).
-        RunFailed / TransportError / EngineError: the run could not finish trustworthily; ``run.json``
-            still records why.
+    Raises ``InputError`` / ``DatasetError`` (bad input: nothing started, no run folder).
     """
     backend, options = _check_backend(rs, es, options)
     try:
@@ -126,9 +119,13 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
     dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples)
-    ts, reasons = loadgen_test_settings(rs, len(dataset))
-    audit_config = _audit_config(rs)
-    reasons += _noncompliance_reasons(gen, es, audit_config, backend, options)
+    return backend, options, model, gen, dataset
+
+
+def open_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any, model, dataset: Dataset,
+             reasons: list[str], command: Optional[str], audit_config: Optional[str]) -> tuple[Path, dict]:
+    """Make the run folder (``-NOT-COMPLIANT`` when ``reasons``), copy user.conf there and write the first
+    ``run.json`` (status ``running``); returns ``(run folder, record)``. ``InputError`` if the folder exists."""
     run_dir = _run_dir(rs, not reasons)
     if reasons:
         log.warning("THIS RUN IS NOT COMPLIANT: %s", "; ".join(reasons))
@@ -137,25 +134,52 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
     record = initial_record(rs, es, gen, options, model, dataset, reasons, command, audit_config, run_dir)
     shutil.copy2(rs.user_conf, run_dir / "user.conf")
     write_record(run_dir, record)
+    return run_dir, record
+
+
+def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
+    """A run still ``running`` when ``e`` ended it is recorded ``failed`` with the cause."""
+    if record.get("status") == "running":
+        record["status"] = "failed"
+        record["error"] = record.get("error") or f"{type(e).__name__}: {e}"
+        record["finished"] = now_iso()
+        write_record(run_dir, record)
+
+
+def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None,
+                  command: Optional[str] = None) -> dict:
+    """Run one LoadGen test and return the run record (also written to ``run.json``).
+
+    ``options``: the backend's options object, or a mapping of its fields (parsed here, once);
+    ``command`` is the command line to record (the CLI passes its own); the run folder also keeps
+    a copy of the user.conf it read. (Several tests over one SUT start: ``sut.series``.)
+
+    Raises:
+        InputError / DatasetError: bad input (before any engine starts, no run folder left).
+        RunFailed / TransportError / EngineError: the run could not finish trustworthily; ``run.json``
+            still records why.
+    """
+    backend, options, model, gen, dataset = prepare_run(rs, es, gen, options)
+    ts, reasons = loadgen_test_settings(rs, len(dataset))
+    audit_config = _audit_config(rs)
+    reasons += _noncompliance_reasons(gen, es, audit_config, backend, options)
+    run_dir, record = open_run(rs, es, gen, options, model, dataset, reasons, command, audit_config)
     try:
         return _execute(rs, es, gen, backend, options, model, dataset, ts, audit_config, run_dir, record)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
-        if record.get("status") == "running":
-            record["status"] = "failed"
-            record["error"] = record.get("error") or f"{type(e).__name__}: {e}"
-            record["finished"] = now_iso()
-            write_record(run_dir, record)
+        record_failure(run_dir, record, e)
         raise
 
 
 def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backend: type[SystemUnderTest],
              options: Any, model, dataset: Dataset, ts, audit_config: Optional[str], run_dir: Path,
-             record: dict) -> dict:
-    """Start the SUT, run LoadGen, check and record (the body of ``run_benchmark``; ``record`` last)."""
+             record: dict, make_sut=None, first_request_id: int = 0) -> dict:
+    """Start the SUT, run LoadGen, check and record (the body of ``run_benchmark``; ``record`` last).
+    ``make_sut(ctx)`` builds the SUT (default: ``backend(ctx)``); ``first_request_id``: its ledger's first id."""
     ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress,
-                     scenario=rs.scenario,
+                     scenario=rs.scenario, first_request_id=first_request_id,
                      engine_log_dir=None if rs.engine_console else str(run_dir), run_dir=str(run_dir))
-    sut = backend(ctx)
+    sut = (make_sut or backend)(ctx)
     error, wall = _run_sut(sut, rs, dataset, ts, audit_config, run_dir, record)
     error = _collect_results(sut, rs, run_dir, record, error, wall)
     return _finish(rs, es, model, dataset, run_dir, record, error)

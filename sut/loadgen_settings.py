@@ -4,7 +4,8 @@
 not compliant (a user.conf that weakens mlperf.conf, a cut dataset, command-line overrides);
 ``mlperf_conf_settings`` reads what mlperf.conf alone gives, in a child process (``FromConfig`` may run
 once per process: a second call would make LoadGen log "Multiple conf files are used", which the
-submission checker rejects).
+submission checker rejects). ``copy_test_settings`` makes the settings of a later test in the same process
+(``sut.series``) from the first test's, without a second ``FromConfig``.
 """
 
 from __future__ import annotations
@@ -111,6 +112,10 @@ def _dev_overrides(ts, rs, loadgen_scenario: str) -> list[str]:
     """Apply the run's dev overrides (``--max-samples``, ``--min-duration-s``, ...) to ``ts``; returns
     the reasons they make the run not compliant."""
     reasons = []
+    cap = rs.performance_sample_cap  # --quick: a few samples, so that Offline's one query is short too
+    if cap is not None and ts.performance_sample_count_override > cap:
+        ts.performance_sample_count_override = cap
+        reasons.append(f"performance sample count cut to {cap} (--quick)")
     if rs.max_samples is not None:
         reasons.append(f"dataset cut to its first {rs.max_samples} records (--max-samples)")
     if rs.min_duration_s is not None:
@@ -126,3 +131,30 @@ def _dev_overrides(ts, rs, loadgen_scenario: str) -> list[str]:
             ts.offline_expected_qps = float(rs.target_qps)
         reasons.append("target_qps set on the command line (put it in user.conf for a compliant run)")
     return reasons
+
+
+def settings_fields(ts) -> list[str]:
+    """Names of the settings the LoadGen binding exposes on ``ts`` (every public attribute that is not a
+    method: 42 in LoadGen 6.0.17, from ``scenario`` and ``mode`` to ``tpot_latency``)."""
+    return [a for a in dir(ts) if not a.startswith("_") and not callable(getattr(ts, a))]
+
+
+def copy_test_settings(ts, **changes):
+    """A fresh ``TestSettings`` with every exposed setting of ``ts`` (``settings_fields``), then ``changes``
+    (``server_target_qps=12.5``): a later test's settings in a process that already ran ``FromConfig``
+    (a second call would log "Multiple conf files are used" and skip the embedded mlperf.conf).
+
+    Raises ``AttributeError`` naming a key of ``changes`` that is not a setting.
+    """
+    import mlperf_loadgen as lg
+
+    names = settings_fields(ts)
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise AttributeError(f"not LoadGen TestSettings fields: {', '.join(unknown)}")
+    new = lg.TestSettings()
+    for name in names:
+        setattr(new, name, getattr(ts, name))
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new

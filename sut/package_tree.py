@@ -4,14 +4,17 @@ A closed datacenter Llama 3.1 8B submission needs **Offline plus Server or Inter
 checker ``loader.py`` ``check_scenarios``: "missing ['(one of) Interactive or Server']"), the code
 under ``<division>/<submitter>/src/`` and ``<division>/<submitter>/systems/<system>.json`` (v6.0+).
 :func:`package_tree` groups the given run folders by the scenario their ``run.json`` records, lays
-each scenario out with :func:`sut.compliance.package` (which checks that the runs of one scenario
-describe the same engine, generation, model and dataset), checks that all scenarios ran on the same
-system (device kind, name and count, model config hash, dataset hash, generation settings), and writes::
+each scenario out with :func:`sut.package_scenario.lay_out_scenario` (which checks that the runs of
+one scenario describe the same engine, generation, model and dataset), checks that all scenarios ran
+on the same system (device kind, name and count, model config hash, dataset hash, generation
+settings), and writes::
 
     <out>/<division>/<submitter>/
-        results/<system>/llama3.1-8b/{Offline,Server,Interactive}/...   (sut.compliance.package)
+        results/<system>/llama3.1-8b/{Offline,Server,Interactive}/...   (sut.package_scenario)
         src/README.md                    harness commit, how to get the code, the exact commands
         systems/<system>.json            template filled from run.json; FILL-IN fields are the user's
+        NOT-COMPLIANT.txt                only a rehearsal (--allow-noncompliant): every reason, of
+                                         every scenario and of the tree, in this one file
 
 Checker version: LoadGen 6.0.17 embeds the **v6.1** mlperf.conf RNG seeds, so a tree made with it
 passes the v6.1 submission checker (``--version v6.1``) and fails v6.0's seed check
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from sut.compliance import BENCHMARK_NAMES, DIVISIONS, PackageSettings, package
+from sut.package_scenario import BENCHMARK_NAMES, DIVISIONS, PackageSettings, lay_out_scenario, write_not_compliant
 from sut.records import ComplianceError, check_record, engines_used, read_json
 from sut.submission_files import portable_command
 
@@ -102,25 +105,18 @@ def _system_facts(rec: dict) -> dict:
             "benchmark": BENCHMARK_NAMES.get(rec.get("model_key"))}
 
 
-def package_tree(ts: TreeSettings) -> Path:
-    """Lay the runs out as one tree and return ``<out>/<division>/<submitter>``.
-
-    Raises:
-        ComplianceError: a run is unusable (see ``sut.compliance.package``), two runs claim one
-            role in one scenario, a scenario lacks its performance or accuracy run, scenarios
-            ran on different systems, or (unless ``allow_noncompliant``) a closed datacenter tree
-            lacks Offline or both Server and Interactive. Scenario folders written before a
-            failure are removed again.
-    """
-    perf = _by_scenario(ts.performance_runs, "performance")
-    acc = _by_scenario(ts.accuracy_runs, "accuracy")
-    t06 = _by_scenario(ts.test06_runs, "TEST06")
+def _check_roles(perf: dict, acc: dict, t06: dict) -> None:
+    """Every scenario has its performance and its accuracy run (``{scenario: (folder, record)}`` each)."""
     for scen in sorted(set(acc) | set(t06)):
         if scen not in perf:
             raise ComplianceError(f"{scen}: an accuracy or TEST06 run but no performance run")
     for scen in perf:
         if scen not in acc:
             raise ComplianceError(f"{scen}: a performance run but no accuracy run")
+
+
+def _check_one_system(perf: dict) -> dict:
+    """The system facts of the first performance run; ``ComplianceError`` if another scenario's differ."""
     first_scen = next(iter(perf))
     ref = _system_facts(perf[first_scen][1])
     for scen, (folder, rec) in perf.items():
@@ -129,38 +125,74 @@ def package_tree(ts: TreeSettings) -> Path:
         if diff:
             raise ComplianceError(f"{scen} run {folder} ran on another system than the {first_scen} run: differs in "
                                   + ", ".join(diff))
+    return ref
+
+
+def _tree_problems(ts: TreeSettings, scenarios: set, benchmark: Optional[str]) -> list[str]:
+    """Why the tree is not a complete closed datacenter submission (empty: it is, or it need not be)."""
     problems = []
-    edge = ref["benchmark"] and ref["benchmark"].endswith("-edge")
-    if ts.division == "closed" and not edge:
-        if "Offline" not in perf:
-            problems.append("a closed datacenter submission needs an Offline result")
-        if not {"Server", "Interactive"} & set(perf):
-            problems.append("a closed datacenter submission needs a Server or an Interactive result (the checker "
-                            "says: missing ['(one of) Interactive or Server'])")
-    if problems and not ts.allow_noncompliant:
-        raise ComplianceError("incomplete submission (pass --allow-noncompliant only to rehearse the layout):\n  "
-                              + "\n  ".join(problems))
-    root = Path(ts.out) / ts.division / ts.submitter
+    if ts.division != "closed" or (benchmark and benchmark.endswith("-edge")):
+        return problems
+    if "Offline" not in scenarios:
+        problems.append("a closed datacenter submission needs an Offline result")
+    if not {"Server", "Interactive"} & scenarios:
+        problems.append("a closed datacenter submission needs a Server or an Interactive result (the checker "
+                        "says: missing ['(one of) Interactive or Server'])")
+    return problems
+
+
+def _lay_out_scenarios(ts: TreeSettings, perf: dict, acc: dict, t06: dict) -> list[str]:
+    """Every scenario's folder; the problems of their runs, each prefixed with its scenario. Scenario folders
+    written before a failure are removed again."""
     written: list[Path] = []
+    problems: list[str] = []
     try:
         for scen, (pfolder, _) in perf.items():
-            written.append(package(PackageSettings(
+            done = lay_out_scenario(PackageSettings(
                 out=ts.out, system=ts.system, submitter=ts.submitter, performance_run=pfolder,
                 accuracy_run=acc[scen][0], test06_run=t06[scen][0] if scen in t06 else None,
-                division=ts.division, allow_noncompliant=ts.allow_noncompliant)))
+                division=ts.division, allow_noncompliant=ts.allow_noncompliant))
+            written.append(done.root)
+            problems += [f"{scen}: {p}" for p in done.problems]
     except BaseException:
         for d in written:
             shutil.rmtree(d, ignore_errors=True)
         raise
-    runs = [(scen, role, rec) for scen in perf for role, group in (("performance", perf), ("accuracy", acc),
-                                                                     ("TEST06", t06)) if scen in group
-            for rec in [group[scen][1]]]
+    return problems
+
+
+def package_tree(ts: TreeSettings) -> Path:
+    """Lay the runs out as one tree and return ``<out>/<division>/<submitter>``. A rehearsal
+    (``allow_noncompliant``) gets one ``NOT-COMPLIANT.txt`` there, listing the tree's problems and every
+    scenario's (``<scenario>: <role> run: <reason>``); scenario folders get none.
+
+    Raises:
+        ComplianceError: a run is unusable (see ``sut.package_scenario.check_scenario``), two runs claim
+            one role in one scenario, a scenario lacks its performance or accuracy run, scenarios
+            ran on different systems, or (unless ``allow_noncompliant``) a closed datacenter tree
+            lacks Offline or both Server and Interactive. Scenario folders written before a
+            failure are removed again.
+    """
+    perf = _by_scenario(ts.performance_runs, "performance")
+    acc = _by_scenario(ts.accuracy_runs, "accuracy")
+    t06 = _by_scenario(ts.test06_runs, "TEST06")
+    _check_roles(perf, acc, t06)
+    ref = _check_one_system(perf)
+    problems = _tree_problems(ts, set(perf), ref["benchmark"])
+    if problems and not ts.allow_noncompliant:
+        raise ComplianceError("incomplete submission (pass --allow-noncompliant only to rehearse the layout):\n  "
+                              + "\n  ".join(problems))
+    root = Path(ts.out) / ts.division / ts.submitter
+    problems += _lay_out_scenarios(ts, perf, acc, t06)
+    runs = [(scen, role, group[scen][1]) for scen in perf
+            for role, group in (("performance", perf), ("accuracy", acc), ("TEST06", t06)) if scen in group]
     write_src(root / "src", runs, Path(ts.repo))
     systems = root / "systems"
     systems.mkdir(parents=True, exist_ok=True)
-    (systems / f"{ts.system}.json").write_text(json.dumps(system_json(ts, perf[first_scen][1]), indent=2) + "\n")
+    (systems / f"{ts.system}.json").write_text(json.dumps(system_json(ts, next(iter(perf.values()))[1]), indent=2)
+                                               + "\n")
     if problems:
-        (root / "NOT-COMPLIANT.txt").write_text("This tree is a rehearsal:\n" + "".join(f"- {p}\n" for p in problems))
+        write_not_compliant(root, problems)
     log.info("submission tree written: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
     return root
 

@@ -13,6 +13,17 @@ from sut.scenarios import resolve_scenario
 
 MODES = ("performance", "accuracy")
 
+#: ``--quick`` (``RunSettings.quick``): LoadGen's min duration (s) and min query count unless set, and the
+#: most performance samples a quick performance run loads (``performance_sample_cap``). LoadGen 6.0.17's
+#: Offline query holds max(min_query_count, 1.1 x min duration x target_qps) samples rounded UP to a
+#: multiple of the performance sample count (mlperf.conf's equal issue, ``sample_concatenate_permutation``;
+#: Server's query count likewise), so without a cap a quick run issued the whole dataset at least (64 samples
+#: of the demo set, 13,368 of cnn_eval.json); with 8, about 10 s of work at user.conf's target_qps
+#: (measured: 40 samples at target_qps 3, 376 at 34).
+QUICK_MIN_DURATION_S = 10.0
+QUICK_MIN_QUERY_COUNT = 1
+QUICK_PERFORMANCE_SAMPLES = 8
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -29,6 +40,9 @@ class RunSettings:
             Interactive ``llama3_1-8b-interactive``); a key that does not go with the scenario is refused.
         user_conf: user.conf path, read once through ``FromConfig``.
         max_samples: use only the first N records (not compliant).
+        quick: a short dev run (not compliant): ``min_duration_s`` / ``min_query_count`` default to
+            ``QUICK_MIN_DURATION_S`` / ``QUICK_MIN_QUERY_COUNT``, and a performance run loads at most
+            ``QUICK_PERFORMANCE_SAMPLES`` performance samples (``performance_sample_cap``).
         min_duration_s / min_query_count / target_qps: overrides after user.conf (not compliant,
             except ``target_qps`` which is marked so because it belongs in user.conf).
         tokenizer: tokenizer for the accuracy gate (default: the model folder).
@@ -53,6 +67,7 @@ class RunSettings:
     model_key: Optional[str] = None
     user_conf: str = "user.conf"
     max_samples: Optional[int] = None
+    quick: bool = False
     min_duration_s: Optional[float] = None
     min_query_count: Optional[int] = None
     target_qps: Optional[float] = None
@@ -73,6 +88,10 @@ class RunSettings:
             raise ValueError(f"model_key must be one of {MODEL_KEYS} (spelt exactly so), got {self.model_key!r}")
         # ScenarioError (a ValueError) names the right spelling or pairing; the key is then the scenario's
         object.__setattr__(self, "model_key", resolve_scenario(self.scenario, self.model_key).model_key)
+        if self.quick:  # values given (flags, a preset) win
+            for name, value in (("min_duration_s", QUICK_MIN_DURATION_S), ("min_query_count", QUICK_MIN_QUERY_COUNT)):
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, value)
         if self.compliance_test is not None:
             if self.compliance_test not in COMPLIANCE_TESTS:
                 raise ValueError(f"compliance_test must be one of {COMPLIANCE_TESTS}, got {self.compliance_test!r}")
@@ -95,3 +114,10 @@ class RunSettings:
                 raise ValueError(f"{name} must be a number in (0, 1e7], got {v}")
         if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
             raise ValueError(f"stall_timeout_s must be a positive number, got {self.stall_timeout_s}")
+
+    @property
+    def performance_sample_cap(self) -> Optional[int]:
+        """The most performance samples LoadGen may load (``performance_sample_count_override``): for a
+        quick performance run ``QUICK_PERFORMANCE_SAMPLES``, else None (mlperf.conf's count, at most the
+        dataset). An accuracy run issues every sample whatever the count."""
+        return QUICK_PERFORMANCE_SAMPLES if self.quick and self.mode == "performance" else None

@@ -67,8 +67,8 @@ class StreamingLedger(SampleLedger):
     """
 
     def __init__(self, eos_ids: Iterable[int], progress: bool = True, complete_fn: Callable = complete_samples,
-                 fail_chunk: int = FAIL_CHUNK, first_fn: Callable = first_token_complete):
-        super().__init__(eos_ids, progress=progress, complete_fn=complete_fn, fail_chunk=fail_chunk)
+                 fail_chunk: int = FAIL_CHUNK, first_fn: Callable = first_token_complete, first_id: int = 0):
+        super().__init__(eos_ids, progress=progress, complete_fn=complete_fn, fail_chunk=fail_chunk, first_id=first_id)
         self._first_fn = first_fn
         self._first: dict[int, int] = {}  # request id -> first id reported
         self._t_issue: dict[int, float] = {}

@@ -176,6 +176,68 @@ def _setting_type(setting: str, scenario: str) -> type:
     return SCENARIO_SETTINGS.get(setting) or FIXED_SCENARIO_SETTINGS[scenario][setting]
 
 
+def _read_conf(path: Path) -> bytes:
+    """The bytes of a user.conf; ``InputError`` if unreadable, with a byte-order mark or with NUL bytes."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"user.conf {path} cannot be read: {e.strerror or e}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise InputError(f"{path}: starts with a UTF-8 byte-order mark, which LoadGen reads as part of the first "
+                         "key; save the file without BOM")
+    if b"\x00" in raw:
+        raise InputError(f"{path}: holds NUL bytes (UTF-16?); LoadGen reads a user.conf as plain ASCII text")
+    return raw
+
+
+def _check_value(path: Path, line: ConfLine, setting: str, scenario: str) -> None:
+    """An integer setting needs plain digits (C strtoull), a float setting a finite number."""
+    kind = _setting_type(setting, scenario)
+    if kind is int and not _INT.fullmatch(line.value):
+        raise InputError(f"{path}, line {line.number} ({line.text!r}): {setting} is a whole number; LoadGen "
+                         f"reads {line.value!r} with C strtoull (a fraction or exponent is cut, a sign wraps, a "
+                         "leading 0 is octal); write digits only")
+    if kind is float and line.value.lstrip("+-").lower() in ("inf", "infinity", "nan"):
+        raise InputError(f"{path}, line {line.number} ({line.text!r}): {setting} must be a finite number")
+
+
+def _sort_lines(path: Path, lines: list[ConfLine], model_key: str,
+                scenario: str) -> tuple[list[tuple[str, ConfLine]], list[ConfLine]]:
+    """``(applying, others)``: ``(setting, line)`` of every line LoadGen reads for this run, and the
+    well-formed lines of another run; ``InputError`` for any other line or a bad value."""
+    applying: list[tuple[str, ConfLine]] = []
+    others = []
+    for line in lines:
+        problem = _line_problem(line, model_key, scenario)
+        if problem == OTHER_RUN:
+            others.append(line)
+            continue
+        if problem:
+            raise InputError(f"{path}, line {line.number} ({line.text!r}): {problem}")
+        setting = line.key.rsplit(".", 2)[2]
+        _check_value(path, line, setting, scenario)
+        applying.append((setting, line))
+    return applying, others
+
+
+def _chosen(path: Path, applying: list[tuple[str, ConfLine]]) -> dict[str, ConfLine]:
+    """``{setting: line LoadGen uses}`` (the most specific key, then the last line; ``_PRIORITY``);
+    ``InputError`` for a line another one overrides."""
+    chosen: dict[str, tuple[int, ConfLine]] = {}  # setting -> (priority rank, line LoadGen uses)
+    for setting, line in applying:
+        model, scen, _ = line.key.rsplit(".", 2)
+        rank = _PRIORITY.index(f"{'{m}' if model != '*' else '*'}.{'{s}' if scen != '*' else '*'}")
+        if setting not in chosen or rank <= chosen[setting][0]:
+            chosen[setting] = (rank, line)
+    for setting, line in applying:
+        used = chosen[setting][1]
+        if used is not line:
+            raise InputError(f"{path}, line {line.number} ({line.text!r}): ignored by LoadGen, which takes {setting} "
+                             f"from line {used.number} ({used.text!r}: the more specific key, or the later line of "
+                             "the same key); remove one of them")
+    return {s: ln for s, (_, ln) in chosen.items()}
+
+
 def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str) -> dict[str, str]:
     """Refuse a user.conf with any line that LoadGen would ignore or misread for this run.
 
@@ -194,47 +256,11 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str) -> d
             by another line of the file.
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(f"user.conf {path} cannot be read: {e.strerror or e}") from None
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raise InputError(f"{path}: starts with a UTF-8 byte-order mark, which LoadGen reads as part of the first "
-                         "key; save the file without BOM")
-    if b"\x00" in raw:
-        raise InputError(f"{path}: holds NUL bytes (UTF-16?); LoadGen reads a user.conf as plain ASCII text")
-    chosen: dict[str, tuple[int, ConfLine]] = {}  # setting -> (priority rank, line LoadGen uses)
-    applying: list[tuple[str, ConfLine]] = []
-    lines = parse_lines(path, raw)
-    others = []
-    for line in lines:
-        problem = _line_problem(line, model_key, scenario)
-        if problem == OTHER_RUN:
-            others.append(line)
-            continue
-        if problem:
-            raise InputError(f"{path}, line {line.number} ({line.text!r}): {problem}")
-        model, scen, setting = line.key.rsplit(".", 2)
-        kind = _setting_type(setting, scenario)
-        if kind is int and not _INT.fullmatch(line.value):
-            raise InputError(f"{path}, line {line.number} ({line.text!r}): {setting} is a whole number; LoadGen "
-                             f"reads {line.value!r} with C strtoull (a fraction or exponent is cut, a sign wraps, a "
-                             "leading 0 is octal); write digits only")
-        if kind is float and line.value.lstrip("+-").lower() in ("inf", "infinity", "nan"):
-            raise InputError(f"{path}, line {line.number} ({line.text!r}): {setting} must be a finite number")
-        rank = _PRIORITY.index(f"{'{m}' if model != '*' else '*'}.{'{s}' if scen != '*' else '*'}")
-        applying.append((setting, line))
-        if setting not in chosen or rank <= chosen[setting][0]:
-            chosen[setting] = (rank, line)
-    for setting, line in applying:
-        used = chosen[setting][1]
-        if used is not line:
-            raise InputError(f"{path}, line {line.number} ({line.text!r}): ignored by LoadGen, which takes {setting} "
-                             f"from line {used.number} ({used.text!r}: the more specific key, or the later line of "
-                             "the same key); remove one of them")
-    values = {s: ln.value for s, (_, ln) in chosen.items()}
+    applying, others = _sort_lines(path, parse_lines(path, _read_conf(path)), model_key, scenario)
+    chosen = _chosen(path, applying)
+    values = {s: ln.value for s, ln in chosen.items()}
     if "token_latency_scaling_factor" in values and _int_value(values.get("infer_token_latencies", "0")) != 1:
-        line = chosen["token_latency_scaling_factor"][1]
+        line = chosen["token_latency_scaling_factor"]
         raise InputError(f"{path}, line {line.number} ({line.text!r}): LoadGen reads token_latency_scaling_factor "
                          "only when infer_token_latencies = 1")
     if others and not applying:

@@ -10,8 +10,8 @@ import pytest
 
 from accuracy.loadgen_log import encode_ids, make_log_entry
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
-from sut.compliance import (ComplianceError, PackageSettings, Test06Result, package, verify_test06,
-                            write_test06)
+from sut.compliance import ComplianceError, Test06Result, verify_test06, write_test06
+from sut.package_scenario import PackageSettings, package
 
 EOS = (128001, 128008, 128009)
 

@@ -98,5 +98,6 @@ def test_demo_then_its_package_command_end_to_end(tmp_path):
     out = Path(cmd[cmd.index("--out") + 1])
     (root,) = out.glob("closed/demo/results/1xCPU_tiny_demo/*/Offline")
     for name in ("performance/run_1/mlperf_log_summary.txt", "accuracy/accuracy.txt", "TEST06/verify_accuracy.txt",
-                 "NOT-COMPLIANT.txt", "measurements.json", "user.conf"):
+                 "measurements.json", "user.conf"):
         assert (root / name).is_file(), name
+    assert list(out.rglob("NOT-COMPLIANT.txt")) == [out / "closed" / "demo" / "NOT-COMPLIANT.txt"]  # one, at the root

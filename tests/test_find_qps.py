@@ -119,7 +119,8 @@ def test_budget_starts_no_try_that_would_end_after_it():
 def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch, capsys):
     run = fake()
     monkeypatch.setattr(find_qps, "sut_try", lambda scenario, q, *a: run(q))
-    args = ["--scenario", "Server", "--min-duration-s", "30", "--output-dir", str(tmp_path), "--rel-tol", "0.05"]
+    args = ["--scenario", "Server", "--min-duration-s", "30", "--output-dir", str(tmp_path), "--rel-tol", "0.05",
+            "--fresh-process"]
     assert find_qps.main([*args, "--start", "4", "--max-runs", "3", "--", "--config", "x.toml"]) == 0
     path = tmp_path / "tries-Server.jsonl"
     out = capsys.readouterr().out

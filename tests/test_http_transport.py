@@ -215,11 +215,47 @@ def test_abbreviated_or_short_flags_of_the_harness_are_refused(args, flag):
         HttpSUT.preflight(HttpSUT.check_options({"server_args": args}), es)
 
 
-@pytest.mark.parametrize("args", ["--max-num-partial-prefills 2", "-tp 1", "-O3", "--served-model-name m",
-                                  "--config-format auto", "--compilation-config.mode 0", "--", "-1"])
+@pytest.mark.parametrize("args", ["--max-num-partial-prefills 2", "-O3", "-O 3", "--optimization-level 3",
+                                  "--served-model-name m", "--config-format auto", "--compilation-config.mode 0",
+                                  "-cc {}", "--", "--max-logprobs -1", "-dpn 0", "--data-parallel-rank 0"])
 def test_other_vllm_flags_pass_the_server_args_check(args):
     es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu")
     servers.check_server_args(HttpOptions(server_args=args).server_args, es)
+
+
+#: server_args words that set a placement flag (http_options.PLACEMENT_FLAGS) -> that flag.
+PLACEMENT = [("-tp 2", "--tensor-parallel-size"), ("--tensor-parallel-size=2", "--tensor-parallel-size"),
+             ("--tensor-parallel 2", "--tensor-parallel-size"), ("-pp 2", "--pipeline-parallel-size"),
+             ("--pipeline_parallel_size 2", "--pipeline-parallel-size"), ("-dp 2", "--data-parallel-size"),
+             ("--data-parallel-size 2", "--data-parallel-size"), ("-dpl 1", "--data-parallel-size-local"),
+             ("-dcp 2", "--decode-context-parallel-size"), ("-pcp 2", "--prefill-context-parallel-size")]
+
+
+@pytest.mark.parametrize("args, flag", PLACEMENT)
+def test_placement_flags_are_refused_naming_the_harnesss_placement(args, flag):
+    with pytest.raises(InputError, match=f"server_args: {flag} .*is set by the harness's placement: one server per"):
+        HttpSUT.check_options({"server_args": f"--max-num-partial-prefills 2 {args}"})
+    with pytest.raises(InputError, match=f"server_command: {flag} .*placement"):
+        HttpSUT.check_options({"server_command": f"vllm serve {args}"})
+
+
+@pytest.mark.parametrize("value, word", [(["some/model", "--max-num-partial-prefills", "2"], "some/model"),
+                                         ("--max-num-partial-prefills 2 some/model", "some/model"),
+                                         ("--max-num-partial-prefills=2 m", "m"), ("-O3 m", "m"), ("-- m", "m"),
+                                         ("-1", "-1")])
+def test_a_positional_word_in_server_args_is_refused_as_a_model(value, word):
+    with pytest.raises(InputError, match=f"server_args: '{word}' is a positional argument, which vLLM reads as the "
+                                         "model"):
+        HttpSUT.check_options({"server_args": value})
+
+
+@pytest.mark.parametrize("command", ["vllm serve some/model", "vllm serve --max-num-partial-prefills 2 some/model",
+                                     "python -m vllm.entrypoints.openai.api_server some/model"])
+def test_a_model_in_the_server_command_is_refused(command):
+    with pytest.raises(InputError, match="server_command: 'some/model' is a positional argument"):
+        HttpSUT.check_options({"server_command": command})
+    HttpSUT.check_options({"server_command": "vllm serve"})  # a program of its own keeps its own words:
+    HttpSUT.check_options({"server_command": f"{sys.executable} {FAKE} --delay 0"})
 
 
 @pytest.mark.parametrize("command, flag", [("vllm serve --quantization fp8", "--quantization"),
@@ -248,10 +284,13 @@ def test_the_check_refuses_exactly_what_vllms_own_parser_reads_as_a_harness_sett
 
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from sut.core.transports.http_options import PLACEMENT_FLAGS, positional_word
     parser = make_arg_parser(FlexibleArgumentParser())
     es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu")
     owned = ({f.name for f in fields(EngineSettings)} | set(es.vllm_kwargs())
-             | {"host", "port", "model", "config", "enable_prompt_tokens_details", "disable_uvicorn_access_log"})
+             | {"host", "port", "model", "config", "enable_prompt_tokens_details", "disable_uvicorn_access_log"}
+             | {f[2:].replace("-", "_") for f in PLACEMENT_FLAGS})
     options = {o: a.dest for a in parser._actions for o in a.option_strings if a.dest != "help"}
 
     def refused(words):
@@ -273,6 +312,10 @@ def test_the_check_refuses_exactly_what_vllms_own_parser_reads_as_a_harness_sett
         assert refused([abbrev, *value]), abbrev
         as_abbrev, as_flag = parser.parse_known_args([abbrev, *value]), parser.parse_known_args([opt, *value])
         assert vars(as_abbrev[0]) == vars(as_flag[0]) and as_abbrev[1] == [], abbrev
+    for words in (["m"], ["--max-logprobs", "2", "m"], ["--max-logprobs=2", "m"], ["-O3", "m"], ["-O", "3"], ["-O3"],
+                  ["--", "m"], ["-1"], ["--max-logprobs", "-1"], ["-cc", "{}", "m"]):
+        as_model = parser.parse_args(words).model_tag is not None  # vLLM's own reading (-O3: its preprocessing)
+        assert (positional_word(words) is not None) == as_model, words
 
 def test_server_args_are_refused_with_urls_and_must_be_strings():
     with pytest.raises(InputError, match="server_args: only for servers started here"):
@@ -642,6 +685,18 @@ def test_cli_ctrl_c_ends_the_servers_it_started(tmp_path, synthetic_small):
 def test_cli_server_args_of_the_harness_exit_2_before_a_run_folder(tmp_path, synthetic_small, args, flag):
     out = _run(tmp_path, synthetic_small, "--device", "cpu", "--option", f"server_args={args}")
     assert out.returncode == 2 and f"server_args: {flag} is set by" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option, message", [
+    ('server_args=["some/model", "--max-num-partial-prefills", "2"]', "server_args: 'some/model' is a positional"),
+    ("server_command=vllm serve some/model", "server_command: 'some/model' is a positional"),
+    ("server_args=-tp 2", "server_args: --tensor-parallel-size ('-tp' is --tensor-parallel-size to vLLM's parser) is "
+                          "set by the harness's placement")])
+def test_cli_a_model_or_placement_in_server_args_exits_2_before_a_run_folder(tmp_path, synthetic_small, option,
+                                                                             message):
+    out = _run(tmp_path, synthetic_small, "--device", "cpu", "--option", option)
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and not list(tmp_path.iterdir())
 
 

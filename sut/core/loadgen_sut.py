@@ -15,6 +15,11 @@ knobs every backend shares are read from it when present: ``dispatch_chunk`` (re
 default 512), ``first_token_weight`` (``least_pending``'s weight, default 8),
 ``allow_prefix_caching`` (experiments only: the run is then not compliant) and
 ``allow_unconfirmed_prefix_caching`` (a transport that cannot read the setting back).
+
+Several LoadGen tests over one started transport (``sut.series``): the first SUT is made with
+``keep_transport=True`` (it starts the transport, and its ``stop`` leaves it running), the later ones with
+``transport=`` that started transport (they attach to it); ``record()``'s per-engine ``samples`` then
+count this SUT's test only.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class TransportSUT(SystemUnderTest):
         """Routing policy by scenario: token-balanced for Offline, least pending work when first tokens count."""
         return "least_pending" if scenario in STREAMING_SCENARIOS else "least_loaded"
 
-    def __init__(self, ctx: SUTContext, transport: Optional[Transport] = None):
+    def __init__(self, ctx: SUTContext, transport: Optional[Transport] = None, keep_transport: bool = False):
         super().__init__(ctx)
         self.opts = o = self.check_options(ctx.options)
         self.streaming = ctx.scenario in STREAMING_SCENARIOS
@@ -61,6 +66,8 @@ class TransportSUT(SystemUnderTest):
         except guard.PrefixCachingError as e:
             raise RunFailed(str(e)) from None
         self._owns_transport = transport is None  # a benchmark passes one started transport to several SUTs
+        self._stops_transport = self._owns_transport and not keep_transport  # keep: later SUTs attach to it
+        self._samples_before: list[int] = []  # a shared transport's per-engine counts when this SUT attached
         self.transport = transport or make_transport(self.transport_name, TransportSpec(
             engine=ctx.engine, generation=ctx.generation, options=o, log_dir=ctx.engine_log_dir, stream=self.streaming,
             allow_prefix_caching=self.allow_prefix_caching, dataset_path=ctx.dataset.path, run_dir=ctx.run_dir))
@@ -81,6 +88,7 @@ class TransportSUT(SystemUnderTest):
             replicas = self.dispatcher.start()
         else:
             replicas = self.dispatcher.replicas = self.transport.attach(self.dispatcher)
+            self._samples_before = [e.get("samples", 0) for e in self.transport.stats().get("engines", [])]
         try:
             self.unconfirmed = guard.check_replicas(replicas, self.allow_prefix_caching,
                                                     bool(getattr(self.opts, "allow_unconfirmed_prefix_caching", False)))
@@ -95,7 +103,7 @@ class TransportSUT(SystemUnderTest):
         self._stopped = True
         self._inbox.put(None)
         try:
-            if self._owns_transport:
+            if self._stops_transport:
                 self.transport.stop()
         finally:
             self.ledger.close()
@@ -129,6 +137,9 @@ class TransportSUT(SystemUnderTest):
     def record(self) -> dict:
         out = {"routing": self.dispatcher.stats(), "transport": self.transport.name}
         out.update(self.transport.stats())
+        if self._samples_before and len(out.get("engines", [])) == len(self._samples_before):  # this test's only
+            out["engines"] = [dict(e, samples=e.get("samples", 0) - n)
+                              for e, n in zip(out["engines"], self._samples_before)]
         if self.unconfirmed:
             out["prefix_caching_unconfirmed_replicas"] = self.unconfirmed
         return out

@@ -26,7 +26,7 @@ import shutil
 import typing
 from pathlib import Path
 
-from sut.cli_flags import add_engine_flags, engine_settings_from_args
+from sut.cli_flags import add_engine_flags, engine_defaults, engine_settings_from_args
 from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings, model_revision
 from sut.engine import EngineError, EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
 from sut.base import InputError, RunFailed
@@ -43,6 +43,8 @@ log = logging.getLogger("sut.locality")
 
 _VERBOSE_HELP = ("debug logging, and vLLM's own output (its logs, warnings and the harmless 'Chat template warmup "
                  "failed' traceback) on the console instead of RUN/<case>/engine-N.log")
+#: ``-v`` of the commands that start no engine (``describe``, ``report``).
+_VERBOSE_NO_ENGINE_HELP = "debug logging (this command starts no engine)"
 
 
 def _defaults(cls) -> dict:
@@ -138,19 +140,21 @@ def _add_run_flags(s) -> None:
     g.add_argument("--run-name", help="run folder name prefix (default: time + systems)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     e = s.add_argument_group("engine (sut/engine EngineSettings; prefix caching is always ON here)")
-    add_engine_flags(e, skip=("seed",), help=_ENGINE_HELP)
+    add_engine_flags(e, defaults=engine_defaults(), skip=("seed",), help=_ENGINE_HELP)
     e.add_argument("--engine-seed", type=int, help="vLLM seed (--seed is the trace's; default 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sut.locality", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging; with run also vLLM's own output "
+                   "on the console instead of RUN/<case>/engine-N.log")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("run", "describe"):
         s = sub.add_parser(name, help="the pair protocol: systems x policies x pairs" if name == "run" else
                            "print the trace's shape as a table (no engines)")
-        s.add_argument("-v", "--verbose", dest="sub_verbose", action="store_true", help=_VERBOSE_HELP)
+        s.add_argument("-v", "--verbose", dest="sub_verbose", action="store_true",
+                       help=_VERBOSE_HELP if name == "run" else _VERBOSE_NO_ENGINE_HELP)
         t = s.add_argument_group("trace (sut/locality/trace.py TraceSettings)")
         _add(t, _TRACE, _TD)
         t.add_argument("--trace-preset", choices=sorted(TRACE_PRESETS), help=_PRESET_HELP)
@@ -159,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             _add_run_flags(s)
     r = sub.add_parser("report", help="one report from the finished cases of several runs (sut/locality/merge.py)")
-    r.add_argument("-v", "--verbose", dest="sub_verbose", action="store_true", help=_VERBOSE_HELP)
+    r.add_argument("-v", "--verbose", dest="sub_verbose", action="store_true", help=_VERBOSE_NO_ENGINE_HELP)
     r.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with cases.jsonl), merged in this order: "
                    "their pairs are renumbered run by run; only runs of the same trace and settings")
     r.add_argument("--output-dir", default="results/locality", help="base folder of the merged run folder "

