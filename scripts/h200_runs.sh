@@ -22,6 +22,7 @@
 #   bash scripts/h200_runs.sh start study     # issue 13: Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES,
 #                                             # STUDY_POLICIES: a subset of prefix_affinity round_robin)
 #   bash scripts/h200_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS)
+#   bash scripts/h200_runs.sh start confirm   # issue 14: full-length runs at the found values (CONFIRM="Server=Q Interactive=Q")
 #   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
@@ -235,6 +236,30 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         > "$JOB/scen_$sc.console" 2>&1
     done
     ;;
+  confirm)
+    # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Server=52 Interactive=21
+    # Offline=50:120"): SCENARIO=QPS[:S]. Each runs `python -m sut run --scenario SCENARIO` with a copy of
+    # loadgen_configs/h200_fp8.user.conf plus that scenario's target_qps line (no --target-qps override), on
+    # CONFIRM_DATA (default $REAL, the prompts the search used); ":S" adds --min-duration-s S (a dev run, e.g. a
+    # shorter Offline side by side). Runs in $JOB/confirm/ (run.json + summaries come back with batch-wait).
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    mkdir -p "$JOB/confirm"
+    for entry in ${CONFIRM:?set CONFIRM, e.g. CONFIRM=\"Server=52 Interactive=21\"}; do
+      sc=${entry%%=*}; rest=${entry#*=}; q=${rest%%:*}; dur=(); [ "$rest" != "$q" ] && dur=(--min-duration-s "${rest#*:}")
+      case $sc in
+        Offline) line="llama3_1-8b.Offline.target_qps = $q" ;;
+        Server) line="llama3_1-8b.Server.target_qps = $q" ;;
+        Interactive) line="llama3_1-8b-interactive.Server.target_qps = $q" ;;
+        *) echo "confirm: unknown scenario $sc in CONFIRM (Offline, Server, Interactive)"; exit 2 ;;
+      esac
+      conf="$JOB/confirm/$sc.user.conf"; cp loadgen_configs/h200_fp8.user.conf "$conf"; echo "$line" >> "$conf"
+      echo "confirm $sc: $line ${dur[*]} $(date +%T)"
+      python3 -m sut run --config loadgen_configs/h200_fp8.toml --scenario "$sc" --model "$MODEL" --load-format dummy \
+        --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" --benchmark-ignore-eos "${dur[@]}" \
+        --output-dir "$JOB/confirm" --run-name "confirm-$sc" --no-progress > "$JOB/confirm_$sc.console" 2>&1
+      echo "confirm $sc rc=$? $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/confirm_$sc.console" | head -8
+    done
+    ;;
   batch-wait)
     limit=${2:-540}; t=0
     while [ $t -lt "$limit" ] && [ ! -f "$JOB/DONE" ]; do sleep 10; t=$((t+10)); done
@@ -245,7 +270,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
        -o -name "locality*.json" -o -name "cases.jsonl" -o -name "run_header.json" -o -path "./scen/*.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" | tar -czf "$OUT/job.tgz" -T -)
     cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
     grep -E "^step .* rc=" "$JOB/batch.console"
-    tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console 2>/dev/null
+    tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console "$JOB"/confirm_*.console 2>/dev/null
     grep -E "^round|^config|^standalone|^flame|target" "$JOB"/flame*.console 2>/dev/null
     grep -E "median|worst|round_robin|cached share|FAILED|note:" "$JOB/study.console" 2>/dev/null
     for f in "$JOB"/scen/*.jsonl; do [ -f "$f" ] && cut -c1-200 "$f"; done
