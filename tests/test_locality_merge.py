@@ -279,3 +279,13 @@ def test_a_failure_while_writing_leaves_no_folder(tmp_path, monkeypatch):
     monkeypatch.setattr("sut.locality.runner.plot_pair_report", boom)
     rc, rec = report(tmp_path, make_run(tmp_path, "a", GOOD, header()))
     assert rc == 1 and rec is None and list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_merged_report_given_as_a_run_is_named_as_such(tmp_path, capsys):
+    a = make_run(tmp_path, "a", [case(0, "standalone", 10.0), case(0, "flame", 9.9)], header())
+    assert report(tmp_path, a, name="first")[0] == 0
+    merged = tmp_path / "out" / ("first" + RUN_SUFFIX)
+    capsys.readouterr()
+    rc, rec = report(tmp_path, a, merged, name="second")
+    err = capsys.readouterr().err
+    assert rc == 2 and rec is None and "is a merged report" in err and "sources" in err

@@ -97,12 +97,23 @@ def _read_header(path: Path, run: Path) -> dict:
     return header
 
 
+def _is_merged_report(run: Path) -> bool:
+    """True when ``run/locality.json`` is a record ``write_merged`` wrote (``"merged": true``)."""
+    try:
+        return json.loads((run / "locality.json").read_text()).get("merged") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def read_cases(run: Path) -> tuple[list[dict], list[str]]:
     """The finished cases of ``run/cases.jsonl`` and notes on what was skipped: a last line that is
     not JSON and has no newline (the run was stopped while appending it) is skipped with a note.
     ``BadInput`` naming run, line and field for any other bad line (``case_schema.problem``)."""
     path = run / "cases.jsonl"
     if not path.is_file():
+        if _is_merged_report(run):
+            raise BadInput(f"error: run {run} is a merged report (written by `report`): merge its source runs "
+                           "instead (listed in its locality.json under sources)")
         raise BadInput(f"error: run {run}: no cases.jsonl (not a locality run folder, or one older than cases.jsonl)")
     text = _read_text(path, run)
     lines = text.splitlines()
