@@ -25,7 +25,8 @@ from accuracy.constants import ACCURACY_JSON, ACCURACY_TXT, HISTOGRAM_PNG, LLAMA
 from accuracy.dataset import load_references
 from accuracy.loadgen_log import LogCheck, check_log, read_accuracy_log
 from accuracy.punkt_data import ensure_punkt
-from accuracy.reference import Reference, judge, load_reference_file, resolve_reference, write_reference_file  # noqa: F401
+from accuracy.reference import (Reference, gen_len_basis, gen_len_reason, judge, load_reference_file,  # noqa: F401
+                                resolve_reference, write_reference_file)
 from accuracy.report import format_accuracy_txt, length_stats, preview, write_histogram
 from accuracy.rouge import score_texts
 from accuracy.tokenizer import load_tokenizer, resolve_eos_ids
@@ -100,8 +101,7 @@ def _summary_lines(result: dict) -> list[str]:
             lines.append(f"  {k:<10}{v['value']:>10.4f}  >= {v['min']:.4f} (99% of {v['reference']})  {'ok' if v['ok'] else 'LOW'}")
         g = verdict["gen_len"]
         lines.append(
-            f"  {'gen_len':<10}{g['value']:>10d}  in [{g['min']:.1f}, {g['max']:.1f}] (characters over all samples; "
-            f"{'reference scaled to this sample count' if g['basis'] == 'per-sample' else 'reference'} {g['reference']})  "
+            f"  {'gen_len':<10}{g['value']:>10d}  in [{g['min']:.1f}, {g['max']:.1f}] ({gen_len_basis(g)})  "
             f"{'ok' if g['ok'] else 'OUT OF RANGE'}"
         )
         lines.append(f"  {'gen_num':<10}{result['scores']['gen_num']:>10d}")
@@ -167,7 +167,7 @@ def _reasons(check: LogCheck, verdict: dict) -> list[str]:
         if v["ok"]:
             continue
         if k == "gen_len":
-            reasons.append(f"gen_len {v['value']} outside [{v['min']}, {v['max']}] ({v['basis']})")
+            reasons.append(gen_len_reason(v))
         else:
             reasons.append(f"{k} {v['value']} < {v['min']} (99% of reference {v['reference']})")
     return reasons

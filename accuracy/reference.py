@@ -136,6 +136,19 @@ def judge(scores: Mapping, ref: Reference) -> dict:
     return verdict
 
 
+def gen_len_basis(g: Mapping) -> str:
+    """What a ``gen_len`` verdict entry (:func:`judge`) measures, for the gate's summary, its reasons and
+    ``python -m sut package``: ``characters over all samples; reference R`` (``reference scaled to this sample
+    count R`` when ``basis`` is "per-sample": the value is still the total over all samples, not one sample's)."""
+    ref = "reference scaled to this sample count" if g.get("basis") == "per-sample" else "reference"
+    return f"characters over all samples; {ref} {g.get('reference')}"
+
+
+def gen_len_reason(g: Mapping) -> str:
+    """Why a ``gen_len`` verdict entry failed: ``gen_len V outside [lo, hi] (characters over all samples; ...)``."""
+    return f"gen_len {g.get('value')} outside [{g.get('min')}, {g.get('max')}] ({gen_len_basis(g)})"
+
+
 def write_reference_file(scores: Mapping, path: str | os.PathLike, note: Mapping | None = None) -> Path:
     """Write ``scores`` as a reference JSON that ``--reference FILE`` accepts.
 

@@ -259,6 +259,43 @@ def load_hf_folder(folder: str | os.PathLike) -> Detokenizer:
     return _wrap_hf(tok, f"HF PreTrainedTokenizerFast ({tj})", folder)
 
 
+def find_tokenizer(path: str | os.PathLike | None, forms: str | None = ACCEPTED_FORMS) -> tuple[str, Path]:
+    """Locate the tokenizer at ``path`` without loading it (cheap: only file names and a first line are read).
+
+    Args:
+        path: folder or file (see the module docstring for accepted forms).
+        forms: what to pass instead, appended to every error message (default :data:`ACCEPTED_FORMS`;
+            None: nothing, the caller adds its own).
+
+    Returns:
+        ``(form, file or folder)``: ``("hf-file", tokenizer.json)``, ``("tiktoken", tokenizer.model)`` or
+        ``("hf-folder", folder)``.
+
+    Raises:
+        TokenizerNotFoundError: missing path or no recognised tokenizer there; the message ends with ``forms``.
+    """
+    tail = f"; {forms}" if forms else ""
+    if path is None or str(path) == "":
+        raise TokenizerNotFoundError(f"no tokenizer given{tail}")
+    p = Path(path)
+    if not p.exists():
+        raise TokenizerNotFoundError(f"tokenizer path {p} does not exist{tail}")
+    if p.is_file():
+        if p.suffix == ".json":
+            return "hf-file", p
+        if _is_tiktoken_file(p):
+            return "tiktoken", p
+        raise TokenizerNotFoundError(
+            f"{p}: not a tiktoken rank file or tokenizer.json (a sentencepiece .model is not supported){tail}")
+    if (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file():
+        return "hf-folder", p
+    for cand in (p / "tokenizer.model", p / "original" / "tokenizer.model"):
+        if cand.is_file() and _is_tiktoken_file(cand):
+            return "tiktoken", cand
+    found = sorted(x.name for x in p.iterdir())[:20]
+    raise TokenizerNotFoundError(f"no tokenizer in folder {p} (it holds {found}){tail}")
+
+
 def load_tokenizer(path: str | os.PathLike | None, clean_up_spaces: bool | None = None) -> Detokenizer:
     """Load the model's tokenizer from ``path`` (see the module docstring for accepted forms).
 
@@ -268,42 +305,25 @@ def load_tokenizer(path: str | os.PathLike | None, clean_up_spaces: bool | None 
             config (HF) or True (Llama 3 tiktoken file).
 
     Raises:
-        TokenizerNotFoundError: missing path or no recognised tokenizer there; the message
-            names the accepted forms.
+        TokenizerNotFoundError: missing path or no recognised tokenizer there (:func:`find_tokenizer`), or
+            it does not load; the message names the accepted forms.
     """
-    if path is None or str(path) == "":
-        raise TokenizerNotFoundError(f"no tokenizer given: {ACCEPTED_FORMS}")
-    p = Path(path)
-    if not p.exists():
-        raise TokenizerNotFoundError(f"tokenizer path {p} does not exist: {ACCEPTED_FORMS}")
-
+    form, found = find_tokenizer(path)
     det: Detokenizer
-    if p.is_file():
-        if p.suffix == ".json":
-            from transformers import PreTrainedTokenizerFast
+    if form == "hf-file":
+        from transformers import PreTrainedTokenizerFast
 
-            try:
-                det = _wrap_hf(PreTrainedTokenizerFast(tokenizer_file=str(p)), f"HF PreTrainedTokenizerFast ({p})", p.parent)
-            except Exception as exc:
-                raise TokenizerNotFoundError(f"{p}: not a loadable tokenizers file ({exc}); {ACCEPTED_FORMS}") from exc
-        elif _is_tiktoken_file(p):
-            det = load_tiktoken_llama3(p)
-        else:
-            raise TokenizerNotFoundError(
-                f"{p}: not a tiktoken rank file or tokenizer.json (a sentencepiece .model is not supported); {ACCEPTED_FORMS}"
-            )
+        try:
+            det = _wrap_hf(PreTrainedTokenizerFast(tokenizer_file=str(found)), f"HF PreTrainedTokenizerFast ({found})",
+                           found.parent)
+        except Exception as exc:
+            raise TokenizerNotFoundError(f"{found}: not a loadable tokenizers file ({exc}); {ACCEPTED_FORMS}") from exc
+    elif form == "tiktoken":
+        det = load_tiktoken_llama3(found)
+        if Path(path).is_dir():
+            det.folder = Path(path)
     else:
-        if (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file():
-            det = load_hf_folder(p)
-        else:
-            for cand in (p / "tokenizer.model", p / "original" / "tokenizer.model"):
-                if cand.is_file() and _is_tiktoken_file(cand):
-                    det = load_tiktoken_llama3(cand)
-                    det.folder = p
-                    break
-            else:
-                found = sorted(x.name for x in p.iterdir())[:20]
-                raise TokenizerNotFoundError(f"no tokenizer in folder {p} (it holds {found}); {ACCEPTED_FORMS}")
+        det = load_hf_folder(found)
     if clean_up_spaces is not None:
         det.clean_up_spaces = clean_up_spaces
     log.info("tokenizer: %s, vocab %d, clean-up spaces %s", det.description, det.vocab_size, det.clean_up_spaces)

@@ -1,11 +1,12 @@
-"""Find the highest Server / Interactive ``target_qps`` that LoadGen calls VALID (issue 14).
+"""Find the highest Server / Interactive ``target_qps`` that LoadGen calls VALID.
 
 Each try is one short LoadGen test at one ``target_qps`` with its own run folder and ``run.json``, exactly as
 ``python -m sut run`` writes them; ``run.json`` gives LoadGen's verdict (``result_validity``: in Server also
 the p99 TTFT/TPOT limits and early stopping) and the p99s. The search grows (x ``--factor``) from ``--start``
 until a try is INVALID, or shrinks until one is VALID, then bisects between the highest VALID and the lowest
-INVALID value until they are within ``--rel-tol`` or ``--max-runs`` tries are spent. It prints every try,
-then the result and the user.conf line for it.
+INVALID value until they are within ``--rel-tol`` or ``--max-runs`` tries are spent. It logs each try as it
+starts and as it ends (qps, validity, TTFT/TPOT p99, tokens/s, wall time), then prints every try, the result,
+the user.conf line for it and, when not converged, the whole command that goes on with ``--resume``.
 
 ``--one-process`` (default): every try runs in this process over one engine start (``sut.series``: a fresh
 SUT object and ledger per try; the first try's LoadGen settings copied for the next with only ``target_qps``
@@ -21,10 +22,16 @@ several hundred (default 1,000) even when ``--min-duration-s`` is small. Short t
 (marked not compliant); confirm the value with one full-length run (600 s, user.conf line, no
 overrides) before submitting.
 
-Example (one H200, fp8, Server):
+Equal issue: LoadGen rounds a try's query count UP to a whole multiple of the performance sample count
+(mlperf.conf's ``sample_concatenate_permutation = 1``; the count is the dataset's samples after
+``--max-samples``, at most mlperf.conf's 13,368), so on the full cnn_eval set every try issues >= 13,368
+queries whatever ``--min-query-count`` says; the search warns before it starts. Pass ``--max-samples N``
+after ``--`` (N about ``--min-query-count``) or a smaller dataset for short tries.
+
+Example (one H200, fp8, Server; the first 1,000 samples, so that a try is not 13,368 queries):
     python scripts/find_qps.py --scenario Server --start 40 -- --config loadgen_configs/h200_fp8.toml \
-        --model MODEL --dataset cnn_eval.json
-CPU try-out (tiny model; small settings):
+        --model MODEL --dataset cnn_eval.json --max-samples 1000
+CPU try-out (tiny model; the 64-sample set ``python -m sut demo`` writes; small settings):
     python scripts/find_qps.py --scenario Server --start 4 --min-duration-s 5 --min-query-count 500 --max-runs 4 \
         -- --config loadgen_configs/cpu_tiny.toml --dataset results/demo/data/synthetic_64.json
 Everything after ``--`` is ``python -m sut run``'s arguments.
@@ -47,158 +54,20 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from find_qps_search import Budget, Try, TryLog, bounds, check_search_args, next_qps, search  # noqa: E402
 from sut_runs import ROOT, run_once, split_run_args  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
 log = logging.getLogger("find_qps")
 MODEL_KEYS = {"Server": "llama3_1-8b", "Interactive": "llama3_1-8b-interactive"}
-
-
-@dataclass(frozen=True)
-class Try:
-    """One short run: ``qps`` asked, LoadGen's ``validity`` (``VALID``/``INVALID``/None = the run failed),
-    its p99s (ms), output tokens/s and how long the try took (``wall_s``, engine start included: one-process
-    mode, the first try of a session only)."""
-
-    qps: float
-    validity: Optional[str]
-    ttft_p99_ms: Optional[float] = None
-    tpot_p99_ms: Optional[float] = None
-    tokens_per_s: Optional[float] = None
-    folder: str = ""
-    note: str = ""
-    wall_s: Optional[float] = None
-
-    @property
-    def valid(self) -> bool:
-        return self.validity == "VALID"
-
-
-def bounds(tries: Iterable[Try]) -> tuple[Optional[float], Optional[float]]:
-    """``(highest VALID qps, lowest INVALID qps)``; a failed try (validity None) counts as INVALID."""
-    tries = list(tries)
-    good = [t.qps for t in tries if t.valid]
-    bad = [t.qps for t in tries if not t.valid]
-    return (max(good) if good else None), (min(bad) if bad else None)
-
-
-def next_qps(lo: Optional[float], hi: Optional[float], start: Optional[float], factor: float,
-             rel_tol: float) -> Optional[float]:
-    """The next qps to try from the bounds, or None when ``hi / lo - 1 <= rel_tol`` (done; also when a noisy
-    VALID lies above an INVALID). No bounds: ``start``; only INVALID: shrink; only VALID: grow."""
-    if lo is None and hi is None:
-        return start
-    if lo is None:
-        return hi / factor
-    if hi is None:
-        return lo * factor
-    return None if hi / lo - 1 <= rel_tol else (lo + hi) / 2
-
-
-def check_search_args(start: Optional[float], factor: float, rel_tol: float, max_runs: int, prior: list) -> None:
-    """``ValueError`` for search arguments that cannot work (``search``'s)."""
-    if (start is None and not prior) or (start is not None and start <= 0) or factor <= 1 or rel_tol <= 0 \
-            or max_runs < 0:
-        raise ValueError("start (needed without earlier tries), rel_tol must be > 0, factor > 1, max_runs >= 0")
-
-
-def search(run: Callable[[float], Try], start: Optional[float], factor: float = 2.0, rel_tol: float = 0.05,
-           max_runs: int = 8, prior: Iterable[Try] = (),
-           may_start: Callable[[], bool] = lambda: True) -> tuple[Optional[float], list[Try]]:
-    """Highest VALID qps found and every try (``prior`` first, then the new ones, in order).
-
-    ``run(qps)`` makes one try. Starting from the bounds of ``prior`` (or at ``start`` without any):
-    grow by ``factor`` while VALID (shrink while INVALID) to bracket the boundary, then bisect until
-    ``hi / lo - 1 <= rel_tol``; at most ``max_runs`` new tries, and none once ``may_start()`` says no.
-    Returns ``(None, tries)`` when no try was VALID. Raises ``ValueError`` for bad arguments (``start``
-    may be None only when ``prior`` holds tries).
-    """
-    tries = list(prior)
-    check_search_args(start, factor, rel_tol, max_runs, tries)
-    lo, hi = bounds(tries)
-    for _ in range(max_runs):
-        q = next_qps(lo, hi, start, factor, rel_tol)
-        if q is None or not may_start():
-            break
-        tries.append(run(q))
-        lo, hi = bounds(tries)
-    return lo, tries
-
-
-class TryLog:
-    """The JSONL record of a search's tries (one object a line: the Try's fields + ``settings`` + ``finished``).
-
-    ``settings`` (scenario, min duration, min query count, run arguments) is written with every try; earlier
-    tries are only usable under the same settings. Raises ``ValueError`` naming file, line and field."""
-
-    def __init__(self, path: Path, settings: dict):
-        self.path, self.settings = Path(path), settings
-
-    def read(self) -> list[Try]:
-        """The tries recorded in the file. An unterminated last line (a write cut off) is skipped with a
-        warning; any other bad line, or a try made with other settings, raises ``ValueError``."""
-        text = self.path.read_text(encoding="utf-8")
-        lines = text.split("\n")
-        tries, names = [], {f.name for f in fields(Try)}
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                t = Try(**{k: v for k, v in rec.items() if k in names})
-            except (ValueError, TypeError) as e:
-                if n == len(lines):  # no newline after it: the write was cut off
-                    log.warning("%s line %d: an unfinished record (cut off while written), skipped", self.path, n)
-                    continue
-                raise ValueError(f"{self.path} line {n}: not a try record ({e})") from None
-            for k, v in self.settings.items():
-                if rec.get("settings", {}).get(k) != v:
-                    raise ValueError(f"{self.path} line {n}: made with {k} {rec.get('settings', {}).get(k)!r}, this "
-                                     f"search uses {v!r}; use the same settings or a new --log file")
-            tries.append(t)
-        return tries
-
-    def append(self, t: Try) -> None:
-        """Append ``t`` as one line and fsync it, so that it survives the process being killed next."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+b") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell():  # drop an unterminated line left by a cut-off write
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    f.seek(0)
-                    keep = f.read().rfind(b"\n") + 1
-                    f.truncate(keep)
-            line = dict(asdict(t), settings=self.settings, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            f.write((json.dumps(line) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-
-
-class Budget:
-    """``may_start()``: True while one more try, as long as the longest so far, ends within ``seconds`` of
-    the start (None: no limit). ``note(t)`` records a try's ``wall_s``; earlier tries seed the estimate."""
-
-    def __init__(self, seconds: Optional[float], earlier: Iterable[Try] = (), clock=time.monotonic):
-        self.seconds, self.clock, self.t0 = seconds, clock, clock()
-        self.longest = max([t.wall_s for t in earlier if t.wall_s] or [0.0])
-
-    def note(self, t: Try) -> Try:
-        self.longest = max(self.longest, t.wall_s or 0.0)
-        return t
-
-    def may_start(self) -> bool:
-        if self.seconds is None or self.clock() - self.t0 + self.longest <= self.seconds:
-            return True
-        log.warning("no time for another try (%.0f s of %.0f s used, a try takes ~%.0f s)",
-                    self.clock() - self.t0, self.seconds, self.longest)
-        return False
+#: Warn before the search when LoadGen's equal issue makes each try at least this many times
+#: ``--min-query-count`` queries (``equal_issue_warning``).
+EQUAL_ISSUE_RATIO = 2
 
 
 def _g(q: Optional[float]) -> str:
@@ -254,8 +123,36 @@ class TryFailed(Exception):
         self.try_, self.cause = t, cause
 
 
+class FreshProcessTries:
+    """``tries(qps) -> Try``: each try one ``python -m sut run`` process (``sut_try``). ``prepare()`` parses
+    ``run_args`` as that run does (bad input: ``BadInput``, exit 2) and counts the dataset's samples."""
+
+    def __init__(self, a, run_args: list[str]):
+        self.a, self.run_args, self.out = a, run_args, Path(a.output_dir).resolve()
+
+    def prepare(self):
+        """``(RunSettings, samples)``: the tries' run settings and the dataset's samples after ``--max-samples``."""
+        from accuracy.dataset import DatasetFileError, read_dataset_json
+        from sut.exits import BadInput
+
+        a = self.a
+        rs = sut_run_settings(a.scenario, self.out, self.run_args, a.min_duration_s, a.min_query_count)[0]
+        try:
+            n = len(read_dataset_json(rs.dataset))
+        except DatasetFileError as e:
+            raise BadInput(f"error: {e}") from None
+        return rs, min(n, rs.max_samples or n)
+
+    def __call__(self, q: float) -> Try:
+        a = self.a
+        return sut_try(a.scenario, q, self.out, self.run_args, a.min_duration_s, a.min_query_count, a.timeout_s)
+
+    def close(self) -> None:
+        """Nothing runs between tries."""
+
+
 class OneProcessTries:
-    """``tries(qps) -> Try`` over one engine start (``sut.series``). The first call parses ``run_args`` as
+    """``tries(qps) -> Try`` over one engine start (``sut.series``). ``prepare()`` parses ``run_args`` as
     ``python -m sut run`` does and checks everything (bad input: exit 2, nothing started); the engines start
     with the first test. A try that fails raises ``TryFailed`` (Ctrl-C: its ``RunFailed``); ``close()`` stops
     the engines."""
@@ -264,17 +161,25 @@ class OneProcessTries:
         self.a, self.run_args, self.out = a, run_args, Path(a.output_dir).resolve()
         self.series = None
 
+    def prepare(self):
+        """``(RunSettings, samples)``: the series' run settings and its dataset's samples (after
+        ``--max-samples``); dataset and settings checked, nothing started."""
+        from sut.series import SUTSeries
+
+        if self.series is None:
+            a = self.a
+            *settings, command = sut_run_settings(a.scenario, self.out, self.run_args, a.min_duration_s,
+                                                  a.min_query_count)
+            self.series = SUTSeries(*settings, command=command)
+        return self.series.rs, len(self.series.dataset)
+
     def __call__(self, q: float) -> Try:
         from sut.base import InputError, RunFailed
         from sut.engine import EngineError
         from sut.exits import interrupted
-        from sut.series import SUTSeries
 
         a = self.a
-        if self.series is None:
-            *settings, command = sut_run_settings(a.scenario, self.out, self.run_args, a.min_duration_s,
-                                                  a.min_query_count)
-            self.series = SUTSeries(*settings, command=command)
+        self.prepare()
         name, t0 = f"{time.strftime('%Y%m%d-%H%M%S')}-findqps-{a.scenario}-{q:g}", time.monotonic()
         try:
             rec = self.series.run(q, name)
@@ -294,6 +199,27 @@ class OneProcessTries:
             self.series.close()
 
 
+def equal_issue_warning(rs, samples: int, min_query_count: int, qps: Optional[float]) -> Optional[str]:
+    """The warning to log before the first try when LoadGen's equal issue makes every try issue far more
+    queries than ``min_query_count`` (at least ``EQUAL_ISSUE_RATIO`` times), else None.
+
+    LoadGen rounds a Server/Interactive test's query count UP to a whole multiple of the performance sample
+    count (mlperf.conf ``llama3_1-8b*.*.sample_concatenate_permutation = 1``); that count is the dataset's
+    ``samples`` (after ``--max-samples``), at most mlperf.conf's ``performance_sample_count_override``
+    (``sut.constants.PERFORMANCE_SAMPLE_COUNT``, 13,368) and ``--quick``'s cap (``rs``: the tries' RunSettings;
+    a user.conf override of the count is not seen here)."""
+    from sut.constants import PERFORMANCE_SAMPLE_COUNT
+
+    perf = min(samples, PERFORMANCE_SAMPLE_COUNT.get(rs.model_key, samples), rs.performance_sample_cap or samples)
+    if perf < EQUAL_ISSUE_RATIO * min_query_count:
+        return None
+    pace = f" (>= {perf / qps:,.0f} s a try at target_qps {qps:g})" if qps else ""
+    return (f"every try will issue at least {perf:,} queries, not --min-query-count {min_query_count:,}{pace}: "
+            f"LoadGen rounds a try's query count up to a whole multiple of the performance sample count, here "
+            f"the dataset's {perf:,} samples (mlperf.conf's equal issue, sample_concatenate_permutation). For "
+            f"short tries pass --max-samples {min_query_count} after -- (or use a smaller dataset).")
+
+
 def table(tries: list[Try]) -> str:
     rows = ["qps        validity  TTFT p99 ms  TPOT p99 ms  tokens/s  wall s  folder"]
     for t in tries:
@@ -303,18 +229,28 @@ def table(tries: list[Try]) -> str:
     return "\n".join(rows)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with every option's default, except where there is none (None) or the option is a switch."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpFormatter,
                                 epilog="Arguments after -- go to python -m sut run (model, dataset, preset, ...).")
-    p.add_argument("--scenario", required=True, choices=sorted(MODEL_KEYS))
+    p.add_argument("--scenario", required=True, choices=sorted(MODEL_KEYS), help="LoadGen scenario of every try")
     p.add_argument("--start", type=float, help="first target_qps to try (queries/s); needed unless --resume has tries")
-    p.add_argument("--factor", type=float, default=2.0, help="growth/shrink factor while bracketing (default 2)")
+    p.add_argument("--factor", type=float, default=2.0, help="growth/shrink factor while bracketing")
     p.add_argument("--rel-tol", type=float, default=0.05, help="stop when highest VALID and lowest INVALID are "
-                                                                "within this fraction (default 0.05)")
-    p.add_argument("--max-runs", type=int, default=8, help="at most this many new tries (default 8)")
-    p.add_argument("--min-duration-s", type=float, default=60.0, help="LoadGen min duration of each try (default 60)")
+                                                                "within this fraction")
+    p.add_argument("--max-runs", type=int, default=8, help="at most this many new tries")
+    p.add_argument("--min-duration-s", type=float, default=60.0, help="LoadGen min duration of each try (s)")
     p.add_argument("--min-query-count", type=int, default=1000,
-                   help="LoadGen min query count of each try (early stopping needs several hundred; default 1000)")
+                   help="LoadGen min query count of each try (early stopping needs several hundred; LoadGen "
+                        "rounds it up to a whole multiple of the dataset's sample count)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--one-process", dest="fresh_process", action="store_false",
                       help="(default) every try in this process over one engine start (sut.series)")
@@ -326,9 +262,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default="results/find_qps", help="where the tries' run folders go")
     p.add_argument("--log", type=Path, help="JSONL file each finished try is appended to at once "
                                             "(default: the --resume file, else OUTPUT_DIR/tries-SCENARIO.jsonl)")
-    p.add_argument("--resume", type=Path, help="go on from the tries recorded in this JSONL file (same settings)")
+    p.add_argument("--resume", type=Path, help="go on from the tries recorded in this JSONL file (same settings); "
+                                               "default: none (a new search)")
     p.add_argument("--budget-s", type=float, help="start no try that would end later than this many seconds "
-                                                  "after the search began (at the longest try's pace)")
+                                                  "after the search began (at the longest try's pace; default: "
+                                                  "no limit)")
     return p
 
 
@@ -360,51 +298,85 @@ def _setup(argv):
 
 def main(argv=None) -> int:
     a, run_args, prior, trylog, budget = _setup(argv)
-    if a.fresh_process:
-        return _search(a, lambda q: sut_try(a.scenario, q, Path(a.output_dir).resolve(), run_args, a.min_duration_s,
-                                            a.min_query_count, a.timeout_s), prior, trylog, budget)
     from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
 
-    tries = OneProcessTries(a, run_args)
+    tries = (FreshProcessTries if a.fresh_process else OneProcessTries)(a, run_args)
 
-    def one_process() -> int:
-        stop_on_sigterm_like_ctrl_c()
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # vLLM's own lines go to the engine logs
+    def go() -> int:
+        if not a.fresh_process:
+            stop_on_sigterm_like_ctrl_c()
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # vLLM's own lines go to the engine logs
         try:
-            return _search(a, tries, prior, trylog, budget)
+            return _search(a, tries, prior, trylog, budget, run_args)
         finally:
             tries.close()  # the engines stop once, also after a failed try or Ctrl-C
 
-    return run_main(one_process, messages={"failed": "search failed: {}", "stopped": "search stopped: {}"}, logger=log)
+    return run_main(go, messages={"failed": "search failed: {}", "stopped": "search stopped: {}"}, logger=log)
 
 
-def _search(a, make_try: Callable[[float], Try], prior: list[Try], trylog: TryLog, budget: Budget) -> int:
-    """Run the search with ``make_try``, appending every finished try to ``trylog`` at once, and report.
-    ``TryFailed``: the failed try is appended, then its cause raised."""
+def try_line(t: Try) -> str:
+    """One try as a log line: qps, validity, p99s, tokens/s, wall time, run folder and note."""
+    tps = f"{t.tokens_per_s:.1f}" if t.tokens_per_s is not None else "none"
+    return (f"target_qps {t.qps:g}: {t.validity or 'FAILED'}, TTFT p99 {t.ttft_p99_ms} ms, TPOT p99 {t.tpot_p99_ms} "
+            f"ms, {tps} tokens/s, wall {t.wall_s} s, {t.folder}" + (f" ({t.note})" if t.note else ""))
+
+
+def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
+            run_args: list[str]) -> int:
+    """Run the search with ``make_try`` (a ``FreshProcessTries`` / ``OneProcessTries``: ``prepare()`` before the
+    first new try, for ``equal_issue_warning``, then one call per try), logging each try as it starts and ends
+    and appending every finished try to ``trylog`` at once, and report. ``TryFailed``: the failed try is appended, then its cause raised."""
+    made = list(prior)
+
     def one(q: float) -> Try:
+        n = len(made) + 1
+        if n == len(prior) + 1:  # before the first new try: settings and dataset checked, nothing started
+            warning = equal_issue_warning(*make_try.prepare(), a.min_query_count, q)
+            if warning:
+                log.warning("%s", warning)
+        lo, hi = bounds(made)
+        log.info("try %d: target_qps %g queries/s (highest VALID %s, lowest INVALID %s; at most %d new tries) ...",
+                 n, q, _g(lo), _g(hi), a.max_runs)
         try:
             t = make_try(q)
         except TryFailed as e:
             trylog.append(budget.note(e.try_))
-            log.error("the try at %g queries/s failed (%s); the search stops. Every try is in %s", q, e.try_.folder,
-                      trylog.path)
+            log.error("try %d: %s", n, try_line(e.try_))
+            log.error("the try at %g queries/s failed; the search stops. Every try is in %s; go on with:\n  %s", q,
+                      trylog.path, resume_command(a, run_args, trylog.path))
             raise e.cause from None
         trylog.append(budget.note(t))
+        made.append(t)
+        log.info("try %d: %s", n, try_line(t))
         return t
 
     # the run folders and the log's folder are made by the first try, after every check
     best, tries = search(one, a.start, a.factor, a.rel_tol, a.max_runs, prior, budget.may_start)
-    return report(a, tries, best, len(prior), trylog.path)
+    return report(a, tries, best, len(prior), trylog.path, run_args)
 
 
-def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: Path) -> int:
+def resume_command(a, run_args: list[str], log_path: Path) -> str:
+    """The whole command that goes on with this search from ``log_path``: the same search settings (those
+    ``TryLog`` checks, exactly as parsed, and the others as given) and the arguments after ``--``."""
+    cmd = ["python", "scripts/find_qps.py", "--scenario", a.scenario, "--resume", str(log_path),
+           "--min-duration-s", repr(a.min_duration_s), "--min-query-count", str(a.min_query_count),
+           "--factor", f"{a.factor!r}", "--rel-tol", f"{a.rel_tol!r}", "--max-runs", str(a.max_runs),
+           "--output-dir", str(a.output_dir), "--timeout-s", f"{a.timeout_s!r}"]
+    if a.budget_s is not None:
+        cmd += ["--budget-s", repr(a.budget_s)]
+    if a.fresh_process:
+        cmd.append("--fresh-process")
+    return shlex.join([*cmd, "--", *run_args])
+
+
+def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: Path, run_args: list[str]) -> int:
     """Print the tries, the result and how to go on; 0 when a VALID qps is known, else 1."""
     print(table(tries))
     print(f"{n_prior} earlier tries, {len(tries) - n_prior} new; every try is in {log_path}")
     lo, hi = bounds(tries)
     if tries and next_qps(lo, hi, a.start, a.factor, a.rel_tol) is not None:
-        print(f"not converged (highest VALID {_g(lo)}, lowest INVALID {_g(hi)}, --rel-tol {a.rel_tol:g}): go on "
-              f"with --resume {log_path}")
+        print(f"not converged (highest VALID {_g(lo)}, lowest INVALID {_g(hi)}, --rel-tol {a.rel_tol:g}); go on "
+              f"with:\n  {resume_command(a, run_args, log_path)}")
     if lo is not None and hi is not None and lo > hi:
         print(f"note: VALID at {lo:g} above INVALID at {hi:g} (noisy tries); confirm with a longer run")
     if best is None:

@@ -76,7 +76,8 @@ def _add_run_parser(sub) -> None:
     g.add_argument("--compliance-test", choices=COMPLIANCE_TESTS,
                    help="MLPerf compliance test: TEST06 = loadgen_configs/TEST06/audit.config, then the TEST06 "
                         "checks; writes <run>/TEST06/verify_accuracy.txt, fails the run if a check fails")
-    g.add_argument("--tokenizer", help="tokenizer for the accuracy gate (default: the model folder)")
+    g.add_argument("--tokenizer", help="tokenizer for the accuracy gate (default: the model folder); an accuracy "
+                                       "run with none exits 2 before it starts")
     g.add_argument("--no-accuracy-gate", action="store_true", help="do not score an accuracy-mode run")
     g.add_argument("--enable-trace", action="store_true", help="write LoadGen's (large) trace log")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -30,7 +30,7 @@ from sut.compliance import TEST06_AUDIT_CONFIG
 from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
 from sut.engine import EngineError, EngineSettings, GenerationSettings, read_model_info
 from sut.loadgen_settings import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
-from sut.run_record import (accuracy_gate_record, initial_record, now_iso, parse_loadgen_detail,  # noqa: F401
+from sut.run_record import (accuracy_gate_record, gate_tokenizer, initial_record, now_iso, parse_loadgen_detail,  # noqa: F401
                             test06_record, token_latencies, write_record)
 from sut.run_settings import MODES, RunSettings  # noqa: F401 - re-exported
 from sut.scenarios import ScenarioError, check_backend, resolve_scenario
@@ -107,7 +107,7 @@ def _noncompliance_reasons(gen: GenerationSettings, es: EngineSettings, audit_co
 
 def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None):
     """Everything a run checks before its folder exists: ``(backend class, options object, model info,
-    generation settings with the model's EOS ids, dataset)``.
+    generation settings with the model's EOS ids, dataset)``; an accuracy run's gate tokenizer is checked too.
 
     Raises ``InputError`` / ``DatasetError`` (bad input: nothing started, no run folder).
     """
@@ -119,6 +119,7 @@ def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, op
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
     dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples)
+    gate_tokenizer(rs, es)  # the accuracy gate's tokenizer: missing is bad input now, not after the run
     return backend, options, model, gen, dataset
 
 

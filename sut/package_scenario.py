@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from accuracy.reference import gen_len_reason
 from sut.compliance import Test06Result, verify_test06, write_test06
 from sut.records import READ_BACK_SETTINGS, ComplianceError, check_record, engines_used, read_json, vocab_size
 from sut.submission_files import measurements, readme
@@ -205,9 +206,19 @@ def _gate_problems(acc: Run) -> list[str]:
         return ["accuracy run: no accuracy gate result in run.json (run with the gate, or score it with "
                 "python -m accuracy)"]
     if not gate.get("passed"):
-        why = gate.get("skipped") or gate.get("reasons") or gate.get("scores")
+        why = gate.get("skipped") or _gate_reasons(gate) or gate.get("scores")
         return [f"accuracy run: the accuracy gate did not pass ({why})"]
     return []
+
+
+def _gate_reasons(gate: dict) -> list:
+    """The gate's ``reasons``, a ``gen_len`` one in the gate's own words from its verdict (``characters over all
+    samples``; files from before that wording say only "(per-sample)", which reads as one sample's length)."""
+    g = (gate.get("verdict") or {}).get("gen_len")
+    reasons = list(gate.get("reasons") or [])
+    if not (isinstance(g, dict) and {"value", "min", "max", "reference"} <= set(g)):
+        return reasons
+    return [gen_len_reason(g) if str(r).startswith("gen_len ") else r for r in reasons]
 
 
 def _record_problems(run: Run, role: str) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from sut import __version__
+from sut.base import InputError
 from sut.compliance import ComplianceError, verify_test06, write_test06
 from sut.dataset import Dataset
 from sut.scenarios import LATENCY_LIMITS_MS, resolve_scenario
@@ -128,13 +129,33 @@ def test06_record(rs, model, run_dir: Path) -> dict:
             "folder": str(run_dir / "TEST06")}
 
 
+def gate_tokenizer(rs, es) -> Optional[str]:
+    """The tokenizer the accuracy gate will load after the run: ``--tokenizer``, else the model folder; None when
+    the run has no gate (``rs.mode`` not accuracy, or ``--no-accuracy-gate``). Called before anything starts.
+
+    Raises ``InputError`` (exit 2) when there is none, naming ``--tokenizer PATH`` (fitting the run's dataset:
+    the synthetic tokenizer next to synthetic data, a Llama 3 tokenizer for CNN/DailyMail) and ``--no-accuracy-gate``.
+    """
+    if rs.mode != "accuracy" or not rs.accuracy_gate:
+        return None
+    from accuracy.errors import AccuracyInputError
+    from accuracy.preflight import resolve_gate_tokenizer
+
+    try:
+        return str(resolve_gate_tokenizer(rs.tokenizer, es.model, rs.dataset))
+    except AccuracyInputError as e:
+        raise InputError(str(e)) from None
+
+
 def accuracy_gate_record(rs, es, model, dataset: Dataset, run_dir: Path) -> dict:
-    tok = rs.tokenizer or es.model
+    """Run the accuracy gate on a finished accuracy run; ``run.json``'s ``accuracy``: ``{passed, scores, file}``,
+    or ``{skipped: why}`` when the gate could not run (the tokenizer was checked before the run: ``gate_tokenizer``)."""
     try:
         import accuracy
     except ImportError as e:  # pragma: no cover - the package ships with the project
         return {"skipped": f"accuracy package unavailable: {e}"}
     try:
+        tok = gate_tokenizer(rs, es)
         res = accuracy.run_gate(str(run_dir / "mlperf_log_accuracy.json"), rs.dataset, tok, str(run_dir),
                                 eos_ids=list(model.eos_token_ids), max_samples=rs.max_samples)
     except Exception as e:  # noqa: BLE001 - the run itself succeeded; report why the gate did not run

@@ -116,17 +116,19 @@ def test_budget_starts_no_try_that_would_end_after_it():
     assert len(tries) == 2  # 300 s used, a third try would end at 450 s
 
 
-def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch, capsys):
+def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch, capsys, synthetic_small):
     run = fake()
     monkeypatch.setattr(find_qps, "sut_try", lambda scenario, q, *a: run(q))
     args = ["--scenario", "Server", "--min-duration-s", "30", "--output-dir", str(tmp_path), "--rel-tol", "0.05",
             "--fresh-process"]
-    assert find_qps.main([*args, "--start", "4", "--max-runs", "3", "--", "--config", "x.toml"]) == 0
+    run_args = ["--config", str(REPO / "loadgen_configs" / "cpu_tiny.toml"), "--dataset", str(synthetic_small[0])]
+    assert find_qps.main([*args, "--start", "4", "--max-runs", "3", "--", *run_args]) == 0
     path = tmp_path / "tries-Server.jsonl"
     out = capsys.readouterr().out
-    assert f"not converged (highest VALID 8, lowest INVALID 16, --rel-tol 0.05): go on with --resume {path}" in out
+    assert "not converged (highest VALID 8, lowest INVALID 16, --rel-tol 0.05); go on with:\n  python scripts/" \
+           f"find_qps.py --scenario Server --resume {path} " in out
     assert [json.loads(x)["qps"] for x in path.read_text().splitlines()] == [4, 8, 16]
-    assert find_qps.main([*args, "--resume", str(path), "--", "--config", "x.toml"]) == 0
+    assert find_qps.main([*args, "--resume", str(path), "--", *run_args]) == 0
     out = capsys.readouterr().out
     assert "3 earlier tries" in out and "not converged" not in out
     assert "user.conf line: llama3_1-8b.Server.target_qps = 13\n" in out

@@ -208,6 +208,7 @@ def test_a_failure_in_try_2_fails_the_search_with_exit_1_and_stops_the_sut(tmp_p
     assert [t["qps"] for t in tries] == [100, recs[1]["run_settings"]["target_qps"]] and tries[1]["validity"] is None
     assert tries[1]["note"].startswith("run failed: ") and "fake replica 0 died" in tries[1]["note"]
     assert "search failed: " in caplog.text and "the search stops" in caplog.text
+    assert "; go on with:\n  python scripts/find_qps.py --scenario Server --resume " in caplog.text
 
 
 def test_ctrl_c_in_try_2_exits_130_with_the_sut_stopped_and_the_try_recorded_interrupted(

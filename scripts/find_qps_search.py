@@ -1,0 +1,156 @@
+"""The target_qps search of ``scripts/find_qps.py``, without running anything: ``Try`` (one short run's
+verdict), ``search`` (bracket then bisect on VALID/INVALID), ``TryLog`` (the JSONL record ``--resume`` reads)
+and ``Budget`` (``--budget-s``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+log = logging.getLogger("find_qps")
+
+
+@dataclass(frozen=True)
+class Try:
+    """One short run: ``qps`` asked, LoadGen's ``validity`` (``VALID``/``INVALID``/None = the run failed),
+    its p99s (ms), output tokens/s and how long the try took (``wall_s``, engine start included: one-process
+    mode, the first try of a session only)."""
+
+    qps: float
+    validity: Optional[str]
+    ttft_p99_ms: Optional[float] = None
+    tpot_p99_ms: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    folder: str = ""
+    note: str = ""
+    wall_s: Optional[float] = None
+
+    @property
+    def valid(self) -> bool:
+        return self.validity == "VALID"
+
+
+def bounds(tries: Iterable[Try]) -> tuple[Optional[float], Optional[float]]:
+    """``(highest VALID qps, lowest INVALID qps)``; a failed try (validity None) counts as INVALID."""
+    tries = list(tries)
+    good = [t.qps for t in tries if t.valid]
+    bad = [t.qps for t in tries if not t.valid]
+    return (max(good) if good else None), (min(bad) if bad else None)
+
+
+def next_qps(lo: Optional[float], hi: Optional[float], start: Optional[float], factor: float,
+             rel_tol: float) -> Optional[float]:
+    """The next qps to try from the bounds, or None when ``hi / lo - 1 <= rel_tol`` (done; also when a noisy
+    VALID lies above an INVALID). No bounds: ``start``; only INVALID: shrink; only VALID: grow."""
+    if lo is None and hi is None:
+        return start
+    if lo is None:
+        return hi / factor
+    if hi is None:
+        return lo * factor
+    return None if hi / lo - 1 <= rel_tol else (lo + hi) / 2
+
+
+def check_search_args(start: Optional[float], factor: float, rel_tol: float, max_runs: int, prior: list) -> None:
+    """``ValueError`` for search arguments that cannot work (``search``'s)."""
+    if (start is None and not prior) or (start is not None and start <= 0) or factor <= 1 or rel_tol <= 0 \
+            or max_runs < 0:
+        raise ValueError("start (needed without earlier tries), rel_tol must be > 0, factor > 1, max_runs >= 0")
+
+
+def search(run: Callable[[float], Try], start: Optional[float], factor: float = 2.0, rel_tol: float = 0.05,
+           max_runs: int = 8, prior: Iterable[Try] = (),
+           may_start: Callable[[], bool] = lambda: True) -> tuple[Optional[float], list[Try]]:
+    """Highest VALID qps found and every try (``prior`` first, then the new ones, in order).
+
+    ``run(qps)`` makes one try. Starting from the bounds of ``prior`` (or at ``start`` without any):
+    grow by ``factor`` while VALID (shrink while INVALID) to bracket the boundary, then bisect until
+    ``hi / lo - 1 <= rel_tol``; at most ``max_runs`` new tries, and none once ``may_start()`` says no.
+    Returns ``(None, tries)`` when no try was VALID. Raises ``ValueError`` for bad arguments (``start``
+    may be None only when ``prior`` holds tries).
+    """
+    tries = list(prior)
+    check_search_args(start, factor, rel_tol, max_runs, tries)
+    lo, hi = bounds(tries)
+    for _ in range(max_runs):
+        q = next_qps(lo, hi, start, factor, rel_tol)
+        if q is None or not may_start():
+            break
+        tries.append(run(q))
+        lo, hi = bounds(tries)
+    return lo, tries
+
+
+class TryLog:
+    """The JSONL record of a search's tries (one object a line: the Try's fields + ``settings`` + ``finished``).
+
+    ``settings`` (scenario, min duration, min query count, run arguments) is written with every try; earlier
+    tries are only usable under the same settings. Raises ``ValueError`` naming file, line and field."""
+
+    def __init__(self, path: Path, settings: dict):
+        self.path, self.settings = Path(path), settings
+
+    def read(self) -> list[Try]:
+        """The tries recorded in the file. An unterminated last line (a write cut off) is skipped with a
+        warning; any other bad line, or a try made with other settings, raises ``ValueError``."""
+        text = self.path.read_text(encoding="utf-8")
+        lines = text.split("\n")
+        tries, names = [], {f.name for f in fields(Try)}
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                t = Try(**{k: v for k, v in rec.items() if k in names})
+            except (ValueError, TypeError) as e:
+                if n == len(lines):  # no newline after it: the write was cut off
+                    log.warning("%s line %d: an unfinished record (cut off while written), skipped", self.path, n)
+                    continue
+                raise ValueError(f"{self.path} line {n}: not a try record ({e})") from None
+            for k, v in self.settings.items():
+                if rec.get("settings", {}).get(k) != v:
+                    raise ValueError(f"{self.path} line {n}: made with {k} {rec.get('settings', {}).get(k)!r}, this "
+                                     f"search uses {v!r}; use the same settings or a new --log file")
+            tries.append(t)
+        return tries
+
+    def append(self, t: Try) -> None:
+        """Append ``t`` as one line and fsync it, so that it survives the process being killed next."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():  # drop an unterminated line left by a cut-off write
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.seek(0)
+                    keep = f.read().rfind(b"\n") + 1
+                    f.truncate(keep)
+            line = dict(asdict(t), settings=self.settings, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            f.write((json.dumps(line) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class Budget:
+    """``may_start()``: True while one more try, as long as the longest so far, ends within ``seconds`` of
+    the start (None: no limit). ``note(t)`` records a try's ``wall_s``; earlier tries seed the estimate."""
+
+    def __init__(self, seconds: Optional[float], earlier: Iterable[Try] = (), clock=time.monotonic):
+        self.seconds, self.clock, self.t0 = seconds, clock, clock()
+        self.longest = max([t.wall_s for t in earlier if t.wall_s] or [0.0])
+
+    def note(self, t: Try) -> Try:
+        self.longest = max(self.longest, t.wall_s or 0.0)
+        return t
+
+    def may_start(self) -> bool:
+        if self.seconds is None or self.clock() - self.t0 + self.longest <= self.seconds:
+            return True
+        log.warning("no time for another try (%.0f s of %.0f s used, a try takes ~%.0f s)",
+                    self.clock() - self.t0, self.seconds, self.longest)
+        return False

@@ -1,0 +1,146 @@
+"""The accuracy gate's tokenizer is resolved before a run starts (accuracy/preflight.py, sut/run_record.py
+gate_tokenizer, sut/harness.py prepare_run), with a hint that fits the data; and the gen_len wording of the gate's
+reasons and of ``python -m sut package`` says what the number is (characters over all samples)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accuracy.errors import TokenizerNotFoundError
+from accuracy.preflight import is_synthetic_dataset, resolve_gate_tokenizer
+from accuracy.reference import Reference, judge
+from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
+
+LLAMA_RECORD = {"instruction": {"llama": "Summarize the following news article ..."}, "input": "Some article.",
+                "tok_input": [128000, 9906, 13], "output": "A summary."}
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    """An 8-sample synthetic dataset with a stand-in tokenizer folder next to it, as the demo lays it out
+    (``tokenizer/tokenizer.json``; only located before the run, never loaded there)."""
+    from sut.synthetic import SyntheticSettings, write_dataset
+
+    data = tmp_path / "data" / "synthetic_8.json"
+    write_dataset(data, SyntheticSettings(samples=8, seed=0, median=200, max_len=600))
+    return data
+
+
+def _with_tokenizer_folder(data: Path) -> Path:
+    folder = data.parent / "tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+def _real_style(tmp_path) -> Path:
+    data = tmp_path / "cnn_eval.json"
+    data.write_text(json.dumps([LLAMA_RECORD] * 2))
+    return data
+
+
+def test_synthetic_data_points_to_the_tokenizer_next_to_it(synthetic):
+    folder = _with_tokenizer_folder(synthetic)
+    assert is_synthetic_dataset(synthetic)
+    with pytest.raises(TokenizerNotFoundError) as e:
+        resolve_gate_tokenizer(None, TINY_MODEL, synthetic)
+    msg = str(e.value)
+    assert f"model folder {TINY_MODEL} has none" in msg and f"--tokenizer {folder}" in msg
+    assert "--no-accuracy-gate" in msg and "llama3_tokenizer" not in msg and "Llama 3" not in msg
+
+
+def test_synthetic_data_without_its_tokenizer_says_how_to_write_it(synthetic):
+    with pytest.raises(TokenizerNotFoundError, match=r"synthetic data: pass --tokenizer PATH .*--tokenizer-out PATH\)"
+                                                     r".*--no-accuracy-gate") as e:
+        resolve_gate_tokenizer(None, TINY_MODEL, synthetic)
+    assert "llama3_tokenizer" not in str(e.value)
+
+
+def test_cnn_dailymail_data_points_to_a_llama3_tokenizer(tmp_path):
+    data = _real_style(tmp_path)
+    assert not is_synthetic_dataset(data)
+    with pytest.raises(TokenizerNotFoundError, match=r"Llama 3 tokenizer .*llama3_tokenizer/tokenizer\.model.*"
+                                                     r"--no-accuracy-gate") as e:
+        resolve_gate_tokenizer(None, TINY_MODEL, data)
+    assert "synthetic" not in str(e.value)
+
+
+def test_a_given_or_model_tokenizer_is_used_and_a_wrong_flag_is_named(tmp_path, synthetic):
+    folder = _with_tokenizer_folder(synthetic)
+    assert resolve_gate_tokenizer(str(folder), TINY_MODEL, synthetic) == folder
+    assert resolve_gate_tokenizer(None, folder, synthetic) == folder  # a model folder with its tokenizer
+    with pytest.raises(TokenizerNotFoundError, match=rf"^--tokenizer: tokenizer path {tmp_path / 'nope'} does not "
+                                                     rf"exist; .*--tokenizer {folder} "):
+        resolve_gate_tokenizer(str(tmp_path / "nope"), TINY_MODEL, synthetic)
+
+
+def _prepare(tmp_path, data, **run):
+    from sut.engine import EngineSettings, GenerationSettings
+    from sut.harness import RunSettings, prepare_run
+
+    rs = RunSettings(sut="vllm", dataset=str(data), output_dir=str(tmp_path / "out"), user_conf=str(CPU_CONF), **run)
+    es = EngineSettings(model=str(TINY_MODEL), load_format="dummy", dtype="float32", enforce_eager=True,
+                        max_model_len=4096, device="cpu")
+    return prepare_run(rs, es, GenerationSettings())
+
+
+def test_prepare_run_checks_the_gate_tokenizer_only_when_the_gate_runs(tmp_path, synthetic):
+    from sut.base import InputError
+
+    with pytest.raises(InputError, match="--no-accuracy-gate"):
+        _prepare(tmp_path, synthetic, mode="accuracy")
+    _prepare(tmp_path, synthetic, mode="accuracy", accuracy_gate=False)
+    _prepare(tmp_path, synthetic, mode="performance")
+    _prepare(tmp_path, synthetic, mode="accuracy", tokenizer=str(_with_tokenizer_folder(synthetic)))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_accuracy_run_without_a_tokenizer_exits_2_before_anything_starts(tmp_path, synthetic):
+    folder = _with_tokenizer_folder(synthetic)
+    out_dir = tmp_path / "results"
+    out = subprocess.run([sys.executable, "-m", "sut", "run", "--config", "loadgen_configs/cpu_tiny.toml", "--mode",
+                          "accuracy", "--dataset", str(synthetic), "--max-samples", "8", "--output-dir", str(out_dir)],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"pass --tokenizer {folder}" in out.stderr and "--no-accuracy-gate" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert not out_dir.exists()
+
+
+# ------------------------------------------------------------------------------------------- gen_len wording
+REF = Reference("datacenter", "test", {"rouge1": 38.7, "rouge2": 15.9, "rougeL": 24.4, "rougeLsum": 35.7,
+                                       "gen_len": 8167644}, 13368)
+SCORES = {"rouge1": 40.0, "rouge2": 16.0, "rougeL": 25.0, "rougeLsum": 36.0, "gen_len": 67131, "gen_num": 64}
+
+
+def test_gate_reason_says_characters_over_all_samples():
+    from accuracy.gate import _reasons
+    from accuracy.loadgen_log import check_log
+
+    verdict = judge(SCORES, REF)
+    (reason,) = _reasons(check_log([], 0, 10, (1,), 128), verdict)[-1:]
+    assert reason == ("gen_len 67131 outside [35192.721, 43013.326] (characters over all samples; reference scaled "
+                      "to this sample count 39103.023)")
+
+
+def test_package_words_gen_len_as_the_gate_does_also_for_older_gate_files(tmp_path):
+    from test_compliance import make_run, make_test06_run, settings
+
+    from sut.package_scenario import check_scenario
+
+    runs = tmp_path / "runs"
+    perf, t06 = make_run(runs, "perf", "performance"), make_test06_run(runs)
+    acc = make_run(runs, "acc", "accuracy", accuracy={"passed": False})
+    verdict = judge(SCORES, REF)
+    old = {"passed": False, "verdict": verdict, "scores": SCORES,  # as the gate wrote it before this wording
+           "reasons": ["rouge1 30.0 < 38.313 (99% of reference 38.7)",
+                       "gen_len 67131 outside [35192.721, 43013.326] (per-sample)"]}
+    (acc / "accuracy.json").write_text(json.dumps(old))
+    (problem,) = [p for p in check_scenario(settings(tmp_path, perf, acc, t06, allow_noncompliant=True)).problems
+                  if "gate" in p]
+    assert "(per-sample)" not in problem and "rouge1 30.0 < 38.313" in problem
+    assert ("gen_len 67131 outside [35192.721, 43013.326] (characters over all samples; reference scaled to this "
+            "sample count 39103.023)") in problem
