@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from accuracy.errors import AccuracyInputError
+from accuracy.jsontext import parse_json
 
 #: What :func:`read_dataset_json` accepts, for messages and docs.
 ACCEPTED_ENCODING = "UTF-8 (with or without a byte-order mark)"
@@ -82,8 +83,8 @@ def read_dataset_json(path: str | os.PathLike) -> list:
         raise DatasetFileError(path, f"is not {ACCEPTED_ENCODING}: byte {e.start} (0x{raw[e.start]:02x}) "
                                      "is not valid UTF-8") from None
     try:
-        records = json.loads(text)
-    except json.JSONDecodeError as e:
+        records = parse_json(text)
+    except json.JSONDecodeError as e:  # also JSONTooDeepError
         raise DatasetFileError(path, f"malformed JSON: {e}") from None
     if not isinstance(records, list):
         raise DatasetFileError(path, f"top level must be a JSON list of records, got {type(records).__name__}")

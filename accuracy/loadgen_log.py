@@ -37,6 +37,7 @@ import numpy as np
 
 from accuracy.constants import MAX_NEW_TOKENS
 from accuracy.errors import AccuracyInputError
+from accuracy.jsontext import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as f:
-            records = json.load(f)
+            records = parse_json(f.read())  # too deep: a JSONDecodeError
     except FileNotFoundError:
         raise AccuracyInputError(f"accuracy log {path} not found: pass --accuracy-log RUN_DIR/mlperf_log_accuracy.json") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -26,6 +26,7 @@ from accuracy.constants import (
     ROUGE_MIN_FRACTION,
 )
 from accuracy.errors import AccuracyInputError
+from accuracy.jsontext import parse_json
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def load_reference_file(path: str | os.PathLike) -> Reference:
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+            raw = parse_json(f.read())  # too deep: a JSONDecodeError
     except FileNotFoundError:
         raise AccuracyInputError(
             f"reference {path} not found: pass --reference datacenter|edge|auto or an existing JSON file"

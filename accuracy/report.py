@@ -91,10 +91,10 @@ def preview(ids: Iterable, limit: int = 10) -> str:
 def run_max_samples(accuracy_log: str | os.PathLike) -> int | None:
     """``run_settings.max_samples`` of the ``run.json`` next to ``accuracy_log`` (what ``python -m
     sut run --max-samples N`` recorded), or None: no such file, unreadable, or no positive int there."""
-    import json
+    from accuracy.jsontext import parse_json
 
     try:
-        rec = json.loads((Path(accuracy_log).parent / "run.json").read_text(encoding="utf-8"))
+        rec = parse_json((Path(accuracy_log).parent / "run.json").read_text(encoding="utf-8"))
         value = rec["run_settings"]["max_samples"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

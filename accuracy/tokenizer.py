@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from accuracy.constants import (
     LLAMA3_PATTERN,
 )
 from accuracy.errors import AccuracyInputError, TokenizerNotFoundError
+from accuracy.jsontext import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +333,7 @@ def load_tokenizer(path: str | os.PathLike | None, clean_up_spaces: bool | None 
 def _eos_from_json(path: Path) -> tuple[int, ...] | None:
     try:
         with open(path, encoding="utf-8") as f:
-            value = json.load(f).get("eos_token_id")
+            value = parse_json(f.read()).get("eos_token_id")  # too deep: a ValueError
     except (OSError, ValueError, AttributeError):
         return None
     if isinstance(value, int) and not isinstance(value, bool):

@@ -116,9 +116,17 @@ def _preset(path: str | None) -> dict:
         raise BadInput(f"error: preset not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise BadInput(f"error: {path}: malformed TOML: {e}") from None
+    except RecursionError:
+        raise BadInput(f"error: {path}: malformed TOML: nested deeper than Python's recursion limit") from None
+    except OSError as e:
+        raise BadInput(f"error: preset {path} cannot be read: {e.strerror or e}") from None
     unknown = set(data) - {"run", "engine", "generation", "options"}
     if unknown:
         raise BadInput(f"error: {path}: unknown section(s) {sorted(unknown)}; use run, engine, generation, options")
+    for name, section in data.items():
+        if not isinstance(section, dict):
+            raise BadInput(f"error: {path}: {name} must be a table ([{name}] with key = value lines), got "
+                           f"{type(section).__name__} {section!r}")
     return data
 
 
@@ -344,7 +352,7 @@ def cmd_test06_verify(a) -> int:
 
 
 def cmd_package(a) -> int:
-    from sut.package_tree import TreeSettings, package_tree
+    from sut.package_tree import TreeSettings, package_new_tree
 
     try:
         PackageSettings(out=a.out, system=a.system, submitter=a.submitter, performance_run="-", accuracy_run="-",
@@ -352,8 +360,7 @@ def cmd_package(a) -> int:
         ts = TreeSettings(out=a.out, system=a.system, submitter=a.submitter, performance_runs=tuple(a.performance_runs),
                           accuracy_runs=tuple(a.accuracy_runs), test06_runs=tuple(a.test06_runs),
                           division=a.division, allow_noncompliant=a.allow_noncompliant)
-        Path(a.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out: exit 2 before any check
-        root = package_tree(ts)
+        root = package_new_tree(ts)  # a missing run folder, an unwritable --out: exit 2, nothing written
     except ValueError as e:
         raise InputError(str(e)) from None
     except ComplianceError as e:  # a run that cannot go into the tree: the packaging failed

@@ -10,8 +10,8 @@ Engine flags::
     add_engine_flags(e, defaults=engine_defaults(), skip=("seed",), help={"device": "auto | cuda | cpu (default auto)"})
     a = parser.parse_args(argv)
     es = engine_settings_from_args(a, {"enable_prefix_caching": True, "max_model_len": 9000})
-    # flags given win over the base mapping; BadInput (exit 2) without a model;
-    # ValueError names a value of the wrong type (sut.engine.settings_from_mapping)
+    # flags given win over the base mapping; BadInput (exit 2) without a model, or naming a
+    # value of the wrong type or range (sut.engine.settings_from_mapping / check_engine_settings)
 
 Backend option flags (options convention: a field with its own flag declares
 ``field(default=..., metadata={"flag": "--batch-size", "help": "..."})``, optionally ``"metavar"``
@@ -107,15 +107,20 @@ def engine_settings_from_args(a: argparse.Namespace, base: Optional[Mapping[str,
     """``EngineSettings`` from ``base`` (a preset's ``[engine]``, a caller's defaults) overridden by the
     flags given.
 
-    Raises ``BadInput`` ("error: --model is required" + ``model_hint``) without a model, and
-    ``ValueError`` naming the field for a value of the wrong type or range.
+    Raises ``BadInput`` (exit 2, before anything starts): "error: --model is required" + ``model_hint``
+    without a model; "error: ..." naming the field and its flag for a value of the wrong type or one
+    vLLM refuses (``sut.engine.settings.check_engine_settings``: a ``--dtype`` outside vLLM's choices,
+    ``--cpu-kvcache-gib -1``, ...).
     """
     from sut.engine import EngineSettings, settings_from_mapping
 
     values = {**(base or {}), **engine_overrides(a)}
     if "model" not in values:
         raise BadInput(f"error: --model is required{model_hint}")
-    return settings_from_mapping(EngineSettings, values)
+    try:
+        return settings_from_mapping(EngineSettings, values)
+    except (ValueError, TypeError) as e:
+        raise BadInput(f"error: {e}") from None
 
 
 # ------------------------------------------------------------------------------ backend option flags

@@ -86,6 +86,19 @@ class TreeSettings:
         if not self.performance_runs or not self.accuracy_runs:
             raise ValueError("give at least one performance run and one accuracy run")
 
+    def check_run_folders(self) -> None:
+        """Raise ``ValueError`` naming the flag and the path for a run folder argument that does not
+        exist, is not a folder or holds no ``run.json`` (bad input: ``python -m sut package`` exits 2
+        before it writes anything)."""
+        for flag, folders in (("--performance", self.performance_runs), ("--accuracy", self.accuracy_runs),
+                              ("--test06", self.test06_runs)):
+            for f in folders:
+                d = Path(f)
+                why = ("does not exist" if not d.exists() else "is not a folder" if not d.is_dir()
+                       else "is not a run folder (no run.json)" if not (d / "run.json").is_file() else None)
+                if why:
+                    raise ValueError(f"{flag} {f}: {why}")
+
 
 def _by_scenario(folders, role: str) -> dict[str, tuple[str, dict]]:
     out: dict[str, tuple[str, dict]] = {}
@@ -195,6 +208,23 @@ def package_tree(ts: TreeSettings) -> Path:
         write_not_compliant(root, problems)
     log.info("submission tree written: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
     return root
+
+
+def package_new_tree(ts: TreeSettings) -> Path:
+    """:func:`package_tree` for ``python -m sut package``: the run folder arguments are checked first
+    (``ValueError``, :meth:`TreeSettings.check_run_folders`), then ``ts.out`` is created (``OSError`` if it
+    cannot be); when anything fails after that, the folders this call created are removed again (a
+    failed command leaves no empty or partial ``--out`` behind)."""
+    ts.check_run_folders()
+    out = Path(ts.out).absolute()
+    made = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)  # what mkdir creates
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return package_tree(ts)
+    except BaseException:
+        if made is not None:  # every file under it is this call's
+            shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
 def _git(repo: Path, *args: str) -> Optional[str]:

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
+from accuracy.jsontext import parse_json
 from sut.constants import LLAMA3_VOCAB
 
 
@@ -71,8 +72,8 @@ def read_json(path: str | Path, what: str):
     if not path.is_file():
         raise ComplianceError(f"{what} {path} not found")
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return parse_json(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # also JSONTooDeepError
         raise ComplianceError(f"{what} {path} is not valid JSON ({e})") from None
 
 

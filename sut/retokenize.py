@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Iterator, Optional
 
+from accuracy.jsontext import parse_json
 from sut.constants import PROMPT_TEMPLATE
 from sut.dataset import DatasetError
 
@@ -32,7 +33,7 @@ def iter_source(path: str | Path) -> Iterator[tuple[str, str]]:
     text = path.read_text()
     if text.lstrip().startswith("["):
         try:
-            rows = json.loads(text)
+            rows = parse_json(text)
         except json.JSONDecodeError as e:
             raise DatasetError(path, f"malformed JSON: {e}") from None
         for i, r in enumerate(rows):
@@ -44,7 +45,7 @@ def iter_source(path: str | Path) -> Iterator[tuple[str, str]]:
         if not line.strip():
             continue
         try:
-            r = json.loads(line)
+            r = parse_json(line)
         except json.JSONDecodeError as e:
             raise DatasetError(path, f"malformed JSON line: {e}", i) from None
         art = r.get("article", r.get("input"))
@@ -75,8 +76,8 @@ def retokenize(source: str | Path, tokenizer: str, out: str | Path, max_samples:
         src = Path(source)
         if src.read_text().lstrip().startswith("["):
             raise DatasetError(src, "--split applies only to JSONL rows with a 'split' field")
-        rows = ((json.loads(l).get("article"), json.loads(l).get("highlights")) for l in src.read_text().splitlines()
-                if l.strip() and json.loads(l).get("split") == split)
+        rows = ((parse_json(l).get("article"), parse_json(l).get("highlights")) for l in src.read_text().splitlines()
+                if l.strip() and parse_json(l).get("split") == split)
     for article, ref in rows:
         prompt = PROMPT_TEMPLATE.format(input=article)
         ids = tok(prompt, add_special_tokens=True)["input_ids"]

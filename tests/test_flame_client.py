@@ -222,3 +222,47 @@ def test_flame_options_refuse_nan(field):
 
     with pytest.raises(ValueError, match=field):
         FlameOptions(**{field: float("nan")})
+
+
+# --------------------------------------------------------------------------- preflight (exit 2, no run folder)
+@pytest.fixture
+def no_flame_config(tmp_path, monkeypatch):
+    """No FLAME_ENDPOINT and a HOME without ~/.flame/flame.yaml; returns that HOME."""
+    monkeypatch.delenv("FLAME_ENDPOINT", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def _preflight(**opts):
+    FlameSUT.preflight(FlameSUT.check_options(opts), EngineSettings(model="m"))
+
+
+def test_preflight_refuses_a_run_without_a_flame_endpoint(no_flame_config):
+    with pytest.raises(InputError, match="--sut flame: no Flame endpoint: pass --flame-endpoint"):
+        _preflight()
+
+
+def test_preflight_names_an_unreadable_flame_yaml(no_flame_config):
+    (no_flame_config / ".flame").mkdir()
+    (no_flame_config / ".flame" / "flame.yaml").write_text("contexts: [\n")
+    with pytest.raises(InputError, match=r"cannot read the Flame endpoint from ~/.flame/flame.yaml"):
+        _preflight()
+
+
+@pytest.mark.parametrize("via_env", [False, True])
+def test_preflight_refuses_an_endpoint_where_nothing_answers_within_seconds(no_flame_config, monkeypatch, via_env):
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    if via_env:
+        monkeypatch.setenv("FLAME_ENDPOINT", endpoint)
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=f"no Flame session manager answers at {endpoint}"):
+        _preflight(**({} if via_env else {"endpoint": endpoint}))
+    assert time.monotonic() - t0 < 5
+
+
+def test_preflight_passes_when_the_session_manager_accepts_a_connection(no_flame_config):
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        _preflight(endpoint=f"http://127.0.0.1:{srv.getsockname()[1]}")

@@ -251,15 +251,40 @@ def test_two_cpu_engines_share_the_work_by_tokens(tmp_path, synthetic_small):
     assert sorted(r["qsl_idx"] for r in log) == list(range(32))
 
 
-def test_a_run_that_fails_to_start_is_recorded_as_failed(tmp_path, synthetic_small):
-    """run.json must never stay 'running': here the Flame SUT cannot reach its endpoint."""
+@pytest.fixture
+def not_flame():
+    """``http://127.0.0.1:PORT`` where something accepts TCP connections (so the Flame preflight passes) and
+    closes them at once: not a Flame session manager, so the Flame SUT fails to start."""
+    import socket
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                srv.accept()[0].close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    srv.close()
+
+
+def test_a_run_that_fails_to_start_is_recorded_as_failed(tmp_path, synthetic_small, not_flame):
+    """run.json must never stay 'running': here the Flame SUT's endpoint is no Flame session manager."""
     data, _ = synthetic_small
     out = subprocess.run(sut_cmd("--dataset", str(data), "--output-dir", str(tmp_path), "--sut", "flame",
-                                 "--flame-endpoint", "http://127.0.0.1:9", "--quick"),
+                                 "--flame-endpoint", not_flame, "--quick"),
                          env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr[-2000:]
     rec = json.loads((only_dir(tmp_path) / "run.json").read_text())
-    assert rec["status"] == "failed" and "127.0.0.1:9" in rec["error"] and rec["finished"]
+    assert rec["status"] == "failed" and not_flame in rec["error"] and rec["finished"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -268,6 +293,8 @@ def test_a_run_that_fails_to_start_is_recorded_as_failed(tmp_path, synthetic_sma
     (["--option", "bogus=1"], "unknown option(s) bogus"),
     (["--option", "gc_freeze=maybe"], "gc_freeze must be true/false"),
     (["--sut", "flame", "--batch-size", "0"], "flame SUT options"),
+    (["--sut", "flame", "--flame-endpoint", "http://127.0.0.1:1"], "no Flame session manager answers at "
+                                                                    "http://127.0.0.1:1"),
     (["--mode", "accuracy", "--audit-config", "loadgen_configs/TEST06/audit.config"], "audit config sets LoadGen's mode"),
     (["--min-duration-s", "nan"], "min_duration_s"),
     (["--run-name", "taken"], "already exists"),

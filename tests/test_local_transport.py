@@ -244,6 +244,68 @@ def test_a_worker_that_fails_to_start_leaves_nothing_running(standin, tmp_path):
     assert "AttributeError" in (tmp_path / "engine-1.log").read_text()
 
 
+def _wait_for_children(pid_file, n=1, timeout=30.0):
+    """The stand-in's child pids once ``n`` workers are inside ``LLM.__init__`` (building their engine)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        pids = [int(x) for x in pid_file.read_text().split()] if pid_file.exists() else []
+        if len(pids) >= n:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"no worker reached LLM.__init__ within {timeout:.0f} s")
+
+
+def test_ctrl_c_during_engine_start_ends_the_starting_workers_at_once(standin, monkeypatch, caplog):
+    """Ctrl-C / SIGTERM (the harness turns it into KeyboardInterrupt) while the engines are still being built:
+    a starting worker reads no Stop and ignores SIGTERM, so waiting for it took 40 s (Stop: 30 s, SIGTERM: 10 s)."""
+    monkeypatch.setenv("STANDIN_START_S", "600")
+    t = _transport(engines=2)
+    main = threading.get_ident()
+    took = []
+
+    def interrupt():
+        children = _wait_for_children(standin, n=2)
+        took.append((time.monotonic(), children))
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        with caplog.at_level("WARNING", logger="sut.engine.handle"), pytest.raises(KeyboardInterrupt):
+            t.start(Sink())
+        t0, children = took[0]
+        took = time.monotonic() - t0
+        pids = [e.pid for e in t.pool.engines] + children
+    finally:
+        t.stop()
+    assert took < 6.0, f"stopping 2 starting engines took {took:.1f} s"
+    assert _gone(pids, timeout=1.0), [p for p in pids if _alive(p)]
+    said = [r.getMessage() for r in caplog.records if "is still starting: ending it now" in r.getMessage()]
+    assert len(said) == 2, said
+
+
+def test_a_starting_worker_in_its_parents_process_group_is_ended_at_once(standin, monkeypatch, caplog):
+    """The Flame service's engine (``own_process_group=False``): SIGTERM to the worker only, then SIGKILL."""
+    from sut.engine import EngineHandle, plan_engines
+
+    monkeypatch.setenv("STANDIN_START_S", "600")
+    es = EngineSettings(model=str(TINY_MODEL), device="cpu", max_model_len=512)
+    h = EngineHandle(plan_engines(es)[0], es, GenerationSettings(max_tokens=OUT_LEN), own_process_group=False)
+    h.start()
+    children = []
+    try:
+        children = _wait_for_children(standin)
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING", logger="sut.engine.handle"):
+            h.shutdown()
+        took = time.monotonic() - t0
+        assert took < 5.0, f"stopping a starting engine took {took:.1f} s"
+        assert not _alive(h.pid) and any("is still starting" in r.getMessage() for r in caplog.records)
+    finally:
+        h.shutdown()
+        for pid in children:  # in this process's group: Flame's executor manager ends it in production
+            os.kill(pid, signal.SIGKILL)
+
+
 # --------------------------------------------------------------------------- the typed pipe
 class FakeConn:
     """The worker's end of the pipe, scripted: ``inbox`` is read in order, ``sent`` collects."""

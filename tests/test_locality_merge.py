@@ -289,3 +289,13 @@ def test_a_merged_report_given_as_a_run_is_named_as_such(tmp_path, capsys):
     rc, rec = report(tmp_path, a, merged, name="second")
     err = capsys.readouterr().err
     assert rc == 2 and rec is None and "is a merged report" in err and "sources" in err
+
+
+def test_a_too_deeply_nested_header_or_case_line_exits_2(tmp_path, capsys):
+    deep = "[" * 100_000 + "]" * 100_000
+    a = make_run(tmp_path, "a", [case(0, "standalone", 10.0), case(0, "flame", 9.9)])
+    (a / HEADER).write_text(deep)
+    assert report(tmp_path, a)[0] == 2 and "recursion limit" in capsys.readouterr().err
+    b = make_run(tmp_path, "b", [case(0, "standalone", 10.0)], header())
+    (b / "cases.jsonl").write_text(deep + "\n" + json.dumps(case(0, "flame", 9.9)) + "\n")
+    assert report(tmp_path, b)[0] == 2 and "line 1 is not JSON" in capsys.readouterr().err

@@ -13,7 +13,9 @@ same first 16 ids was added before (and the cache was not reset), else 0. ``LLM.
 child process (``sleep``) in the worker's process group, as vLLM's own children are, and writes its
 pid to ``$STANDIN_CHILD_PIDS`` (one line per engine) so tests can check that it is ended too.
 ``$STANDIN_SHUTDOWN_S`` (default 0): seconds that releasing the ``LLM`` and the interpreter's exit
-each take, as vLLM's shutdown (its full ``gc.collect``) and teardown do on CPU.
+each take, as vLLM's shutdown (its full ``gc.collect``) and teardown do on CPU. ``$STANDIN_START_S``
+(default 0): seconds ``LLM.__init__`` then takes, deaf to SIGTERM, as building a real engine is (minutes on
+a GPU, in native code that Python's signal handlers do not interrupt).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import textwrap
 from pathlib import Path
 
 VLLM = '''
-import atexit, os, subprocess, time, types, weakref
+import atexit, os, signal, subprocess, time, types, weakref
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: F401
 
 __version__ = "0.0-standin"
@@ -84,6 +86,11 @@ class LLM:
         if path:
             with open(path, "a") as fh:
                 fh.write(f"{child.pid}\\n")
+        start_s = float(os.environ.get("STANDIN_START_S", "0"))
+        if start_s:  # building the engine: SIGTERM does not end it (nor run the worker's handler) meanwhile
+            before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(start_s)
+            signal.signal(signal.SIGTERM, before)
         self.llm_engine = _Engine(kw)
         slow = float(os.environ.get("STANDIN_SHUTDOWN_S", "0"))
         if slow:  # vLLM's engine shutdown when the LLM is released (a full gc.collect), the interpreter's teardown

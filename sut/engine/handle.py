@@ -4,11 +4,15 @@ Failure handling: a worker runs in its own process group (or, for the Flame serv
 parent's). The watcher thread waits on the worker's pipe and its process sentinel together, so an
 exited worker or an engine exception reaches ``on_fatal`` at once (no polling delay), with the last
 lines of the engine log; ``shutdown`` ends the process group (SIGTERM, then SIGKILL), so vLLM's own
-child processes never outlive the run.
+child processes never outlive the run. A worker that has reported ``Ready`` first gets ``Stop`` and
+returns from its serve loop; one still starting (building ``vllm.LLM``: minutes on a GPU) reads no
+``Stop`` and may not die from SIGTERM while in native code, so it is ended at once: SIGTERM, then
+SIGKILL after ``STARTING_TERM_WAIT_S``, with a log line saying so.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -31,6 +35,14 @@ from sut.engine.worker import worker_main
 DoneCallback = Callable[[int, list[Completion]], None]  # (engine index, completions)
 FirstCallback = Callable[[int, list[FirstToken]], None]  # (engine index, first tokens)
 FatalCallback = Callable[[str], None]  # the message names the engine
+
+log = logging.getLogger(__name__)
+
+#: Seconds after SIGTERM before SIGKILL (``EngineHandle.shutdown``): a worker that reported ``Ready`` (then
+#: mostly its children, vLLM's EngineCore) / one still starting, which reads no ``Stop`` and may outlive SIGTERM
+#: while it builds ``vllm.LLM`` (seen 2026-12-01 with the tiny CPU engine: still alive 10 s after SIGTERM).
+READY_TERM_WAIT_S = 10.0
+STARTING_TERM_WAIT_S = 2.0
 
 
 class EngineHandle:
@@ -56,6 +68,7 @@ class EngineHandle:
         self._send_lock = threading.Lock()
         self._watcher: Optional[threading.Thread] = None
         self._stopping = False
+        self._ready = False  # the worker has reported Ready (it serves the pipe and reads Stop)
         self._on_done: Optional[DoneCallback] = None
         self._on_fatal: Optional[FatalCallback] = None
         self._on_stats: Optional[Callable[[dict], None]] = None
@@ -107,7 +120,7 @@ class EngineHandle:
                 except EOFError:
                     raise self._exited("during start-up") from None
                 if type(msg) is Ready:
-                    self.info = msg.info
+                    self.info, self._ready = msg.info, True
                     return msg.info
                 raise EngineError(self.failure(msg.message if type(msg) is Failed else
                                                f"engine {self.slot.index}: unexpected start-up message {msg!r}"))
@@ -215,21 +228,27 @@ class EngineHandle:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the worker and end its process group, or only the worker when it shares its
-        parent's group (SIGTERM, then SIGKILL). Safe to call twice and before ``start``."""
+        parent's group (SIGTERM, then SIGKILL). A ``Ready`` worker first gets ``Stop`` and up to
+        ``timeout`` seconds to return; one that has not reported ``Ready`` is ended at once (SIGKILL
+        ``STARTING_TERM_WAIT_S`` after SIGTERM). Safe to call twice and before ``start``."""
         self._stopping = True
         if self._proc is None or self._proc.pid is None:  # never started (or its start raised)
             return
-        if self._proc.is_alive():
+        term_wait = READY_TERM_WAIT_S if self._ready else STARTING_TERM_WAIT_S
+        if self._proc.is_alive() and self._ready:
             try:
                 with self._send_lock:
                     self._conn.send(Stop())
             except (OSError, BrokenPipeError):
                 pass
             self._proc.join(timeout)
+        elif self._proc.is_alive():
+            log.warning("engine %d (pid %d) is still starting: ending it now (SIGTERM, SIGKILL after %.0f s)",
+                        self.slot.index, self._proc.pid, term_wait)
         if self.own_process_group:
-            _end_group(self._proc.pid)
+            _end_group(self._proc.pid, term_wait, reap=lambda: self._proc.join(0))
         else:
-            for end, wait in ((self._proc.terminate, 10), (self._proc.kill, 5)):
+            for end, wait in ((self._proc.terminate, term_wait), (self._proc.kill, 5)):
                 if self._proc.is_alive():
                     end()
                     self._proc.join(wait)
@@ -238,15 +257,18 @@ class EngineHandle:
             self._conn.close()
 
 
-def _end_group(pgid: int) -> None:
-    """SIGTERM the process group ``pgid``, wait up to 10 s, then SIGKILL it and wait up to 5 s."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+def _end_group(pgid: int, term_wait: float = READY_TERM_WAIT_S, reap: Callable[[], object] = lambda: None) -> None:
+    """SIGTERM the process group ``pgid``, wait up to ``term_wait`` s, then SIGKILL it and wait up to 5 s.
+    ``reap``: collects the group's leader (the worker, our child) when it has exited: until then it is a
+    zombie, which still counts as a member of the group."""
+    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
         end = time.monotonic() + wait
         while time.monotonic() < end:
+            reap()
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:

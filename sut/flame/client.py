@@ -7,15 +7,20 @@ services); its options are the transport's ``FlameOptions`` (``sut.flame.options
 dataset goes to the transport, which refuses a batch size that cannot fit one Flame message before
 any session exists and sends the dataset's path and hash to the services with ``payload=indices``.
 
+Before anything starts (``preflight``, exit 2 and no run folder): a Flame endpoint must be given (option
+``endpoint`` / ``--flame-endpoint``, ``FLAME_ENDPOINT`` or ``~/.flame/flame.yaml``) and its session manager
+must accept a connection within ``sut.flame.session.PREFLIGHT_TIMEOUT_S`` seconds.
+
 ``connect`` and ``executors_per_engine`` are re-exported here for the entry points that import them.
 """
 
 from __future__ import annotations
 
-from sut.base import SUTContext, register_sut
+from sut.base import InputError, RunFailed, SUTContext, register_sut
 from sut.core.loadgen_sut import TransportSUT
+from sut.engine import EngineSettings
 from sut.flame.options import FlameOptions, executors_per_engine
-from sut.flame.session import connect, resolve_endpoint
+from sut.flame.session import check_control_plane, connect, resolve_endpoint
 
 __all__ = ["FlameOptions", "FlameSUT", "connect", "executors_per_engine", "resolve_endpoint"]
 
@@ -30,3 +35,12 @@ class FlameSUT(TransportSUT):
         super().__init__(ctx, transport)
         if hasattr(self.transport, "use_dataset"):
             self.transport.use_dataset(ctx.dataset)
+
+    @classmethod
+    def preflight(cls, options: FlameOptions, engine: EngineSettings) -> None:
+        """``InputError`` when no Flame endpoint is given or its session manager does not accept a
+        connection within ``PREFLIGHT_TIMEOUT_S`` seconds (``sut.flame.session.check_control_plane``)."""
+        try:
+            check_control_plane(options.endpoint)
+        except RunFailed as e:
+            raise InputError(f"--sut flame: {e}") from None

@@ -32,13 +32,24 @@ SUCCEED, FAILED, CANCELLED, LOST = "succeed", "failed", "cancelled", "lost"
 _ST_SUCCEED, _ST_FAILED, _ST_CANCELLED = 2, 3, 4  # flame.v1 TaskState on the wire
 
 
+#: Seconds Flame's session manager has to accept a TCP connection before a run starts (``check_control_plane``).
+PREFLIGHT_TIMEOUT_S = 3.0
+
+
 def resolve_endpoint(endpoint: Optional[str] = None) -> str:
-    """Option, else ``FLAME_ENDPOINT``, else ``~/.flame/flame.yaml``; ``RunFailed`` if none."""
+    """Option, else ``FLAME_ENDPOINT``, else ``~/.flame/flame.yaml``; ``RunFailed`` if none, or if that file
+    cannot be read."""
     if endpoint:
         return endpoint
-    from flamepy import FlameContext
+    import yaml
+    from flamepy import FlameContext, FlameError
 
-    ctx = FlameContext()  # reads ~/.flame/flame.yaml, then FLAME_ENDPOINT overrides it
+    try:
+        ctx = FlameContext()  # reads ~/.flame/flame.yaml, then FLAME_ENDPOINT overrides it
+    except FlameError as e:
+        raise RunFailed(f"cannot read the Flame endpoint from ~/.flame/flame.yaml: {e.message}") from None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, yaml.YAMLError) as e:  # unreadable, bad YAML
+        raise RunFailed(f"cannot read the Flame endpoint from ~/.flame/flame.yaml: {e}") from None
     if not ctx._endpoint:
         raise RunFailed("no Flame endpoint: pass --flame-endpoint / --option endpoint=http://HOST:8080, set "
                         "FLAME_ENDPOINT, or write ~/.flame/flame.yaml")
@@ -58,13 +69,25 @@ def connect(endpoint: Optional[str] = None):
 
 
 def reachable(endpoint: Optional[str], timeout: float = 2.0) -> bool:
-    """True if the session manager's frontend port accepts a TCP connection."""
+    """True if the session manager's frontend port accepts a TCP connection within ``timeout`` seconds
+    (False also for a URL whose port is not a number)."""
     u = urlparse(endpoint or "")
     try:
         with socket.create_connection((u.hostname or "127.0.0.1", u.port or 8080), timeout=timeout):
             return True
-    except OSError:
+    except (OSError, ValueError):
         return False
+
+
+def check_control_plane(endpoint: Optional[str] = None, timeout: float = PREFLIGHT_TIMEOUT_S) -> str:
+    """The resolved endpoint (``resolve_endpoint``); ``RunFailed`` when there is none or its session manager
+    does not accept a TCP connection within ``timeout`` seconds (``reachable``)."""
+    ep = resolve_endpoint(endpoint)
+    if not reachable(ep, timeout):
+        raise RunFailed(f"no Flame session manager answers at {ep} (nothing accepts a connection there within "
+                        f"{timeout:g} s): start one (e.g. `python -m sut.flame cluster`) or pass another "
+                        "--flame-endpoint / FLAME_ENDPOINT")
+    return ep
 
 
 def lost_cause(endpoint: Optional[str], msg: str) -> str:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from accuracy.jsontext import parse_json
 from sut.exits import BadInput
 from sut.locality.case_schema import HEADER_CHECKS, problem
 from sut.locality.pairs import run_records
@@ -88,7 +89,7 @@ def _read_text(path: Path, run: Path) -> str:
 def _read_header(path: Path, run: Path) -> dict:
     """The run's header file (``BadInput`` naming run, file and field when it is no header)."""
     try:
-        header = json.loads(_read_text(path, run))
+        header = parse_json(_read_text(path, run))
     except ValueError as e:
         raise BadInput(f"error: run {run}: cannot read {path.name}: {e}") from None
     why = problem(header, HEADER_CHECKS)
@@ -100,7 +101,7 @@ def _read_header(path: Path, run: Path) -> dict:
 def _is_merged_report(run: Path) -> bool:
     """True when ``run/locality.json`` is a record ``write_merged`` wrote (``"merged": true``)."""
     try:
-        return json.loads((run / "locality.json").read_text()).get("merged") is True
+        return parse_json((run / "locality.json").read_text()).get("merged") is True
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -122,7 +123,7 @@ def read_cases(run: Path) -> tuple[list[dict], list[str]]:
         if not line.strip():
             continue
         try:
-            case = json.loads(line)
+            case = parse_json(line)
         except ValueError as e:
             if n == len(lines) and not text.endswith("\n"):
                 notes.append(f"run {run}: cases.jsonl line {n} is cut off (the run stopped while writing it): skipped")

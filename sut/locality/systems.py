@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from accuracy.jsontext import parse_json
 from sut.core.transport import Transport, TransportSpec, make_transport, transport_class
 from sut.engine import settings_from_mapping
 
@@ -52,15 +53,12 @@ class SystemSpec:
 def check_flame(options) -> None:
     """The Flame system needs a control plane that answers (``ValueError`` saying how to get one)."""
     from sut.base import RunFailed
-    from sut.flame.session import reachable, resolve_endpoint
+    from sut.flame.session import check_control_plane
 
     try:
-        endpoint = resolve_endpoint(getattr(options, "endpoint", None))
+        check_control_plane(getattr(options, "endpoint", None))
     except RunFailed as e:
         raise ValueError(f"system flame: {e} (e.g. `python -m sut.flame cluster`: docs/locality.md)") from None
-    if not reachable(endpoint):
-        raise ValueError(f"system flame: no Flame session manager answers at {endpoint} (start one, e.g. "
-                         "`python -m sut.flame cluster`: docs/locality.md)")
 
 
 #: The study's Flame settings for this entry point (study.md §6: batch limit 128, 10 ms window, zlib, gc.freeze).
@@ -99,7 +97,7 @@ def parse_system_options(items: Sequence[str]) -> dict[str, dict]:
         if not (eq and dot and system and key):
             raise ValueError(f"--system-option {item!r}: expected SYSTEM.KEY=VALUE, e.g. flame.batch_size=64")
         try:
-            value = json.loads(raw)
+            value = parse_json(raw)
         except json.JSONDecodeError:
             value = raw
         out.setdefault(system, {})[key] = value

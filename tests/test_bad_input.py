@@ -1,0 +1,253 @@
+"""Bad input exits 2 before anything starts (session 5 breaker findings): engine settings vLLM would refuse,
+JSON nested deeper than Python's recursion limit, a preset section that is not a table, and a
+``python -m sut package`` run folder that does not exist. No test here starts an engine."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
+
+DEEP = "[" * 100000 + "]" * 100000  # valid JSON, nested deeper than Python's recursion limit
+GOOD_RECORD = {"instruction": "x", "input": "y", "tok_input": [128000, 5, 6, 7], "output": "z"}
+
+
+@pytest.fixture
+def deep(tmp_path) -> Path:
+    p = tmp_path / "deep.json"
+    p.write_text(DEEP)
+    return p
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps([GOOD_RECORD]))
+    return p
+
+
+# ------------------------------------------------------------------------------------ engine settings
+@pytest.mark.parametrize("field, value, rule", [
+    ("dtype", "float33", "one of auto, half, float16, bfloat16, float, float32"),
+    ("cpu_kvcache_gib", -1, ">= 1"), ("cpu_kvcache_gib", 0, ">= 1"), ("engines_per_device", 0, ">= 1"),
+    ("max_num_seqs", 0, ">= 1"), ("max_num_batched_tokens", 0, ">= 1"),
+    ("gpu_memory_utilization", 0.0, "in (0, 1]"), ("gpu_memory_utilization", 1.2, "in (0, 1]"),
+    ("max_model_len", 0, "> 128"), ("max_model_len", -5, "> 128"), ("seed", -1, ">= 0"),
+    ("long_prefill_token_threshold", -1, ">= 0"), ("device", "tpu", "auto, cuda or cpu"),
+    ("kv_cache_dtype", "", "a non-empty string"), ("load_format", " ", "a non-empty string"),
+    ("quantization", "", "a non-empty string"), ("model", "", "a non-empty string"),
+])
+def test_engine_settings_refuse_what_vllm_refuses_naming_field_and_flag(field, value, rule):
+    from sut.engine import EngineSettings
+
+    kw = {"model": "m", field: value}
+    with pytest.raises(ValueError) as e:
+        EngineSettings(**kw)
+    msg = str(e.value)
+    assert f"engine setting {field} must be {rule}" in msg and f"--{field.replace('_', '-')}" in msg, msg
+    assert f"[engine] {field}" in msg and repr(value) in msg
+
+
+def test_engine_settings_accept_every_vllm_dtype_and_the_range_ends():
+    from sut.engine import EngineSettings
+    from sut.engine.settings import VLLM_DTYPES
+
+    for dtype in VLLM_DTYPES:
+        assert EngineSettings(model="m", dtype=dtype).dtype == dtype
+    assert EngineSettings(model="m", dtype="BFloat16").dtype == "BFloat16"  # vLLM lower-cases it
+    es = EngineSettings(model="m", gpu_memory_utilization=1, cpu_kvcache_gib=1, max_model_len=129, seed=0,
+                        long_prefill_token_threshold=0, quantization="fp8", kv_cache_dtype="fp8")
+    assert es.vllm_kwargs()["gpu_memory_utilization"] == 1
+
+
+def _vllm_literal(module: str, name: str) -> tuple:
+    """The strings of ``name = Literal[...]`` in the installed vLLM's ``module`` (read, not imported: 10 s+)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vllm is not installed")
+    path = Path(spec.submodule_search_locations[0], *module.split(".")).with_suffix(".py")
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return tuple(ast.literal_eval(e) for e in node.value.slice.elts)
+    pytest.fail(f"{name} not found in {path}")
+
+
+def test_dtype_choices_are_the_installed_vllms():
+    from sut.engine.settings import VLLM_DTYPES
+
+    assert set(VLLM_DTYPES) == set(_vllm_literal("config.model", "ModelDType"))
+
+
+@pytest.mark.parametrize("extra, preset", [(["--dtype", "float33"], ""), (["--cpu-kvcache-gib", "-1"], ""),
+                                           ([], "[engine]\ncpu_kvcache_gib = -1\n"),
+                                           ([], "[engine]\ngpu_memory_utilization = 1.5\n")])
+def test_run_settings_refuse_a_bad_engine_flag_or_preset_value(tmp_path, dataset, extra, preset):
+    from sut.cli import build_parser, settings_from_args
+    from sut.exits import BadInput
+
+    argv = ["run", "--model", str(TINY_MODEL), "--device", "cpu", "--dataset", str(dataset), *extra]
+    if preset:
+        (tmp_path / "p.toml").write_text(preset)
+        argv += ["--config", str(tmp_path / "p.toml")]
+    with pytest.raises(BadInput) as e:
+        settings_from_args(build_parser().parse_args(argv))
+    assert e.value.code == 2 and "engine setting" in e.value.message
+
+
+def test_locality_refuses_a_bad_engine_flag_with_exit_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sut.locality", "run", "--model", str(TINY_MODEL), "--device", "cpu",
+                        "--doc-tokens", "512", "--cpu-kvcache-gib", "0", "--output-dir", str(tmp_path / "out")],
+                       cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "engine setting cpu_kvcache_gib must be >= 1" in r.stderr, r.stderr[-800:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_run_with_a_bad_dtype_exits_2_before_an_engine_or_run_folder(tmp_path, dataset):
+    out = tmp_path / "out"
+    args = [*TINY_ENGINE_ARGS, "--device", "cpu"]
+    args[args.index("--dtype") + 1] = "float33"
+    proc = subprocess.Popen([sys.executable, "-m", "sut", "run", *args, "--user-conf", str(CPU_CONF), "--quick",
+                             "--dataset", str(dataset), "--output-dir", str(out)], cwd=REPO, env=sut_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the harness's clean stop
+        proc.communicate(timeout=180)
+        pytest.fail("--dtype float33 was not refused within 30 s (an engine was started)")
+    assert proc.returncode == 2 and "got 'float33' (flag --dtype" in err, err[-800:]
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------ deeply nested JSON
+def test_parse_json_turns_too_deep_nesting_into_a_decode_error():
+    from accuracy.jsontext import JSONTooDeepError, parse_json
+
+    with pytest.raises(json.JSONDecodeError, match="nested deeper than Python's recursion limit") as e:
+        parse_json(DEEP)
+    assert isinstance(e.value, JSONTooDeepError) and isinstance(e.value, ValueError)
+    with pytest.raises(json.JSONDecodeError, match="nested deeper"):
+        parse_json(DEEP.encode())
+    assert parse_json("[[1]]") == [[1]]
+
+
+def _readers():
+    """(reader, the bad-input error it must raise) for every reader of an input JSON file."""
+    from accuracy.dataset import DatasetFileError, read_dataset_json
+    from accuracy.errors import AccuracyInputError
+    from accuracy.loadgen_log import read_accuracy_log
+    from accuracy.reference import load_reference_file
+    from sut.dataset import DatasetError, load_dataset
+    from sut.locality.news import load_corpus
+    from sut.records import ComplianceError, read_json
+
+    return [(read_dataset_json, DatasetFileError), (read_accuracy_log, AccuracyInputError),
+            (load_reference_file, AccuracyInputError), (lambda p: read_json(p, "run record"), ComplianceError),
+            (lambda p: load_dataset(p, 128256, 4096), DatasetError),
+            (lambda p: load_corpus(str(p), None, 128000), DatasetError)]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_every_input_reader_refuses_too_deep_json_as_bad_input(deep, index):
+    reader, error = _readers()[index]
+    with pytest.raises(error, match="nested deeper than Python's recursion limit") as e:
+        reader(deep)
+    assert str(deep) in str(e.value)
+
+
+def test_model_folder_with_too_deep_config_is_an_engine_error(tmp_path):
+    from sut.engine import EngineError, read_model_info
+
+    (tmp_path / "config.json").write_text(DEEP)
+    with pytest.raises(EngineError, match="nested deeper"):
+        read_model_info(tmp_path)
+
+
+@pytest.mark.parametrize("command", ["accuracy", "test06-verify"])
+def test_commands_reading_too_deep_json_exit_2_without_traceback(tmp_path, deep, dataset, command):
+    if command == "accuracy":
+        argv = ["-m", "accuracy", "--accuracy-log", str(deep), "--dataset", str(dataset), "--tokenizer",
+                str(REPO / "results/demo/data/tokenizer"), "--output-dir", str(tmp_path / "acc")]
+    else:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "mlperf_log_accuracy.json").write_text(DEEP)
+        argv = ["-m", "sut", "test06-verify", str(tmp_path / "run")]
+    r = subprocess.run([sys.executable, *argv], cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=90)
+    assert r.returncode == 2 and "nested deeper" in r.stderr, r.stderr[-800:]
+    assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------ presets
+@pytest.mark.parametrize("text, section", [("run = 5\n", "run"), ('engine = "x"\n', "engine"),
+                                           ("generation = [1]\n", "generation"), ("options = true\n", "options")])
+def test_a_preset_section_that_is_not_a_table_is_bad_input(tmp_path, text, section):
+    from sut.cli import _preset
+    from sut.exits import BadInput
+
+    p = tmp_path / "p.toml"
+    p.write_text(text)
+    with pytest.raises(BadInput, match=f"{p}: {section} must be a table"):
+        _preset(str(p))
+
+
+@pytest.mark.parametrize("text", ["a = " + "[" * 100000 + "]" * 100000 + "\n", None])
+def test_a_preset_too_deep_or_unreadable_is_bad_input(tmp_path, text):
+    from sut.cli import _preset
+    from sut.exits import BadInput
+
+    p = tmp_path / "p.toml"
+    if text is None:
+        p.mkdir()  # a folder: open() raises IsADirectoryError
+    else:
+        p.write_text(text)
+    with pytest.raises(BadInput, match=str(p)):
+        _preset(str(p))
+
+
+# ------------------------------------------------------------------------------------ package
+def _package(tmp_path, perf, acc) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sut", "package", "--out", str(tmp_path / "sub" / "tree"),
+                           "--system", "1xCPU", "--submitter", "ORG", "--performance", str(perf), "--accuracy", str(acc),
+                           "--allow-noncompliant"], cwd=REPO, env=sut_env(), capture_output=True, text=True,
+                          timeout=90)
+
+
+@pytest.mark.parametrize("kind, why", [("missing", "does not exist"), ("file", "is not a folder"),
+                                       ("empty", "is not a run folder (no run.json)")])
+def test_package_refuses_a_path_that_is_not_a_run_folder_and_writes_nothing(tmp_path, kind, why):
+    bad = tmp_path / "bad"
+    if kind == "file":
+        bad.write_text("x")
+    elif kind == "empty":
+        bad.mkdir()
+    r = _package(tmp_path, bad, bad)
+    assert r.returncode == 2 and f"--performance {bad}: {why}" in r.stderr, r.stderr[-600:]
+    assert not (tmp_path / "sub").exists()
+
+
+def test_package_that_fails_after_its_checks_leaves_no_out_folder(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")  # a run folder whose run.json lacks every field: the packaging fails
+    r = _package(tmp_path, run, run)
+    assert r.returncode == 1 and "cannot package" in r.stderr, r.stderr[-600:]
+    assert not (tmp_path / "sub").exists()
+
+
+def test_check_run_folders_names_the_flag(tmp_path):
+    from sut.package_tree import TreeSettings
+
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "run.json").write_text("{}")
+    ts = TreeSettings(out=str(tmp_path / "o"), system="s", submitter="o", performance_runs=(str(tmp_path / "ok"),),
+                      accuracy_runs=(str(tmp_path / "ok"),), test06_runs=(str(tmp_path / "nope"),))
+    with pytest.raises(ValueError, match=f"--test06 {tmp_path / 'nope'}: does not exist"):
+        ts.check_run_folders()
