@@ -35,6 +35,7 @@ Exceptions outside the map (programming errors) propagate with their traceback.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -120,16 +121,42 @@ def stop_on_sigterm_like_ctrl_c() -> None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
+_left_running: list[str] = []  # threads this process cannot stop (leave_without_cleanup)
+
+
+def leave_without_cleanup(what: str) -> None:
+    """Say that ``what`` still runs and cannot be stopped: LoadGen's ``StartTest`` thread after a failed or
+    stopped Server / Interactive run (LoadGen 6.0.17 has no abort; its schedule runs to min duration).
+    ``run_main`` then ends the process with ``os._exit`` once its command has returned or raised (run
+    record written, engines stopped), so that LoadGen's C++ objects are never destroyed under that thread
+    (a normal interpreter exit there ends in "terminate called without an active exception", exit 134, or
+    a segfault)."""
+    _left_running.append(what)
+
+
 def run_main(fn: Callable[..., int], *args, messages: Optional[Mapping[str, str]] = None,
              logger: Optional[logging.Logger] = None) -> int:
     """Call ``fn(*args)`` and return its exit code; a mapped exception becomes its exit code and one
     error line (``messages`` overrides ``DEFAULT_MESSAGES`` per kind; ``logger`` defaults to ``sut``).
 
     ``BadInput`` is printed to stderr as is; ``SystemExit`` (argparse) and unmapped exceptions
-    propagate.
+    propagate. After ``leave_without_cleanup`` the process ends here instead, with that code
+    (``os._exit`` after the log handlers and stdout/stderr are flushed): nothing after it runs.
     """
-    msgs = {**DEFAULT_MESSAGES, **(messages or {})}
     out = logger or log
+    code = _run(fn, args, {**DEFAULT_MESSAGES, **(messages or {})}, out)
+    if _left_running:
+        out.warning("%s still runs (it cannot be stopped); exiting with code %d without waiting for it",
+                    ", ".join(_left_running), code)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _run(fn: Callable[..., int], args: tuple, msgs: Mapping[str, str], out: logging.Logger) -> int:
+    """``run_main``'s call of ``fn(*args)`` with the exit-code map."""
     try:
         return fn(*args)
     except BadInput as e:

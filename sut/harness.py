@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from sut import exits
 from sut.core import guard
 from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, get_sut
 from sut.compliance import TEST06_AUDIT_CONFIG
@@ -221,6 +222,8 @@ def _run_sut(sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts, audit_
         sut.stop()
         sut.ledger.close()  # every queued answer sent and counted (backends close it too; this is idempotent)
         objs.destroy(lg)
+        if not objs.returned:  # its C++ objects must not be destroyed under it: run_main ends with os._exit
+            exits.leave_without_cleanup("LoadGen's StartTest thread")
     return error, (time.monotonic() - objs.t_start if objs.t_start else None)
 
 
@@ -315,8 +318,25 @@ def _finish(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_di
 
 
 #: After a failure the ledger answers every outstanding sample, and LoadGen returns within seconds
-#: (13,368 samples: well under one). If it has not returned after this long, the run stops waiting.
+#: (13,368 samples: well under one) once its schedule has ended: Offline's one query at once. If it has not
+#: returned after this long, the run stops waiting.
 LOADGEN_DRAIN_S = 120.0
+#: Server / Interactive: LoadGen 6.0.17 has no abort and its scheduler goes on issuing queries (each answered
+#: empty at once) until min duration and min query count are reached; after a failure the run waits for that
+#: schedule only when it ends within ``LOADGEN_DRAIN_S``, plus this grace, else only this grace (seconds).
+STREAMING_DRAIN_S = 10.0
+
+
+def drain_limit_s(ts, streaming: bool, failed_after_s: float) -> float:
+    """Seconds to wait for LoadGen after a failure ``failed_after_s`` seconds into its test (``ts``: its
+    ``TestSettings``): Offline ``LOADGEN_DRAIN_S``; Server / Interactive the rest of the schedule
+    (``max(min duration, min query count / target_qps)``, a lower bound) plus ``STREAMING_DRAIN_S`` when that
+    fits in ``LOADGEN_DRAIN_S``, else just ``STREAMING_DRAIN_S`` (the schedule will not end early)."""
+    if not streaming:
+        return LOADGEN_DRAIN_S
+    schedule_s = max(ts.min_duration_ms / 1000.0, ts.min_query_count / ts.server_target_qps)
+    wait = STREAMING_DRAIN_S + max(0.0, schedule_s - failed_after_s)
+    return wait if wait <= LOADGEN_DRAIN_S else min(STREAMING_DRAIN_S, LOADGEN_DRAIN_S)
 
 
 def interrupt_reason(e: KeyboardInterrupt) -> str:
@@ -330,7 +350,7 @@ def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
 
     Returns ``(error or None, whether StartTest returned)``. On Ctrl-C or a stall the ledger answers
     the outstanding samples empty so that LoadGen returns, and the run is reported failed. After any
-    failure the main thread waits at most ``LOADGEN_DRAIN_S`` for LoadGen; a further Ctrl-C during
+    failure the main thread waits at most ``drain_limit_s`` for LoadGen; a further Ctrl-C during
     that wait is only logged.
     """
     done = threading.Event()
@@ -345,10 +365,12 @@ def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
             done.set()
 
     t = threading.Thread(target=target, name="loadgen", daemon=True)
+    t_start = time.monotonic()
     t.start()
     led = sut.ledger
+    streaming = ts.scenario == lg.TestScenario.Server  # Interactive too
     error = None
-    failed_at = None
+    failed_at = drain_s = None
     while not done.is_set():
         try:
             if done.wait(0.5):
@@ -359,9 +381,10 @@ def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
                 error = f"no sample completed for {stall_timeout_s:.0f} s with {led.outstanding} outstanding (stall)"
                 led.fail(error)
             if failed_at is None and (error or led.error):
-                failed_at = now
-            if failed_at is not None and now - failed_at > LOADGEN_DRAIN_S:
-                error = f"{error or led.error}; LoadGen did not return within {LOADGEN_DRAIN_S:.0f} s after it"
+                failed_at, drain_s = now, drain_limit_s(ts, streaming, now - t_start)
+            if failed_at is not None and now - failed_at > drain_s:
+                error = (f"{error or led.error}; LoadGen did not return within {drain_s:.0f} s after it"
+                         + (" (its Server schedule runs on to min duration; no abort in LoadGen)" if streaming else ""))
                 log.error("%s", error)
                 break
         except KeyboardInterrupt as e:

@@ -103,9 +103,40 @@ def loadgen_test_settings(rs, dataset_size: int):
     if ts.performance_sample_count_override > dataset_size or ts.performance_sample_count_override == 0:
         ts.performance_sample_count_override = dataset_size
     reasons += _dev_overrides(ts, rs, scen.loadgen)
+    check_target_qps(ts, rs, where="--target-qps" if rs.target_qps is not None else str(rs.user_conf))
     if ts.min_duration_ms < MIN_DURATION_MS and not any("min_duration" in r for r in reasons):
         reasons.append(f"min_duration {ts.min_duration_ms} ms < {MIN_DURATION_MS} ms")  # said once
     return ts, reasons
+
+
+#: The largest Offline query a run may ask LoadGen for (samples): 100 x the 13,368-sample set (1,336,800).
+#: LoadGen 6.0.17 sizes Offline's one query as max(min_query_count, 1.1 x min duration x target_qps) samples
+#: and allocates it whole; at mlperf.conf's 600 s that allows target_qps up to ~2,025 samples/s.
+OFFLINE_MAX_QUERY_SAMPLES = 100 * PERFORMANCE_SAMPLE_COUNT["llama3_1-8b"]
+
+
+def check_target_qps(ts, rs, where: str) -> None:
+    """Refuse a ``target_qps`` (the effective one in ``ts``: user.conf, then ``--target-qps``) that LoadGen
+    cannot run sensibly; ``rs``: the run settings (``stall_timeout_s``, ``mode``), ``where``: named in the error.
+
+    Raises ``InputError`` (exit 2, before anything starts) for a Server / Interactive ``target_qps`` whose mean
+    query gap (1 / target_qps s) exceeds ``rs.stall_timeout_s`` (LoadGen would wait that long with nothing
+    outstanding, which no stall check sees), and an Offline performance query of more than
+    ``OFFLINE_MAX_QUERY_SAMPLES`` samples."""
+    import mlperf_loadgen as lg
+
+    if ts.scenario == lg.TestScenario.Server:
+        if 1.0 / ts.server_target_qps > rs.stall_timeout_s:
+            raise InputError(f"{where}: target_qps {ts.server_target_qps:g} queries/s means one query every "
+                             f"{1.0 / ts.server_target_qps:.0f} s on average, longer than the stall timeout "
+                             f"{rs.stall_timeout_s:g} s; use at least {1.0 / rs.stall_timeout_s:.2g}")
+    elif rs.mode == "performance":
+        samples = max(ts.min_query_count, 1.1 * ts.min_duration_ms / 1000.0 * ts.offline_expected_qps)
+        if samples > OFFLINE_MAX_QUERY_SAMPLES:
+            raise InputError(f"{where}: Offline target_qps {ts.offline_expected_qps:g} samples/s x min duration "
+                             f"{ts.min_duration_ms / 1000:g} s makes a query of about {samples:,.0f} samples "
+                             f"(min_query_count {ts.min_query_count}), more than the {OFFLINE_MAX_QUERY_SAMPLES:,} "
+                             "allowed (100 x the 13,368-sample set)")
 
 
 def _dev_overrides(ts, rs, loadgen_scenario: str) -> list[str]:

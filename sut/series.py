@@ -25,7 +25,9 @@ first test's settings are built the normal way and every later test's are a fiel
 Errors: bad input raises ``InputError`` / ``DatasetError`` before anything starts. A test that fails
 (engine death, a sample never answered, a ledger error, Ctrl-C) raises as ``run_benchmark`` does, with its
 ``run.json`` ``failed``; the series is then spent (a later ``run`` raises ``RunFailed``), and ``close`` stops
-the engines.
+the engines. A failed test whose LoadGen Server schedule still runs (no abort in LoadGen) leaves its thread
+behind (``sut.exits.leave_without_cleanup``): the caller's ``run_main`` then ends the process after ``close``.
+A later test's ``target_qps`` is checked as the first's (``check_target_qps``: ``InputError``, before its folder).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from sut.core.loadgen_sut import TransportSUT
 from sut.engine import EngineSettings, GenerationSettings
 from sut.harness import (_audit_config, _execute, _noncompliance_reasons, open_run, prepare_run,
                          record_failure)
-from sut.loadgen_settings import copy_test_settings, loadgen_test_settings
+from sut.loadgen_settings import check_target_qps, copy_test_settings, loadgen_test_settings
 from sut.run_settings import RunSettings
 from sut.scenarios import STREAMING_SCENARIOS
 
@@ -96,7 +98,9 @@ class SUTSeries:
             self._reasons = reasons + _noncompliance_reasons(self.gen, self.es, self.audit_config, self.backend,
                                                              self.options)
             return ts, list(self._reasons)
-        return copy_test_settings(self._ts, server_target_qps=float(target_qps)), list(self._reasons)
+        ts = copy_test_settings(self._ts, server_target_qps=float(target_qps))
+        check_target_qps(ts, rs, where=f"try {self.tests + 1}")
+        return ts, list(self._reasons)
 
     def _make_sut(self, ctx) -> TransportSUT:
         if self.transport is None:

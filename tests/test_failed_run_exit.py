@@ -1,0 +1,197 @@
+"""A failed or stopped Server run whose LoadGen schedule runs on (LoadGen 6.0.17 has no abort) exits promptly
+with its own code (1 failed, 130 stopped), never "terminate called without an active exception" (134) or a
+segfault; `--target-qps` values LoadGen cannot run sensibly are refused with exit 2 (breaker, session 5).
+
+The runs use the fake vLLM server (tests/fake_vllm_server.py) behind --sut vllm-http, min duration 300 s
+(longer than the drain limit) and the streaming drain grace lowered to 2 s (``sut.harness.STREAMING_DRAIN_S``;
+``LOADGEN_DRAIN_S`` as shipped, or 5 s where said), so that a run that waits for LoadGen's schedule or for the
+full drain limit times out."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import CPU_CONF, REPO, TINY_MODEL
+import mlperf_loadgen as lg
+from sut.base import InputError
+from sut.loadgen_settings import OFFLINE_MAX_QUERY_SAMPLES, check_target_qps
+from sut.run_settings import RunSettings
+
+# STREAMING_DRAIN_S lowered: without the fix the run waits LOADGEN_DRAIN_S (120 s) and the test times out.
+PROMPT = "import sut.harness as h; h.STREAMING_DRAIN_S = 2.0"
+# the breaker's set-up: a 5 s drain limit that the run reaches with LoadGen's thread still running
+DRAIN_5 = "import sut.harness as h; h.LOADGEN_DRAIN_S = 5.0"
+RUN = "; import sys; from sut.cli import main; sys.exit(main(sys.argv[1:]))"
+FIND_QPS = f"; import sys; sys.path.insert(0, '{REPO / 'scripts'}'); import find_qps; sys.exit(find_qps.main(sys.argv[1:]))"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake_server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests/fake_vllm_server.py"), "--model", str(TINY_MODEL),
+                             "--port", str(port), "--delay", "0.05"], cwd=REPO)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}", proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps([{"instruction": "x", "input": "y", "tok_input": [128000, 10 + i, 11, 12], "output": "z"}
+                             for i in range(8)]))
+    return p
+
+
+def _run_args(url, dataset, out, *extra):
+    return ["--sut", "vllm-http", "--server-url", url, "--model", str(TINY_MODEL), "--max-model-len", "4096",
+            "--no-progress", "--user-conf", str(CPU_CONF), "--dataset", str(dataset), "--output-dir", str(out), *extra]
+
+
+def _stop_mid_run(cmd, log, server, how, timeout=45, started="LoadGen Server"):
+    """Start ``cmd``, wait until LoadGen's Server test runs (the console says ``started``), then stop it ``how``; ``(exit code, seconds from
+    the stop to the exit, console text)``."""
+    with open(log, "w") as fh:
+        run = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while started not in log.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(3)  # queries flowing
+        t0 = time.monotonic()
+        if how == "server-killed":
+            server.kill()
+        else:
+            run.send_signal(getattr(signal, how))
+        rc = run.wait(timeout=timeout)
+        return rc, time.monotonic() - t0, log.read_text()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+@pytest.mark.parametrize("how, want_rc", [("SIGINT", 130), ("SIGTERM", 130), ("server-killed", 1)])
+def test_a_stopped_or_failed_server_run_exits_promptly_with_its_own_code(tmp_path, fake_server, dataset, how,
+                                                                          want_rc):
+    url, server = fake_server
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-c", PROMPT + RUN, "run", *_run_args(url, dataset, out, "--scenario", "Server",
+           "--target-qps", "4", "--min-duration-s", "300", "--min-query-count", "1")]
+    rc, took, text = _stop_mid_run(cmd, tmp_path / "console.txt", server, how)
+    rec = json.loads(next(out.glob("*/run.json")).read_text())
+    assert rec["status"] == "failed" and "LoadGen did not return within 2 s" in rec["error"], rec.get("error")
+    assert ("interrupted (" in rec["error"]) == (want_rc == 130)
+    assert "terminate called" not in text and rc == want_rc, (rc, text[-1500:])
+    assert took < 30 and "still runs (it cannot be stopped); exiting with code" in text
+
+
+def test_the_breakers_drain_limit_reached_exits_1_not_134(tmp_path, fake_server, dataset):
+    url, server = fake_server
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-c", DRAIN_5 + RUN, "run", *_run_args(url, dataset, out, "--scenario", "Server",
+           "--target-qps", "4", "--min-duration-s", "300", "--min-query-count", "1")]
+    rc, took, text = _stop_mid_run(cmd, tmp_path / "console.txt", server, "server-killed")
+    assert json.loads(next(out.glob("*/run.json")).read_text())["status"] == "failed"
+    assert "terminate called" not in text and rc == 1, (rc, text[-1500:])
+
+
+def test_find_qps_one_process_try_that_fails_exits_1_promptly(tmp_path, fake_server, dataset):
+    url, server = fake_server
+    out = tmp_path / "search"
+    cmd = [sys.executable, "-c", PROMPT + FIND_QPS, "--scenario", "Server", "--start", "4", "--max-runs", "2",
+           "--min-duration-s", "300", "--min-query-count", "1", "--output-dir", str(out), "--",
+           *_run_args(url, dataset, out / "runs", "--max-samples", "1")]
+    # (find_qps logs no "LoadGen Server" line: its try's compliance line comes just before LoadGen starts)
+    rc, took, text = _stop_mid_run(cmd, tmp_path / "console.txt", server, "server-killed",
+                                   started="try 1 of a one-process target_qps search")
+    recs = [json.loads(p.read_text()) for p in out.rglob("run.json")]
+    assert [r["status"] for r in recs] == ["failed"] and "LoadGen did not return within 2 s" in recs[0]["error"], recs
+    assert "terminate called" not in text and rc == 1, (rc, text[-1500:])
+    assert took < 30
+
+
+def test_a_server_run_that_ends_normally_still_exits_0(tmp_path, fake_server, dataset):
+    url, _ = fake_server
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-c", PROMPT + RUN, "run", *_run_args(url, dataset, out, "--scenario", "Server",
+           "--target-qps", "20", "--min-duration-s", "1", "--min-query-count", "20")]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    assert json.loads(next(out.glob("*/run.json")).read_text())["status"] == "ok"
+    assert "still runs" not in done.stdout + done.stderr
+
+
+# ----------------------------------------------------------------------------- target_qps sanity
+# (check_target_qps on settings made here: a second FromConfig in this process would skip mlperf.conf for the
+# tests after this one; the effective user.conf value is checked through the command line below)
+def _ts(scenario, qps, min_duration_s=600.0, min_query_count=1):
+    ts = lg.TestSettings()
+    ts.scenario = getattr(lg.TestScenario, scenario)
+    ts.server_target_qps = ts.offline_expected_qps = qps
+    ts.min_duration_ms, ts.min_query_count = int(min_duration_s * 1000), min_query_count
+    return ts
+
+
+def _rs(**kw):
+    return RunSettings(sut="vllm-http", dataset="unused.json", **kw)
+
+
+def test_a_streaming_target_qps_slower_than_the_stall_timeout_is_refused():
+    with pytest.raises(InputError, match=r"^user.conf: target_qps 1e-06 queries/s .* stall timeout 1800 s; use at "
+                                         r"least 0.00056$"):
+        check_target_qps(_ts("Server", 1e-6), _rs(scenario="Server"), "user.conf")
+    with pytest.raises(InputError, match=r"target_qps 0.001 queries/s means one query every 1000 s on average"):
+        check_target_qps(_ts("Server", 0.001), _rs(scenario="Interactive", stall_timeout_s=600), "--target-qps")
+    check_target_qps(_ts("Server", 0.002), _rs(scenario="Interactive", stall_timeout_s=600), "x")  # 500 s: allowed
+
+
+def test_an_offline_query_over_100_times_the_dataset_is_refused():
+    assert OFFLINE_MAX_QUERY_SAMPLES == 1_336_800
+    with pytest.raises(InputError, match=r"--target-qps: Offline target_qps 1e\+07 samples/s .* 1,336,800 allowed"):
+        check_target_qps(_ts("Offline", 1e7), _rs(), "--target-qps")
+    with pytest.raises(InputError, match=r"Offline target_qps 2100 samples/s x min duration 600 s makes a query of "
+                                         r"about 1,386,000 samples"):
+        check_target_qps(_ts("Offline", 2100), _rs(), "user.conf")
+    with pytest.raises(InputError, match=r"about 2,000,000 samples \(min_query_count 2000000\)"):
+        check_target_qps(_ts("Offline", 1, min_query_count=2_000_000), _rs(), "user.conf")
+    check_target_qps(_ts("Offline", 2000), _rs(), "x")  # 1,320,000 samples: allowed
+    check_target_qps(_ts("Offline", 1e7), _rs(mode="accuracy"), "x")  # accuracy: one query of the dataset
+
+
+@pytest.mark.parametrize("scenario, conf_line, flags, message", [
+    ("Server", "llama3_1-8b.Server.target_qps = 0.0001", [], "user.conf: target_qps 0.0001 queries/s"),
+    ("Offline", None, ["--target-qps", "1e7"], "--target-qps: Offline target_qps 1e+07 samples/s")])
+def test_a_refused_target_qps_exits_2_before_the_run_folder(tmp_path, fake_server, dataset, scenario, conf_line,
+                                                           flags, message):
+    url, _ = fake_server
+    out = tmp_path / "runs"
+    args = _run_args(url, dataset, out, "--scenario", scenario, *flags)
+    if conf_line:
+        conf = tmp_path / "user.conf"
+        conf.write_text(conf_line + "\n")
+        args[args.index(str(CPU_CONF))] = str(conf)
+    done = subprocess.run([sys.executable, "-m", "sut", "run", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and message in done.stderr + done.stdout, done.stderr[-1500:]
+    assert not out.exists() or not any(out.iterdir())
