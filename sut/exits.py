@@ -144,7 +144,13 @@ def run_main(fn: Callable[..., int], *args, messages: Optional[Mapping[str, str]
     (``os._exit`` after the log handlers and stdout/stderr are flushed): nothing after it runs.
     """
     out = logger or log
-    code = _run(fn, args, {**DEFAULT_MESSAGES, **(messages or {})}, out)
+    try:
+        code = _run(fn, args, {**DEFAULT_MESSAGES, **(messages or {})}, out)
+    except BaseException as e:  # noqa: BLE001 - unmapped (a bug, OSError, SystemExit): re-raised unless
+        if not _left_running:  # LoadGen's thread still runs, when a normal exit would crash under it
+            raise
+        out.exception("unexpected error after a failed run")
+        code = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 1
     if _left_running:
         out.warning("%s still runs (it cannot be stopped); exiting with code %d without waiting for it",
                     ", ".join(_left_running), code)

@@ -27,7 +27,8 @@ Errors: bad input raises ``InputError`` / ``DatasetError`` before anything start
 ``run.json`` ``failed``; the series is then spent (a later ``run`` raises ``RunFailed``), and ``close`` stops
 the engines. A failed test whose LoadGen Server schedule still runs (no abort in LoadGen) leaves its thread
 behind (``sut.exits.leave_without_cleanup``): the caller's ``run_main`` then ends the process after ``close``.
-A later test's ``target_qps`` is checked as the first's (``check_target_qps``: ``InputError``, before its folder).
+A later test's ``target_qps`` is checked as the first's (``check_target_qps``), before its folder; refused, it ends
+the series with ``RunFailed`` (exit 1: engines have run, so it is not bad input before anything started).
 """
 
 from __future__ import annotations
@@ -99,7 +100,10 @@ class SUTSeries:
                                                              self.options)
             return ts, list(self._reasons)
         ts = copy_test_settings(self._ts, server_target_qps=float(target_qps))
-        check_target_qps(ts, rs, where=f"try {self.tests + 1}")
+        try:
+            check_target_qps(ts, rs, where=f"try {self.tests + 1}")
+        except InputError as e:  # engines have run: the end of the series, not bad input (exit 1, not 2)
+            raise RunFailed(f"the series cannot go on: {e}") from None
         return ts, list(self._reasons)
 
     def _make_sut(self, ctx) -> TransportSUT:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -161,3 +162,17 @@ def synthetic_full(tmp_path_factory):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return path
+
+
+@pytest.fixture(autouse=True)
+def _restore_stop_signals():
+    """A test that calls a CLI ``main`` in-process installs the harness's SIGINT/SIGTERM handlers
+    (``sut.exits.stop_on_sigterm_like_ctrl_c``), and a signal it sends sets the harness's stop flag: both are
+    restored after every test, so that no later test sees a stop it did not send (it would exit 130, not 1)."""
+    from sut import exits
+
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGINT, handlers[0])
+    signal.signal(signal.SIGTERM, handlers[1])
+    exits._interrupted.clear()

@@ -172,10 +172,10 @@ def test_model_folder_with_too_deep_config_is_an_engine_error(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["accuracy", "test06-verify"])
-def test_commands_reading_too_deep_json_exit_2_without_traceback(tmp_path, deep, dataset, command):
-    if command == "accuracy":
+def test_commands_reading_too_deep_json_exit_2_without_traceback(tmp_path, deep, dataset, command, synthetic_small):
+    if command == "accuracy":  # (the synthetic tokenizer: one that exists in a fresh clone)
         argv = ["-m", "accuracy", "--accuracy-log", str(deep), "--dataset", str(dataset), "--tokenizer",
-                str(REPO / "results/demo/data/tokenizer"), "--output-dir", str(tmp_path / "acc")]
+                str(synthetic_small[1]), "--output-dir", str(tmp_path / "acc")]
     else:
         (tmp_path / "run").mkdir()
         (tmp_path / "run" / "mlperf_log_accuracy.json").write_text(DEEP)

@@ -195,3 +195,22 @@ def test_a_refused_target_qps_exits_2_before_the_run_folder(tmp_path, fake_serve
                           timeout=120)
     assert done.returncode == 2 and message in done.stderr + done.stdout, done.stderr[-1500:]
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("raise_after", ["OSError('disk full')", "SystemExit(3)"])
+def test_an_unmapped_error_after_leave_without_cleanup_still_leaves_by_os_exit(raise_after):
+    """A thread that cannot be stopped was reported, then the command raises something outside the exit-code map
+    (a full disk while writing run.json): the process must still end by ``os._exit`` (a normal interpreter exit
+    would crash under LoadGen's thread), with 1 (or SystemExit's code) and the traceback logged."""
+    code = ("import logging, sys, threading; logging.basicConfig(); from sut import exits\n"
+            "class Guard:  # stands for LoadGen's objects: a normal exit runs this and prints the marker\n"
+            "    def __del__(self): print('NORMAL-EXIT', flush=True)\n"
+            "g = Guard()\n"
+            "def fn():\n"
+            "    exits.leave_without_cleanup('LoadGen StartTest thread')\n"
+            f"    raise {raise_after}\n"
+            "exits.run_main(fn)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == (3 if "SystemExit" in raise_after else 1), p.stderr
+    assert "NORMAL-EXIT" not in p.stdout and "still runs" in p.stderr
+    assert "OSError" in p.stderr or "SystemExit" in p.stderr

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
 from sut import exits, loadgen_settings
-from sut.base import register_sut
+from sut.base import InputError, register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.core.transport import register_transport
 from sut.loadgen_settings import copy_test_settings, settings_fields
@@ -258,3 +258,19 @@ def test_real_engine_starts_once_for_a_three_try_search(tmp_path, synthetic_smal
     while subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, f"engine process {pid} left behind"
         time.sleep(0.5)
+
+
+def test_a_later_try_refused_by_the_target_qps_check_ends_the_search_with_exit_1_not_2(
+        tmp_path, synthetic_small, fresh_loadgen_conf, monkeypatch, caplog):
+    """Engines have run by then: a refused later target_qps (e.g. a search shrunk below 1/stall timeout) is the
+    end of the search (exit 1, SUT stopped), never "bad input before anything started" (exit 2)."""
+    import sut.series as series
+
+    def refuse(ts, rs, where=""):
+        raise InputError(f"{where}: target_qps {rs.target_qps} refused")
+    monkeypatch.setattr(series, "check_target_qps", refuse)
+    data, _ = synthetic_small
+    assert _main(tmp_path, data, "series-counting", "--start", "100", "--max-runs", "3") == 1
+    assert [e[0] for e in EVENTS] == ["start", "stop"]
+    assert [r["series"]["test"] for r in _records(tmp_path)] == [1]
+    assert "try 2: target_qps" in caplog.text and "refused" in caplog.text

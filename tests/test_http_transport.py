@@ -495,6 +495,9 @@ def test_server_killed_mid_run_is_one_fatal_event_naming_it(fake_server, started
         t.submit(0, requests(1, start=100))
     time.sleep(0.5)
     assert len(sink.fatal) == 1  # at most one fatal event
+    # the next test of a one-process series (sut/series.py) must not attach to the dead transport
+    with pytest.raises(TransportError, match="a replica failed during an earlier test"):
+        t.attach(Sink())
 
 
 def test_an_idle_server_that_dies_is_found_by_the_health_check(fake_server, started):

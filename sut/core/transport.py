@@ -86,6 +86,8 @@ class Transport(abc.ABC):
     name: ClassVar[str] = ""
     #: frozen dataclass of the transport's options (``--option KEY=VALUE`` / its own CLI flags).
     options_cls: ClassVar[Optional[type]] = None
+    #: set (by the transport) once it has sent a ``FatalEvent``: ``attach`` then refuses a new sink.
+    _fatal_sent: bool = False
 
     def __init__(self, spec: TransportSpec):
         self.spec = spec
@@ -106,9 +108,12 @@ class Transport(abc.ABC):
 
     def attach(self, sink: ResultSink) -> list[ReplicaRecord]:
         """Deliver results of a started transport to ``sink`` from now on (a benchmark runs several
-        SUTs over one started transport); returns ``start``'s records. ``TransportError`` if not started."""
+        SUTs over one started transport); returns ``start``'s records. ``TransportError`` if not started, or if a replica failed (a fatal event
+        was sent) while an earlier sink was attached."""
         if not self.records:
             raise TransportError(f"{self.name} transport: attach needs a started transport")
+        if self._fatal_sent:  # a replica failed while an earlier SUT was attached
+            raise TransportError(f"{self.name} transport: a replica failed during an earlier test; start a new one")
         self.sink = sink
         return self.records
 
