@@ -74,16 +74,11 @@ def resolve_gate_tokenizer(tokenizer: str | os.PathLike | None, model: str | os.
         TokenizerNotFoundError: none there; the message names ``--tokenizer PATH`` (fitting ``dataset``,
             see :func:`tokenizer_hint`) and ``--no-accuracy-gate``.
     """
-    if tokenizer:
-        try:
-            find_tokenizer(tokenizer, forms=None)
-        except TokenizerNotFoundError as e:
-            raise TokenizerNotFoundError(f"--tokenizer: {e}; {tokenizer_hint(dataset)}") from None
-        return Path(tokenizer)
+    path = tokenizer or model
     try:
-        find_tokenizer(model, forms=None)
-    except TokenizerNotFoundError:
-        raise TokenizerNotFoundError(
-            f"the accuracy gate needs a tokenizer and the model folder {model} has none: {tokenizer_hint(dataset)}"
-        ) from None
-    return Path(model)
+        find_tokenizer(path, forms=None)
+    except TokenizerNotFoundError as e:
+        what = (f"--tokenizer: {e};" if tokenizer
+                else f"the accuracy gate needs a tokenizer and the model folder {model} has none:")
+        raise TokenizerNotFoundError(f"{what} {tokenizer_hint(dataset)}") from None
+    return Path(path)

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from accuracy.jsontext import parse_json
+
 log = logging.getLogger("find_qps")
 
 
@@ -105,7 +107,7 @@ class TryLog:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = parse_json(line)  # a too deeply nested line: a ValueError too
                 t = Try(**{k: v for k, v in rec.items() if k in names})
             except (ValueError, TypeError) as e:
                 if n == len(lines):  # no newline after it: the write was cut off

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import shlex
@@ -23,7 +22,7 @@ from typing import Optional
 
 from sut.base import InputError, RunFailed, get_sut, sut_names
 from sut.cli_flags import ENGINE_FLAGS, add_backend_flags, add_engine_flags, backend_options_from_args  # noqa: F401
-from sut.cli_flags import engine_defaults, engine_settings_from_args
+from sut.cli_flags import engine_defaults, engine_settings_from_args, json_or_str
 from sut.compliance import COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, verify_run_folder
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.exits import EXIT_INTERRUPTED, BadInput, run_main, stop_on_sigterm_like_ctrl_c  # noqa: F401 - re-exported
@@ -134,10 +133,7 @@ def _parse_option(s: str):
     if "=" not in s:
         raise BadInput(f"error: --option {s!r}: expected KEY=VALUE")
     k, v = s.split("=", 1)
-    try:
-        return k, json.loads(v)
-    except json.JSONDecodeError:
-        return k, v
+    return k, json_or_str(v)
 
 
 def _run_fields(a: argparse.Namespace, run: dict) -> dict:

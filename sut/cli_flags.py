@@ -37,6 +37,7 @@ import types
 import typing
 from typing import Any, Mapping, Optional, Sequence
 
+from accuracy.jsontext import parse_json
 from sut.exits import BadInput
 
 #: EngineSettings fields offered as flags: name -> (type, help); ``--enforce-eager`` comes with them.
@@ -134,9 +135,11 @@ class BackendFlag:
     backends: tuple[str, ...]
 
 
-def _json_or_str(text: str):
+def json_or_str(text: str):
+    """A flag value: JSON when it parses (numbers, lists, true/false), else the text as given (a too deeply
+    nested text is kept as text too: ``accuracy.jsontext.parse_json``)."""
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError:
         return text
 
@@ -150,7 +153,7 @@ def _argparse_kwargs(annotation) -> dict:
         return {"action": argparse.BooleanOptionalAction}
     if annotation in (int, float, str):
         return {"type": annotation}
-    return {"type": _json_or_str, "metavar": "JSON"}
+    return {"type": json_or_str, "metavar": "JSON"}
 
 
 def option_flags(options_cls: type) -> list[tuple[str, str, dict]]:

@@ -18,8 +18,7 @@ off). Its verification reads that log and checks, for every logged response:
 response; it is therefore never looser than the reference. Running the reference script on the
 same folder is still what a submitter should do before submitting (README).
 
-The submission layout (``PackageSettings``, ``package``) lives in :mod:`sut.package_scenario`;
-both names stay importable from here.
+The submission layout (``PackageSettings``, ``package``) lives in :mod:`sut.package_scenario`.
 """
 
 from __future__ import annotations

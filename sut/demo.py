@@ -30,6 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from accuracy.preflight import SYNTHETIC_TOKENIZER_DIR
+
 log = logging.getLogger(__name__)
 
 TINY = Path(__file__).resolve().parent / "models" / "tiny-llama3"
@@ -81,7 +83,7 @@ def run_demo(output_dir: Path, stamp: str | None = None) -> int:
     stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = (Path(output_dir) / stamp).resolve()
     data = Path(output_dir).resolve() / "data"  # deterministic: the same files for every demo
-    dataset, tokenizer = data / f"synthetic_{SAMPLES}.json", data / "tokenizer"
+    dataset, tokenizer = data / f"synthetic_{SAMPLES}.json", data / SYNTHETIC_TOKENIZER_DIR
     _sut("synthetic", "--out", str(dataset), "--samples", str(SAMPLES), "--tokenizer-out", str(tokenizer))
     common = ["--sut", "vllm", *ENGINE, "--dataset", str(dataset), "--user-conf", str(CPU_CONF), "--output-dir", str(out)]
     _sut("run", "--mode", "performance", *common, "--min-duration-s", "10", "--min-query-count", "1",
@@ -98,7 +100,7 @@ def _rescore_command(acc_dir: Path, data: Path, acc: dict) -> list[str]:
     """``python -m accuracy`` on the accuracy run, with the run's dataset, tokenizer and EOS ids
     (the synthetic tokenizer knows only one EOS id; the run used the model's)."""
     cmd = ["python", "-m", "accuracy", "--accuracy-log", _shown(acc_dir / "mlperf_log_accuracy.json"),
-           "--dataset", _shown(data / f"synthetic_{SAMPLES}.json"), "--tokenizer", _shown(data / "tokenizer")]
+           "--dataset", _shown(data / f"synthetic_{SAMPLES}.json"), "--tokenizer", _shown(data / SYNTHETIC_TOKENIZER_DIR)]
     eos = (acc.get("model") or {}).get("eos_token_ids")
     return cmd + (["--eos-ids", ",".join(str(e) for e in eos)] if eos else [])
 

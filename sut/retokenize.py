@@ -74,10 +74,11 @@ def retokenize(source: str | Path, tokenizer: str, out: str | Path, max_samples:
     rows = iter_source(source)
     if split is not None:
         src = Path(source)
-        if src.read_text().lstrip().startswith("["):
+        text = src.read_text()
+        if text.lstrip().startswith("["):
             raise DatasetError(src, "--split applies only to JSONL rows with a 'split' field")
-        rows = ((parse_json(l).get("article"), parse_json(l).get("highlights")) for l in src.read_text().splitlines()
-                if l.strip() and parse_json(l).get("split") == split)
+        recs = (parse_json(line) for line in text.splitlines() if line.strip())
+        rows = ((r.get("article"), r.get("highlights")) for r in recs if r.get("split") == split)
     for article, ref in rows:
         prompt = PROMPT_TEMPLATE.format(input=article)
         ids = tok(prompt, add_special_tokens=True)["input_ids"]

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from accuracy.preflight import SYNTHETIC_INSTRUCTION
 from sut.constants import LLAMA3_BOS, LLAMA3_VOCAB
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def make_records(s: SyntheticSettings) -> list[dict]:
         ref_len = max(8, int(rng.normal(s.ref_tokens_mean, 12)))
         ref = rng.integers(1000, 120000, ref_len).tolist()
         records.append({
-            "instruction": {"llama": "synthetic"},
+            "instruction": dict(SYNTHETIC_INSTRUCTION),
             "input": " ".join(word(t) for t in body),
             "tok_input": header + body,
             "output": " ".join(word(t) for t in ref) + ".",

@@ -160,3 +160,10 @@ def test_main_says_when_a_valid_try_lies_above_an_invalid_one(tmp_path, capsys):
     assert find_qps.main(["--scenario", "Server", "--resume", str(path), "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "note: VALID at 8 above INVALID at 7 (noisy tries)" in out and "0 new" in out
+
+
+def test_a_too_deeply_nested_line_in_a_try_log_is_a_value_error_not_a_recursion_error(tmp_path):
+    path = tmp_path / "tries.jsonl"
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n")  # a whole line (not a cut-off write)
+    with pytest.raises(ValueError):
+        TryLog(path, SETTINGS).read()

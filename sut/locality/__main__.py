@@ -28,6 +28,7 @@ from pathlib import Path
 
 from sut.cli_flags import add_engine_flags, engine_defaults, engine_settings_from_args
 from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings, model_revision
+from sut.core.transports.http_options import url_list
 from sut.engine import EngineError, EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
 from sut.base import InputError, RunFailed
 from sut.exits import BadInput, run_main, stop_on_sigterm_like_ctrl_c
@@ -257,7 +258,10 @@ def _prepare(a):
         raise BadInput(f"error: {e}") from None
     if a.http and a.server_url:
         raise BadInput("error: --http starts servers here; --server-url uses running ones: give one of them")
-    urls = [u for item in a.server_url or [] for u in item.split(",") if u]  # spaces or commas, as `sut run`
+    try:  # spaces or commas, as `sut run`; the transport's own URL parser (its replicas are these URLs)
+        urls = list(url_list(",".join(a.server_url))) if a.server_url else []
+    except ValueError as e:
+        raise BadInput(f"error: --server-url: {e}") from None
     if urls:
         replicas = len(urls)
     systems = resolve_systems(a.systems, replicas, parse_system_options(a.system_option), http=a.http, urls=urls)

@@ -21,11 +21,10 @@ extended (tests register systems over the fake transport).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from accuracy.jsontext import parse_json
+from sut.cli_flags import json_or_str
 from sut.core.transport import Transport, TransportSpec, make_transport, transport_class
 from sut.engine import settings_from_mapping
 
@@ -96,11 +95,7 @@ def parse_system_options(items: Sequence[str]) -> dict[str, dict]:
         system, dot, key = head.partition(".")
         if not (eq and dot and system and key):
             raise ValueError(f"--system-option {item!r}: expected SYSTEM.KEY=VALUE, e.g. flame.batch_size=64")
-        try:
-            value = parse_json(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out.setdefault(system, {})[key] = value
+        out.setdefault(system, {})[key] = json_or_str(raw)
     return out
 
 

@@ -62,7 +62,7 @@ FLAG_ALIASES = {"-q": "--quantization", "--device-memory-utilization": "--gpu-me
 OTHER_SHORT_OPTIONS = ("-dc",)
 
 
-def _url_list(value) -> tuple[str, ...]:
+def url_list(value) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, (str, list, tuple)):
@@ -244,7 +244,7 @@ class HttpOptions:
     first_token_weight: float = 8.0
 
     def __post_init__(self):
-        object.__setattr__(self, "urls", _url_list(self.urls))
+        object.__setattr__(self, "urls", url_list(self.urls))
         object.__setattr__(self, "server_args", _server_args(self.server_args))
         command = shlex.split(self.server_command or "")
         refuse_positional(vllm_args(command), "server_command")
