@@ -272,6 +272,9 @@ def test_ctrl_c_during_engine_start_ends_the_starting_workers_at_once(standin, m
         took.append((time.monotonic(), children))
         signal.pthread_kill(main, signal.SIGINT)
 
+    # Ctrl-C must raise here even when the suite runs in the background (SIGINT inherited as ignored);
+    # tests/conftest.py restores the handler afterwards
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt, daemon=True).start()
     try:
         with caplog.at_level("WARNING", logger="sut.engine.handle"), pytest.raises(KeyboardInterrupt):
