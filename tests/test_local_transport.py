@@ -87,11 +87,12 @@ def _expected(req):
 
 
 def _alive(pid):
+    """``pid`` runs (a zombie, exited and waiting for its parent or PID 1 to reap it, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
         return False
-    return True
 
 
 def _gone(pids, timeout=10.0):

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 #: while it builds ``vllm.LLM`` (seen 2026-12-01 with the tiny CPU engine: still alive 10 s after SIGTERM).
 READY_TERM_WAIT_S = 10.0
 STARTING_TERM_WAIT_S = 2.0
+#: Seconds between ``waitpid`` polls while waiting on a worker's pipe and sentinel: the sentinel alone misses
+#: a worker's exit while a child it forked (vLLM's EngineCore) still holds the sentinel pipe (``_exited_within``).
+SENTINEL_POLL_S = 1.0
 
 
 class EngineHandle:
@@ -102,7 +105,7 @@ class EngineHandle:
         return with_log_tail(msg, self.log_path)
 
     def _exited(self, during: str) -> EngineError:
-        self._proc.join(1)
+        self._exited_within(1)
         return EngineError(self.failure(f"engine {self.slot.index} exited {during} (code {self._proc.exitcode})"))
 
     def wait_ready(self, timeout: float) -> dict:
@@ -113,7 +116,7 @@ class EngineHandle:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise EngineError(self.failure(f"engine {self.slot.index} not ready after {timeout:.0f} s"))
-            ready = mpc.wait([self._conn, self._proc.sentinel], timeout=left)
+            ready = mpc.wait([self._conn, self._proc.sentinel], timeout=min(left, SENTINEL_POLL_S))
             if self._conn in ready:
                 try:
                     msg = self._conn.recv()
@@ -124,7 +127,7 @@ class EngineHandle:
                     return msg.info
                 raise EngineError(self.failure(msg.message if type(msg) is Failed else
                                                f"engine {self.slot.index}: unexpected start-up message {msg!r}"))
-            if self._proc.sentinel in ready:
+            if self._proc.sentinel in ready or self._proc.exitcode is not None:
                 raise self._exited("during start-up")
 
     def watch(self, on_done: DoneCallback, on_fatal: FatalCallback, on_stats: Optional[Callable[[dict], None]] = None,
@@ -169,7 +172,9 @@ class EngineHandle:
     def _watch_loop(self) -> None:
         conn, sentinel = self._conn, self._proc.sentinel
         while True:
-            ready = mpc.wait([conn, sentinel])
+            ready = mpc.wait([conn, sentinel], timeout=SENTINEL_POLL_S)
+            if not ready and self._proc.exitcode is None:
+                continue
             if conn in ready:
                 try:
                     msg = conn.recv()
@@ -189,7 +194,7 @@ class EngineHandle:
                     return
             if self._stopping:
                 return
-            self._proc.join(2)
+            self._exited_within(2)
             self._fatal(f"engine {self.slot.index} (pid {self._proc.pid}) exited unexpectedly with code "
                         f"{self._proc.exitcode}")
             return
@@ -241,26 +246,42 @@ class EngineHandle:
                     self._conn.send(Stop())
             except (OSError, BrokenPipeError):
                 pass
-            self._proc.join(timeout)
+            if not self._exited_within(timeout):
+                log.warning("engine %d (pid %d) still running %.0f s after Stop: ending its process group",
+                            self.slot.index, self._proc.pid, timeout)
         elif self._proc.is_alive():
             log.warning("engine %d (pid %d) is still starting: ending it now (SIGTERM, SIGKILL after %.0f s)",
                         self.slot.index, self._proc.pid, term_wait)
         if self.own_process_group:
-            _end_group(self._proc.pid, term_wait, reap=lambda: self._proc.join(0))
+            _end_group(self._proc.pid, term_wait, reap=lambda: self._proc.exitcode)
         else:
             for end, wait in ((self._proc.terminate, term_wait), (self._proc.kill, 5)):
                 if self._proc.is_alive():
                     end()
-                    self._proc.join(wait)
-        self._proc.join(5)
+                    self._exited_within(wait)
+        self._exited_within(5)
         if self._conn is not None:
             self._conn.close()
+
+    def _exited_within(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the worker to exit, reaping it; True once it has. Polls ``waitpid``
+        (``exitcode``) instead of joining on the process sentinel: vLLM forks its EngineCore from the worker,
+        the fork inherits the sentinel pipe's write end, and the sentinel then stays silent until the
+        EngineCore is gone too (on the H200, 2026-12-01: every stop took the whole 30 s join, then 10 + 5 s
+        more)."""
+        deadline = time.monotonic() + timeout
+        while self._proc.exitcode is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
 
 def _end_group(pgid: int, term_wait: float = READY_TERM_WAIT_S, reap: Callable[[], object] = lambda: None) -> None:
     """SIGTERM the process group ``pgid``, wait up to ``term_wait`` s, then SIGKILL it and wait up to 5 s.
-    ``reap``: collects the group's leader (the worker, our child) when it has exited: until then it is a
-    zombie, which still counts as a member of the group."""
+    ``reap``: collects the group's leader (the worker, our child) when it has exited. The group counts as
+    ended when no member is left but zombies (``live_group_members``): an orphaned member that exited is
+    reaped by PID 1, which in a container may never do it."""
     for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
@@ -269,8 +290,32 @@ def _end_group(pgid: int, term_wait: float = READY_TERM_WAIT_S, reap: Callable[[
         end = time.monotonic() + wait
         while time.monotonic() < end:
             reap()
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if not live_group_members(pgid):
                 return
             time.sleep(0.1)
+    left = live_group_members(pgid)
+    if left:
+        log.error("process group %d still has live member(s) %s after SIGKILL", pgid, left)
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of process group ``pgid`` that are not zombies, read from ``/proc/<pid>/stat``; where ``/proc``
+    is missing: ``[pgid]`` while ``killpg(pgid, 0)`` succeeds, else ``[]``."""
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            out.append(int(name))
+    return out

@@ -141,12 +141,40 @@ def _exit_now() -> None:
     """End this worker at once (exit code 0) after a normal ``Stop``: the parent ends its process group
     right after (``EngineHandle.shutdown``), which ends vLLM's own child processes too. Not when the
     parent is gone or serving failed: then nobody ends the group, and vLLM's own shutdown (``del llm``)
-    must end its EngineCore. This skips
+    must end its EngineCore. Its own children (vLLM's EngineCore) are ended and reaped first. This skips
     vLLM's engine shutdown (it runs a full ``gc.collect``) and the interpreter's teardown: measured on
     2 busy CPU cores with the tiny model, 2-4 s and 6-12 s of a 9-17 s stop."""
+    _end_children()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+#: Python's own helper processes, which end by themselves once this process is gone (killing the resource
+#: tracker would leave its shared-memory segments behind).
+_MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _end_children(term_wait: float = 5.0) -> None:
+    """SIGTERM this process's descendants (vLLM's EngineCore on a GPU), wait up to ``term_wait`` s, SIGKILL
+    what is left, and reap the direct children, so that none is left as an orphan (a container's PID 1 may
+    never reap it, and the parent would see the process group alive)."""
+    import psutil
+
+    try:
+        procs = [p for p in psutil.Process().children(recursive=True)
+                 if not any(h in " ".join(p.cmdline()) for h in _MP_HELPERS)]
+    except psutil.Error:
+        return
+    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 2.0)):
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        _, procs = psutil.wait_procs(procs, timeout=wait)
+        if not procs:
+            return
 
 
 def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None,

@@ -1,0 +1,103 @@
+"""Engine worker shutdown when the worker has forked children (vLLM's EngineCore on a GPU).
+
+On the H200 (2026-12-01) every stop of a standalone engine pair took 45 s: the parent joined on the worker's
+process sentinel, which a forked child keeps open (30 s join timeout), then waited on a process group whose
+only members left were zombies nobody reaps (10 s SIGTERM + 5 s SIGKILL waits)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import sut.engine.handle as handle_mod
+from sut.engine.devices import EngineSlot
+from sut.engine.handle import EngineHandle, live_group_members
+from sut.engine.settings import EngineSettings, GenerationSettings
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+
+
+def _state(pid: int) -> str:
+    """The /proc state letter of ``pid`` ('' when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return ""
+
+
+def _wait_for(cond, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_live_group_members_leaves_out_zombies():
+    # the leader forks a child that exits at once and never reaps it: the group = live leader + zombie child
+    code = "import os, sys, time\npid = os.fork()\nif pid == 0: os._exit(0)\nprint(pid, flush=True)\ntime.sleep(60)\n"
+    leader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(leader.stdout.readline())
+        assert _wait_for(lambda: _state(child) == "Z")
+        assert live_group_members(leader.pid) == [leader.pid]
+    finally:
+        leader.kill()
+        leader.wait()
+    assert live_group_members(leader.pid) == []
+
+
+def test_shutdown_is_quick_when_the_worker_forked_a_child(monkeypatch):
+    import fake_engine_worker
+
+    monkeypatch.setattr(handle_mod, "worker_main", fake_engine_worker.forking_worker)
+    h = EngineHandle(EngineSlot(0, "cpu", "0"), EngineSettings(model="m"), GenerationSettings())
+    h.start()
+    try:
+        child = h.wait_ready(30)["child_pid"]
+        assert _state(child) not in ("", "Z")
+    finally:
+        t0 = time.monotonic()
+        h.shutdown()
+        took = time.monotonic() - t0
+    assert took < 8, f"shutdown took {took:.1f} s (the sentinel join waits for the forked child)"
+    assert h._proc.exitcode == 0
+    assert _state(child) in ("", "Z"), "the worker's forked child outlived the shutdown"
+
+
+def test_watcher_sees_a_worker_death_while_its_child_holds_the_pipe(monkeypatch):
+    import fake_engine_worker
+
+    monkeypatch.setattr(handle_mod, "worker_main", fake_engine_worker.forking_worker)
+    h = EngineHandle(EngineSlot(0, "cpu", "0"), EngineSettings(model="m"), GenerationSettings())
+    h.start()
+    fatal = []
+    try:
+        h.wait_ready(30)
+        h.watch(lambda i, c: None, fatal.append)
+        os.kill(h.pid, 9)
+        assert _wait_for(lambda: fatal, timeout=5.0), "the watcher did not report the dead worker"
+        assert "exited unexpectedly" in fatal[0]
+    finally:
+        h.shutdown()
+
+
+def test_worker_ends_and_reaps_its_children_before_exiting():
+    code = textwrap.dedent("""
+        import os, subprocess, sys
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        from sut.engine.worker import _end_children
+        _end_children(5.0)
+        print(os.path.exists(f"/proc/{p.pid}"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
