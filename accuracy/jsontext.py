@@ -13,12 +13,20 @@ Usage::
         records = parse_json(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:   # also a too deeply nested text
         raise MyInputError(f"{path}: malformed JSON: {e}") from None
+
+:func:`read_jsonl` reads a JSON Lines file that a run appends to as it goes (``find_qps.py``'s tries,
+``sut.locality``'s ``cases.jsonl``): a last line without its newline that is not JSON was cut off by a
+killed run and is skipped (reported back), any other line that is not JSON is a :class:`JSONLinesError`
+naming file and line.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
 
 
 class JSONTooDeepError(json.JSONDecodeError):
@@ -41,3 +49,44 @@ def parse_json(text: str | bytes | bytearray):
         return json.loads(text)
     except RecursionError:
         raise JSONTooDeepError(text if isinstance(text, str) else "") from None
+
+
+class JSONLinesError(ValueError):
+    """A line of a JSON Lines file that is not JSON; ``str()`` is ``"<path> line <n>: not JSON (<why>)"``.
+    ``path``, ``line`` (1-based) and ``reason`` (the parser's message) are kept for callers' own messages."""
+
+    def __init__(self, path: Path, line: int, reason: str):
+        super().__init__(f"{path} line {line}: not JSON ({reason})")
+        self.path, self.line, self.reason = path, line, reason
+
+
+@dataclass(frozen=True)
+class JSONLines:
+    """What :func:`read_jsonl` read: ``records`` (line number, 1-based, and parsed value of every line that
+    is not blank, in file order) and ``cut_line`` (the number of the cut-off last line skipped, else None)."""
+
+    records: list[tuple[int, Any]]
+    cut_line: Optional[int] = None
+
+
+def read_jsonl(path: str | Path, allow_cut_last: bool = True) -> JSONLines:
+    """Parse the JSON Lines file ``path`` (lines end with ``\\n``; blank lines are skipped), each line with
+    :func:`parse_json`.
+
+    With ``allow_cut_last``, a last line that has no newline after it and is not JSON is taken as a write
+    cut off by a killed process: skipped, its number in ``cut_line``. Raises :class:`JSONLinesError` naming
+    the file and line for any other line that is not JSON, ``OSError`` when the file cannot be read and
+    ``UnicodeDecodeError`` (a ``ValueError``) when it is not UTF-8."""
+    path = Path(path)
+    lines = path.read_bytes().decode("utf-8").split("\n")  # ends with "" when the last line has its newline
+    records: list[tuple[int, Any]] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append((n, parse_json(line)))
+        except json.JSONDecodeError as e:
+            if allow_cut_last and n == len(lines):
+                return JSONLines(records, n)
+            raise JSONLinesError(path, n, str(e)) from None
+    return JSONLines(records)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sut.base import SUTContext  # noqa: E402
 from sut.cli_flags import add_engine_flags, engine_settings_from_args  # noqa: E402
-from sut.constants import MAX_NEW_TOKENS  # noqa: E402
+from sut.constants import MAX_NEW_TOKENS, SCENARIO_MODEL_KEYS  # noqa: E402
 from sut.core.transport import Transport, TransportSpec, make_transport  # noqa: E402
 from sut.dataset import QuerySampleLibrary, load_dataset  # noqa: E402
 from sut.engine import GenerationSettings, read_model_info  # noqa: E402
@@ -104,7 +104,7 @@ def offline_settings(user_conf: str, n: int):
 
     ts = lg.TestSettings()
     ts.scenario = lg.TestScenario.Offline
-    ts.FromConfig(user_conf, "llama3_1-8b", "Offline")
+    ts.FromConfig(user_conf, SCENARIO_MODEL_KEYS["Offline"], "Offline")
     ts.mode = lg.TestMode.PerformanceOnly
     ts.min_duration_ms = 0
     ts.min_query_count = n

@@ -62,9 +62,9 @@ from find_qps_search import Budget, Try, TryLog, bounds, check_search_args, next
 from sut_runs import ROOT, run_once, split_run_args  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
+from sut.scenarios import STREAMING_SCENARIOS, default_model_key  # noqa: E402
 
 log = logging.getLogger("find_qps")
-MODEL_KEYS = {"Server": "llama3_1-8b", "Interactive": "llama3_1-8b-interactive"}
 #: Warn before the search when LoadGen's equal issue makes each try at least this many times
 #: ``--min-query-count`` queries (``equal_issue_warning``).
 EQUAL_ISSUE_RATIO = 2
@@ -241,7 +241,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpFormatter,
                                 epilog="Arguments after -- go to python -m sut run (model, dataset, preset, ...).")
-    p.add_argument("--scenario", required=True, choices=sorted(MODEL_KEYS), help="LoadGen scenario of every try")
+    p.add_argument("--scenario", required=True, choices=sorted(STREAMING_SCENARIOS),
+                   help="LoadGen scenario of every try")
     p.add_argument("--start", type=float, help="first target_qps to try (queries/s); needed unless --resume has tries")
     p.add_argument("--factor", type=float, default=2.0, help="growth/shrink factor while bracketing")
     p.add_argument("--rel-tol", type=float, default=0.05, help="stop when highest VALID and lowest INVALID are "
@@ -383,7 +384,7 @@ def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: P
         print("no try was VALID" + (f" (lowest tried {min(t.qps for t in tries):g} queries/s)" if tries else ""))
         return 1
     print(f"highest VALID target_qps: {best:g} queries/s ({a.scenario}); confirm with one full-length run.")
-    print(f"user.conf line: {MODEL_KEYS[a.scenario]}.Server.target_qps = {best:g}")
+    print(f"user.conf line: {default_model_key(a.scenario)}.Server.target_qps = {best:g}")
     return 0
 
 

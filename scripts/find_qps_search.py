@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from accuracy.jsontext import parse_json
+from accuracy.jsontext import JSONLinesError, read_jsonl
 
 log = logging.getLogger("find_qps")
 
@@ -98,21 +98,20 @@ class TryLog:
         self.path, self.settings = Path(path), settings
 
     def read(self) -> list[Try]:
-        """The tries recorded in the file. An unterminated last line (a write cut off) is skipped with a
-        warning; any other bad line, or a try made with other settings, raises ``ValueError``."""
-        text = self.path.read_text(encoding="utf-8")
-        lines = text.split("\n")
+        """The tries recorded in the file. An unterminated last line that is not JSON (a write cut off,
+        ``accuracy.jsontext.read_jsonl``) is skipped with a warning; any other bad line, or a try made with
+        other settings, raises ``ValueError`` naming file and line."""
+        try:
+            jl = read_jsonl(self.path)
+        except JSONLinesError as e:
+            raise ValueError(f"{self.path} line {e.line}: not a try record ({e.reason})") from None
+        if jl.cut_line is not None:
+            log.warning("%s line %d: an unfinished record (cut off while written), skipped", self.path, jl.cut_line)
         tries, names = [], {f.name for f in fields(Try)}
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+        for n, rec in jl.records:
             try:
-                rec = parse_json(line)  # a too deeply nested line: a ValueError too
                 t = Try(**{k: v for k, v in rec.items() if k in names})
-            except (ValueError, TypeError) as e:
-                if n == len(lines):  # no newline after it: the write was cut off
-                    log.warning("%s line %d: an unfinished record (cut off while written), skipped", self.path, n)
-                    continue
+            except (AttributeError, TypeError, ValueError) as e:
                 raise ValueError(f"{self.path} line {n}: not a try record ({e})") from None
             for k, v in self.settings.items():
                 if rec.get("settings", {}).get(k) != v:

@@ -24,6 +24,7 @@ from sut.base import InputError, RunFailed, get_sut, sut_names
 from sut.cli_flags import ENGINE_FLAGS, add_backend_flags, add_engine_flags, backend_options_from_args  # noqa: F401
 from sut.cli_flags import engine_defaults, engine_settings_from_args, json_or_str
 from sut.compliance import COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, verify_run_folder
+from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.exits import EXIT_INTERRUPTED, BadInput, run_main, stop_on_sigterm_like_ctrl_c  # noqa: F401 - re-exported
 from sut.harness import RunSettings, run_benchmark
@@ -63,13 +64,13 @@ def _add_run_parser(sub) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--sut", help=f"system-under-test: {', '.join(sut_names())} (default vllm)")
     g.add_argument("--scenario", help="Offline (default), Server or Interactive (= a LoadGen Server run with model "
-                                      "key llama3_1-8b-interactive: TTFT 500 ms / TPOT 30 ms); spelt exactly so")
+                                      f"key {INTERACTIVE_MODEL_KEY}: TTFT 500 ms / TPOT 30 ms); spelt exactly so")
     g.add_argument("--mode", choices=["performance", "accuracy"], help="performance (default) or accuracy")
     g.add_argument("--dataset", help="cnn_eval-format JSON (validated before LoadGen starts)")
     g.add_argument("--output-dir", help="base folder for run folders (default results)")
     g.add_argument("--user-conf", help="LoadGen user.conf, read once via FromConfig (default ./user.conf)")
-    g.add_argument("--model-key", help="LoadGen model key (default: llama3_1-8b; Interactive: llama3_1-8b-interactive; "
-                                       "llama3_1-8b-edge: Offline only)")
+    g.add_argument("--model-key", help=f"LoadGen model key (default: {DEFAULT_MODEL_KEY}; Interactive: "
+                                       f"{INTERACTIVE_MODEL_KEY}; {EDGE_MODEL_KEY}: Offline only)")
     g.add_argument("--run-name", help="run folder name (default <time>-<sut>-<scenario>-<mode>)")
     g.add_argument("--audit-config", help="LoadGen audit config, e.g. TEST06's audit.config (never read implicitly)")
     g.add_argument("--compliance-test", choices=COMPLIANCE_TESTS,

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from accuracy.loadgen_log import hex_bytes
-from sut.constants import LLAMA31_EOS
+from sut.constants import DEFAULT_MODEL_KEY, LLAMA31_EOS
 from sut.records import MLPERF_SCENARIOS, ComplianceError, check_record, eos_ids, read_json, vocab_size
 
 __all__ = ["COMPLIANCE_TESTS", "MLPERF_SCENARIOS", "TEST06_AUDIT_CONFIG", "ComplianceError", "Test06Result",
@@ -126,7 +126,7 @@ def _response_failures(path: Path, i: int, rec: object, eos: set[int], check_fir
     data = _ids(rec["data"], where)
     if "token_count" not in rec:
         raise ComplianceError(f"{where}: no 'token_count' (run LoadGen with use_token_latencies, "
-                              "as mlperf.conf does for llama3_1-8b)")
+                              f"as mlperf.conf does for {DEFAULT_MODEL_KEY})")
     count = rec["token_count"]
     if type(count) is not int:
         raise ComplianceError(f"{where}: 'token_count' must be an integer, got {count!r}")

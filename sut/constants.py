@@ -9,17 +9,23 @@ Sources (see ``../shared/research/mlperf_llama31_8b.md``):
 
 from __future__ import annotations
 
-#: LoadGen model keys accepted by ``TestSettings.FromConfig`` (MLPerf mlperf.conf).
-MODEL_KEYS = ("llama3_1-8b", "llama3_1-8b-interactive", "llama3_1-8b-edge")
+#: LoadGen model keys accepted by ``TestSettings.FromConfig`` (MLPerf mlperf.conf): the only place they are spelt.
 DEFAULT_MODEL_KEY = "llama3_1-8b"
+INTERACTIVE_MODEL_KEY = "llama3_1-8b-interactive"
+EDGE_MODEL_KEY = "llama3_1-8b-edge"
+MODEL_KEYS = (DEFAULT_MODEL_KEY, INTERACTIVE_MODEL_KEY, EDGE_MODEL_KEY)
 
 #: Scenarios the harness drives, spelt as LoadGen and the submission checker spell them (``sut/scenarios.py``:
 #: Interactive is a LoadGen Server run with the model key ``llama3_1-8b-interactive``).
 SCENARIOS = ("Offline", "Server", "Interactive")
 
+#: Harness scenario -> the model key it runs with by default: the key of its user.conf lines
+#: (``<key>.<LoadGen scenario>.target_qps``) and of ``FromConfig`` (``sut.scenarios`` adds the keys allowed).
+SCENARIO_MODEL_KEYS = {"Offline": DEFAULT_MODEL_KEY, "Server": DEFAULT_MODEL_KEY, "Interactive": INTERACTIVE_MODEL_KEY}
+
 #: Performance sample count per model key (MLPerf mlperf.conf,
 #: ``<key>.*.performance_sample_count_override``).
-PERFORMANCE_SAMPLE_COUNT = {"llama3_1-8b": 13368, "llama3_1-8b-interactive": 13368, "llama3_1-8b-edge": 5000}
+PERFORMANCE_SAMPLE_COUNT = {DEFAULT_MODEL_KEY: 13368, INTERACTIVE_MODEL_KEY: 13368, EDGE_MODEL_KEY: 5000}
 
 #: Minimum Offline duration for a compliant run, ms (MLPerf mlperf.conf, ``*.Offline.min_duration``).
 MIN_DURATION_MS = 600_000

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from sut.base import InputError, RunFailed
-from sut.constants import MIN_DURATION_MS, PERFORMANCE_SAMPLE_COUNT
+from sut.constants import DEFAULT_MODEL_KEY, MIN_DURATION_MS, PERFORMANCE_SAMPLE_COUNT
 from sut.scenarios import resolve_scenario
 from sut.userconf import check_user_conf
 
@@ -112,7 +112,7 @@ def loadgen_test_settings(rs, dataset_size: int):
 #: The largest Offline query a run may ask LoadGen for (samples): 100 x the 13,368-sample set (1,336,800).
 #: LoadGen 6.0.17 sizes Offline's one query as max(min_query_count, 1.1 x min duration x target_qps) samples
 #: and allocates it whole; at mlperf.conf's 600 s that allows target_qps up to ~2,025 samples/s.
-OFFLINE_MAX_QUERY_SAMPLES = 100 * PERFORMANCE_SAMPLE_COUNT["llama3_1-8b"]
+OFFLINE_MAX_QUERY_SAMPLES = 100 * PERFORMANCE_SAMPLE_COUNT[DEFAULT_MODEL_KEY]
 
 
 def check_target_qps(ts, rs, where: str) -> None:

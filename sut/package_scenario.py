@@ -31,15 +31,17 @@ from typing import Optional, Sequence
 
 from accuracy.reference import gen_len_reason
 from sut.compliance import Test06Result, verify_test06, write_test06
-from sut.records import READ_BACK_SETTINGS, ComplianceError, check_record, engines_used, read_json, vocab_size
+from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
+from sut.package_same_system import check_same_system
+from sut.records import ComplianceError, check_record, read_json, vocab_size
 from sut.submission_files import measurements, readme
 
 log = logging.getLogger(__name__)
 
 #: LoadGen model key → benchmark folder name of the submission tree (submission_checker constants.py).
 #: The Interactive scenario (model key ``llama3_1-8b-interactive``) is the folder ``Interactive`` of ``llama3.1-8b``.
-BENCHMARK_NAMES = {"llama3_1-8b": "llama3.1-8b", "llama3_1-8b-interactive": "llama3.1-8b",
-                   "llama3_1-8b-edge": "llama3.1-8b-edge"}
+BENCHMARK_NAMES = {DEFAULT_MODEL_KEY: "llama3.1-8b", INTERACTIVE_MODEL_KEY: "llama3.1-8b",
+                   EDGE_MODEL_KEY: "llama3.1-8b-edge"}
 #: Benchmarks that need TEST06 (submission_checker constants.py ``models_TEST06``).
 NEEDS_TEST06 = ("llama3.1-8b",)
 #: Fields ``measurements.json`` must carry (submission_checker constants.py ``SYSTEM_IMP_REQUIRED_FILES``).
@@ -267,52 +269,6 @@ def _check_test06(folder: str) -> tuple[Run, Test06Result, list[str]]:
     return t06, result, problems
 
 
-def _same(a: dict, b: dict, role: str, field: str, ignore: Sequence[str] = ()) -> None:
-    va = {k: v for k, v in (a.get(field) or {}).items() if k not in ignore}
-    vb = {k: v for k, v in (b.get(field) or {}).items() if k not in ignore}
-    diff = sorted(k for k in set(va) | set(vb) if va.get(k) != vb.get(k))
-    if diff:
-        raise ComplianceError(f"{role} run differs from the performance run in {field}: "
-                              + ", ".join(f"{k} {va.get(k)!r} vs {vb.get(k)!r}" for k in diff))
-
-
-def _flat_engines(used: dict) -> dict:
-    """An ``engines_used`` record with a single engine's ``engine_args`` spread out as ``engine_args.<key>``."""
-    out = {k: v for k, v in used.items() if k != "engine_args"}
-    if len(used["engine_args"]) == 1:
-        out.update({f"engine_args.{k}": v for k, v in used["engine_args"][0].items()})
-    else:
-        out["engine_args"] = used["engine_args"]
-    return out
-
-
-def _same_engine(perf: dict, rec: dict, role: str) -> None:
-    """Compare the engine that really ran (the engines' read-back records) where both runs have one, and the
-    requested engine settings that nothing reads back; else the requested settings (models by config hash)."""
-    used_p, used_r = engines_used(perf), engines_used(rec)
-    if used_p is None or used_r is None:
-        _same(perf, rec, role, "engine_settings", ignore=("model",))
-        return
-    on_cpu = any(d.get("kind") == "cpu" for d, _ in used_p["devices"] + used_r["devices"])
-    _same(perf, rec, role, "engine_settings", ignore=READ_BACK_SETTINGS + (() if on_cpu else ("cpu_kvcache_gib",)))
-    key = "the engines it ran (read back)"
-    _same({key: _flat_engines(used_p)}, {key: _flat_engines(used_r)}, role, key)
-
-
-def _check_same_system(perf: dict, others: Sequence[tuple[dict, str]]) -> None:
-    """Every other run of the scenario describes the performance run's system, engine, generation, model, data."""
-    for rec, role in others:
-        for f in ("sut", "scenario", "model_key"):
-            if rec.get(f) != perf.get(f):
-                raise ComplianceError(f"{role} run differs from the performance run in {f}: "
-                                      f"{rec.get(f)!r} vs {perf.get(f)!r}")
-        _same_engine(perf, rec, role)
-        _same(perf, rec, role, "generation")
-        _same(perf, rec, role, "model", ignore=("path",))
-        _same(perf, rec, role, "dataset", ignore=("path", "prompt_tokens"))
-        _same(perf, rec, role, "options", ignore=("app_workdir", "session_id"))
-
-
 def check_scenario(ps: PackageSettings) -> ScenarioRuns:
     """Load and check the runs of one scenario (nothing is written).
 
@@ -334,7 +290,7 @@ def check_scenario(ps: PackageSettings) -> ScenarioRuns:
     elif ps.division == "closed" and bench in NEEDS_TEST06:
         raise ComplianceError(f"closed-division {bench} needs a TEST06 run (--test06 RUN_FOLDER; make it with "
                               "python -m sut run ... --compliance-test TEST06)")
-    _check_same_system(perf.rec, [(acc.rec, "accuracy")] + ([(t06.rec, "TEST06")] if t06 else []))
+    check_same_system(perf.rec, [(acc.rec, "accuracy")] + ([(t06.rec, "TEST06")] if t06 else []))
     if problems and not ps.allow_noncompliant:
         raise ComplianceError("not compliant (pass --allow-noncompliant only to rehearse the layout):\n  "
                               + "\n  ".join(problems))

@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY, MODEL_KEYS, SCENARIO_MODEL_KEYS
+
 #: Scenarios ``python -m sut run --scenario`` accepts, spelt as LoadGen and the submission checker spell them.
 HARNESS_SCENARIOS = ("Offline", "Server", "Interactive")
 #: Scenarios in which every sample's first token goes to LoadGen through ``FirstTokenComplete``.
@@ -38,9 +40,9 @@ STREAMING_SCENARIOS = ("Server", "Interactive")
 
 #: harness scenario -> (LoadGen scenario, default model key, model keys allowed with it)
 _TABLE = {
-    "Offline": ("Offline", "llama3_1-8b", ("llama3_1-8b", "llama3_1-8b-edge")),
-    "Server": ("Server", "llama3_1-8b", ("llama3_1-8b",)),
-    "Interactive": ("Server", "llama3_1-8b-interactive", ("llama3_1-8b-interactive",)),
+    "Offline": ("Offline", SCENARIO_MODEL_KEYS["Offline"], (DEFAULT_MODEL_KEY, EDGE_MODEL_KEY)),
+    "Server": ("Server", SCENARIO_MODEL_KEYS["Server"], (DEFAULT_MODEL_KEY,)),
+    "Interactive": ("Server", SCENARIO_MODEL_KEYS["Interactive"], (INTERACTIVE_MODEL_KEY,)),
 }
 
 #: Latency limits (p99, ms) of the streaming scenarios (mlperf.conf ``<key>.Server.ttft_latency`` /
@@ -83,7 +85,7 @@ class Scenario:
 
 def default_model_key(scenario: str) -> str:
     """The model key a scenario runs with when none is given (``Interactive`` → the -interactive key)."""
-    return _TABLE[scenario][1] if scenario in _TABLE else "llama3_1-8b"
+    return SCENARIO_MODEL_KEYS.get(scenario, DEFAULT_MODEL_KEY)
 
 
 def resolve_scenario(scenario: str, model_key: Optional[str] = None) -> Scenario:
@@ -101,15 +103,15 @@ def resolve_scenario(scenario: str, model_key: Optional[str] = None) -> Scenario
     lg_scenario, default_key, allowed = _TABLE[scenario]
     key = model_key or default_key
     if key not in allowed:
-        if key == "llama3_1-8b-interactive":
+        if key == INTERACTIVE_MODEL_KEY:
             why = ("the -interactive key is MLPerf's Interactive scenario (a LoadGen Server run with 500/30 ms "
                    "limits): use --scenario Interactive")
-        elif key == "llama3_1-8b" and scenario == "Interactive":
-            why = "Interactive runs with the model key llama3_1-8b-interactive (the default; leave --model-key out)"
-        elif key == "llama3_1-8b-edge":
+        elif key == DEFAULT_MODEL_KEY and scenario == "Interactive":
+            why = f"Interactive runs with the model key {INTERACTIVE_MODEL_KEY} (the default; leave --model-key out)"
+        elif key == EDGE_MODEL_KEY:
             why = "the edge benchmark has no Server or Interactive scenario (edge: SingleStream and Offline)"
         else:
-            why = f"LoadGen model keys of this benchmark: llama3_1-8b, llama3_1-8b-interactive, llama3_1-8b-edge"
+            why = f"LoadGen model keys of this benchmark: {', '.join(MODEL_KEYS)}"
         raise ScenarioError(f"model key {key!r} does not go with scenario {scenario!r}: {why}")
     return Scenario(name=scenario, loadgen=lg_scenario, model_key=key)
 

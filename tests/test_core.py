@@ -1,5 +1,7 @@
 """The dispatch core without engines: Dispatcher x routing x ledger over the FakeTransport test double."""
 
+import logging
+import time
 from types import SimpleNamespace as QS
 
 import numpy as np
@@ -9,7 +11,7 @@ from sut.core import guard
 from sut.core.dispatcher import Dispatcher
 from sut.core.messages import Completion, ReplicaRecord, Request
 from sut.core.routing import ROUTERS, AffinitySettings, make_router, model_revision
-from sut.core.transport import TransportSpec, make_transport, transport_class
+from sut.core.transport import TransportError, TransportSpec, make_transport, transport_class
 from sut.ledger import SampleLedger
 from sut.streaming_ledger import StreamingLedger
 from transport_doubles import FakeOptions
@@ -112,6 +114,47 @@ def test_a_fatal_event_answers_every_outstanding_sample_empty():
         assert led.error == "fake replica 0 died"
         assert led.wait_sent(10) and sorted(s for s, _ in sink) == list(range(1000, 1010))
         assert led.answered_empty + led.completed == 10 and led.answered_empty >= 4
+    finally:
+        tr.stop()
+
+
+def test_a_transport_reports_one_fatal_event_quiet_after_stop_and_attach_then_refuses(caplog):
+    """``Transport._report_fatal``: the first call sends, later ones and calls after ``stop`` do not (unless
+    ``after_stop``); the log tail is logged once and the event names the log; ``attach`` refuses afterwards."""
+    tr = make_transport("fake", TransportSpec(engine=None, generation=None, options=FakeOptions(replicas=1)))
+    got = []
+    tr.start(QS(on_fatal=got.append))
+    try:
+        tr.attach(QS(on_fatal=got.append))  # no failure yet: a later test may attach
+        msg = "engine 0 died\n--- last lines of /x/engine-0.log ---\nTraceback boom\n--- end of /x/engine-0.log ---"
+        assert tr._report_fatal(0, msg, tail_log=logging.getLogger("t")) is True
+        assert tr._report_fatal(0, "second") is False
+        sent = [(e.replica, "Traceback" in e.message, "/x/engine-0.log" in e.message) for e in got]
+        assert sent == [(0, False, True)]
+        assert caplog.text.count("Traceback boom") == 1 and tr.fatal_event is got[0]
+        with pytest.raises(TransportError, match="a replica failed during an earlier test"):
+            tr.attach(QS(on_fatal=got.append))
+    finally:
+        tr.stop()
+    quiet = make_transport("fake", TransportSpec(engine=None, generation=None, options=FakeOptions(replicas=1)))
+    quiet.start(QS(on_fatal=got.append))
+    quiet.stop()
+    assert quiet._report_fatal(0, "ended by stop") is False and len(got) == 1
+    assert quiet._report_fatal(None, "close failed", after_stop=True) is True and got[-1].message == "close failed"
+
+
+def test_two_fake_replicas_dying_at_once_send_one_fatal_event():
+    opts = FakeOptions(die_after={0: 0, 1: 0})
+    tr = make_transport("fake", TransportSpec(engine=None, generation=None, options=opts))
+    got = []
+    tr.start(QS(on_fatal=got.append))
+    try:
+        tr.submit(0, [Request(1, np.arange(4, dtype=np.int32))])
+        tr.submit(1, [Request(2, np.arange(4, dtype=np.int32))])
+        deadline = time.monotonic() + 5
+        while not all(tr._dead) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(tr._dead) and len(got) == 1
     finally:
         tr.stop()
 

@@ -266,3 +266,19 @@ def test_preflight_refuses_an_endpoint_where_nothing_answers_within_seconds(no_f
 def test_preflight_passes_when_the_session_manager_accepts_a_connection(no_flame_config):
     with socket.create_server(("127.0.0.1", 0)) as srv:
         _preflight(endpoint=f"http://127.0.0.1:{srv.getsockname()[1]}")
+
+
+def test_a_flame_replica_failure_is_one_fatal_event_and_attach_then_refuses():
+    """The flame transport's fatal path is ``Transport._report_fatal``: one event, later failures only
+    logged, no new task, and the next test of a one-process series must not attach to it."""
+    t = _sut().transport
+    got = []
+    t.records, t.sink = [object()], NS(on_fatal=got.append)  # as after start, without a cluster
+    t.attach(NS(on_fatal=got.append))
+    t.fatal(0, "lost session s1")
+    t.fatal(0, "lost it again")
+    assert [(e.replica, e.message) for e in got] == [(0, "lost session s1")] and t.halted
+    with pytest.raises(TransportError, match="lost session s1"):
+        t.submit(0, [Request(1, np.arange(3, dtype=np.int32))])
+    with pytest.raises(TransportError, match="a replica failed during an earlier test"):
+        t.attach(NS(on_fatal=got.append))

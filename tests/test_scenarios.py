@@ -27,6 +27,27 @@ def test_interactive_is_a_loadgen_server_run_with_the_interactive_key():
     assert (s.loadgen, s.model_key, s.streaming) == ("Offline", "llama3_1-8b-edge", False)
 
 
+def test_model_keys_are_spelt_only_in_sut_constants():
+    """One scenario -> model key mapping (``sut.constants.SCENARIO_MODEL_KEYS``): no other module of sut/,
+    scripts/ or accuracy/ has a model key as a string literal (docstrings and messages built from the
+    constants aside), so a renamed key cannot leave a stale copy behind."""
+    import ast
+
+    from sut.constants import MODEL_KEYS
+
+    found = []
+    for path in sorted(p for d in ("sut", "scripts", "accuracy") for p in (REPO / d).rglob("*.py")):
+        if path == REPO / "sut" / "constants.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        found += [f"{path.relative_to(REPO)}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                  and isinstance(n.value, str) and id(n) not in docs and any(k in n.value for k in MODEL_KEYS)]
+    assert not found
+
+
 @pytest.mark.parametrize("scenario,key,message", [
     ("server", None, "case-sensitive: 'Server'"),
     ("interactive", None, "case-sensitive: 'Interactive'"),

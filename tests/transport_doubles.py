@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord
+from sut.core.messages import Completion, FirstToken, ReplicaRecord
 from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
 
 
@@ -95,7 +95,7 @@ class FakeTransport(Transport):
                 limit = (self.o.die_after or {}).get(r)
                 if limit is not None and self._done[r] >= limit:
                     self._dead[r] = True
-                    self.sink.on_fatal(FatalEvent(r, f"fake replica {r} died"))
+                    self._report_fatal(r, f"fake replica {r} died")
                     return
                 c = self._answer(r, req)
                 if self.spec.stream:
@@ -110,7 +110,7 @@ class FakeTransport(Transport):
         return {"fake": {"answered": list(self._done)}}
 
     def stop(self):
-        if self.stopped:
+        if not self._mark_stopped():  # a replica dying from now on is no failure (_report_fatal is quiet)
             return
         self.stopped = True
         if self.o.log is not None:

@@ -15,8 +15,8 @@ LoadGen, routing or the ledger. Life cycle:
    prefers that message).
 4. Results flow to the sink on the transport's own threads: ``sink.on_first(replica,
    [FirstToken])`` (only when ``spec.stream``), ``sink.on_results(replica, [Completion])`` and at
-   most one ``sink.on_fatal(FatalEvent)``. A request's first token is always reported before its
-   completion.
+   most one ``sink.on_fatal(FatalEvent)`` (``Transport._report_fatal`` keeps it to one, and quiet after
+   ``stop``). A request's first token is always reported before its completion.
 5. ``flush()``: no more requests for now (LoadGen's ``flush_queries``; a batching transport sends
    its partial batches). ``stats()``: transport facts for the run record. ``stop()``: end every
    process, session and connection the transport made; safe to call twice and after a failure.
@@ -29,12 +29,15 @@ the others).
 from __future__ import annotations
 
 import abc
+import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Protocol, Sequence
 
 from sut.base import RunFailed
 from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 from sut.engine import EngineSettings, GenerationSettings
+from sut.engine.logs import log_tail_once
 from sut.registry import Registry
 
 
@@ -86,13 +89,41 @@ class Transport(abc.ABC):
     name: ClassVar[str] = ""
     #: frozen dataclass of the transport's options (``--option KEY=VALUE`` / its own CLI flags).
     options_cls: ClassVar[Optional[type]] = None
-    #: set (by the transport) once it has sent a ``FatalEvent``: ``attach`` then refuses a new sink.
-    _fatal_sent: bool = False
 
     def __init__(self, spec: TransportSpec):
         self.spec = spec
         self.sink: Optional[ResultSink] = None  # set by start/attach; read at every delivery
         self.records: list[ReplicaRecord] = []  # set by start
+        #: guards ``fatal_event`` and ``_stopped`` (implementations may guard their own counters with it too).
+        self._lock = threading.Lock()
+        self._stopped = False  # set by ``_mark_stopped``
+        #: the one ``FatalEvent`` sent (``_report_fatal``), else None: ``attach`` then refuses a new sink.
+        self.fatal_event: Optional[FatalEvent] = None
+
+    def _report_fatal(self, replica: Optional[int], message: str, *, tail_log: Optional[logging.Logger] = None,
+                      after_stop: bool = False) -> bool:
+        """Send this transport's one ``FatalEvent(replica, message)`` to the sink; True if this call sent it.
+
+        Only the first call sends (under ``self._lock``, so two threads failing at once send one event);
+        later calls, and calls after ``_mark_stopped`` (a replica ended by ``stop`` is no failure), send
+        nothing and return False. ``after_stop``: send even after ``stop`` (a failure of the stop itself,
+        e.g. a Flame session that could not be closed). ``tail_log``: the message's engine-log tail block is
+        logged there once and replaced by a pointer to the log (``sut.engine.logs.log_tail_once``), for the
+        event sent only."""
+        with self._lock:
+            if self.fatal_event is not None or (self._stopped and not after_stop):
+                return False
+            if tail_log is not None:
+                message = log_tail_once(message, tail_log)
+            self.fatal_event = event = FatalEvent(replica, message)
+        self.sink.on_fatal(event)
+        return True
+
+    def _mark_stopped(self) -> bool:
+        """Note that ``stop`` began (``_report_fatal`` is quiet from now on); True on the first call only."""
+        with self._lock:
+            first, self._stopped = not self._stopped, True
+        return first
 
     def check_prefix_caching_setting(self) -> None:
         """The guard before anything starts (``sut.core.guard.check_settings``): ``TransportError`` when the
@@ -112,7 +143,7 @@ class Transport(abc.ABC):
         was sent) while an earlier sink was attached."""
         if not self.records:
             raise TransportError(f"{self.name} transport: attach needs a started transport")
-        if self._fatal_sent:  # a replica failed while an earlier SUT was attached
+        if self.fatal_event is not None:  # a replica failed while an earlier SUT was attached
             raise TransportError(f"{self.name} transport: a replica failed during an earlier test; start a new one")
         self.sink = sink
         return self.records

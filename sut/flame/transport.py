@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from sut.base import RunFailed
-from sut.core.messages import FatalEvent, ReplicaRecord
+from sut.core.messages import ReplicaRecord
 from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
 from sut.dataset import sha256_file
 from sut.flame.batcher import Batcher, check_fits
@@ -70,10 +70,6 @@ class FlameTransport(Transport):
         self.batchers: list[Batcher] = []
         self.trackers: list[TaskTracker] = []
         self.warmup: list[dict] = []
-        self._lock = threading.Lock()
-        self._failed: Optional[FatalEvent] = None
-        self._stopping = False
-        self._stopped = False
 
     @property
     def replicas(self) -> int:
@@ -82,7 +78,7 @@ class FlameTransport(Transport):
     @property
     def halted(self) -> bool:
         """True once the transport is stopping or has reported a fatal event: no new task, no retry."""
-        return self._stopping or self._failed is not None
+        return self._stopped or self.fatal_event is not None
 
     def use_dataset(self, dataset) -> None:
         """The run's ``sut.dataset.Dataset``: the start refuses a batch size whose longest prompts would not fit
@@ -215,9 +211,10 @@ class FlameTransport(Transport):
 
     # -- requests and results ---------------------------------------------------------------
     def submit(self, replica: int, requests: Sequence) -> None:
-        if self._failed is not None:
-            raise TransportError(f"flame replica {replica}: {self._failed.message}")
-        if self._stopping or not self.batchers:
+        failed = self.fatal_event
+        if failed is not None:
+            raise TransportError(f"flame replica {replica}: {failed.message}")
+        if self._stopped or not self.batchers:
             raise TransportError(f"flame replica {replica}: the transport is not running")
         self.batchers[replica].put(requests)
 
@@ -228,22 +225,16 @@ class FlameTransport(Transport):
     def deliver(self, replica: int, completions: list) -> None:
         self.sink.on_results(replica, completions)
 
-    def fatal(self, replica: Optional[int], message: str) -> None:
-        """Report the first fatal event; later ones are logged only."""
-        with self._lock:
-            first = self._failed is None
-            if first:
-                self._failed = FatalEvent(replica, message)
-        if first:
-            self.sink.on_fatal(self._failed)
-        else:
-            log.warning("flame: after the failure: %s", message)
+    def fatal(self, replica: Optional[int], message: str, after_stop: bool = False) -> None:
+        """Report the first fatal event (``Transport._report_fatal``: quiet after ``stop`` unless
+        ``after_stop``); later ones are logged only."""
+        if not self._report_fatal(replica, message, after_stop=after_stop):
+            log.warning("flame: after the failure or stop: %s", message)
 
     # -- stop and record ------------------------------------------------------------------------
     def stop(self) -> None:
-        if self._stopped:
+        if not self._mark_stopped():
             return
-        self._stopped = self._stopping = True
         for b in self.batchers:
             b.close()
         errors = []
@@ -262,7 +253,7 @@ class FlameTransport(Transport):
                 except Exception:  # noqa: BLE001
                     pass
         if errors and self.sink is not None:
-            self.fatal(None, errors[0])
+            self.fatal(None, errors[0], after_stop=True)
 
     def mark_timed(self) -> None:
         """Batches sent so far were warm-ups: ``stats`` reports them under ``untimed`` (``sut.flame.stats``)."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from accuracy.jsontext import parse_json
+from accuracy.jsontext import JSONLinesError, parse_json, read_jsonl
 from sut.exits import BadInput
 from sut.locality.case_schema import HEADER_CHECKS, problem
 from sut.locality.pairs import run_records
@@ -108,7 +108,8 @@ def _is_merged_report(run: Path) -> bool:
 
 def read_cases(run: Path) -> tuple[list[dict], list[str]]:
     """The finished cases of ``run/cases.jsonl`` and notes on what was skipped: a last line that is
-    not JSON and has no newline (the run was stopped while appending it) is skipped with a note.
+    not JSON and has no newline (the run was stopped while appending it: ``accuracy.jsontext.read_jsonl``)
+    is skipped with a note.
     ``BadInput`` naming run, line and field for any other bad line (``case_schema.problem``)."""
     path = run / "cases.jsonl"
     if not path.is_file():
@@ -116,19 +117,17 @@ def read_cases(run: Path) -> tuple[list[dict], list[str]]:
             raise BadInput(f"error: run {run} is a merged report (written by `report`): merge its source runs "
                            "instead (listed in its locality.json under sources)")
         raise BadInput(f"error: run {run}: no cases.jsonl (not a locality run folder, or one older than cases.jsonl)")
-    text = _read_text(path, run)
-    lines = text.splitlines()
+    try:
+        jl = read_jsonl(path)
+    except JSONLinesError as e:
+        raise BadInput(f"error: run {run}: cases.jsonl line {e.line} is not JSON ({e.reason})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"error: run {run}: cannot read {path.name}: {e}") from None
     cases, notes = [], []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            case = parse_json(line)
-        except ValueError as e:
-            if n == len(lines) and not text.endswith("\n"):
-                notes.append(f"run {run}: cases.jsonl line {n} is cut off (the run stopped while writing it): skipped")
-                continue
-            raise BadInput(f"error: run {run}: cases.jsonl line {n} is not JSON ({e})") from None
+    if jl.cut_line is not None:
+        notes.append(f"run {run}: cases.jsonl line {jl.cut_line} is cut off (the run stopped while writing it): "
+                     "skipped")
+    for n, case in jl.records:
         why = problem(case)
         if why:
             raise BadInput(f"error: run {run}: cases.jsonl line {n} {why}")

@@ -48,14 +48,13 @@ import aiohttp
 import numpy as np
 
 from sut.base import InputError
-from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
+from sut.core.messages import Completion, FirstToken, ReplicaRecord, Request
 from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
 from sut.core.transports import http_api as api
 from sut.core.transports import http_readback as readback
 from sut.core.transports import http_servers as servers
 from sut.core.transports.http_options import HttpOptions
 from sut.engine import EngineError, plan_engines
-from sut.engine.logs import log_tail_once
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +97,7 @@ class HttpTransport(Transport):
         self.servers: list[servers.ServerProcess] = []
         self.samples = [0] * len(self.urls)
         self.retries = 0
-        self._dead = [False] * len(self.urls)
-        self._lock = threading.Lock()
-        self._fatal_sent = self._stopped = False
+        self._dead = [False] * len(self.urls)  # under self._lock, as samples and retries
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._session: Optional[aiohttp.ClientSession] = None
@@ -151,9 +148,7 @@ class HttpTransport(Transport):
             raise TransportError(str(e)) from None
 
     def _on_server_exit(self, server: servers.ServerProcess) -> None:
-        with self._lock:
-            quiet = self._stopped or self._fatal_sent or not self.records  # during start-up, wait_ready reports it
-        if not quiet:
+        if self.records:  # during start-up, wait_ready reports it
             self._fatal(server.index, server.exit_message())
 
     def _call(self, coro, timeout: Optional[float] = None):
@@ -357,10 +352,7 @@ class HttpTransport(Transport):
     def _fatal(self, r: int, message: str) -> None:
         with self._lock:
             self._dead[r] = True
-            if self._fatal_sent or self._stopped:
-                return
-            self._fatal_sent = True
-        self.sink.on_fatal(FatalEvent(r, log_tail_once(message, log)))
+        self._report_fatal(r, message, tail_log=log)
 
     # -- record and stop ------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -382,10 +374,8 @@ class HttpTransport(Transport):
 
     def stop(self) -> None:
         """Cancel every request, close the client, end every server started here. Idempotent."""
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
+        if not self._mark_stopped():
+            return
         loop = self._loop
         if loop is not None and self._thread is not None and self._thread.is_alive():
             try:

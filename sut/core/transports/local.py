@@ -23,14 +23,12 @@ engines do), ``first_token_weight`` (``least_pending``'s weight, Server/Interact
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Sequence
 
-from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
+from sut.core.messages import Completion, FirstToken, ReplicaRecord, Request
 from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
 from sut.engine import EngineError, EnginePool
-from sut.engine.logs import log_tail_once
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +63,7 @@ class LocalTransport(Transport):
         self.options: LocalOptions = spec.options or LocalOptions()
         self.pool = EnginePool(spec.engine, spec.generation, gc_freeze=self.options.gc_freeze, detail=spec.detail,
                                stream=spec.stream)
-        self.samples = [0] * len(self.pool)  # completions delivered per replica
-        self._lock = threading.Lock()
-        self._fatal_sent = False
-        self._stopped = False
+        self.samples = [0] * len(self.pool)  # completions delivered per replica (under self._lock)
 
     @property
     def replicas(self) -> int:
@@ -104,11 +99,7 @@ class LocalTransport(Transport):
 
     def _fatal_of(self, replica: int):
         def on_fatal(message: str) -> None:
-            with self._lock:
-                if self._fatal_sent or self._stopped:
-                    return
-                self._fatal_sent = True
-            self.sink.on_fatal(FatalEvent(replica, log_tail_once(message, log)))
+            self._report_fatal(replica, message, tail_log=log)
 
         return on_fatal
 
@@ -128,6 +119,5 @@ class LocalTransport(Transport):
                 "dispatch_chunk": self.options.dispatch_chunk}
 
     def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
+        self._mark_stopped()
         self.pool.shutdown()

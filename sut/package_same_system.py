@@ -1,0 +1,62 @@
+"""Whether the runs of one packaged scenario describe one system (``sut.package_scenario.check_scenario``).
+
+:func:`check_same_system` compares every other run of a scenario (accuracy, TEST06) with its performance
+run: backend, scenario and model key, the engine that really ran (the engines' read-back records where
+both runs have them; else the requested engine settings, models by config hash), generation, model,
+dataset and backend options, each without the fields that may differ between two runs of one system
+(paths, session ids). A difference is a ``ComplianceError`` naming the run, the field and both values.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sut.records import READ_BACK_SETTINGS, ComplianceError, engines_used
+
+
+def _same(a: dict, b: dict, role: str, field: str, ignore: Sequence[str] = ()) -> None:
+    """``ComplianceError`` unless the ``field`` records of run records ``a`` (performance) and ``b`` (the ``role``
+    run) agree on every key but ``ignore``; the message names each differing key with both values."""
+    va = {k: v for k, v in (a.get(field) or {}).items() if k not in ignore}
+    vb = {k: v for k, v in (b.get(field) or {}).items() if k not in ignore}
+    diff = sorted(k for k in set(va) | set(vb) if va.get(k) != vb.get(k))
+    if diff:
+        raise ComplianceError(f"{role} run differs from the performance run in {field}: "
+                              + ", ".join(f"{k} {va.get(k)!r} vs {vb.get(k)!r}" for k in diff))
+
+
+def _flat_engines(used: dict) -> dict:
+    """An ``engines_used`` record with a single engine's ``engine_args`` spread out as ``engine_args.<key>``."""
+    out = {k: v for k, v in used.items() if k != "engine_args"}
+    if len(used["engine_args"]) == 1:
+        out.update({f"engine_args.{k}": v for k, v in used["engine_args"][0].items()})
+    else:
+        out["engine_args"] = used["engine_args"]
+    return out
+
+
+def _same_engine(perf: dict, rec: dict, role: str) -> None:
+    """Compare the engine that really ran (the engines' read-back records) where both runs have one, and the
+    requested engine settings that nothing reads back; else the requested settings (models by config hash)."""
+    used_p, used_r = engines_used(perf), engines_used(rec)
+    if used_p is None or used_r is None:
+        _same(perf, rec, role, "engine_settings", ignore=("model",))
+        return
+    on_cpu = any(d.get("kind") == "cpu" for d, _ in used_p["devices"] + used_r["devices"])
+    _same(perf, rec, role, "engine_settings", ignore=READ_BACK_SETTINGS + (() if on_cpu else ("cpu_kvcache_gib",)))
+    key = "the engines it ran (read back)"
+    _same({key: _flat_engines(used_p)}, {key: _flat_engines(used_r)}, role, key)
+
+
+def check_same_system(perf: dict, others: Sequence[tuple[dict, str]]) -> None:
+    """Every other run of the scenario describes the performance run's system, engine, generation, model, data."""
+    for rec, role in others:
+        for f in ("sut", "scenario", "model_key"):
+            if rec.get(f) != perf.get(f):
+                raise ComplianceError(f"{role} run differs from the performance run in {f}: "
+                                      f"{rec.get(f)!r} vs {perf.get(f)!r}")
+        _same_engine(perf, rec, role)
+        _same(perf, rec, role, "generation")
+        _same(perf, rec, role, "model", ignore=("path",))
+        _same(perf, rec, role, "dataset", ignore=("path", "prompt_tokens"))
+        _same(perf, rec, role, "options", ignore=("app_workdir", "session_id"))
