@@ -75,18 +75,20 @@ def read_jsonl(path: str | Path, allow_cut_last: bool = True) -> JSONLines:
 
     With ``allow_cut_last``, a last line that has no newline after it and is not JSON is taken as a write
     cut off by a killed process: skipped, its number in ``cut_line``. Raises :class:`JSONLinesError` naming
-    the file and line for any other line that is not JSON, ``OSError`` when the file cannot be read and
-    ``UnicodeDecodeError`` (a ``ValueError``) when it is not UTF-8."""
+    the file and line for any other line that is not JSON or not UTF-8, and ``OSError`` when the file cannot
+    be read."""
     path = Path(path)
-    lines = path.read_bytes().decode("utf-8").split("\n")  # ends with "" when the last line has its newline
+    lines = path.read_bytes().split(b"\n")  # ends with b"" when the last line has its newline
     records: list[tuple[int, Any]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for n, raw in enumerate(lines, 1):
         try:
+            line = raw.decode("utf-8")
+            if not line.strip():
+                continue
             records.append((n, parse_json(line)))
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             if allow_cut_last and n == len(lines):
                 return JSONLines(records, n)
-            raise JSONLinesError(path, n, str(e)) from None
+            reason = f"not UTF-8 ({e.reason} at byte {e.start})" if isinstance(e, UnicodeDecodeError) else str(e)
+            raise JSONLinesError(path, n, reason) from None
     return JSONLines(records)

@@ -352,8 +352,25 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
         return t
 
     # the run folders and the log's folder are made by the first try, after every check
-    best, tries = search(one, a.start, a.factor, a.rel_tol, a.max_runs, prior, budget.may_start)
+    try:
+        best, tries = search(one, a.start, a.factor, a.rel_tol, a.max_runs, prior, budget.may_start)
+    except TryFailed:
+        raise
+    except BaseException:  # Ctrl-C / SIGTERM or an error between tries: say how to go on, then the exit-code map
+        _log_how_to_go_on(a, run_args, trylog.path, len(made) - len(prior))
+        raise
     return report(a, tries, best, len(prior), trylog.path, run_args)
+
+
+def _log_how_to_go_on(a, run_args: list[str], log_path: Path, new_tries: int) -> None:
+    """After a search stopped early: the command that resumes it from ``log_path`` (the unfinished try is
+    not in it and is made again), or, when no try was ever recorded there, that the same command starts over."""
+    if log_path.is_file() and log_path.stat().st_size > 0:
+        log.error("the search stopped after %d new finished tr%s; every finished try is in %s; go on with:\n  %s",
+                  new_tries, "y" if new_tries == 1 else "ies", log_path, resume_command(a, run_args, log_path))
+    else:
+        log.error("the search stopped before any try finished (nothing recorded in %s): run the same command again",
+                  log_path)
 
 
 def resume_command(a, run_args: list[str], log_path: Path) -> str:
@@ -389,5 +406,5 @@ def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: P
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     sys.exit(main())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields
@@ -110,12 +111,15 @@ class TryLog:
         tries, names = [], {f.name for f in fields(Try)}
         for n, rec in jl.records:
             try:
-                t = Try(**{k: v for k, v in rec.items() if k in names})
+                t = _checked_try(Try(**{k: v for k, v in rec.items() if k in names}))
+                made_with = rec.get("settings", {})
+                if not isinstance(made_with, dict):
+                    raise ValueError(f"settings is {made_with!r}, not an object")
             except (AttributeError, TypeError, ValueError) as e:
                 raise ValueError(f"{self.path} line {n}: not a try record ({e})") from None
             for k, v in self.settings.items():
-                if rec.get("settings", {}).get(k) != v:
-                    raise ValueError(f"{self.path} line {n}: made with {k} {rec.get('settings', {}).get(k)!r}, this "
+                if made_with.get(k) != v:
+                    raise ValueError(f"{self.path} line {n}: made with {k} {made_with.get(k)!r}, this "
                                      f"search uses {v!r}; use the same settings or a new --log file")
             tries.append(t)
         return tries
@@ -135,6 +139,23 @@ class TryLog:
             f.write((json.dumps(line) + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
+
+
+def _checked_try(t: Try) -> Try:
+    """``t`` when its fields have their types (``qps`` a finite number > 0; the p99s, tokens/s and ``wall_s``
+    numbers >= 0 or null; ``validity`` VALID, INVALID or null), else ``ValueError`` naming the field."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+    if not number(t.qps) or t.qps <= 0:
+        raise ValueError(f"qps {t.qps!r} is not a number > 0")
+    for name in ("ttft_p99_ms", "tpot_p99_ms", "tokens_per_s", "wall_s"):
+        v = getattr(t, name)
+        if v is not None and not number(v):
+            raise ValueError(f"{name} {v!r} is not a number >= 0 or null")
+    if t.validity not in ("VALID", "INVALID", None):
+        raise ValueError(f"validity {t.validity!r} is not VALID, INVALID or null")
+    return t
 
 
 class Budget:

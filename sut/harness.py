@@ -31,6 +31,7 @@ from sut.compliance import TEST06_AUDIT_CONFIG
 from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
 from sut.engine import EngineError, EngineSettings, GenerationSettings, read_model_info
 from sut.loadgen_settings import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
+from sut.loadgen_settings import scheduled_queries
 from sut.run_record import (accuracy_gate_record, gate_tokenizer, initial_record, now_iso, parse_loadgen_detail,  # noqa: F401
                             test06_record, token_latencies, write_record)
 from sut.run_settings import MODES, RunSettings  # noqa: F401 - re-exported
@@ -143,7 +144,8 @@ def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
     """A run still ``running`` when ``e`` ended it is recorded ``failed`` with the cause."""
     if record.get("status") == "running":
         record["status"] = "failed"
-        record["error"] = record.get("error") or f"{type(e).__name__}: {e}"
+        record["error"] = record.get("error") or (interrupt_reason(e) if isinstance(e, KeyboardInterrupt)
+                                                  else f"{type(e).__name__}: {e}")
         record["finished"] = now_iso()
         write_record(run_dir, record)
 
@@ -256,7 +258,7 @@ def _run_loadgen(lg, sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts
     objs.t_start = time.monotonic()
     objs.returned = False
     error, objs.returned = _start_test_interruptible(lg, objs.sut_handle, objs.qsl.handle, ts, ls, audit, sut,
-                                                     rs.stall_timeout_s)
+                                                     rs.stall_timeout_s, objs.qsl.performance_sample_count)
     return error
 
 
@@ -327,14 +329,17 @@ LOADGEN_DRAIN_S = 120.0
 STREAMING_DRAIN_S = 10.0
 
 
-def drain_limit_s(ts, streaming: bool, failed_after_s: float) -> float:
+def drain_limit_s(ts, streaming: bool, failed_after_s: float, perf_count: int = 0) -> float:
     """Seconds to wait for LoadGen after a failure ``failed_after_s`` seconds into its test (``ts``: its
     ``TestSettings``): Offline ``LOADGEN_DRAIN_S``; Server / Interactive the rest of the schedule
-    (``max(min duration, min query count / target_qps)``, a lower bound) plus ``STREAMING_DRAIN_S`` when that
-    fits in ``LOADGEN_DRAIN_S``, else just ``STREAMING_DRAIN_S`` (the schedule will not end early)."""
+    (``max(min duration, scheduled queries / target_qps)``, a lower bound) plus ``STREAMING_DRAIN_S`` when that
+    fits in ``LOADGEN_DRAIN_S``, else just ``STREAMING_DRAIN_S`` (the schedule will not end early).
+    ``perf_count``: the QSL's performance sample count; with equal issue (``sample_concatenate_permutation``,
+    on for llama3_1-8b in mlperf.conf) LoadGen rounds the query count up to a whole multiple of it."""
     if not streaming:
         return LOADGEN_DRAIN_S
-    schedule_s = max(ts.min_duration_ms / 1000.0, ts.min_query_count / ts.server_target_qps)
+    queries = scheduled_queries(ts, perf_count)
+    schedule_s = max(ts.min_duration_ms / 1000.0, queries / ts.server_target_qps)
     wait = STREAMING_DRAIN_S + max(0.0, schedule_s - failed_after_s)
     return wait if wait <= LOADGEN_DRAIN_S else min(STREAMING_DRAIN_S, LOADGEN_DRAIN_S)
 
@@ -345,7 +350,7 @@ def interrupt_reason(e: KeyboardInterrupt) -> str:
 
 
 def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
-                              stall_timeout_s) -> tuple[Optional[str], bool]:
+                              stall_timeout_s, perf_count: int = 0) -> tuple[Optional[str], bool]:
     """Run StartTest on a thread; the main thread watches for Ctrl-C/SIGTERM, stalls and failures.
 
     Returns ``(error or None, whether StartTest returned)``. On Ctrl-C or a stall the ledger answers
@@ -381,7 +386,10 @@ def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
                 error = f"no sample completed for {stall_timeout_s:.0f} s with {led.outstanding} outstanding (stall)"
                 led.fail(error)
             if failed_at is None and (error or led.error):
-                failed_at, drain_s = now, drain_limit_s(ts, streaming, now - t_start)
+                failed_at, drain_s = now, drain_limit_s(ts, streaming, now - t_start, perf_count)
+                log.info("waiting up to %.0f s for LoadGen to return (%s)", drain_s,
+                         "the rest of its Server schedule" if streaming and drain_s > STREAMING_DRAIN_S
+                         else "it may run on; the run is reported failed either way")
             if failed_at is not None and now - failed_at > drain_s:
                 error = (f"{error or led.error}; LoadGen did not return within {drain_s:.0f} s after it"
                          + (" (its Server schedule runs on to min duration; no abort in LoadGen)" if streaming else ""))

@@ -189,3 +189,12 @@ def copy_test_settings(ts, **changes):
     for name, value in changes.items():
         setattr(new, name, value)
     return new
+
+
+def scheduled_queries(ts, perf_count: int) -> int:
+    """The least number of queries LoadGen schedules in a Server test: ``min_query_count``, rounded up to a
+    whole multiple of ``perf_count`` under equal issue (``ts.sample_concatenate_permutation``)."""
+    n = int(ts.min_query_count)
+    if getattr(ts, "sample_concatenate_permutation", False) and perf_count > 0:
+        n = -(-n // perf_count) * perf_count
+    return n

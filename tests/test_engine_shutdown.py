@@ -101,3 +101,32 @@ def test_worker_ends_and_reaps_its_children_before_exiting():
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.timeout(120)
+def test_shutdown_right_after_start_ends_a_worker_that_has_no_process_group_yet(tmp_path, monkeypatch):
+    """``shutdown`` at once after ``start`` (EnginePool's cleanup on an early Ctrl-C): the spawned worker has not
+    run ``os.setpgrp`` yet, so ``killpg(pid)`` finds no group; it was missed and went on to build its engine."""
+    import vllm_standin
+    from conftest import TINY_MODEL
+    from sut.engine import plan_engines
+
+    vllm_standin.install(tmp_path / "standin", monkeypatch)
+    monkeypatch.setenv("STANDIN_CHILD_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setenv("STANDIN_START_S", "600")
+    es = EngineSettings(model=str(TINY_MODEL), device="cpu", max_model_len=512)
+    h = EngineHandle(plan_engines(es)[0], es, GenerationSettings(max_tokens=4))
+    h.start()
+    t0 = time.monotonic()
+    h.shutdown()
+    took = time.monotonic() - t0
+    time.sleep(3)  # a worker that survived would reach LLM.__init__ (and start its child) by now
+    kids = [int(k) for k in (tmp_path / "pids").read_text().split()] if (tmp_path / "pids").exists() else []
+    live = [p for p in [h.pid] + kids if _state(p) not in ("", "Z")]
+    for p in live:
+        try:
+            os.kill(p, 9)
+        except OSError:
+            pass
+    assert not live, f"left running: {live} (shutdown took {took:.1f} s)"
+    assert took < 4.5, f"shutdown took {took:.1f} s"

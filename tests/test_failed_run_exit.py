@@ -214,3 +214,35 @@ def test_an_unmapped_error_after_leave_without_cleanup_still_leaves_by_os_exit(r
     assert p.returncode == (3 if "SystemExit" in raise_after else 1), p.stderr
     assert "NORMAL-EXIT" not in p.stdout and "still runs" in p.stderr
     assert "OSError" in p.stderr or "SystemExit" in p.stderr
+
+
+def test_drain_limit_counts_the_queries_equal_issue_adds():
+    """A Server try of min_query_count 480 over a 64-sample QSL issues 512 queries (equal issue): stopped
+    130 s into a 2 queries/s schedule, 126 s of it remain, more than the 120 s LoadGen may run on, so the
+    harness waits only the 10 s grace (it waited the full 120 s when it counted 480 queries)."""
+    import mlperf_loadgen as lg
+
+    from sut.harness import LOADGEN_DRAIN_S, STREAMING_DRAIN_S, drain_limit_s
+    from sut.loadgen_settings import scheduled_queries
+
+    ts = lg.TestSettings()
+    ts.scenario, ts.min_query_count, ts.server_target_qps, ts.min_duration_ms = lg.TestScenario.Server, 480, 2.0, 10_000
+    ts.sample_concatenate_permutation = True
+    assert scheduled_queries(ts, 64) == 512 and scheduled_queries(ts, 0) == 480
+    assert drain_limit_s(ts, True, 130.0, 64) == STREAMING_DRAIN_S
+    assert drain_limit_s(ts, True, 200.0, 64) == STREAMING_DRAIN_S + 56.0
+    ts.sample_concatenate_permutation = False
+    assert drain_limit_s(ts, True, 130.0, 64) == STREAMING_DRAIN_S + 110.0 <= LOADGEN_DRAIN_S
+
+
+def test_a_stop_signal_after_loadgen_returned_is_recorded_like_any_other_stop(tmp_path):
+    """SIGTERM right after LoadGen's test ended reaches ``record_failure``: the record says "interrupted
+    (SIGTERM)" as everywhere else, not "KeyboardInterrupt: SIGTERM"."""
+    from sut.harness import record_failure
+
+    rec = {"status": "running"}
+    record_failure(tmp_path, rec, KeyboardInterrupt("SIGTERM"))
+    assert rec["status"] == "failed" and rec["error"] == "interrupted (SIGTERM)"
+    rec = {"status": "running"}
+    record_failure(tmp_path, rec, RuntimeError("boom"))
+    assert rec["error"] == "RuntimeError: boom"

@@ -212,7 +212,7 @@ def test_a_failure_in_try_2_fails_the_search_with_exit_1_and_stops_the_sut(tmp_p
 
 
 def test_ctrl_c_in_try_2_exits_130_with_the_sut_stopped_and_the_try_recorded_interrupted(
-        tmp_path, synthetic_small, fresh_loadgen_conf, monkeypatch):
+        tmp_path, synthetic_small, fresh_loadgen_conf, monkeypatch, caplog):
     data, _ = synthetic_small
     monkeypatch.setattr(exits, "_interrupted", threading.Event())  # this test's stop signal only
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
@@ -226,6 +226,9 @@ def test_ctrl_c_in_try_2_exits_130_with_the_sut_stopped_and_the_try_recorded_int
     assert [r["status"] for r in recs] == ["ok", "failed"] and recs[1]["error"] == "interrupted (SIGINT, Ctrl-C)"
     tries = (tmp_path / "out" / "tries-Server.jsonl").read_text().splitlines()
     assert [json.loads(x)["qps"] for x in tries] == [100]  # the interrupted try is not a result
+    # Ctrl-C also says how to go on (a new user had to guess the tries file and retype every flag)
+    assert "the search stopped after 1 new finished try" in caplog.text
+    assert "; go on with:\n  python scripts/find_qps.py --scenario Server --resume " in caplog.text
 
 
 def test_bad_run_arguments_exit_2_before_anything_starts(tmp_path, synthetic_small, fresh_loadgen_conf):

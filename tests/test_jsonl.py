@@ -48,3 +48,29 @@ def test_the_try_log_refuses_a_line_that_is_json_but_no_record_naming_it(tmp_pat
         TryLog(p, SETTINGS).read()
     p.write_text('{"qps": 4, "validity": "VALID", "settings": {"scenario": "Server"}}\n{"qps": 8, "valid')
     assert [t.qps for t in TryLog(p, SETTINGS).read()] == [4]
+
+
+def test_a_line_that_is_not_utf8_names_file_and_line_unless_it_is_the_cut_off_last_one(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(b'{"a": 1}\n{"a": "\xc9t\xe9"}\n{"a": 3}\n')
+    with pytest.raises(JSONLinesError, match=r"a\.jsonl.* line 2.*not UTF-8") as e:
+        read_jsonl(p)
+    assert e.value.line == 2
+    p.write_bytes(b'{"a": 1}\n{"a": "caf\xc3')  # a write cut in the middle of a UTF-8 sequence
+    jl = read_jsonl(p)
+    assert jl.records == [(1, {"a": 1})] and jl.cut_line == 2
+
+
+@pytest.mark.parametrize("rec,field", [({"qps": 1.0, "validity": "VALID", "settings": 5}, "settings"),
+                                       ({"qps": "abc", "validity": "INVALID"}, "qps"),
+                                       ({"qps": float("nan"), "validity": "INVALID"}, "qps"),
+                                       ({"qps": 0, "validity": "INVALID"}, "qps"),
+                                       ({"qps": 1.0, "validity": "VALID", "wall_s": "x"}, "wall_s"),
+                                       ({"qps": 1.0, "validity": "valid"}, "validity")])
+def test_the_try_log_refuses_a_record_with_a_wrongly_typed_field_naming_it(tmp_path, rec, field):
+    import json
+
+    p = tmp_path / "tries.jsonl"
+    p.write_text(json.dumps({"settings": SETTINGS, **rec}) + "\n")
+    with pytest.raises(ValueError, match=rf"tries\.jsonl line 1: not a try record \({field} "):
+        TryLog(p, SETTINGS).read()

@@ -86,6 +86,8 @@ def test_two_runs_merge_with_pairs_renumbered_and_incomplete_pairs_dropped(tmp_p
     assert (tmp_path / "out" / ("merged" + RUN_SUFFIX) / "locality.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert "pair 2 (" in out and "dropped, no flame case" in out and "median 99.50%" in out
+    # the placement line names each replica once, not once per source run
+    assert "replicas' own records): replica 0 on fake:0, replica 1 on fake:1\n" in out
 
 
 def test_policy_ratios_over_pairs_that_ran_both_policies(tmp_path):
@@ -225,7 +227,7 @@ def test_a_header_that_is_not_a_header_or_a_file_not_utf8_exits_2(tmp_path, caps
     (d / HEADER).write_text(json.dumps(header()))
     (d / "cases.jsonl").write_bytes(b"\xff" + (d / "cases.jsonl").read_bytes())
     assert report(tmp_path, d) == (2, None) and not (tmp_path / "out").exists()
-    assert f"error: run {d}: cannot read cases.jsonl" in capsys.readouterr().err
+    assert f"error: run {d}: cases.jsonl line 1 is not JSON (not UTF-8 " in capsys.readouterr().err
 
 
 def test_a_copy_of_a_run_is_refused_naming_both_runs(tmp_path, capsys):

@@ -254,7 +254,7 @@ class EngineHandle:
             log.warning("engine %d (pid %d) is still starting: ending it now (SIGTERM, SIGKILL after %.0f s)",
                         self.slot.index, self._proc.pid, term_wait)
         if self.own_process_group:
-            _end_group(self._proc.pid, term_wait, reap=lambda: self._proc.exitcode)
+            _end_group(self._proc.pid, term_wait, leader_exit=lambda: self._proc.exitcode)
         else:
             for end, wait in ((self._proc.terminate, term_wait), (self._proc.kill, 5)):
                 if self._proc.is_alive():
@@ -278,25 +278,39 @@ class EngineHandle:
         return True
 
 
-def _end_group(pgid: int, term_wait: float = READY_TERM_WAIT_S, reap: Callable[[], object] = lambda: None) -> None:
+def _end_group(pgid: int, term_wait: float, leader_exit: Callable[[], Optional[int]]) -> None:
     """SIGTERM the process group ``pgid``, wait up to ``term_wait`` s, then SIGKILL it and wait up to 5 s.
-    ``reap``: collects the group's leader (the worker, our child) when it has exited. The group counts as
-    ended when no member is left but zombies (``live_group_members``): an orphaned member that exited is
-    reaped by PID 1, which in a container may never do it."""
+    ``leader_exit``: the group leader's (the worker's, our child's) exit code once it has exited, reaping it,
+    else None. A leader still starting may not have made its group yet (``os.setpgrp`` comes after the spawned
+    interpreter's imports): then it is signalled by pid. The group counts as ended when the leader has exited
+    and no member is left but zombies (``live_group_members``): an orphaned member that exited is reaped by
+    PID 1, which in a container may never do it."""
     for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
+        _signal_group(pgid, sig, leader_exit)
         end = time.monotonic() + wait
         while time.monotonic() < end:
-            reap()
-            if not live_group_members(pgid):
+            if leader_exit() is not None and not live_group_members(pgid):
                 return
             time.sleep(0.1)
     left = live_group_members(pgid)
-    if left:
-        log.error("process group %d still has live member(s) %s after SIGKILL", pgid, left)
+    if left or leader_exit() is None:
+        log.error("process group %d still has live member(s) %s after SIGKILL", pgid, left or [pgid])
+
+
+def _signal_group(pgid: int, sig: int, leader_exit: Callable[[], Optional[int]]) -> None:
+    """``killpg(pgid, sig)``; when there is no such group yet and the leader has not exited, ``kill(pgid, sig)``."""
+    try:
+        os.killpg(pgid, sig)
+        return
+    except PermissionError:
+        return
+    except ProcessLookupError:
+        pass
+    if leader_exit() is None:
+        try:
+            os.kill(pgid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def live_group_members(pgid: int) -> list[int]:

@@ -109,8 +109,9 @@ def study_tables(record: dict) -> str:
 
     lines = [NOTICE, *[f"note: {n}" for n in record.get("notes", [])]]
     if record.get("placement"):
-        lines.append("placement (checked on every case against the replicas' own records): "
-                     + ", ".join(f"replica {p['replica']} on {p['key']}" for p in record["placement"]))
+        places = dict.fromkeys(f"replica {p['replica']} on {p['key']}" for p in record["placement"])  # a merged
+        lines.append("placement (checked on every case against the replicas' own records): "  # report: once a run
+                     + ", ".join(places))
     if record.get("kv_cache"):
         kv = record["kv_cache"]
         cells = ", ".join(f"{_n(p.get('tokens'))}" for p in kv["per_replica"])
