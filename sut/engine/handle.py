@@ -5,10 +5,11 @@ parent's). The watcher thread waits on the worker's pipe and its process sentine
 exited worker or an engine exception reaches ``on_fatal`` at once, with the last lines of the engine
 log; it also polls ``waitpid`` every ``SENTINEL_POLL_S`` (a child the worker forked, vLLM's EngineCore
 on a GPU, holds the pipe and the sentinel open after the worker died). ``shutdown`` ends the process
-group (SIGTERM, then SIGKILL), so vLLM's own child processes never outlive the run. A worker that has reported ``Ready`` first gets ``Stop`` and
-returns from its serve loop; one still starting (building ``vllm.LLM``: minutes on a GPU) reads no
-``Stop`` and may not die from SIGTERM while in native code, so it is ended at once: SIGTERM, then
-SIGKILL after ``STARTING_TERM_WAIT_S``, with a log line saying so.
+group (SIGTERM, then SIGKILL), so vLLM's own child processes never outlive the run. A worker that has
+reported ``Ready`` first gets ``Stop`` and returns from its serve loop; one still starting (building
+``vllm.LLM``: minutes on a GPU) reads no ``Stop`` and may not die from SIGTERM while in native code, so
+it is ended at once: SIGTERM, then SIGKILL after ``STARTING_TERM_WAIT_S``, with a log line saying so
+(signalled by pid while it has not yet made its own process group).
 """
 
 from __future__ import annotations

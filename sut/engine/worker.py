@@ -161,11 +161,17 @@ def _end_children(term_wait: float = 5.0) -> None:
     never reap it, and the parent would see the process group alive)."""
     import psutil
 
+    procs = []
     try:
-        procs = [p for p in psutil.Process().children(recursive=True)
-                 if not any(h in " ".join(p.cmdline()) for h in _MP_HELPERS)]
+        children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return
+    for p in children:
+        try:
+            if not any(h in " ".join(p.cmdline()) for h in _MP_HELPERS):
+                procs.append(p)
+        except psutil.Error:
+            continue  # gone meanwhile
     for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 2.0)):
         for p in procs:
             try:
