@@ -326,7 +326,8 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
             run_args: list[str]) -> int:
     """Run the search with ``make_try`` (a ``FreshProcessTries`` / ``OneProcessTries``: ``prepare()`` before the
     first new try, for ``equal_issue_warning``, then one call per try), logging each try as it starts and ends
-    and appending every finished try to ``trylog`` at once, and report. ``TryFailed``: the failed try is appended, then its cause raised."""
+    and appending every finished try to ``trylog`` at once, and report. ``TryFailed``: the failed try is appended,
+    then its cause raised; on any stop but bad input the resume command is logged."""
     made = list(prior)
 
     def one(q: float) -> Try:
@@ -343,8 +344,7 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
         except TryFailed as e:
             trylog.append(budget.note(e.try_))
             log.error("try %d: %s", n, try_line(e.try_))
-            log.error("the try at %g queries/s failed; the search stops. Every try is in %s; go on with:\n  %s", q,
-                      trylog.path, resume_command(a, run_args, trylog.path))
+            log.error("the try at %g queries/s failed; the search stops", q)
             raise e.cause from None
         trylog.append(budget.note(t))
         made.append(t)
@@ -354,10 +354,11 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
     # the run folders and the log's folder are made by the first try, after every check
     try:
         best, tries = search(one, a.start, a.factor, a.rel_tol, a.max_runs, prior, budget.may_start)
-    except TryFailed:
-        raise
-    except BaseException:  # Ctrl-C / SIGTERM or an error between tries: say how to go on, then the exit-code map
-        _log_how_to_go_on(a, run_args, trylog.path, len(made) - len(prior))
+    except BaseException as e:  # a failed try, Ctrl-C / SIGTERM: say how to go on (not for bad input), then the
+        from sut.exits import EXIT_BAD_INPUT, exit_code  # exit-code map
+
+        if exit_code(e) != EXIT_BAD_INPUT:
+            _log_how_to_go_on(a, run_args, trylog.path, len(made) - len(prior))
         raise
     return report(a, tries, best, len(prior), trylog.path, run_args)
 

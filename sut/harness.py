@@ -329,7 +329,7 @@ LOADGEN_DRAIN_S = 120.0
 STREAMING_DRAIN_S = 10.0
 
 
-def drain_limit_s(ts, streaming: bool, failed_after_s: float, perf_count: int = 0) -> float:
+def drain_limit_s(ts, streaming: bool, failed_after_s: float, perf_count: int) -> float:
     """Seconds to wait for LoadGen after a failure ``failed_after_s`` seconds into its test (``ts``: its
     ``TestSettings``): Offline ``LOADGEN_DRAIN_S``; Server / Interactive the rest of the schedule
     (``max(min duration, scheduled queries / target_qps)``, a lower bound) plus ``STREAMING_DRAIN_S`` when that
@@ -350,7 +350,7 @@ def interrupt_reason(e: KeyboardInterrupt) -> str:
 
 
 def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
-                              stall_timeout_s, perf_count: int = 0) -> tuple[Optional[str], bool]:
+                              stall_timeout_s, perf_count: int) -> tuple[Optional[str], bool]:
     """Run StartTest on a thread; the main thread watches for Ctrl-C/SIGTERM, stalls and failures.
 
     Returns ``(error or None, whether StartTest returned)``. On Ctrl-C or a stall the ledger answers

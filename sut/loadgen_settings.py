@@ -195,6 +195,6 @@ def scheduled_queries(ts, perf_count: int) -> int:
     """The least number of queries LoadGen schedules in a Server test: ``min_query_count``, rounded up to a
     whole multiple of ``perf_count`` under equal issue (``ts.sample_concatenate_permutation``)."""
     n = int(ts.min_query_count)
-    if getattr(ts, "sample_concatenate_permutation", False) and perf_count > 0:
+    if ts.sample_concatenate_permutation and perf_count > 0:
         n = -(-n // perf_count) * perf_count
     return n

@@ -121,7 +121,7 @@ def read_cases(run: Path) -> tuple[list[dict], list[str]]:
         jl = read_jsonl(path)
     except JSONLinesError as e:
         raise BadInput(f"error: run {run}: cases.jsonl line {e.line} is not JSON ({e.reason})") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise BadInput(f"error: run {run}: cannot read {path.name}: {e}") from None
     cases, notes = [], []
     if jl.cut_line is not None:
