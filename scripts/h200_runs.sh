@@ -21,8 +21,9 @@
 #   bash scripts/h200_runs.sh start core      # issue 12: --sut vllm vs raw generate; --sut vllm-http vs --sut vllm
 #   bash scripts/h200_runs.sh start study     # issue 13: Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES,
 #                                             # STUDY_POLICIES: a subset of prefix_affinity round_robin)
-#   bash scripts/h200_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS)
-#   bash scripts/h200_runs.sh start confirm   # issue 14: full-length runs at the found values (CONFIRM="Server=Q Interactive=Q")
+#   bash scripts/h200_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS;
+#                                             # SERVER_ARGS, INTERACTIVE_ARGS: extra engine flags per scenario)
+#   bash scripts/h200_runs.sh start confirm   # issue 14: full-length runs at the found values (CONFIRM="Server=Q Interactive=auto")
 #   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
@@ -39,10 +40,16 @@ REAL=${REAL:-/root/gpu/data/cnn_eval_public.json}
 POOL=${POOL:-/tmp/pool13368.json}
 OUT=${OUT:-$PWD/gpu_out}
 FULL=/tmp/full
-JOB=/tmp/job
+JOB=${JOB:-/tmp/job}  # the detached job's folder (tests set their own)
 mkdir -p "$OUT"
 COMMON=(--model "$MODEL" --load-format dummy --max-model-len 2668 --max-num-seqs 512 --max-num-batched-tokens 8192
         --gpu-memory-utilization 0.90 --device cuda)
+
+# Extra `sut run` flags of a scenario (issue 14: SERVER_ARGS, INTERACTIVE_ARGS; none for Offline).
+scen_args() { case $1 in Server) echo "${SERVER_ARGS:-}" ;; Interactive) echo "${INTERACTIVE_ARGS:-}" ;; esac; }
+# The search log of a scenario and its extra flags in folder $1: h200_fp8_<sc>.jsonl, or with flags
+# h200_fp8_<sc>_<flags with every run of other characters than [A-Za-z0-9.] as one "_">.jsonl.
+scen_log() { local tag; tag=$(scen_args "$2" | sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g'); echo "$1/h200_fp8_$2${tag:+_$tag}.jsonl"; }
 
 case "${1:-}" in
   overhead)
@@ -218,34 +225,47 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # Issue 14: target_qps search (scripts/find_qps.py) for SCENARIOS (default "Server Interactive"), fp8 preset,
     # --sut SCEN_SUT (default vllm), tries of 1,000 queries and >= SCEN_S s (default 20), at most SCEN_TRIES per
     # scenario (default 8), none started that would end > SCEN_BUDGET_S s (default 1200) after this step began.
-    # Resumable: each finished try is appended at once to $JOB/scen/h200_fp8_<sc>.jsonl; an earlier session's file
-    # in SCEN_PRIOR (default docs/results/find_qps_h200) is copied there first and resumed. Keep SCEN_S, SCEN_SUT,
-    # MODEL, REAL the same across sessions (find_qps refuses tries made with other settings). --one-process: the
-    # engines start once per scenario (not once per try); a try that fails ends that scenario's search (exit 1).
+    # SERVER_ARGS / INTERACTIVE_ARGS: extra `sut run` flags for that scenario (engine settings, e.g.
+    # INTERACTIVE_ARGS="--max-num-batched-tokens 2048"); the confirm step uses them too. Each settings set has its
+    # own log, $JOB/scen/h200_fp8_<sc>[_<flags>].jsonl, appended at once after every try; an earlier session's file
+    # of the same name in SCEN_PRIOR (default docs/results/find_qps_h200) is copied there first and resumed. Keep
+    # SCEN_S, SCEN_SUT, MODEL, REAL the same across sessions (find_qps refuses tries made with other settings).
+    # --one-process: the engines start once per scenario; a try that fails ends that scenario's search (exit 1).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     mkdir -p "$JOB/scen"; t0=$(date +%s)
     for sc in ${SCENARIOS:-Server Interactive}; do
       q=$([ $sc = Server ] && echo "${SERVER_QPS:-48}" || echo "${INTERACTIVE_QPS:-20}")
-      f="$JOB/scen/h200_fp8_$sc.jsonl"; prior="${SCEN_PRIOR:-docs/results/find_qps_h200}/h200_fp8_$sc.jsonl"
+      read -ra extra <<< "$(scen_args "$sc")"
+      f=$(scen_log "$JOB/scen" "$sc"); prior=$(scen_log "${SCEN_PRIOR:-docs/results/find_qps_h200}" "$sc")
       resume=(); [ -s "$prior" ] && cp "$prior" "$f" && resume=(--resume "$f")
       python3 scripts/find_qps.py --one-process --scenario $sc --start "$q" --log "$f" "${resume[@]}" \
         --budget-s $(( ${SCEN_BUDGET_S:-1200} - $(date +%s) + t0 )) --max-runs "${SCEN_TRIES:-8}" \
         --min-duration-s "${SCEN_S:-20}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
         --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \
-        --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --benchmark-ignore-eos \
+        --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --benchmark-ignore-eos "${extra[@]}" \
         > "$JOB/scen_$sc.console" 2>&1
     done
     ;;
   confirm)
-    # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Server=52 Interactive=21
-    # Offline=50:120"): SCENARIO=QPS[:S]. Each runs `python -m sut run --scenario SCENARIO` with a copy of
-    # loadgen_configs/h200_fp8.user.conf plus that scenario's target_qps line (no --target-qps override), on
-    # CONFIRM_DATA (default $REAL, the prompts the search used); ":S" adds --min-duration-s S (a dev run, e.g. a
-    # shorter Offline side by side). Runs in $JOB/confirm/ (run.json + summaries come back with batch-wait).
+    # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Server=52 Interactive=auto
+    # Offline=50:120"): SCENARIO=QPS[:S]. QPS "auto" takes the highest VALID try of the search log for that
+    # scenario and its SERVER_ARGS / INTERACTIVE_ARGS: this job's (the server step run first in the same `start`),
+    # else SCEN_PRIOR's (copy an earlier session's log there). Each runs
+    # `python -m sut run --scenario SCENARIO` with a copy of loadgen_configs/h200_fp8.user.conf plus that scenario's
+    # target_qps line (no --target-qps override) and the scenario's extra flags, on CONFIRM_DATA (default $REAL,
+    # the prompts the search used); ":S" adds --min-duration-s S (a dev run, e.g. a shorter Offline side by side).
+    # Runs in $JOB/confirm/ (run.json + summaries come back with batch-wait).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
-    mkdir -p "$JOB/confirm"
-    for entry in ${CONFIRM:?set CONFIRM, e.g. CONFIRM=\"Server=52 Interactive=21\"}; do
+    mkdir -p "$JOB/confirm"; worst=0  # the step's exit code: the last failed run's (or 1: an auto with no VALID try)
+    for entry in ${CONFIRM:?set CONFIRM, e.g. CONFIRM=\"Server=52 Interactive=auto\"}; do
       sc=${entry%%=*}; rest=${entry#*=}; q=${rest%%:*}; dur=(); [ "$rest" != "$q" ] && dur=(--min-duration-s "${rest#*:}")
+      read -ra extra <<< "$(scen_args "$sc")"
+      if [ "$q" = auto ]; then  # this job's search log, else the one in SCEN_PRIOR
+        log=$(scen_log "$JOB/scen" "$sc"); [ -s "$log" ] || log=$(scen_log "${SCEN_PRIOR:-docs/results/find_qps_h200}" "$sc")
+        q=$(python3 -c "import json,sys; v=[r['qps'] for r in map(json.loads, open(sys.argv[1])) if r.get('validity') == 'VALID']
+print(max(v) if v else '')" "$log" 2>/dev/null)
+        [ -n "$q" ] || { echo "confirm $sc: auto, but no VALID try in $log"; worst=1; continue; }
+      fi
       case $sc in
         Offline) line="llama3_1-8b.Offline.target_qps = $q" ;;
         Server) line="llama3_1-8b.Server.target_qps = $q" ;;
@@ -253,12 +273,14 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         *) echo "confirm: unknown scenario $sc in CONFIRM (Offline, Server, Interactive)"; exit 2 ;;
       esac
       conf="$JOB/confirm/$sc.user.conf"; cp loadgen_configs/h200_fp8.user.conf "$conf"; echo "$line" >> "$conf"
-      echo "confirm $sc: $line ${dur[*]} $(date +%T)"
+      echo "confirm $sc: $line ${extra[*]} ${dur[*]} $(date +%T)"
       python3 -m sut run --config loadgen_configs/h200_fp8.toml --scenario "$sc" --model "$MODEL" --load-format dummy \
-        --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" --benchmark-ignore-eos "${dur[@]}" \
+        --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" \
         --output-dir "$JOB/confirm" --run-name "confirm-$sc" --no-progress > "$JOB/confirm_$sc.console" 2>&1
-      echo "confirm $sc rc=$? $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/confirm_$sc.console" | head -8
+      rc=$?; [ $rc -eq 0 ] || worst=$rc
+      echo "confirm $sc rc=$rc $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/confirm_$sc.console" | head -8
     done
+    exit $worst
     ;;
   batch-wait)
     limit=${2:-540}; t=0

@@ -72,7 +72,8 @@ def loadgen_test_settings(rs, dataset_size: int):
     if not Path(rs.user_conf).is_file():
         raise InputError(f"user.conf not found: {rs.user_conf}")
     scen = resolve_scenario(rs.scenario, rs.model_key)  # Interactive: LoadGen's Server + the -interactive key
-    check_user_conf(rs.user_conf, rs.model_key, scen.loadgen)  # a line LoadGen would ignore is refused (exit 2)
+    # A line LoadGen would ignore is refused (exit 2); with --target-qps, a file keyed for other runs only is fine.
+    check_user_conf(rs.user_conf, rs.model_key, scen.loadgen, target_qps_given=rs.target_qps is not None)
     if _FROM_CONFIG_CALLED:
         raise RunFailed("TestSettings.FromConfig was already called in this process; start a new process per run")
     ts = lg.TestSettings()

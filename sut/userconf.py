@@ -238,13 +238,17 @@ def _chosen(path: Path, applying: list[tuple[str, ConfLine]]) -> dict[str, ConfL
     return {s: ln for s, (_, ln) in chosen.items()}
 
 
-def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str) -> dict[str, str]:
+def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
+                    target_qps_given: bool = False) -> dict[str, str]:
     """Refuse a user.conf with any line that LoadGen would ignore or misread for this run.
 
     Args:
         path: the user.conf file.
         model_key: the LoadGen model key of the run (``llama3_1-8b``, ...).
         scenario: the run's LoadGen scenario (``Offline``).
+        target_qps_given: ``--target-qps`` is set for this run (a dev run, e.g. a scripts/find_qps.py
+            try): a file none of whose lines apply is then accepted (the target comes from the
+            command line, every other setting from mlperf.conf), not refused.
 
     Returns:
         ``{setting: value}`` of the lines LoadGen will use, e.g. ``{"target_qps": "34"}``.
@@ -263,7 +267,7 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str) -> d
         line = chosen["token_latency_scaling_factor"]
         raise InputError(f"{path}, line {line.number} ({line.text!r}): LoadGen reads token_latency_scaling_factor "
                          "only when infer_token_latencies = 1")
-    if others and not applying:
+    if others and not applying and not target_qps_given:
         keys = sorted({ln.key.rsplit(".", 1)[0] for ln in others})
         raise InputError(f"{path}: no line applies to this run ({model_key}.{scenario}): its lines are keyed "
                          f"{', '.join(keys)}, so LoadGen would run with its defaults; add {model_key}.{scenario}.* "

@@ -96,6 +96,22 @@ def test_shipped_cpu_user_conf_gives_server_and_interactive_their_own_qps_and_li
     assert any("ttft_latency" in r for r in s["reasons"])  # a looser limit than mlperf.conf's is not compliant
 
 
+def test_a_conf_with_offline_lines_only_serves_a_server_search_with_target_qps_on_the_command_line():
+    """scripts/find_qps.py tries pass --target-qps with the shipped H200 user.conf, whose only line is Offline's
+    (the first H200 search exited 2 here): the target comes from the command line, the rest from mlperf.conf."""
+    import mlperf_loadgen as lg
+
+    conf = str(REPO / "loadgen_configs" / "h200_fp8.user.conf")
+    for scen, qps in (("Server", 48.0), ("Interactive", 20.0)):
+        s = _settings(scenario=scen, user_conf=conf, target_qps=qps)
+        assert s["qps"] == qps and s["scenario"] == int(lg.TestScenario.Server)
+        assert any("target_qps set on the command line" in r for r in s["reasons"])
+    out = subprocess.run([sys.executable, "-c", SERVER_SNIPPET, json.dumps(dict(sut="vllm", dataset="x.json",
+                         user_conf=conf, scenario="Server"))], capture_output=True, text=True, env=sut_env(), cwd=REPO,
+                         timeout=120)
+    assert out.returncode != 0 and "no line applies to this run (llama3_1-8b.Server)" in out.stderr  # no target at all
+
+
 def test_flame_cannot_stream_first_tokens():
     check_backend("flame", resolve_scenario("Offline"))
     for scen in ("Server", "Interactive"):

@@ -1,0 +1,81 @@
+"""scripts/h200_runs.sh's issue-14 steps without a GPU: a stand-in ``python3`` on PATH records every
+``python3 -m sut run`` / ``find_qps.py`` call (and runs any other python3 call for real), so the flags each
+scenario gets, the search log names and ``CONFIRM=...=auto`` are checked as the script composes them."""
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+FAKE = """#!/usr/bin/env bash
+case "$1" in -m|scripts/find_qps.py) [ "$1" = -m ] && [ "$2" != sut ] || { echo "$*" >> "$CALLS"; exit ${FAKE_RC:-0}; } ;; esac
+exec {real} "$@"
+"""
+
+
+def _run(tmp_path: Path, step: str, **env) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text(FAKE.replace("{real}", shlex.quote(sys.executable)))
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    full_env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), JOB=str(tmp_path / "job"),
+                    OUT=str(tmp_path / "out"), SCEN_PRIOR=str(tmp_path / "prior"), **env)
+    out = subprocess.run(["bash", "scripts/h200_runs.sh", step], cwd=REPO, env=full_env, capture_output=True,
+                         text=True, timeout=60)
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return out, [ln.split() for ln in lines]
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_server_step_gives_each_scenario_its_own_flags_and_log(tmp_path):
+    prior = tmp_path / "prior"
+    prior.mkdir()
+    (prior / "h200_fp8_Interactive_max-num-batched-tokens_2048.jsonl").write_text("wrong name: never read\n")
+    (prior / "h200_fp8_Interactive_max_num_batched_tokens_2048.jsonl").write_text('{"qps": 40.0}\n')
+    out, calls = _run(tmp_path, "server", INTERACTIVE_ARGS="--max-num-batched-tokens 2048")
+    assert out.returncode == 0, out.stderr
+    server, inter = calls
+    assert _flag(server, "--scenario") == "Server" and "--max-num-batched-tokens" not in server
+    assert _flag(server, "--log").endswith("/scen/h200_fp8_Server.jsonl") and "--resume" not in server
+    assert _flag(server, "--user-conf") == "loadgen_configs/h200_fp8.user.conf"
+    assert _flag(inter, "--max-num-batched-tokens") == "2048" and inter.index("--max-num-batched-tokens") > inter.index("--")
+    log = _flag(inter, "--log")
+    assert log.endswith("/scen/h200_fp8_Interactive_max_num_batched_tokens_2048.jsonl") and _flag(inter, "--resume") == log
+    assert Path(log).read_text() == '{"qps": 40.0}\n'  # the prior of the same settings, copied to resume
+
+
+def test_confirm_auto_takes_the_highest_valid_try_with_that_searchs_flags(tmp_path):
+    scen = tmp_path / "job" / "scen"
+    scen.mkdir(parents=True)
+    tries = [{"qps": 40.0, "validity": "VALID"}, {"qps": 42.5, "validity": "INVALID"}, {"qps": 41.0, "validity": "VALID"}]
+    (scen / "h200_fp8_Interactive_max_num_batched_tokens_2048.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tries))
+    (tmp_path / "prior").mkdir()
+    (tmp_path / "prior" / "h200_fp8_Server.jsonl").write_text(json.dumps({"qps": 55.5, "validity": "VALID"}) + "\n")
+    out, calls = _run(tmp_path, "confirm", INTERACTIVE_ARGS="--max-num-batched-tokens 2048",
+                      CONFIRM="Interactive=auto Server=auto Offline=56:60")
+    assert out.returncode == 0, out.stderr
+    inter, server, offline = calls
+    assert _flag(inter, "--scenario") == "Interactive" and _flag(inter, "--max-num-batched-tokens") == "2048"
+    conf = Path(_flag(inter, "--user-conf")).read_text()
+    assert conf.rstrip().endswith("llama3_1-8b-interactive.Server.target_qps = 41.0") and "--target-qps" not in inter
+    assert Path(_flag(server, "--user-conf")).read_text().rstrip().endswith("llama3_1-8b.Server.target_qps = 55.5")
+    assert "--max-num-batched-tokens" not in server  # SERVER_ARGS unset: the preset's settings
+    assert _flag(offline, "--min-duration-s") == "60" and _flag(offline, "--scenario") == "Offline"
+    out, calls = _run(tmp_path, "confirm", CONFIRM="Offline=56", FAKE_RC="1")
+    assert out.returncode == 1 and "confirm Offline rc=1" in out.stdout  # a failed run fails the step
+
+
+def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_path):
+    scen = tmp_path / "job" / "scen"
+    scen.mkdir(parents=True)
+    (scen / "h200_fp8_Server.jsonl").write_text(json.dumps({"qps": 60.0, "validity": "INVALID"}) + "\n")
+    out, calls = _run(tmp_path, "confirm", CONFIRM="Server=auto")
+    assert out.returncode == 1 and calls == [] and "confirm Server: auto, but no VALID try in" in out.stdout
