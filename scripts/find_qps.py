@@ -13,8 +13,12 @@ SUT object and ledger per try; the first try's LoadGen settings copied for the n
 changed; each ``run.json`` says "try N of a one-process target_qps search: engine warm from earlier tries";
 the engine logs are in the first try's folder). A try that fails (engine death, a sample never answered, a
 ledger error) is logged as a failed try and ends the search with exit 1 (Ctrl-C: 130), engines stopped.
-``--fresh-process``: each try is one ``python -m sut run`` process (the engines start for every try; a
-failed try counts as INVALID and the search goes on).
+``--fresh-process``: each try is one ``python -m sut run`` process (the engines start for every try); a try
+past ``--timeout-s`` is stopped (SIGTERM, then SIGKILL of its process group ``sut_runs.TIMEOUT_GRACE_S``
+later). In both modes a failed try is no LoadGen verdict: it is recorded (validity null, no p99s) but
+bounds nothing, the search stops with exit 1, and a resumed search makes that try again. Every try is a
+performance run: ``--mode accuracy``, ``--compliance-test`` or ``--audit-config`` after ``--`` (or in the
+preset) is refused (exit 2) before any try.
 
 Early stopping needs enough queries: with every query under the limits LoadGen wants about 460 at
 p99 ("Would need to run at least N more queries"), so a short try needs ``--min-query-count`` of
@@ -40,7 +44,8 @@ Resumable, cut-off safe: each try is appended to a JSONL file (``--log``, defaul
 ``OUTPUT_DIR/tries-SCENARIO.jsonl``; one object a line: qps, validity, TTFT/TPOT p99 ms, tokens/s,
 wall_s, folder, the search settings) as soon as it ends, so a search killed mid-try (a device session
 running out) loses only that try. ``--resume FILE`` takes the tries in FILE as made and goes on from
-their bounds (highest VALID, lowest INVALID), appending to FILE; tries made with other settings
+their bounds (highest VALID, lowest INVALID), appending to FILE (or to ``--log B``, which then gets FILE's
+tries first; a non-empty B other than FILE is refused, exit 2); tries made with other settings
 (scenario, min duration, min query count, run arguments) are refused (exit 2). ``--budget-s S`` starts
 no try that would, at the longest try's pace so far, end more than S seconds after the search began.
 """
@@ -58,20 +63,17 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from find_qps_search import Budget, Try, TryLog, bounds, check_search_args, next_qps, search  # noqa: E402
-from sut_runs import ROOT, run_once, split_run_args  # noqa: E402
+from find_qps_search import Budget, Try, TryLog, bounds, check_search_args, search  # noqa: E402
+from sut_runs import ROOT, TIMEOUT_GRACE_S, run_once, split_run_args  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from sut.scenarios import STREAMING_SCENARIOS, default_model_key  # noqa: E402
+from find_qps_report import fmt_qps, log_how_to_go_on, report, try_line  # noqa: E402
+from sut.scenarios import STREAMING_SCENARIOS  # noqa: E402
 
 log = logging.getLogger("find_qps")
 #: Warn before the search when LoadGen's equal issue makes each try at least this many times
 #: ``--min-query-count`` queries (``equal_issue_warning``).
 EQUAL_ISSUE_RATIO = 2
-
-
-def _g(q: Optional[float]) -> str:
-    return "none" if q is None else f"{q:g}"
 
 
 def _ms(ns) -> Optional[float]:
@@ -85,6 +87,9 @@ def sut_try(scenario: str, qps: float, out: Path, run_args: list[str], min_durat
     t0 = time.monotonic()
     o = run_once([*run_args, "--scenario", scenario, "--target-qps", f"{qps:g}", "--min-duration-s",
                   f"{min_duration_s:g}", "--min-query-count", str(min_query_count)], out, name, timeout_s)
+    if o.rc is None:  # past --timeout-s: stopped, perhaps before its run folder existed
+        note = f"{o.stderr.strip().splitlines()[-1]} (--timeout-s)" + (f"; {o.record.get('error')}" if o.record else "")
+        return try_from_record(qps, o.record or {}, False, o.folder or "", time.monotonic() - t0, note)
     if o.rc == 2 or o.record is None:
         raise SystemExit(f"python -m sut run refused the settings (exit {o.rc}):\n{o.stderr}")
     note = "" if o.rc == 0 else f"run failed (exit {o.rc}): {o.record.get('error')}"
@@ -92,10 +97,12 @@ def sut_try(scenario: str, qps: float, out: Path, run_args: list[str], min_durat
 
 
 def try_from_record(qps: float, rec: dict, ok: bool, folder, wall_s: float, note: str = "") -> Try:
-    """The ``Try`` of a run whose ``run.json`` is ``rec`` (``ok``: the run finished; else validity None)."""
+    """The ``Try`` of a run whose ``run.json`` is ``rec`` (``ok``: the run finished; else validity None and no
+    p99s or tokens/s: what LoadGen reports for a failed run is not a measurement)."""
+    if not ok:
+        return Try(qps, None, folder=str(folder), note=note, wall_s=round(wall_s, 1))
     lg = rec.get("loadgen") or {}
-    return Try(qps, rec.get("validity") if ok else None,
-               _ms(lg.get("result_first_token_99.00_percentile_latency_ns")),
+    return Try(qps, rec.get("validity"), _ms(lg.get("result_first_token_99.00_percentile_latency_ns")),
                _ms(lg.get("result_time_per_output_token_99.00_percentile_ns")),
                rec.get("tokens_per_s"), str(folder), note, round(wall_s, 1))
 
@@ -144,8 +151,14 @@ class FreshProcessTries:
         return rs, min(n, rs.max_samples or n)
 
     def __call__(self, q: float) -> Try:
+        """The try at ``q``; a failed one (exit 1, a time-out) raises ``TryFailed`` (``RunFailed``: exit 1)."""
+        from sut.base import RunFailed
+
         a = self.a
-        return sut_try(a.scenario, q, self.out, self.run_args, a.min_duration_s, a.min_query_count, a.timeout_s)
+        t = sut_try(a.scenario, q, self.out, self.run_args, a.min_duration_s, a.min_query_count, a.timeout_s)
+        if t.validity is None:
+            raise TryFailed(t, RunFailed(t.note))
+        return t
 
     def close(self) -> None:
         """Nothing runs between tries."""
@@ -199,6 +212,20 @@ class OneProcessTries:
             self.series.close()
 
 
+def check_performance_tries(rs) -> None:
+    """``BadInput`` (exit 2) when the tries' run settings ``rs`` (the arguments after ``--`` and the preset)
+    would make a try anything but a LoadGen performance run: ``--mode accuracy``, ``--compliance-test``,
+    ``--audit-config`` (an audit config may switch LoadGen's mode or change its schedule)."""
+    from sut.exits import BadInput
+
+    given = [f"--mode {rs.mode}"] if rs.mode != "performance" else []
+    given += [f"--compliance-test {rs.compliance_test}"] if rs.compliance_test else []
+    given += [f"--audit-config {rs.audit_config}"] if rs.audit_config else []
+    if given:
+        raise BadInput(f"error: {', '.join(given)} (after -- or in the preset): every find_qps try is a plain LoadGen "
+                       f"performance run that LoadGen calls VALID or INVALID; leave it out")
+
+
 def equal_issue_warning(rs, samples: int, min_query_count: int, qps: Optional[float]) -> Optional[str]:
     """The warning to log before the first try when LoadGen's equal issue makes every try issue far more
     queries than ``min_query_count`` (at least ``EQUAL_ISSUE_RATIO`` times), else None.
@@ -218,15 +245,6 @@ def equal_issue_warning(rs, samples: int, min_query_count: int, qps: Optional[fl
             f"LoadGen rounds a try's query count up to a whole multiple of the performance sample count, here "
             f"the dataset's {perf:,} samples (mlperf.conf's equal issue, sample_concatenate_permutation). For "
             f"short tries pass --max-samples {min_query_count} after -- (or use a smaller dataset).")
-
-
-def table(tries: list[Try]) -> str:
-    rows = ["qps        validity  TTFT p99 ms  TPOT p99 ms  tokens/s  wall s  folder"]
-    for t in tries:
-        rows.append(f"{t.qps:<10g} {str(t.validity):<9} {str(t.ttft_p99_ms):>11}  {str(t.tpot_p99_ms):>11}  "
-                    f"{str(round(t.tokens_per_s, 1) if t.tokens_per_s else None):>8}  {str(t.wall_s):>6}  "
-                    f"{t.folder} {t.note}")
-    return "\n".join(rows)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -258,8 +276,10 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--fresh-process", dest="fresh_process", action="store_true",
                       help="every try a fresh python -m sut run process (the engines start for each try)")
     p.set_defaults(fresh_process=False)
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="--fresh-process: give up on one try after this "
-                                                                   "long (one process: the run's stall timeout)")
+    p.add_argument("--timeout-s", type=float, default=3600.0,
+                   help="--fresh-process only: stop a try after this many seconds (SIGTERM; SIGKILL of its "
+                        f"process group {TIMEOUT_GRACE_S:g} s later); one-process mode ignores it (there a try fails "
+                        "when no sample completes for the run's stall timeout, RunSettings.stall_timeout_s)")
     p.add_argument("--output-dir", default="results/find_qps", help="where the tries' run folders go")
     p.add_argument("--log", type=Path, help="JSONL file each finished try is appended to at once "
                                             "(default: the --resume file, else OUTPUT_DIR/tries-SCENARIO.jsonl)")
@@ -293,7 +313,14 @@ def _setup(argv):
         check_search_args(a.start, a.factor, a.rel_tol, a.max_runs, prior)
     except ValueError as e:
         p.error(str(e))
-    trylog = TryLog(a.log or a.resume or out / f"tries-{a.scenario}.jsonl", settings)
+    seed = None
+    if a.resume is not None and a.log is not None and a.log.resolve() != a.resume.resolve():
+        if a.log.is_file() and a.log.stat().st_size:
+            p.error(f"--log {a.log} already holds tries and is not the --resume file {a.resume}: go on from it "
+                    f"with --resume {a.log} (no --log), or give a new or empty --log file (it gets {a.resume}'s "
+                    "tries first)")
+        seed = a.resume
+    trylog = TryLog(a.log or a.resume or out / f"tries-{a.scenario}.jsonl", settings, seed)
     return a, run_args, prior, trylog, Budget(a.budget_s, prior)
 
 
@@ -315,34 +342,31 @@ def main(argv=None) -> int:
     return run_main(go, messages={"failed": "search failed: {}", "stopped": "search stopped: {}"}, logger=log)
 
 
-def try_line(t: Try) -> str:
-    """One try as a log line: qps, validity, p99s, tokens/s, wall time, run folder and note."""
-    tps = f"{t.tokens_per_s:.1f}" if t.tokens_per_s is not None else "none"
-    return (f"target_qps {t.qps:g}: {t.validity or 'FAILED'}, TTFT p99 {t.ttft_p99_ms} ms, TPOT p99 {t.tpot_p99_ms} "
-            f"ms, {tps} tokens/s, wall {t.wall_s} s, {t.folder}" + (f" ({t.note})" if t.note else ""))
-
-
 def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
             run_args: list[str]) -> int:
     """Run the search with ``make_try`` (a ``FreshProcessTries`` / ``OneProcessTries``: ``prepare()`` before the
-    first new try, for ``equal_issue_warning``, then one call per try), logging each try as it starts and ends
-    and appending every finished try to ``trylog`` at once, and report. ``TryFailed``: the failed try is appended,
-    then its cause raised; on any stop but bad input the resume command is logged."""
+    first new try, for ``check_performance_tries`` and ``equal_issue_warning``, then one call per try), logging
+    each try as it starts and ends and appending every finished try to ``trylog`` at once, and report.
+    ``TryFailed``: the failed try is appended (it bounds nothing), then its cause raised; on any stop but bad
+    input the resume command is logged."""
     made = list(prior)
 
     def one(q: float) -> Try:
         n = len(made) + 1
         if n == len(prior) + 1:  # before the first new try: settings and dataset checked, nothing started
-            warning = equal_issue_warning(*make_try.prepare(), a.min_query_count, q)
+            rs, samples = make_try.prepare()
+            check_performance_tries(rs)
+            warning = equal_issue_warning(rs, samples, a.min_query_count, q)
             if warning:
                 log.warning("%s", warning)
         lo, hi = bounds(made)
         log.info("try %d: target_qps %g queries/s (highest VALID %s, lowest INVALID %s; at most %d new tries) ...",
-                 n, q, _g(lo), _g(hi), a.max_runs)
+                 n, q, fmt_qps(lo), fmt_qps(hi), a.max_runs)
         try:
             t = make_try(q)
         except TryFailed as e:
             trylog.append(budget.note(e.try_))
+            made.append(e.try_)
             log.error("try %d: %s", n, try_line(e.try_))
             log.error("the try at %g queries/s failed; the search stops", q)
             raise e.cause from None
@@ -358,52 +382,11 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
         from sut.exits import EXIT_BAD_INPUT, exit_code  # exit-code map
 
         if exit_code(e) != EXIT_BAD_INPUT:
-            _log_how_to_go_on(a, run_args, trylog.path, len(made) - len(prior))
+            trylog.seed()
+            log_how_to_go_on(a, run_args, trylog.path, len(made) - len(prior))
         raise
+    trylog.seed()
     return report(a, tries, best, len(prior), trylog.path, run_args)
-
-
-def _log_how_to_go_on(a, run_args: list[str], log_path: Path, new_tries: int) -> None:
-    """After a search stopped early: the command that resumes it from ``log_path`` (the unfinished try is
-    not in it and is made again), or, when no try was ever recorded there, that the same command starts over."""
-    if log_path.is_file() and log_path.stat().st_size > 0:
-        log.error("the search stopped after %d new finished tr%s; every finished try is in %s; go on with:\n  %s",
-                  new_tries, "y" if new_tries == 1 else "ies", log_path, resume_command(a, run_args, log_path))
-    else:
-        log.error("the search stopped before any try finished (nothing recorded in %s): run the same command again",
-                  log_path)
-
-
-def resume_command(a, run_args: list[str], log_path: Path) -> str:
-    """The whole command that goes on with this search from ``log_path``: the same search settings (those
-    ``TryLog`` checks, exactly as parsed, and the others as given) and the arguments after ``--``."""
-    cmd = ["python", "scripts/find_qps.py", "--scenario", a.scenario, "--resume", str(log_path),
-           "--min-duration-s", repr(a.min_duration_s), "--min-query-count", str(a.min_query_count),
-           "--factor", f"{a.factor!r}", "--rel-tol", f"{a.rel_tol!r}", "--max-runs", str(a.max_runs),
-           "--output-dir", str(a.output_dir), "--timeout-s", f"{a.timeout_s!r}"]
-    if a.budget_s is not None:
-        cmd += ["--budget-s", repr(a.budget_s)]
-    if a.fresh_process:
-        cmd.append("--fresh-process")
-    return shlex.join([*cmd, "--", *run_args])
-
-
-def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: Path, run_args: list[str]) -> int:
-    """Print the tries, the result and how to go on; 0 when a VALID qps is known, else 1."""
-    print(table(tries))
-    print(f"{n_prior} earlier tries, {len(tries) - n_prior} new; every try is in {log_path}")
-    lo, hi = bounds(tries)
-    if tries and next_qps(lo, hi, a.start, a.factor, a.rel_tol) is not None:
-        print(f"not converged (highest VALID {_g(lo)}, lowest INVALID {_g(hi)}, --rel-tol {a.rel_tol:g}); go on "
-              f"with:\n  {resume_command(a, run_args, log_path)}")
-    if lo is not None and hi is not None and lo > hi:
-        print(f"note: VALID at {lo:g} above INVALID at {hi:g} (noisy tries); confirm with a longer run")
-    if best is None:
-        print("no try was VALID" + (f" (lowest tried {min(t.qps for t in tries):g} queries/s)" if tries else ""))
-        return 1
-    print(f"highest VALID target_qps: {best:g} queries/s ({a.scenario}); confirm with one full-length run.")
-    print(f"user.conf line: {default_model_key(a.scenario)}.Server.target_qps = {best:g}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -39,10 +39,11 @@ class Try:
 
 
 def bounds(tries: Iterable[Try]) -> tuple[Optional[float], Optional[float]]:
-    """``(highest VALID qps, lowest INVALID qps)``; a failed try (validity None) counts as INVALID."""
+    """``(highest VALID qps, lowest INVALID qps)``; a failed try (validity None) bounds nothing: a crash or a
+    time-out is no LoadGen verdict."""
     tries = list(tries)
     good = [t.qps for t in tries if t.valid]
-    bad = [t.qps for t in tries if not t.valid]
+    bad = [t.qps for t in tries if t.validity == "INVALID"]
     return (max(good) if good else None), (min(bad) if bad else None)
 
 
@@ -73,18 +74,23 @@ def search(run: Callable[[float], Try], start: Optional[float], factor: float = 
 
     ``run(qps)`` makes one try. Starting from the bounds of ``prior`` (or at ``start`` without any):
     grow by ``factor`` while VALID (shrink while INVALID) to bracket the boundary, then bisect until
-    ``hi / lo - 1 <= rel_tol``; at most ``max_runs`` new tries, and none once ``may_start()`` says no.
-    Returns ``(None, tries)`` when no try was VALID. Raises ``ValueError`` for bad arguments (``start``
-    may be None only when ``prior`` holds tries).
+    ``hi / lo - 1 <= rel_tol``; at most ``max_runs`` new tries, and none once ``may_start()`` says no, nor
+    after a try that failed (validity None: no verdict, so the same qps would come next). Returns
+    ``(None, tries)`` when no try was VALID. Raises ``ValueError`` for bad arguments (``start`` may be None
+    only when ``prior`` holds tries).
     """
     tries = list(prior)
     check_search_args(start, factor, rel_tol, max_runs, tries)
+    if start is None and tries:  # used only while no try bounds: the earlier tries all failed, so the last again
+        start = tries[-1].qps
     lo, hi = bounds(tries)
     for _ in range(max_runs):
         q = next_qps(lo, hi, start, factor, rel_tol)
         if q is None or not may_start():
             break
         tries.append(run(q))
+        if tries[-1].validity is None:
+            break
         lo, hi = bounds(tries)
     return lo, tries
 
@@ -93,10 +99,18 @@ class TryLog:
     """The JSONL record of a search's tries (one object a line: the Try's fields + ``settings`` + ``finished``).
 
     ``settings`` (scenario, min duration, min query count, run arguments) is written with every try; earlier
-    tries are only usable under the same settings. Raises ``ValueError`` naming file, line and field."""
+    tries are only usable under the same settings. Raises ``ValueError`` naming file, line and field.
+    ``seed``: another log (``--resume A --log B``) whose lines are copied in first (``seed()``: before the first
+    append, and before this log is named as holding every try), so that this log alone holds the whole search."""
 
-    def __init__(self, path: Path, settings: dict):
-        self.path, self.settings = Path(path), settings
+    def __init__(self, path: Path, settings: dict, seed: Optional[Path] = None):
+        self.path, self.settings, self.seed_path = Path(path), settings, seed
+
+    def seed(self) -> None:
+        """Copy the seed log's lines into this log when it is missing or empty (else, or without one, nothing)."""
+        if self.seed_path is not None and not (self.path.is_file() and self.path.stat().st_size):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_bytes(Path(self.seed_path).read_bytes())
 
     def read(self) -> list[Try]:
         """The tries recorded in the file. An unterminated last line that is not JSON (a write cut off,
@@ -126,6 +140,7 @@ class TryLog:
 
     def append(self, t: Try) -> None:
         """Append ``t`` as one line and fsync it, so that it survives the process being killed next."""
+        self.seed()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a+b") as f:
             f.seek(0, os.SEEK_END)

@@ -3,7 +3,12 @@
 # ../shared/gpu's two-half bundle was unpacked into /tmp/site (stage2.sh). Inputs (never committed):
 # MODEL = a Llama-3.1-8B config folder (load_format dummy), REAL = the 1,020 real-length prompts
 # (cnn_eval_public.json).
-# Results go to $OUT (or ./gpu_out).
+# Results go to $OUT (or ./gpu_out). Every step runs dummy weights with --benchmark-ignore-eos (128 tokens per
+# answer): its figures are for the engine, never a submission; with real weights run scripts/find_qps.py and
+# `python -m sut run` yourself (docs/submission.md section 3).
+# `start` empties $JOB (/tmp/job) first: to resume a search in a later session, copy scen/*.jsonl out of the
+# job.tgz that batch-wait wrote into SCEN_PRIOR (default docs/results/find_qps_h200) before `start server`.
+# One device session is 30 min: a search (SCEN_BUDGET_S) plus one 600 s confirmation (~12 min) fits; two do not.
 #
 #   bash scripts/h200_runs.sh overhead      # raw LLM.generate vs standalone SUT, bf16 then fp8+fp8 KV
 #   bash scripts/h200_runs.sh full-start    # 600 s+ Offline performance run, 13,368-sample pool (detached)
@@ -22,8 +27,11 @@
 #   bash scripts/h200_runs.sh start study     # issue 13: Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES,
 #                                             # STUDY_POLICIES: a subset of prefix_affinity round_robin)
 #   bash scripts/h200_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS;
-#                                             # SERVER_ARGS, INTERACTIVE_ARGS: extra engine flags per scenario)
-#   bash scripts/h200_runs.sh start confirm   # issue 14: full-length runs at the found values (CONFIRM="Server=Q Interactive=auto")
+#                                             # SERVER_ARGS, INTERACTIVE_ARGS: extra engine flags per scenario;
+#                                             # SCENARIOS, SCEN_S, SCEN_TRIES, SCEN_BUDGET_S, SCEN_SUT, SCEN_PRIOR)
+#   bash scripts/h200_runs.sh start confirm   # issue 14: full-length runs, CONFIRM="Server=55 Interactive=auto
+#                                             # Offline=56:60" (target_qps per scenario, auto = the search's best
+#                                             # VALID; ":S" a shorter dev run); CONFIRM_DATA, SCEN_SUT
 #   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
@@ -45,8 +53,42 @@ mkdir -p "$OUT"
 COMMON=(--model "$MODEL" --load-format dummy --max-model-len 2668 --max-num-seqs 512 --max-num-batched-tokens 8192
         --gpu-memory-utilization 0.90 --device cuda)
 
-# Extra `sut run` flags of a scenario (issue 14: SERVER_ARGS, INTERACTIVE_ARGS; none for Offline).
+# Extra `sut run` flags of a scenario (issue 14: SERVER_ARGS, INTERACTIVE_ARGS; none for Offline): words split
+# at spaces (no shell quoting inside them); flags the steps set themselves are refused by check_scen_args.
 scen_args() { case $1 in Server) echo "${SERVER_ARGS:-}" ;; Interactive) echo "${INTERACTIVE_ARGS:-}" ;; esac; }
+check_scen_args() {
+  local sc w; for sc in Server Interactive; do for w in $(scen_args $sc); do
+    case ${w%%=*} in
+      --scenario|--user-conf|--target-qps|--sut|--config|--model|--dataset|--output-dir|--run-name|--min-duration-s|\
+      --min-query-count|--mode|--compliance-test|--load-format|--no-progress)
+        echo "${sc^^}_ARGS: $w is set by this script (SERVER_ARGS / INTERACTIVE_ARGS take engine flags)"; return 1 ;;
+      *[\"\']*) echo "${sc^^}_ARGS: $w: words are split at spaces, quotes are not read"; return 1 ;;
+    esac
+  done; done
+}
+# CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S], SCENARIO Offline/Server/Interactive once each,
+# QPS a positive number or auto, S a positive number of seconds.
+confirm_check() {
+  local entry sc rest q seen=" "
+  [ -n "${CONFIRM:-}" ] || { echo 'confirm: set CONFIRM, e.g. CONFIRM="Server=55 Interactive=auto"'; return 1; }
+  for entry in $CONFIRM; do
+    sc=${entry%%=*}; rest=${entry#*=}; q=${rest%%:*}
+    [[ $entry == *=* ]] || { echo "confirm: '$entry' is not SCENARIO=QPS[:S]"; return 1; }
+    [[ $sc =~ ^(Offline|Server|Interactive)$ ]] || { echo "confirm: unknown scenario '$sc' in '$entry' (Offline, Server, Interactive)"; return 1; }
+    [[ $seen == *" $sc "* ]] && { echo "confirm: $sc twice in CONFIRM"; return 1; }
+    seen+="$sc "
+    [[ $q == auto || $q =~ ^[0-9]*\.?[0-9]+$ && ! $q =~ ^0*\.?0*$ ]] || { echo "confirm: '$q' in '$entry' is not a positive target_qps or auto"; return 1; }
+    [[ $rest == "$q" || ${rest#*:} =~ ^[0-9]+$ && ${rest#*:} -gt 0 ]] || { echo "confirm: '${rest#*:}' in '$entry' is not a positive number of seconds"; return 1; }
+  done
+  check_scen_args
+}
+# The highest VALID target_qps of a find_qps log (empty when none; a cut-off last line is skipped, any other broken
+# line is an error naming it).
+best_valid() {
+  python3 -c "import sys; from accuracy.jsontext import read_jsonl
+v = [r['qps'] for _, r in read_jsonl(sys.argv[1]).records if isinstance(r, dict) and r.get('validity') == 'VALID']
+print(max(v) if v else '')" "$1"
+}
 # The search log of a scenario and its extra flags in folder $1: h200_fp8_<sc>.jsonl, or with flags
 # h200_fp8_<sc>_<flags with every run of other characters than [A-Za-z0-9.] as one "_">.jsonl.
 scen_log() { local tag; tag=$(scen_args "$2" | sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g'); echo "$1/h200_fp8_$2${tag:+_$tag}.jsonl"; }
@@ -92,7 +134,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # The steps run in order in one detached job; DONE is written when the last one ends, and each
     # step's exit code is logged in batch.console (batch-wait prints it).
     shift
-    [ $# -gt 0 ] || { echo "start: name at least one step (batch, x2, locality)"; exit 2; }
+    [ $# -gt 0 ] || { echo "start: name at least one step (batch, x2, scale, locality, flame-real, core, study, server, confirm, perf)"; exit 2; }
     if [ -d "$JOB" ] && [ ! -f "$JOB/DONE" ]; then
       echo "start: a job is still running in $JOB (no DONE yet); wait for it with batch-wait"; exit 2
     fi
@@ -232,6 +274,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # SCEN_S, SCEN_SUT, MODEL, REAL the same across sessions (find_qps refuses tries made with other settings).
     # --one-process: the engines start once per scenario; a try that fails ends that scenario's search (exit 1).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    check_scen_args || exit 2
     mkdir -p "$JOB/scen"; t0=$(date +%s)
     for sc in ${SCENARIOS:-Server Interactive}; do
       q=$([ $sc = Server ] && echo "${SERVER_QPS:-48}" || echo "${INTERACTIVE_QPS:-20}")
@@ -247,36 +290,37 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     done
     ;;
   confirm)
-    # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Server=52 Interactive=auto
-    # Offline=50:120"): SCENARIO=QPS[:S]. QPS "auto" takes the highest VALID try of the search log for that
-    # scenario and its SERVER_ARGS / INTERACTIVE_ARGS: this job's (the server step run first in the same `start`),
-    # else SCEN_PRIOR's (copy an earlier session's log there). Each runs
-    # `python -m sut run --scenario SCENARIO` with a copy of loadgen_configs/h200_fp8.user.conf plus that scenario's
-    # target_qps line (no --target-qps override) and the scenario's extra flags, on CONFIRM_DATA (default $REAL,
-    # the prompts the search used); ":S" adds --min-duration-s S (a dev run, e.g. a shorter Offline side by side).
-    # Runs in $JOB/confirm/ (run.json + summaries come back with batch-wait).
+    # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Offline=56:60 Server=55
+    # Interactive=auto"): SCENARIO=QPS[:S], each scenario at most once, all entries checked before the first run
+    # (exit 2). QPS "auto" takes the highest VALID try of the search log for that scenario and its SERVER_ARGS /
+    # INTERACTIVE_ARGS: this job's (the server step run first in the same `start`), else SCEN_PRIOR's (copy an
+    # earlier session's log there). Each runs `python -m sut run --sut SCEN_SUT --scenario SCENARIO` with a copy of
+    # loadgen_configs/h200_fp8.user.conf plus that scenario's target_qps line (no --target-qps override) and the
+    # scenario's extra flags, on CONFIRM_DATA (default $REAL, the prompts the search used); ":S" adds
+    # --min-duration-s S (a dev run, e.g. a shorter Offline side by side). Runs in $JOB/confirm/ (run.json +
+    # summaries come back with batch-wait). Exit code: the last failed run's, 1 for an auto with no VALID try.
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
-    mkdir -p "$JOB/confirm"; worst=0  # the step's exit code: the last failed run's (or 1: an auto with no VALID try)
-    for entry in ${CONFIRM:?set CONFIRM, e.g. CONFIRM=\"Server=52 Interactive=auto\"}; do
+    confirm_check || exit 2
+    mkdir -p "$JOB/confirm"; worst=0
+    for entry in $CONFIRM; do
       sc=${entry%%=*}; rest=${entry#*=}; q=${rest%%:*}; dur=(); [ "$rest" != "$q" ] && dur=(--min-duration-s "${rest#*:}")
       read -ra extra <<< "$(scen_args "$sc")"
       if [ "$q" = auto ]; then  # this job's search log, else the one in SCEN_PRIOR
         log=$(scen_log "$JOB/scen" "$sc"); [ -s "$log" ] || log=$(scen_log "${SCEN_PRIOR:-docs/results/find_qps_h200}" "$sc")
-        q=$(python3 -c "import json,sys; v=[r['qps'] for r in map(json.loads, open(sys.argv[1])) if r.get('validity') == 'VALID']
-print(max(v) if v else '')" "$log" 2>/dev/null)
+        q=$(best_valid "$log")
         [ -n "$q" ] || { echo "confirm $sc: auto, but no VALID try in $log"; worst=1; continue; }
       fi
       case $sc in
         Offline) line="llama3_1-8b.Offline.target_qps = $q" ;;
         Server) line="llama3_1-8b.Server.target_qps = $q" ;;
         Interactive) line="llama3_1-8b-interactive.Server.target_qps = $q" ;;
-        *) echo "confirm: unknown scenario $sc in CONFIRM (Offline, Server, Interactive)"; exit 2 ;;
       esac
       conf="$JOB/confirm/$sc.user.conf"; cp loadgen_configs/h200_fp8.user.conf "$conf"; echo "$line" >> "$conf"
       echo "confirm $sc: $line ${extra[*]} ${dur[*]} $(date +%T)"
-      python3 -m sut run --config loadgen_configs/h200_fp8.toml --scenario "$sc" --model "$MODEL" --load-format dummy \
-        --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" \
-        --output-dir "$JOB/confirm" --run-name "confirm-$sc" --no-progress > "$JOB/confirm_$sc.console" 2>&1
+      python3 -m sut run --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --scenario "$sc" \
+        --model "$MODEL" --load-format dummy --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" \
+        --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" --output-dir "$JOB/confirm" --run-name "confirm-$sc" \
+        --no-progress > "$JOB/confirm_$sc.console" 2>&1
       rc=$?; [ $rc -eq 0 ] || worst=$rc
       echo "confirm $sc rc=$rc $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/confirm_$sc.console" | head -8
     done
@@ -300,5 +344,5 @@ print(max(v) if v else '')" "$log" 2>/dev/null)
     grep -E "^\[|^lever|^ +[a-z_]+ +[a-z_]+ +[0-9]" "$JOB/perf.console" 2>/dev/null | tail -30
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
     ;;
-  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds]"; exit 2;;
+  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds] (steps: batch x2 scale locality flame-real core study server confirm perf)"; exit 2;;
 esac

@@ -1,24 +1,35 @@
 """One ``python -m sut run`` in a fresh process, and its ``run.json`` (shared by the comparison scripts).
 
-A fresh process per run: LoadGen's ``FromConfig`` may run only once per process.
+A fresh process per run: LoadGen's ``FromConfig`` may run only once per process. A run past its time limit is
+stopped as Ctrl-C stops it (SIGTERM: the harness stops the servers / engines it started and records the run
+``failed``, "interrupted"), then, ``TIMEOUT_GRACE_S`` later, killed with its whole process group (SIGKILL).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: Seconds a run past its time limit has, after SIGTERM, to stop its servers / engines and record itself before
+#: its process group is killed (SIGKILL). 60 s: an engine's own shutdown takes seconds; the harness's drain
+#: wait after a stop is ``sut.harness.STREAMING_DRAIN_S`` (10 s) when the Server schedule has ended.
+TIMEOUT_GRACE_S = 60.0
+
 
 @dataclass(frozen=True)
 class RunOutcome:
     """``rc``: exit code (None: timed out); ``record``: the run's run.json (None: no run folder);
-    ``folder``: the run folder; ``stderr``: its last 2,000 characters."""
+    ``folder``: the run folder; ``stderr``: its last 2,000 characters (after a time-out, ending with a
+    line that says so)."""
 
     rc: Optional[int]
     record: Optional[dict]
@@ -26,16 +37,62 @@ class RunOutcome:
     stderr: str
 
 
-def run_once(run_args: list[str], out: Path, name: str, timeout_s: float) -> RunOutcome:
-    """``python -m sut run RUN_ARGS --output-dir OUT --run-name NAME --no-progress`` from the repo root."""
-    cmd = [sys.executable, "-m", "sut", "run", *run_args, "--output-dir", str(out), "--run-name", name, "--no-progress"]
+def run_with_timeout(cmd: list[str], timeout_s: float, grace_s: Optional[float] = None) -> tuple[Optional[int], str]:
+    """Run ``cmd`` from the repo root in a process group of its own: ``(exit code, stderr)``; exit code None
+    when it ran past ``timeout_s`` seconds and was stopped (SIGTERM, then SIGKILL to the whole process group
+    ``grace_s`` seconds later, default ``TIMEOUT_GRACE_S``); stderr then ends with the time-out line."""
+    grace_s = TIMEOUT_GRACE_S if grace_s is None else grace_s
+    with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: a left-behind grandchild cannot block reading
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+            note = ""
+        except subprocess.TimeoutExpired:
+            how = _stop(proc, grace_s)
+            rc, note = None, f"\ntimed out after {timeout_s:g} s: {how}\n"
+        except BaseException:  # Ctrl-C / SIGTERM of this script: its own session does not get the terminal's
+            _stop(proc, grace_s)
+            raise
+        err.seek(0)
+        return rc, err.read() + note
+
+
+def _stop(proc: subprocess.Popen, grace_s: float) -> str:
+    """SIGTERM ``proc``, wait ``grace_s`` seconds, then SIGKILL its whole process group; says which ended it."""
+    proc.send_signal(signal.SIGTERM)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-        rc, err = proc.returncode, proc.stderr
+        proc.wait(timeout=grace_s)
+        how = "stopped (SIGTERM)"
     except subprocess.TimeoutExpired:
-        rc, err = None, f"timed out after {timeout_s:.0f} s"
+        how = f"killed (SIGKILL) {grace_s:g} s after SIGTERM"
+    _kill_group(proc.pid)
+    proc.wait()
+    return how
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the process group ``pgid`` (none left: nothing to do)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_once(run_args: list[str], out: Path, name: str, timeout_s: float) -> RunOutcome:
+    """``python -m sut run RUN_ARGS --output-dir OUT --run-name NAME --no-progress`` from the repo root, stopped
+    after ``timeout_s`` seconds (``run_with_timeout``); a run.json a killed run left ``running`` is recorded
+    ``failed`` with the time-out."""
+    cmd = [sys.executable, "-m", "sut", "run", *run_args, "--output-dir", str(out), "--run-name", name, "--no-progress"]
+    rc, err = run_with_timeout(cmd, timeout_s)
     folder = next(Path(out).glob(name + "*"), None)
     rec = json.loads((folder / "run.json").read_text()) if folder and (folder / "run.json").is_file() else None
+    if rc is None and rec is not None and rec.get("status") == "running":
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        from sut.harness import record_failure
+
+        record_failure(folder, rec, TimeoutError(err.strip().splitlines()[-1]))
     return RunOutcome(rc, rec, folder, err[-2000:])
 
 

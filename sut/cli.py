@@ -240,7 +240,9 @@ def _print_summary(rec: dict) -> None:
 
         lines.append(f"TTFT / TPOT p99: LoadGen {f(lg_.get('ttft_p99_ms'))} / {f(lg_.get('tpot_p99_ms'))} ms, harness "
                      f"{f((h.get('ttft_ms') or {}).get('p99'))} / {f((h.get('tpot_ms') or {}).get('p99'))} ms "
-                     f"(limits {lim.get('ttft')} / {lim.get('tpot')} ms); first tokens {rec['ledger'].get('first_tokens')}")
+                     + (f"(limits {lim.get('ttft')} / {lim.get('tpot')} ms)" if rec["mode"] == "performance"
+                        else "(an accuracy run is not timed: no limits apply)")
+                     + f"; first tokens {rec['ledger'].get('first_tokens')}")
     n_err = (rec.get("loadgen") or {}).get("errors")
     if n_err:
         lines.append(f"LoadGen errors  : {n_err} (see mlperf_log_detail.txt; the submission checker rejects them)")

@@ -345,7 +345,7 @@ def write_not_compliant(folder: Path, problems: Sequence[str]) -> Path:
     """Write the rehearsal note ``<folder>/NOT-COMPLIANT.txt``: one ``- reason`` line per problem."""
     path = Path(folder) / NOT_COMPLIANT_TXT
     path.write_text(NOT_COMPLIANT_HEAD + "".join(f"- {p}\n" for p in problems))
-    log.warning("laid out NON-COMPLIANT runs (rehearsal): %s", "; ".join(problems))
+    log.warning("laid out NON-COMPLIANT runs (rehearsal): %d reason(s), each in %s", len(problems), path)
     return path
 
 

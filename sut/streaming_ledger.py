@@ -14,6 +14,9 @@ first-token ids are a prefix of the response.
   reaches LoadGen before its completion (one FIFO queue, one thread);
 - ``complete`` refuses (the run fails, every outstanding sample answered empty) a response whose
   first id is not the reported first token, or that comes without one;
+- a sample answered empty after a failure gets an empty ``FirstTokenComplete`` first when it has
+  had none: LoadGen 6.0.17 in accuracy mode crashes the process (SIGSEGV, logging the first token
+  it never got) on a ``QuerySamplesComplete`` without one (measured: tests/test_streaming_ledger.py);
 - (``issue`` after a failure answers the new samples empty at once, as every ledger does: in Server,
   LoadGen keeps issuing queries after the run has failed);
 - per-sample latencies measured by the harness (from ``issue_queries`` to the first token reaching
@@ -24,6 +27,7 @@ first-token ids are a prefix of the response.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -32,21 +36,24 @@ import numpy as np
 from sut.ledger import FAIL_CHUNK, SampleLedger, _Completer
 from sut.response import complete_samples, cut_at_first_eos, response_buffer
 
+log = logging.getLogger(__name__)
 
-def first_token_complete(results: Sequence[tuple[int, int]]) -> None:
+
+def first_token_complete(results: Sequence[tuple[int, Optional[int]]]) -> None:
     """Send first tokens to LoadGen in one ``FirstTokenComplete`` call.
 
     Args:
-        results: ``(loadgen sample id, first generated id)`` pairs.
+        results: ``(loadgen sample id, first generated id)`` pairs; ``None``: an empty first token
+            (0 bytes, ``n_tokens`` 0) for a sample answered empty after a failure.
     """
     import mlperf_loadgen as lg
 
     buffers, responses = [], []  # buffers alive until FirstTokenComplete returns
     for sample_id, first in results:
-        buf = response_buffer(np.asarray([first], dtype=np.int32))
+        buf = response_buffer(np.asarray([] if first is None else [first], dtype=np.int32))
         buffers.append(buf)
         addr, nbytes = buf.buffer_info()
-        responses.append(lg.QuerySampleResponse(sample_id, addr, nbytes, 1))
+        responses.append(lg.QuerySampleResponse(sample_id, addr, nbytes, 0 if first is None else 1))
     lg.FirstTokenComplete(responses)
     del buffers
 
@@ -71,6 +78,7 @@ class StreamingLedger(SampleLedger):
         super().__init__(eos_ids, progress=progress, complete_fn=complete_fn, fail_chunk=fail_chunk, first_id=first_id)
         self._first_fn = first_fn
         self._first: dict[int, int] = {}  # request id -> first id reported
+        self._first_sids: set[int] = set()  # LoadGen sample ids with a FirstTokenComplete queued, until answered
         self._t_issue: dict[int, float] = {}
         self._t_first: dict[int, float] = {}
         self.first_sent = 0
@@ -98,6 +106,7 @@ class StreamingLedger(SampleLedger):
                     continue
                 self._first[rid] = int(first)
                 self._t_first[rid] = now
+                self._first_sids.add(entry[0])
                 send.append((entry[0], int(first)))
             if send:
                 self._queued += 1
@@ -117,6 +126,27 @@ class StreamingLedger(SampleLedger):
         finally:
             with self._lock:
                 self.first_sent += len(batch)
+                self._batch_sent_locked()
+
+    def _answer_empty_locked(self, sample_ids: list) -> None:
+        """An empty first token for each sample that has had none, then the empty responses (one FIFO
+        queue: LoadGen gets them in that order)."""
+        firstless = [sid for sid in sample_ids if sid not in self._first_sids]
+        self._first_sids.difference_update(sample_ids)
+        for i in range(0, len(firstless), self._fail_chunk):
+            self._queued += 1
+            _Completer.submit(functools.partial(self._send_empty_first, firstless[i:i + self._fail_chunk]))
+        super()._answer_empty_locked(sample_ids)
+
+    def _send_empty_first(self, sample_ids: list) -> None:
+        """On the completer thread: one ``FirstTokenComplete`` of empty first tokens (not counted in
+        ``first_sent``); the run has failed already, so an error here is only logged."""
+        try:
+            self._first_fn([(sid, None) for sid in sample_ids])
+        except Exception:  # noqa: BLE001
+            log.exception("empty FirstTokenComplete for %d sample(s) failed", len(sample_ids))
+        finally:
+            with self._lock:
                 self._batch_sent_locked()
 
     def complete(self, results: Sequence[tuple[int, np.ndarray]]) -> None:
@@ -139,6 +169,7 @@ class StreamingLedger(SampleLedger):
                     self._fail_locked(f"request {rid}: first token {first} was reported, but the response starts "
                                       f"with {cut[:1].tolist()}")
                     return
+                self._first_sids.discard(self._outstanding[rid][0])
                 t0, t1 = self._t_issue.pop(rid, None), self._t_first.pop(rid, None)
                 if t0 is not None and t1 is not None:
                     self.ttft_s.append(t1 - t0)

@@ -247,8 +247,9 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
         model_key: the LoadGen model key of the run (``llama3_1-8b``, ...).
         scenario: the run's LoadGen scenario (``Offline``).
         target_qps_given: ``--target-qps`` is set for this run (a dev run, e.g. a scripts/find_qps.py
-            try): a file none of whose lines apply is then accepted (the target comes from the
-            command line, every other setting from mlperf.conf), not refused.
+            try): a file none of whose lines apply is then accepted when every line is a
+            ``target_qps`` line of another run (the target comes from the command line, every other
+            setting from mlperf.conf); any other setting keyed for another run is still refused.
 
     Returns:
         ``{setting: value}`` of the lines LoadGen will use, e.g. ``{"target_qps": "34"}``.
@@ -267,7 +268,8 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
         line = chosen["token_latency_scaling_factor"]
         raise InputError(f"{path}, line {line.number} ({line.text!r}): LoadGen reads token_latency_scaling_factor "
                          "only when infer_token_latencies = 1")
-    if others and not applying and not target_qps_given:
+    only_targets = all(ln.key.rsplit(".", 1)[1] == "target_qps" for ln in others)
+    if others and not applying and not (target_qps_given and only_targets):
         keys = sorted({ln.key.rsplit(".", 1)[0] for ln in others})
         raise InputError(f"{path}: no line applies to this run ({model_key}.{scenario}): its lines are keyed "
                          f"{', '.join(keys)}, so LoadGen would run with its defaults; add {model_key}.{scenario}.* "

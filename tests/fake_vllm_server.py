@@ -46,6 +46,8 @@ def parse(argv):
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--cached", type=int, default=0)
     p.add_argument("--server-info", action="store_true")
+    p.add_argument("--finish", default="length",
+                   help="finish_reason of the last chunk / reply; 'none': a stream of the first chunk, then [DONE]")
     a, _unknown = p.parse_known_args(argv)
     return a
 
@@ -101,6 +103,10 @@ class Fake:
                                   "health_ports": sorted(self.health_ports),
                                   "completion_ports": sorted(self.completion_ports)})
 
+    @property
+    def _finish(self):
+        return None if self.a.finish == "none" else self.a.finish
+
     def _choice(self, ids, finish):
         ch = {"index": 0, "text": "", "finish_reason": finish}
         if not self.a.text_only:
@@ -124,12 +130,14 @@ class Fake:
             if not body.get("stream"):
                 await asyncio.sleep(self.a.delay)
                 return web.json_response({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
-                                          "choices": [self._choice(ids, "length")], "usage": usage})
+                                          "choices": [self._choice(ids, self._finish)], "usage": usage})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             await resp.write(b"data: " + json.dumps({"choices": [self._choice(ids[:1], None)]}).encode() + b"\n\n")
             await asyncio.sleep(self.a.delay)
-            await resp.write(b"data: " + json.dumps({"choices": [self._choice(ids[1:], "length")]}).encode() + b"\n\n")
+            if self._finish is not None:
+                await resp.write(b"data: " + json.dumps({"choices": [self._choice(ids[1:], self._finish)]}).encode()
+                                 + b"\n\n")
             await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             return resp

@@ -12,6 +12,7 @@ from sut.core.dispatcher import Dispatcher
 from sut.core.messages import Completion, ReplicaRecord, Request
 from sut.core.routing import ROUTERS, AffinitySettings, make_router, model_revision
 from sut.core.transport import TransportError, TransportSpec, make_transport, transport_class
+from sut.engine import GenerationSettings
 from sut.ledger import SampleLedger
 from sut.streaming_ledger import StreamingLedger
 from transport_doubles import FakeOptions
@@ -22,13 +23,14 @@ class Sink(list):
         self.extend((sid, np.atleast_1d(np.asarray(ids)).tolist()) for sid, ids in results)
 
 
-def _setup(policy="least_loaded", stream=False, chunk=3, **opts):
+def _setup(policy="least_loaded", stream=False, chunk=3, gen=None, **opts):
     sink, firsts = Sink(), Sink()
     if stream:
         led = StreamingLedger((), progress=False, complete_fn=sink, first_fn=firsts)
     else:
         led = SampleLedger((), progress=False, complete_fn=sink)
-    tr = make_transport("fake", TransportSpec(engine=None, generation=None, options=FakeOptions(**opts), stream=stream))
+    tr = make_transport("fake", TransportSpec(engine=None, generation=gen or GenerationSettings(max_tokens=opts.get("out_len", 4)),
+                                              options=FakeOptions(**opts), stream=stream))
     d = Dispatcher(tr, make_router(policy, tr.replicas, 4), led, chunk=chunk)
     d.start()
     return led, d, tr, sink, firsts
@@ -62,6 +64,27 @@ def test_a_duplicate_answer_fails_the_run_naming_the_request():
         assert led.idle.wait(10)
         assert "answered twice" in led.error and "request 0" in led.error
         assert led.wait_sent(10) and len(sink) == 4  # the others still answered exactly once
+    finally:
+        tr.stop()
+
+
+@pytest.mark.parametrize("gen, opts, error", [
+    (GenerationSettings(max_tokens=4, ignore_eos=True), {"short_output": {2: 2}},
+     "request 2: replica {r} answered 2 generated ids, the generation settings ask for exactly 4"),
+    (GenerationSettings(max_tokens=4), {"out_len": 5}, "answered 5 generated ids, the generation settings ask for 1 to 4"),
+    (GenerationSettings(max_tokens=4, min_tokens=3), {"short_output": {2: 2}}, "ask for 3 to 4"),
+    (GenerationSettings(max_tokens=4), {"short_output": {2: 2}}, None),  # stopped at EOS: a complete answer
+])
+def test_an_answer_of_the_wrong_length_fails_the_run_naming_the_request(gen, opts, error):
+    """A server that ends a stream early (the first chunk, then [DONE]) must not pass for a complete answer."""
+    led, d, tr, sink, _ = _setup("round_robin", gen=gen, **opts)
+    try:
+        _issue(led, d, 4)
+        assert led.idle.wait(10) and led.wait_sent(10) and sorted(s for s, _ in sink) == [1000, 1001, 1002, 1003]
+        if error is None:
+            assert led.error is None
+        else:
+            assert error.format(r=2 % tr.replicas) in led.error
     finally:
         tr.stop()
 
@@ -121,7 +144,7 @@ def test_a_fatal_event_answers_every_outstanding_sample_empty():
 def test_a_transport_reports_one_fatal_event_quiet_after_stop_and_attach_then_refuses(caplog):
     """``Transport._report_fatal``: the first call sends, later ones and calls after ``stop`` do not (unless
     ``after_stop``); the log tail is logged once and the event names the log; ``attach`` refuses afterwards."""
-    tr = make_transport("fake", TransportSpec(engine=None, generation=None, options=FakeOptions(replicas=1)))
+    tr = make_transport("fake", TransportSpec(engine=None, generation=GenerationSettings(max_tokens=4), options=FakeOptions(replicas=1)))
     got = []
     tr.start(QS(on_fatal=got.append))
     try:
@@ -136,7 +159,7 @@ def test_a_transport_reports_one_fatal_event_quiet_after_stop_and_attach_then_re
             tr.attach(QS(on_fatal=got.append))
     finally:
         tr.stop()
-    quiet = make_transport("fake", TransportSpec(engine=None, generation=None, options=FakeOptions(replicas=1)))
+    quiet = make_transport("fake", TransportSpec(engine=None, generation=GenerationSettings(max_tokens=4), options=FakeOptions(replicas=1)))
     quiet.start(QS(on_fatal=got.append))
     quiet.stop()
     assert quiet._report_fatal(0, "ended by stop") is False and len(got) == 1
@@ -145,7 +168,7 @@ def test_a_transport_reports_one_fatal_event_quiet_after_stop_and_attach_then_re
 
 def test_two_fake_replicas_dying_at_once_send_one_fatal_event():
     opts = FakeOptions(die_after={0: 0, 1: 0})
-    tr = make_transport("fake", TransportSpec(engine=None, generation=None, options=opts))
+    tr = make_transport("fake", TransportSpec(engine=None, generation=GenerationSettings(max_tokens=4), options=opts))
     got = []
     tr.start(QS(on_fatal=got.append))
     try:
@@ -240,7 +263,8 @@ def _ctx(scenario="Offline", prefix_caching=False, **opts):
 
     ds = NS(prompts=[(np.arange(20) + i).astype(np.int32) for i in range(8)], path="/nonexistent.json")
     return SUTContext(dataset=ds, engine=NS(enable_prefix_caching=prefix_caching),
-                      generation=NS(eos_token_ids=()), options=FakeOptions(**opts), progress=False, scenario=scenario)
+                      generation=GenerationSettings(max_tokens=opts.get("out_len", 4)), options=FakeOptions(**opts),
+                      progress=False, scenario=scenario)
 
 
 class FakeSUT:
@@ -299,7 +323,7 @@ def test_a_first_token_from_another_replica_fails_the_run():
 
         d.on_first(1, [FirstToken(items[0][0], 5)])
         assert led.error == "first token of request 0 was routed to replica 0 but came from replica 1"
-        assert led.wait_sent(10) and firsts == []
+        assert led.wait_sent(10) and firsts == [(1, [None])]  # not 5: only the empty first token of the failure answer
     finally:
         tr.stop()
 

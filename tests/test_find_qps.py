@@ -64,7 +64,9 @@ def test_resume_of_a_finished_search_makes_no_try_and_bad_inputs_raise():
     assert best == 10 and run.calls == [] and tries == done
     best, _ = search(run, start=None, rel_tol=0.05, prior=[Try(12, "VALID"), Try(11, "INVALID")])  # noisy: crossed
     assert best == 12 and run.calls == []
-    assert search(run, start=None, prior=[Try(6, None)], max_runs=1)[1][-1].qps == 3  # a failed try counts INVALID
+    # a failed try is no verdict (a crash, a time-out): it bounds nothing and a resumed search makes it again
+    assert [t.qps for t in search(run, start=None, prior=[Try(6, None)], max_runs=1)[1]] == [6, 6]
+    assert search(run, start=None, prior=[Try(20, "INVALID"), Try(10, None)], max_runs=1)[1][-1].qps == 10
     with pytest.raises(ValueError, match="start"):
         search(run, start=None)  # nothing recorded and nowhere to start
     with pytest.raises(ValueError):

@@ -207,7 +207,9 @@ def test_a_failure_in_try_2_fails_the_search_with_exit_1_and_stops_the_sut(tmp_p
     tries = [json.loads(x) for x in (tmp_path / "out" / "tries-Server.jsonl").read_text().splitlines()]
     assert [t["qps"] for t in tries] == [100, recs[1]["run_settings"]["target_qps"]] and tries[1]["validity"] is None
     assert tries[1]["note"].startswith("run failed: ") and "fake replica 0 died" in tries[1]["note"]
+    assert tries[1]["ttft_p99_ms"] is None and tries[1]["tokens_per_s"] is None  # a failed run measured nothing
     assert "search failed: " in caplog.text and "the search stops" in caplog.text
+    assert "the search stopped after 2 new finished tries" in caplog.text  # both are in the log
     assert "; go on with:\n  python scripts/find_qps.py --scenario Server --resume " in caplog.text
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 FAKE = """#!/usr/bin/env bash
@@ -79,3 +81,36 @@ def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_pa
     (scen / "h200_fp8_Server.jsonl").write_text(json.dumps({"qps": 60.0, "validity": "INVALID"}) + "\n")
     out, calls = _run(tmp_path, "confirm", CONFIRM="Server=auto")
     assert out.returncode == 1 and calls == [] and "confirm Server: auto, but no VALID try in" in out.stdout
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"CONFIRM": "Server=52 Interactiv=40"}, "unknown scenario 'Interactiv'"),
+    ({"CONFIRM": "Server=52 Interactive"}, "'Interactive' is not SCENARIO=QPS[:S]"),
+    ({"CONFIRM": "Server=52 Server=50"}, "Server twice in CONFIRM"),
+    ({"CONFIRM": "Server=fast"}, "'fast' in 'Server=fast' is not a positive target_qps or auto"),
+    ({"CONFIRM": "Server=0"}, "'0' in 'Server=0' is not a positive target_qps"),
+    ({"CONFIRM": "Offline=56:soon"}, "'soon' in 'Offline=56:soon' is not a positive number of seconds"),
+    ({"CONFIRM": ""}, "set CONFIRM"),
+    ({"CONFIRM": "Server=52", "SERVER_ARGS": "--user-conf x.conf"}, "SERVER_ARGS: --user-conf is set by this script"),
+    ({"CONFIRM": "Server=52", "INTERACTIVE_ARGS": "--target-qps=3"}, "INTERACTIVE_ARGS: --target-qps=3 is set by"),
+    ({"CONFIRM": "Server=52", "SERVER_ARGS": '--served-model-name "my model"'}, "quotes are not read"),
+])
+def test_confirm_refuses_a_bad_entry_or_flag_before_any_run(tmp_path, env, said):
+    out, calls = _run(tmp_path, "confirm", **env)
+    assert out.returncode == 2 and said in out.stdout and calls == []
+
+
+def test_server_step_refuses_flags_it_sets_itself(tmp_path):
+    out, calls = _run(tmp_path, "server", SERVER_ARGS="--max-num-seqs 640 --scenario Offline")
+    assert out.returncode == 2 and "SERVER_ARGS: --scenario is set by this script" in out.stdout and calls == []
+
+
+def test_confirm_auto_skips_a_cut_off_last_line_and_runs_on_the_searchs_sut(tmp_path):
+    scen = tmp_path / "job" / "scen"
+    scen.mkdir(parents=True)
+    (scen / "h200_fp8_Server.jsonl").write_text(json.dumps({"qps": 50.0, "validity": "VALID"}) + '\n{"qps": 60.0, "val')
+    out, calls = _run(tmp_path, "confirm", CONFIRM="Server=auto", SCEN_SUT="vllm-http")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (server,) = calls
+    assert _flag(server, "--sut") == "vllm-http"
+    assert Path(_flag(server, "--user-conf")).read_text().rstrip().endswith("llama3_1-8b.Server.target_qps = 50.0")

@@ -389,6 +389,23 @@ def test_streaming_reports_each_first_token_before_its_completion(fake_server, s
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
+@pytest.mark.parametrize("stream, finish, said", [
+    (True, "none", "the answer ended with no finish_reason after 1 ids"),
+    (True, "abort", "the answer ended with finish_reason 'abort' after 6 ids"),
+    (False, "abort", "the answer ended with finish_reason 'abort' after 6 ids"),
+])
+def test_an_answer_the_server_cut_short_is_fatal(fake_server, started, stream, finish, said):
+    """First chunk then [DONE] (or finish_reason abort): the run fails, it is not a 1-id answer."""
+    url, _ = fake_server("--finish", finish)
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=2), stream=stream)
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    t.submit(0, requests(2))
+    sink.wait(lambda: sink.fatal)
+    assert said in sink.fatal[0].message and not sink.results
+
+
 def test_requests_in_flight_are_bounded_on_connections_opened_before_start_returns(fake_server, started):
     url, _ = fake_server("--delay", "0.05")
     t = transport(HttpOptions(urls=url, max_inflight_per_replica=3))
@@ -638,6 +655,18 @@ def test_cli_server_scenario_streams_the_first_token_of_every_sample(tmp_path, s
         ids = np.frombuffer(bytes.fromhex(r["data"]), "<i4")
         first = np.frombuffer(bytes.fromhex(r["token_data"]), "<i4")
         assert list(first) == [ids[0]] and r["token_count"] == len(ids)
+
+
+def test_cli_server_accuracy_run_with_an_answer_cut_short_fails_with_exit_1_not_a_crash(tmp_path, synthetic_small,
+                                                                                        fake_server):
+    """The samples still outstanding (or issued after the failure) are answered empty; LoadGen 6.0.17 in accuracy
+    mode crashed the process (SIGSEGV, run.json left "running") when such a sample had no first token."""
+    url, _ = fake_server("--delay", "0.02", "--finish", "none")
+    out = _run(tmp_path, synthetic_small, "--server-url", url, "--scenario", "Server", "--target-qps", "20")
+    assert out.returncode == 1, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "failed" and "the answer ended with no finish_reason after 1 ids" in rec["error"]
 
 
 def test_cli_server_of_another_model_exits_2_naming_it(tmp_path, synthetic_small, fake_server):

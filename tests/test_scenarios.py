@@ -112,6 +112,19 @@ def test_a_conf_with_offline_lines_only_serves_a_server_search_with_target_qps_o
     assert out.returncode != 0 and "no line applies to this run (llama3_1-8b.Server)" in out.stderr  # no target at all
 
 
+def test_a_conf_keyed_for_another_run_with_more_than_targets_is_still_refused_with_target_qps(tmp_path):
+    """Server lines setting max_async_queries / the sample count would be ignored by an Interactive run without a word."""
+    from sut.base import InputError
+    from sut.userconf import check_user_conf
+
+    conf = tmp_path / "server.conf"
+    conf.write_text("llama3_1-8b.Server.target_qps = 20\nllama3_1-8b.Server.max_async_queries = 1\n")
+    with pytest.raises(InputError, match=r"no line applies to this run \(llama3_1-8b-interactive.Server\)"):
+        check_user_conf(conf, "llama3_1-8b-interactive", "Server", target_qps_given=True)
+    assert check_user_conf(conf, "llama3_1-8b", "Server", target_qps_given=True) == {"target_qps": "20",
+                                                                                      "max_async_queries": "1"}
+
+
 def test_flame_cannot_stream_first_tokens():
     check_backend("flame", resolve_scenario("Offline"))
     for scen in ("Server", "Interactive"):
@@ -206,8 +219,9 @@ def test_search_brackets_then_bisects_on_validity():
     assert [t.qps for t in tries] == calls
     best, tries = find_qps.search(lambda q: find_qps.Try(q, "INVALID"), start=4, max_runs=3)
     assert best is None and [t.qps for t in tries] == [4, 2, 1]
-    best, _ = find_qps.search(lambda q: find_qps.Try(q, None), start=1, max_runs=2)  # failed runs count as INVALID
-    assert best is None
+    # a failed run is no verdict: it bounds nothing and ends the search (the same qps would come next)
+    best, tries = find_qps.search(lambda q: find_qps.Try(q, None), start=1, max_runs=2)
+    assert best is None and [t.qps for t in tries] == [1]
     with pytest.raises(ValueError):
         find_qps.search(run, start=0)
 
@@ -281,3 +295,18 @@ def test_package_help_names_the_checker_version():
     out = subprocess.run([sys.executable, "-m", "sut", "package", "--help"], env=sut_env(), cwd=REPO,
                          capture_output=True, text=True)
     assert out.returncode == 0 and "v6.1" in out.stdout and "v6.0" in out.stdout
+
+
+@pytest.mark.parametrize("mode, said", [("performance", "(limits 2000 / 100 ms)"),
+                                        ("accuracy", "(an accuracy run is not timed: no limits apply)")])
+def test_the_run_summary_judges_latencies_against_the_limits_only_in_a_performance_run(caplog, mode, said):
+    from sut.cli import _print_summary
+
+    rec = {"output_dir": "RUN", "sut": "vllm", "scenario": "Server", "mode": mode, "validity": "VALID",
+           "compliance": {"compliant": True, "reasons": []}, "ledger": {"completed": 8, "issued": 8, "first_tokens": 8},
+           "latency": {"loadgen": {"ttft_p99_ms": None, "tpot_p99_ms": None}, "limits_ms": {"ttft": 2000, "tpot": 100},
+                       "harness": {"ttft_ms": {"p99": 9349.5}, "tpot_ms": {"p99": 142.8}}}}
+    with caplog.at_level("INFO", logger="sut"):
+        _print_summary(rec)
+    line = next(ln for r in caplog.records for ln in r.getMessage().splitlines() if ln.startswith("TTFT / TPOT p99"))
+    assert said in line and "harness 9,349.5 / 142.8 ms" in line and line.endswith("; first tokens 8")

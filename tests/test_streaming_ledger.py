@@ -57,6 +57,21 @@ def test_response_not_starting_with_its_first_token_fails_the_run():
     assert all(e[2] == [] for e in r.events if e[0] == "done")
 
 
+def test_samples_answered_empty_get_an_empty_first_token_first_when_they_had_none():
+    """LoadGen 6.0.17 (accuracy mode) crashes on a QuerySamplesComplete without a FirstTokenComplete before it."""
+    led, r = make()
+    (a, _), (b, _), (c, _) = led.issue([QS(id=11, index=0), QS(id=12, index=1), QS(id=13, index=2)])
+    led.first_tokens([(a, 5), (c, 9)])
+    led.complete([(c, np.array([9, 4], np.int32))])
+    led.fail("boom")
+    led.issue([QS(id=14, index=3)])  # issued after the failure: answered empty at once
+    assert led.wait_sent(5) and led.idle.is_set()
+    assert r.events == [("first", 11, 5), ("first", 13, 9), ("done", 13, [9, 4]),
+                        ("first", 12, None), ("done", 11, []), ("done", 12, []),
+                        ("first", 14, None), ("done", 14, [])]
+    assert led.first_sent == 2 and led.completed == 1 and led.answered_empty == 3
+
+
 def test_response_without_first_token_and_a_doubled_first_token_fail():
     led, _ = make()
     (a, _), = led.issue([QS(id=11, index=0)])

@@ -12,7 +12,11 @@ transport's ``ResultSink``:
 * ``on_first``: the policy learns the first token (``least_pending``), then the ledger
   (``first_tokens``: LoadGen's ``FirstTokenComplete``).
 * ``on_results``: each completion must come from the replica its request was routed to (else the
-  run fails naming the request and both replicas); the policy takes its load off; the optional
+  run fails naming the request and both replicas) and hold as many ids as the generation settings
+  allow (``expected_lengths``: exactly ``max_tokens`` with ``ignore_eos``, else ``min_tokens`` (at
+  least 1) to ``max_tokens``; else the run fails naming the request, its length and the range: a
+  server or engine that ended a sequence early must not pass for a complete answer); the policy
+  takes its load off; the optional
   ``observer(replica, completion)`` sees it (the locality runner records cached tokens and times);
   then the ledger answers it (an unknown or duplicate request id fails the run there).
 * ``on_fatal``: the ledger fails the run with the event's message (every outstanding sample is
@@ -43,6 +47,14 @@ log = logging.getLogger(__name__)
 DEATH_REPORT_S = 3.0
 
 
+def expected_lengths(gen) -> tuple[int, int]:
+    """``(fewest, most)`` generated ids a completion may hold under ``GenerationSettings`` ``gen``:
+    ``(max_tokens, max_tokens)`` with ``ignore_eos``, else ``(max(1, min_tokens), max_tokens)``."""
+    if gen.ignore_eos:
+        return gen.max_tokens, gen.max_tokens
+    return max(1, gen.min_tokens), gen.max_tokens
+
+
 class Dispatcher:
     """Routes requests to a transport's replicas and answers every one exactly once through a ledger.
 
@@ -66,6 +78,7 @@ class Dispatcher:
         self._where: dict[int, int] = {}  # request id -> replica, until answered
         self.replicas: list[ReplicaRecord] = []
         self.answered = [0] * transport.replicas
+        self._lengths = expected_lengths(transport.spec.generation)
 
     def start(self) -> list[ReplicaRecord]:
         """Start the transport with this dispatcher as its sink (blocks; ``TransportError``)."""
@@ -132,7 +145,8 @@ class Dispatcher:
         self.ledger.first_tokens(firsts)
 
     def on_results(self, replica: int, results: list[Completion]) -> None:
-        wrong, ok = None, []
+        wrong, short, ok = None, None, []
+        lo, hi = self._lengths
         with self._lock:
             for c in results:
                 r = self._where.get(c.rid)
@@ -141,12 +155,19 @@ class Dispatcher:
                 if r != replica:
                     wrong = wrong or (c.rid, r)
                     continue
+                if not lo <= len(c.token_ids) <= hi:
+                    short = short or c
                 del self._where[c.rid]
                 self.router.done(c.rid)
                 self.answered[replica] += 1
                 ok.append(c)
         if wrong is not None:
             self.ledger.fail(f"request {wrong[0]} was routed to replica {wrong[1]} but answered by replica {replica}")
+            return
+        if short is not None:
+            span = f"exactly {hi}" if lo == hi else f"{lo} to {hi}"
+            self.ledger.fail(f"request {short.rid}: replica {replica} answered {len(short.token_ids)} generated ids, "
+                             f"the generation settings ask for {span} (an answer cut short is not complete)")
             return
         if self.observer is not None:
             for c in ok:

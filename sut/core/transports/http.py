@@ -219,7 +219,7 @@ class HttpTransport(Transport):
                 text = await resp.text()
                 if resp.status != 200:
                     raise api.ReplyError(f"HTTP {resp.status}: {text[:300]}")
-            ids, _ = api.parse_completion(json.loads(text))
+            ids, _, _ = api.parse_completion(json.loads(text))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
             raise self._error(r, f"probe completion failed: {_describe(e)}", user_input=False) from None
         if len(ids) != 1:
@@ -298,22 +298,26 @@ class HttpTransport(Transport):
             if self.stream:
                 ids, cached, t_first = await self._read_stream(r, req, resp)
             else:
-                (ids, cached), t_first = api.parse_completion(json.loads(await resp.read())), None
+                ids, cached, reason = api.parse_completion(json.loads(await resp.read()))
+                api.check_finished(reason, len(ids))
+                t_first = None
         finally:
             resp.release()
         return Completion(req.rid, np.asarray(ids, dtype=np.int32), cached, t0, t_first, time.monotonic())
 
     async def _read_stream(self, r: int, req: Request, resp: aiohttp.ClientResponse):
         ids: list[int] = []
-        cached = t_first = None
+        cached = t_first = reason = None
         async for line in resp.content:
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
+                api.check_finished(reason, len(ids))
                 return ids, cached, t_first
-            new, c = api.parse_chunk(json.loads(payload))
+            new, c, why = api.parse_chunk(json.loads(payload))
             cached = c if c is not None else cached
+            reason = why or reason
             if new and t_first is None:
                 t_first = time.monotonic()
                 if self.spec.stream:

@@ -10,10 +10,13 @@ started with ``--skip-tokenizer-init`` answers ``text: ""`` and ``token_ids: nul
 final chunk carries ``usage``) and ``stream_interval`` (tokens per chunk after the first, which vLLM
 always sends at once).
 
-Responses: ``choices[0].token_ids`` (the generated ids; streamed: each chunk's new ids), and
+Responses: ``choices[0].token_ids`` (the generated ids; streamed: each chunk's new ids),
+``choices[0].finish_reason`` (streamed: on the last chunk with ids) and
 ``usage.prompt_tokens_details.cached_tokens`` where the server reports it (``--enable-prompt-tokens-
-details``). ``ReplyError`` names what is wrong with a reply; ``NoTokenIds`` is the server that returns
-text instead of ids.
+details``). A finished answer ends with ``finish_reason`` ``stop`` (an EOS / stop id) or ``length``
+(``max_tokens``); anything else (``abort``, none at all before ``[DONE]``) is an answer the server cut
+short (``check_finished``). ``ReplyError`` names what is wrong with a reply; ``NoTokenIds`` is the
+server that returns text instead of ids.
 
 What a server reports about itself: ``sut.core.transports.http_readback``.
 """
@@ -84,9 +87,20 @@ def _error_of(data: dict) -> Optional[str]:
     return str(err.get("message", err)) if isinstance(err, dict) else str(err)
 
 
-def parse_completion(data) -> tuple[list[int], Optional[int]]:
-    """``(generated ids, cached prompt tokens or None)`` of a non-streamed reply; ``ReplyError`` /
-    ``NoTokenIds`` when it has no usable ids."""
+#: ``finish_reason`` values of a finished answer (vLLM's OpenAI server: EOS / stop id, max_tokens).
+FINISHED = ("stop", "length")
+
+
+def check_finished(finish_reason: Optional[str], n_ids: int) -> None:
+    """``ReplyError`` unless ``finish_reason`` says the answer (``n_ids`` generated ids) ended normally."""
+    if finish_reason not in FINISHED:
+        why = "no finish_reason" if finish_reason is None else f"finish_reason {finish_reason!r}"
+        raise ReplyError(f"the answer ended with {why} after {n_ids} ids (a finished one says 'stop' or 'length')")
+
+
+def parse_completion(data) -> tuple[list[int], Optional[int], Optional[str]]:
+    """``(generated ids, cached prompt tokens or None, finish_reason or None)`` of a non-streamed
+    reply; ``ReplyError`` / ``NoTokenIds`` when it has no usable ids."""
     if not isinstance(data, dict):
         raise ReplyError(f"reply is not a JSON object: {str(data)[:200]}")
     if (err := _error_of(data)) is not None:
@@ -94,16 +108,24 @@ def parse_completion(data) -> tuple[list[int], Optional[int]]:
     choices = data.get("choices")
     if not isinstance(choices, list) or len(choices) != 1:
         raise ReplyError(f"expected one choice, got {str(choices)[:200]}")
-    return _choice_ids(choices[0], streamed=False), _cached(data.get("usage"))
+    return _choice_ids(choices[0], streamed=False), _cached(data.get("usage")), _finish(choices[0])
 
 
-def parse_chunk(data) -> tuple[list[int], Optional[int]]:
-    """``(new ids, cached prompt tokens or None)`` of one streamed chunk (``data: {...}``)."""
+def _finish(choice) -> Optional[str]:
+    reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+    return None if reason is None else str(reason)
+
+
+def parse_chunk(data) -> tuple[list[int], Optional[int], Optional[str]]:
+    """``(new ids, cached prompt tokens or None, finish_reason or None)`` of one streamed chunk
+    (``data: {...}``)."""
     if not isinstance(data, dict):
         raise ReplyError(f"stream chunk is not a JSON object: {str(data)[:200]}")
     if (err := _error_of(data)) is not None:
         raise ReplyError(f"server error: {err}")
     ids: list[int] = []
+    reason = None
     for choice in data.get("choices") or []:
         ids += _choice_ids(choice, streamed=True)
-    return ids, _cached(data.get("usage"))
+        reason = _finish(choice) or reason
+    return ids, _cached(data.get("usage")), reason

@@ -1,0 +1,80 @@
+"""What scripts/find_qps.py prints and logs about a search: the try table and lines, the result with its
+user.conf line, and the whole command that resumes a search (the same settings, the arguments after ``--``)."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from pathlib import Path
+from typing import Optional
+
+from find_qps_search import Try, bounds, next_qps
+from sut.scenarios import default_model_key  # find_qps.py put the repository root on sys.path
+
+log = logging.getLogger("find_qps")
+
+
+def fmt_qps(q: Optional[float]) -> str:
+    """A qps for messages: "none" or the shortest form (``%g``)."""
+    return "none" if q is None else f"{q:g}"
+
+
+def table(tries: list[Try]) -> str:
+    rows = ["qps        validity  TTFT p99 ms  TPOT p99 ms  tokens/s  wall s  folder"]
+    for t in tries:
+        rows.append(f"{t.qps:<10g} {str(t.validity):<9} {str(t.ttft_p99_ms):>11}  {str(t.tpot_p99_ms):>11}  "
+                    f"{str(round(t.tokens_per_s, 1) if t.tokens_per_s else None):>8}  {str(t.wall_s):>6}  "
+                    f"{t.folder} {t.note}")
+    return "\n".join(rows)
+
+
+def try_line(t: Try) -> str:
+    """One try as a log line: qps, validity, p99s, tokens/s, wall time, run folder and note."""
+    tps = f"{t.tokens_per_s:.1f}" if t.tokens_per_s is not None else "none"
+    return (f"target_qps {t.qps:g}: {t.validity or 'FAILED'}, TTFT p99 {t.ttft_p99_ms} ms, TPOT p99 {t.tpot_p99_ms} "
+            f"ms, {tps} tokens/s, wall {t.wall_s} s, {t.folder}" + (f" ({t.note})" if t.note else ""))
+
+
+def log_how_to_go_on(a, run_args: list[str], log_path: Path, new_tries: int) -> None:
+    """After a search stopped early: the command that resumes it from ``log_path`` (an unfinished try is not
+    in it, a failed one bounds nothing: either is made again), or, when no try was ever recorded there, that
+    the same command starts over."""
+    if log_path.is_file() and log_path.stat().st_size > 0:
+        log.error("the search stopped after %d new finished tr%s; every finished try is in %s; go on with:\n  %s",
+                  new_tries, "y" if new_tries == 1 else "ies", log_path, resume_command(a, run_args, log_path))
+    else:
+        log.error("the search stopped before any try finished (nothing recorded in %s): run the same command again",
+                  log_path)
+
+
+def resume_command(a, run_args: list[str], log_path: Path) -> str:
+    """The whole command that goes on with this search from ``log_path``: the same search settings (those
+    ``TryLog`` checks, exactly as parsed, and the others as given) and the arguments after ``--``."""
+    cmd = ["python", "scripts/find_qps.py", "--scenario", a.scenario, "--resume", str(log_path),
+           "--min-duration-s", repr(a.min_duration_s), "--min-query-count", str(a.min_query_count),
+           "--factor", f"{a.factor!r}", "--rel-tol", f"{a.rel_tol!r}", "--max-runs", str(a.max_runs),
+           "--output-dir", str(a.output_dir), "--timeout-s", f"{a.timeout_s!r}"]
+    if a.budget_s is not None:
+        cmd += ["--budget-s", repr(a.budget_s)]
+    if a.fresh_process:
+        cmd.append("--fresh-process")
+    return shlex.join([*cmd, "--", *run_args])
+
+
+def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: Path, run_args: list[str]) -> int:
+    """Print the tries, the result and how to go on; 0 when a VALID qps is known, else 1."""
+    print(table(tries))
+    print(f"{n_prior} earlier tries, {len(tries) - n_prior} new; every try is in {log_path}")
+    lo, hi = bounds(tries)
+    if tries and next_qps(lo, hi, a.start, a.factor, a.rel_tol) is not None:
+        print(f"not converged (highest VALID {fmt_qps(lo)}, lowest INVALID {fmt_qps(hi)}, --rel-tol {a.rel_tol:g}); go on "
+              f"with:\n  {resume_command(a, run_args, log_path)}")
+    if lo is not None and hi is not None and lo > hi:
+        print(f"note: VALID at {lo:g} above INVALID at {hi:g} (noisy tries); confirm with a longer run")
+    if best is None:
+        print("no try was VALID" + (f" (lowest tried {min(t.qps for t in tries):g} queries/s)" if tries else ""))
+        return 1
+    print(f"highest VALID target_qps: {best:g} queries/s ({a.scenario}); confirm with one full-length run.")
+    print(f"user.conf line: {default_model_key(a.scenario)}.Server.target_qps = {best:g}")
+    return 0
+

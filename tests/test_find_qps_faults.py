@@ -1,0 +1,198 @@
+"""scripts/find_qps.py when a try goes wrong (breaker, session 7): a ``--fresh-process`` try past ``--timeout-s``
+is stopped with the server it started (``sut_runs.run_with_timeout``); a failed try is no verdict (it bounds
+nothing, carries no p99s, a resumed search makes it again); accuracy / compliance tries are refused before any
+try; ``--resume A --log B`` keeps A's tries in B.
+
+The end-to-end time-out test runs ``python -m sut run --sut vllm-http`` with a server it starts itself through
+``--option server_command=`` (tests/fake_vllm_server.py copied into the test's folder, so that its processes can
+be found by path, with ``--delay`` longer than the test: every query stalls)."""
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import CPU_CONF, REPO, TINY_MODEL
+
+sys.path.insert(0, str(REPO / "scripts"))
+import find_qps  # noqa: E402
+import sut_runs  # noqa: E402
+from find_qps import Try  # noqa: E402
+
+
+def _pids(pattern: str) -> set[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return {int(p) for p in out.stdout.split()}
+
+
+def _tries(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def fake_run(fail_at=(), limit=13.0):
+    """``find_qps.sut_try`` stand-in: VALID at or below ``limit`` qps; a try at a qps in ``fail_at`` fails the
+    first time (validity None, with the absurd p99 a failed LoadGen run reports), as a crashed run does."""
+    calls, failed = [], set()
+
+    def run(scenario, q, *a):
+        calls.append(q)
+        if q in fail_at and q not in failed:
+            failed.add(q)
+            rec = {"status": "failed", "error": "RunFailed: replica 0 died",
+                   "loadgen": {"result_first_token_99.00_percentile_latency_ns": 5.57e18}}
+            return find_qps.try_from_record(q, rec, False, f"run-{q:g}", 3.0, "run failed (exit 1): replica 0 died")
+        return Try(q, "VALID" if q <= limit else "INVALID", 400.0, 20.0, 5000.0 * q, f"run-{q:g}", "", 150.0)
+    run.calls = calls
+    return run
+
+
+def _args(tmp_path, data, *extra):
+    return ["--scenario", "Server", "--min-duration-s", "30", "--output-dir", str(tmp_path / "o"), "--fresh-process",
+            *extra, "--", "--config", str(REPO / "loadgen_configs" / "cpu_tiny.toml"), "--dataset", str(data)]
+
+
+# ----------------------------------------------------------------------------- a failed try is no verdict
+def test_a_failed_try_stops_the_search_bounds_nothing_and_is_made_again_on_resume(tmp_path, monkeypatch, capsys,
+                                                                                   caplog, synthetic_small):
+    run = fake_run(fail_at={8.0})
+    monkeypatch.setattr(find_qps, "sut_try", run)
+    path = tmp_path / "o" / "tries-Server.jsonl"
+    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "4")) == 1
+    tries = _tries(path)
+    assert [(t["qps"], t["validity"]) for t in tries] == [(4, "VALID"), (8, None)] and run.calls == [4, 8]
+    assert tries[1]["ttft_p99_ms"] is None and tries[1]["tokens_per_s"] is None  # no nonsense numbers
+    assert "the search stopped after 2 new finished tries" in caplog.text  # as many as were appended
+    resume = caplog.text.split("go on with:\n  ")[1].splitlines()[0]
+    assert find_qps.main(shlex.split(resume)[2:]) == 0
+    assert run.calls[2] == 8  # (VALID 4, INVALID none): the failed 8 again, not the midpoint of 4 and 8
+    assert "lowest INVALID 8" not in caplog.text
+
+
+def test_try_from_record_of_a_failed_run_has_no_latencies():
+    rec = {"validity": "INVALID", "tokens_per_s": 9.9e9, "loadgen": {
+        "result_first_token_99.00_percentile_latency_ns": 5.57e18,
+        "result_time_per_output_token_99.00_percentile_ns": 1e15}}
+    t = find_qps.try_from_record(8.0, rec, False, "f", 1.0, "run failed")
+    assert (t.validity, t.ttft_p99_ms, t.tpot_p99_ms, t.tokens_per_s) == (None, None, None, None)
+    assert find_qps.try_from_record(8.0, rec, True, "f", 1.0).ttft_p99_ms == 5.57e12  # a finished run keeps them
+
+
+# ----------------------------------------------------------------------------- only performance tries
+@pytest.mark.parametrize("mode", ["--fresh-process", "--one-process"])
+@pytest.mark.parametrize("run_arg,named", [(["--mode", "accuracy", "--no-accuracy-gate"], "--mode accuracy"),
+                                           (["--compliance-test", "TEST06"], "--compliance-test TEST06")])
+def test_a_try_that_is_not_a_performance_run_is_refused_before_any_try(tmp_path, monkeypatch, capsys, synthetic_small,
+                                                                        mode, run_arg, named):
+    monkeypatch.setattr(find_qps, "sut_try", lambda *a: pytest.fail("a try started"))
+    monkeypatch.setattr(find_qps.OneProcessTries, "__call__", lambda *a: pytest.fail("a try started"))
+    args = [x for x in _args(tmp_path, synthetic_small[0], "--start", "4") if x != "--fresh-process"]
+    args.insert(args.index("--"), mode)
+    rc = find_qps.main([*args, *run_arg])
+    err = capsys.readouterr().err
+    assert rc == 2 and named in err and "performance run" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- --resume A --log B
+def test_resume_into_another_log_copies_the_earlier_tries_there_first(tmp_path, monkeypatch, capsys,
+                                                                      synthetic_small):
+    run = fake_run()
+    monkeypatch.setattr(find_qps, "sut_try", run)
+    first = tmp_path / "a.jsonl"
+    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "4", "--max-runs", "2", "--log",
+                               str(first))) == 0
+    b = tmp_path / "sub" / "b.jsonl"
+    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--resume", str(first), "--log", str(b), "--max-runs",
+                               "0")) == 0  # no new try: B still gets A's tries, and the command names B
+    resume = capsys.readouterr().out.split("go on with:\n  ")[-1].splitlines()[0]
+    assert shlex.split(resume)[shlex.split(resume).index("--resume") + 1] == str(b)
+    assert [t["qps"] for t in _tries(b)] == [4, 8]
+    b.unlink()
+    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--resume", str(first), "--log", str(b), "--max-runs",
+                               "1")) == 0
+    assert [t["qps"] for t in _tries(b)] == [4, 8, 16] and [t["qps"] for t in _tries(first)] == [4, 8]
+    with pytest.raises(SystemExit) as e:  # B holds tries of its own now: going on from A into it is refused
+        find_qps.main(_args(tmp_path, synthetic_small[0], "--resume", str(first), "--log", str(b)))
+    assert e.value.code == 2 and f"--log {b} already holds tries" in capsys.readouterr().err
+    assert run.calls == [4, 8, 16]
+
+
+# ----------------------------------------------------------------------------- --timeout-s
+def test_run_with_timeout_kills_the_whole_process_group_after_the_grace(tmp_path):
+    """A child that ignores SIGTERM, with a grandchild in its process group: both are gone after the grace."""
+    marker = tmp_path / "grandchild-marker"
+    t0 = time.monotonic()
+    rc, err = sut_runs.run_with_timeout(["bash", "-c", f"trap '' TERM; exec -a {marker} sleep 300 & sleep 300"], 1.0,
+                                        grace_s=1.0)
+    assert rc is None and err.strip().endswith("timed out after 1 s: killed (SIGKILL) 1 s after SIGTERM"), err
+    assert time.monotonic() - t0 < 10
+    time.sleep(0.5)
+    assert not _pids(str(marker))
+
+
+def test_run_with_timeout_stops_with_sigterm_first():
+    rc, err = sut_runs.run_with_timeout(["bash", "-c", "trap 'echo stopping >&2; exit 130' TERM; sleep 300 & wait"],
+                                        1.0, grace_s=30.0)
+    assert rc is None and "stopping" in err and err.strip().endswith("timed out after 1 s: stopped (SIGTERM)"), err
+
+
+def test_ctrl_c_while_a_run_is_in_its_own_session_stops_that_run_too(tmp_path, monkeypatch):
+    """The run has a session of its own (the terminal's Ctrl-C does not reach it): the script stops it."""
+    marker = tmp_path / "run-marker"
+    real_wait = subprocess.Popen.wait
+
+    def interrupted_wait(self, timeout=None):
+        if timeout is not None and timeout > 100:  # the wait for the run itself, not the grace wait
+            raise KeyboardInterrupt
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        sut_runs.run_with_timeout(["bash", "-c", f"exec -a {marker} sleep 300"], 3600.0, grace_s=5.0)
+    time.sleep(0.5)
+    assert not _pids(str(marker))
+
+
+def test_run_once_records_a_run_killed_while_running_as_failed(tmp_path, monkeypatch):
+    """A run killed after the grace never wrote its end: its run.json says failed with the time-out."""
+    def killed(cmd, timeout_s):
+        (tmp_path / "r-1").mkdir()
+        (tmp_path / "r-1" / "run.json").write_text(json.dumps({"status": "running"}))
+        return None, "...\ntimed out after 5 s: killed (SIGKILL) 60 s after SIGTERM\n"
+    monkeypatch.setattr(sut_runs, "run_with_timeout", killed)
+    o = sut_runs.run_once([], tmp_path, "r-1", 5.0)
+    rec = json.loads((tmp_path / "r-1" / "run.json").read_text())
+    assert o.rc is None and rec == o.record and rec["status"] == "failed"
+    assert rec["error"] == "TimeoutError: timed out after 5 s: killed (SIGKILL) 60 s after SIGTERM"
+
+
+@pytest.mark.slow
+def test_fresh_process_try_past_its_timeout_leaves_no_server_and_no_running_record(tmp_path, caplog):
+    server = tmp_path / "fake_vllm_server.py"
+    shutil.copy(REPO / "tests" / "fake_vllm_server.py", server)
+    data = tmp_path / "ds.json"
+    data.write_text(json.dumps([{"instruction": "x", "input": "y", "tok_input": [128000, 10 + i, 11, 12],
+                                 "output": "z"} for i in range(8)]))
+    t0 = time.monotonic()
+    try:
+        rc = find_qps.main(["--fresh-process", "--timeout-s", "8", "--scenario", "Server", "--start", "20",
+                            "--min-duration-s", "2", "--min-query-count", "40", "--max-runs", "2", "--output-dir",
+                            str(tmp_path / "runs"), "--", "--sut", "vllm-http", "--option",
+                            f"server_command={sys.executable} {server} --delay 1000", "--user-conf", str(CPU_CONF),
+                            "--model", str(TINY_MODEL), "--max-model-len", "4096", "--dataset", str(data)])
+        time.sleep(1)
+        left = _pids(str(server))
+    finally:
+        for pid in _pids(str(server)):
+            subprocess.run(["kill", "-9", str(pid)])
+    assert rc == 1 and not left, f"server(s) left running: {left}"
+    assert time.monotonic() - t0 < sut_runs.TIMEOUT_GRACE_S  # stopped by SIGTERM, not killed after the grace
+    (rec,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/run.json")]
+    assert rec["status"] == "failed" and "interrupted" in rec["error"], rec.get("error")
+    (t,) = _tries(tmp_path / "runs" / "tries-Server.jsonl")
+    assert t["validity"] is None and "timed out after 8 s: stopped (SIGTERM) (--timeout-s)" in t["note"], t
+    assert "search failed: timed out after 8 s" in caplog.text
