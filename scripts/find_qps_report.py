@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
+from find_qps_plot import plot_search
 from find_qps_search import Try, bounds, next_qps
 from sut.scenarios import default_model_key  # find_qps.py put the repository root on sys.path
 
@@ -62,9 +63,12 @@ def resume_command(a, run_args: list[str], log_path: Path) -> str:
 
 
 def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: Path, run_args: list[str]) -> int:
-    """Print the tries, the result and how to go on; 0 when a VALID qps is known, else 1."""
+    """Print the tries, the result and how to go on, and write the search's figure next to ``log_path``
+    (``find_qps_plot``: ``<log>.png``); 0 when a VALID qps is known, else 1."""
     print(table(tries))
     print(f"{n_prior} earlier tries, {len(tries) - n_prior} new; every try is in {log_path}")
+    if tries:
+        print(f"figure: {plot_search(tries, a.scenario, best, Path(log_path).with_suffix('.png'))}")
     lo, hi = bounds(tries)
     if tries and next_qps(lo, hi, a.start, a.factor, a.rel_tol) is not None:
         print(f"not converged (highest VALID {fmt_qps(lo)}, lowest INVALID {fmt_qps(hi)}, --rel-tol {a.rel_tol:g}); go on "

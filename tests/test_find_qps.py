@@ -136,6 +136,8 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
     assert "user.conf line: llama3_1-8b.Server.target_qps = 13\n" in out
     assert run.calls == [4, 8, 16, 12, 14, 13, 13.5]  # went on at the midpoint of the recorded bounds
     assert len(path.read_text().splitlines()) == len(run.calls)  # the resumed tries went to the same file
+    png = path.with_suffix(".png")  # the search's figure, next to its log
+    assert f"figure: {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("extra,message", [
