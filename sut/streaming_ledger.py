@@ -16,7 +16,8 @@ first-token ids are a prefix of the response.
   first id is not the reported first token, or that comes without one;
 - a sample answered empty after a failure gets an empty ``FirstTokenComplete`` first when it has
   had none: LoadGen 6.0.17 in accuracy mode crashes the process (SIGSEGV, logging the first token
-  it never got) on a ``QuerySamplesComplete`` without one (measured: tests/test_streaming_ledger.py);
+  it never got) on a ``QuerySamplesComplete`` without one (tests/test_http_transport.py, the Server
+  accuracy run with an answer cut short);
 - (``issue`` after a failure answers the new samples empty at once, as every ledger does: in Server,
   LoadGen keeps issuing queries after the run has failed);
 - per-sample latencies measured by the harness (from ``issue_queries`` to the first token reaching
