@@ -161,5 +161,18 @@ def main(argv=None) -> int:
     return 0 if all(r["ok"] for r in runs) else 1
 
 
+def _main_stoppable() -> int:
+    """``main`` with SIGTERM taken as Ctrl-C: either stops the run in progress (its own session: ``sut_runs``)
+    and exits 130."""
+    from sut.exits import stop_on_sigterm_like_ctrl_c
+
+    stop_on_sigterm_like_ctrl_c()
+    try:
+        return main()
+    except KeyboardInterrupt as e:
+        log.error("stopped (%s); the run in progress was stopped too", e or "Ctrl-C")
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_stoppable())

@@ -331,8 +331,8 @@ def main(argv=None) -> int:
     tries = (FreshProcessTries if a.fresh_process else OneProcessTries)(a, run_args)
 
     def go() -> int:
+        stop_on_sigterm_like_ctrl_c()  # fresh-process: the run has its own session; sut_runs stops it on the way out
         if not a.fresh_process:
-            stop_on_sigterm_like_ctrl_c()
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # vLLM's own lines go to the engine logs
         try:
             return _search(a, tries, prior, trylog, budget, run_args)

@@ -3,6 +3,9 @@
 A fresh process per run: LoadGen's ``FromConfig`` may run only once per process. A run past its time limit is
 stopped as Ctrl-C stops it (SIGTERM: the harness stops the servers / engines it started and records the run
 ``failed``, "interrupted"), then, ``TIMEOUT_GRACE_S`` later, killed with its whole process group (SIGKILL).
+The run has a session of its own, so a Ctrl-C or SIGTERM meant for the calling script does not reach it: the
+script must turn SIGTERM into ``KeyboardInterrupt`` (``sut.exits.stop_on_sigterm_like_ctrl_c``, as
+find_qps.py and bench_suts.py do), and ``run_with_timeout`` then stops the run the same way.
 """
 
 from __future__ import annotations
@@ -61,13 +64,15 @@ def run_with_timeout(cmd: list[str], timeout_s: float, grace_s: Optional[float] 
 def _stop(proc: subprocess.Popen, grace_s: float) -> str:
     """SIGTERM ``proc``, wait ``grace_s`` seconds, then SIGKILL its whole process group; says which ended it."""
     proc.send_signal(signal.SIGTERM)
+    how = f"killed (SIGKILL) {grace_s:g} s after SIGTERM"
     try:
         proc.wait(timeout=grace_s)
         how = "stopped (SIGTERM)"
     except subprocess.TimeoutExpired:
-        how = f"killed (SIGKILL) {grace_s:g} s after SIGTERM"
-    _kill_group(proc.pid)
-    proc.wait()
+        pass
+    finally:  # a second Ctrl-C during the grace still takes the whole group down
+        _kill_group(proc.pid)
+        proc.wait()
     return how
 
 

@@ -46,6 +46,8 @@ def parse(argv):
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--cached", type=int, default=0)
     p.add_argument("--server-info", action="store_true")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="the server's own token limit (as vLLM's --override-generation-config max_new_tokens)")
     p.add_argument("--finish", default="length",
                    help="finish_reason of the last chunk / reply; 'none': a stream of the first chunk, then [DONE]")
     a, _unknown = p.parse_known_args(argv)
@@ -124,7 +126,8 @@ class Fake:
         self.max_inflight = max(self.max_inflight, self.inflight)
         try:
             prompt = body["prompt"]
-            ids = [(prompt[0] + k) % 1000 + 10 for k in range(body.get("max_tokens", 16))]
+            n = min(body.get("max_tokens", 16), self.a.max_new_tokens or 1 << 30)
+            ids = [(prompt[0] + k) % 1000 + 10 for k in range(n)]
             usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                      "prompt_tokens_details": {"cached_tokens": self.a.cached}}
             if not body.get("stream"):

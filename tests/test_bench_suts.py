@@ -78,3 +78,25 @@ def test_main_runs_each_label_with_its_args_in_rotation_and_labels_the_summary(t
     assert summary["summary"]["vllm-http+stats"]["ratio_to_vllm-http"] == round(100 / 99, 4)
     with pytest.raises(SystemExit):
         bench_suts.main(["--suts", "a", "--out", str(tmp_path), "--", "--sut", "vllm"])
+
+
+def test_sigterm_is_taken_as_ctrl_c_so_the_run_in_its_own_session_is_stopped(monkeypatch):
+    """sut_runs gives each run a session of its own: SIGTERM of the script must raise KeyboardInterrupt (which
+    run_with_timeout answers by stopping the run), and the script then exits 130."""
+    import os
+    import signal
+    import time
+
+    saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    def main():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return 0
+
+    monkeypatch.setattr(bench_suts, "main", main)
+    try:
+        assert bench_suts._main_stoppable() == 130
+    finally:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])

@@ -157,6 +157,48 @@ def test_ctrl_c_while_a_run_is_in_its_own_session_stops_that_run_too(tmp_path, m
     assert not _pids(str(marker))
 
 
+def test_a_second_ctrl_c_during_the_grace_still_kills_the_run_group(tmp_path, monkeypatch):
+    """Ctrl-C, then again while the grace runs: a run that ignores SIGTERM and its group are still killed."""
+    marker = tmp_path / "run-marker"
+    real_wait = subprocess.Popen.wait
+
+    def interrupted_wait(self, timeout=None):
+        if timeout is not None:  # the run's own wait and the grace wait: a Ctrl-C during each
+            time.sleep(1.0)  # the run has set its TERM trap
+            raise KeyboardInterrupt
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        sut_runs.run_with_timeout(["bash", "-c", f"trap '' TERM; exec -a {marker} sleep 120 & wait"], 3600.0,
+                                  grace_s=5.0)
+    time.sleep(0.5)
+    assert not _pids(str(marker))
+
+
+@pytest.mark.slow
+def test_sigterm_of_a_fresh_process_search_stops_its_run_and_the_server_it_started(tmp_path, synthetic_small):
+    """`timeout 12 find_qps.py --fresh-process ...` (SIGTERM to the script's group, which the run, in a session of
+    its own, is not in): the script stops the run, the run its server; nothing is left running."""
+    server = tmp_path / "stalling_server.py"
+    server.write_text((REPO / "tests" / "fake_vllm_server.py").read_text())
+    runs = tmp_path / "runs"
+    cmd = ["timeout", "12", sys.executable, "scripts/find_qps.py", "--fresh-process", "--scenario", "Server",
+           "--start", "20", "--min-duration-s", "2", "--min-query-count", "40", "--max-runs", "1", "--output-dir",
+           str(runs), "--", "--sut", "vllm-http", "--option", f"server_command={sys.executable} {server} --delay 3000",
+           "--user-conf", str(CPU_CONF), "--model", str(TINY_MODEL), "--max-model-len", "4096",
+           "--dataset", str(synthetic_small[0]), "--max-samples", "8"]
+    try:
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+        time.sleep(1)
+        assert out.returncode == 124 and "interrupted (SIGTERM)" in out.stderr, out.stderr[-2000:]  # 124: timeout's
+        assert not _pids(str(server)) and not _pids(f"--output-dir {runs}")
+        assert [json.loads(p.read_text())["status"] for p in runs.glob("*/run.json")] == ["failed"]
+    finally:
+        for pid in _pids(str(server)) | _pids(f"--output-dir {runs}"):
+            subprocess.run(["kill", "-9", str(pid)])
+
+
 def test_run_once_records_a_run_killed_while_running_as_failed(tmp_path, monkeypatch):
     """A run killed after the grace never wrote its end: its run.json says failed with the time-out."""
     def killed(cmd, timeout_s):

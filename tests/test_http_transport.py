@@ -389,14 +389,17 @@ def test_streaming_reports_each_first_token_before_its_completion(fake_server, s
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
-@pytest.mark.parametrize("stream, finish, said", [
-    (True, "none", "the answer ended with no finish_reason after 1 ids"),
-    (True, "abort", "the answer ended with finish_reason 'abort' after 6 ids"),
-    (False, "abort", "the answer ended with finish_reason 'abort' after 6 ids"),
+@pytest.mark.parametrize("stream, flags, said", [
+    (True, ["--finish", "none"], "the answer ended with no finish_reason after 1 ids"),
+    (True, ["--finish", "abort"], "the answer ended with finish_reason 'abort' after 6 ids"),
+    (False, ["--finish", "abort"], "the answer ended with finish_reason 'abort' after 6 ids"),
+    (True, ["--max-new-tokens", "3"], "finish_reason 'length' after 3 ids, but max_tokens is 6"),
+    (False, ["--max-new-tokens", "3"], "finish_reason 'length' after 3 ids, but max_tokens is 6"),
 ])
-def test_an_answer_the_server_cut_short_is_fatal(fake_server, started, stream, finish, said):
-    """First chunk then [DONE] (or finish_reason abort): the run fails, it is not a 1-id answer."""
-    url, _ = fake_server("--finish", finish)
+def test_an_answer_the_server_cut_short_is_fatal(fake_server, started, stream, flags, said):
+    """First chunk then [DONE], finish_reason abort, or the server's own lower token limit ('length' early,
+    without ignore_eos, so the dispatcher's length check would let it through): the run fails."""
+    url, _ = fake_server(*flags)
     t = transport(HttpOptions(urls=url, max_inflight_per_replica=2), stream=stream)
     started.append(t)
     sink = Sink()

@@ -167,7 +167,7 @@ class Dispatcher:
         if short is not None:
             span = f"exactly {hi}" if lo == hi else f"{lo} to {hi}"
             self.ledger.fail(f"request {short.rid}: replica {replica} answered {len(short.token_ids)} generated ids, "
-                             f"the generation settings ask for {span} (an answer cut short is not complete)")
+                             f"the generation settings ask for {span} (not a complete answer)")
             return
         if self.observer is not None:
             for c in ok:

@@ -299,7 +299,7 @@ class HttpTransport(Transport):
                 ids, cached, t_first = await self._read_stream(r, req, resp)
             else:
                 ids, cached, reason = api.parse_completion(json.loads(await resp.read()))
-                api.check_finished(reason, len(ids))
+                api.check_finished(reason, len(ids), self.spec.generation.max_tokens)
                 t_first = None
         finally:
             resp.release()
@@ -313,7 +313,7 @@ class HttpTransport(Transport):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
-                api.check_finished(reason, len(ids))
+                api.check_finished(reason, len(ids), self.spec.generation.max_tokens)
                 return ids, cached, t_first
             new, c, why = api.parse_chunk(json.loads(payload))
             cached = c if c is not None else cached

@@ -14,8 +14,8 @@ Responses: ``choices[0].token_ids`` (the generated ids; streamed: each chunk's n
 ``choices[0].finish_reason`` (streamed: on the last chunk with ids) and
 ``usage.prompt_tokens_details.cached_tokens`` where the server reports it (``--enable-prompt-tokens-
 details``). A finished answer ends with ``finish_reason`` ``stop`` (an EOS / stop id) or ``length``
-(``max_tokens``); anything else (``abort``, none at all before ``[DONE]``) is an answer the server cut
-short (``check_finished``). ``ReplyError`` names what is wrong with a reply; ``NoTokenIds`` is the
+(``max_tokens``, so exactly that many ids); anything else (``abort``, none at all before ``[DONE]``,
+``length`` early) is an answer the server cut short (``check_finished``). ``ReplyError`` names what is wrong with a reply; ``NoTokenIds`` is the
 server that returns text instead of ids.
 
 What a server reports about itself: ``sut.core.transports.http_readback``.
@@ -91,11 +91,16 @@ def _error_of(data: dict) -> Optional[str]:
 FINISHED = ("stop", "length")
 
 
-def check_finished(finish_reason: Optional[str], n_ids: int) -> None:
-    """``ReplyError`` unless ``finish_reason`` says the answer (``n_ids`` generated ids) ended normally."""
+def check_finished(finish_reason: Optional[str], n_ids: int, max_tokens: int) -> None:
+    """``ReplyError`` unless ``finish_reason`` says the answer (``n_ids`` generated ids) ended normally:
+    ``stop``, or ``length`` at exactly ``max_tokens`` ids (a server whose own limit is lower, e.g. a
+    ``--override-generation-config`` ``max_new_tokens``, answers ``length`` early: cut short)."""
     if finish_reason not in FINISHED:
-        why = "no finish_reason" if finish_reason is None else f"finish_reason {finish_reason!r}"
+        why = "no finish_reason" if not finish_reason else f"finish_reason {finish_reason!r}"
         raise ReplyError(f"the answer ended with {why} after {n_ids} ids (a finished one says 'stop' or 'length')")
+    if finish_reason == "length" and n_ids != max_tokens:
+        raise ReplyError(f"the answer ended with finish_reason 'length' after {n_ids} ids, but max_tokens is "
+                         f"{max_tokens} (the server's own token limit is lower: its answers are cut short)")
 
 
 def parse_completion(data) -> tuple[list[int], Optional[int], Optional[str]]:
