@@ -740,3 +740,15 @@ def test_an_empty_server_url_is_refused_not_taken_as_start_servers_here(value):
     with pytest.raises(ValueError, match="empty"):
         HttpOptions(urls=value)
     assert HttpOptions().urls == ()
+
+
+def test_chunks_without_new_ids_are_empty_and_text_instead_of_ids_is_refused():
+    from sut.core.transports import http_api as api
+
+    assert api.parse_chunk({"choices": [{"index": 0, "text": "", "token_ids": None, "finish_reason": "length"}]}) \
+        == ([], None, "length")
+    assert api.parse_chunk({"choices": [], "usage": {"prompt_tokens_details": {"cached_tokens": 4}}}) == ([], 4, None)
+    with pytest.raises(api.NoTokenIds):
+        api.parse_chunk({"choices": [{"index": 0, "text": "Hello", "finish_reason": None}]})
+    with pytest.raises(api.NoTokenIds):
+        api.parse_completion({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})

@@ -71,8 +71,8 @@ def _cached(usage) -> Optional[int]:
 def _choice_ids(choice: dict, streamed: bool) -> list[int]:
     ids = choice.get("token_ids")
     if ids is None:
-        if streamed and not choice.get("text") and choice.get("finish_reason") is None:
-            return []
+        if streamed and not choice.get("text"):
+            return []  # a chunk without new ids (e.g. the last one, with only its finish_reason)
         raise NoTokenIds("the server returns text instead of token ids (choices[0].token_ids is missing: it needs "
                          "vLLM >= 0.10.2, which honours return_token_ids)")
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
