@@ -245,7 +245,9 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     python3 scripts/perf_levers.py --model "$MODEL" --dataset "$REAL" --out "$JOB/perf" \
       --levers "${LEVERS:-baseline,fusion,full_graphs,triton_attn,profile}" > "$JOB/perf.console" 2>&1
+    rc=$?
     for f in "$JOB"/perf/*.log; do [ -f "$f" ] && tail -c 4000 "$f" > "$f.tail"; done
+    exit $rc  # perf_levers.py's, not the log loop's
     ;;
   core)
     # Issue 12 (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started
