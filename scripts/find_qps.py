@@ -170,9 +170,10 @@ class OneProcessTries:
     with the first test. A try that fails raises ``TryFailed`` (Ctrl-C: its ``RunFailed``); ``close()`` stops
     the engines."""
 
-    def __init__(self, a, run_args: list[str]):
+    def __init__(self, a, run_args: list[str], first_try: int = 1):
         self.a, self.run_args, self.out = a, run_args, Path(a.output_dir).resolve()
         self.series = None
+        self.first_try = first_try  # this process's first try's number in the search (after resumed ones)
 
     def prepare(self):
         """``(RunSettings, samples)``: the series' run settings and its dataset's samples (after
@@ -195,7 +196,7 @@ class OneProcessTries:
         self.prepare()
         name, t0 = f"{time.strftime('%Y%m%d-%H%M%S')}-findqps-{a.scenario}-{q:g}", time.monotonic()
         try:
-            rec = self.series.run(q, name)
+            rec = self.series.run(q, name, search_try=self.first_try + self.series.tests)
         except InputError:
             raise
         except (RunFailed, EngineError) as e:
@@ -328,7 +329,7 @@ def main(argv=None) -> int:
     a, run_args, prior, trylog, budget = _setup(argv)
     from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
 
-    tries = (FreshProcessTries if a.fresh_process else OneProcessTries)(a, run_args)
+    tries = FreshProcessTries(a, run_args) if a.fresh_process else OneProcessTries(a, run_args, len(prior) + 1)
 
     def go() -> int:
         stop_on_sigterm_like_ctrl_c()  # fresh-process: the run has its own session; sut_runs stops it on the way out

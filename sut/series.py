@@ -49,7 +49,7 @@ from sut.scenarios import STREAMING_SCENARIOS
 
 log = logging.getLogger(__name__)
 
-#: The compliance reason every test of a series carries (``{n}``: the test's number, from 1).
+#: The compliance reason every test of a series carries (``{n}``: the try's number in its search, from 1).
 SERIES_REASON = "try {n} of a one-process target_qps search"
 #: Added for the tests after the first.
 WARM_REASON = ": engine warm from earlier tries"
@@ -115,10 +115,12 @@ class SUTSeries:
         self._sut = sut
         return sut
 
-    def run(self, target_qps: float, run_name: str) -> dict:
+    def run(self, target_qps: float, run_name: str, search_try: Optional[int] = None) -> dict:
         """One LoadGen test at ``target_qps`` (queries/s) into the run folder ``run_name``; returns its record
-        (also its ``run.json``). The first call starts the engines. Raises as ``run_benchmark`` (the test's
-        ``run.json`` then says ``failed``); ``RunFailed`` at once after an earlier test failed or ``close``."""
+        (also its ``run.json``). ``search_try``: the try's number in its whole search, earlier sessions'
+        tries included (default: this series' test number), for the compliance reason. The first call starts
+        the engines. Raises as ``run_benchmark`` (the test's ``run.json`` then says ``failed``); ``RunFailed``
+        at once after an earlier test failed or ``close``."""
         if self._failed:
             raise RunFailed(f"the series cannot go on: {self._failed}")
         if not target_qps > 0:
@@ -126,7 +128,7 @@ class SUTSeries:
         n = self.tests + 1
         rs = dataclasses.replace(self.rs, target_qps=float(target_qps), run_name=run_name)
         ts, reasons = self._settings(rs, target_qps)
-        reasons.append(SERIES_REASON.format(n=n) + (WARM_REASON if n > 1 else ""))
+        reasons.append(SERIES_REASON.format(n=search_try or n) + (WARM_REASON if n > 1 else ""))
         run_dir, record = open_run(rs, self.es, self.gen, self.options, self.model, self.dataset, reasons,
                                    self.command, self.audit_config)
         self.tests = n

@@ -192,6 +192,14 @@ def test_three_tries_over_one_sut_start_each_with_its_own_complete_run_json(tmp_
         assert rc == 0 and f"user.conf line: llama3_1-8b.Server.target_qps = {best:g}" in out
     else:
         assert rc == 1 and "no try was VALID" in out
+    # resumed in a new series (a later session): its first try is try 4 of the search, on a cold engine
+    log = tmp_path / "out" / "tries-Server.jsonl"
+    loadgen_settings._FROM_CONFIG_CALLED = False
+    before = {d.name for d in (tmp_path / "out").iterdir()}
+    _main(tmp_path, data, "series-counting", "--resume", str(log), "--max-runs", "1", "--rel-tol", "1e-9")
+    (new,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir() and d.name not in before]
+    reasons = json.loads((new / "run.json").read_text())["compliance"]["reasons"]
+    assert "try 4 of a one-process target_qps search" in reasons  # no "engine warm": this process's first test
 
 
 def test_a_failure_in_try_2_fails_the_search_with_exit_1_and_stops_the_sut(tmp_path, synthetic_small,
