@@ -28,7 +28,8 @@
 #                                             # STUDY_POLICIES: a subset of prefix_affinity round_robin)
 #   bash scripts/h200_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS;
 #                                             # SERVER_ARGS, INTERACTIVE_ARGS: extra engine flags per scenario;
-#                                             # SCENARIOS, SCEN_S, SCEN_TRIES, SCEN_BUDGET_S, SCEN_SUT, SCEN_PRIOR)
+#                                             # SCENARIOS, SCEN_S, SCEN_TRIES, SCEN_BUDGET_S, SCEN_FACTOR, SCEN_SUT,
+#                                             # SCEN_PRIOR)
 #   bash scripts/h200_runs.sh start confirm   # issue 14: full-length runs, CONFIRM="Server=55 Interactive=auto
 #                                             # Offline=56:60" (target_qps per scenario, auto = the search's best
 #                                             # VALID; ":S" a shorter dev run); CONFIRM_DATA, SCEN_SUT
@@ -268,7 +269,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
   server)
     # Issue 14: target_qps search (scripts/find_qps.py) for SCENARIOS (default "Server Interactive"), fp8 preset,
     # --sut SCEN_SUT (default vllm), tries of 1,000 queries and >= SCEN_S s (default 20), at most SCEN_TRIES per
-    # scenario (default 8), none started that would end > SCEN_BUDGET_S s (default 1200) after this step began.
+    # scenario (default 8), none started that would end > SCEN_BUDGET_S s (default 1200) after this step began;
+    # SCEN_FACTOR (default 2): find_qps's --factor while bracketing (e.g. 1.25 when the start is near the answer).
     # SERVER_ARGS / INTERACTIVE_ARGS: extra `sut run` flags for that scenario (engine settings, e.g.
     # INTERACTIVE_ARGS="--max-num-batched-tokens 2048"); the confirm step uses them too. Each settings set has its
     # own log, $JOB/scen/h200_fp8_<sc>[_<flags>].jsonl, appended at once after every try; an earlier session's file
@@ -284,7 +286,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       f=$(scen_log "$JOB/scen" "$sc"); prior=$(scen_log "${SCEN_PRIOR:-docs/results/find_qps_h200}" "$sc")
       resume=(); [ -s "$prior" ] && cp "$prior" "$f" && resume=(--resume "$f")
       python3 scripts/find_qps.py --one-process --scenario $sc --start "$q" --log "$f" "${resume[@]}" \
-        --budget-s $(( ${SCEN_BUDGET_S:-1200} - $(date +%s) + t0 )) --max-runs "${SCEN_TRIES:-8}" \
+        --budget-s $(( ${SCEN_BUDGET_S:-1200} - $(date +%s) + t0 )) --max-runs "${SCEN_TRIES:-8}" --factor "${SCEN_FACTOR:-2}" \
         --min-duration-s "${SCEN_S:-20}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
         --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \
         --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --benchmark-ignore-eos "${extra[@]}" \

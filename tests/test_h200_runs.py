@@ -42,9 +42,10 @@ def test_server_step_gives_each_scenario_its_own_flags_and_log(tmp_path):
     prior.mkdir()
     (prior / "h200_fp8_Interactive_max-num-batched-tokens_2048.jsonl").write_text("wrong name: never read\n")
     (prior / "h200_fp8_Interactive_max_num_batched_tokens_2048.jsonl").write_text('{"qps": 40.0}\n')
-    out, calls = _run(tmp_path, "server", INTERACTIVE_ARGS="--max-num-batched-tokens 2048")
+    out, calls = _run(tmp_path, "server", INTERACTIVE_ARGS="--max-num-batched-tokens 2048", SCEN_FACTOR="1.25")
     assert out.returncode == 0, out.stderr
     server, inter = calls
+    assert _flag(server, "--factor") == _flag(inter, "--factor") == "1.25" and server.index("--factor") < server.index("--")
     assert _flag(server, "--scenario") == "Server" and "--max-num-batched-tokens" not in server
     assert _flag(server, "--log").endswith("/scen/h200_fp8_Server.jsonl") and "--resume" not in server
     assert _flag(server, "--user-conf") == "loadgen_configs/h200_fp8.user.conf"
