@@ -47,7 +47,8 @@ running out) loses only that try. ``--resume FILE`` takes the tries in FILE as m
 their bounds (highest VALID, lowest INVALID), appending to FILE (or to ``--log B``, which then gets FILE's
 tries first; a non-empty B other than FILE is refused, exit 2); tries made with other settings
 (scenario, min duration, min query count, run arguments) are refused (exit 2). ``--budget-s S`` starts
-no try that would, at the longest try's pace so far, end more than S seconds after the search began.
+no try that would, at the longest try's pace so far (``find_qps_search.Budget``: a one-process search's engine
+start counts only until a try without it has run), end more than S seconds after the search began.
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ class FreshProcessTries:
     """``tries(qps) -> Try``: each try one ``python -m sut run`` process (``sut_try``). ``prepare()`` parses
     ``run_args`` as that run does (bad input: ``BadInput``, exit 2) and counts the dataset's samples."""
 
+    #: Every try starts its own engines, so each one's time is the pace (``Budget``).
+    started_engines = False
+
     def __init__(self, a, run_args: list[str]):
         self.a, self.run_args, self.out = a, run_args, Path(a.output_dir).resolve()
 
@@ -174,6 +178,11 @@ class OneProcessTries:
         self.a, self.run_args, self.out = a, run_args, Path(a.output_dir).resolve()
         self.series = None
         self.first_try = first_try  # this process's first try's number in the search (after resumed ones)
+
+    @property
+    def started_engines(self) -> bool:
+        """The last try started the engines (its time includes that; ``Budget``)."""
+        return self.series is not None and self.series.tests == 1
 
     def prepare(self):
         """``(RunSettings, samples)``: the series' run settings and its dataset's samples (after
@@ -366,12 +375,12 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
         try:
             t = make_try(q)
         except TryFailed as e:
-            trylog.append(budget.note(e.try_))
+            trylog.append(budget.note(e.try_, make_try.started_engines))
             made.append(e.try_)
             log.error("try %d: %s", n, try_line(e.try_))
             log.error("the try at %g queries/s failed; the search stops", q)
             raise e.cause from None
-        trylog.append(budget.note(t))
+        trylog.append(budget.note(t, make_try.started_engines))
         made.append(t)
         log.info("try %d: %s", n, try_line(t))
         return t

@@ -174,20 +174,37 @@ def _checked_try(t: Try) -> Try:
 
 
 class Budget:
-    """``may_start()``: True while one more try, as long as the longest so far, ends within ``seconds`` of
-    the start (None: no limit). ``note(t)`` records a try's ``wall_s``; earlier tries seed the estimate."""
+    """``may_start()``: True while one more try, as long as the estimate, ends within ``seconds`` of the start
+    (None: no limit). The estimate: the longest try of this process that did not start engines; before one,
+    the last try that did (``note(t, startup=True)``: one-process mode's first try, which later tries do not
+    pay for); before any, the longest of the ``earlier`` (recorded) tries."""
 
     def __init__(self, seconds: Optional[float], earlier: Iterable[Try] = (), clock=time.monotonic):
         self.seconds, self.clock, self.t0 = seconds, clock, clock()
-        self.longest = max([t.wall_s for t in earlier if t.wall_s] or [0.0])
+        self._seed = max([t.wall_s for t in earlier if t.wall_s] or [0.0])
+        self._startup: Optional[float] = None
+        self._pace: Optional[float] = None
 
-    def note(self, t: Try) -> Try:
-        self.longest = max(self.longest, t.wall_s or 0.0)
+    def note(self, t: Try, startup: bool = False) -> Try:
+        """Record ``t``'s ``wall_s`` (its time included starting the engines: ``startup``); returns ``t``."""
+        wall = t.wall_s or 0.0
+        if startup:
+            self._startup = wall
+        else:
+            self._pace = wall if self._pace is None else max(self._pace, wall)
         return t
 
+    @property
+    def estimate(self) -> float:
+        """Seconds the next try is expected to take (class docstring)."""
+        for known in (self._pace, self._startup):
+            if known is not None:
+                return known
+        return self._seed
+
     def may_start(self) -> bool:
-        if self.seconds is None or self.clock() - self.t0 + self.longest <= self.seconds:
+        if self.seconds is None or self.clock() - self.t0 + self.estimate <= self.seconds:
             return True
         log.warning("no time for another try (%.0f s of %.0f s used, a try takes ~%.0f s)",
-                    self.clock() - self.t0, self.seconds, self.longest)
+                    self.clock() - self.t0, self.seconds, self.estimate)
         return False

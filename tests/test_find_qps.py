@@ -4,6 +4,7 @@ function stands in for ``python -m sut run`` (no engines; fast)."""
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -116,6 +117,29 @@ def test_budget_starts_no_try_that_would_end_after_it():
         return b.note(run(q))
     _, tries = search(timed, start=4, max_runs=8, may_start=b.may_start)
     assert len(tries) == 2  # 300 s used, a third try would end at 450 s
+
+
+def test_budget_counts_the_engine_start_of_a_one_process_search_only_until_a_try_without_it():
+    """Session 7 on the H200: the first try took 134 s with the engine start, the next ones 23-40 s; the
+    estimate stayed at 134 s and cut the search short."""
+    now = [0.0]
+    b = Budget(300, earlier=[Try(48, "VALID", wall_s=134.0)], clock=lambda: now[0])
+    assert b.estimate == 134.0  # recorded tries, nothing measured here yet
+    b.note(Try(20, "VALID", wall_s=120.0), startup=True)
+    assert b.estimate == 120.0
+    b.note(Try(40, "VALID", wall_s=35.0))
+    b.note(Try(80, "INVALID", wall_s=40.0))
+    assert b.estimate == 40.0  # this process's pace, the start no longer counted
+    now[0] = 255.0
+    assert b.may_start()  # 255 + 40 <= 300
+    now[0] = 261.0
+    assert not b.may_start()
+    one = find_qps.OneProcessTries(SimpleNamespace(output_dir="x"), [])
+    assert not one.started_engines  # nothing run yet
+    one.series = SimpleNamespace(tests=1)
+    assert one.started_engines  # the first try of this process started them
+    one.series.tests = 2
+    assert not one.started_engines and not find_qps.FreshProcessTries.started_engines
 
 
 def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch, capsys, synthetic_small):
