@@ -162,16 +162,13 @@ def main(argv=None) -> int:
 
 
 def _main_stoppable() -> int:
-    """``main`` with SIGTERM taken as Ctrl-C: either stops the run in progress (its own session: ``sut_runs``)
-    and exits 130."""
-    from sut.exits import stop_on_sigterm_like_ctrl_c
+    """``main`` with SIGTERM taken as Ctrl-C: either stops the run in progress (its own session: ``sut_runs``);
+    exit codes from ``sut.exits`` (Ctrl-C / SIGTERM: 130)."""
+    from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
 
     stop_on_sigterm_like_ctrl_c()
-    try:
-        return main()
-    except KeyboardInterrupt as e:
-        log.error("stopped (%s); the run in progress was stopped too", e or "Ctrl-C")
-        return 130
+    return run_main(main, messages={"interrupted": "interrupted ({}); the run in progress was stopped too"},
+                    logger=log)
 
 
 if __name__ == "__main__":

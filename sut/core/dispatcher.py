@@ -13,7 +13,7 @@ transport's ``ResultSink``:
   (``first_tokens``: LoadGen's ``FirstTokenComplete``).
 * ``on_results``: each completion must come from the replica its request was routed to (else the
   run fails naming the request and both replicas) and hold as many ids as the generation settings
-  allow (``expected_lengths``: exactly ``max_tokens`` with ``ignore_eos``, else ``min_tokens`` (at
+  allow (``GenerationSettings.output_lengths``: exactly ``max_tokens`` with ``ignore_eos``, else ``min_tokens`` (at
   least 1) to ``max_tokens``; else the run fails naming the request, its length and the range: a
   server or engine that ended a sequence early must not pass for a complete answer); the policy
   takes its load off; the optional
@@ -47,14 +47,6 @@ log = logging.getLogger(__name__)
 DEATH_REPORT_S = 3.0
 
 
-def expected_lengths(gen) -> tuple[int, int]:
-    """``(fewest, most)`` generated ids a completion may hold under ``GenerationSettings`` ``gen``:
-    ``(max_tokens, max_tokens)`` with ``ignore_eos``, else ``(max(1, min_tokens), max_tokens)``."""
-    if gen.ignore_eos:
-        return gen.max_tokens, gen.max_tokens
-    return max(1, gen.min_tokens), gen.max_tokens
-
-
 class Dispatcher:
     """Routes requests to a transport's replicas and answers every one exactly once through a ledger.
 
@@ -78,7 +70,7 @@ class Dispatcher:
         self._where: dict[int, int] = {}  # request id -> replica, until answered
         self.replicas: list[ReplicaRecord] = []
         self.answered = [0] * transport.replicas
-        self._lengths = expected_lengths(transport.spec.generation)
+        self._lengths = transport.spec.generation.output_lengths
 
     def start(self) -> list[ReplicaRecord]:
         """Start the transport with this dispatcher as its sink (blocks; ``TransportError``)."""

@@ -170,6 +170,17 @@ class GenerationSettings:
             raise ValueError(f"eos_token_ids must be a list of token ids (non-negative integers), got {ids!r}")
         object.__setattr__(self, "eos_token_ids", tuple(ids))
 
+    @property
+    def effective_min_tokens(self) -> int:
+        """The ``min_tokens`` every engine is asked for: ``max_tokens`` with ``ignore_eos`` (fixed length)."""
+        return self.max_tokens if self.ignore_eos else self.min_tokens
+
+    @property
+    def output_lengths(self) -> tuple[int, int]:
+        """``(fewest, most)`` generated ids a complete answer holds: ``(max_tokens, max_tokens)`` with
+        ``ignore_eos``, else ``(max(1, min_tokens), max_tokens)`` (an answer has at least its EOS id)."""
+        return max(1, self.effective_min_tokens), self.max_tokens
+
     def sampling_params(self):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -178,7 +189,7 @@ class GenerationSettings:
             temperature=0.0,
             top_p=1.0,
             max_tokens=self.max_tokens,
-            min_tokens=self.max_tokens if self.ignore_eos else self.min_tokens,
+            min_tokens=self.effective_min_tokens,
             ignore_eos=self.ignore_eos,
             stop_token_ids=list(self.eos_token_ids),
             detokenize=False,

@@ -44,7 +44,7 @@ def sampling_body(gen: GenerationSettings) -> dict:
     """The request fields every completion request carries (module docstring)."""
     return {
         "max_tokens": gen.max_tokens,
-        "min_tokens": gen.max_tokens if gen.ignore_eos else gen.min_tokens,
+        "min_tokens": gen.effective_min_tokens,
         "ignore_eos": gen.ignore_eos,
         "stop_token_ids": list(gen.eos_token_ids),
         "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
