@@ -1,4 +1,4 @@
-"""Find the highest Server / Interactive ``target_qps`` that LoadGen calls VALID.
+"""Find the highest Server / Interactive ``target_qps`` that LoadGen calls VALID and that does not build a backlog.
 
 Each try is one short LoadGen test at one ``target_qps`` with its own run folder and ``run.json``, exactly as
 ``python -m sut run`` writes them; ``run.json`` gives LoadGen's verdict (``result_validity``: in Server also
@@ -19,6 +19,16 @@ later). In both modes a failed try is no LoadGen verdict: it is recorded (validi
 bounds nothing, the search stops with exit 1, and a resumed search makes that try again. Every try is a
 performance run: ``--mode accuracy``, ``--compliance-test`` or ``--audit-config`` after ``--`` (or in the
 preset) is refused (exit 2) before any try.
+
+A short try can end VALID at a target the SUT cannot keep up with: the backlog (and TTFT) grows by a few ms each
+second, which LoadGen's p99 shows only once the run is long. The harness measures that trend
+(``sut.latency_trend``, ``run.json`` ``latency.harness.ttft_trend``); a VALID try whose TTFT would pass the
+limit within 600 s at that rate is marked GROWING (``Try.queue_growing``, a note says by how much) and bounds
+the search from above like an INVALID one, unless ``--allow-queue-growth`` (LoadGen's verdict alone). A try
+shorter than ~12 times what a query holds its sequence slot for (first token to last) is not judged (its note
+says how long it needed to be; ~110 s for Server on one H200): then only LoadGen's verdict counts, and near the
+bound it can be optimistic. On one H200 tries of ~37 s found Server 55.5 VALID; the 600 s run at 55 failed on
+TTFT (docs/benchmarks.md).
 
 Early stopping needs enough queries: with every query under the limits LoadGen wants about 460 at
 p99 ("Would need to run at least N more queries"), so a short try needs ``--min-query-count`` of
@@ -47,7 +57,8 @@ running out) loses only that try. ``--resume FILE`` takes the tries in FILE as m
 their bounds (highest VALID, lowest INVALID), appending to FILE (or to ``--log B``, which then gets FILE's
 tries first; a non-empty B other than FILE is refused, exit 2); tries made with other settings
 (scenario, min duration, min query count, run arguments) are refused (exit 2). ``--budget-s S`` starts
-no try that would, at the longest try's pace so far (``find_qps_search.Budget``: a one-process search's engine
+no try that would, at the longest try's pace so far (scaled up for a try at a lower rate than the tries it
+is estimated from; ``find_qps_search.Budget``: a one-process search's engine
 start counts only until a try without it has run), end more than S seconds after the search began.
 """
 
@@ -64,17 +75,16 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from find_qps_search import Budget, Try, TryLog, bounds, check_search_args, search  # noqa: E402
+from find_qps_checks import EQUAL_ISSUE_RATIO, check_performance_tries, equal_issue_warning  # noqa: E402,F401
+from find_qps_search import DEFAULT_MAX_RUNS, Budget, Try, TryLog, bounds, check_search_args, search  # noqa: E402
 from sut_runs import ROOT, TIMEOUT_GRACE_S, run_once, split_run_args  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from find_qps_report import fmt_qps, log_how_to_go_on, report, try_line  # noqa: E402
+from find_qps_report import fmt_bound, fmt_qps, log_how_to_go_on, report, try_line  # noqa: E402
+from sut.latency_trend import describe as describe_trend, not_judged  # noqa: E402
 from sut.scenarios import STREAMING_SCENARIOS  # noqa: E402
 
 log = logging.getLogger("find_qps")
-#: Warn before the search when LoadGen's equal issue makes each try at least this many times
-#: ``--min-query-count`` queries (``equal_issue_warning``).
-EQUAL_ISSUE_RATIO = 2
 
 
 def _ms(ns) -> Optional[float]:
@@ -103,19 +113,24 @@ def try_from_record(qps: float, rec: dict, ok: bool, folder, wall_s: float, note
     if not ok:
         return Try(qps, None, folder=str(folder), note=note, wall_s=round(wall_s, 1))
     lg = rec.get("loadgen") or {}
+    trend = ((rec.get("latency") or {}).get("harness") or {}).get("ttft_trend") or {}
+    judged = describe_trend(trend) or (not_judged(trend) if rec.get("validity") == "VALID" else None)
+    note = "; ".join(x for x in (note, judged) if x)
     return Try(qps, rec.get("validity"), _ms(lg.get("result_first_token_99.00_percentile_latency_ns")),
                _ms(lg.get("result_time_per_output_token_99.00_percentile_ns")),
-               rec.get("tokens_per_s"), str(folder), note, round(wall_s, 1))
+               rec.get("tokens_per_s"), str(folder), note, round(wall_s, 1), trend.get("growing"))
 
 
-def sut_run_settings(scenario: str, out: Path, run_args: list[str], min_duration_s: float, min_query_count: int):
+def sut_run_settings(scenario: str, out: Path, run_args: list[str], min_duration_s: float, min_query_count: int,
+                     progress: bool = False):
     """``python -m sut run``'s settings for the tries, parsed as it parses ``run_args`` (preset, flags,
-    ``--option``): ``(RunSettings, EngineSettings, GenerationSettings, options, command)``. Bad input
-    exits 2 (argparse) or raises ``BadInput``."""
+    ``--option``): ``(RunSettings, EngineSettings, GenerationSettings, options, command)``; each try draws the
+    run's progress bar only when ``progress`` (and ``run_args`` has no ``--no-progress``). Bad input exits 2
+    (argparse) or raises ``BadInput``."""
     from sut import cli
 
     args = [*run_args, "--scenario", scenario, "--min-duration-s", f"{min_duration_s:g}", "--min-query-count",
-            str(min_query_count), "--output-dir", str(out), "--no-progress"]
+            str(min_query_count), "--output-dir", str(out), *([] if progress else ["--no-progress"])]
     a = cli.build_parser().parse_args(["run", *args])
     a.argv = ["run", *args]
     return (*cli.settings_from_args(a), "python scripts/find_qps.py (one process) = python -m sut " +
@@ -192,7 +207,7 @@ class OneProcessTries:
         if self.series is None:
             a = self.a
             *settings, command = sut_run_settings(a.scenario, self.out, self.run_args, a.min_duration_s,
-                                                  a.min_query_count)
+                                                  a.min_query_count, progress=sys.stderr.isatty())
             self.series = SUTSeries(*settings, command=command)
         return self.series.rs, len(self.series.dataset)
 
@@ -222,41 +237,6 @@ class OneProcessTries:
             self.series.close()
 
 
-def check_performance_tries(rs) -> None:
-    """``BadInput`` (exit 2) when the tries' run settings ``rs`` (the arguments after ``--`` and the preset)
-    would make a try anything but a LoadGen performance run: ``--mode accuracy``, ``--compliance-test``,
-    ``--audit-config`` (an audit config may switch LoadGen's mode or change its schedule)."""
-    from sut.exits import BadInput
-
-    given = [f"--mode {rs.mode}"] if rs.mode != "performance" else []
-    given += [f"--compliance-test {rs.compliance_test}"] if rs.compliance_test else []
-    given += [f"--audit-config {rs.audit_config}"] if rs.audit_config else []
-    if given:
-        raise BadInput(f"error: {', '.join(given)} (after -- or in the preset): every find_qps try is a plain LoadGen "
-                       f"performance run that LoadGen calls VALID or INVALID; leave it out")
-
-
-def equal_issue_warning(rs, samples: int, min_query_count: int, qps: Optional[float]) -> Optional[str]:
-    """The warning to log before the first try when LoadGen's equal issue makes every try issue far more
-    queries than ``min_query_count`` (at least ``EQUAL_ISSUE_RATIO`` times), else None.
-
-    LoadGen rounds a Server/Interactive test's query count UP to a whole multiple of the performance sample
-    count (mlperf.conf ``llama3_1-8b*.*.sample_concatenate_permutation = 1``); that count is the dataset's
-    ``samples`` (after ``--max-samples``), at most mlperf.conf's ``performance_sample_count_override``
-    (``sut.constants.PERFORMANCE_SAMPLE_COUNT``, 13,368) and ``--quick``'s cap (``rs``: the tries' RunSettings;
-    a user.conf override of the count is not seen here)."""
-    from sut.constants import PERFORMANCE_SAMPLE_COUNT
-
-    perf = min(samples, PERFORMANCE_SAMPLE_COUNT.get(rs.model_key, samples), rs.performance_sample_cap or samples)
-    if perf < EQUAL_ISSUE_RATIO * min_query_count:
-        return None
-    pace = f" (>= {perf / qps:,.0f} s a try at target_qps {qps:g})" if qps else ""
-    return (f"every try will issue at least {perf:,} queries, not --min-query-count {min_query_count:,}{pace}: "
-            f"LoadGen rounds a try's query count up to a whole multiple of the performance sample count, here "
-            f"the dataset's {perf:,} samples (mlperf.conf's equal issue, sample_concatenate_permutation). For "
-            f"short tries pass --max-samples {min_query_count} after -- (or use a smaller dataset).")
-
-
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` with every option's default, except where there is none (None) or the option is a switch."""
 
@@ -275,7 +255,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--factor", type=float, default=2.0, help="growth/shrink factor while bracketing")
     p.add_argument("--rel-tol", type=float, default=0.05, help="stop when highest VALID and lowest INVALID are "
                                                                 "within this fraction")
-    p.add_argument("--max-runs", type=int, default=8, help="at most this many new tries")
+    p.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS, help="at most this many new tries")
     p.add_argument("--min-duration-s", type=float, default=60.0, help="LoadGen min duration of each try (s)")
     p.add_argument("--min-query-count", type=int, default=1000,
                    help="LoadGen min query count of each try (early stopping needs several hundred; LoadGen "
@@ -295,9 +275,12 @@ def _parser() -> argparse.ArgumentParser:
                                             "(default: the --resume file, else OUTPUT_DIR/tries-SCENARIO.jsonl)")
     p.add_argument("--resume", type=Path, help="go on from the tries recorded in this JSONL file (same settings); "
                                                "default: none (a new search)")
+    p.add_argument("--allow-queue-growth", action="store_true",
+                   help="count a VALID try as VALID even when its TTFT backlog was growing (default: it bounds the "
+                        "search from above, as a 600 s run at that target would fail on TTFT)")
     p.add_argument("--budget-s", type=float, help="start no try that would end later than this many seconds "
-                                                  "after the search began (at the longest try's pace; default: "
-                                                  "no limit)")
+                                                  "after the search began (at the longest try's pace, scaled for a "
+                                                  "lower rate; default: no limit)")
     return p
 
 
@@ -369,9 +352,9 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
             warning = equal_issue_warning(rs, samples, a.min_query_count, q)
             if warning:
                 log.warning("%s", warning)
-        lo, hi = bounds(made)
+        lo, hi = bounds(made, a.allow_queue_growth)
         log.info("try %d: target_qps %g queries/s (highest VALID %s, lowest INVALID %s; at most %d new tries) ...",
-                 n, q, fmt_qps(lo), fmt_qps(hi), a.max_runs)
+                 n, q, fmt_qps(lo), fmt_bound(hi, made, a.allow_queue_growth), a.max_runs)
         try:
             t = make_try(q)
         except TryFailed as e:
@@ -387,7 +370,8 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
 
     # the run folders and the log's folder are made by the first try, after every check
     try:
-        best, tries = search(one, a.start, a.factor, a.rel_tol, a.max_runs, prior, budget.may_start)
+        best, tries = search(one, a.start, a.factor, a.rel_tol, a.max_runs, prior, budget.may_start,
+                             a.allow_queue_growth)
     except BaseException as e:  # a failed try, Ctrl-C / SIGTERM: say how to go on (not for bad input), then the
         from sut.exits import EXIT_BAD_INPUT, exit_code  # exit-code map
 

@@ -2,8 +2,10 @@
 
 Three panels over the tries' ``target_qps`` (queries/s): TTFT p99 and TPOT p99 (ms, log scale) with the
 scenario's p99 limit (``sut.scenarios.LATENCY_LIMITS_MS``) as a dashed line, and LoadGen's completed tokens/s.
-VALID tries are green dots, INVALID red crosses; a failed try (no LoadGen verdict, no figures) is a grey
-tick on the x axis. The highest VALID target_qps is a vertical line. Uses matplotlib's Agg canvas (no
+VALID tries are green dots, VALID tries whose TTFT backlog was growing (``Try.queue_growing``) orange triangles,
+INVALID red crosses; a failed try (no LoadGen verdict, no figures) is a grey
+tick on the x axis. The search's result (the highest VALID target_qps; a GROWING one only under ``--allow-queue-growth``) is a
+vertical line. Uses matplotlib's Agg canvas (no
 display, no global backend).
 """
 
@@ -24,6 +26,11 @@ def plot_search(tries: Sequence[Try], scenario: str, best: Optional[float], path
         return _draw(tries, scenario, best, path)
 
 
+def verdict(t: Try) -> Optional[str]:
+    """"VALID", "VALID, queue growing", "INVALID" or None (the try failed)."""
+    return "VALID, queue growing" if t.growing else t.validity
+
+
 def _draw(tries: Sequence[Try], scenario: str, best: Optional[float], path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -35,11 +42,12 @@ def _draw(tries: Sequence[Try], scenario: str, best: Optional[float], path: Path
               ("tokens_per_s", "completed tokens/s", None))
     for i, (field, label, limit) in enumerate(panels):
         ax = fig.add_subplot(1, 3, i + 1)
-        for validity, style in (("VALID", dict(color="tab:green", marker="o")),
-                                ("INVALID", dict(color="tab:red", marker="x"))):
-            pts = [(t.qps, getattr(t, field)) for t in tries if t.validity == validity and getattr(t, field)]
+        for label_, style in (("VALID", dict(color="tab:green", marker="o")),
+                              ("VALID, queue growing", dict(color="tab:orange", marker="^")),
+                              ("INVALID", dict(color="tab:red", marker="x"))):
+            pts = [(t.qps, getattr(t, field)) for t in tries if verdict(t) == label_ and getattr(t, field)]
             if pts:
-                ax.scatter(*zip(*pts), label=validity, **style)
+                ax.scatter(*zip(*pts), label=label_, **style)
         failed = [t.qps for t in tries if t.validity is None]
         if failed:
             ax.plot(failed, [0] * len(failed), "|", color="grey", markersize=14, transform=ax.get_xaxis_transform(),
@@ -55,7 +63,9 @@ def _draw(tries: Sequence[Try], scenario: str, best: Optional[float], path: Path
         if i == 0:
             ax.legend(fontsize=8)
     title = f"{scenario} target_qps search: {len(tries)} tries"
-    fig.suptitle(title + (f", highest VALID {best:g}" if best is not None else ", none VALID"))
+    grew = best is not None and any(t.qps == best and t.growing for t in tries)
+    fig.suptitle(title + (f", result {best:g}" + (" (its queue was growing)" if grew else "") if best is not None
+                          else ", no result"))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path

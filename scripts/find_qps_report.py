@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from find_qps_plot import plot_search
-from find_qps_search import Try, bounds, next_qps
+from find_qps_search import DEFAULT_MAX_RUNS, Try, bounds, next_qps
 from sut.scenarios import default_model_key  # find_qps.py put the repository root on sys.path
 
 log = logging.getLogger("find_qps")
@@ -20,20 +20,37 @@ def fmt_qps(q: Optional[float]) -> str:
     return "none" if q is None else f"{q:g}"
 
 
-def table(tries: list[Try]) -> str:
+def fmt_bound(q: Optional[float], tries: list[Try], allow_growth: bool) -> str:
+    """A bound for messages (``fmt_qps``), with " (GROWING)" when the try that makes it is a VALID one whose
+    queue was growing (counted as an upper bound, ``find_qps_search.bounds``)."""
+    growing = not allow_growth and any(t.qps == q and t.growing for t in tries)
+    return fmt_qps(q) + (" (GROWING)" if growing else "")
+
+
+def _num(v: Optional[float], places: int = 1) -> str:
+    """A measurement for the table and log lines: "none", or with thousands separators ("120,687.7")."""
+    return "none" if v is None else f"{v:,.{places}f}"
+
+
+def table(tries: list[Try], allow_growth: bool = False) -> str:
+    """The tries as a table; a VALID try whose queue was growing shows as GROWING (explained under it)."""
     rows = ["qps        validity  TTFT p99 ms  TPOT p99 ms  tokens/s  wall s  folder"]
     for t in tries:
-        rows.append(f"{t.qps:<10g} {str(t.validity):<9} {str(t.ttft_p99_ms):>11}  {str(t.tpot_p99_ms):>11}  "
-                    f"{str(round(t.tokens_per_s, 1) if t.tokens_per_s else None):>8}  {str(t.wall_s):>6}  "
-                    f"{t.folder} {t.note}")
+        shown = "GROWING" if t.growing else str(t.validity)
+        rows.append(f"{t.qps:<10g} {shown:<9} {_num(t.ttft_p99_ms):>11}  {_num(t.tpot_p99_ms):>11}  "
+                    f"{_num(t.tokens_per_s):>8}  {_num(t.wall_s, 0):>6}  {t.folder} {t.note}")
+    if any(t.growing for t in tries):
+        rows.append("GROWING: LoadGen said VALID, but the TTFT backlog grew through the try fast enough to pass the "
+                    "limit within 600 s (note); " + ("counted as VALID here (--allow-queue-growth)" if allow_growth
+                                                      else "it bounds the search from above like an INVALID try"))
     return "\n".join(rows)
 
 
 def try_line(t: Try) -> str:
     """One try as a log line: qps, validity, p99s, tokens/s, wall time, run folder and note."""
-    tps = f"{t.tokens_per_s:.1f}" if t.tokens_per_s is not None else "none"
-    return (f"target_qps {t.qps:g}: {t.validity or 'FAILED'}, TTFT p99 {t.ttft_p99_ms} ms, TPOT p99 {t.tpot_p99_ms} "
-            f"ms, {tps} tokens/s, wall {t.wall_s} s, {t.folder}" + (f" ({t.note})" if t.note else ""))
+    return (f"target_qps {t.qps:g}: {'GROWING' if t.growing else t.validity or 'FAILED'}, TTFT p99 "
+            f"{_num(t.ttft_p99_ms)} ms, TPOT p99 {_num(t.tpot_p99_ms)} ms, {_num(t.tokens_per_s)} tokens/s, wall "
+            f"{_num(t.wall_s, 0)} s, {t.folder}" + (f" ({t.note})" if t.note else ""))
 
 
 def log_how_to_go_on(a, run_args: list[str], log_path: Path, new_tries: int) -> None:
@@ -51,34 +68,43 @@ def log_how_to_go_on(a, run_args: list[str], log_path: Path, new_tries: int) -> 
 def resume_command(a, run_args: list[str], log_path: Path) -> str:
     """The whole command that goes on with this search from ``log_path``: the same search settings (those
     ``TryLog`` checks, exactly as parsed, and the others as given) and the arguments after ``--``."""
+    max_runs = a.max_runs or DEFAULT_MAX_RUNS  # --max-runs 0 made no try: go on with the default
     cmd = ["python", "scripts/find_qps.py", "--scenario", a.scenario, "--resume", str(log_path),
            "--min-duration-s", repr(a.min_duration_s), "--min-query-count", str(a.min_query_count),
-           "--factor", f"{a.factor!r}", "--rel-tol", f"{a.rel_tol!r}", "--max-runs", str(a.max_runs),
+           "--factor", f"{a.factor!r}", "--rel-tol", f"{a.rel_tol!r}", "--max-runs", str(max_runs),
            "--output-dir", str(a.output_dir), "--timeout-s", f"{a.timeout_s!r}"]
     if a.budget_s is not None:
         cmd += ["--budget-s", repr(a.budget_s)]
     if a.fresh_process:
         cmd.append("--fresh-process")
+    if a.allow_queue_growth:
+        cmd.append("--allow-queue-growth")
     return shlex.join([*cmd, "--", *run_args])
 
 
 def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: Path, run_args: list[str]) -> int:
     """Print the tries, the result and how to go on, and write the search's figure next to ``log_path``
     (``find_qps_plot``: ``<log>.png``); 0 when a VALID qps is known, else 1."""
-    print(table(tries))
+    print(table(tries, a.allow_queue_growth))
     print(f"{n_prior} earlier tries, {len(tries) - n_prior} new; every try is in {log_path}")
     if tries:
         print(f"figure: {plot_search(tries, a.scenario, best, Path(log_path).with_suffix('.png'))}")
-    lo, hi = bounds(tries)
+    lo, hi = bounds(tries, a.allow_queue_growth)
     if tries and next_qps(lo, hi, a.start, a.factor, a.rel_tol) is not None:
-        print(f"not converged (highest VALID {fmt_qps(lo)}, lowest INVALID {fmt_qps(hi)}, --rel-tol {a.rel_tol:g}); go on "
-              f"with:\n  {resume_command(a, run_args, log_path)}")
+        print(f"not converged (highest VALID {fmt_qps(lo)}, lowest INVALID {fmt_bound(hi, tries, a.allow_queue_growth)}, "
+              f"--rel-tol {a.rel_tol:g}); go on with:\n  {resume_command(a, run_args, log_path)}")
     if lo is not None and hi is not None and lo > hi:
-        print(f"note: VALID at {lo:g} above INVALID at {hi:g} (noisy tries); confirm with a longer run")
+        print(f"note: VALID at {lo:g} above INVALID at {fmt_bound(hi, tries, a.allow_queue_growth)} (noisy tries); "
+              "confirm with a longer run")
     if best is None:
-        print("no try was VALID" + (f" (lowest tried {min(t.qps for t in tries):g} queries/s)" if tries else ""))
+        grew = not a.allow_queue_growth and any(t.growing for t in tries)
+        print("no try was VALID" + (" with a steady queue (GROWING above)" if grew else "")
+              + (f" (lowest tried {min(t.qps for t in tries):g} queries/s)" if tries else ""))
         return 1
-    print(f"highest VALID target_qps: {best:g} queries/s ({a.scenario}); confirm with one full-length run.")
+    grew = any(t.qps == best and t.growing for t in tries)  # only under --allow-queue-growth
+    print(f"highest VALID target_qps: {best:g} queries/s ({a.scenario}"
+          f"{'; its queue was GROWING: a full-length run will likely fail' if grew else ''}"
+          f"{'' if a.allow_queue_growth else '; GROWING tries not counted'}); confirm with one full-length run.")
     print(f"user.conf line: {default_model_key(a.scenario)}.Server.target_qps = {best:g}")
     return 0
 

@@ -16,13 +16,17 @@ from typing import Callable, Iterable, Optional
 from accuracy.jsontext import JSONLinesError, read_jsonl
 
 log = logging.getLogger("find_qps")
+#: New tries a search makes at most unless told otherwise (``--max-runs``).
+DEFAULT_MAX_RUNS = 8
 
 
 @dataclass(frozen=True)
 class Try:
     """One short run: ``qps`` asked, LoadGen's ``validity`` (``VALID``/``INVALID``/None = the run failed),
-    its p99s (ms), output tokens/s and how long the try took (``wall_s``, engine start included: one-process
-    mode, the first try of a session only)."""
+    its p99s (ms), output tokens/s, how long the try took (``wall_s``, engine start included: one-process
+    mode, the first try of a session only) and ``queue_growing``: the harness saw the TTFT backlog grow through
+    the try fast enough to pass the TTFT limit within LoadGen's 600 s (``sut.latency_trend``; None: not
+    judged, e.g. a log written before it existed)."""
 
     qps: float
     validity: Optional[str]
@@ -32,18 +36,29 @@ class Try:
     folder: str = ""
     note: str = ""
     wall_s: Optional[float] = None
+    queue_growing: Optional[bool] = None
 
     @property
     def valid(self) -> bool:
         return self.validity == "VALID"
 
+    @property
+    def growing(self) -> bool:
+        """VALID by LoadGen, but its queue was growing (shown as GROWING)."""
+        return self.valid and bool(self.queue_growing)
 
-def bounds(tries: Iterable[Try]) -> tuple[Optional[float], Optional[float]]:
-    """``(highest VALID qps, lowest INVALID qps)``; a failed try (validity None) bounds nothing: a crash or a
-    time-out is no LoadGen verdict."""
-    tries = list(tries)
-    good = [t.qps for t in tries if t.valid]
-    bad = [t.qps for t in tries if t.validity == "INVALID"]
+    def holds(self, allow_growth: bool = False) -> bool:
+        """VALID, and (unless ``allow_growth``) its queue was not growing: a target a full-length run can keep."""
+        return self.valid and (allow_growth or not self.growing)
+
+
+def bounds(tries: Iterable[Try], allow_growth: bool = False) -> tuple[Optional[float], Optional[float]]:
+    """``(highest qps that holds, lowest qps that does not)``: a VALID try whose queue was growing bounds from
+    above like an INVALID one unless ``allow_growth`` (``Try.holds``); a failed try (validity None) bounds
+    nothing: a crash or a time-out is no LoadGen verdict."""
+    tries = [t for t in tries if t.validity is not None]
+    good = [t.qps for t in tries if t.holds(allow_growth)]
+    bad = [t.qps for t in tries if not t.holds(allow_growth)]
     return (max(good) if good else None), (min(bad) if bad else None)
 
 
@@ -68,9 +83,10 @@ def check_search_args(start: Optional[float], factor: float, rel_tol: float, max
 
 
 def search(run: Callable[[float], Try], start: Optional[float], factor: float = 2.0, rel_tol: float = 0.05,
-           max_runs: int = 8, prior: Iterable[Try] = (),
-           may_start: Callable[[], bool] = lambda: True) -> tuple[Optional[float], list[Try]]:
-    """Highest VALID qps found and every try (``prior`` first, then the new ones, in order).
+           max_runs: int = DEFAULT_MAX_RUNS, prior: Iterable[Try] = (), may_start: Callable[[float], bool] = lambda q: True,
+           allow_growth: bool = False) -> tuple[Optional[float], list[Try]]:
+    """Highest qps that holds (VALID, queue not growing unless ``allow_growth``: ``bounds``) and every try
+    (``prior`` first, then the new ones, in order).
 
     ``run(qps)`` makes one try. Starting from the bounds of ``prior`` (or at ``start`` without any):
     grow by ``factor`` while VALID (shrink while INVALID) to bracket the boundary, then bisect until
@@ -83,15 +99,15 @@ def search(run: Callable[[float], Try], start: Optional[float], factor: float = 
     check_search_args(start, factor, rel_tol, max_runs, tries)
     if start is None and tries:  # used only while no try bounds: the earlier tries all failed, so the last again
         start = tries[-1].qps
-    lo, hi = bounds(tries)
+    lo, hi = bounds(tries, allow_growth)
     for _ in range(max_runs):
         q = next_qps(lo, hi, start, factor, rel_tol)
-        if q is None or not may_start():
+        if q is None or not may_start(q):
             break
         tries.append(run(q))
         if tries[-1].validity is None:
             break
-        lo, hi = bounds(tries)
+        lo, hi = bounds(tries, allow_growth)
     return lo, tries
 
 
@@ -158,7 +174,7 @@ class TryLog:
 
 def _checked_try(t: Try) -> Try:
     """``t`` when its fields have their types (``qps`` a finite number > 0; the p99s, tokens/s and ``wall_s``
-    numbers >= 0 or null; ``validity`` VALID, INVALID or null), else ``ValueError`` naming the field."""
+    numbers >= 0 or null; ``validity`` VALID, INVALID or null; ``queue_growing`` a bool or null), else ``ValueError`` naming the field."""
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
@@ -170,41 +186,48 @@ def _checked_try(t: Try) -> Try:
             raise ValueError(f"{name} {v!r} is not a number >= 0 or null")
     if t.validity not in ("VALID", "INVALID", None):
         raise ValueError(f"validity {t.validity!r} is not VALID, INVALID or null")
+    if t.queue_growing not in (True, False, None):
+        raise ValueError(f"queue_growing {t.queue_growing!r} is not true, false or null")
     return t
 
 
 class Budget:
-    """``may_start()``: True while one more try, as long as the estimate, ends within ``seconds`` of the start
-    (None: no limit). The estimate: the longest try of this process that did not start engines; before one,
-    the last try that did (``note(t, startup=True)``: one-process mode's first try, which later tries do not
-    pay for); before any, the longest of the ``earlier`` (recorded) tries."""
+    """``may_start(q)``: True while one more try at ``q`` queries/s, as long as the estimate, ends within
+    ``seconds`` of the start (None: no limit). The estimate: from the tries of this process that did not start
+    engines; before one, the last try that did (``note(t, startup=True)``: one-process mode's first try, which
+    later tries do not pay for); before any, the ``earlier`` (recorded) tries. The estimate is the longest of them
+    or, when some ran at ``q`` or faster, the wall time of the one nearest above (or at) ``q`` scaled by ``its qps / q``,
+    whichever is longer (a try issues at least ``--min-query-count`` queries: at half the rate it can take twice
+    as long)."""
 
     def __init__(self, seconds: Optional[float], earlier: Iterable[Try] = (), clock=time.monotonic):
         self.seconds, self.clock, self.t0 = seconds, clock, clock()
-        self._seed = max([t.wall_s for t in earlier if t.wall_s] or [0.0])
-        self._startup: Optional[float] = None
-        self._pace: Optional[float] = None
+        self._seed = [(t.wall_s, t.qps) for t in earlier if t.wall_s]
+        self._startup: list[tuple[float, float]] = []
+        self._pace: list[tuple[float, float]] = []
 
     def note(self, t: Try, startup: bool = False) -> Try:
-        """Record ``t``'s ``wall_s`` (its time included starting the engines: ``startup``); returns ``t``."""
-        wall = t.wall_s or 0.0
+        """Record ``t``'s ``wall_s`` and qps (its time included starting the engines: ``startup``); returns ``t``."""
         if startup:
-            self._startup = wall
+            self._startup = [(t.wall_s or 0.0, t.qps)]
         else:
-            self._pace = wall if self._pace is None else max(self._pace, wall)
+            self._pace.append((t.wall_s or 0.0, t.qps))
         return t
 
-    @property
-    def estimate(self) -> float:
-        """Seconds the next try is expected to take (class docstring)."""
-        for known in (self._pace, self._startup):
-            if known is not None:
-                return known
-        return self._seed
+    def estimate(self, q: Optional[float] = None) -> float:
+        """Seconds the next try (at ``q`` queries/s; None: unscaled) is expected to take (class docstring)."""
+        tries = self._pace or self._startup or self._seed
+        longest = max([wall for wall, _ in tries] or [0.0])
+        above = [(qps, wall) for wall, qps in tries if q and qps >= q]
+        if not above:
+            return longest
+        qps, wall = min(above)
+        return max(longest, wall * qps / q)
 
-    def may_start(self) -> bool:
-        if self.seconds is None or self.clock() - self.t0 + self.estimate <= self.seconds:
+    def may_start(self, q: Optional[float] = None) -> bool:
+        used, need = self.clock() - self.t0, self.estimate(q)
+        if self.seconds is None or used + need <= self.seconds:
             return True
-        log.warning("no time for another try (%.0f s of %.0f s used, a try takes ~%.0f s)",
-                    self.clock() - self.t0, self.seconds, self.estimate)
+        log.warning("no time for another try (%.0f s of %.0f s used, a try%s takes ~%.0f s)", used, self.seconds,
+                    f" at {q:g} queries/s" if q else "", need)
         return False

@@ -83,11 +83,13 @@ confirm_check() {
   done
   check_scen_args
 }
-# The highest VALID target_qps of a find_qps log (empty when none; a cut-off last line is skipped, any other broken
-# line is an error naming it).
+# The highest VALID target_qps of a find_qps log whose queue was not growing (queue_growing: find_qps marks a VALID
+# try whose TTFT backlog would pass the limit within 600 s); empty when none; a cut-off last line is skipped, any
+# other broken line is an error naming it.
 best_valid() {
   python3 -c "import sys; from accuracy.jsontext import read_jsonl
-v = [r['qps'] for _, r in read_jsonl(sys.argv[1]).records if isinstance(r, dict) and r.get('validity') == 'VALID']
+v = [r['qps'] for _, r in read_jsonl(sys.argv[1]).records
+     if isinstance(r, dict) and r.get('validity') == 'VALID' and r.get('queue_growing') is not True]
 print(max(v) if v else '')" "$1"
 }
 # The search log of a scenario and its extra flags in folder $1: h200_fp8_<sc>.jsonl, or with flags
@@ -231,7 +233,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     python3 -m sut.flame cluster --flame-bin "$FB" --workdir "$JOB/study-cluster" > "$JOB/study-cluster.console" 2>&1 &
     cpid=$!
     until grep -q FLAME_ENDPOINT "$JOB/study-cluster.console"; do kill -0 $cpid || { cat "$JOB/study-cluster.console"; exit 2; }; sleep 0.5; done
-    export $(grep FLAME_ENDPOINT "$JOB/study-cluster.console")
+    export "$(grep -m1 ^FLAME_ENDPOINT= "$JOB/study-cluster.console")"
     python3 scripts/bench_locality.py --pairs "${STUDY_PAIRS:-2}" --traces ${STUDY_TRACES:-study-reuse study-no-reuse} \
       ${STUDY_POLICIES:+--policies $STUDY_POLICIES} \
       --out "$JOB/study" -- --model "$MODEL" --load-format dummy --dtype bfloat16 --enforce-eager --max-num-seqs 64 \
@@ -241,11 +243,13 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     ;;
   perf)
     # Issue 15: engine levers side by side with the shipped fp8 preset, then the torch-profiler map
-    # (scripts/perf_levers.py, scripts/perf_profile.py); one GPU. LEVERS overrides the list; flashinfer needs
+    # (scripts/perf_levers.py, scripts/perf_profile.py); one GPU. LEVERS overrides the list, PERF_WARMUP the
+    # warm-up prompts before each timed pass (default 64); flashinfer needs
     # FLASHINFER_SITE (a folder with flashinfer-python 0.6.14 installed with pip --target).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     python3 scripts/perf_levers.py --model "$MODEL" --dataset "$REAL" --out "$JOB/perf" \
-      --levers "${LEVERS:-baseline,fusion,full_graphs,triton_attn,profile}" > "$JOB/perf.console" 2>&1
+      --levers "${LEVERS:-baseline,fusion,full_graphs,triton_attn,profile}" ${PERF_WARMUP:+--warmup "$PERF_WARMUP"} \
+      > "$JOB/perf.console" 2>&1
     rc=$?
     for f in "$JOB"/perf/*.log; do [ -f "$f" ] && tail -c 4000 "$f" > "$f.tail"; done
     exit $rc  # perf_levers.py's, not the log loop's
@@ -326,7 +330,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" --output-dir "$JOB/confirm" --run-name "confirm-$sc" \
         --no-progress > "$JOB/confirm_$sc.console" 2>&1
       rc=$?; [ $rc -eq 0 ] || worst=$rc
-      echo "confirm $sc rc=$rc $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/confirm_$sc.console" | head -8
+      echo "confirm $sc rc=$rc $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/confirm_$sc.console" | head -10
     done
     exit $worst
     ;;
@@ -337,7 +341,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for f in "$JOB"/flame*/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
        -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
-       -o -name "locality*.json" -o -name "cases.jsonl" -o -name "run_header.json" -o -path "./scen/*.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" | tar -czf "$OUT/job.tgz" -T -)
+       -o -name "locality*.json" -o -name "cases.jsonl" -o -name "run_header.json" -o -path "./scen/*.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" -o -name "*.png" | tar -czf "$OUT/job.tgz" -T -)
     cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
     grep -E "^step .* rc=" "$JOB/batch.console"
     tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console "$JOB"/confirm_*.console 2>/dev/null

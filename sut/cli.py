@@ -28,8 +28,10 @@ from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_K
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.exits import EXIT_INTERRUPTED, BadInput, run_main, stop_on_sigterm_like_ctrl_c  # noqa: F401 - re-exported
 from sut.harness import RunSettings, run_benchmark
+from sut.latency_trend import describe as describe_trend
 from sut.package_scenario import PackageSettings
 from sut.run_settings import QUICK_MIN_DURATION_S, QUICK_MIN_QUERY_COUNT, QUICK_PERFORMANCE_SAMPLES
+from sut.scenarios import HARNESS_SCENARIOS
 from sut.package_tree import CHECKER_NOTE
 
 log = logging.getLogger("sut")
@@ -130,6 +132,36 @@ def _preset(path: str | None) -> dict:
     return data
 
 
+def _scenario_engine(engine: dict, scenario: str, path: str | None) -> dict:
+    """A preset's ``[engine]`` for ``scenario``: its plain keys, then those of its ``[engine.<scenario>]`` table
+    on top (e.g. ``[engine.Interactive] max_num_batched_tokens = 2048``; flags override both).
+
+    Every scenario's table is checked, not only this run's (a typo in ``[engine.Interactive]`` stops an Offline
+    run too, before anything starts): ``BadInput`` naming the file and table for a table that is not named after
+    a scenario or a value ``EngineSettings`` refuses (where the plain keys alone are accepted; their own errors
+    are reported with the run's settings)."""
+    plain = {k: v for k, v in engine.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in engine.items() if isinstance(v, dict)}
+    for name, table in tables.items():
+        if name not in HARNESS_SCENARIOS:
+            raise BadInput(f"error: {path}: [engine.{name}] is not a scenario; per-scenario engine settings go in "
+                           f"{', '.join(f'[engine.{s}]' for s in HARNESS_SCENARIOS)}")
+        if _engine_error({"model": "m", **plain}) is None:
+            err = _engine_error({"model": "m", **plain, **table})
+            if err is not None:
+                raise BadInput(f"error: {path}: [engine.{name}]: {err}")
+    return {**plain, **tables.get(scenario, {})}
+
+
+def _engine_error(values: dict) -> str | None:
+    """What ``EngineSettings`` says against ``values`` (None: accepted)."""
+    try:
+        settings_from_mapping(EngineSettings, values)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
 def _parse_option(s: str):
     if "=" not in s:
         raise BadInput(f"error: --option {s!r}: expected KEY=VALUE")
@@ -202,8 +234,9 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
     gen = dict(pre.get("generation", {}))
     if a.benchmark_ignore_eos:
         gen["ignore_eos"] = True
+    engine = _scenario_engine(pre.get("engine", {}), str(run.get("scenario", "Offline")), a.config)
     try:
-        es = engine_settings_from_args(a, pre.get("engine", {}), model_hint=" (or [engine] model in the preset)")
+        es = engine_settings_from_args(a, engine, model_hint=" (or [engine] model in the preset)")
         rs, gs = settings_from_mapping(RunSettings, run), settings_from_mapping(GenerationSettings, gen)
     except (ValueError, TypeError) as e:
         raise BadInput(f"error: {e}") from None
@@ -243,6 +276,9 @@ def _print_summary(rec: dict) -> None:
                      + (f"(limits {lim.get('ttft')} / {lim.get('tpot')} ms)" if rec["mode"] == "performance"
                         else "(an accuracy run is not timed: no limits apply)")
                      + f"; first tokens {rec['ledger'].get('first_tokens')}")
+        trend = describe_trend(h.get("ttft_trend"), steady_too=True)
+        if trend:
+            lines.append(f"TTFT trend      : {trend}")
     n_err = (rec.get("loadgen") or {}).get("errors")
     if n_err:
         lines.append(f"LoadGen errors  : {n_err} (see mlperf_log_detail.txt; the submission checker rejects them)")

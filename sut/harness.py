@@ -33,7 +33,7 @@ from sut.engine import EngineError, EngineSettings, GenerationSettings, read_mod
 from sut.loadgen_settings import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
 from sut.loadgen_settings import scheduled_queries
 from sut.run_record import (accuracy_gate_record, gate_tokenizer, initial_record, now_iso, parse_loadgen_detail,  # noqa: F401
-                            test06_record, token_latencies, write_record)
+                            streaming_latency_record, test06_record, token_latencies, write_record)
 from sut.run_settings import MODES, RunSettings  # noqa: F401 - re-exported
 from sut.scenarios import ScenarioError, check_backend, resolve_scenario
 
@@ -277,7 +277,7 @@ def _collect_results(sut: SystemUnderTest, rs: RunSettings, run_dir: Path, recor
     record["loadgen"] = results
     if hasattr(led, "first_sent"):  # Server / Interactive
         record["ledger"]["first_tokens"] = led.first_sent
-        record["latency"] = token_latencies(rs.scenario, results, led.latency_summary())
+        record["latency"] = streaming_latency_record(rs.scenario, rs.mode == "performance", results, led, run_dir)
         if error is None and led.first_sent != led.completed:
             error = f"{led.completed - led.first_sent} answered sample(s) got no first token"
     record["wall_s"] = wall
@@ -380,6 +380,7 @@ def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
         try:
             if done.wait(0.5):
                 break
+            led.tick()
             now = time.monotonic()
             last = led.last_complete_t or led.first_issue_t
             if error is None and last and led.outstanding and now - last > stall_timeout_s:

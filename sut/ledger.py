@@ -37,6 +37,10 @@ from sut.response import complete_samples, cut_at_first_eos
 
 log = logging.getLogger(__name__)
 
+#: The progress bar: samples completed of those issued, elapsed time, tokens/s; no rate or time left (an
+#: Offline query's samples may all complete near its end: the estimate would read 30 s/sample, 30 min left).
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
 #: Empty failure answers per ``QuerySamplesComplete`` call (a full Offline query has 13,368+ samples).
 FAIL_CHUNK = 1024
 
@@ -291,10 +295,14 @@ class SampleLedger:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.issued, initial=self.completed, unit="sample", desc="completed",
-                             dynamic_ncols=True, mininterval=1.0)
+                             dynamic_ncols=True, mininterval=1.0, bar_format=BAR_FORMAT)
+            self._bar_drawn = time.monotonic()
         elif self._bar.total != self.issued:
             self._bar.total = self.issued
-            self._bar.refresh()
+            now = time.monotonic()
+            if now - self._bar_drawn >= self._bar.mininterval:  # Server: one query per call, redraw at most 1/s
+                self._bar_drawn = now
+                self._bar.refresh()
 
     def _bar_advance(self, n: int, close: bool) -> None:
         if self._bar is None:
@@ -305,6 +313,18 @@ class SampleLedger:
             self._bar.set_postfix_str(f"{self.output_tokens / dt:,.0f} tok/s", refresh=False)
         if close:
             self._bar_close()
+
+    def tick(self) -> None:
+        """Redraw the progress bar (its elapsed time) when it has not been drawn for a second: an Offline run's
+        samples may all complete near its end, and the bar must not look frozen until then."""
+        with self._lock:
+            if self._bar is None:
+                return
+            bar, now = self._bar, time.monotonic()
+            # drawn by neither a growing total (_bar_total) nor a completion (tqdm's update, on tqdm's own clock)
+            if now - self._bar_drawn >= bar.mininterval and bar._time() - bar.last_print_t >= bar.mininterval:
+                self._bar_drawn = now
+                bar.refresh()
 
     def _bar_close(self) -> None:
         if self._bar is not None:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from sut.package_scenario import BENCHMARK_NAMES, DIVISIONS, PackageSettings, lay_out_scenario, write_not_compliant
+from sut.package_scenario import (BENCHMARK_NAMES, DIVISIONS, PackageSettings, check_scenario, lay_out_scenario,
+                                  write_not_compliant)
 from sut.records import ComplianceError, check_record, engines_used, read_json
 from sut.submission_files import portable_command
 
@@ -154,17 +155,28 @@ def _tree_problems(ts: TreeSettings, scenarios: set, benchmark: Optional[str]) -
     return problems
 
 
+def _scenario_settings(ts: TreeSettings, scen: str, perf: dict, acc: dict, t06: dict,
+                       allow_noncompliant: bool) -> PackageSettings:
+    return PackageSettings(out=ts.out, system=ts.system, submitter=ts.submitter, performance_run=perf[scen][0],
+                           accuracy_run=acc[scen][0], test06_run=t06[scen][0] if scen in t06 else None,
+                           division=ts.division, allow_noncompliant=allow_noncompliant)
+
+
+def _scenario_problems(ts: TreeSettings, perf: dict, acc: dict, t06: dict) -> list[str]:
+    """Every scenario's reasons as a rehearsal lists them, each prefixed with its scenario; nothing is written
+    (a run that no rehearsal could lay out either raises ``ComplianceError`` at once)."""
+    return [f"{scen}: {p}" for scen in perf
+            for p in check_scenario(_scenario_settings(ts, scen, perf, acc, t06, True)).problems]
+
+
 def _lay_out_scenarios(ts: TreeSettings, perf: dict, acc: dict, t06: dict) -> list[str]:
     """Every scenario's folder; the problems of their runs, each prefixed with its scenario. Scenario folders
     written before a failure are removed again."""
     written: list[Path] = []
     problems: list[str] = []
     try:
-        for scen, (pfolder, _) in perf.items():
-            done = lay_out_scenario(PackageSettings(
-                out=ts.out, system=ts.system, submitter=ts.submitter, performance_run=pfolder,
-                accuracy_run=acc[scen][0], test06_run=t06[scen][0] if scen in t06 else None,
-                division=ts.division, allow_noncompliant=ts.allow_noncompliant))
+        for scen in perf:
+            done = lay_out_scenario(_scenario_settings(ts, scen, perf, acc, t06, ts.allow_noncompliant))
             written.append(done.root)
             problems += [f"{scen}: {p}" for p in done.problems]
     except BaseException:
@@ -192,9 +204,11 @@ def package_tree(ts: TreeSettings) -> Path:
     _check_roles(perf, acc, t06)
     ref = _check_one_system(perf)
     problems = _tree_problems(ts, set(perf), ref["benchmark"])
-    if problems and not ts.allow_noncompliant:
-        raise ComplianceError("incomplete submission (pass --allow-noncompliant only to rehearse the layout):\n  "
-                              + "\n  ".join(problems))
+    if not ts.allow_noncompliant:
+        problems += _scenario_problems(ts, perf, acc, t06)  # every reason at once, not one scenario's at a time
+        if problems:
+            raise ComplianceError("not a compliant submission (pass --allow-noncompliant only to rehearse the "
+                                  "layout):\n  " + "\n  ".join(problems))
     root = Path(ts.out) / ts.division / ts.submitter
     problems += _lay_out_scenarios(ts, perf, acc, t06)
     runs = [(scen, role, group[scen][1]) for scen in perf
@@ -279,6 +293,9 @@ def system_json(ts: TreeSettings, rec: dict) -> dict:
         out["operating_system"] = host["os"]
     if host.get("cpu"):
         out["host_processor_model_name"] = host["cpu"]
+    if host.get("cpu_count"):  # logical CPUs the run could use (a container's share): a hint, not the fact asked
+        out["host_processor_core_count"] = (f"{FILL_IN}: host_processor_core_count (physical cores per processor; "
+                                            f"the run saw {host['cpu_count']} logical CPUs)")
     if not gpus:
         for k in ("accelerator_memory_capacity", "accelerator_frequency", "accelerator_host_interconnect",
                   "accelerator_interconnect", "accelerator_interconnect_topology",

@@ -1,7 +1,8 @@
 """The run record (``run.json``) of a LoadGen run: its first version, LoadGen's results, the checks after the run.
 
 ``initial_record`` is what is on disk before any engine starts (settings, options, model, dataset,
-versions, host); ``parse_loadgen_detail`` / ``token_latencies`` read LoadGen's results;
+versions, host); ``parse_loadgen_detail`` / ``token_latencies`` read LoadGen's results
+(``streaming_latency_record``: with the harness's own TTFT/TPOT, trend and ``latency.png``);
 ``test06_record`` and ``accuracy_gate_record`` run the checks after a finished run;
 ``write_record`` replaces ``run.json`` atomically.
 """
@@ -24,7 +25,9 @@ from typing import Optional
 from sut import __version__
 from sut.base import InputError
 from sut.compliance import ComplianceError, verify_test06, write_test06
+from sut.constants import MIN_DURATION_MS
 from sut.dataset import Dataset
+from sut.latency_figure import write_latency_figure
 from sut.scenarios import LATENCY_LIMITS_MS, resolve_scenario
 
 log = logging.getLogger("sut.harness")
@@ -88,6 +91,25 @@ def token_latencies(scenario: str, results: dict, harness: dict) -> dict:
                         "perf_constraints_met": results.get("result_perf_constraints_met"),
                         "early_stopping_met": results.get("early_stopping_met")},
             "harness": harness}
+
+
+def streaming_latency_record(scenario: str, timed: bool, results: dict, ledger, run_dir: Path) -> dict:
+    """``run.json`` ``latency`` of a Server / Interactive run (``token_latencies``) from LoadGen's ``results`` and
+    the streaming ``ledger``'s own figures, with the TTFT trend projected to LoadGen's 600 s against the
+    scenario's TTFT limit; for a ``timed`` (performance) run also ``latency.png`` in ``run_dir``
+    (``sut.latency_figure``; ``figure``: its name, None when not drawn). An accuracy run is not timed: no limit,
+    no trend verdict, no figure."""
+    limits = LATENCY_LIMITS_MS.get(scenario) or {}
+    a = ledger.latency_arrays()
+    harness = ledger.latency_summary(MIN_DURATION_MS / 1e3, limits.get("ttft") if timed else None, a)
+    out = token_latencies(scenario, results, harness)
+    if timed:
+        title = (f"{scenario}, target_qps {results.get('effective_target_qps')}: {results.get('result_validity')} "
+                 "(harness latencies)")
+        fig = write_latency_figure(run_dir / "latency.png", title, (a["issued"], a["ttft"]), (a["issued"], a["tpot"]),
+                                   limits, harness.get("ttft_trend"))
+        out["figure"] = fig.name if fig else None
+    return out
 
 
 def host_info() -> dict:

@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from sut.latency_trend import queue_trend
 from sut.ledger import FAIL_CHUNK, SampleLedger, _Completer
 from sut.response import complete_samples, cut_at_first_eos, response_buffer
 
@@ -67,7 +68,8 @@ class StreamingLedger(SampleLedger):
     """A :class:`SampleLedger` that also reports first tokens (see the module docstring).
 
     Extra counters: ``first_sent`` (samples whose ``FirstTokenComplete`` call returned), and the
-    harness's per-sample ``ttft_s`` / ``tpot_s`` lists (seconds).
+    harness's per-sample ``timings``: ``(issued, first token, done)`` times (``time.monotonic``) and output ids,
+    one tuple per answered sample (:meth:`latency_arrays` turns them into TTFT / TPOT / end-to-end seconds).
 
     Args:
         first_fn: sends ``[(loadgen sample id, first id)]`` to LoadGen (tests pass a recorder);
@@ -83,8 +85,7 @@ class StreamingLedger(SampleLedger):
         self._t_issue: dict[int, float] = {}
         self._t_first: dict[int, float] = {}
         self.first_sent = 0
-        self.ttft_s: list[float] = []
-        self.tpot_s: list[float] = []
+        self.timings: list[tuple[float, float, float, int]] = []
 
     def _on_issued_locked(self, rid: int, now: float) -> None:
         self._t_issue[rid] = now
@@ -173,18 +174,30 @@ class StreamingLedger(SampleLedger):
                 self._first_sids.discard(self._outstanding[rid][0])
                 t0, t1 = self._t_issue.pop(rid, None), self._t_first.pop(rid, None)
                 if t0 is not None and t1 is not None:
-                    self.ttft_s.append(t1 - t0)
-                    if len(cut) > 1:
-                        self.tpot_s.append((now - t1) / (len(cut) - 1))
+                    self.timings.append((t0, t1, now, len(cut)))
         super().complete(results)
 
-    def latency_summary(self) -> dict:
-        """The harness's per-sample TTFT / TPOT (ms): count, mean, p50, p90, p99, max."""
+    def latency_arrays(self) -> dict[str, np.ndarray]:
+        """Per answered sample (seconds; one array each, same order): ``issued`` (monotonic time), ``ttft``,
+        ``e2e`` (issue to the whole response) and ``tpot`` (NaN for a one-token answer: it has no TPOT)."""
+        t = np.asarray(self.timings, dtype=float).reshape(-1, 4)
+        issued, first, done, n = t.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(n > 1, (done - first) / (n - 1), np.nan)
+        return {"issued": issued, "ttft": first - issued, "e2e": done - issued, "tpot": tpot}
+
+    def latency_summary(self, horizon_s: Optional[float] = None, ttft_limit_ms: Optional[float] = None,
+                        arrays: Optional[dict] = None) -> dict:
+        """The harness's per-sample TTFT / TPOT (ms): count, mean, p50, p90, p99, max; and ``ttft_trend``
+        (:func:`sut.latency_trend.queue_trend` projected to ``horizon_s`` against ``ttft_limit_ms``).
+        ``arrays``: :meth:`latency_arrays`, when the caller has them already."""
+        a = arrays if arrays is not None else self.latency_arrays()
         out = {}
-        for name, vals in (("ttft_ms", self.ttft_s), ("tpot_ms", self.tpot_s)):
-            ms = [v * 1e3 for v in vals]
+        for name, vals in (("ttft_ms", a["ttft"]), ("tpot_ms", a["tpot"][np.isfinite(a["tpot"])])):
+            ms = (vals * 1e3).tolist()
             out[name] = {"samples": len(ms), "mean": float(np.mean(ms)) if ms else None,
                          "p50": _pct(ms, 50), "p90": _pct(ms, 90), "p99": _pct(ms, 99), "max": max(ms) if ms else None}
+        out["ttft_trend"] = queue_trend(a["issued"], a["ttft"], a["e2e"], horizon_s, ttft_limit_ms)
         out["measured"] = ("harness: from issue_queries to the first token reaching the ledger (TTFT), then per further "
                            "token to the whole response (TPOT); LoadGen's own figures are in loadgen")
         return out

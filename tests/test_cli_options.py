@@ -312,3 +312,28 @@ def test_python_m_accuracy_input_errors_that_are_oserrors_stay_bad_input(monkeyp
     monkeypatch.setattr(accuracy.gate, "evaluate", _raiser(TokenizerNotFoundError("no tokenizer given")))
     assert acc_main.main(["--accuracy-log", str(tmp_path / "log.json"), "--dataset", str(tmp_path / "d.json")]) == 2
     assert "accuracy gate: bad input: no tokenizer given" in caplog.text
+
+
+# ------------------------------------------------------------------------------------ per-scenario engine tables
+def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engine_keys(tmp_path, capsys):
+    preset = tmp_path / "p.toml"
+    preset.write_text(f'[engine]\nmodel = "{TINY_MODEL}"\nmax_num_seqs = 8\nmax_num_batched_tokens = 512\n'
+                      '[engine.Interactive]\nmax_num_batched_tokens = 128\n[engine.Server]\nmax_num_seqs = 16\n')
+    es = {sc: cli.settings_from_args(_parse("--config", str(preset), "--scenario", sc))[1]
+          for sc in ("Offline", "Server", "Interactive")}
+    assert (es["Offline"].max_num_seqs, es["Offline"].max_num_batched_tokens) == (8, 512)
+    assert (es["Server"].max_num_seqs, es["Server"].max_num_batched_tokens) == (16, 512)
+    assert (es["Interactive"].max_num_seqs, es["Interactive"].max_num_batched_tokens) == (8, 128)
+    flag = cli.settings_from_args(_parse("--config", str(preset), "--scenario", "Interactive",
+                                         "--max-num-batched-tokens", "256"))[1]
+    assert flag.max_num_batched_tokens == 256  # a flag beats both
+    for table, message in (("[engine.server]\nmax_num_seqs = 16",
+                            "[engine.server] is not a scenario; per-scenario engine settings go in [engine.Offline]"),
+                           ("[engine.Server]\nmax_num_seqs = 0", "[engine.Server]: engine setting max_num_seqs must be"),
+                           ('[engine.Server]\nmax_num_seqs = "8"', "[engine.Server]: EngineSettings.max_num_seqs must "
+                                                                   "be an integer"),
+                           ("[engine.Interactive]\nbatch_size = 8", "[engine.Interactive]: unknown EngineSettings")):
+        preset.write_text(f'[engine]\nmodel = "{TINY_MODEL}"\n{table}\n')
+        rc = cli.main(["run", "--config", str(preset), "--dataset", "x.json", "--output-dir", str(tmp_path / "o")])
+        assert rc == 2 and f"error: {preset}: {message}" in capsys.readouterr().err  # in an Offline run too
+        assert not (tmp_path / "o").exists()

@@ -2,6 +2,7 @@
 from the recorded bounds, a cut-off mid-try or mid-write, settings checks and the time budget. A fake run
 function stands in for ``python -m sut run`` (no engines; fast)."""
 
+import dataclasses
 import json
 import sys
 from types import SimpleNamespace
@@ -119,17 +120,41 @@ def test_budget_starts_no_try_that_would_end_after_it():
     assert len(tries) == 2  # 300 s used, a third try would end at 450 s
 
 
+def test_budget_scales_a_try_to_a_lower_rate_while_the_search_brackets_downward():
+    """A new user's CPU search (session 8): tries of 480 queries at 4 and 2 q/s, then one at 1 q/s took 498 s
+    against an estimate of 379 s (the longest so far) and ended 96 s past --budget-s."""
+    now = [0.0]
+    b = Budget(1150, clock=lambda: now[0])
+    now[0] = 747.0
+    b.note(Try(4, "INVALID", wall_s=250.0))
+    b.note(Try(2, "INVALID", wall_s=379.0))
+    assert b.estimate() == 379.0 and b.estimate(2) == 379.0 and b.estimate(8) == 379.0  # the longest, unscaled
+    assert b.estimate(3) == 379.0  # 250 s at 4 q/s -> 333 s at 3 q/s: shorter than the longest
+    assert b.estimate(1) == 758.0  # the nearest try above, 379 s at 2 q/s -> 758 s at 1 q/s
+    assert not b.may_start(1)  # 747 + 758 > 1,150 (the old estimate, 379 s, let it start)
+    assert b.may_start(4)  # 747 + 379 <= 1,150
+    run, clock = fake(limit=0.5, wall_s=0.0), [0.0]  # every try INVALID: the search shrinks by 2 each time
+    b = Budget(650, clock=lambda: clock[0])
+
+    def timed(q):
+        clock[0] += 400.0 / q  # a try issues 400 queries
+        return b.note(dataclasses.replace(run(q), wall_s=400.0 / q))
+    _, tries = search(timed, start=4, max_runs=8, may_start=b.may_start)
+    assert [t.qps for t in tries] == [4, 2]  # 100 + 200 s used; at 1 q/s a try needs 400 s: 650 would be passed
+    assert clock[0] == 300.0
+
+
 def test_budget_counts_the_engine_start_of_a_one_process_search_only_until_a_try_without_it():
     """Session 7 on the H200: the first try took 134 s with the engine start, the next ones 23-40 s; the
     estimate stayed at 134 s and cut the search short."""
     now = [0.0]
     b = Budget(300, earlier=[Try(48, "VALID", wall_s=134.0)], clock=lambda: now[0])
-    assert b.estimate == 134.0  # recorded tries, nothing measured here yet
+    assert b.estimate() == 134.0  # recorded tries, nothing measured here yet
     b.note(Try(20, "VALID", wall_s=120.0), startup=True)
-    assert b.estimate == 120.0
+    assert b.estimate() == 120.0
     b.note(Try(40, "VALID", wall_s=35.0))
     b.note(Try(80, "INVALID", wall_s=40.0))
-    assert b.estimate == 40.0  # this process's pace, the start no longer counted
+    assert b.estimate() == 40.0  # this process's pace, the start no longer counted
     now[0] = 255.0
     assert b.may_start()  # 255 + 40 <= 300
     now[0] = 261.0
@@ -195,3 +220,22 @@ def test_a_too_deeply_nested_line_in_a_try_log_is_a_value_error_not_a_recursion_
     path.write_text("[" * 100_000 + "]" * 100_000 + "\n")  # a whole line (not a cut-off write)
     with pytest.raises(ValueError):
         TryLog(path, SETTINGS).read()
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_one_process_tries_draw_the_run_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, synthetic_small, tty):
+    """A try lasts minutes: on a terminal its progress bar shows it moving; redirected, no bar (a log file
+    would hold its redraws). The fresh-process mode's runs never draw one (their stderr is captured)."""
+    monkeypatch.setattr(find_qps.sys.stderr, "isatty", lambda: tty)
+    a = SimpleNamespace(output_dir=str(tmp_path), scenario="Server", min_duration_s=5.0, min_query_count=100)
+    run_args = ["--config", str(REPO / "loadgen_configs" / "cpu_tiny.toml"), "--dataset", str(synthetic_small[0])]
+    one = find_qps.OneProcessTries(a, run_args)
+    rs, _ = one.prepare()
+    try:
+        assert rs.progress is tty
+        assert find_qps.FreshProcessTries(a, run_args).prepare()[0].progress is False
+        assert find_qps.sut_run_settings("Server", tmp_path, [*run_args, "--no-progress"], 5, 100,
+                                         progress=True)[0].progress is False  # the user's --no-progress wins
+    finally:
+        one.close()
+    assert not any(tmp_path.iterdir()), "prepare() starts nothing and writes nothing"

@@ -68,11 +68,11 @@ def test_each_try_is_logged_when_it_starts_and_as_soon_as_it_ends(tmp_path, monk
     seq = [e if e[0] == "run" else e[2] for e in events]
     assert seq[0].startswith("try 1: target_qps 8 queries/s (highest VALID none, lowest INVALID none")
     assert seq[1] == ("run", 8)
-    assert seq[2] == "try 1: target_qps 8: VALID, TTFT p99 400.0 ms, TPOT p99 20.0 ms, 40000.0 tokens/s, " \
-                     "wall 150.0 s, run-8"  # logged before the next try starts
+    assert seq[2] == "try 1: target_qps 8: VALID, TTFT p99 400.0 ms, TPOT p99 20.0 ms, 40,000.0 tokens/s, " \
+                     "wall 150 s, run-8"  # logged before the next try starts
     assert seq[3].startswith("try 2: target_qps 16 queries/s (highest VALID 8, lowest INVALID none")
     assert seq[4:] == [("run", 16), "try 2: target_qps 16: INVALID, TTFT p99 400.0 ms, TPOT p99 20.0 ms, "
-                                    "80000.0 tokens/s, wall 150.0 s, run-16"]
+                                    "80,000.0 tokens/s, wall 150 s, run-16"]
     assert all(e[1] == "INFO" for e in events if e[0] == "log")
 
 

@@ -194,8 +194,8 @@ def test_bind_failures_that_flame_retries_do_not_fail_the_start():
     rs.check_bind_failures()
     assert len(rs.bind_warnings) == 1  # logged once
     events.append(NS(code=1002, message="Session retry limit reached"))
-    with pytest.raises(RunFailed, match="retry limit"):
-        rs.check_bind_failures()
+    with pytest.raises(RunFailed, match=r"retry limit reached The last attempt failed with: .*shim creation failed"):
+        rs.check_bind_failures()  # why the attempts failed (a breaker's missing python said only "5/5 failed")
     events[1:] = [NS(code=1001, message="... return_code <12>: on_session_enter failed: model files missing")]
     with pytest.raises(RunFailed, match="model files missing"):
         rs.check_bind_failures()
@@ -263,6 +263,15 @@ def test_preflight_refuses_an_endpoint_where_nothing_answers_within_seconds(no_f
     assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:8080", "http://127.0.0.1:99999", "http://127.0.0.1:80x",
+                                      "http://127.0.0.1:8080/extra", "grpc://127.0.0.1:8080", "http://127.0.0.1:"])
+def test_preflight_names_a_malformed_endpoint_as_such(no_flame_config, endpoint):
+    """A breaker's endpoints without http://, with port 99999 or trailing text were refused as "nothing accepts a
+    connection there"; the message now says what is wrong with them."""
+    with pytest.raises(InputError, match=f"malformed Flame endpoint '{re.escape(endpoint)}': expected http://HOST:PORT"):
+        _preflight(endpoint=endpoint)
+
+
 def test_preflight_passes_when_the_session_manager_accepts_a_connection(no_flame_config):
     with socket.create_server(("127.0.0.1", 0)) as srv:
         _preflight(endpoint=f"http://127.0.0.1:{srv.getsockname()[1]}")
@@ -282,3 +291,22 @@ def test_a_flame_replica_failure_is_one_fatal_event_and_attach_then_refuses():
         t.submit(0, [Request(1, np.arange(3, dtype=np.int32))])
     with pytest.raises(TransportError, match="a replica failed during an earlier test"):
         t.attach(NS(on_fatal=got.append))
+
+
+def test_an_application_read_failing_without_a_cause_points_at_the_backend_port():
+    """A breaker gave the executor managers' backend port (frontend + 1): it accepts the TCP preflight, then
+    get_application failed with an empty cause."""
+    from types import SimpleNamespace
+
+    import flamepy
+
+    from sut.base import RunFailed
+    from sut.flame.options import FlameOptions
+    from sut.flame.session import ensure_app
+
+    def boom(name):
+        raise flamepy.FlameError(flamepy.FlameErrorCode.INTERNAL, "failed to get application: ")
+
+    with pytest.raises(RunFailed, match=r"failed to get application: +\(no cause given: is that the session "
+                                        r"manager's frontend port\?"):
+        ensure_app(SimpleNamespace(get_application=boom), "http://127.0.0.1:8081", FlameOptions(), None)

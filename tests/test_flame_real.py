@@ -14,21 +14,29 @@ from tests.test_flame_standin import _assert_exactly_once, _issue, _sut, dataset
 pytestmark = pytest.mark.realflame
 
 
-def test_session_manager_killed_mid_run_fails_within_bounded_time(real_flame_factory, dataset, lock_dir):  # noqa: F811
-    cluster = real_flame_factory()
-    sut, answers = _sut(cluster, dataset, lock_dir, step_s=1.0, close_timeout_s=120, unreachable_timeout_s=5)
+def _kill_mid_run(cluster, dataset, lock_dir, kill, answered_within_s: float, **opts):  # noqa: F811
+    """Start the fake-engine Flame SUT, issue 40 samples (10 tasks of 1 s on 2 executors), ``kill()`` a manager
+    1.5 s later; ``(sut, answers, samples, s from the kill until every sample was answered, s the stop took)``."""
+    sut, answers = _sut(cluster, dataset, lock_dir, step_s=1.0, close_timeout_s=120, **opts)
     try:
         sut.start()
-        samples = _issue(sut, dataset, 40)  # 10 tasks of 1 s on 2 executors
+        samples = _issue(sut, dataset, 40)
         time.sleep(1.5)
-        cluster.kill_session_manager()
+        kill()
         t_kill = time.monotonic()
-        assert sut.ledger.idle.wait(30), "every issued sample answered (empty) once the run failed"
+        assert sut.ledger.idle.wait(answered_within_s), "every issued sample answered (empty) once the run failed"
         t_failed = time.monotonic() - t_kill
     finally:
         t0 = time.monotonic()
         sut.stop()
         t_stop = time.monotonic() - t0
+    return sut, answers, samples, t_failed, t_stop
+
+
+def test_session_manager_killed_mid_run_fails_within_bounded_time(real_flame_factory, dataset, lock_dir):  # noqa: F811
+    cluster = real_flame_factory()
+    sut, answers, samples, t_failed, t_stop = _kill_mid_run(cluster, dataset, lock_dir, cluster.kill_session_manager,
+                                                            30, unreachable_timeout_s=5)
     assert t_failed < 15 and t_stop < 5 + 10, (t_failed, t_stop)  # not close_timeout_s (120 s)
     err = sut.ledger.error
     assert err and f"Flame session manager at {cluster.endpoint} is unreachable" in err, err
@@ -53,9 +61,27 @@ def test_session_that_does_not_fit_fails_the_warm_up_with_the_count(real_flame_f
     t0 = time.monotonic()
     try:
         with pytest.raises(RunFailed, match=r"only [01] of 2 Flame executors answered, and Flame has given session \S+ "
-                                            r"1 executor\(s\) \(1 \w+\), none new for 3 s; check the cluster's capacity"):
+                                            r"1 executor\(s\) \(1 \w+\), none new for 3 s; check the cluster's capacity") as ei:
             sut.start()
+        # the way out, named (a breaker's --batch-size 1 asked a 24-executor node for 512)
+        assert "--option executors_per_engine=1 " in str(ei.value) and "--option min_executors=1" in str(ei.value)
     finally:
         sut.stop()
     assert time.monotonic() - t0 < 20
     assert cluster.wait_until(lambda: not cluster.executors() and not cluster.service_processes(), 20)
+
+
+@pytest.mark.slow  # ~45 s: the session manager notices a dead executor manager after its 30 s heartbeat timeout
+def test_executor_manager_killed_mid_run_fails_within_bounded_time(real_flame_factory, dataset, lock_dir):  # noqa: F811
+    """A breaker's find: Flame v0.6.0 keeps the tasks of a dead executor manager Running for good, so the run
+    waited for its 30-min stall limit and its stop for close_timeout_s. Now the executor health check fails it
+    once Flame lists the node NotReady, and the stop does not wait for the lost tasks."""
+    cluster = real_flame_factory()
+    sut, answers, samples, t_failed, t_stop = _kill_mid_run(cluster, dataset, lock_dir, cluster.kill_executor_manager,
+                                                            90, health_check_s=1.0)
+    assert t_failed < 60 and t_stop < 10, (t_failed, t_stop)  # not the stall limit, not close_timeout_s (120 s)
+    err = sut.ledger.error
+    assert err and "Flame lost the executors of session" in err and "NotReady" in err, err
+    _assert_exactly_once(samples, answers)
+    close = sut.record()["flame"]["close"]
+    assert not close["closed"] and "Cannot close session with running tasks" in close["error"]

@@ -86,13 +86,15 @@ def test_two_clusters_at_once_never_talk_to_each_other(real_flame_factory, tmp_p
     ssn_b.close()
 
 
-def test_taken_port_is_refused_with_the_reason(tmp_path):
+@pytest.mark.parametrize("taken", [0, 1], ids=["frontend", "backend"])
+def test_taken_port_is_refused_with_the_reason(tmp_path, taken):
+    """A breaker's `cluster --port <taken>` said only "it exited with code 0": the port in use is named now."""
     bin_dir = flame_bin_dir()
     port = pick_ports()
     with socket.socket() as s:
-        s.bind(("0.0.0.0", port))
+        s.bind(("0.0.0.0", port + taken))
         s.listen()
-        with pytest.raises(ClusterError, match=f"did not start on port {port}"):
+        with pytest.raises(ClusterError, match=f"port {port + taken} in use: the session manager needs --port {port}"):
             RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=tmp_path, port=port, start_timeout_s=10)).start()
     assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "flame-session-manager"
                 and str(tmp_path) in " ".join(p.cmdline())]

@@ -96,6 +96,33 @@ def test_host_and_forwarder_share_one_engine(lock_dir):
         host.shutdown()
 
 
+def test_a_slot_held_by_another_sessions_host_fails_the_enter_after_slot_wait_s(lock_dir):
+    """A new user's second Flame run waited ~10 min in silence while another cluster's run held the host's one
+    CPU slot (the locks are per host): after slot_wait_s the enter fails, naming the slot and its holder."""
+    import os
+    import time
+
+    host, other = VllmBatchService(), VllmBatchService()
+    try:
+        host.on_session_enter(_ctx(_common(lock_dir), sid="run-a"))
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError) as ei:
+            other.on_session_enter(_ctx(_common(lock_dir, slot_wait_s=1.5), sid="run-b"))
+        waited = time.monotonic() - t0
+        assert 1.5 <= waited < 5.0, waited
+        msg = str(ei.value)
+        assert "engine slot cpu-0-1.e0" in msg and "(run-a, pid %d)" % os.getpid() in msg and "slot_wait_s" in msg
+    finally:
+        other.shutdown()
+        host.shutdown()
+    late = VllmBatchService()  # once the holder is gone the slot is free again
+    try:
+        late.on_session_enter(_ctx(_common(lock_dir, slot_wait_s=1.5), sid="run-b"))
+        assert late.role == "host"
+    finally:
+        late.shutdown()
+
+
 def test_per_sample_errors_travel_in_the_result(lock_dir):
     host = VllmBatchService()
     try:

@@ -103,6 +103,15 @@ def cluster(tmp_path_factory):
     assert not [p for p in pids if alive(p)], "service processes survived stop()"
 
 
+@pytest.fixture(autouse=True)
+def _clear_stuck_executors(cluster):
+    """A test that fails between a leave failure and its own restart_executor_manager() would leave a stuck
+    executor, which Flame offers to every later session: the module's later tests would hang on it. Clear it."""
+    yield
+    if any(e["stuck"] for e in cluster.executors()):
+        cluster.restart_executor_manager()
+
+
 @pytest.fixture(scope="module")
 def conn(cluster):
     apps = cluster.workdir / "apps"

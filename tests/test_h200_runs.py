@@ -58,7 +58,8 @@ def test_server_step_gives_each_scenario_its_own_flags_and_log(tmp_path):
 def test_confirm_auto_takes_the_highest_valid_try_with_that_searchs_flags(tmp_path):
     scen = tmp_path / "job" / "scen"
     scen.mkdir(parents=True)
-    tries = [{"qps": 40.0, "validity": "VALID"}, {"qps": 42.5, "validity": "INVALID"}, {"qps": 41.0, "validity": "VALID"}]
+    tries = [{"qps": 40.0, "validity": "VALID"}, {"qps": 42.5, "validity": "INVALID"}, {"qps": 41.0, "validity": "VALID"},
+             {"qps": 41.5, "validity": "VALID", "queue_growing": True}]  # VALID, but its backlog grew: not taken
     (scen / "h200_fp8_Interactive_max_num_batched_tokens_2048.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tries))
     (tmp_path / "prior").mkdir()
     (tmp_path / "prior" / "h200_fp8_Server.jsonl").write_text(json.dumps({"qps": 55.5, "validity": "VALID"}) + "\n")

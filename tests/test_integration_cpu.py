@@ -173,7 +173,9 @@ def test_engine_death_fails_the_run_quickly_without_orphans(tmp_path, synthetic_
     _assert_group_gone(pid)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+# SIGTERM: slow (22 s); test_failed_run_exit.py checks SIGTERM -> 130 for a Server run in the default suite.
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_stops_the_run_and_the_engines(tmp_path, synthetic_small, sig):
     data, _ = synthetic_small
     run, run_dir, rec = _start_and_wait_for_engines(tmp_path, data)
@@ -195,6 +197,7 @@ def test_the_sigint_ignored_wrapper_hands_sig_ign_across_exec_in_the_same_proces
     assert out.split() == ["True", str(p.pid)]  # ignored after exec, and the pid the test signals is the run's
 
 
+@pytest.mark.slow  # 22 s; the wrapper's SIG_IGN hand-over is checked just above in the default suite
 def test_ctrl_c_works_when_started_with_sigint_ignored(tmp_path, synthetic_small):
     """A script that starts the run in the background hands it SIGINT ignored (issue 16); the run
     must still stop on SIGINT: exit 130, run.json failed, no engine left."""

@@ -120,6 +120,40 @@ def test_progress_bar_has_no_zero_line_and_closes_before_the_last_answer(capsys)
     assert order == [("loadgen", False), ("loadgen", True)]
 
 
+def test_server_issue_one_query_at_a_time_does_not_redraw_the_bar_per_query(capsys):
+    """A new user's redirected Server log held one redraw per issued query (~5 KB for 48 queries): the bar's
+    total grows with every query, and each growth redrew it."""
+    led = SampleLedger(EOS, progress=True, complete_fn=lambda r: None)
+    rids = [led.issue([QS(id=i, index=i)])[0][0] for i in range(200)]  # LoadGen Server: one query per call
+    led.complete([(rid, np.array([1], np.int32)) for rid in rids])
+    assert led.wait_sent(10)
+    led.close()
+    err = capsys.readouterr().err
+    assert err.count("\r") < 10 and "200/200" in err  # drawn at most once a second (and at the end), not 200 times
+
+
+def test_offline_bar_keeps_its_elapsed_time_moving_and_shows_no_time_left(capsys):
+    """A new user's Offline CPU run: every sample completed near the end, so the bar sat at "0/64 [00:00<?]"
+    for a minute, then read "30.48s/sample, 31:29 left" a second before the end. The harness ticks the ledger
+    twice a second: the bar redraws at most once a second while nothing completes, with no rate or time left."""
+    led = SampleLedger(EOS, progress=True, complete_fn=lambda r: None)
+    pairs = led.issue([QS(id=i, index=i) for i in range(4)])
+    led.tick()  # just drawn: nothing to do
+    assert capsys.readouterr().err.count("\r") == 1
+    led._bar.start_t -= 61  # the first minute passes with nothing completed
+    led._bar_drawn -= 1.5
+    led._bar.last_print_t -= 1.5
+    led.tick()
+    led.tick()  # drawn a moment ago: no second redraw
+    err = capsys.readouterr().err
+    assert err.count("\r") == 1 and "0/4 [01:01]" in err, err
+    led.complete([(rid, np.array([1], np.int32)) for rid, _ in pairs])
+    assert led.wait_sent(10)
+    led.close()
+    err = capsys.readouterr().err
+    assert "4/4 [01:01" in err and "<" not in err and "sample/s" not in err and "s/sample" not in err, err
+
+
 @pytest.mark.parametrize("via", ["ledger-fail", "ledger-complete"])
 def test_full_query_answered_from_short_lived_threads_does_not_crash_loadgen(via):
     """Real LoadGen, 13,368 samples answered from a thread that ends at once (issue 16). Before the

@@ -359,3 +359,18 @@ def test_describe_study_reuse_with_news_and_the_llama3_tokenizer():
     rows = {line[:30].strip(): line[30:].split() for line in out.stdout.splitlines()[1:]}
     assert rows["requests"][0] == "256" and rows["documents"][0] == "64"
     assert rows["output tokens per request"][0] == "16" and "tokenized with" in out.stdout
+
+
+def test_one_pair_figure_tells_the_policies_apart_and_spans_whole_pairs():
+    """A new user's `--pairs 1` CPU run: both policies of the one system had one colour and marker (one point
+    each, so line styles showed nothing), on an x axis of -0.045..0.045. Markers now follow the policy."""
+    from sut.locality.study import pair_figure
+
+    recs = [r for r in made_up_records() if r["system"] == "standalone" and int(r["pair"]) == 0]
+    assert {r["policy"] for r in recs} == {"prefix_affinity", "round_robin"} and len(recs) == 2
+    ax1, ax2, _ = pair_figure(recs).axes
+    lines = ax1.get_lines()
+    assert len(lines) == 2
+    assert lines[0].get_marker() != lines[1].get_marker() and lines[0].get_linestyle() != lines[1].get_linestyle()
+    assert ax1.get_xlim() == (-0.5, 0.5) and ax2.get_xlim() == (-0.5, 0.5) and list(ax1.get_xticks()) == [0]
+    assert "only standalone ran" in ax2.texts[0].get_text()

@@ -46,3 +46,42 @@ def test_compliant_tree_has_no_note(tmp_path):
                                      allow_noncompliant=True))
     assert not list((tmp_path / "sub").rglob("NOT-COMPLIANT.txt"))
     assert {p.name for p in (root / "results" / "s" / "llama3.1-8b").iterdir()} == {"Offline", "Server"}
+
+
+def test_refusal_lists_every_reason_of_every_scenario_at_once(tmp_path):
+    """A new user fixed one scenario at a time: without --allow-noncompliant the refusal named only the tree's
+    missing Server, then (once added) only Offline's reasons, never Server's. Now one refusal names them all,
+    and nothing is written."""
+    import pytest
+
+    from sut.package_tree import TreeSettings, package_tree
+    from sut.records import ComplianceError
+
+    base = tmp_path / "runs"
+    perf = make_run(base, "perf", "performance", compliance={"compliant": False, "reasons": [RUN_REASON]})
+    acc = make_run(base, "acc", "accuracy", accuracy={"passed": False, "reasons": ["rouge1 0.1"]})
+    t06 = make_test06_run(base)
+    out = tmp_path / "sub"
+    with pytest.raises(ComplianceError) as ei:
+        package_tree(TreeSettings(out=str(out), system="s", submitter="o", performance_runs=(str(perf),),
+                                  accuracy_runs=(str(acc),), test06_runs=(str(t06),)))
+    msg = str(ei.value)
+    assert "(one of) Interactive or Server" in msg and f"Offline: performance run: {RUN_REASON}" in msg
+    assert "Offline: accuracy run: the accuracy gate did not pass" in msg
+    assert not out.exists() or not any(out.rglob("*.json")), "a refused tree writes nothing"
+
+
+def test_system_json_fills_what_run_json_knows_and_marks_the_rest():
+    from types import SimpleNamespace
+
+    from sut.package_tree import FILL_IN, SYSTEM_FIELDS, system_json
+
+    rec = {"sut": "vllm", "versions": {"vllm": "0.26.0", "torch": "2.11.0", "mlcommons-loadgen": "6.0.17"},
+           "host_info": {"os": "Linux-x", "cpu": "Intel Xeon 8480", "cpu_count": 16, "gpu_driver": "580.1"},
+           "devices": [{"kind": "cuda", "uuid": "GPU-1", "name": "NVIDIA H200"}]}
+    out = system_json(SimpleNamespace(division="closed", submitter="o", system="1xH200"), rec)
+    assert set(out) == set(SYSTEM_FIELDS)
+    assert out["accelerators_per_node"] == 1 and out["accelerator_model_name"] == "NVIDIA H200"
+    assert out["host_processor_model_name"] == "Intel Xeon 8480" and "NVIDIA driver 580.1" in out["other_software_stack"]
+    assert out["host_processor_core_count"].startswith(FILL_IN) and "saw 16 logical CPUs" in out["host_processor_core_count"]
+    assert out["status"].startswith(FILL_IN) and out["accelerator_memory_capacity"].startswith(FILL_IN)

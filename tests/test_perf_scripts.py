@@ -90,3 +90,62 @@ def test_recategorize_uses_top_kernels_and_keeps_the_remainder():
     assert out["categories_ms"] == pytest.approx({"fp8_gemm": 5.0, "norm_act_quant": 3.0, "memcpy_memset": 1.0,
                                                   "not_in_top_kernels": 1.0})
     assert out["categories_share"]["fp8_gemm"] == pytest.approx(0.5)
+
+
+def test_lever_ratios_use_the_default_warmup_baseline_when_warmups_are_mixed(tmp_path, capsys):
+    rows = [
+        {"lever": "baseline", "variant": "as_given", "tokens_per_s": 100.0, "engine_start_s": 1.0},  # before warmup
+        {"lever": "baseline_end", "variant": "as_given", "tokens_per_s": 102.0, "engine_start_s": 1.0, "warmup": 64},
+        {"lever": "baseline", "variant": "as_given", "tokens_per_s": 104.0, "engine_start_s": 1.0, "warmup": 1020},
+        {"lever": "gc_off", "variant": "as_given", "tokens_per_s": 103.02, "engine_start_s": 1.0, "warmup": 64,
+         "engine_core_gc": {"collections": [0, 0, 0], "pause_ms": 0.0}},
+    ]
+    (tmp_path / "levers.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    perf_levers.summarize(tmp_path)
+    out = json.loads((tmp_path / "levers.json").read_text())
+    assert out["baseline_tokens_per_s"] == pytest.approx(101.0)
+    assert out["baseline_by_warmup"] == {"64": pytest.approx(101.0), "1020": pytest.approx(104.0)}
+    ratios = {(r["lever"], r.get("warmup")): r["ratio_to_baseline"] for r in out["rows"]}
+    assert ratios[("baseline", 1020)] == pytest.approx(104.0 / 101.0)
+    assert ratios[("gc_off", 64)] == pytest.approx(1.02)
+    printed = capsys.readouterr().out
+    assert "baseline by warm-up: 64: 101.0 tok/s, 1020: 104.0 tok/s" in printed and "0/0.0" in printed
+
+
+def test_single_nondefault_warmup_is_its_own_reference():
+    rows = [{"lever": "baseline", "variant": "as_given", "tokens_per_s": 90.0, "warmup": 1020},
+            {"lever": "baseline_end", "variant": "as_given", "tokens_per_s": 110.0, "warmup": 1020}]
+    assert perf_levers.baseline_refs(rows) == (pytest.approx(100.0), {1020: pytest.approx(100.0)})
+    rows.append({"lever": "baseline", "variant": "as_given", "tokens_per_s": 50.0, "warmup": 8})
+    assert perf_levers.baseline_refs(rows)[0] is None
+
+
+@pytest.mark.parametrize("warmup", ["0", "1021"])
+def test_warmup_outside_one_to_samples_exits_2(tmp_path, warmup):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", "m", "--dataset", "d",
+                        "--out", str(tmp_path / "o"), "--warmup", warmup, "--dry-run"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"--warmup {warmup}: must be between 1 and --samples" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_dry_run_plans_gc_off_lpt2048_and_the_warmup(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", "m", "--dataset", "d",
+                        "--out", str(tmp_path / "o"), "--warmup", "1020", "--dry-run",
+                        "--levers", "baseline,gc_off,lpt2048,baseline_end"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    plans = r.stdout.split("lever ")[1:]
+    assert [p.split(":")[0] for p in plans] == ["baseline", "gc_off", "lpt2048", "baseline_end"]
+    assert all("--warmup 1020" in p and "warm-up over the first 1020 prompts" in p for p in plans)
+    assert "then as_given, frontend_gc_off_too" in plans[1] and "collective_rpc" in plans[1]
+    assert "GC:" not in plans[0] + plans[2] + plans[3]
+    assert '"long_prefill_token_threshold": 2048' in plans[2] and "long_prefill" not in plans[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_default_warmup_is_capped_at_samples(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", "m", "--dataset", "d",
+                        "--out", str(tmp_path / "o"), "--samples", "5", "--levers", "baseline", "--dry-run"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--samples 5 --warmup 5 " in r.stdout, r.stderr

@@ -43,6 +43,10 @@ def _check_streamed_log(run_dir, rec, expect_every_sample=None):
     if rec["mode"] == "performance":  # LoadGen reports no latencies in accuracy mode
         assert lat["loadgen"]["ttft_p99_ms"] > 0 and lat["loadgen"]["tpot_p99_ms"] > 0
     assert lat["harness"]["ttft_ms"]["samples"] == led["completed"] and lat["harness"]["ttft_ms"]["p99"] > 0
+    if rec["mode"] == "performance":  # the run's figure: TTFT / TPOT of every sample over the run
+        assert lat["figure"] == "latency.png" and (run_dir / "latency.png").read_bytes()[:4] == b"\x89PNG"
+    else:
+        assert "figure" not in lat and not (run_dir / "latency.png").exists()
     assert rec["loadgen"]["errors"] == 0
     return log
 
@@ -61,6 +65,7 @@ def test_server_accuracy_run_streams_a_first_token_for_every_sample(tmp_path, sy
     _check_streamed_log(run, rec, expect_every_sample=12)
 
 
+@pytest.mark.slow  # 43 s; test_http_interactive_test06_run_... checks the first-token check in the default suite
 def test_interactive_test06_run_passes_the_first_token_check(tmp_path, synthetic_small):
     data, _ = synthetic_small
     out = subprocess.run(sut_cmd("--scenario", "Interactive", "--compliance-test", "TEST06", "--dataset", str(data),
@@ -78,6 +83,7 @@ def test_interactive_test06_run_passes_the_first_token_check(tmp_path, synthetic
     _check_streamed_log(run, rec)
 
 
+@pytest.mark.slow  # 33 s; test_http_server_that_stalls_mid_run_... checks the same watchdog in the default suite
 def test_a_stall_mid_run_fails_within_the_stall_timeout(tmp_path, synthetic_small):
     data, _ = synthetic_small
     preset = tmp_path / "stall.toml"

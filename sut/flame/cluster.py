@@ -174,6 +174,12 @@ class RealCluster:
 
     def _start_managers(self) -> None:
         attempts = 1 if self.s.port else 5
+        if self.s.port:
+            taken = [p for p in (self.s.port, self.s.port + 1) if not _port_free(p)]
+            if taken:
+                raise ClusterError(f"port {' and '.join(map(str, taken))} in use: the session manager needs --port "
+                                   f"{self.s.port} (frontend) and {self.s.port + 1} (backend) free on every interface; "
+                                   "give other ports, or none (two free ones are picked)")
         for attempt in range(attempts):
             port = self.s.port or pick_ports()
             cfg = self.workdir / "cluster.yaml"
@@ -313,6 +319,11 @@ class RealCluster:
         """Fault injection: signal the session manager process only."""
         self.fsm.send_signal(sig)
         self.fsm.wait(10)
+
+    def kill_executor_manager(self, sig: int = signal.SIGKILL) -> None:
+        """Fault injection: signal the executor manager process only (its services live on)."""
+        self.fem.send_signal(sig)
+        self.fem.wait(10)
 
     # ------------------------------------------------------------------ stop
     def stop(self) -> None:

@@ -73,6 +73,11 @@ class FlameOptions:
     warmup_log_s: float = 10.0  # how often the warm-up logs what it waits for
     warmup_hold_ms: float = 200.0
     engine_start_timeout_s: float = 1800.0
+    health_check_s: float = 5.0  # how often a running transport asks Flame whether its executors still live
+    # A service waits this long for an engine slot held by another session's engine host. 300 s: a closed session's
+    # executors still Binding finish starting their engine before they can leave (a breaker's run right after a
+    # Ctrl-C'd warm-up waited 80 s on CPU; an 8B engine on a GPU takes 1-3 min to start).
+    slot_wait_s: float = 300.0
     close_timeout_s: float = 600.0
     unreachable_timeout_s: float = 15.0  # give up closing when the session manager stays unreachable this long
     service_log_dir: Optional[str] = None  # default: <run folder>/flame-service (services on this host); "none"
@@ -102,7 +107,7 @@ class FlameOptions:
             raise ValueError(f"executor_slack must be >= 0, got {self.executor_slack}")
         if not (math.isfinite(self.engine_fill) and self.engine_fill > 0):
             raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
-        for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s"):
+        for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s", "slot_wait_s", "health_check_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         for name in ("engine_factory", "service_hooks"):

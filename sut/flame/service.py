@@ -136,8 +136,12 @@ class VllmBatchService(_base_service_class()):
         return slots[cfg.slot], keys[cfg.slot]
 
     def _take_seat(self, slot, key: str, lock_dir: Path, deadline: float) -> None:
-        """Become the slot's engine host (seat 0) or one of its forwarders; blocks until the engine is ready."""
+        """Become the slot's engine host (seat 0) or one of its forwarders; blocks until the engine is ready.
+        ``RuntimeError`` when the slot's engine host serves another session (another run on this host, perhaps
+        through another Flame cluster) for longer than ``slot_wait_s``: the bind fails, and the client's
+        warm-up with it, naming the slot and the holder."""
         sock_path = lock_dir / f"{key}.sock"
+        held_since, warned = None, 0.0
         while True:
             _, seat, fd = take_seat(lock_dir, [key])
             self.seat, self.seat_fd = seat, fd
@@ -153,12 +157,19 @@ class VllmBatchService(_base_service_class()):
                 self.client = self._attach(sock_path, lock_dir, key, deadline)
             except _BecomeHost:
                 os.close(fd)
+                self.seat_fd = None
                 continue
             except HostMismatch as e:
                 os.close(fd)
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"slot {key} is held by another session's engine host: {e}") from None
-                log.warning("slot %s is held by another session's engine host; waiting for it to go", key)
+                self.seat_fd = None
+                now = time.monotonic()
+                held_since = held_since or now
+                if now - held_since > self.cfg.slot_wait_s or now > deadline:
+                    raise RuntimeError(_slot_held_message(key, lock_dir, e, now - held_since)) from None
+                if now - warned >= 10.0:
+                    warned = now
+                    log.warning("slot %s is held by another session's engine host; waiting for it to go (at most "
+                                "slot_wait_s, %.0f s)", key, self.cfg.slot_wait_s)
                 time.sleep(1.0)
                 continue
             log.info("executor %s (pid %d): forwarder seat %d of shard %s -> %s", self.executor_id, os.getpid(), seat,
@@ -250,6 +261,25 @@ class VllmBatchService(_base_service_class()):
 # ---------------------------------------------------------------------------------------------
 # Process entry
 # ---------------------------------------------------------------------------------------------
+
+
+def _slot_held_message(key: str, lock_dir: Path, mismatch: HostMismatch, waited_s: float) -> str:
+    """Why a service gave up waiting for engine slot ``key``: the holder's session (from the engine host's
+    mismatch answer, JSON ``{"mismatch": true, "session_id": ...}``) and pid (``<key>.seat0.lock`` holds it)."""
+    import json
+
+    try:
+        holder = json.loads(str(mismatch)).get("session_id") or "?"
+    except (json.JSONDecodeError, AttributeError):
+        holder = "?"
+    try:
+        pid = (lock_dir / f"{key}.seat0.lock").read_text().strip() or "?"
+    except OSError:
+        pid = "?"
+    return (f"engine slot {key} on host {socket.gethostname()} is held by the engine host of another Flame session "
+            f"({holder}, pid {pid}) and was not freed in {waited_s:.0f} s: another run on this host is using it "
+            f"(perhaps through another Flame cluster: the slot locks in {lock_dir} are per host). Let that run end, "
+            "or give the flame option slot_wait_s a longer wait")
 
 
 def listen_unix(server, endpoint: str) -> None:

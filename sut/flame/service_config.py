@@ -36,6 +36,7 @@ class ServiceConfig:
     dataset: Optional[dict] = None  # {"path", "sha256", "max_samples"} (indices mode)
     lock_dir: Optional[str] = None
     engine_start_timeout_s: float = 1800.0
+    slot_wait_s: float = 300.0  # how long to wait for a slot whose engine host serves another session
     allow_prefix_caching: bool = False
     log_dir: Optional[str] = None  # the client's run folder/flame-service: output goes there on the client's host
     client_host: Optional[str] = None

@@ -83,6 +83,14 @@ def check_control_plane(endpoint: Optional[str] = None, timeout: float = PREFLIG
     """The resolved endpoint (``resolve_endpoint``); ``RunFailed`` when there is none or its session manager
     does not accept a TCP connection within ``timeout`` seconds (``reachable``)."""
     ep = resolve_endpoint(endpoint)
+    u = urlparse(ep)
+    try:
+        port_ok = u.port is not None or not u.netloc.endswith(":")
+    except ValueError:  # a port that is not a number or past 65535
+        port_ok = False
+    if u.scheme not in ("http", "https") or not u.hostname or not port_ok or u.path not in ("", "/"):
+        raise RunFailed(f"malformed Flame endpoint {ep!r}: expected http://HOST:PORT (or https://), e.g. "
+                        "http://127.0.0.1:8080")
     if not reachable(ep, timeout):
         raise RunFailed(f"no Flame session manager answers at {ep} (nothing accepts a connection there within "
                         f"{timeout:g} s): start one (e.g. `python -m sut.flame cluster`) or pass another "
@@ -107,7 +115,10 @@ def ensure_app(conn, endpoint: str, o: FlameOptions, run_dir: Optional[str]) -> 
     try:
         found = conn.get_application(o.app)
     except flamepy.FlameError as e:
-        raise RunFailed(f"cannot read application {o.app} from Flame at {endpoint}: {e.message}") from None
+        hint = "" if (e.message or "").strip(": ") not in ("", "failed to get application") else (
+            " (no cause given: is that the session manager's frontend port? the executor managers' backend port, "
+            "frontend + 1, answers so)")
+        raise RunFailed(f"cannot read application {o.app} from Flame at {endpoint}: {e.message}{hint}") from None
     if found is not None:
         return
     if o.register_app == "never":
@@ -122,6 +133,13 @@ def ensure_app(conn, endpoint: str, o: FlameOptions, run_dir: Optional[str]) -> 
     except flamepy.FlameError as e:
         raise RunFailed(f"cannot register application {o.app}: {e.message}") from None
     log.info("flame: registered application %s (%s %s)", o.app, doc["spec"]["command"], " ".join(doc["spec"]["arguments"]))
+
+
+def executor_state(executor) -> str:
+    """An executor's state as Flame lists it (``list_executors``), without the prefix: ``Bound``, ``Void``, ..."""
+    from flamepy.proto import types_pb2
+
+    return types_pb2.ExecutorState.Name(executor.status.state).removeprefix("Executor")
 
 
 def _is_cancelled_error(e: BaseException) -> bool:
@@ -139,6 +157,7 @@ class ReplicaSession:
         self.closed = False
         self.close_info: dict = {}
         self.bind_warnings: list[str] = []
+        self.abandon_close: Optional[str] = None  # why closing must not wait for running tasks (lost executors)
 
     @property
     def id(self) -> Optional[str]:
@@ -234,15 +253,13 @@ class ReplicaSession:
     def executors(self) -> Optional[tuple[collections.Counter, list]]:
         """``(states of this session's executors, [(id, state) of executors stuck in Unbinding without a
         session])`` as Flame lists them now; None if Flame cannot be asked."""
-        from flamepy.proto import types_pb2
-
         try:
             listed = self.conn.list_executors()
         except Exception:  # noqa: BLE001 - diagnostics only
             return None
         ours, stuck = collections.Counter(), []
         for e in listed:
-            state = types_pb2.ExecutorState.Name(e.status.state).removeprefix("Executor")
+            state = executor_state(e)
             if e.status.session_id == self.id:
                 ours[state] += 1
             elif state == "Unbinding" and not e.status.session_id:
@@ -262,7 +279,11 @@ class ReplicaSession:
         fatal = [ev for ev in events if ev.code == SESSION_RETRY_LIMIT_REACHED or "on_session_enter" in (ev.message or "")]
         if fatal:
             first = next((ev for ev in events if "on_session_enter" in (ev.message or "")), fatal[0])
-            raise RunFailed(f"a Flame executor failed to enter session {self.id} (replica {self.replica}): {first.message}")
+            why = first.message
+            binds = [ev.message for ev in events if ev.code == SESSION_BIND_FAILED and ev.message]
+            if first.code == SESSION_RETRY_LIMIT_REACHED and binds:  # say why the attempts failed, not only how many
+                why += f" The last attempt failed with: {binds[-1]}"
+            raise RunFailed(f"a Flame executor failed to enter session {self.id} (replica {self.replica}): {why}")
         for ev in events[len(self.bind_warnings):]:
             self.bind_warnings.append(ev.message)
             log.warning("flame: an executor failed to bind session %s (Flame retries it): %s", self.id, ev.message)
@@ -312,8 +333,11 @@ class ReplicaSession:
 
     def _close_refused(self, msg: str, t0: float, unreachable_since: Optional[float]):
         """``(error or None, unreachable_since)`` after a refused close: give up when the session manager has
-        been unreachable too long, the session is gone, or ``close_timeout_s`` has passed."""
+        been unreachable too long, the session is gone, its executors are lost (``abandon_close``: their tasks
+        stay Running, so Flame refuses for good), or ``close_timeout_s`` has passed."""
         o = self.o
+        if self.abandon_close:
+            return f"session {self.id} was not closed ({msg}): {self.abandon_close}", unreachable_since
         if not reachable(self.endpoint):
             unreachable_since = unreachable_since or time.monotonic()
             if time.monotonic() - unreachable_since >= o.unreachable_timeout_s:

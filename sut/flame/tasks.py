@@ -72,11 +72,18 @@ class TaskTracker:
         th.start()
         return True
 
+    def inflight(self) -> int:
+        """Tasks of this replica not settled yet."""
+        with self._lock:
+            return len(self._threads)
+
     def join(self, timeout: float) -> None:
+        """Wait at most ``timeout`` s in all for the task threads (a hung watch must not cost it per task)."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             threads = list(self._threads)
         for th in threads:
-            th.join(timeout)
+            th.join(max(0.0, deadline - time.monotonic()))
 
     def _create(self, tb: Batch) -> bool:
         tb.attempts += 1

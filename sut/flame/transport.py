@@ -40,6 +40,7 @@ from sut.core.messages import ReplicaRecord
 from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
 from sut.dataset import sha256_file
 from sut.flame.batcher import Batcher, check_fits
+from sut.flame.health import ExecutorHealth
 from sut.flame.options import FlameOptions
 from sut.flame.service_config import make_common_data
 from sut.flame.session import ReplicaSession, connect, ensure_app
@@ -70,6 +71,7 @@ class FlameTransport(Transport):
         self.batchers: list[Batcher] = []
         self.trackers: list[TaskTracker] = []
         self.warmup: list[dict] = []
+        self.health: Optional[ExecutorHealth] = None
 
     @property
     def replicas(self) -> int:
@@ -112,7 +114,16 @@ class FlameTransport(Transport):
             self.trackers.append(tracker)
             self.batchers.append(batcher)
             batcher.start()
+        self.health = ExecutorHealth(self.conn, self.sessions, lambda r: self.trackers[r].inflight(),
+                                     self.o.health_check_s, self._executors_lost)
+        self.health.start()
         return self.records
+
+    def _executors_lost(self, replica: int, message: str) -> None:
+        """``ExecutorHealth``'s report: fail the run; closing the sessions will not wait for the lost tasks."""
+        for rs in self.sessions:
+            rs.abandon_close = message
+        self.fatal(replica, message)
 
     def _connect(self) -> None:
         self.conn, self.endpoint = connect(self.o.endpoint)
@@ -157,7 +168,7 @@ class FlameTransport(Transport):
         return make_common_data(
             es, self.spec.generation, slot=replica, payload=o.payload, compress=o.compress, gc_freeze=o.gc_freeze,
             detail=self.spec.detail, dataset=self._dataset_record(), lock_dir=o.lock_dir,
-            engine_start_timeout_s=o.engine_start_timeout_s, allow_prefix_caching=self.allow_prefix_caching,
+            engine_start_timeout_s=o.engine_start_timeout_s, slot_wait_s=o.slot_wait_s, allow_prefix_caching=self.allow_prefix_caching,
             log_dir=log_dir, client_host=socket.gethostname() if log_dir else None, engine_factory=o.engine_factory,
             engine_factory_args=o.engine_factory_args, service_hooks=o.service_hooks, service_hooks_args=o.service_hooks_args)
 
@@ -192,8 +203,14 @@ class FlameTransport(Transport):
 
         abort = threading.Event()
         with cf.ThreadPoolExecutor(len(sessions), thread_name_prefix="flame-warmup") as pool:
-            futs = [pool.submit(Warmup(rs, need, lambda m, r=rs.replica: answer(r, m), abort).run) for rs in sessions]
-            done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+            try:
+                log_dir = self.service_log_dir()
+                futs = [pool.submit(Warmup(rs, need, lambda m, r=rs.replica: answer(r, m), abort, log_dir).run)
+                        for rs in sessions]
+                done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
+            except BaseException:  # Ctrl-C / SIGTERM: the pool's exit joins the warm-ups, so stop them first
+                abort.set()
+                raise
             failed = [f for f in futs if f in done and f.exception() is not None]
             if failed:
                 abort.set()
@@ -235,6 +252,8 @@ class FlameTransport(Transport):
     def stop(self) -> None:
         if not self._mark_stopped():
             return
+        if self.health is not None:
+            self.health.stop()
         for b in self.batchers:
             b.close()
         errors = []
@@ -244,7 +263,7 @@ class FlameTransport(Transport):
                     errors = [e for e in pool.map(lambda rs: rs.close(), self.sessions) if e]
         finally:
             for t in self.trackers:
-                t.join(30)
+                t.join(2 if self.health is not None and self.health.lost else 30)
             if self.watcher is not None:
                 self.watcher.close()
             if self.conn is not None:

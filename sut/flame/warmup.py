@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 from sut.base import RunFailed
@@ -47,8 +49,10 @@ class Warmup:
     PING result meta (``executor``, ``shard``, ``engine``). ``run`` returns the record and raises ``RunFailed``,
     also soon after ``abort`` is set (another replica's warm-up failed)."""
 
-    def __init__(self, rs: ReplicaSession, need: int, on_answer, abort: Optional[threading.Event] = None):
+    def __init__(self, rs: ReplicaSession, need: int, on_answer, abort: Optional[threading.Event] = None,
+                 service_log_dir: Optional[str] = None):
         self.rs, self.need, self.on_answer = rs, need, on_answer
+        self.service_log_dir = service_log_dir  # where this host's services log (slot waits show there)
         self.abort = abort or threading.Event()
         self.o = rs.o
         self.seen: dict[str, dict] = {}
@@ -138,9 +142,9 @@ class Warmup:
         if now - w.log_t >= o.warmup_log_s:
             w.log_t = now
             log.info("flame: warm-up %.0f s: %d of %d executor(s) answered; Flame lists %d executor(s) for session %s "
-                     "(replica %d: %s)%s; %d ping task(s) so far", now - w.t0, answered, w.need, n_ours, rs.id,
+                     "(replica %d: %s)%s; %d ping task(s) so far%s", now - w.t0, answered, w.need, n_ours, rs.id,
                      rs.replica, states, f", {len(stuck)} stuck in Unbinding without a session" if stuck else "",
-                     self.pings)
+                     self.pings, slot_wait_note(self.service_log_dir, o.slot_wait_s))
         if n_ours < w.need and now - w.progress_t > o.warmup_stall_s:
             msg = (f"warm-up: only {answered} of {w.need} Flame executors answered, and Flame has given session "
                    f"{rs.id} {n_ours} executor(s) ({states}), none new for {o.warmup_stall_s:.0f} s")
@@ -149,7 +153,37 @@ class Warmup:
                         f"({', '.join(i for i, _ in stuck[:4])}): in Flame v0.6.0 an executor whose service died stays "
                         "Unbinding for good, and Flame gives new sessions no executor while it exists -- restart the "
                         "executor manager")
+            elif n_ours:
+                msg += (f"; check the cluster's capacity (executor managers, their resources) and the session's resreq: "
+                        f"if the cluster holds no more, ask for what it gave with --option executors_per_engine={n_ours} "
+                        f"(the session asks for {w.need}; by default ceil(engine_fill x max_num_seqs / batch_size) + "
+                        "executor_slack per engine: a small --batch-size asks for many), or go on with those it has: "
+                        f"--option min_executors={n_ours}")
             else:
                 msg += ("; check the cluster's capacity (executor managers, their resources), the session's resreq and "
                         "max_instances, and the service logs")
             raise RunFailed(msg)
+
+
+#: What a service logs while it waits for an engine slot held by another session (``sut.flame.service``).
+_SLOT_WAIT = re.compile(r"slot (\S+) is held by another session's engine host")
+
+
+def slot_wait_note(log_dir: Optional[str], slot_wait_s: float, recent_s: float = 30.0) -> str:
+    """``"; ... wait for engine slot KEY ..."`` when a service log in ``log_dir`` (this host's services, written
+    within ``recent_s`` seconds) says it waits for a slot held by another session's engine host, else ``""``."""
+    if not log_dir:
+        return ""
+    now, keys = time.time(), set()
+    try:
+        logs = [p for p in Path(log_dir).glob("*.log") if now - p.stat().st_mtime <= recent_s]
+        for p in logs:
+            with open(p, "rb") as f:
+                f.seek(max(0, p.stat().st_size - 8192))
+                keys |= set(_SLOT_WAIT.findall(f.read().decode("utf-8", "replace")))
+    except OSError:
+        return ""
+    if not keys:
+        return ""
+    return (f"; services wait for engine slot(s) {', '.join(sorted(keys))} held by another session's engine host "
+            f"(a run stopping, or another run on this host; at most slot_wait_s, {slot_wait_s:.0f} s)")

@@ -219,6 +219,15 @@ def plot_pair_report(records: Sequence[Mapping], path: str | Path, metric: str =
     Returns:
         ``path``. Raises ``ValueError`` as :func:`pair_report` does.
     """
+    fig = pair_figure(records, metric, num, den, floor, title)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num: str = "flame",
+                den: str = "standalone", floor: float = FLOOR, title: Optional[str] = None):
+    """The matplotlib ``Figure`` that :func:`plot_pair_report` writes (Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -230,11 +239,13 @@ def plot_pair_report(records: Sequence[Mapping], path: str | Path, metric: str =
     ax1, ax2, ax3 = fig.subplots(1, 3)
     policies = sorted({po for pols in report["runs"].values() for po in pols})
     styles = ["-", "--", ":", "-."]
-    for i, (s, pols) in enumerate(report["runs"].items()):
-        for po in pols:
-            pts = sorted((p, r[metric]) for (s2, po2, p), r in idx.items() if (s2, po2) == (s, po))
-            ax1.plot([p for p, _ in pts], [v for _, v in pts], color=f"C{i}", marker="os^D"[i % 4],
-                     linestyle=styles[policies.index(po) % 4], label=f"{s}, {po}")
+    series = [(i, s, po) for i, (s, pols) in enumerate(report["runs"].items()) for po in pols]
+    for i, s, po in series:  # a colour per system (as in the third panel), a marker and line style per policy:
+        j = policies.index(po)  # one pair (one point per line) must still tell the policies apart
+        pts = sorted((p, r[metric]) for (s2, po2, p), r in idx.items() if (s2, po2) == (s, po))
+        ax1.plot([p for p, _ in pts], [v for _, v in pts], color=f"C{i}", marker="os^D"[j % 4],
+                 linestyle=styles[j % 4], label=f"{s}, {po}")
+    pairs = sorted({int(p) for *_, p in idx})
     ax1.set(xlabel="pair", ylabel=metric.replace("_", " ").replace(" per s", "/s"), title=f"{metric} per pair")
     ax1.legend(fontsize=8)
     if report["pair_ratios"]:
@@ -245,11 +256,16 @@ def plot_pair_report(records: Sequence[Mapping], path: str | Path, metric: str =
         ax2.axhline(100, color="grey", linewidth=0.8)
         ax2.legend(fontsize=8)
     else:
-        ax2.text(0.5, 0.5, f"no pair ratios: needs both {num} and {den}", ha="center", va="center",
-                 transform=ax2.transAxes)
+        ax2.text(0.5, 0.5, f"no pair ratios: only {', '.join(report['runs'])} ran\n(they need both {num} and {den})",
+                 ha="center", va="center", transform=ax2.transAxes)
+        ax2.set_yticks([])
     ax2.set(xlabel="pair", ylabel=f"{num} / {den}, %", title=f"pair ratios ({metric})")
     for ax in (ax1, ax2):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if pairs:
+            ax.set_xlim(pairs[0] - 0.5, pairs[-1] + 0.5)  # whole pairs, also for one pair
+            if len(pairs) <= 20:
+                ax.set_xticks(pairs)
     systems = list(report["runs"])
     width = 0.8 / max(1, len(systems))
     for i, s in enumerate(systems):
@@ -263,6 +279,4 @@ def plot_pair_report(records: Sequence[Mapping], path: str | Path, metric: str =
     ax3.set(ylabel="cached share of input tokens, %", title="cached share per policy (median, min-max)")
     ax3.legend(fontsize=8)
     fig.suptitle(title or "synthetic-locality pairs (NOT an MLPerf result)")
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+    return fig

@@ -148,6 +148,7 @@ class Executor:
         self.bind_error: Optional[str] = None
         self.leave_error: Optional[str] = None
         self.stuck = False
+        self.service_lost = False  # an invoke already failed because the service process was gone
         self.restart_requested = False  # restart_executor_manager()
         self.wedged: Optional[str] = None
         self.sigkill_needed = False
@@ -468,13 +469,19 @@ class Executor:
 
     def _invoke(self, task: TaskRec):
         ctx = shim_pb2.TaskContext(task_id=str(task.id), session_id=task.session_id, input=task.input)
+        gone_before = self.service_lost or (self.proc is not None and self.proc.poll() is not None)
         try:
             r = self.stub.OnTaskInvoke(ctx)  # no deadline, as the FEM
         except grpc.RpcError as e:
             # The FEM turns the shim error into a Failed result carrying tonic's error text (checked with
             # the real binaries): the task running when the service died gets "transport error", every later
-            # task on that executor "Connection refused (os error 111)".
-            return FAILED, None, _fem_invoke_error(e)
+            # task on that executor "Connection refused (os error 111)". Python gRPC's own text for a later
+            # call depends on when its channel noticed the dead socket ("Socket closed", "Connection reset",
+            # "failed to connect"), so a call made after the loss is classified by that fact, not the text.
+            message = _fem_invoke_error(e, gone_before=gone_before)
+            if message in ("transport error", _REFUSED):
+                self.service_lost = True
+            return FAILED, None, message
         output = r.output if r.HasField("output") else None
         message = r.message if r.HasField("message") else None
         if r.return_code != 0:
@@ -576,15 +583,23 @@ class Executor:
         c._executor_released(self)
 
 
-def _fem_invoke_error(e: grpc.RpcError) -> str:
+_REFUSED = "Connection refused (os error 111)"
+
+
+def _fem_invoke_error(e: grpc.RpcError, gone_before: bool = False) -> str:
+    """tonic's text for a failed OnTaskInvoke: ``_REFUSED`` when the service was already gone when the call
+    was made (``gone_before``) or the connect failed, "transport error" when it died during the call, else
+    gRPC's own details."""
     d = _details(e)
     if "Connection refused" in d or "failed to connect" in d or "No such file" in d:
-        return "Connection refused (os error 111)"
+        return _REFUSED
     try:
         unavailable = e.code() == grpc.StatusCode.UNAVAILABLE
     except Exception:  # pragma: no cover
         unavailable = False
-    return "transport error" if unavailable else d
+    if not unavailable:
+        return d
+    return _REFUSED if gone_before else "transport error"
 
 
 def _details(e: grpc.RpcError) -> str:

@@ -1,0 +1,98 @@
+"""Executor health during a Flame run: fail the run when the executors of a replica session are lost.
+
+Flame v0.6.0 never fails a task whose executor manager has died. Measured on the real control plane (one
+host, ``tests/test_flame_real.py``): after SIGKILL of the executor manager the session manager still lists
+the session's executors as Bound for ~30 s (its heartbeat timeout), then the node NotReady and no executor
+of the session; the session's Running tasks stay Running for good (their watch streams never end) and
+``close_session`` is refused ("Cannot close session with running tasks") for good. Without this check a
+run waited for its 30-min stall limit, and its stop for ``close_timeout_s`` (600 s).
+
+``ExecutorHealth`` polls every ``FlameOptions.health_check_s`` (default 5 s) while the transport runs: a
+replica with tasks in flight whose executors sat on a node that Flame now lists as NotReady, or for which
+Flame lists no live executor (Idle/Binding/Bound/Unbinding) in two polls running, is lost. The first loss is
+reported once through ``on_lost(replica, message)`` (the transport's fatal event, which fails the run), and
+``lost`` is set so that closing the session does not wait for tasks that can never end. A poll that cannot
+reach the session manager does nothing: that loss has its own checks (``sut.flame.session``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional, Sequence
+
+from sut.flame.session import executor_state
+
+log = logging.getLogger("sut.flame.transport")
+
+#: Executor states (flamepy ``ExecutorState`` names without the prefix) of an executor that can still run a task.
+LIVE_STATES = frozenset({"Idle", "Binding", "Bound", "Unbinding"})
+#: Polls in a row with no live executor before a replica counts as lost (a single empty listing is no proof).
+EMPTY_POLLS = 2
+
+
+class ExecutorHealth:
+    """Polls Flame for the executors of ``sessions`` (``ReplicaSession``s); ``inflight(replica)`` gives the
+    replica's tasks in flight. ``start()`` / ``stop()``; ``lost`` holds the first loss's message (or None)."""
+
+    def __init__(self, conn, sessions: Sequence, inflight: Callable[[int], int], interval_s: float,
+                 on_lost: Callable[[int, str], None]):
+        self.conn, self.sessions, self.inflight, self.interval_s = conn, list(sessions), inflight, interval_s
+        self.on_lost = on_lost
+        self.lost: Optional[str] = None
+        self._stop = threading.Event()
+        self._empty = [0] * len(self.sessions)
+        self._nodes: list[set] = [set() for _ in self.sessions]  # nodes where each replica's executors were seen
+        self._thread = threading.Thread(target=self._loop, name="flame-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s) and self.lost is None:
+            try:
+                message = self.check()
+            except Exception as e:  # noqa: BLE001 - a diagnostic poll must never end the run by itself
+                log.debug("flame: executor health poll failed: %s", e)
+                continue
+            if message is not None:
+                self.lost = message[1]
+                self.on_lost(*message)
+
+    def check(self) -> Optional[tuple[int, str]]:
+        """One poll: ``(replica, message)`` for the first lost replica, else None."""
+        try:
+            executors = list(self.conn.list_executors())
+            not_ready = _not_ready_nodes(self.conn.list_nodes())
+        except Exception:  # noqa: BLE001 - unreachable session manager: handled elsewhere
+            return None
+        for i, rs in enumerate(self.sessions):
+            mine = [e for e in executors if e.status.session_id == rs.id]
+            live = [e for e in mine if executor_state(e) in LIVE_STATES]
+            self._nodes[i] |= {e.spec.node for e in mine if e.spec.node}
+            n = self.inflight(rs.replica)
+            if not n:
+                self._empty[i] = 0
+                continue
+            gone = sorted(self._nodes[i] & not_ready)
+            self._empty[i] = 0 if live else self._empty[i] + 1
+            if gone or self._empty[i] >= EMPTY_POLLS:
+                where = (f"node(s) {', '.join(gone)} NotReady" if gone else
+                         f"nodes NotReady: {', '.join(sorted(not_ready)) or 'none'}")
+                return rs.replica, (
+                    f"Flame lost the executors of session {rs.id} (replica {rs.replica}) while {n} task(s) ran "
+                    f"({len(live)} live executor(s) listed; {where}): the executor manager of their node stopped, "
+                    "and Flame v0.6.0 keeps such tasks Running for good; restart that executor manager (the service "
+                    "processes it started may be left running on the node)")
+        return None
+
+
+def _not_ready_nodes(nodes) -> set:
+    from flamepy.proto import types_pb2
+
+    return {n.metadata.name for n in nodes if n.status.state == types_pb2.NodeState.Value("NotReady")}

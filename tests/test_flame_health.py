@@ -1,0 +1,68 @@
+"""``sut.flame.health.ExecutorHealth`` on canned Flame listings (the real control plane's case is the slow
+``test_flame_real.py::test_executor_manager_killed_mid_run_fails_within_bounded_time``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("flamepy")
+
+from flamepy.proto import types_pb2  # noqa: E402
+
+from sut.flame.health import ExecutorHealth  # noqa: E402
+
+
+def _ex(state: str, session: str, node: str = "n1"):
+    return SimpleNamespace(status=SimpleNamespace(state=types_pb2.ExecutorState.Value("Executor" + state),
+                                                  session_id=session), spec=SimpleNamespace(node=node))
+
+
+def _node(name: str, state: str):
+    return SimpleNamespace(metadata=SimpleNamespace(name=name), status=SimpleNamespace(state=types_pb2.NodeState.Value(state)))
+
+
+class Conn:
+    def __init__(self):
+        self.executors, self.nodes, self.fail = [], [], False
+
+    def list_executors(self):
+        if self.fail:
+            raise ConnectionError("unreachable")
+        return self.executors
+
+    def list_nodes(self):
+        return self.nodes
+
+
+def _health(conn, inflight):
+    sessions = [SimpleNamespace(id="s0", replica=0), SimpleNamespace(id="s1", replica=1)]
+    return ExecutorHealth(conn, sessions, lambda r: inflight[r], 1.0, lambda r, m: None)
+
+
+def test_a_node_gone_notready_loses_the_replicas_whose_executors_it_held():
+    conn, inflight = Conn(), [3, 2]
+    h = _health(conn, inflight)
+    conn.executors = [_ex("Bound", "s0", "n1"), _ex("Bound", "s1", "n2")]
+    conn.nodes = [_node("n1", "Unknown"), _node("n2", "Unknown")]  # v0.6.0 lists healthy nodes as Unknown
+    assert h.check() is None
+    conn.executors = [_ex("Void", "", "n1"), _ex("Bound", "s1", "n2")]
+    conn.nodes = [_node("n1", "NotReady"), _node("n2", "Unknown")]
+    replica, msg = h.check()
+    assert replica == 0 and "session s0 (replica 0) while 3 task(s) ran" in msg and "node(s) n1 NotReady" in msg
+
+
+def test_no_live_executor_twice_running_loses_the_replica_but_idle_or_unreachable_does_not():
+    conn, inflight = Conn(), [0, 1]
+    h = _health(conn, inflight)
+    conn.executors = [_ex("Bound", "s0"), _ex("Releasing", "s1")]
+    assert h.check() is None  # one empty listing is no proof
+    conn.fail = True
+    assert h.check() is None  # cannot ask: the session manager checks handle that
+    conn.fail = False
+    replica, msg = h.check()
+    assert replica == 1 and "0 live executor(s) listed" in msg
+    h2 = _health(conn, [0, 0])  # nothing in flight: an executor released after delay_release is no loss
+    conn.executors = []
+    assert h2.check() is None and h2.check() is None and h2.check() is None

@@ -1,0 +1,62 @@
+"""Ctrl-C / SIGTERM during the Flame warm-up (a breaker's find): the KeyboardInterrupt raised in the main
+thread's wait left the warm-up pool, whose exit joined the warm-up threads, and they ran on until every
+executor answered or the stall limit (111 s on a dead executor manager). Now they are told to stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("flamepy")
+
+from sut.base import RunFailed  # noqa: E402
+from sut.flame import transport as tr  # noqa: E402
+
+
+def test_ctrl_c_during_the_warm_up_stops_the_warm_up_threads_at_once(monkeypatch):
+    stopped = []
+
+    class SlowWarmup:  # a warm-up that would wait 60 s for executors, unless aborted
+        def __init__(self, rs, need, on_answer, abort, *rest):
+            self.abort = abort
+
+        def run(self):
+            if self.abort.wait(60):
+                stopped.append(threading.current_thread().name)
+                raise RunFailed("warm-up stopped")
+            return {}
+
+    def wait_then_ctrl_c(futs, return_when):
+        time.sleep(0.2)
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(tr, "Warmup", SlowWarmup)
+    monkeypatch.setattr(tr.cf, "wait", wait_then_ctrl_c)
+    fake = SimpleNamespace(o=SimpleNamespace(min_executors=1), per_engine=1, warmup=[],
+                           counters=SimpleNamespace(note_ping=lambda m: None), service_log_dir=lambda: None)
+    sessions = [SimpleNamespace(replica=r) for r in range(2)]
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        tr.FlameTransport._warm_up(fake, sessions)
+    assert time.monotonic() - t0 < 5.0
+    assert len(stopped) == 2
+
+
+def test_the_warm_up_line_says_when_services_wait_for_a_slot(tmp_path):
+    """A breaker's run after a stopped one spent 80 s of its slot wait while its log said only "16 Binding": the
+    services' own logs (this host's, in the run folder) said why."""
+    import os
+
+    from sut.flame.warmup import slot_wait_note
+
+    assert slot_wait_note(None, 300) == "" and slot_wait_note(str(tmp_path), 300) == ""
+    (tmp_path / "e1.log").write_text("x\nWARNING slot cpu-0-1.e0 is held by another session's engine host; waiting "
+                                     "for it to go (at most slot_wait_s, 300 s)\n")
+    note = slot_wait_note(str(tmp_path), 300)
+    assert "engine slot(s) cpu-0-1.e0 held by another session's engine host" in note and "300 s" in note
+    old = time.time() - 120
+    os.utime(tmp_path / "e1.log", (old, old))  # an old wait, over by now
+    assert slot_wait_note(str(tmp_path), 300) == ""
