@@ -170,7 +170,11 @@ def _parse_option(s: str):
 
 
 def _run_fields(a: argparse.Namespace, run: dict) -> dict:
-    """``run`` (a preset's ``[run]``) overridden by the run flags given."""
+    """``run`` (a preset's ``[run]``) overridden by the run flags given; ``preset`` is the ``--config`` file."""
+    if "preset" in run:
+        raise BadInput(f"error: {a.config}: [run] preset is not a preset key (the preset is the --config file itself)")
+    if a.config:
+        run["preset"] = str(a.config)
     for key in ("sut", "scenario", "mode", "dataset", "output_dir", "user_conf", "model_key", "run_name", "audit_config",
                 "compliance_test", "tokenizer", "max_samples", "min_duration_s", "min_query_count", "target_qps"):
         val = getattr(a, key)

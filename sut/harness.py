@@ -127,8 +127,9 @@ def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, op
 
 def open_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any, model, dataset: Dataset,
              reasons: list[str], command: Optional[str], audit_config: Optional[str]) -> tuple[Path, dict]:
-    """Make the run folder (``-NOT-COMPLIANT`` when ``reasons``), copy user.conf there and write the first
-    ``run.json`` (status ``running``); returns ``(run folder, record)``. ``InputError`` if the folder exists."""
+    """Make the run folder (``-NOT-COMPLIANT`` when ``reasons``), copy user.conf (and the preset, as
+    ``preset.toml``) there and write the first ``run.json`` (status ``running``); returns ``(run folder,
+    record)``. ``InputError`` if the folder exists."""
     run_dir = _run_dir(rs, not reasons)
     if reasons:
         log.warning("THIS RUN IS NOT COMPLIANT: %s", "; ".join(reasons))
@@ -136,6 +137,8 @@ def open_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, optio
         log.warning("./audit.config exists but is ignored (pass --audit-config to use it)")
     record = initial_record(rs, es, gen, options, model, dataset, reasons, command, audit_config, run_dir)
     shutil.copy2(rs.user_conf, run_dir / "user.conf")
+    if rs.preset:
+        shutil.copy2(rs.preset, run_dir / "preset.toml")
     write_record(run_dir, record)
     return run_dir, record
 

@@ -57,6 +57,8 @@ class RunSettings:
         run_name: sub-folder name; default ``<time>-<sut>-<scenario>-<mode>``.
         engine_console: vLLM's own output (local engine workers' stdout/stderr) on the console
             (``--verbose``) instead of ``<run>/engine-N.log``.
+        preset: the preset TOML these settings came from (``--config``), copied into the run folder as
+            ``preset.toml`` next to ``user.conf``; recorded only (the merged settings are in ``run.json``).
     """
 
     sut: str
@@ -80,6 +82,7 @@ class RunSettings:
     run_name: Optional[str] = None
     progress: bool = True
     engine_console: bool = False
+    preset: Optional[str] = None
 
     def __post_init__(self):
         if self.mode not in MODES:

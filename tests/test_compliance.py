@@ -304,6 +304,9 @@ def test_package_settings_validate_names():
 
 # ------------------------------------------------------------------------------------ real TEST06 run
 @pytest.mark.timeout(600)
+# slow (45 s: 100 samples of 128 tokens); a TEST06 run end to end stays in the default suite through
+# test_scenarios_cpu.py::test_http_interactive_test06_run_streams_first_tokens_and_records_latencies.
+@pytest.mark.slow
 def test_test06_run_of_the_standalone_sut(tmp_path, synthetic_small):
     """A real TEST06 run: the shipped audit config makes LoadGen sample ~100 responses into the accuracy
     log of a performance run; the checks pass and the run keeps user.conf, the command and the result."""

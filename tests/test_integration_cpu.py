@@ -31,14 +31,19 @@ def only_dir(base: Path) -> Path:
 
 def test_performance_run_valid_and_recorded(tmp_path, synthetic_small):
     data, _ = synthetic_small
-    out = subprocess.run(sut_cmd("--dataset", str(data), "--output-dir", str(tmp_path), "--min-duration-s", "5",
-                                 "--min-query-count", "1"), env=sut_env(), cwd=REPO, capture_output=True, text=True)
+    preset = tmp_path / "preset" / "p.toml"
+    preset.parent.mkdir()
+    preset.write_text("# a preset\n[run]\nmin_query_count = 1\n")
+    out = subprocess.run(sut_cmd("--dataset", str(data), "--output-dir", str(tmp_path / "runs"), "--min-duration-s", "5",
+                                 "--config", str(preset)), env=sut_env(), cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    run = only_dir(tmp_path)
+    run = only_dir(tmp_path / "runs")
+    assert (run / "preset.toml").read_text() == preset.read_text()
     assert run.name.endswith("-NOT-COMPLIANT")
     rec = json.loads((run / "run.json").read_text())
     assert rec["status"] == "ok" and rec["validity"] == "VALID"
     assert rec["compliance"]["compliant"] is False
+    assert rec["run_settings"]["preset"] == str(preset) and rec["run_settings"]["min_query_count"] == 1
     assert rec["prefix_caching"] == {"enabled": False, "read_back_from_engines": True}
     eng = rec["engines"][0]
     assert eng["enable_prefix_caching"] is False and eng["engine_args"]["dtype"] == "float32"
@@ -235,6 +240,9 @@ def test_engine_death_before_the_first_sample_of_a_full_size_query(tmp_path, syn
     _assert_group_gone(pid)
 
 
+# slow (37 s): two real engines; the by-tokens choice itself is checked without engines in
+# test_locality.py::test_lru_bound_and_baselines, and two replicas through the dispatcher in test_core.py.
+@pytest.mark.slow
 def test_two_cpu_engines_share_the_work_by_tokens(tmp_path, synthetic_small):
     """The multi-engine path (issue 6 on CPU): two engines, one core each, every sample once."""
     data, _ = synthetic_small

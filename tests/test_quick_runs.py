@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from sut import cli
 from sut.run_settings import QUICK_PERFORMANCE_SAMPLES, RunSettings
 
@@ -64,7 +66,10 @@ def test_the_quick_flag_and_a_preset_reach_run_settings(tmp_path):
     preset.write_text('[run]\nquick = true\ndataset = "x.json"\n')
     rs = cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model",
                                                                 str(TINY_MODEL)]))[0]
-    assert rs.quick and rs.min_duration_s == 10.0
+    assert rs.quick and rs.min_duration_s == 10.0 and rs.preset == str(preset)
+    preset.write_text('[run]\npreset = "other.toml"\ndataset = "x.json"\n')
+    with pytest.raises(cli.BadInput, match=r"\[run\] preset is not a preset key"):
+        cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", str(TINY_MODEL)]))
 
 
 def test_a_quick_offline_run_issues_about_10_s_of_samples_not_the_whole_dataset():
