@@ -13,8 +13,9 @@
 #   bash scripts/h200_runs.sh overhead      # raw LLM.generate vs standalone SUT, bf16 then fp8+fp8 KV
 #   bash scripts/h200_runs.sh full-start    # 600 s+ Offline performance run, 13,368-sample pool (detached)
 #   bash scripts/h200_runs.sh full-wait [S] # wait up to S seconds (default 540) for it, then copy results
-#   bash scripts/h200_runs.sh setup         # extra wheels for the Flame SUT (flamepy needs pymongo's bson,
-#                                           # protobuf >= 6.31, grpcio >= 1.80) from /root/gpu/extra, .gpu/b/extra
+#   bash scripts/h200_runs.sh setup         # from scripts/gpu_bundle.sh's .gpu/c: Flame binaries to /root/gpu/flame/bin,
+#                                           # prompts to /root/gpu/data, extra wheels (flamepy needs protobuf >= 6.31,
+#                                           # grpcio >= 1.80; vllm serve jmespath, supervisor) into /tmp/site
 #   bash scripts/h200_runs.sh batch-start   # detached: run 3 (scripts/bench_flame.py: standalone vs Flame 32/64
 #                                           # through the test stand-in, 2 rounds) then run 4 (tuning sweep)
 #   bash scripts/h200_runs.sh batch-wait [S] # wait up to S seconds, copy what is done to $OUT
@@ -122,11 +123,17 @@ case "${1:-}" in
     head -40 "$OUT/full600_summary.txt"
     ;;
   setup)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site --upgrade \
-      /root/gpu/extra/*.whl .gpu/b/extra/*.whl
-    # vllm serve (--sut vllm-http) also imports jmespath and supervisor (model_hosting_container_standards)
-    ls .gpu/c/fi/jmespath-*.whl .gpu/c/fi/supervisor-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index \
-      --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/c/fi/jmespath-*.whl .gpu/c/fi/supervisor-*.whl
+    # Flame binaries and the real-length prompts from scripts/gpu_bundle.sh's c/ (when carried), then the extra
+    # wheels: grpcio/protobuf as flamepy needs them, jmespath/supervisor that `vllm serve` (--sut vllm-http)
+    # imports (model_hosting_container_standards); older bundles kept them in a/extra, b/extra, c/fi.
+    mkdir -p /root/gpu/flame/bin /root/gpu/data
+    if [ -d .gpu/c/flame ]; then cp .gpu/c/flame/* /root/gpu/flame/bin/ && chmod +x /root/gpu/flame/bin/*; fi
+    if [ -f .gpu/c/data/cnn_eval_public.json.gz ]; then
+      gunzip -c .gpu/c/data/cnn_eval_public.json.gz > /root/gpu/data/cnn_eval_public.json; fi
+    wheels=$(ls /root/gpu/extra/*.whl .gpu/a/extra/*.whl .gpu/b/extra/*.whl .gpu/c/extra/*.whl .gpu/c/fi/*.whl 2>/dev/null)
+    [ -n "$wheels" ] || { echo "setup: no extra wheels found (bash scripts/gpu_bundle.sh makes .gpu/c/extra)"; exit 2; }
+    # shellcheck disable=SC2086
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site --upgrade $wheels
     python3 -c "import grpc, google.protobuf, flamepy, sut.flame.client, sut.flame.service, tests.flame_standin, mlperf_loadgen; \
 print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__)"
     ;;

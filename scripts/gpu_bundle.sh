@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build everything a GPU session (the `device` tool's H200 host: Python 3.12, torch 2.11, no network) needs
+# for scripts/h200_runs.sh, in DEST (default .gpu, git-ignored), as three uploads of at most 64 MiB each:
+#   DEST/a  part_00 of the vLLM 0.26.0 bundle, model/ (the Llama-3.1-8B dummy config)
+#   DEST/b  part_01, wheels/ (vLLM's missing dependencies + flamepy, LoadGen, pymongo), stage2.sh
+#   DEST/c  flame/ (the Flame v0.6.0 binaries), data/cnn_eval_public.json.gz (real-length prompts),
+#           extra/ (grpcio and protobuf as flamepy needs them; jmespath, supervisor for `vllm serve`)
+# plus, made by `h200_runs.sh src` just before the call, DEST/src.tar (git archive HEAD).
+# a and b come from ../shared/gpu/make_bundle.sh (about 8 min on 2 cores); c from ../shared/flame, ../shared/data and
+# PyPI (cp312 manylinux wheels). SHARED (default ../shared) names the shared folder.
+# Usage: bash scripts/gpu_bundle.sh [DEST] [--only-c]
+# The device calls (docs/perf.md "GPU sessions"):
+#   1. carry [DEST/a]: mkdir -p /root/gpu && cp -r DEST/a/part_00 DEST/a/model /root/gpu/
+#   2. carry [DEST/b]: bash DEST/b/stage2.sh DEST/b
+#   3. `git archive HEAD -o DEST/src.tar`, carry [DEST/c, DEST/src.tar]: bash scripts/h200_runs.sh setup, then unpack
+#      src.tar into /root/src and start the steps there (docs/perf.md "GPU sessions" has the exact command lines)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST=${1:-.gpu}; ONLY_C=${2:-}
+SHARED=${SHARED:-../shared}
+for need in "$SHARED/gpu/make_bundle.sh" "$SHARED/gpu/llama31_8b_dummy/config.json" "$SHARED/flame/bin/flame-session-manager" \
+            "$SHARED/flame/bin/flame-executor-manager" "$SHARED/data/cnn_eval_public.json"; do
+  [ -e "$need" ] || { echo "error: $need not found (set SHARED to the shared folder)" >&2; exit 2; }
+done
+plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
+if [ "$ONLY_C" != "--only-c" ]; then
+  rm -rf "$DEST/a" "$DEST/b"
+  bash "$SHARED/gpu/make_bundle.sh" "$DEST" flamepy==0.6.0 mlcommons-loadgen==6.0.17 pymongo
+  cp -r "$SHARED/gpu/llama31_8b_dummy" "$DEST/a/model"
+fi
+rm -rf "$DEST/c"; mkdir -p "$DEST/c/flame" "$DEST/c/data" "$DEST/c/extra"
+cp "$SHARED"/flame/bin/flame-session-manager "$SHARED"/flame/bin/flame-executor-manager "$DEST/c/flame/"
+gzip -c "$SHARED/data/cnn_eval_public.json" > "$DEST/c/data/cnn_eval_public.json.gz"
+python3 -m pip download -q --no-deps "${plat[@]}" -d "$DEST/c/extra" grpcio==1.85.3 protobuf==7.36.2 jmespath supervisor
+big=0
+for part in a b c; do
+  [ -d "$DEST/$part" ] || continue
+  size=$(du -sm "$DEST/$part" | cut -f1); limit=64
+  [ $part = c ] && limit=56  # call 3 also carries src.tar (~7 MiB)
+  echo "$DEST/$part: ${size} MiB (a device call carries at most $limit MiB of it)"
+  [ "$size" -le "$limit" ] || { echo "error: $DEST/$part is over $limit MiB" >&2; big=1; }
+done
+exit $big
