@@ -116,3 +116,13 @@ def test_confirm_auto_skips_a_cut_off_last_line_and_runs_on_the_searchs_sut(tmp_
     (server,) = calls
     assert _flag(server, "--sut") == "vllm-http"
     assert Path(_flag(server, "--user-conf")).read_text().rstrip().endswith("llama3_1-8b.Server.target_qps = 50.0")
+
+
+def test_gpu_bundle_names_a_missing_shared_input_and_exits_2_before_building(tmp_path):
+    (tmp_path / "shared" / "gpu").mkdir(parents=True)
+    (tmp_path / "shared" / "gpu" / "make_bundle.sh").write_text("exit 0\n")
+    out = subprocess.run(["bash", "scripts/gpu_bundle.sh", str(tmp_path / "dest")], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, SHARED=str(tmp_path / "shared")))
+    assert out.returncode == 2, out.stderr
+    assert "llama31_8b_dummy/config.json not found (set SHARED" in out.stderr
+    assert not (tmp_path / "dest").exists()
