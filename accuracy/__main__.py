@@ -91,6 +91,36 @@ def _hint_max_samples(result: dict, args: argparse.Namespace, argv: list[str]) -
               "as the run did):\n  %s", why, k, cmd)
 
 
+def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], output_dir: Path) -> None:
+    """A re-score that writes into the run's own folder must use the run's dataset and ``--max-samples``
+    (its ``run.json``): otherwise its verdict (coverage failures, scores of other samples) would replace the
+    run's ``accuracy.json``, which ``python -m sut package`` takes. Raises ``BadInput`` (exit 2, nothing
+    written) naming the field and the command to use; no ``run.json`` or an unreadable one: no check."""
+    from accuracy.jsontext import parse_json
+    from sut.dataset import sha256_file
+
+    run_dir = Path(args.accuracy_log).parent
+    try:
+        if output_dir.resolve() != run_dir.resolve():
+            return
+        rs = parse_json((run_dir / "run.json").read_text(encoding="utf-8"))
+        recorded, ds = rs["run_settings"].get("max_samples"), rs.get("dataset")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    elsewhere = "or write the results elsewhere with --output-dir DIR"
+    if recorded != args.max_samples and (recorded is None or isinstance(recorded, int)):
+        fixed = _without_max_samples(argv) + ([] if recorded is None else ["--max-samples", str(recorded)])
+        raise BadInput(f"{run_dir}/run.json run_settings.max_samples is {recorded}, this command's --max-samples "
+                       f"{args.max_samples}: scoring so would replace the run's own accuracy.json with a verdict on "
+                       f"other samples. Score it as the run did:\n  {shlex.join(['python', '-m', 'accuracy', *fixed])}"
+                       f"\n{elsewhere}")
+    want = ds.get("sha256") if isinstance(ds, dict) else None
+    if isinstance(want, str) and Path(args.dataset).is_file() and sha256_file(args.dataset) != want:
+        raise BadInput(f"--dataset {args.dataset} is not the file the run used ({run_dir}/run.json dataset.path "
+                       f"{ds.get('path')}, sha256 {want[:12]}...): scoring it would replace the run's own "
+                       f"accuracy.json; pass the run's dataset, {elsewhere}")
+
+
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
@@ -108,6 +138,7 @@ def _main(argv: list[str]) -> int:
         clean_up_spaces={"auto": None, "on": True, "off": False}[args.clean_up_spaces],
         write_reference=Path(args.write_reference) if args.write_reference else None,
     )
+    _refuse_a_mismatched_rescore(args, argv, settings.output_dir)
     try:
         result = evaluate(settings)
     except AccuracyInputError:  # exit 2 (sut.exits); some are OSErrors too (TokenizerNotFoundError)

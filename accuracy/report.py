@@ -46,6 +46,12 @@ def length_stats(lengths: Sequence[int], ends_in_eos: Sequence[bool], max_new_to
     }
 
 
+def histogram_edges(top: int, width: int = 4) -> np.ndarray:
+    """Bin edges for integer token counts 0..``top``: ``width`` counts per bin, the last bin ending at ``top + 0.5``
+    (so samples at the cap sit left of the cap line drawn there, not in a bin past it)."""
+    return np.arange(top + 0.5, -0.5 - width, -width)[::-1]
+
+
 def write_histogram(lengths: Sequence[int], path: str | os.PathLike, max_new_tokens: int = MAX_NEW_TOKENS, title: str = "") -> Path:
     """Write a small PNG histogram of tokens per sample (matplotlib Agg canvas; no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -56,8 +62,8 @@ def write_histogram(lengths: Sequence[int], path: str | os.PathLike, max_new_tok
     fig = Figure(figsize=(6, 3.2), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    ax.hist(arr, bins=np.arange(0, top + 5, 4), color="#4c72b0", edgecolor="white", linewidth=0.4)
-    ax.axvline(max_new_tokens, color="#c44e52", linestyle="--", linewidth=1, label=f"cap {max_new_tokens}")
+    ax.hist(arr, bins=histogram_edges(top), color="#4c72b0", edgecolor="white", linewidth=0.4)
+    ax.axvline(max_new_tokens + 0.5, color="#c44e52", linestyle="--", linewidth=1, label=f"cap {max_new_tokens}")
     ax.set_xlabel("generated tokens per sample")
     ax.set_ylabel("samples")
     ax.set_title(title or f"{arr.size} samples", fontsize=9)

@@ -73,7 +73,8 @@ def _add_run_parser(sub) -> None:
     g.add_argument("--user-conf", help="LoadGen user.conf, read once via FromConfig (default ./user.conf)")
     g.add_argument("--model-key", help=f"LoadGen model key (default: {DEFAULT_MODEL_KEY}; Interactive: "
                                        f"{INTERACTIVE_MODEL_KEY}; {EDGE_MODEL_KEY}: Offline only)")
-    g.add_argument("--run-name", help="run folder name (default <time>-<sut>-<scenario>-<mode>)")
+    g.add_argument("--run-name", help="run folder name (default <time>-<sut>-<scenario>-<mode>); a run that is not compliant gets "
+                   "-NOT-COMPLIANT appended")
     g.add_argument("--audit-config", help="LoadGen audit config, e.g. TEST06's audit.config (never read implicitly)")
     g.add_argument("--compliance-test", choices=COMPLIANCE_TESTS,
                    help="MLPerf compliance test: TEST06 = loadgen_configs/TEST06/audit.config, then the TEST06 "

@@ -95,13 +95,22 @@ def _bin_lines(ax, t: np.ndarray, y: np.ndarray) -> None:
 
 
 def _trend_line(ax, trend: dict) -> None:
-    """The fitted TTFT slope over the judged window (``fit_from_s`` to the end), through the last quarter's p50
-    at 7/8 of the span; nothing when the run was not judged."""
+    """The fitted TTFT line over the judged window (``fit_from_s`` to the end), through the fit's own point
+    (``fit_mid_s``, ``fit_mid_ms``; records without it: the last quarter's p50 at 7/8 of the span); on the log
+    axis only where it stays above a tenth of that point (a flat, noisy fit extended to the window's start can
+    reach 0); nothing when the run was not judged."""
     span, slope = trend.get("span_s"), trend.get("slope_ms_per_s")
     if not span or slope is None:
         return
-    xs = np.array([trend.get("fit_from_s", span / 2), span])
-    ys = trend["last_quarter_p50_ms"] + slope * (xs - 7 * span / 8)
+    x0, y0 = trend.get("fit_mid_s"), trend.get("fit_mid_ms")
+    if x0 is None or y0 is None:
+        x0, y0 = 7 * span / 8, trend["last_quarter_p50_ms"]
+    floor = max(y0, 1e-3) / 10
+    xs = np.linspace(trend.get("fit_from_s", span / 2), span, 50)
+    ys = y0 + slope * (xs - x0)
+    keep = ys >= floor
+    if not keep.any():
+        return
     growing = bool(trend.get("growing"))
-    ax.plot(xs, np.maximum(ys, 1e-3), color="tab:red" if growing else "tab:green", linewidth=2,
+    ax.plot(xs[keep], ys[keep], color="tab:red" if growing else "tab:green", linewidth=2,
             label=f"trend {slope:+,.1f} ms/s" + (" (queue growing)" if growing else ""))

@@ -24,8 +24,9 @@ it: ~9 s on one H200 in Server, 128 tokens x ~70 ms), so:
 Returned (``run.json`` ``latency.harness.ttft_trend``): ``samples``, ``span_s`` (issue span), ``issued_qps``
 (the arrival rate the run really had: LoadGen's seeded schedule runs a few % above target in short runs),
 ``service_s_p50``, ``first_quarter_p50_ms`` / ``last_quarter_p50_ms`` (TTFT p50 of the first / last quarter of the
-span), ``judged``, ``needs_span_s``, ``fit_from_s``, ``bins``, ``slope_ms_per_s``, ``slope_z``, ``horizon_s``,
-``projected_p50_ms``, ``growing``. None when there are fewer than ``MIN_SAMPLES`` usable samples or the span is
+span), ``judged``, ``needs_span_s``, ``fit_from_s``, ``bins``, ``slope_ms_per_s``, ``slope_z``, ``fit_mid_s`` /
+``fit_mid_ms`` (a point of the fitted line: the bins' mean mid time and mean TTFT median, through which the
+figure draws it), ``horizon_s``, ``projected_p50_ms``, ``growing``. None when there are fewer than ``MIN_SAMPLES`` usable samples or the span is
 under ``MIN_SPAN_S``. Samples with a non-finite value are left out.
 """
 
@@ -83,15 +84,15 @@ def queue_trend(issued_s: Sequence[float], ttft_s: Sequence[float], e2e_s: Seque
            "service_s_p50": round(service, 3), "first_quarter_p50_ms": _p50(y[t <= span / 4]),
            "last_quarter_p50_ms": _p50(y[t >= 3 * span / 4]), "judged": bins >= MIN_BINS,
            "needs_span_s": round(max(2 * MIN_BINS * service, 2 * MIN_SPAN_S), 1), "fit_from_s": round(start, 3),
-           "bins": bins, "slope_ms_per_s": None, "slope_z": None, "horizon_s": horizon, "projected_p50_ms": None,
-           "growing": None}
+           "bins": bins, "slope_ms_per_s": None, "slope_z": None, "fit_mid_s": None, "fit_mid_ms": None,
+           "horizon_s": horizon, "projected_p50_ms": None, "growing": None}
     if not out["judged"]:
         return out
     window = t >= start
-    slope, z = _binned_slope(t[window], y[window], start, span, bins)
+    slope, z, (mid_t, mid_y) = _binned_slope(t[window], y[window], start, span, bins)
     mid = (start + span) / 2
     later_slower = _p50(y[t >= mid]) > _p50(y[window & (t < mid)])
-    out.update(slope_ms_per_s=round(slope, 4), slope_z=round(z, 2))
+    out.update(slope_ms_per_s=round(slope, 4), slope_z=round(z, 2), fit_mid_s=round(mid_t, 3), fit_mid_ms=round(mid_y, 3))
     if horizon is not None:
         out["projected_p50_ms"] = round(out["last_quarter_p50_ms"] + max(slope, 0.0) * max(horizon - span, 0.0), 3)
         if limit_ms is not None:
@@ -111,10 +112,13 @@ def time_bins(t: np.ndarray, start: float, end: float, bins: int) -> list[tuple[
     return [((edges[i] + edges[i + 1]) / 2, idx == i) for i in range(bins) if np.any(idx == i)]
 
 
-def _binned_slope(t: np.ndarray, y: np.ndarray, start: float, end: float, bins: int) -> tuple[float, float]:
-    """``_slope`` of the TTFT medians of ``bins`` equal bins of [start, end] over the bins' mid times."""
+def _binned_slope(t: np.ndarray, y: np.ndarray, start: float, end: float,
+                  bins: int) -> tuple[float, float, tuple[float, float]]:
+    """``_slope`` of the TTFT medians of ``bins`` equal bins of [start, end] over the bins' mid times, and the
+    point ``(mean mid time, mean median)`` that the least-squares line passes through."""
     pts = time_bins(t, start, end, bins)
-    return _slope(np.asarray([m for m, _ in pts]), np.asarray([float(np.median(y[sel])) for _, sel in pts]))
+    mids, medians = np.asarray([m for m, _ in pts]), np.asarray([float(np.median(y[sel])) for _, sel in pts])
+    return (*_slope(mids, medians), (float(mids.mean()), float(medians.mean())))
 
 
 def _slope(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:

@@ -170,7 +170,8 @@ def gate_tokenizer(rs, es) -> Optional[str]:
 
 
 def accuracy_gate_record(rs, es, model, dataset: Dataset, run_dir: Path) -> dict:
-    """Run the accuracy gate on a finished accuracy run; ``run.json``'s ``accuracy``: ``{passed, scores, file}``,
+    """Run the accuracy gate on a finished accuracy run; ``run.json``'s ``accuracy``: ``{passed, scores, file,
+    figure}`` (``figure``: the output-length histogram's file name in the run folder, or None),
     or ``{skipped: why}`` when the gate could not run (the tokenizer was checked before the run: ``gate_tokenizer``)."""
     try:
         import accuracy
@@ -183,7 +184,9 @@ def accuracy_gate_record(rs, es, model, dataset: Dataset, run_dir: Path) -> dict
     except Exception as e:  # noqa: BLE001 - the run itself succeeded; report why the gate did not run
         log.error("accuracy gate could not run: %s", e)
         return {"skipped": str(e)}
-    return {"passed": res.get("passed"), "scores": res.get("scores"), "file": str(run_dir / "accuracy.json")}
+    histogram = (res.get("files") or {}).get("histogram")
+    return {"passed": res.get("passed"), "scores": res.get("scores"), "file": str(run_dir / "accuracy.json"),
+            "figure": Path(histogram).name if histogram else None}
 
 
 def write_record(run_dir: Path, record: dict) -> None:

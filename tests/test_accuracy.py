@@ -531,3 +531,13 @@ def test_cli_exit_codes(tmp_path, tok_dir, dataset_file, vocab, caplog):
     del entries[0]
     write_log(tmp_path, entries)
     assert cli_main(common + ["--reference", str(ref)]) == 1
+
+
+def test_histogram_bins_keep_samples_at_the_cap_left_of_the_cap_line():
+    from accuracy.report import histogram_edges
+
+    edges = histogram_edges(128)
+    counts, _ = np.histogram([0, 1, 4, 5, 127, 128, 128], bins=edges)
+    assert edges[-1] == 128.5 and edges[0] <= -0.5 and np.all(np.diff(edges) == 4)
+    assert counts[-1] == 3 and counts.sum() == 7  # 125..128: 127 and both 128s, inside the last bin
+    assert list(counts[:3]) == [1, 2, 1]  # 0 alone in (-3.5, 0.5], 1 and 4 in (0.5, 4.5], 5 in the next

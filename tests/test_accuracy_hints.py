@@ -69,9 +69,37 @@ def test_hint_from_the_logs_shape(tmp_path, inputs, caplog):
     assert "missing" not in text and "hint:" not in text
 
 
+def test_a_rescore_into_the_run_folder_with_another_max_samples_is_refused_before_writing(tmp_path, inputs, caplog,
+                                                                                       capsys):
+    """The run's own accuracy.json (what package takes) is never replaced by a verdict on other samples."""
+    log = _run_folder(tmp_path, [0, 1, 2, 3], run_max=4)
+    for extra, given in ((["--max-samples=2"], "2"), ([], "None")):
+        rc, _ = _gate(caplog, log, inputs, *extra)
+        text = capsys.readouterr().err
+        assert rc == 2, text
+        assert f"{tmp_path}/run.json run_settings.max_samples is 4, this command's --max-samples {given}" in text
+        assert "Score it as the run did:" in text and "--max-samples 4" in text and "--output-dir DIR" in text
+        assert not (tmp_path / "accuracy.json").exists()
+    rc, text = _gate(caplog, log, inputs, "--max-samples", "4")
+    assert rc in (0, 1) and (tmp_path / "accuracy.json").is_file() and "log checks: ok" in text
+
+
+def test_a_rescore_into_the_run_folder_with_another_dataset_is_refused(tmp_path, inputs, caplog, capsys):
+    tok, data = inputs
+    log = _run_folder(tmp_path, [0, 1, 2, 3, 4])
+    rec = {"run_settings": {"max_samples": None}, "dataset": {"path": "/elsewhere/cnn_eval.json", "sha256": "ab" * 32}}
+    (tmp_path / "run.json").write_text(json.dumps(rec))
+    rc, _ = _gate(caplog, log, inputs)
+    text = capsys.readouterr().err
+    assert rc == 2 and f"--dataset {data} is not the file the run used" in text and "/elsewhere/cnn_eval.json" in text
+    assert not (tmp_path / "accuracy.json").exists()
+    rc, text = _gate(caplog, log, inputs, "--output-dir", str(tmp_path / "elsewhere"))  # scored there
+    assert rc in (0, 1) and (tmp_path / "elsewhere" / "accuracy.json").is_file() and "log checks: ok" in text
+
+
 def test_hint_from_run_json_replaces_a_wrong_value(tmp_path, inputs, caplog):
     log = _run_folder(tmp_path, [0, 1, 2, 3], run_max=4)
-    rc, text = _gate(caplog, log, inputs, "--max-samples=2")
+    rc, text = _gate(caplog, log, inputs, "--max-samples=2", "--output-dir", str(tmp_path / "out"))
     assert rc == 1 and "qsl_idx outside the dataset" in text
     assert "hint: the run's run.json says it used --max-samples 4" in text
     assert "--max-samples=2" not in text.split("hint:")[1] and text.rstrip().endswith("--max-samples 4")

@@ -73,7 +73,8 @@ def test_accuracy_run_every_sample_once_with_consistent_token_counts(tmp_path, s
         hits = [i for i, t in enumerate(ids) if t in eos]
         assert not hits or hits == [len(ids) - 1]
     assert sum(r["token_count"] for r in log) == rec["ledger"]["output_tokens"]
-    assert "accuracy" in rec
+    assert rec["accuracy"]["file"] == str(run / "accuracy.json") and rec["accuracy"]["figure"] == "output_lengths.png"
+    assert (run / rec["accuracy"]["figure"]).read_bytes()[:4] == b"\x89PNG"
 
 
 #: Starts ``argv[1:]`` with SIGINT ignored, as a non-interactive shell does for ``cmd &``: SIG_IGN survives exec,

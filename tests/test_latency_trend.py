@@ -181,3 +181,30 @@ def test_the_latency_figure_is_drawn_and_never_fails_a_run(tmp_path, caplog):
     assert write_latency_figure(tmp_path / "none.png", "x", ([], []), ([], []), None, None) is None  # no samples
     assert write_latency_figure(tmp_path / "missing" / "l.png", "x", (t, ttft), (t, tpot), None, None) is None
     assert "could not draw" in caplog.text and not (tmp_path / "none.png").exists()
+
+
+def test_the_trend_line_goes_through_the_fit_and_never_below_a_tenth_of_it_on_the_log_axis():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sut.latency_figure import _trend_line
+
+    t = _arrivals(55, 150)
+    ttft = 0.1 + 0.007 * t + np.random.default_rng(2).gamma(2, 0.02, len(t))
+    trend = queue_trend(t, ttft, ttft + 9.0, 600, 2000)
+    # the fit's own point lies on the data: 100 ms + 7 ms/s x t + the noise's mean (40 ms)
+    assert trend["fit_mid_ms"] == pytest.approx(140 + 7 * trend["fit_mid_s"], rel=0.05)
+    fig, ax = plt.subplots()
+    _trend_line(ax, trend)
+    (line,) = ax.get_lines()
+    xs, ys = line.get_data()
+    assert np.interp(trend["fit_mid_s"], xs, ys) == pytest.approx(trend["fit_mid_ms"], rel=1e-3)
+    # the newuser's 1 q/s try (no fit point recorded): the old anchor reached -150 ms at fit_from_s; now cut
+    old = {"span_s": 495.06, "fit_from_s": 247.53, "slope_ms_per_s": 1.5174, "last_quarter_p50_ms": 131.381}
+    ax.clear()
+    _trend_line(ax, old)
+    xs, ys = ax.get_lines()[0].get_data()
+    assert ys.min() >= 13.1 and xs.max() == pytest.approx(495.06) and xs.min() > 247.53
+    plt.close(fig)
