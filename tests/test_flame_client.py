@@ -53,10 +53,29 @@ def test_executor_sizing():
 
 
 @pytest.mark.parametrize("bad", [{"batch_size": 0}, {"payload": "pickle"}, {"nope": 1}, {"engines": 0}, {"engine_fill": 0},
-                                 {"batch_size": "64"}, {"engine_factory": "no-colon"}, {"service_hooks_args": "x=1"}])
+                                 {"batch_size": "64"}, {"engine_factory": "no-colon"}, {"service_hooks_args": "x=1"},
+                                 {"batch_size": 4097}, {"batch_size": 99999999999999999999}, {"resreq": "garbage"},
+                                 {"resreq": "cpu=1,disk=2"}])
 def test_bad_options_are_refused(bad):
     with pytest.raises(InputError, match="--sut flame"):
         _sut(**bad)
+
+
+def test_bad_resreq_and_batch_size_messages_name_the_rule():
+    with pytest.raises(InputError, match=r"resreq 'garbage': invalid resource requirement entry 'garbage', expected "
+                                         r"key=value \(e.g. cpu=1,mem=2g,gpu=1\)"):
+        _sut(resreq="garbage")
+    with pytest.raises(InputError, match="batch_size must be at most 4096"):
+        _sut(batch_size=5000)
+    assert _sut(resreq="cpu=2,mem=4g", batch_size=4096).transport.o.resreq == "cpu=2,mem=4g"
+
+
+def test_preflight_refuses_min_executors_above_what_the_session_asks_for(no_flame_config):
+    # max_num_seqs 256, batch 32: the session asks for 16 executors; min_executors 17 could never be met
+    with pytest.raises(InputError, match="min_executors 17 is more than the 16 executor"):
+        _preflight(min_executors=17)
+    with pytest.raises(InputError, match="no Flame endpoint"):  # 16 passes this check, then the endpoint one
+        _preflight(min_executors=16)
 
 
 def test_options_arrive_typed_and_carry_their_cli_flags():

@@ -38,8 +38,14 @@ class FlameSUT(TransportSUT):
 
     @classmethod
     def preflight(cls, options: FlameOptions, engine: EngineSettings) -> None:
-        """``InputError`` when no Flame endpoint is given or its session manager does not accept a
-        connection within ``PREFLIGHT_TIMEOUT_S`` seconds (``sut.flame.session.check_control_plane``)."""
+        """``InputError`` when ``min_executors`` exceeds the executors a replica session asks for, no Flame
+        endpoint is given, or its session manager does not accept a connection within ``PREFLIGHT_TIMEOUT_S``
+        seconds (``sut.flame.session.check_control_plane``)."""
+        per_engine = options.per_engine(engine.max_num_seqs)
+        if options.min_executors is not None and options.min_executors > per_engine:
+            raise InputError(f"--sut flame: min_executors {options.min_executors} is more than the {per_engine} "
+                             "executor(s) a replica session asks for (executors_per_engine); the warm-up could never "
+                             "reach it")
         try:
             check_control_plane(options.endpoint)
         except RunFailed as e:

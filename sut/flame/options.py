@@ -22,6 +22,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+#: Largest ``batch_size`` accepted: an engine runs at most ``max_num_seqs`` sequences at once (2,048 at most in the
+#: H200 sweep, ../shared/research/anchors_2026-12.md section 4), so a bigger task only queues inside one executor.
+MAX_BATCH_SIZE = 4096
+
 #: The study's Flame settings (batch limit 128, batch-formation window 10 ms).
 LOCALITY_DEFAULTS = {"batch_size": 128, "batch_window_ms": 10.0}
 
@@ -94,6 +98,15 @@ class FlameOptions:
         for name in ("batch_size", "engines", "inflight_per_executor", "dispatch_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be at most {MAX_BATCH_SIZE} (samples per Flame task), got {self.batch_size}")
+        if self.resreq is not None:
+            import flamepy
+
+            try:
+                flamepy.ResourceRequirement.from_string(self.resreq)
+            except ValueError as e:
+                raise ValueError(f"resreq {self.resreq!r}: {e} (e.g. cpu=1,mem=2g,gpu=1)") from None
         for name in ("executors_per_engine", "min_executors"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
