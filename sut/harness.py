@@ -143,12 +143,23 @@ def open_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, optio
     return run_dir, record
 
 
+def mark_failed(record: dict, error: str) -> None:
+    """``status`` failed with ``error``. A failed run has no ``validity`` (null): LoadGen's word (often VALID:
+    samples answered empty count as completed) moves to ``loadgen_validity``, and ``samples_per_s`` /
+    ``tokens_per_s`` to ``loadgen_samples_per_s`` / ``loadgen_tokens_per_s``: not a measurement."""
+    record["status"] = "failed"
+    record["error"] = error
+    for key in ("validity", "samples_per_s", "tokens_per_s"):
+        if record.get(key) is not None:
+            record[f"loadgen_{key}"] = record[key]
+            record[key] = None
+
+
 def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
     """A run still ``running`` when ``e`` ended it is recorded ``failed`` with the cause."""
     if record.get("status") == "running":
-        record["status"] = "failed"
-        record["error"] = record.get("error") or (interrupt_reason(e) if isinstance(e, KeyboardInterrupt)
-                                                  else f"{type(e).__name__}: {e}")
+        mark_failed(record, record.get("error") or (interrupt_reason(e) if isinstance(e, KeyboardInterrupt)
+                                                    else f"{type(e).__name__}: {e}"))
         record["finished"] = now_iso()
         write_record(run_dir, record)
 
@@ -298,9 +309,8 @@ def _collect_results(sut: SystemUnderTest, rs: RunSettings, run_dir: Path, recor
 
 
 def _fail(run_dir: Path, record: dict, error: str, message: str) -> RunFailed:
-    """Record the run as failed with ``error``; the ``RunFailed`` to raise says ``message``."""
-    record["status"] = "failed"
-    record["error"] = error
+    """Record the run as failed with ``error`` (``mark_failed``); the ``RunFailed`` to raise says ``message``."""
+    mark_failed(record, error)
     write_record(run_dir, record)
     return RunFailed(f"{message} (record: {run_dir / 'run.json'})")
 

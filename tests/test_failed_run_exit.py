@@ -246,3 +246,16 @@ def test_a_stop_signal_after_loadgen_returned_is_recorded_like_any_other_stop(tm
     rec = {"status": "running"}
     record_failure(tmp_path, rec, RuntimeError("boom"))
     assert rec["error"] == "RuntimeError: boom"
+
+
+def test_a_failed_run_has_no_validity_and_keeps_loadgens_word_apart():
+    from sut.harness import mark_failed
+
+    rec = {"status": "running", "validity": "VALID", "samples_per_s": 3.86, "tokens_per_s": 400.0}
+    mark_failed(rec, "interrupted (SIGINT, Ctrl-C)")
+    assert rec == {"status": "failed", "error": "interrupted (SIGINT, Ctrl-C)", "validity": None, "samples_per_s": None,
+                   "tokens_per_s": None, "loadgen_validity": "VALID", "loadgen_samples_per_s": 3.86,
+                   "loadgen_tokens_per_s": 400.0}
+    early = {"status": "running"}  # failed before LoadGen reported anything
+    mark_failed(early, "x")
+    assert early == {"status": "failed", "error": "x"}

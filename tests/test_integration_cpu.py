@@ -192,6 +192,7 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_the_engines(tmp_path, synthetic_sma
     final = json.loads((run_dir / "run.json").read_text())
     assert final["status"] == "failed" and "interrupted" in final["error"]
     assert ("SIGTERM" if sig == signal.SIGTERM else "SIGINT") in final["error"]
+    assert final["validity"] is None and final["samples_per_s"] is None  # a failed run is no measurement
     _assert_group_gone(rec["engines"][0]["pid"])
 
 
