@@ -303,3 +303,42 @@ def test_instance_socket_appears_only_once_listening(tmp_path):
             c.connect(endpoint)  # listening already, before server.start()
     finally:
         server.stop(0)
+
+
+def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path):
+    """Flame v0.6.0 never ends the services of a dead executor manager; an orphaned engine host would hold its
+    engine slot against every later run (breaker, session 10). The service watches its parent and stops."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    endpoint = tmp_path / "exec-1.sock"
+    env = dict(os.environ, FLAME_INSTANCE_ENDPOINT=str(endpoint), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    # a stand-in executor manager: a shell that starts the service and then only waits
+    parent = subprocess.Popen(["bash", "-c", f"{sys.executable} -m sut.flame.serve 2>{tmp_path}/svc.err & echo $!; "
+                               "sleep 120"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not endpoint.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert endpoint.exists(), (tmp_path / "svc.err").read_text()
+        parent.kill()  # the executor manager dies (SIGKILL): the service is re-parented
+        parent.wait(5)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:  # gone, or a zombie that the re-parenting process has not reaped yet
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError("the orphaned service was still running 15 s after its parent died")
+        assert "the executor manager (pid" in (tmp_path / "svc.err").read_text()
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)

@@ -25,7 +25,9 @@ engine nearly idle, so several executors share one engine:
 
 The engine host dies with its executor (Flame ends the process group at unbind, at session close or
 after ``delay_release`` without tasks); its forwarders then fail their tasks with a clear message,
-and the transport treats that as a dead service.
+and the transport treats that as a dead service. A service whose executor manager (its parent) dies stops
+by itself within ``PARENT_POLL_S`` (engine included): Flame v0.6.0 never ends such orphans, and an orphaned
+engine host would hold its engine slot against every later run on the host.
 
 Extension points (tests; never set by a benchmark): the session's ``engine_factory`` replaces the
 engine, its ``service_hooks`` object is called at ``on_enter(service)`` and ``on_task(service,
@@ -53,6 +55,9 @@ from sut.flame.seats import slot_keys, take_seat, try_flock
 from sut.flame.service_config import ServiceConfig, load_callable
 
 log = logging.getLogger("sut.flame.service")
+
+#: How often (s) a service checks that its parent, the executor manager, still lives (``watch_parent``).
+PARENT_POLL_S = 2.0
 
 DEFAULT_LOCK_DIR = "/tmp/sut-flame"
 LOCK_DIR_ENV = "SUT_FLAME_LOCK_DIR"
@@ -298,6 +303,24 @@ def listen_unix(server, endpoint: str) -> None:
     os.rename(tmp, endpoint)
 
 
+def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """Set ``stop`` when this process's parent (the executor manager that started it) has died, i.e. the
+    process was re-parented; checked every ``poll_s`` seconds on a daemon thread (returned, started)."""
+    parent = os.getppid()
+
+    def loop() -> None:
+        while not stop.wait(poll_s):
+            if os.getppid() != parent:
+                log.warning("the executor manager (pid %d) that started this service is gone: stopping (the engine "
+                            "with it), as Flame never ends such a service", parent)
+                stop.set()
+                return
+
+    thread = threading.Thread(target=loop, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Serve the Flame instance socket named by ``FLAME_INSTANCE_ENDPOINT`` until SIGTERM."""
     logging.basicConfig(level=os.environ.get("SUT_FLAME_LOG", "INFO"), stream=sys.stderr,
@@ -321,7 +344,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     listen_unix(server, endpoint)
     server.start()
     log.info("serving %s (executor %s)", endpoint, service.executor_id)
-    stop.wait()  # no timeout: an idle executor should not wake up (the signal handler sets the event)
+    watch_parent(stop)
+    stop.wait()  # no timeout: the signal handler or the parent watch sets the event
     log.info("stopping")
     try:
         service.shutdown()
