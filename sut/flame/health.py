@@ -88,7 +88,7 @@ class ExecutorHealth:
                     f"Flame lost the executors of session {rs.id} (replica {rs.replica}) while {n} task(s) ran "
                     f"({len(live)} live executor(s) listed; {where}): the executor manager of their node stopped, "
                     "and Flame v0.6.0 keeps such tasks Running for good; restart that executor manager (the service "
-                    "processes it started may be left running on the node)")
+                    "processes it started stop by themselves within seconds)")
         return None
 
 
