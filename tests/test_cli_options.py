@@ -337,3 +337,20 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
         rc = cli.main(["run", "--config", str(preset), "--dataset", "x.json", "--output-dir", str(tmp_path / "o")])
         assert rc == 2 and f"error: {preset}: {message}" in capsys.readouterr().err  # in an Offline run too
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cluster", "--workdir", "{tmp}/c", "--port", "70000"], "--port 70000: expected 0 (two free ports) or a port in"),
+    (["cluster", "--workdir", "{tmp}/c", "--port", "-5"], "--port -5: expected 0"),
+    (["cluster", "--workdir", "{tmp}/c", "--resreq", "garbage"], "--resreq 'garbage': invalid resource requirement"),
+    (["cluster", "--workdir", "/proc/nope/c"], "--workdir /proc/nope/c: cannot create it"),
+    (["cluster", "--workdir", "{tmp}/c", "--flame-bin", "{tmp}"], "no flame-session-manager and flame-executor-manager"),
+    (["register", "--endpoint", "127.0.0.1:39241"], "malformed Flame endpoint '127.0.0.1:39241'"),
+    (["register", "--endpoint", "http://127.0.0.1:1"], "no Flame session manager answers at http://127.0.0.1:1"),
+])
+def test_sut_flame_commands_exit_2_on_bad_input_without_a_traceback(tmp_path, capsys, argv, message):
+    import sut.flame.__main__ as flame_main
+
+    assert flame_main.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err

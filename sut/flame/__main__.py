@@ -48,10 +48,31 @@ def _main(argv: list[str]) -> int:
     if a.cmd == "render-app":
         sys.stdout.write(app.to_yaml(doc))
         return 0
-    from sut.flame.client import connect
+    return _register(a.endpoint, doc)
 
-    conn, endpoint = connect(a.endpoint)
-    app.register(conn, doc)
+
+def _register(endpoint_arg, doc: dict) -> int:
+    """Register ``doc`` at the Flame endpoint: ``BadInput`` (exit 2) for a malformed endpoint or one where nothing
+    answers (the checks of ``python -m sut run --sut flame``); ``RunFailed`` (exit 1) when Flame refuses."""
+    import flamepy
+
+    from sut.base import RunFailed
+    from sut.flame.client import connect
+    from sut.flame.session import check_control_plane
+
+    try:
+        check_control_plane(endpoint_arg)
+    except RunFailed as e:
+        raise BadInput(f"error: {e}") from None
+    conn, endpoint = connect(endpoint_arg)
+    try:
+        app.register(conn, doc)
+    except flamepy.FlameError as e:
+        hint = "" if (e.message or "").strip(": ") not in ("", "failed to register application") else (
+            " (no cause given: is that the session manager's frontend port? the executor managers' backend port, "
+            "frontend + 1, answers so)")
+        raise RunFailed(f"cannot register application {doc['metadata']['name']} at {endpoint}: {e.message}{hint}") \
+            from None
     print(f"registered application {doc['metadata']['name']} at {endpoint}")
     return 0
 

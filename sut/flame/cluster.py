@@ -385,6 +385,31 @@ class RealCluster:
         self.stop()
 
 
+def _check_args(a) -> Path:
+    """The Flame binaries' folder; ``BadInput`` (exit 2, before anything starts) naming a bad ``--port``,
+    ``--resreq`` or ``--workdir``, or a folder without the binaries."""
+    import flamepy
+
+    from sut.exits import BadInput
+
+    if not 0 <= a.port <= 65534:
+        raise BadInput(f"error: --port {a.port}: expected 0 (two free ports) or a port in 1..65534 (the backend "
+                       "port is --port + 1)")
+    try:
+        flamepy.ResourceRequirement.from_string(a.resreq)
+    except ValueError as e:
+        raise BadInput(f"error: --resreq {a.resreq!r}: {e} (e.g. cpu=1,mem=1g)") from None
+    try:
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"error: --workdir {a.workdir}: cannot create it ({e.strerror or e})") from None
+    bin_dir = find_bin_dir(a.flame_bin)
+    if bin_dir is None:
+        raise BadInput(f"error: no {FSM} and {FEM} in {a.flame_bin or default_bin_dir()}; pass --flame-bin or set "
+                       f"{BIN_ENV}")
+    return bin_dir
+
+
 def main(argv: list[str]) -> int:
     """``python -m sut.flame cluster``: run a cluster in the foreground until Ctrl-C / SIGTERM."""
     import argparse
@@ -396,10 +421,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=0, help="frontend port (backend: port + 1; default: two free ports)")
     p.add_argument("--resreq", default=ClusterSettings.resreq, help="default session resource request")
     a = p.parse_args(argv)
-    bin_dir = find_bin_dir(a.flame_bin)
-    if bin_dir is None:
-        print(f"error: no {FSM} and {FEM} in {a.flame_bin or default_bin_dir()}; pass --flame-bin or set {BIN_ENV}")
-        return 2
+    bin_dir = _check_args(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
