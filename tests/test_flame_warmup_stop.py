@@ -4,6 +4,8 @@ executor answered or the stall limit (111 s on a dead executor manager). Now the
 
 from __future__ import annotations
 
+import collections
+
 import threading
 import time
 from types import SimpleNamespace
@@ -37,7 +39,7 @@ def test_ctrl_c_during_the_warm_up_stops_the_warm_up_threads_at_once(monkeypatch
     monkeypatch.setattr(tr.cf, "wait", wait_then_ctrl_c)
     fake = SimpleNamespace(o=SimpleNamespace(min_executors=1), per_engine=1, warmup=[],
                            counters=SimpleNamespace(note_ping=lambda m: None), service_log_dir=lambda: None)
-    sessions = [SimpleNamespace(replica=r) for r in range(2)]
+    sessions = [SimpleNamespace(replica=r, id=f"s{r}") for r in range(2)]
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         tr.FlameTransport._warm_up(fake, sessions)
@@ -60,3 +62,26 @@ def test_the_warm_up_line_says_when_services_wait_for_a_slot(tmp_path):
     old = time.time() - 120
     os.utime(tmp_path / "e1.log", (old, old))  # an old wait, over by now
     assert slot_wait_note(str(tmp_path), 300) == ""
+
+
+def test_a_stalled_warm_up_names_the_other_sessions_that_hold_the_executors():
+    """A breaker killed a run with SIGKILL; the next run's stall advice (executors_per_engine, min_executors)
+    could not help: the killed run's session still held the executors. It is named now, with how to close it."""
+    from sut.flame.options import FlameOptions
+    from sut.flame.warmup import Warmup, _Progress
+
+    held = {"sut-vllm-old": 8, "sut-vllm-r1": 8}  # the second is this run's other replica: no competition
+    rs = SimpleNamespace(id="sut-vllm-r0", replica=0, o=FlameOptions(warmup_stall_s=1.0),
+                         executors=lambda: (collections.Counter({"Binding": 8}), []),
+                         other_sessions=lambda exclude: {k: v for k, v in held.items() if k not in exclude})
+    w = Warmup(rs, 16, lambda meta: None, run_sessions=frozenset({"sut-vllm-r0", "sut-vllm-r1"}))
+    progress = _Progress(t0=0.0, need=16)
+    w._progress(progress, 0.5)  # 8 listed: progress
+    with pytest.raises(RunFailed) as e:
+        w._progress(progress, 5.0)
+    msg = str(e.value)
+    assert "8 executor(s) are held by other open session(s): sut-vllm-old (8)" in msg and "sut-vllm-r1" not in msg
+    assert "python -m sut.flame close SESSION_ID" in msg and "executors_per_engine" not in msg
+    held.clear()
+    with pytest.raises(RunFailed, match="executors_per_engine=8"):  # nothing held elsewhere: the capacity advice
+        w._progress(progress, 10.0)

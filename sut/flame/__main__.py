@@ -1,5 +1,6 @@
-"""``python -m sut.flame {render-app,register,cluster}``: the Flame application of the Flame-batched SUT, and a
-one-host real Flame v0.6.0 cluster for tests and benchmarks (``cluster``, see ``sut.flame.cluster``).
+"""``python -m sut.flame {render-app,register,close,cluster}``: the Flame application of the Flame-batched SUT,
+closing sessions left open (``close``), and a one-host real Flame v0.6.0 cluster for tests and benchmarks
+(``cluster``, see ``sut.flame.cluster``).
 
 Exit codes (``sut.exits``): 0 done, 1 failed (e.g. Flame cannot be reached), 2 bad input, 130 stopped."""
 
@@ -36,10 +37,18 @@ def _main(argv: list[str]) -> int:
         s.add_argument("--env", action="append", default=[], metavar="K=V", help="extra service environment")
         if name == "register":
             s.add_argument("--endpoint", help="Flame endpoint (default: FLAME_ENDPOINT or ~/.flame/flame.yaml)")
+    c = sub.add_parser("close", help="close Flame sessions left open (e.g. by a run killed with SIGKILL), waiting "
+                                     "while their running tasks finish")
+    c.add_argument("session_ids", nargs="+", metavar="SESSION_ID")
+    c.add_argument("--endpoint", help="Flame endpoint (default: FLAME_ENDPOINT or ~/.flame/flame.yaml)")
+    c.add_argument("--wait-s", type=float, default=300.0, help="how long to retry while Flame refuses because tasks "
+                                                               "still run (default 300)")
     sub.add_parser("cluster", add_help=False, help="run a one-host real Flame v0.6.0 cluster until Ctrl-C "
                    "(python -m sut.flame cluster --help)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if a.cmd == "close":
+        return _close(a.endpoint, a.session_ids, a.wait_s)
     bad = [e for e in a.env if "=" not in e]
     if bad:
         raise BadInput(f"error: --env {bad[0]!r}: expected K=V")
@@ -51,11 +60,8 @@ def _main(argv: list[str]) -> int:
     return _register(a.endpoint, doc)
 
 
-def _register(endpoint_arg, doc: dict) -> int:
-    """Register ``doc`` at the Flame endpoint: ``BadInput`` (exit 2) for a malformed endpoint or one where nothing
-    answers (the checks of ``python -m sut run --sut flame``); ``RunFailed`` (exit 1) when Flame refuses."""
-    import flamepy
-
+def _connect_checked(endpoint_arg):
+    """``(connection, endpoint)``; ``BadInput`` for a malformed endpoint or one where nothing answers."""
     from sut.base import RunFailed
     from sut.flame.client import connect
     from sut.flame.session import check_control_plane
@@ -64,7 +70,43 @@ def _register(endpoint_arg, doc: dict) -> int:
         check_control_plane(endpoint_arg)
     except RunFailed as e:
         raise BadInput(f"error: {e}") from None
-    conn, endpoint = connect(endpoint_arg)
+    return connect(endpoint_arg)
+
+
+def _close(endpoint_arg, session_ids: list[str], wait_s: float) -> int:
+    """Close each session, retrying every second for ``wait_s`` while Flame refuses because tasks still run;
+    0 when all closed, else 1 (each failure logged with Flame's words)."""
+    import time
+
+    import flamepy
+
+    conn, endpoint = _connect_checked(endpoint_arg)
+    failed = 0
+    for sid in session_ids:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                conn.close_session(sid)
+                print(f"closed session {sid} at {endpoint}")
+                break
+            except flamepy.FlameError as e:
+                if "running tasks" in (e.message or "") and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                logging.getLogger("sut.flame").error("session %s not closed: %s", sid, e.message)
+                failed += 1
+                break
+    return 1 if failed else 0
+
+
+def _register(endpoint_arg, doc: dict) -> int:
+    """Register ``doc`` at the Flame endpoint: ``BadInput`` (exit 2) for a malformed endpoint or one where nothing
+    answers (the checks of ``python -m sut run --sut flame``); ``RunFailed`` (exit 1) when Flame refuses."""
+    import flamepy
+
+    from sut.base import RunFailed
+
+    conn, endpoint = _connect_checked(endpoint_arg)
     try:
         app.register(conn, doc)
     except flamepy.FlameError as e:

@@ -266,6 +266,19 @@ class ReplicaSession:
                 stuck.append((e.metadata.id, state))
         return ours, stuck
 
+    def other_sessions(self, exclude: frozenset) -> dict[str, int]:
+        """Sessions other than ``exclude`` (this run's) that hold live executors (Idle/Binding/Bound/Unbinding),
+        with their counts: what keeps executors from this run, e.g. the session a killed run left open ({} when
+        Flame cannot be asked)."""
+        try:
+            listed = self.conn.list_executors()
+        except Exception:  # noqa: BLE001 - diagnostics only
+            return {}
+        held = collections.Counter(e.status.session_id for e in listed if e.status.session_id
+                                   and e.status.session_id not in exclude
+                                   and executor_state(e) in ("Idle", "Binding", "Bound", "Unbinding"))
+        return dict(held)
+
     def check_bind_failures(self) -> None:
         """``RunFailed`` on a bind failure that Flame's retries cannot fix: the service's own
         ``on_session_enter`` failed (the same on every executor), or the session's retry limit was reached.

@@ -205,7 +205,8 @@ class FlameTransport(Transport):
         with cf.ThreadPoolExecutor(len(sessions), thread_name_prefix="flame-warmup") as pool:
             try:
                 log_dir = self.service_log_dir()
-                futs = [pool.submit(Warmup(rs, need, lambda m, r=rs.replica: answer(r, m), abort, log_dir).run)
+                mine = frozenset(rs.id for rs in sessions)
+                futs = [pool.submit(Warmup(rs, need, lambda m, r=rs.replica: answer(r, m), abort, log_dir, mine).run)
                         for rs in sessions]
                 done, _ = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
             except BaseException:  # Ctrl-C / SIGTERM: the pool's exit joins the warm-ups, so stop them first

@@ -50,8 +50,9 @@ class Warmup:
     also soon after ``abort`` is set (another replica's warm-up failed)."""
 
     def __init__(self, rs: ReplicaSession, need: int, on_answer, abort: Optional[threading.Event] = None,
-                 service_log_dir: Optional[str] = None):
+                 service_log_dir: Optional[str] = None, run_sessions: frozenset = frozenset()):
         self.rs, self.need, self.on_answer = rs, need, on_answer
+        self.run_sessions = run_sessions | {rs.id}  # this run's sessions: their executors are no competition
         self.service_log_dir = service_log_dir  # where this host's services log (slot waits show there)
         self.abort = abort or threading.Event()
         self.o = rs.o
@@ -148,7 +149,10 @@ class Warmup:
         if n_ours < w.need and now - w.progress_t > o.warmup_stall_s:
             msg = (f"warm-up: only {answered} of {w.need} Flame executors answered, and Flame has given session "
                    f"{rs.id} {n_ours} executor(s) ({states}), none new for {o.warmup_stall_s:.0f} s")
-            if stuck:
+            held = self._held_elsewhere()
+            if held:
+                msg += held
+            elif stuck:
                 msg += (f"; the cluster has {len(stuck)} executor(s) stuck in Unbinding without a session "
                         f"({', '.join(i for i, _ in stuck[:4])}): in Flame v0.6.0 an executor whose service died stays "
                         "Unbinding for good, and Flame gives new sessions no executor while it exists -- restart the "
@@ -163,6 +167,16 @@ class Warmup:
                 msg += ("; check the cluster's capacity (executor managers, their resources), the session's resreq and "
                         "max_instances, and the service logs")
             raise RunFailed(msg)
+
+    def _held_elsewhere(self) -> str:
+        """``"; ... held by other open sessions ..."`` naming the sessions (not this run's) that hold executors."""
+        others = self.rs.other_sessions(frozenset(self.run_sessions))
+        if not others:
+            return ""
+        named = ", ".join(f"{sid} ({n})" for sid, n in sorted(others.items(), key=lambda kv: -kv[1])[:4])
+        return (f"; {sum(others.values())} executor(s) are held by other open session(s): {named} -- another run "
+                "using this cluster, or one killed without its stop (SIGKILL, OOM), which leaves its session open: "
+                "close that with `python -m sut.flame close SESSION_ID --endpoint ...` (or restart the cluster)")
 
 
 #: What a service logs while it waits for an engine slot held by another session (``sut.flame.service``).
