@@ -10,7 +10,8 @@
   ``enter_error`` (text; ``on_session_enter`` raises it), ``task_error`` ({"batches": [ids], "times":
   n}: the task raises for these batch ids, n times per id across every executor, counted with files
   in ``state_dir``), ``crash`` ({"batches", "times", "delay_s"}: the executor kills itself with
-  SIGKILL ``delay_s`` into such a task), ``state_dir`` (needed by task_error / crash).
+  SIGKILL ``delay_s`` into such a task), ``exit_after`` (same keys: the task succeeds, the process kills itself
+  ``delay_s`` later, while its executor waits for a task), ``state_dir`` (needed by task_error / crash).
 * ``fake_options(**kw)``: the ``FlameOptions`` fields that select both (a dict for ``--option``).
 
 The service processes import this module as ``tests.flame_doubles``: the application's
@@ -174,6 +175,12 @@ class Faults:
     def on_task(self, _service, batch_id: int) -> None:
         if self._fires("task_error", batch_id):
             raise RuntimeError(f"injected task failure (batch {batch_id})")
+        f = self._fires("exit_after", batch_id)
+        if f:  # the task itself succeeds; the process dies while its executor waits for the next task
+            delay = float(f.get("delay_s", 1.0))
+            log.error("injected crash: this service process (pid %d) kills itself %.1f s after batch %d", os.getpid(),
+                      delay, batch_id)
+            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
         f = self._fires("crash", batch_id)
         if f:
             time.sleep(float(f.get("delay_s", 0.0)))

@@ -13,12 +13,21 @@ Flame lists no live executor (Idle/Binding/Bound/Unbinding) in two polls running
 reported once through ``on_lost(replica, message)`` (the transport's fatal event, which fails the run), and
 ``lost`` is set so that closing the session does not wait for tasks that can never end. A poll that cannot
 reach the session manager does nothing: that loss has its own checks (``sut.flame.session``).
+
+A service process that dies while its executor waits for a task (a forwarder with nothing to do) fails no
+task: the run completes on the other executors. Its executor stays Bound until the session closes, then
+Unbinding for good (its ``OnSessionLeave`` cannot reach the dead process), and Flame v0.6.0 gives later
+sessions no executor while it lasts (measured, ``tests/test_flame_real_cluster.py``). ``stuck_after_close``
+finds that after the close: an executor of the run (``executors_of``, listed just before the close) still
+Unbinding ``FlameOptions.unbind_wait_s`` (20 s) later fails the run, naming it and its node (a normal unbind
+takes well under a second: ``OnSessionLeave`` only logs).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable, Optional, Sequence
 
 from sut.flame.session import executor_state
@@ -96,3 +105,36 @@ def _not_ready_nodes(nodes) -> set:
     from flamepy.proto import types_pb2
 
     return {n.metadata.name for n in nodes if n.status.state == types_pb2.NodeState.Value("NotReady")}
+
+
+def executors_of(conn, session_ids: Sequence[str]) -> dict[str, str]:
+    """``{executor id: node}`` of the executors Flame lists for ``session_ids`` now ({} if it cannot be asked)."""
+    try:
+        listed = list(conn.list_executors())
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return {}
+    wanted = set(session_ids)
+    return {e.metadata.id: e.spec.node for e in listed if e.status.session_id in wanted}
+
+
+def stuck_after_close(conn, ours: dict[str, str], wait_s: float, poll_s: float = 0.5) -> Optional[str]:
+    """After the run's sessions closed: the message when executors of ``ours`` (``executors_of``) are still
+    Unbinding ``wait_s`` seconds on (their service died during the run), else None (also when Flame cannot be
+    asked). Returns as soon as none of them is Unbinding."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            listed = list(conn.list_executors())
+        except Exception:  # noqa: BLE001 - the close itself worked; nothing to tell
+            return None
+        stuck = {e.metadata.id: ours[e.metadata.id] for e in listed
+                 if e.metadata.id in ours and executor_state(e) == "Unbinding"}
+        if not stuck:
+            return None
+        if time.monotonic() >= deadline:
+            nodes = ", ".join(sorted({n or "?" for n in stuck.values()}))
+            return (f"{len(stuck)} executor(s) of this run ({', '.join(sorted(stuck)[:4])}) are still Unbinding "
+                    f"{wait_s:.0f} s after the close: their service process died during the run (its tasks were "
+                    "done by other executors), and Flame v0.6.0 never finishes such an unbind and gives later sessions "
+                    f"no executor while it lasts; restart the executor manager of node(s) {nodes} before the next run")
+        time.sleep(poll_s)

@@ -83,6 +83,7 @@ class FlameOptions:
     # Ctrl-C'd warm-up waited 80 s on CPU; an 8B engine on a GPU takes 1-3 min to start).
     slot_wait_s: float = 300.0
     close_timeout_s: float = 600.0
+    unbind_wait_s: float = 20.0  # after the close: an executor of the run still Unbinding this long lost its service
     unreachable_timeout_s: float = 15.0  # give up closing when the session manager stays unreachable this long
     service_log_dir: Optional[str] = None  # default: <run folder>/flame-service (services on this host); "none"
     engine_factory: Optional[str] = None  # "module:callable"; default sut.engine.EngineHandle
@@ -120,7 +121,8 @@ class FlameOptions:
             raise ValueError(f"executor_slack must be >= 0, got {self.executor_slack}")
         if not (math.isfinite(self.engine_fill) and self.engine_fill > 0):
             raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
-        for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s", "slot_wait_s", "health_check_s"):
+        for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s", "slot_wait_s", "health_check_s",
+                     "unbind_wait_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         for name in ("engine_factory", "service_hooks"):

@@ -40,7 +40,7 @@ from sut.core.messages import ReplicaRecord
 from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
 from sut.dataset import sha256_file
 from sut.flame.batcher import Batcher, check_fits
-from sut.flame.health import ExecutorHealth
+from sut.flame.health import ExecutorHealth, executors_of, stuck_after_close
 from sut.flame.options import FlameOptions
 from sut.flame.service_config import make_common_data
 from sut.flame.session import ReplicaSession, connect, ensure_app
@@ -260,8 +260,12 @@ class FlameTransport(Transport):
         errors = []
         try:
             if self.sessions:
+                ours = executors_of(self.conn, [rs.id for rs in self.sessions]) if self.fatal_event is None else {}
                 with cf.ThreadPoolExecutor(len(self.sessions), thread_name_prefix="flame-close") as pool:
                     errors = [e for e in pool.map(lambda rs: rs.close(), self.sessions) if e]
+                if ours and not errors and self.fatal_event is None:  # a failed run already says what died
+                    stuck = stuck_after_close(self.conn, ours, self.o.unbind_wait_s)
+                    errors = [stuck] if stuck else []
         finally:
             for t in self.trackers:
                 t.join(2 if self.health is not None and self.health.lost else 30)
