@@ -7,7 +7,8 @@
   per-engine prefix cache of ``block``-token blocks (chained, like vLLM's): the number of leading
   tokens, in whole blocks, of the prompt whose blocks an earlier request on the same engine had.
 * ``Faults``: ``service_hooks = "tests.flame_doubles:Faults"`` with ``service_hooks_args``:
-  ``enter_error`` (text; ``on_session_enter`` raises it), ``task_error`` ({"batches": [ids], "times":
+  ``enter_error`` (text; ``on_session_enter`` raises it), ``enter_sleep_s`` (``on_session_enter`` blocks so long
+  first: a slow engine start), ``task_error`` ({"batches": [ids], "times":
   n}: the task raises for these batch ids, n times per id across every executor, counted with files
   in ``state_dir``), ``crash`` ({"batches", "times", "delay_s"}: the executor kills itself with
   SIGKILL ``delay_s`` into such a task), ``exit_after`` (same keys: the task succeeds, the process kills itself
@@ -169,6 +170,9 @@ class Faults:
         return None
 
     def on_enter(self, _service) -> None:
+        if self.spec.get("enter_sleep_s"):
+            log.warning("injected: on_session_enter sleeps %s s", self.spec["enter_sleep_s"])
+            time.sleep(float(self.spec["enter_sleep_s"]))
         if self.spec.get("enter_error"):
             raise RuntimeError(self.spec["enter_error"])
 

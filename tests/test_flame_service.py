@@ -305,9 +305,31 @@ def test_instance_socket_appears_only_once_listening(tmp_path):
         server.stop(0)
 
 
-def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path):
+def _enter_in_background(endpoint: Path, common: bytes) -> threading.Thread:
+    """Call the service's OnSessionEnter as the executor manager does (no deadline), on a daemon thread."""
+    import grpc
+    from flamepy.proto import shim_pb2, shim_pb2_grpc
+
+    def call():
+        channel = grpc.insecure_channel(f"unix://{endpoint}")
+        try:
+            shim_pb2_grpc.InstanceStub(channel).OnSessionEnter(shim_pb2.SessionContext(
+                session_id="s-enter", application=shim_pb2.ApplicationContext(name="sut-vllm", shim="Host"),
+                common_data=common))
+        except grpc.RpcError:
+            pass  # the service went away mid-call: what the test wants
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("while_entering", [False, True], ids=["idle", "entering"])
+def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path, while_entering):
     """Flame v0.6.0 never ends the services of a dead executor manager; an orphaned engine host would hold its
-    engine slot against every later run (breaker, session 10). The service watches its parent and stops."""
+    engine slot against every later run (breaker, session 10). The service watches its parent and stops, also
+    while a gRPC thread is still inside on_session_enter (a slow engine start, a slot wait): the process ends
+    without joining it."""
     import os
     import signal
     import subprocess
@@ -321,13 +343,22 @@ def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path):
                                "sleep 120"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         pid = int(parent.stdout.readline())
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # the service imports sut.engine: slow on a loaded host
         while not endpoint.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert endpoint.exists(), (tmp_path / "svc.err").read_text()
+        if while_entering:
+            common = make_common_data(EngineSettings(model="m"), GenerationSettings(), lock_dir=str(tmp_path / "locks"),
+                                      service_hooks="tests.flame_doubles:Faults",
+                                      service_hooks_args={"enter_sleep_s": 120})
+            _enter_in_background(endpoint, common)
+            deadline = time.monotonic() + 30
+            while "injected: on_session_enter sleeps" not in (tmp_path / "svc.err").read_text():
+                assert time.monotonic() < deadline, (tmp_path / "svc.err").read_text()
+                time.sleep(0.2)
         parent.kill()  # the executor manager dies (SIGKILL): the service is re-parented
         parent.wait(5)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:  # gone, or a zombie that the re-parenting process has not reaped yet
                 if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
@@ -337,7 +368,7 @@ def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path):
             time.sleep(0.2)
         else:
             os.kill(pid, signal.SIGKILL)
-            raise AssertionError("the orphaned service was still running 15 s after its parent died")
+            raise AssertionError("the orphaned service was still running 30 s after its parent died")
         assert "the executor manager (pid" in (tmp_path / "svc.err").read_text()
     finally:
         if parent.poll() is None:

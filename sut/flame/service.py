@@ -322,7 +322,8 @@ def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S) -> thread
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Serve the Flame instance socket named by ``FLAME_INSTANCE_ENDPOINT`` until SIGTERM."""
+    """Serve the Flame instance socket named by ``FLAME_INSTANCE_ENDPOINT`` until SIGTERM / SIGINT or the death of
+    the executor manager (``watch_parent``), then shut down and end the process (``os._exit(0)``); 2 without it."""
     logging.basicConfig(level=os.environ.get("SUT_FLAME_LOG", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [flame-svc {os.getpid()}] %(name)s: %(message)s", datefmt="%H:%M:%S")
     endpoint = os.environ.get("FLAME_INSTANCE_ENDPOINT")
@@ -350,5 +351,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         service.shutdown()
     finally:
-        server.stop(grace=1.0)
-    return 0
+        server.stop(grace=1.0).wait(2.0)
+    # A gRPC thread may still be inside on_session_enter (waiting for a slot, or for an engine that the shutdown
+    # just ended): the interpreter's exit would join it (concurrent.futures' atexit hook) and keep a stopped
+    # service alive for minutes. The process's work is done: flush and leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
