@@ -86,6 +86,7 @@ class FakeEngineHandle:
         self._on_stats: Optional[Callable] = None
         self._thread: Optional[threading.Thread] = None
         self._cache: set[bytes] = set()
+        self._ended = threading.Event()
         self.samples_done = 0
 
     @property
@@ -96,7 +97,10 @@ class FakeEngineHandle:
         pass
 
     def wait_ready(self, timeout: float) -> dict:
-        time.sleep(min(self.start_s, timeout))
+        if self._ended.wait(min(self.start_s, timeout)):  # shut down while "starting", as a real worker is ended
+            from sut.engine import EngineError
+
+            raise EngineError(f"fake engine {self.slot.index} ended during start-up")
         self.info = {
             "engine": self.slot.index, "pid": os.getpid(), "vllm_version": "fake", "torch_version": "fake",
             "engine_args": {"model": self.settings.model, "max_num_seqs": self.settings.max_num_seqs,
@@ -144,6 +148,7 @@ class FakeEngineHandle:
                             "total_ms": 0.0, "max_pause_ms": 0.0, "max_pause_generation": None, "frozen_objects": 0})
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        self._ended.set()
         self._q.put(None)
         if self._thread is not None:
             self._thread.join(timeout)

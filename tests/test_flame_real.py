@@ -85,3 +85,37 @@ def test_executor_manager_killed_mid_run_fails_within_bounded_time(real_flame_fa
     _assert_exactly_once(samples, answers)
     close = sut.record()["flame"]["close"]
     assert not close["closed"] and "Cannot close session with running tasks" in close["error"]
+
+
+def test_a_session_closed_during_the_engine_start_ends_its_services_within_seconds(real_flame_factory, dataset,
+                                                                                    lock_dir, tmp_path):  # noqa: F811
+    """A breaker's find (session 10): after a run stopped in its warm-up, Flame could end the services only once
+    their OnSessionEnter returned, so an engine host finished its engine start (here 60 s) and slot waiters waited
+    slot_wait_s. The services now see the close (EnterWatch) and end the entry at once."""
+    import threading
+
+    cluster = real_flame_factory()
+    sut, _ = _sut(cluster, dataset, lock_dir, engine_factory_args={"step_s": 0.05, "start_s": 60.0, "block": 16},
+                  warmup_timeout_s=120)
+    failed = []
+    starter = threading.Thread(target=lambda: failed.append(_start_expecting_failure(sut)), daemon=True)
+    starter.start()
+    try:
+        assert cluster.wait_until(lambda: len(cluster.service_processes()) >= 2, 30), "the services started"
+        time.sleep(3.0)  # inside on_session_enter: the engine host's start, the forwarder's wait for it
+        sid = sut.transport.sessions[0].id
+        flamepy.connect(cluster.endpoint).close_session(sid)  # what the run's stop does after a Ctrl-C
+        t_close = time.monotonic()
+        assert cluster.wait_until(lambda: not cluster.service_processes(), 25), cluster.service_processes()
+        assert time.monotonic() - t_close < 25  # not the 60 s engine start
+    finally:
+        sut.stop()
+        starter.join(30)
+
+
+def _start_expecting_failure(sut):
+    try:
+        sut.start()
+    except Exception as e:  # noqa: BLE001 - the warm-up fails once its session is closed
+        return str(e)
+    return None

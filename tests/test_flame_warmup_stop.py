@@ -85,3 +85,32 @@ def test_a_stalled_warm_up_names_the_other_sessions_that_hold_the_executors():
     held.clear()
     with pytest.raises(RunFailed, match="executors_per_engine=8"):  # nothing held elsewhere: the capacity advice
         w._progress(progress, 10.0)
+
+
+def test_enter_watch_calls_back_once_when_the_session_closes_or_is_unknown_and_never_when_unreachable():
+    import flamepy
+
+    from sut.flame.enter_watch import EnterWatch
+
+    def watch(states):
+        calls, it = [], iter(states)
+
+        def get_session(sid):
+            v = next(it, states[-1])
+            if isinstance(v, Exception):
+                raise v
+            return SimpleNamespace(state=v)
+
+        w = EnterWatch("s1", lambda: calls.append(1), endpoint="http://x:1", poll_s=0.01)
+        w._conn = SimpleNamespace(get_session=get_session)
+        w.start()
+        time.sleep(0.3)
+        w.done()
+        return w.closed.is_set(), calls
+
+    OPEN, CLOSED = flamepy.SessionState.OPEN, flamepy.SessionState.CLOSED
+    assert watch([OPEN, OPEN, CLOSED]) == (True, [1])
+    assert watch([flamepy.FlameError(5, "session s1 not found")]) == (True, [1])
+    assert watch([RuntimeError("unreachable")]) == (False, [])  # cannot ask: keep entering
+    assert watch([OPEN]) == (False, [])
+    assert EnterWatch("s1", lambda: None, endpoint=None).start().closed.is_set() is False  # no FLAME_ENDPOINT

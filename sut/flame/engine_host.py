@@ -65,6 +65,7 @@ class EngineHost:
         self._ready: Optional[asyncio.Event] = None
         self._fatal: Optional[str] = None
         self._stopping = False
+        self._abort_start = False
         self._server = None
         self.handle = None
         self.info: dict = {}
@@ -118,6 +119,8 @@ class EngineHost:
         handle.start()
         self.handle = handle
         try:
+            if self._abort_start:  # abort_start ran before the handle existed
+                raise EngineError(f"engine start of slot {self.key} ended: the session closed")
             info = handle.wait_ready(cfg.engine_start_timeout_s)
         except BaseException:
             handle.shutdown()
@@ -134,6 +137,14 @@ class EngineHost:
                  self.shard["gpu_uuid"] or f"{self.slot.kind}:{self.slot.device}", self.shard["device_name"],
                  info.get("pid"), os.getpid())
         return info
+
+    def abort_start(self) -> None:
+        """End an engine start in progress (its session closed); ``start`` then raises. Any thread; no-op once
+        the engine is ready."""
+        self._abort_start = True
+        handle = self.handle
+        if handle is not None and not self.info:
+            handle.shutdown()
 
     def shutdown(self) -> None:
         self._stopping = True

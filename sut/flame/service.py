@@ -50,6 +50,7 @@ from typing import Optional
 from sut.engine import EngineError, GcPauseMonitor, plan_engines
 from sut.flame import payload as pl
 from sut.flame.engine_host import EngineHost
+from sut.flame.enter_watch import EnterWatch
 from sut.flame.hostlink import EngineClient, HostMismatch
 from sut.flame.seats import slot_keys, take_seat, try_flock
 from sut.flame.service_config import ServiceConfig, load_callable
@@ -90,6 +91,7 @@ class VllmBatchService(_base_service_class()):
         self.session_id: Optional[str] = None
         self.gcmon = GcPauseMonitor("service").install()
         self._frozen = False
+        self._enter_watch: Optional[EnterWatch] = None
         self.tasks_done = 0
         endpoint = os.environ.get("FLAME_INSTANCE_ENDPOINT", "")
         self.executor_id = Path(endpoint).name.removesuffix(".sock") if endpoint else f"pid{os.getpid()}"
@@ -110,6 +112,24 @@ class VllmBatchService(_base_service_class()):
             raise RuntimeError(f"this service process already entered session {self.session_id}")
         self.cfg = cfg = ServiceConfig.from_bytes(context.common_data())
         self.session_id = context.session_id
+        self._enter_watch = EnterWatch(self.session_id, self._end_entry).start()
+        try:
+            self._enter(cfg, t0)
+        finally:
+            self._enter_watch.done()
+        return True
+
+    def _end_entry(self) -> None:
+        """The session closed while this service entered it (``EnterWatch``): end an engine start now (a slot
+        wait or a forwarder's wait sees ``closed`` itself)."""
+        if self.host is not None:
+            self.host.abort_start()
+
+    def _closed_while(self, what: str) -> None:
+        if self._enter_watch is not None and self._enter_watch.closed.is_set():
+            raise RuntimeError(f"session {self.session_id} was closed while this service {what}")
+
+    def _enter(self, cfg: ServiceConfig, t0: float) -> None:
         if self.hooks is None and cfg.service_hooks:
             self.hooks = load_callable(cfg.service_hooks)(**cfg.service_hooks_args)
         self._hook("on_enter")
@@ -123,7 +143,6 @@ class VllmBatchService(_base_service_class()):
             self._frozen = True
         log.info("session %s entered as %s of slot %s (replica %d) in %.1f s", self.session_id, self.role, key,
                  cfg.slot, time.monotonic() - t0)
-        return True
 
     @staticmethod
     def _pinned_slot(cfg: ServiceConfig, lock_dir: Path):
@@ -167,6 +186,7 @@ class VllmBatchService(_base_service_class()):
             except HostMismatch as e:
                 os.close(fd)
                 self.seat_fd = None
+                self._closed_while(f"waited for engine slot {key}, held by another session's engine host")
                 now = time.monotonic()
                 held_since = held_since or now
                 if now - held_since > self.cfg.slot_wait_s or now > deadline:
@@ -219,6 +239,7 @@ class VllmBatchService(_base_service_class()):
                 raise _BecomeHost()
             if time.monotonic() > deadline:
                 raise EngineError(f"engine host of slot {key} never opened {sock_path}")
+            self._closed_while(f"waited for the engine host of slot {key}")
             time.sleep(0.2)
 
     def on_task_invoke(self, context) -> Optional[bytes]:
