@@ -87,8 +87,8 @@ def test_executor_manager_killed_mid_run_fails_within_bounded_time(real_flame_fa
     assert not close["closed"] and "Cannot close session with running tasks" in close["error"]
 
 
-def test_a_session_closed_during_the_engine_start_ends_its_services_within_seconds(real_flame_factory, dataset,
-                                                                                    lock_dir, tmp_path):  # noqa: F811
+def test_a_session_closed_during_the_engine_start_ends_its_services_within_seconds(  # noqa: F811
+        real_flame_factory, dataset, lock_dir):  # noqa: F811
     """A breaker's find (session 10): after a run stopped in its warm-up, Flame could end the services only once
     their OnSessionEnter returned, so an engine host finished its engine start (here 60 s) and slot waiters waited
     slot_wait_s. The services now see the close (EnterWatch) and end the entry at once."""
