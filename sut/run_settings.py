@@ -107,6 +107,10 @@ class RunSettings:
         if self.audit_config and self.mode != "performance":
             raise ValueError("an audit config sets LoadGen's mode itself (TEST06: performance with a sampled accuracy "
                              f"log); run it with --mode performance, got {self.mode!r}")
+        if self.run_name is not None and (self.run_name in ("", ".", "..") or "/" in self.run_name
+                                          or "\0" in self.run_name or self.run_name != self.run_name.strip()):
+            raise ValueError("run_name must be a plain folder name inside --output-dir (no '/', not '.' or '..', no "
+                             f"leading or trailing spaces), got {self.run_name!r}")
         if self.max_samples is not None and self.max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
         if self.min_query_count is not None and self.min_query_count < 1:

@@ -382,3 +382,12 @@ def test_a_malformed_model_folder_is_an_engine_error_naming_the_file(tmp_path, n
     (tmp_path / name).write_text(text)
     with pytest.raises(EngineError, match=str(tmp_path)):
         read_model_info(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../../escape", "/tmp/abs", "a/b", "..", ".", "", " x"])
+def test_a_run_name_must_stay_inside_the_output_dir(name):
+    from sut.run_settings import RunSettings
+
+    with pytest.raises(ValueError, match="run_name must be a plain folder name inside --output-dir"):
+        RunSettings(sut="vllm", dataset="x.json", run_name=name)
+    assert RunSettings(sut="vllm", dataset="x.json", run_name="my-run.1").run_name == "my-run.1"
