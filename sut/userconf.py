@@ -248,8 +248,9 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
         scenario: the run's LoadGen scenario (``Offline``).
         target_qps_given: ``--target-qps`` is set for this run (a dev run, e.g. a scripts/find_qps.py
             try): a file none of whose lines apply is then accepted when every line is a
-            ``target_qps`` line of another run (the target comes from the command line, every other
-            setting from mlperf.conf); any other setting keyed for another run is still refused.
+            ``target_qps`` line of another run, or when it has no line at all (the target comes from the
+            command line, every other setting from mlperf.conf); any other setting keyed for another run is
+            still refused. Without it, a file with no setting (empty, comments only) is refused.
 
     Returns:
         ``{setting: value}`` of the lines LoadGen will use, e.g. ``{"target_qps": "34"}``.
@@ -274,6 +275,10 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
         raise InputError(f"{path}: no line applies to this run ({model_key}.{scenario}): its lines are keyed "
                          f"{', '.join(keys)}, so LoadGen would run with its defaults; add {model_key}.{scenario}.* "
                          "lines (or '*' keys), or pick the matching --model-key / --scenario")
+    if not others and not applying and not target_qps_given:
+        raise InputError(f"{path}: no setting in it (empty, or comments only), so LoadGen would run with its defaults "
+                         f"(target_qps 1); add a {model_key}.{scenario}.target_qps line (or pass --target-qps for a dev "
+                         "run)")
     for line in others:
         log.info("%s, line %d (%r) is for another run than %s.%s; LoadGen ignores it here", path, line.number,
                  line.text, model_key, scenario)

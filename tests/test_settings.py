@@ -391,3 +391,17 @@ def test_a_run_name_must_stay_inside_the_output_dir(name):
     with pytest.raises(ValueError, match="run_name must be a plain folder name inside --output-dir"):
         RunSettings(sut="vllm", dataset="x.json", run_name=name)
     assert RunSettings(sut="vllm", dataset="x.json", run_name="my-run.1").run_name == "my-run.1"
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n", "\n"])
+def test_a_user_conf_without_any_setting_is_refused_unless_target_qps_is_given(tmp_path, text):
+    """A breaker's find: an empty user.conf ran at LoadGen's default target_qps 1 and exited 0."""
+    from sut.base import InputError
+    from sut.userconf import check_user_conf
+
+    p = tmp_path / "user.conf"
+    p.write_text(text)
+    with pytest.raises(InputError, match=r"user.conf: no setting in it \(empty, or comments only\).*target_qps 1.*"
+                                         r"llama3_1-8b.Server.target_qps"):
+        check_user_conf(p, "llama3_1-8b", "Server")
+    assert check_user_conf(p, "llama3_1-8b", "Server", target_qps_given=True) == {}
