@@ -27,7 +27,9 @@ transport checks the same again when it connects.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from typing import Any
 from urllib.error import URLError
 
@@ -37,6 +39,8 @@ from sut.core.transports.http import HttpOptions, ServerInputError
 from sut.core.transports.http_readback import pick_model
 from sut.core.transports.http_servers import _OPENER, check_server_args, health_status
 from sut.engine import EngineError, EngineSettings, plan_engines
+
+log = logging.getLogger("sut.http")
 
 #: Seconds a given URL has to answer ``/health`` in ``check_options``.
 REACH_TIMEOUT_S = 10.0
@@ -72,6 +76,18 @@ def check_served_model(url: str, engine: EngineSettings, model_name, timeout_s: 
                          f"{engine.max_model_len} (pass --max-model-len {max_len})")
 
 
+#: Engine settings that only a server's launch sets (``vllm serve`` flags); the harness itself uses the others
+#: (model, max_model_len: the prompt-length check and the tokenizer).
+SERVER_SIDE = ("dtype", "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold", "enable_chunked_prefill",
+               "gpu_memory_utilization", "kv_cache_dtype", "quantization", "load_format", "enforce_eager", "seed")
+
+
+def server_side_settings(engine: EngineSettings) -> dict:
+    """``{name: value}`` of the ``SERVER_SIDE`` settings of ``engine`` that differ from their defaults."""
+    default = {f.name: f.default for f in dataclasses.fields(EngineSettings) if f.name in SERVER_SIDE}
+    return {k: getattr(engine, k) for k in SERVER_SIDE if getattr(engine, k) != default[k]}
+
+
 @register_sut("vllm-http")
 class HttpSUT(TransportSUT):
     """LoadGen SUT over running (or started) vLLM OpenAI-compatible servers (module docstring)."""
@@ -102,6 +118,11 @@ class HttpSUT(TransportSUT):
             return
         for url in options.urls:
             check_served_model(url, engine, options.model_name)
+        ignored = server_side_settings(engine)
+        if ignored:
+            log.warning("--sut vllm-http with server URLs: %s never reach servers that are already running (they keep "
+                        "their own launch settings); run.json and package record what the servers report",
+                        ", ".join(f"{k}={v}" for k, v in ignored.items()))
 
     @classmethod
     def noncompliance_reasons(cls, options: Any) -> list[str]:

@@ -20,13 +20,33 @@ REPO = Path(__file__).resolve().parent.parent
 PATH_FLAGS = ("--config", "--dataset", "--output-dir", "--user-conf", "--audit-config", "--tokenizer", "--model")
 
 
+#: What ``engine_facts`` says for a setting that servers given by URL did not report.
+UNKNOWN_REMOTE = "unknown: not reported by the servers given by URL (fill in)"
+
+
+def engine_facts(perf: dict) -> dict:
+    """The engine settings the run's engines really had: each read back from the engines (``engines_used``), else
+    as asked (``engine_settings``: engines the harness started apply what was asked) -- except for servers given
+    by URL (``device.kind`` remote), whose settings the harness never set: there ``UNKNOWN_REMOTE``."""
+    asked = perf.get("engine_settings") or {}
+    used = engines_used(perf)
+    read = used["engine_args"][0] if used else {}
+    remote = any((e.get("device") or {}).get("kind") == "remote" for e in perf.get("engines") or [])
+    keys = ("dtype", "quantization", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+    return {k: read[k] if read.get(k) is not None else (UNKNOWN_REMOTE if remote else asked.get(k)) for k in keys}
+
+
 def measurements(perf: dict) -> dict:
-    """``measurements.json`` content derived from a run record (the five required fields + context)."""
-    es = perf.get("engine_settings") or {}
+    """``measurements.json`` content derived from a run record (the five required fields + context); engine
+    settings from ``engine_facts``."""
+    es = dict(perf.get("engine_settings") or {}, **engine_facts(perf))
     quant = es.get("quantization")
-    weight_types = "fp8" if quant == "fp8" else (quant or es.get("dtype") or "bf16")
-    transform = ("dynamic FP8 (e4m3) quantization of the linear layers at load time (vLLM quantization=fp8)"
-                 if quant == "fp8" else ("none" if not quant else f"vLLM quantization={quant} at load time"))
+    if quant == UNKNOWN_REMOTE:
+        weight_types = transform = UNKNOWN_REMOTE
+    else:
+        weight_types = "fp8" if quant == "fp8" else (quant or es.get("dtype") or "bf16")
+        transform = ("dynamic FP8 (e4m3) quantization of the linear layers at load time (vLLM quantization=fp8)"
+                     if quant == "fp8" else ("none" if not quant else f"vLLM quantization={quant} at load time"))
     model_path = (perf.get("model") or {}).get("path") or es.get("model") or ""
     return {
         "input_data_types": "int32",
@@ -84,8 +104,7 @@ def readme(system: str, perf: dict, acc: dict, t06: Optional[dict], bench: str, 
         unresolved.extend(m for m in missing if m not in unresolved)
         return text
 
-    used = engines_used(perf)  # what the engines read back, over what was asked for
-    es = dict(perf.get("engine_settings") or {}, **(used["engine_args"][0] if used else {}))
+    es = engine_facts(perf)  # what the engines read back, over what was asked for
     versions = perf.get("versions") or {}
     lines = [
         f"# {system} — {bench} {scenario}",

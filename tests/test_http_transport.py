@@ -752,3 +752,12 @@ def test_chunks_without_new_ids_are_empty_and_text_instead_of_ids_is_refused():
         api.parse_chunk({"choices": [{"index": 0, "text": "Hello", "finish_reason": None}]})
     with pytest.raises(api.NoTokenIds):
         api.parse_completion({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})
+
+
+def test_server_side_engine_settings_that_cannot_reach_running_servers_are_named():
+    from sut.engine import EngineSettings
+    from sut.http_sut import server_side_settings
+
+    assert server_side_settings(EngineSettings(model="m", max_model_len=4096)) == {}
+    assert server_side_settings(EngineSettings(model="m", quantization="fp8", kv_cache_dtype="fp8")) == {
+        "kv_cache_dtype": "fp8", "quantization": "fp8"}

@@ -85,3 +85,25 @@ def test_system_json_fills_what_run_json_knows_and_marks_the_rest():
     assert out["host_processor_model_name"] == "Intel Xeon 8480" and "NVIDIA driver 580.1" in out["other_software_stack"]
     assert out["host_processor_core_count"].startswith(FILL_IN) and "saw 16 logical CPUs" in out["host_processor_core_count"]
     assert out["status"].startswith(FILL_IN) and out["accelerator_memory_capacity"].startswith(FILL_IN)
+
+
+def test_measurements_and_readme_say_what_the_engines_ran_not_what_was_asked():
+    """A breaker's find: with --server-url, --quantization fp8 --kv-cache-dtype fp8 changed nothing on the running
+    server, yet measurements.json said fp8 for both. Read-back values win; servers given by URL that do not report
+    a setting leave it unknown; engines the harness started applied what was asked."""
+    from sut.submission_files import UNKNOWN_REMOTE, measurements, readme
+
+    asked = {"model": "/m/Llama-3.1-8B", "dtype": "auto", "quantization": "fp8", "kv_cache_dtype": "fp8",
+             "max_num_seqs": 512}
+    remote = {"engine_settings": asked, "versions": {"vllm": "0.32.0"}, "engines": [
+        {"engine_args": {"model": "m", "kv_cache_dtype": "auto", "max_model_len": 4096},
+         "device": {"kind": "remote", "slot": "http://h:1", "name": None, "uuid": None}}]}
+    m = measurements(remote)
+    assert m["kv_cache_data_type"] == "auto" and m["weight_data_types"] == UNKNOWN_REMOTE
+    assert m["weight_transformations"] == UNKNOWN_REMOTE
+    text = readme("1xH200", remote, {}, None, "llama3.1-8b", "Offline")
+    assert f"quantization {UNKNOWN_REMOTE}, KV cache auto" in text and "max_model_len 4096" in text
+    local = dict(remote, engines=[{"engine_args": {"model": "m", "max_model_len": 4096},
+                                   "device": {"kind": "cuda", "slot": "0", "name": "H200", "uuid": "GPU-1"}}])
+    m = measurements(local)
+    assert m["weight_data_types"] == "fp8" and m["kv_cache_data_type"] == "fp8"
