@@ -32,7 +32,7 @@ from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
 from sut.engine import EngineError, EngineSettings, GenerationSettings, read_model_info
 from sut.loadgen_settings import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
 from sut.loadgen_settings import scheduled_queries
-from sut.run_record import (accuracy_gate_record, gate_tokenizer, initial_record, now_iso, parse_loadgen_detail,  # noqa: F401
+from sut.run_record import (accuracy_gate_record, gate_preflight, initial_record, now_iso, parse_loadgen_detail,  # noqa: F401
                             streaming_latency_record, test06_record, token_latencies, write_record)
 from sut.run_settings import MODES, RunSettings  # noqa: F401 - re-exported
 from sut.scenarios import ScenarioError, check_backend, resolve_scenario
@@ -121,7 +121,7 @@ def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, op
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
     dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples)
-    gate_tokenizer(rs, es)  # the accuracy gate's tokenizer: missing is bad input now, not after the run
+    gate_preflight(rs, es)  # the accuracy gate's tokenizer and references: bad input now, not after the run
     return backend, options, model, gen, dataset
 
 

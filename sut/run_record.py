@@ -169,6 +169,29 @@ def gate_tokenizer(rs, es) -> Optional[str]:
         raise InputError(str(e)) from None
 
 
+def gate_preflight(rs, es) -> Optional[str]:
+    """``gate_tokenizer``, then what the gate will read after the run, checked now: the kept dataset records each
+    have a string ``output`` (the reference) and the tokenizer loads (a few seconds). Raises ``InputError`` (exit 2,
+    no run folder) naming the file, instead of an accuracy run that ends with "accuracy gate: not run"."""
+    tok = gate_tokenizer(rs, es)
+    if tok is None:
+        return None
+    from accuracy.dataset import load_references
+    from accuracy.errors import AccuracyInputError
+    from accuracy.tokenizer import load_tokenizer
+
+    try:
+        load_references(rs.dataset, rs.max_samples)
+    except AccuracyInputError as e:
+        raise InputError(f"accuracy gate: {e} (the gate's references; or run with --no-accuracy-gate)") from None
+    try:
+        load_tokenizer(tok)
+    except Exception as e:  # noqa: BLE001 - any tokenizer that does not load is bad input here
+        raise InputError(f"accuracy gate: the tokenizer {tok} does not load: {e} (pass --tokenizer PATH, or run "
+                         "with --no-accuracy-gate)") from None
+    return tok
+
+
 def accuracy_gate_record(rs, es, model, dataset: Dataset, run_dir: Path) -> dict:
     """Run the accuracy gate on a finished accuracy run; ``run.json``'s ``accuracy``: ``{passed, scores, file,
     figure}`` (``figure``: the output-length histogram's file name in the run folder, or None),

@@ -20,8 +20,8 @@ LLAMA_RECORD = {"instruction": {"llama": "Summarize the following news article .
 
 @pytest.fixture
 def synthetic(tmp_path):
-    """An 8-sample synthetic dataset with a stand-in tokenizer folder next to it, as the demo lays it out
-    (``tokenizer/tokenizer.json``; only located before the run, never loaded there)."""
+    """An 8-sample synthetic dataset (``_with_tokenizer_folder`` adds the tokenizer next to it, as the demo lays
+    it out)."""
     from sut.synthetic import SyntheticSettings, write_dataset
 
     data = tmp_path / "data" / "synthetic_8.json"
@@ -30,9 +30,10 @@ def synthetic(tmp_path):
 
 
 def _with_tokenizer_folder(data: Path) -> Path:
+    from sut.synthetic import write_tokenizer
+
     folder = data.parent / "tokenizer"
-    folder.mkdir()
-    (folder / "tokenizer.json").write_text("{}")
+    write_tokenizer(folder)  # the demo's word-level tokenizer (the preflight loads it)
     return folder
 
 
@@ -95,6 +96,27 @@ def test_prepare_run_checks_the_gate_tokenizer_only_when_the_gate_runs(tmp_path,
     _prepare(tmp_path, synthetic, mode="accuracy", accuracy_gate=False)
     _prepare(tmp_path, synthetic, mode="performance")
     _prepare(tmp_path, synthetic, mode="accuracy", tokenizer=str(_with_tokenizer_folder(synthetic)))
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_run_refuses_what_the_gate_could_not_use_after_the_run(tmp_path, synthetic):
+    """A breaker's find: an accuracy run with a record lacking ``output``, or a --tokenizer file that is no
+    tokenizer, ran to the end and said "accuracy gate: not run" with exit 0."""
+    from sut.base import InputError
+
+    tok = str(_with_tokenizer_folder(synthetic))
+    not_a_tokenizer = tmp_path / "tokenizer.json"
+    not_a_tokenizer.write_text("{}")
+    with pytest.raises(InputError, match=r"accuracy gate: the tokenizer .*tokenizer.json does not load"):
+        _prepare(tmp_path, synthetic, mode="accuracy", tokenizer=str(not_a_tokenizer))
+    records = json.loads(synthetic.read_text())
+    del records[1]["output"]
+    broken = tmp_path / "data" / "no_output.json"
+    broken.write_text(json.dumps(records))
+    with pytest.raises(InputError, match=r"accuracy gate: .*record 1 has no string field 'output'.*--no-accuracy-gate"):
+        _prepare(tmp_path, broken, mode="accuracy", tokenizer=tok)
+    _prepare(tmp_path, broken, mode="accuracy", tokenizer=tok, max_samples=1)  # record 1 is not kept
+    _prepare(tmp_path, broken, mode="accuracy", accuracy_gate=False)
     assert not (tmp_path / "out").exists()
 
 
