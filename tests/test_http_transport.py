@@ -761,3 +761,18 @@ def test_server_side_engine_settings_that_cannot_reach_running_servers_are_named
     assert server_side_settings(EngineSettings(model="m", max_model_len=4096)) == {}
     assert server_side_settings(EngineSettings(model="m", quantization="fp8", kv_cache_dtype="fp8")) == {
         "kv_cache_dtype": "fp8", "quantization": "fp8"}
+
+
+def test_a_server_still_starting_is_killed_after_2_s_not_the_ready_grace(tmp_path, caplog):
+    """A breaker's find: SIGTERM during a harness-started `vllm serve`'s start-up took ~18 s (the 15 s grace of a
+    running server); README promises what a starting local engine gets: SIGKILL 2 s after SIGTERM."""
+    from sut.core.transports import http_servers
+    from sut.engine import EngineSlot
+
+    proc = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 60"], start_new_session=True)
+    s = http_servers.ServerProcess(0, EngineSlot(0, "cpu", "0"), "http://127.0.0.1:1", ["x"], proc, None)
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING"):
+        http_servers.end(s)
+    assert time.monotonic() - t0 < 5 and proc.poll() is not None
+    assert "is still starting: ending it now (SIGTERM, SIGKILL after 2 s)" in caplog.text

@@ -46,6 +46,7 @@ from urllib.request import ProxyHandler, build_opener
 
 from sut.core.transports.http_options import RESERVED_SERVER_FLAGS, launcher_args, refuse_owned
 from sut.engine import EngineSettings, EngineSlot
+from sut.engine.handle import STARTING_TERM_WAIT_S
 from sut.engine.devices import cpu_name
 from sut.engine.logs import start_log, with_log_tail
 
@@ -167,6 +168,7 @@ class ServerProcess:
     proc: subprocess.Popen
     log_path: Optional[Path]
     exited: threading.Event = field(default_factory=threading.Event)
+    ready: bool = False  # answered /health (wait_ready)
 
     @property
     def pid(self) -> int:
@@ -252,6 +254,7 @@ def wait_ready(servers: Sequence[ServerProcess], timeout_s: float, poll_s: float
                 raise RuntimeError(s.failure(f"exited during start-up (exit code {s.proc.returncode})"))
             if _health_ok(s.url):
                 log.info("vllm-http server %d ready at %s", s.index, s.url)
+                s.ready = True
                 waiting.remove(s)
         if waiting and time.monotonic() > deadline:
             s = waiting[0]
@@ -270,9 +273,14 @@ def _group_alive(pgid: int) -> bool:
 
 
 def end(server: ServerProcess, grace_s: float = 15.0) -> None:
-    """End the server's process group: SIGTERM, wait up to ``grace_s`` for the group to empty, then
-    SIGKILL (5 s). Works after the leader died too (its children keep the group id). Idempotent."""
+    """End the server's process group: SIGTERM, wait up to ``grace_s`` (a server that never answered /health:
+    ``STARTING_TERM_WAIT_S``, as a starting local engine) for the group to empty, then SIGKILL (5 s). Works after
+    the leader died too (its children keep the group id). Idempotent."""
     pgid = server.proc.pid
+    if not server.ready and _group_alive(pgid):
+        grace_s = min(grace_s, STARTING_TERM_WAIT_S)
+        log.warning("vllm-http server %d (pid %d) is still starting: ending it now (SIGTERM, SIGKILL after %.0f s)",
+                    server.index, pgid, grace_s)
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         if not _group_alive(pgid):
             break
