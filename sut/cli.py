@@ -229,6 +229,10 @@ def backend_options_from_cli(a: argparse.Namespace, sut: str, preset: dict):
         raise BadInput(f"error: {e}{see}") from None
 
 
+#: Settings class -> the preset table its unknown fields come from (flags are checked by argparse already).
+_PRESET_TABLES = {"RunSettings": "run", "GenerationSettings": "generation", "EngineSettings": "engine"}
+
+
 def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettings, GenerationSettings, object]:
     """Merge preset and flags into the three settings objects and the backend's options object.
 
@@ -244,7 +248,9 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         es = engine_settings_from_args(a, engine, model_hint=" (or [engine] model in the preset)")
         rs, gs = settings_from_mapping(RunSettings, run), settings_from_mapping(GenerationSettings, gen)
     except (ValueError, TypeError) as e:
-        raise BadInput(f"error: {e}") from None
+        table = next((t for cls, t in _PRESET_TABLES.items() if str(e).startswith(f"unknown {cls} field")), None)
+        where = f"{a.config} [{table}]: " if a.config and table else ""
+        raise BadInput(f"error: {where}{e}") from None
     return rs, es, gs, backend_options_from_cli(a, rs.sut, dict(pre.get("options", {})))
 
 

@@ -70,7 +70,8 @@ def loadgen_test_settings(rs, dataset_size: int):
     import mlperf_loadgen as lg
 
     if not Path(rs.user_conf).is_file():
-        raise InputError(f"user.conf not found: {rs.user_conf}")
+        raise InputError(f"user.conf {rs.user_conf} is a folder, not a file" if Path(rs.user_conf).is_dir()
+                         else f"user.conf not found: {rs.user_conf}")
     scen = resolve_scenario(rs.scenario, rs.model_key)  # Interactive: LoadGen's Server + the -interactive key
     # A line LoadGen would ignore is refused (exit 2); with --target-qps, a file keyed for other runs only is fine.
     check_user_conf(rs.user_conf, rs.model_key, scen.loadgen, target_qps_given=rs.target_qps is not None)

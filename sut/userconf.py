@@ -190,6 +190,10 @@ def _read_conf(path: Path) -> bytes:
     return raw
 
 
+#: A float value as the harness accepts it: decimal digits, an optional fraction and exponent.
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def _check_value(path: Path, line: ConfLine, setting: str, scenario: str) -> None:
     """An integer setting needs plain digits (C strtoull), a float setting a finite number."""
     kind = _setting_type(setting, scenario)
@@ -199,6 +203,11 @@ def _check_value(path: Path, line: ConfLine, setting: str, scenario: str) -> Non
                          "leading 0 is octal); write digits only")
     if kind is float and line.value.lstrip("+-").lower() in ("inf", "infinity", "nan"):
         raise InputError(f"{path}, line {line.number} ({line.text!r}): {setting} must be a finite number")
+    if kind is float and not _DECIMAL.fullmatch(line.value):
+        raise InputError(f"{path}, line {line.number} ({line.text!r}): {setting} must be a decimal number; LoadGen "
+                         f"reads {line.value!r} with C strtod (hexadecimal, or a number followed by other text)")
+    if setting == "target_qps" and float(line.value) <= 0:
+        raise InputError(f"{path}, line {line.number} ({line.text!r}): target_qps must be a positive number")
 
 
 def _sort_lines(path: Path, lines: list[ConfLine], model_key: str,

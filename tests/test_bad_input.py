@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -251,3 +252,20 @@ def test_check_run_folders_names_the_flag(tmp_path):
                       accuracy_runs=(str(tmp_path / "ok"),), test06_runs=(str(tmp_path / "nope"),))
     with pytest.raises(ValueError, match=f"--test06 {tmp_path / 'nope'}: does not exist"):
         ts.check_run_folders()
+
+
+def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
+    from sut import cli
+
+    preset = tmp_path / "p.toml"
+    preset.write_text('[run]\ndataset = "x.json"\nbogus = 1\n')
+    with pytest.raises(cli.BadInput, match=re.escape(f"error: {preset} [run]: unknown RunSettings field(s): bogus")):
+        cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", "m"]))
+
+
+def test_a_server_url_given_twice_is_refused():
+    from sut.core.transports.http_options import url_list
+
+    with pytest.raises(ValueError, match="'http://127.0.0.1:18761' is given twice"):
+        url_list("http://127.0.0.1:18761,http://127.0.0.1:18761/v1")
+    assert url_list("http://a:1,http://b:1") == ("http://a:1", "http://b:1")

@@ -405,3 +405,20 @@ def test_a_user_conf_without_any_setting_is_refused_unless_target_qps_is_given(t
                                          r"llama3_1-8b.Server.target_qps"):
         check_user_conf(p, "llama3_1-8b", "Server")
     assert check_user_conf(p, "llama3_1-8b", "Server", target_qps_given=True) == {}
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0x10", "target_qps must be a decimal number; LoadGen reads '0x10' with C strtod"),
+    ("-5", "target_qps must be a positive number"),
+    ("0", "target_qps must be a positive number"),
+])
+def test_target_qps_values_loadgen_would_misread_or_refuse_name_their_line(tmp_path, value, message):
+    from sut.base import InputError
+    from sut.userconf import check_user_conf
+
+    p = tmp_path / "user.conf"
+    p.write_text(f"# first line\nllama3_1-8b.Offline.target_qps = {value}\n")
+    with pytest.raises(InputError, match=re.escape(f"{p}, line 2 (") + ".*" + re.escape(message)):
+        check_user_conf(p, "llama3_1-8b", "Offline")
+    p.write_text("llama3_1-8b.Offline.target_qps = 1.5e1\n")
+    assert check_user_conf(p, "llama3_1-8b", "Offline") == {"target_qps": "1.5e1"}

@@ -82,6 +82,8 @@ def url_list(value) -> tuple[str, ...]:
         parts = urlsplit(u)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"HttpOptions.urls: {u!r} is not an http(s)://host:port URL")
+        if u.lower() in (o.lower() for o in out):
+            raise ValueError(f"HttpOptions.urls: {u!r} is given twice: each URL is one replica (one server)")
         out.append(u)
     return tuple(out)
 
