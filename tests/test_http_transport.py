@@ -776,3 +776,11 @@ def test_a_server_still_starting_is_killed_after_2_s_not_the_ready_grace(tmp_pat
         http_servers.end(s)
     assert time.monotonic() - t0 < 5 and proc.poll() is not None
     assert "is still starting: ending it now (SIGTERM, SIGKILL after 2 s)" in caplog.text
+
+
+@pytest.mark.parametrize("ids", [[5, -5], [True, 3], [1.0], "12"])
+def test_token_ids_that_are_no_token_ids_fail_the_reply(ids):
+    from sut.core.transports import http_api as api
+
+    with pytest.raises(api.ReplyError, match=r"not a list of token ids \(integers >= 0\)"):
+        api.parse_chunk({"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": None}]})

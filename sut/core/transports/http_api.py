@@ -75,8 +75,8 @@ def _choice_ids(choice: dict, streamed: bool) -> list[int]:
             return []  # a chunk without new ids (e.g. the last one, with only its finish_reason)
         raise NoTokenIds("the server returns text instead of token ids (choices[0].token_ids is missing: it needs "
                          "vLLM >= 0.10.2, which honours return_token_ids)")
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-        raise ReplyError(f"choices[0].token_ids is not a list of integers: {str(ids)[:200]}")
+    if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
+        raise ReplyError(f"choices[0].token_ids is not a list of token ids (integers >= 0): {str(ids)[:200]}")
     return ids
 
 
