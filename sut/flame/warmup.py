@@ -150,13 +150,14 @@ class Warmup:
             msg = (f"warm-up: only {answered} of {w.need} Flame executors answered, and Flame has given session "
                    f"{rs.id} {n_ours} executor(s) ({states}), none new for {o.warmup_stall_s:.0f} s")
             held = self._held_elsewhere()
-            if held:
-                msg += held
-            elif stuck:
+            msg += held
+            if stuck:
                 msg += (f"; the cluster has {len(stuck)} executor(s) stuck in Unbinding without a session "
                         f"({', '.join(i for i, _ in stuck[:4])}): in Flame v0.6.0 an executor whose service died stays "
                         "Unbinding for good, and Flame gives new sessions no executor while it exists -- restart the "
                         "executor manager")
+            elif held:
+                pass  # the capacity advice below would not help: other sessions hold the executors
             elif n_ours:
                 msg += (f"; check the cluster's capacity (executor managers, their resources) and the session's resreq: "
                         f"if the cluster holds no more, ask for what it gave with --option executors_per_engine={n_ours} "
