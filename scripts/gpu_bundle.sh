@@ -5,7 +5,7 @@
 #   DEST/b  part_01, wheels/ (vLLM's missing dependencies + flamepy, LoadGen, pymongo), stage2.sh
 #   DEST/c  flame/ (the Flame v0.6.0 binaries), data/cnn_eval_public.json.gz (real-length prompts),
 #           extra/ (grpcio and protobuf as flamepy needs them; jmespath, supervisor for `vllm serve`)
-# plus, made by `h200_runs.sh src` just before the call, DEST/src.tar (git archive HEAD).
+# plus DEST/src.tar, the code the job runs (`git archive HEAD -o DEST/src.tar` just before call 3).
 # a and b come from ../shared/gpu/make_bundle.sh (about 8 min on 2 cores); c from ../shared/flame, ../shared/data and
 # PyPI (cp312 manylinux wheels). SHARED (default ../shared) names the shared folder.
 # Usage: bash scripts/gpu_bundle.sh [DEST] [--only-c]

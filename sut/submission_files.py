@@ -33,7 +33,7 @@ def engine_facts(perf: dict) -> dict:
     read = used["engine_args"][0] if used else {}
     remote = any((e.get("device") or {}).get("kind") == "remote" for e in perf.get("engines") or [])
     keys = ("dtype", "quantization", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
-    return {k: read[k] if read.get(k) is not None else (UNKNOWN_REMOTE if remote else asked.get(k)) for k in keys}
+    return {k: read[k] if k in read else (UNKNOWN_REMOTE if remote else asked.get(k)) for k in keys}
 
 
 def measurements(perf: dict) -> dict:
