@@ -197,3 +197,27 @@ def test_close_cli_closes_a_session_left_open_and_fails_on_an_unknown_one(real_f
     assert cluster.wait_until(lambda: not [e for e in cluster.executors() if e["session_id"] == ssn.id], 20)
     out = subprocess.run(cmd + ["no-such-session"], env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "session no-such-session not closed" in out.stderr, out.stderr
+
+
+def test_cluster_cli_killed_with_sigkill_leaves_no_manager(tmp_path):
+    """A breaker's find: SIGKILL of `python -m sut.flame cluster` left both managers running with their ports."""
+    bin_dir = flame_bin_dir()
+    p = subprocess.Popen([sys.executable, "-m", "sut.flame", "cluster", "--flame-bin", str(bin_dir), "--workdir",
+                          str(tmp_path / "c")], cwd=REPO, env=sut_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    children = []
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("FLAME_ENDPOINT=http://127.0.0.1:"), line + p.stderr.read()[-2000:]
+        children = psutil.Process(p.pid).children(recursive=True)
+        assert {c.name() for c in children} >= {"flame-session-manager", "flame-executor-manager"}
+        p.kill()
+        p.wait(10)
+        deadline = time.monotonic() + 20
+        while [c for c in children if c.is_running() and c.status() != "zombie"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [c for c in children if c.is_running() and c.status() != "zombie"]
+    finally:
+        for c in children:
+            if c.is_running():
+                c.kill()

@@ -31,6 +31,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -78,6 +79,7 @@ class ClusterSettings:
     schedule_interval_ms: int = 100
     retry_limits: int = 5  # cluster.recovery.session.retry_limits (bind failures per session)
     rust_log: str = DEFAULT_RUST_LOG
+    die_with_parent: bool = False  # Linux: the managers get SIGTERM when this process dies (the CLI; not in threads)
     start_timeout_s: float = 30.0
     stop_grace_s: float = 5.0
     env: tuple = ()  # extra (key, value) pairs for both managers (the services inherit them)
@@ -187,7 +189,7 @@ class RealCluster:
             fsm_log = open(self.log_dir / "fsm.stderr", "ab")
             self.fsm = subprocess.Popen([str(Path(self.s.bin_dir) / FSM), "--config", str(cfg)], cwd=self.home,
                                         env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=fsm_log, process_group=0)
+                                        stderr=fsm_log, process_group=0, preexec_fn=self._preexec())
             fsm_log.close()
             why = self._wait_listening(port)
             if why is None:
@@ -203,7 +205,8 @@ class RealCluster:
         fem_log = open(self.log_dir / "fem.stderr", "ab")
         self.fem = subprocess.Popen([str(Path(self.s.bin_dir) / FEM), "--config", str(self.workdir / "cluster.yaml")],
                                     cwd=self.workdir / "fem", env=self._env(), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=fem_log, process_group=self.fsm.pid)
+                                    stdout=subprocess.DEVNULL, stderr=fem_log, process_group=self.fsm.pid,
+                                    preexec_fn=self._preexec())
         fem_log.close()
 
     def _wait_listening(self, port: int) -> Optional[str]:
@@ -346,6 +349,20 @@ class RealCluster:
             shutil.rmtree(self.sock_dir, ignore_errors=True)
         log.info("flame cluster %s stopped; logs in %s", self.mark, self.log_dir)
 
+    def _preexec(self):
+        """``die_with_parent``: a function for ``Popen(preexec_fn=...)`` asking Linux to send the manager SIGTERM when
+        the thread that starts it ends (the CLI's main thread: so a SIGKILLed ``python -m sut.flame cluster``
+        leaves no manager behind); else None. Not for processes with other threads (preexec_fn is unsafe there)."""
+        if not self.s.die_with_parent or not sys.platform.startswith("linux"):
+            return None
+
+        def die_with_parent() -> None:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+        return die_with_parent
+
     def _end(self, p: subprocess.Popen) -> None:
         try:
             p.wait(self.s.stop_grace_s)
@@ -427,7 +444,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     try:
-        cluster = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=Path(a.workdir), port=a.port, resreq=a.resreq)).start()
+        cluster = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=Path(a.workdir), port=a.port, resreq=a.resreq,
+                                              die_with_parent=True)).start()
     except ClusterError as e:
         print(f"error: {e}")
         return 1
