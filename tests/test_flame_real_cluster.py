@@ -221,3 +221,15 @@ def test_cluster_cli_killed_with_sigkill_leaves_no_manager(tmp_path):
         for c in children:
             if c.is_running():
                 c.kill()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--python", "/nonexistent"], "--python /nonexistent: not an executable file on this host"),
+    (["--workdir", "/proc/nope"], "--workdir /proc/nope: cannot create it"),
+])
+def test_register_cli_refuses_paths_a_one_host_cluster_cannot_use(real_flame_factory, tmp_path, args, message):
+    cluster = real_flame_factory()
+    cmd = [sys.executable, "-m", "sut.flame", "register", "--endpoint", cluster.endpoint, "--name", "bad-paths", *args]
+    out = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert flamepy.connect(cluster.endpoint).get_application("bad-paths") is None

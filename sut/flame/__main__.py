@@ -80,23 +80,57 @@ def _close(endpoint_arg, session_ids: list[str], wait_s: float) -> int:
 
     import flamepy
 
+    log = logging.getLogger("sut.flame")
     conn, endpoint = _connect_checked(endpoint_arg)
     failed = 0
     for sid in session_ids:
-        deadline = time.monotonic() + wait_s
+        t0, said = time.monotonic(), 0.0
         while True:
             try:
                 conn.close_session(sid)
                 print(f"closed session {sid} at {endpoint}")
                 break
             except flamepy.FlameError as e:
-                if "running tasks" in (e.message or "") and time.monotonic() < deadline:
+                waited = time.monotonic() - t0
+                if "running tasks" in (e.message or "") and waited < wait_s:
+                    if waited - said >= 10.0 or not said:
+                        said = waited or 1e-9
+                        log.info("session %s still has running tasks; waiting for them to finish (%.0f of %.0f s)",
+                                 sid, waited, wait_s)
                     time.sleep(1.0)
                     continue
-                logging.getLogger("sut.flame").error("session %s not closed: %s", sid, e.message)
+                why = e.message
+                if "running tasks" in (e.message or ""):
+                    why += (f" (for {wait_s:.0f} s): if the executor manager that ran them died, Flame v0.6.0 keeps "
+                            "them Running for good and the session cannot be closed; restart the session manager "
+                            "(the cluster)")
+                log.error("session %s not closed: %s", sid, why)
                 failed += 1
                 break
     return 1 if failed else 0
+
+
+def _check_local_paths(doc: dict, endpoint: str) -> None:
+    """The service's command and working directory, as far as this host can tell: the working directory must be
+    creatable here (``app.register`` makes it); a command that is not an executable file here is bad input when the
+    session manager is on this host (a one-host cluster: its executors run here), else a warning (the executor
+    hosts may have it)."""
+    import os
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    spec = doc["spec"]
+    if spec.get("working_directory"):
+        try:
+            Path(spec["working_directory"]).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BadInput(f"error: --workdir {spec['working_directory']}: cannot create it ({e.strerror or e})") from None
+    command = spec.get("command") or ""
+    if not (os.path.isfile(command) and os.access(command, os.X_OK)):
+        what = f"--python {command}: not an executable file on this host"
+        if urlparse(endpoint).hostname in ("127.0.0.1", "localhost", "::1"):
+            raise BadInput(f"error: {what} (a one-host cluster runs its services here)")
+        logging.getLogger("sut.flame").warning("%s: the executor hosts must have it", what)
 
 
 def _register(endpoint_arg, doc: dict) -> int:
@@ -107,6 +141,7 @@ def _register(endpoint_arg, doc: dict) -> int:
     from sut.base import RunFailed
 
     conn, endpoint = _connect_checked(endpoint_arg)
+    _check_local_paths(doc, endpoint)
     try:
         app.register(conn, doc)
     except flamepy.FlameError as e:

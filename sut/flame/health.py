@@ -96,8 +96,10 @@ class ExecutorHealth:
                 return rs.replica, (
                     f"Flame lost the executors of session {rs.id} (replica {rs.replica}) while {n} task(s) ran "
                     f"({len(live)} live executor(s) listed; {where}): the executor manager of their node stopped, "
-                    "and Flame v0.6.0 keeps such tasks Running for good; restart that executor manager (the service "
-                    "processes it started stop by themselves within seconds)")
+                    "and Flame v0.6.0 keeps such tasks Running for good: the session can never be closed, and a "
+                    "restarted executor manager gives it new executors, so restart the whole cluster (session manager "
+                    "included) before the next run (the service processes of the dead executor manager stop by "
+                    "themselves)")
         return None
 
 

@@ -177,7 +177,8 @@ class Warmup:
         named = ", ".join(f"{sid} ({n})" for sid, n in sorted(others.items(), key=lambda kv: -kv[1])[:4])
         return (f"; {sum(others.values())} executor(s) are held by other open session(s): {named} -- another run "
                 "using this cluster, or one killed without its stop (SIGKILL, OOM), which leaves its session open: "
-                "close that with `python -m sut.flame close SESSION_ID --endpoint ...` (or restart the cluster)")
+                "close that with `python -m sut.flame close SESSION_ID --endpoint ...`, or restart the cluster (a session whose "
+                "executor manager died mid-run can only go that way)")
 
 
 #: What a service logs while it waits for an engine slot held by another session (``sut.flame.service``).
