@@ -139,17 +139,15 @@ def _register(endpoint_arg, doc: dict) -> int:
     import flamepy
 
     from sut.base import RunFailed
+    from sut.flame.session import backend_port_hint
 
     conn, endpoint = _connect_checked(endpoint_arg)
     _check_local_paths(doc, endpoint)
     try:
         app.register(conn, doc)
     except flamepy.FlameError as e:
-        hint = "" if (e.message or "").strip(": ") not in ("", "failed to register application") else (
-            " (no cause given: is that the session manager's frontend port? the executor managers' backend port, "
-            "frontend + 1, answers so)")
-        raise RunFailed(f"cannot register application {doc['metadata']['name']} at {endpoint}: {e.message}{hint}") \
-            from None
+        raise RunFailed(f"cannot register application {doc['metadata']['name']} at {endpoint}: {e.message}"
+                        f"{backend_port_hint(e.message, 'failed to register application')}") from None
     print(f"registered application {doc['metadata']['name']} at {endpoint}")
     return 0
 

@@ -57,9 +57,11 @@ class EnterWatch:
         """True when Flame lists the session Closed or does not know it; False when open or unknown."""
         import flamepy
 
+        from sut.flame.session import connect
+
         try:
             if self._conn is None:
-                self._conn = flamepy.connect(self.endpoint)
+                self._conn, _ = connect(self.endpoint)
             return self._conn.get_session(self.session_id).state == flamepy.SessionState.CLOSED
         except flamepy.FlameError as e:
             return "not found" in (e.message or "").lower()

@@ -30,12 +30,9 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from sut.flame.session import executor_state
+from sut.flame.session import LIVE_STATES, executor_state
 
 log = logging.getLogger("sut.flame.transport")
-
-#: Executor states (flamepy ``ExecutorState`` names without the prefix) of an executor that can still run a task.
-LIVE_STATES = frozenset({"Idle", "Binding", "Bound", "Unbinding"})
 #: Polls in a row with no live executor before a replica counts as lost (a single empty listing is no proof).
 EMPTY_POLLS = 2
 

@@ -115,10 +115,8 @@ def ensure_app(conn, endpoint: str, o: FlameOptions, run_dir: Optional[str]) -> 
     try:
         found = conn.get_application(o.app)
     except flamepy.FlameError as e:
-        hint = "" if (e.message or "").strip(": ") not in ("", "failed to get application") else (
-            " (no cause given: is that the session manager's frontend port? the executor managers' backend port, "
-            "frontend + 1, answers so)")
-        raise RunFailed(f"cannot read application {o.app} from Flame at {endpoint}: {e.message}{hint}") from None
+        raise RunFailed(f"cannot read application {o.app} from Flame at {endpoint}: {e.message}"
+                        f"{backend_port_hint(e.message, 'failed to get application')}") from None
     if found is not None:
         return
     if o.register_app == "never":
@@ -133,6 +131,20 @@ def ensure_app(conn, endpoint: str, o: FlameOptions, run_dir: Optional[str]) -> 
     except flamepy.FlameError as e:
         raise RunFailed(f"cannot register application {o.app}: {e.message}") from None
     log.info("flame: registered application %s (%s %s)", o.app, doc["spec"]["command"], " ".join(doc["spec"]["arguments"]))
+
+
+#: Executor states (flamepy ``ExecutorState`` names without the prefix) of an executor that holds or can still run
+#: a session's tasks.
+LIVE_STATES = frozenset({"Idle", "Binding", "Bound", "Unbinding"})
+
+
+def backend_port_hint(message: Optional[str], generic: str) -> str:
+    """A hint for a Flame error without a cause (``message`` empty or only ``generic``, flamepy's wording): the
+    executor managers' backend port (frontend + 1) answers that way, so the endpoint may name the wrong port."""
+    if (message or "").strip(": ") not in ("", generic):
+        return ""
+    return (" (no cause given: is that the session manager's frontend port? the executor managers' backend port, "
+            "frontend + 1, answers so)")
 
 
 def executor_state(executor) -> str:
@@ -276,7 +288,7 @@ class ReplicaSession:
             return {}
         held = collections.Counter(e.status.session_id for e in listed if e.status.session_id
                                    and e.status.session_id not in exclude
-                                   and executor_state(e) in ("Idle", "Binding", "Bound", "Unbinding"))
+                                   and executor_state(e) in LIVE_STATES)
         return dict(held)
 
     def check_bind_failures(self) -> None:
