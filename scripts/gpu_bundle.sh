@@ -17,6 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-.gpu}; ONLY_C=${2:-}
+mkdir -p "$DEST"; DEST=$(cd "$DEST" && pwd)  # absolute: make_bundle.sh changes directory before it writes
 SHARED=${SHARED:-../shared}
 for need in "$SHARED/gpu/make_bundle.sh" "$SHARED/gpu/llama31_8b_dummy/config.json" "$SHARED/flame/bin/flame-session-manager" \
             "$SHARED/flame/bin/flame-executor-manager" "$SHARED/data/cnn_eval_public.json"; do

@@ -121,7 +121,7 @@ def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, op
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
     dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples)
-    gate_preflight(rs, es)  # the accuracy gate's tokenizer and references: bad input now, not after the run
+    gate_preflight(rs, es, dataset)  # the gate's tokenizer, references, prompt ids: bad input now, not after the run
     return backend, options, model, gen, dataset
 
 

@@ -169,10 +169,12 @@ def gate_tokenizer(rs, es) -> Optional[str]:
         raise InputError(str(e)) from None
 
 
-def gate_preflight(rs, es) -> Optional[str]:
+def gate_preflight(rs, es, dataset: Optional[Dataset] = None) -> Optional[str]:
     """``gate_tokenizer``, then what the gate will read after the run, checked now: the kept dataset records each
-    have a string ``output`` (the reference) and the tokenizer loads (a few seconds). Raises ``InputError`` (exit 2,
-    no run folder) naming the file, instead of an accuracy run that ends with "accuracy gate: not run"."""
+    have a string ``output`` (the reference), the tokenizer loads (a few seconds) and, given the loaded ``dataset``,
+    every prompt id is inside the tokenizer's vocabulary (an id past it means another tokenizer made the data,
+    and the gate would decode the outputs with the wrong one). Raises ``InputError`` (exit 2, no run folder) naming
+    the file (and sample), instead of an accuracy run that ends with "accuracy gate: not run" or a FAIL."""
     tok = gate_tokenizer(rs, es)
     if tok is None:
         return None
@@ -185,11 +187,25 @@ def gate_preflight(rs, es) -> Optional[str]:
     except AccuracyInputError as e:
         raise InputError(f"accuracy gate: {e} (the gate's references; or run with --no-accuracy-gate)") from None
     try:
-        load_tokenizer(tok)
+        det = load_tokenizer(tok)
     except Exception as e:  # noqa: BLE001 - any tokenizer that does not load is bad input here
         raise InputError(f"accuracy gate: the tokenizer {tok} does not load: {e} (pass --tokenizer PATH, or run "
                          "with --no-accuracy-gate)") from None
+    if dataset is not None:
+        _check_prompt_ids(dataset, tok, det.vocab_size)
     return tok
+
+
+def _check_prompt_ids(dataset: Dataset, tok: str, vocab: int) -> None:
+    """``InputError`` naming the first sample whose ``tok_input`` has an id >= ``vocab`` (the gate tokenizer's)."""
+    from accuracy.preflight import tokenizer_hint
+
+    for i, prompt in enumerate(dataset.prompts):
+        if prompt.size and int(prompt.max()) >= vocab:
+            raise InputError(
+                f"accuracy gate: {dataset.path}: record {i}, field 'tok_input': id {int(prompt.max())} is outside the "
+                f"vocabulary of the tokenizer {tok} ({vocab} ids), so it did not make this dataset; "
+                f"{tokenizer_hint(dataset.path)}")
 
 
 def accuracy_gate_record(rs, es, model, dataset: Dataset, run_dir: Path) -> dict:

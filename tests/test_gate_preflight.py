@@ -120,6 +120,33 @@ def test_prepare_run_refuses_what_the_gate_could_not_use_after_the_run(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+def test_prepare_run_refuses_a_gate_tokenizer_that_did_not_make_the_dataset(tmp_path, synthetic):
+    """Llama 3 ids (128000 ...) with the synthetic word-level tokenizer: found before the run (it used to be a gate
+    FAIL after it); the message names the file, record, field, id and the tokenizer's vocabulary."""
+    from sut.base import InputError
+    from accuracy.tokenizer import load_tokenizer
+    from sut.synthetic import write_tokenizer
+
+    # synthetic ids are drawn from [1000, 120000): all inside this tokenizer (120,000 words + Llama 3's specials)
+    tok = str(write_tokenizer(tmp_path / "small_tokenizer", vocab_size=120000))
+    vocab = load_tokenizer(tok).vocab_size
+    assert vocab < 128000
+    with pytest.raises(InputError, match=rf"cnn_eval.json: record 0, field 'tok_input': id 128000 is outside the "
+                                         rf"vocabulary of the tokenizer .*tokenizer \({vocab} ids\)"):
+        _prepare(tmp_path, _real_style(tmp_path), mode="accuracy", tokenizer=tok)
+    records = json.loads(synthetic.read_text())
+    for r in records:  # without the BOS id 128000 (this tokenizer numbers its specials from 120000)
+        r["tok_input"] = [i for i in r["tok_input"] if i < 120000]
+    records[3]["tok_input"][-1] = vocab  # the first id past the tokenizer, still inside the model's vocabulary
+    past = tmp_path / "data" / "past.json"
+    past.write_text(json.dumps(records))
+    with pytest.raises(InputError, match=rf"past.json: record 3, field 'tok_input': id {vocab} is outside"):
+        _prepare(tmp_path, past, mode="accuracy", tokenizer=tok)
+    _prepare(tmp_path, past, mode="accuracy", tokenizer=tok, max_samples=3)  # record 3 is not kept
+    _prepare(tmp_path, past, mode="performance")  # no gate, no check
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_accuracy_run_without_a_tokenizer_exits_2_before_anything_starts(tmp_path, synthetic):
     folder = _with_tokenizer_folder(synthetic)
     out_dir = tmp_path / "results"
