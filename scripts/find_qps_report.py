@@ -102,9 +102,14 @@ def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: P
               + (f" (lowest tried {min(t.qps for t in tries):g} queries/s)" if tries else ""))
         return 1
     grew = any(t.qps == best and t.growing for t in tries)  # only under --allow-queue-growth
+    short = not grew and not any(t.qps == best and t.valid and t.queue_growing is False for t in tries)
     print(f"highest VALID target_qps: {best:g} queries/s ({a.scenario}"
           f"{'; its queue was GROWING: a full-length run will likely fail' if grew else ''}"
           f"{'' if a.allow_queue_growth else '; GROWING tries not counted'}); confirm with one full-length run.")
+    if short:
+        print(f"note: no try at {best:g} was long enough to judge its queue; short tries overestimate: on one H200 "
+              "two such results failed over 600 s (Server 55.5: TTFT backlog; Interactive 47.25: TPOT p99 34.3 ms "
+              "against 30), docs/benchmarks.md. Search with --min-duration-s 120 or more.")
     print(f"user.conf line: {default_model_key(a.scenario)}.Server.target_qps = {best:g}")
     return 0
 

@@ -17,12 +17,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-.gpu}; ONLY_C=${2:-}
-mkdir -p "$DEST"; DEST=$(cd "$DEST" && pwd)  # absolute: make_bundle.sh changes directory before it writes
 SHARED=${SHARED:-../shared}
 for need in "$SHARED/gpu/make_bundle.sh" "$SHARED/gpu/llama31_8b_dummy/config.json" "$SHARED/flame/bin/flame-session-manager" \
             "$SHARED/flame/bin/flame-executor-manager" "$SHARED/data/cnn_eval_public.json"; do
   [ -e "$need" ] || { echo "error: $need not found (set SHARED to the shared folder)" >&2; exit 2; }
 done
+mkdir -p "$DEST"; DEST=$(cd "$DEST" && pwd)  # absolute: make_bundle.sh changes directory before it writes
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
 if [ "$ONLY_C" != "--only-c" ]; then

@@ -8,7 +8,8 @@
 # `python -m sut run` yourself (docs/submission.md section 3).
 # `start` empties $JOB (/tmp/job) first: to resume a search in a later session, copy scen/*.jsonl out of the
 # job.tgz that batch-wait wrote into SCEN_PRIOR (default docs/results/find_qps_h200) before `start server`.
-# One device session is 30 min: a search (SCEN_BUDGET_S) plus one 600 s confirmation (~12 min) fits; two do not.
+# One device session is 30 min: the uploads and setup take ~2.5 min of it, a 600 s confirmation ~11.5 min (engine
+# start included), so two confirmations fit (2026-12-02: 27.3 min held), or a search (SCEN_BUDGET_S) plus one.
 #
 #   bash scripts/h200_runs.sh overhead      # raw LLM.generate vs standalone SUT, bf16 then fp8+fp8 KV
 #   bash scripts/h200_runs.sh full-start    # 600 s+ Offline performance run, 13,368-sample pool (detached)
@@ -87,15 +88,22 @@ confirm_check() {
 # The highest VALID target_qps of a find_qps log whose queue was not growing (queue_growing: find_qps marks a VALID
 # try whose TTFT backlog would pass the limit within 600 s); empty when none; a cut-off last line is skipped, any
 # other broken line is an error naming it.
+# The highest VALID try of search log $1 whose queue the harness judged steady (queue_growing false): a try too
+# short to judge (null) is not taken. Two such short tries on one H200 were VALID and their 600 s runs were not
+# (Server 55.5 in ~37 s: TTFT backlog; Interactive 47.25 in ~40 s: TPOT p99 34.3 ms over 600 s; docs/benchmarks.md).
 best_valid() {
   python3 -c "import sys; from accuracy.jsontext import read_jsonl
 v = [r['qps'] for _, r in read_jsonl(sys.argv[1]).records
-     if isinstance(r, dict) and r.get('validity') == 'VALID' and r.get('queue_growing') is not True]
+     if isinstance(r, dict) and r.get('validity') == 'VALID' and r.get('queue_growing') is False]
 print(max(v) if v else '')" "$1"
 }
-# The search log of a scenario and its extra flags in folder $1: h200_fp8_<sc>.jsonl, or with flags
-# h200_fp8_<sc>_<flags with every run of other characters than [A-Za-z0-9.] as one "_">.jsonl.
-scen_log() { local tag; tag=$(scen_args "$2" | sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g'); echo "$1/h200_fp8_$2${tag:+_$tag}.jsonl"; }
+# The search log of a scenario, its extra flags and the try length SCEN_S in folder $1: h200_fp8_<sc>_<S>s.jsonl, or
+# with flags h200_fp8_<sc>_<flags with every run of other characters than [A-Za-z0-9.] as one "_">_<S>s.jsonl (find_qps
+# refuses to resume a log of tries with another length: each length has its own).
+scen_log() {
+  local tag; tag=$(scen_args "$2" | sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g')
+  echo "$1/h200_fp8_$2${tag:+_$tag}_${SCEN_S:-120}s.jsonl"
+}
 
 case "${1:-}" in
   overhead)
@@ -279,12 +287,13 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     ;;
   server)
     # Issue 14: target_qps search (scripts/find_qps.py) for SCENARIOS (default "Server Interactive"), fp8 preset,
-    # --sut SCEN_SUT (default vllm), tries of 1,000 queries and >= SCEN_S s (default 20), at most SCEN_TRIES per
+    # --sut SCEN_SUT (default vllm), tries of 1,000 queries and >= SCEN_S s (default 120;
+    # shorter tries are not judged and CONFIRM=auto skips them), at most SCEN_TRIES per
     # scenario (default 8), none started that would end > SCEN_BUDGET_S s (default 1200) after this step began;
     # SCEN_FACTOR (default 2): find_qps's --factor while bracketing (e.g. 1.25 when the start is near the answer).
     # SERVER_ARGS / INTERACTIVE_ARGS: extra `sut run` flags for that scenario (engine settings, e.g.
     # INTERACTIVE_ARGS="--max-num-batched-tokens 2048"); the confirm step uses them too. Each settings set has its
-    # own log, $JOB/scen/h200_fp8_<sc>[_<flags>].jsonl, appended at once after every try; an earlier session's file
+    # own log, $JOB/scen/h200_fp8_<sc>[_<flags>]_<SCEN_S>s.jsonl, appended at once after every try; an earlier session's file
     # of the same name in SCEN_PRIOR (default docs/results/find_qps_h200) is copied there first and resumed. Keep
     # SCEN_S, SCEN_SUT, MODEL, REAL the same across sessions (find_qps refuses tries made with other settings).
     # --one-process: the engines start once per scenario; a try that fails ends that scenario's search (exit 1).
@@ -298,7 +307,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       resume=(); [ -s "$prior" ] && cp "$prior" "$f" && resume=(--resume "$f")
       python3 scripts/find_qps.py --one-process --scenario $sc --start "$q" --log "$f" "${resume[@]}" \
         --budget-s $(( ${SCEN_BUDGET_S:-1200} - $(date +%s) + t0 )) --max-runs "${SCEN_TRIES:-8}" --factor "${SCEN_FACTOR:-2}" \
-        --min-duration-s "${SCEN_S:-20}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
+        --min-duration-s "${SCEN_S:-120}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
         --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \
         --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --benchmark-ignore-eos "${extra[@]}" \
         > "$JOB/scen_$sc.console" 2>&1
@@ -307,10 +316,11 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
   confirm)
     # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Offline=56:60 Server=55
     # Interactive=auto"): SCENARIO=QPS[:S], each scenario at most once, all entries checked before the first run
-    # (exit 2). QPS "auto" takes the highest VALID try of the search log for that scenario and its SERVER_ARGS /
-    # INTERACTIVE_ARGS: this job's (the server step run first in the same `start`), else SCEN_PRIOR's (copy an
+    # (exit 2). QPS "auto" takes the highest VALID try judged steady (best_valid) of the search log for that scenario,
+    # its SERVER_ARGS / INTERACTIVE_ARGS and SCEN_S: this job's (the server step run first in the same `start`), else SCEN_PRIOR's (copy an
     # earlier session's log there). Each runs `python -m sut run --sut SCEN_SUT --scenario SCENARIO` with a copy of
-    # loadgen_configs/h200_fp8.user.conf plus that scenario's target_qps line (no --target-qps override) and the
+    # loadgen_configs/h200_fp8.user.conf with that scenario's target_qps line (in place of the file's own; no
+    # --target-qps override) and the
     # scenario's extra flags, on CONFIRM_DATA (default $REAL, the prompts the search used); ":S" adds
     # --min-duration-s S (a dev run, e.g. a shorter Offline side by side). Runs in $JOB/confirm/ (run.json +
     # summaries come back with batch-wait). Exit code: the last failed run's, 1 for an auto with no VALID try.
@@ -322,15 +332,20 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       read -ra extra <<< "$(scen_args "$sc")"
       if [ "$q" = auto ]; then  # this job's search log, else the one in SCEN_PRIOR
         log=$(scen_log "$JOB/scen" "$sc"); [ -s "$log" ] || log=$(scen_log "${SCEN_PRIOR:-docs/results/find_qps_h200}" "$sc")
+        [ -s "$log" ] || { echo "confirm $sc: auto, but there is no search log $log (start server first, with the same"\
+          "SCEN_S and ${sc^^}_ARGS)"; worst=1; continue; }
         q=$(best_valid "$log")
-        [ -n "$q" ] || { echo "confirm $sc: auto, but no VALID try in $log"; worst=1; continue; }
+        [ -n "$q" ] || { echo "confirm $sc: auto, but no VALID try judged steady in $log (a try shorter than ~12 times"\
+          "what a query holds its slot is not judged: search with SCEN_S=120 or more)"; worst=1; continue; }
       fi
       case $sc in
         Offline) line="llama3_1-8b.Offline.target_qps = $q" ;;
         Server) line="llama3_1-8b.Server.target_qps = $q" ;;
         Interactive) line="llama3_1-8b-interactive.Server.target_qps = $q" ;;
       esac
-      conf="$JOB/confirm/$sc.user.conf"; cp loadgen_configs/h200_fp8.user.conf "$conf"; echo "$line" >> "$conf"
+      # the shipped file's own line for this key (if any) is left out: the harness refuses a shadowed line
+      conf="$JOB/confirm/$sc.user.conf"; awk -v k="${line%% *}" '$1 != k' loadgen_configs/h200_fp8.user.conf > "$conf"
+      echo "$line" >> "$conf"
       echo "confirm $sc: $line ${extra[*]} ${dur[*]} $(date +%T)"
       python3 -m sut run --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --scenario "$sc" \
         --model "$MODEL" --load-format dummy --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" \

@@ -196,7 +196,7 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
 ])
 def test_main_bad_resume_or_no_start_exits_2_before_any_try(tmp_path, monkeypatch, capsys, extra, message):
     other = tmp_path / "other.jsonl"
-    TryLog(other, dict(SETTINGS, min_duration_s=60.0, run_args=[])).append(Try(4, "VALID"))
+    TryLog(other, dict(SETTINGS, min_duration_s=120.0, run_args=[])).append(Try(4, "VALID"))  # the default
     monkeypatch.setattr(find_qps, "sut_try", lambda *a: pytest.fail("a try started"))
     extra = [str(other) if x == "OTHER" else x for x in extra]
     with pytest.raises(SystemExit) as e:
@@ -207,7 +207,7 @@ def test_main_bad_resume_or_no_start_exits_2_before_any_try(tmp_path, monkeypatc
 
 def test_main_says_when_a_valid_try_lies_above_an_invalid_one(tmp_path, capsys):
     path = tmp_path / "t.jsonl"
-    settings = {"scenario": "Server", "min_duration_s": 60.0, "min_query_count": 1000, "run_args": []}
+    settings = {"scenario": "Server", "min_duration_s": 120.0, "min_query_count": 1000, "run_args": []}
     for t in (Try(8, "VALID"), Try(7, "INVALID")):
         TryLog(path, settings).append(t)
     assert find_qps.main(["--scenario", "Server", "--resume", str(path), "--output-dir", str(tmp_path)]) == 0
@@ -239,3 +239,19 @@ def test_one_process_tries_draw_the_run_progress_bar_only_on_a_terminal(tmp_path
     finally:
         one.close()
     assert not any(tmp_path.iterdir()), "prepare() starts nothing and writes nothing"
+
+
+def test_a_result_from_tries_too_short_to_judge_says_so_and_a_judged_one_does_not(tmp_path, capsys):
+    """Two short-try results failed over 600 s on one H200 (2026-12-01/02): the search's last word says when its
+    result rests on tries whose queue was not judged (``queue_growing`` null)."""
+    settings = {"scenario": "Interactive", "min_duration_s": 20.0, "min_query_count": 1000, "run_args": []}
+    for judged, said in ((None, True), (False, False)):
+        path = tmp_path / f"t_{judged}.jsonl"
+        for t in (Try(40, "VALID", queue_growing=judged), Try(41, "INVALID")):
+            TryLog(path, settings).append(t)
+        assert find_qps.main(["--scenario", "Interactive", "--resume", str(path), "--min-duration-s", "20",
+                              "--output-dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert "highest VALID target_qps: 40 queries/s" in out
+        assert ("note: no try at 40 was long enough to judge its queue" in out) is said, out
+        assert ("--min-duration-s 120 or more" in out) is said

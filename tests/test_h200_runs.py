@@ -40,29 +40,35 @@ def _flag(args: list[str], name: str) -> str:
 def test_server_step_gives_each_scenario_its_own_flags_and_log(tmp_path):
     prior = tmp_path / "prior"
     prior.mkdir()
-    (prior / "h200_fp8_Interactive_max-num-batched-tokens_2048.jsonl").write_text("wrong name: never read\n")
-    (prior / "h200_fp8_Interactive_max_num_batched_tokens_2048.jsonl").write_text('{"qps": 40.0}\n')
+    (prior / "h200_fp8_Interactive_max-num-batched-tokens_2048_120s.jsonl").write_text("wrong name: never read\n")
+    (prior / "h200_fp8_Interactive_max_num_batched_tokens_2048_20s.jsonl").write_text("other try length: never read\n")
+    (prior / "h200_fp8_Interactive_max_num_batched_tokens_2048_120s.jsonl").write_text('{"qps": 40.0}\n')
     out, calls = _run(tmp_path, "server", INTERACTIVE_ARGS="--max-num-batched-tokens 2048", SCEN_FACTOR="1.25")
     assert out.returncode == 0, out.stderr
     server, inter = calls
     assert _flag(server, "--factor") == _flag(inter, "--factor") == "1.25" and server.index("--factor") < server.index("--")
     assert _flag(server, "--scenario") == "Server" and "--max-num-batched-tokens" not in server
-    assert _flag(server, "--log").endswith("/scen/h200_fp8_Server.jsonl") and "--resume" not in server
+    assert _flag(server, "--log").endswith("/scen/h200_fp8_Server_120s.jsonl") and "--resume" not in server
+    assert _flag(server, "--min-duration-s") == _flag(inter, "--min-duration-s") == "120"  # SCEN_S unset
     assert _flag(server, "--user-conf") == "loadgen_configs/h200_fp8.user.conf"
     assert _flag(inter, "--max-num-batched-tokens") == "2048" and inter.index("--max-num-batched-tokens") > inter.index("--")
     log = _flag(inter, "--log")
-    assert log.endswith("/scen/h200_fp8_Interactive_max_num_batched_tokens_2048.jsonl") and _flag(inter, "--resume") == log
+    assert log.endswith("/scen/h200_fp8_Interactive_max_num_batched_tokens_2048_120s.jsonl") and _flag(inter, "--resume") == log
     assert Path(log).read_text() == '{"qps": 40.0}\n'  # the prior of the same settings, copied to resume
 
 
 def test_confirm_auto_takes_the_highest_valid_try_with_that_searchs_flags(tmp_path):
     scen = tmp_path / "job" / "scen"
     scen.mkdir(parents=True)
-    tries = [{"qps": 40.0, "validity": "VALID"}, {"qps": 42.5, "validity": "INVALID"}, {"qps": 41.0, "validity": "VALID"},
+    tries = [{"qps": 40.0, "validity": "VALID", "queue_growing": False}, {"qps": 42.5, "validity": "INVALID"},
+             {"qps": 41.0, "validity": "VALID", "queue_growing": False},
+             {"qps": 41.7, "validity": "VALID", "queue_growing": None},  # too short to judge: not taken
              {"qps": 41.5, "validity": "VALID", "queue_growing": True}]  # VALID, but its backlog grew: not taken
-    (scen / "h200_fp8_Interactive_max_num_batched_tokens_2048.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tries))
+    (scen / "h200_fp8_Interactive_max_num_batched_tokens_2048_120s.jsonl").write_text(
+        "".join(json.dumps(t) + "\n" for t in tries))
     (tmp_path / "prior").mkdir()
-    (tmp_path / "prior" / "h200_fp8_Server.jsonl").write_text(json.dumps({"qps": 55.5, "validity": "VALID"}) + "\n")
+    (tmp_path / "prior" / "h200_fp8_Server_120s.jsonl").write_text(
+        json.dumps({"qps": 55.5, "validity": "VALID", "queue_growing": False}) + "\n")
     out, calls = _run(tmp_path, "confirm", INTERACTIVE_ARGS="--max-num-batched-tokens 2048",
                       CONFIRM="Interactive=auto Server=auto Offline=56:60")
     assert out.returncode == 0, out.stderr
@@ -70,7 +76,9 @@ def test_confirm_auto_takes_the_highest_valid_try_with_that_searchs_flags(tmp_pa
     assert _flag(inter, "--scenario") == "Interactive" and _flag(inter, "--max-num-batched-tokens") == "2048"
     conf = Path(_flag(inter, "--user-conf")).read_text()
     assert conf.rstrip().endswith("llama3_1-8b-interactive.Server.target_qps = 41.0") and "--target-qps" not in inter
-    assert Path(_flag(server, "--user-conf")).read_text().rstrip().endswith("llama3_1-8b.Server.target_qps = 55.5")
+    server_conf = Path(_flag(server, "--user-conf")).read_text()
+    assert server_conf.rstrip().endswith("llama3_1-8b.Server.target_qps = 55.5")
+    assert server_conf.count("llama3_1-8b.Server.target_qps") == 1  # the shipped file's own line is left out
     assert "--max-num-batched-tokens" not in server  # SERVER_ARGS unset: the preset's settings
     assert _flag(offline, "--min-duration-s") == "60" and _flag(offline, "--scenario") == "Offline"
     out, calls = _run(tmp_path, "confirm", CONFIRM="Offline=56", FAKE_RC="1")
@@ -80,9 +88,14 @@ def test_confirm_auto_takes_the_highest_valid_try_with_that_searchs_flags(tmp_pa
 def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_path):
     scen = tmp_path / "job" / "scen"
     scen.mkdir(parents=True)
-    (scen / "h200_fp8_Server.jsonl").write_text(json.dumps({"qps": 60.0, "validity": "INVALID"}) + "\n")
+    (scen / "h200_fp8_Server_120s.jsonl").write_text(json.dumps({"qps": 60.0, "validity": "INVALID"}) + "\n")
     out, calls = _run(tmp_path, "confirm", CONFIRM="Server=auto")
-    assert out.returncode == 1 and calls == [] and "confirm Server: auto, but no VALID try in" in out.stdout
+    assert out.returncode == 1 and calls == [] and "confirm Server: auto, but no VALID try judged steady in" in out.stdout
+    (scen / "h200_fp8_Server_20s.jsonl").write_text(json.dumps({"qps": 50.0, "validity": "VALID"}) + "\n")
+    out, calls = _run(tmp_path, "confirm", CONFIRM="Server=auto", SCEN_S="20")  # short tries: none judged
+    assert out.returncode == 1 and calls == [] and "search with SCEN_S=120 or more" in out.stdout
+    out, calls = _run(tmp_path, "confirm", CONFIRM="Server=auto", SCEN_S="60")  # no log for 60 s tries
+    assert out.returncode == 1 and calls == [] and "there is no search log" in out.stdout and not out.stderr
 
 
 @pytest.mark.parametrize("env, said", [
@@ -110,7 +123,8 @@ def test_server_step_refuses_flags_it_sets_itself(tmp_path):
 def test_confirm_auto_skips_a_cut_off_last_line_and_runs_on_the_searchs_sut(tmp_path):
     scen = tmp_path / "job" / "scen"
     scen.mkdir(parents=True)
-    (scen / "h200_fp8_Server.jsonl").write_text(json.dumps({"qps": 50.0, "validity": "VALID"}) + '\n{"qps": 60.0, "val')
+    (scen / "h200_fp8_Server_120s.jsonl").write_text(json.dumps({"qps": 50.0, "validity": "VALID", "queue_growing": False})
+                                                     + '\n{"qps": 60.0, "val')
     out, calls = _run(tmp_path, "confirm", CONFIRM="Server=auto", SCEN_SUT="vllm-http")
     assert out.returncode == 0, out.stdout + out.stderr
     (server,) = calls
@@ -126,3 +140,21 @@ def test_gpu_bundle_names_a_missing_shared_input_and_exits_2_before_building(tmp
     assert out.returncode == 2, out.stderr
     assert "llama31_8b_dummy/config.json not found (set SHARED" in out.stderr
     assert not (tmp_path / "dest").exists()
+
+
+def test_gpu_bundle_hands_make_bundle_an_absolute_dest(tmp_path):
+    """make_bundle.sh changes directory before it writes: a relative DEST (the README's `.gpu`) lost part_00."""
+    shared = tmp_path / "shared"
+    for rel in ("gpu/llama31_8b_dummy/config.json", "flame/bin/flame-session-manager",
+                "flame/bin/flame-executor-manager", "data/cnn_eval_public.json"):
+        (shared / rel).parent.mkdir(parents=True, exist_ok=True)
+        (shared / rel).write_text("{}")
+    said = tmp_path / "dest_seen.txt"
+    (shared / "gpu" / "make_bundle.sh").write_text(f'echo "$1" > {said}\nexit 3\n')  # stop before any download
+    work = tmp_path / "work"
+    work.mkdir()
+    rel = os.path.relpath(tmp_path / "dest", REPO)  # relative to the repository root, where the script runs
+    out = subprocess.run(["bash", str(REPO / "scripts" / "gpu_bundle.sh"), rel], cwd=work, capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, SHARED=str(shared)))
+    assert out.returncode == 3, out.stderr
+    assert said.read_text().strip() == str((tmp_path / "dest").resolve())

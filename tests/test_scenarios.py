@@ -97,11 +97,11 @@ def test_shipped_cpu_user_conf_gives_server_and_interactive_their_own_qps_and_li
 
 
 def test_a_conf_with_offline_lines_only_serves_a_server_search_with_target_qps_on_the_command_line():
-    """scripts/find_qps.py tries pass --target-qps with the shipped H200 user.conf, whose only line is Offline's
+    """scripts/find_qps.py tries pass --target-qps with a shipped H200 user.conf whose only line is Offline's
     (the first H200 search exited 2 here): the target comes from the command line, the rest from mlperf.conf."""
     import mlperf_loadgen as lg
 
-    conf = str(REPO / "loadgen_configs" / "h200_fp8.user.conf")
+    conf = str(REPO / "loadgen_configs" / "h200_bf16.user.conf")
     for scen, qps in (("Server", 48.0), ("Interactive", 20.0)):
         s = _settings(scenario=scen, user_conf=conf, target_qps=qps)
         assert s["qps"] == qps and s["scenario"] == int(lg.TestScenario.Server)
@@ -110,6 +110,19 @@ def test_a_conf_with_offline_lines_only_serves_a_server_search_with_target_qps_o
                          user_conf=conf, scenario="Server"))], capture_output=True, text=True, env=sut_env(), cwd=REPO,
                          timeout=120)
     assert out.returncode != 0 and "no line applies to this run (llama3_1-8b.Server)" in out.stderr  # no target at all
+
+
+def test_the_shipped_h200_fp8_conf_gives_server_its_confirmed_target_and_interactive_none():
+    """h200_fp8.user.conf: Server 53 q/s (600 s VALID on one H200, docs/benchmarks.md 2026-12-02); Interactive has no
+    line yet, so an Interactive run needs --target-qps; --target-qps still overrides Server's line (a search)."""
+    from sut.base import InputError
+    from sut.userconf import check_user_conf
+
+    conf = REPO / "loadgen_configs" / "h200_fp8.user.conf"
+    assert _settings(scenario="Server", user_conf=str(conf))["qps"] == 53.0
+    assert _settings(scenario="Server", user_conf=str(conf), target_qps=54.0)["qps"] == 54.0
+    with pytest.raises(InputError, match=r"no line applies to this run \(llama3_1-8b-interactive.Server\)"):
+        check_user_conf(conf, "llama3_1-8b-interactive", "Server", target_qps_given=False)
 
 
 def test_a_conf_keyed_for_another_run_with_more_than_targets_is_still_refused_with_target_qps(tmp_path):
