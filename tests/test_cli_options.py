@@ -354,3 +354,20 @@ def test_sut_flame_commands_exit_2_on_bad_input_without_a_traceback(tmp_path, ca
     assert flame_main.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("taken", [0, 1], ids=["frontend", "backend"])
+def test_sut_flame_cluster_with_a_taken_port_exits_2_before_starting_anything(tmp_path, capsys, taken):
+    import socket
+
+    import sut.flame.__main__ as flame_main
+    from sut.flame.cluster import pick_ports
+
+    port = pick_ports()
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", port + taken))
+        s.listen()
+        rc = flame_main.main(["cluster", "--workdir", str(tmp_path / "c"), "--port", str(port),
+                              "--flame-bin", str(tmp_path / "no-binaries-needed")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--port {port}: port {port + taken} in use" in err and "Traceback" not in err, err

@@ -329,3 +329,28 @@ def test_an_application_read_failing_without_a_cause_points_at_the_backend_port(
     with pytest.raises(RunFailed, match=r"failed to get application: +\(no cause given: is that the session "
                                         r"manager's frontend port\?"):
         ensure_app(SimpleNamespace(get_application=boom), "http://127.0.0.1:8081", FlameOptions(), None)
+
+
+def test_an_existing_registration_that_would_not_start_this_checkouts_service_is_warned_about(caplog):
+    """A registration left from another checkout (other repository first on PYTHONPATH) or another command is used
+    as it is (a wrapper script can be right), with a warning that shows both and how to register again."""
+    import sys
+    from types import SimpleNamespace
+
+    from sut.flame import app as app_mod
+    from sut.flame.options import FlameOptions
+    from sut.flame.session import ensure_app
+
+    mine = app_mod.render(name="sut-vllm")["spec"]
+    same = SimpleNamespace(command=mine["command"], arguments=list(mine["arguments"]),
+                           environments={"PYTHONPATH": str(app_mod.REPO)})
+    stale = SimpleNamespace(command=sys.executable, arguments=["-m", "sut.flame.serve"],
+                            environments={"PYTHONPATH": "/old/checkout"})
+    for found, warned in ((same, False), (stale, True)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="sut.flame"):
+            ensure_app(SimpleNamespace(get_application=lambda name, f=found: f), "http://127.0.0.1:8081",
+                       FlameOptions(), None)
+        said = "\n".join(r.getMessage() for r in caplog.records)
+        assert ("PYTHONPATH starting /old/checkout" in said) is warned, said
+        assert ("register --replace --endpoint http://127.0.0.1:8081 --name sut-vllm" in said) is warned

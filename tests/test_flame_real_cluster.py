@@ -135,6 +135,26 @@ def test_register_cli_then_the_executor_manager_runs_the_service(real_flame_fact
     assert sorted(workdir.glob("*.err"))  # the executor manager's log files of the service, in the app's directory
 
 
+def test_register_replace_unregisters_first_and_the_new_registration_is_the_one_used(real_flame_factory, tmp_path):
+    """``register --replace`` unregisters the name first (Flame v0.6.0 with sqlite storage refuses a second
+    registration; this cluster's ``storage: none`` overwrites it, so both ways end with the newest)."""
+    cluster = real_flame_factory()
+
+    def register(workdir, *extra):
+        return subprocess.run([sys.executable, "-m", "sut.flame", "register", "--endpoint", cluster.endpoint, "--name",
+                               "sut-again", "--workdir", str(tmp_path / workdir), *extra], cwd=REPO, env=sut_env(),
+                              capture_output=True, text=True, timeout=60)
+
+    assert register("one").returncode == 0
+    replaced = register("two", "--replace")
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert replaced.stdout.splitlines() == [f"unregistered application sut-again at {cluster.endpoint}",
+                                            f"registered application sut-again at {cluster.endpoint}"]
+    assert flamepy.connect(cluster.endpoint).get_application("sut-again").working_directory == str(tmp_path / "two")
+    fresh = register("three", "--replace", "--name", "sut-new")  # nothing to unregister: registers only
+    assert fresh.returncode == 0 and "unregistered" not in fresh.stdout, fresh.stderr[-2000:]
+
+
 def test_dead_service_leaves_its_executor_unbinding_and_new_sessions_get_none(real_flame_factory, tmp_path):
     """Real v0.6.0 behaviour the stand-in copies: after a service died, its executor fails OnSessionLeave and
     stays Unbinding for good; Flame offers it to every session that needs an executor, so a new session

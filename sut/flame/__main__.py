@@ -37,6 +37,9 @@ def _main(argv: list[str]) -> int:
         s.add_argument("--env", action="append", default=[], metavar="K=V", help="extra service environment")
         if name == "register":
             s.add_argument("--endpoint", help="Flame endpoint (default: FLAME_ENDPOINT or ~/.flame/flame.yaml)")
+            s.add_argument("--replace", action="store_true", help="unregister an application of that name first "
+                           "(a Flame with sqlite storage refuses a second registration; Flame refuses to unregister "
+                           "while the application has open sessions)")
     c = sub.add_parser("close", help="close Flame sessions left open (e.g. by a run killed with SIGKILL), waiting "
                                      "while their running tasks finish")
     c.add_argument("session_ids", nargs="+", metavar="SESSION_ID")
@@ -57,7 +60,7 @@ def _main(argv: list[str]) -> int:
     if a.cmd == "render-app":
         sys.stdout.write(app.to_yaml(doc))
         return 0
-    return _register(a.endpoint, doc)
+    return _register(a.endpoint, doc, a.replace)
 
 
 def _connect_checked(endpoint_arg):
@@ -133,9 +136,10 @@ def _check_local_paths(doc: dict, endpoint: str) -> None:
         logging.getLogger("sut.flame").warning("%s: the executor hosts must have it", what)
 
 
-def _register(endpoint_arg, doc: dict) -> int:
-    """Register ``doc`` at the Flame endpoint: ``BadInput`` (exit 2) for a malformed endpoint or one where nothing
-    answers (the checks of ``python -m sut run --sut flame``); ``RunFailed`` (exit 1) when Flame refuses."""
+def _register(endpoint_arg, doc: dict, replace: bool = False) -> int:
+    """Register ``doc`` at the Flame endpoint (with ``replace``, unregister an application of its name first):
+    ``BadInput`` (exit 2) for a malformed endpoint or one where nothing answers (the checks of ``python -m sut run
+    --sut flame``); ``RunFailed`` (exit 1) when Flame refuses."""
     import flamepy
 
     from sut.base import RunFailed
@@ -143,6 +147,14 @@ def _register(endpoint_arg, doc: dict) -> int:
 
     conn, endpoint = _connect_checked(endpoint_arg)
     _check_local_paths(doc, endpoint)
+    name = doc["metadata"]["name"]
+    try:
+        if replace and conn.get_application(name) is not None:
+            conn.unregister_application(name)
+            print(f"unregistered application {name} at {endpoint}")
+    except flamepy.FlameError as e:
+        raise RunFailed(f"cannot unregister application {name} at {endpoint}: {e.message} (Flame refuses while "
+                        "sessions of it are open: python -m sut.flame close SESSION_ID)") from None
     try:
         app.register(conn, doc)
     except flamepy.FlameError as e:

@@ -403,7 +403,7 @@ class RealCluster:
 
 
 def _check_args(a) -> Path:
-    """The Flame binaries' folder; ``BadInput`` (exit 2, before anything starts) naming a bad ``--port``,
+    """The Flame binaries' folder; ``BadInput`` (exit 2, before anything starts) naming a bad or taken ``--port``,
     ``--resreq`` or ``--workdir``, or a folder without the binaries."""
     import flamepy
 
@@ -412,6 +412,11 @@ def _check_args(a) -> Path:
     if not 0 <= a.port <= 65534:
         raise BadInput(f"error: --port {a.port}: expected 0 (two free ports) or a port in 1..65534 (the backend "
                        "port is --port + 1)")
+    taken = [p for p in (a.port, a.port + 1) if a.port and not _port_free(p)]
+    if taken:
+        raise BadInput(f"error: --port {a.port}: port {' and '.join(map(str, taken))} in use; the session manager needs "
+                       f"{a.port} (frontend) and {a.port + 1} (backend) free on every interface: give other ports, or "
+                       "none (two free ones are picked)")
     try:
         flamepy.ResourceRequirement.from_string(a.resreq)
     except ValueError as e:

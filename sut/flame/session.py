@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 import socket
 import time
 from pathlib import Path
@@ -118,6 +119,7 @@ def ensure_app(conn, endpoint: str, o: FlameOptions, run_dir: Optional[str]) -> 
         raise RunFailed(f"cannot read application {o.app} from Flame at {endpoint}: {e.message}"
                         f"{backend_port_hint(e.message, 'failed to get application')}") from None
     if found is not None:
+        _warn_if_other_service(found, o.app, endpoint)
         return
     if o.register_app == "never":
         raise RunFailed(f"application {o.app} is not registered at {endpoint}; register it first "
@@ -131,6 +133,25 @@ def ensure_app(conn, endpoint: str, o: FlameOptions, run_dir: Optional[str]) -> 
     except flamepy.FlameError as e:
         raise RunFailed(f"cannot register application {o.app}: {e.message}") from None
     log.info("flame: registered application %s (%s %s)", o.app, doc["spec"]["command"], " ".join(doc["spec"]["arguments"]))
+
+
+def _warn_if_other_service(found, name: str, endpoint: str) -> None:
+    """Warn when the registered application ``name`` would not start this checkout's service: another command or
+    arguments than ``python -m sut.flame register`` would register from here, or another repository first on its
+    PYTHONPATH (e.g. a registration left from an older checkout). Only a warning: a wrapper script or another
+    interpreter on the executor hosts can be right; the run uses the registration as it is."""
+    from sut.flame import app as app_mod
+
+    want = app_mod.render(name=name)["spec"]
+    have_path = ((getattr(found, "environments", None) or {}).get("PYTHONPATH") or "").split(os.pathsep)[0]
+    have = (getattr(found, "command", None), list(getattr(found, "arguments", None) or []), have_path)
+    mine = (want["command"], [str(a) for a in want.get("arguments") or []], str(app_mod.REPO))
+    if have != mine:
+        log.warning("flame: application %s at %s is registered as `%s %s` (PYTHONPATH starting %s); from this checkout "
+                    "it would be `%s %s` (%s). The run uses the registration as it is: if it is stale, register again "
+                    "(python -m sut.flame register --replace --endpoint %s --name %s) or use another application name",
+                    name, endpoint, have[0], " ".join(have[1]), have[2] or "(none)", mine[0], " ".join(mine[1]),
+                    mine[2], endpoint, name)
 
 
 #: Executor states (flamepy ``ExecutorState`` names without the prefix) of an executor that holds or can still run
