@@ -89,16 +89,28 @@ def run_once(run_args: list[str], out: Path, name: str, timeout_s: float) -> Run
     after ``timeout_s`` seconds (``run_with_timeout``); a run.json a killed run left ``running`` is recorded
     ``failed`` with the time-out."""
     cmd = [sys.executable, "-m", "sut", "run", *run_args, "--output-dir", str(out), "--run-name", name, "--no-progress"]
-    rc, err = run_with_timeout(cmd, timeout_s)
+    try:
+        rc, err = run_with_timeout(cmd, timeout_s)
+    except BaseException as e:  # Ctrl-C / SIGTERM of this script: the run was stopped, maybe killed mid-drain
+        _record_if_running(out, name, e)
+        raise
+    folder, rec = _record_if_running(out, name, TimeoutError(err.strip().splitlines()[-1]) if rc is None else None)
+    return RunOutcome(rc, rec, folder, err[-2000:])
+
+
+def _record_if_running(out: Path, name: str, cause: Optional[BaseException]) -> tuple[Optional[Path], Optional[dict]]:
+    """``(run folder, its run.json)`` of run ``name`` in ``out`` (None, None: no folder yet); a run.json the killed
+    run left ``running`` is recorded ``failed`` with ``cause`` (a time-out, or "interrupted" for a Ctrl-C / SIGTERM
+    whose grace ran out while the run waited for LoadGen's schedule)."""
     folder = next(Path(out).glob(name + "*"), None)
     rec = json.loads((folder / "run.json").read_text()) if folder and (folder / "run.json").is_file() else None
-    if rc is None and rec is not None and rec.get("status") == "running":
+    if cause is not None and rec is not None and rec.get("status") == "running":
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         from sut.harness import record_failure
 
-        record_failure(folder, rec, TimeoutError(err.strip().splitlines()[-1]))
-    return RunOutcome(rc, rec, folder, err[-2000:])
+        record_failure(folder, rec, cause)
+    return folder, rec
 
 
 def split_run_args(argv: Optional[list[str]]) -> tuple[list[str], list[str]]:

@@ -325,9 +325,17 @@ def _finish(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_di
         if not t06["passed"]:
             raise _fail(run_dir, record, f"TEST06 failed: {t06}",
                         f"TEST06 verification failed: {t06['verify_accuracy']!r} {t06.get('failures')}")
-    record["status"] = "ok"
     if rs.mode == "accuracy" and rs.accuracy_gate:
-        record["accuracy"] = accuracy_gate_record(rs, es, model, dataset, run_dir)
+        try:
+            record["accuracy"] = accuracy_gate_record(rs, es, model, dataset, run_dir)
+        except KeyboardInterrupt as e:  # the caller sees it; run.json must not stay "running"
+            mark_failed(record, f"{interrupt_reason(e)} during the accuracy gate (the LoadGen run had ended; score "
+                                f"it with python -m accuracy --accuracy-log {run_dir / 'mlperf_log_accuracy.json'} "
+                                f"--dataset {rs.dataset} --tokenizer TOKENIZER)")
+            record["finished"] = now_iso()
+            write_record(run_dir, record)
+            raise
+    record["status"] = "ok"
     write_record(run_dir, record)
     return record
 

@@ -259,3 +259,25 @@ def test_a_failed_run_has_no_validity_and_keeps_loadgens_word_apart():
     early = {"status": "running"}  # failed before LoadGen reported anything
     mark_failed(early, "x")
     assert early == {"status": "failed", "error": "x"}
+
+
+def test_a_stop_signal_during_the_accuracy_gate_records_the_run_failed_not_running(tmp_path, monkeypatch):
+    """A breaker's find: SIGTERM while the gate scored 13,368 samples exited 130 with run.json still "running"."""
+    import json
+
+    import sut.harness as harness
+    from sut.harness import RunSettings
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(harness, "accuracy_gate_record", interrupted)
+    rs = RunSettings(sut="vllm", dataset="data.json", output_dir=str(tmp_path), mode="accuracy")
+    rec = {"status": "running", "validity": "VALID"}
+    with pytest.raises(KeyboardInterrupt):
+        harness._finish(rs, None, None, None, tmp_path, rec, None)
+    on_disk = json.loads((tmp_path / "run.json").read_text())
+    assert on_disk["status"] == "failed" and on_disk["finished"]
+    assert on_disk["error"].startswith("interrupted (SIGTERM) during the accuracy gate (the LoadGen run had ended")
+    assert f"--accuracy-log {tmp_path / 'mlperf_log_accuracy.json'} --dataset data.json" in on_disk["error"]
+    assert on_disk["validity"] is None and on_disk["loadgen_validity"] == "VALID"

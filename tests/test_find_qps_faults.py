@@ -212,6 +212,22 @@ def test_run_once_records_a_run_killed_while_running_as_failed(tmp_path, monkeyp
     assert rec["error"] == "TimeoutError: timed out after 5 s: killed (SIGKILL) 60 s after SIGTERM"
 
 
+def test_run_once_records_a_run_killed_after_ctrl_c_as_interrupted(tmp_path, monkeypatch):
+    """A breaker's find: Ctrl-C of a --fresh-process search while the try waited for LoadGen's Server schedule;
+    the try was killed after the grace and its run.json stayed "running". A run that recorded itself is left alone."""
+    for name, rec in (("r-killed", {"status": "running"}), ("r-recorded", {"status": "failed", "error": "its own"})):
+        def stopped(cmd, timeout_s, name=name, rec=rec):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "run.json").write_text(json.dumps(rec))
+            raise KeyboardInterrupt
+        monkeypatch.setattr(sut_runs, "run_with_timeout", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            sut_runs.run_once([], tmp_path, name, 5.0)
+    killed = json.loads((tmp_path / "r-killed" / "run.json").read_text())
+    assert (killed["status"], killed["error"]) == ("failed", "interrupted (SIGINT, Ctrl-C)") and killed["finished"]
+    assert json.loads((tmp_path / "r-recorded" / "run.json").read_text()) == {"status": "failed", "error": "its own"}
+
+
 @pytest.mark.slow
 def test_fresh_process_try_past_its_timeout_leaves_no_server_and_no_running_record(tmp_path, caplog):
     server = tmp_path / "fake_vllm_server.py"
