@@ -18,7 +18,9 @@ or later one, or an integer setting written as ``1.5e5`` (read as 1). :func:`che
 refuses every such line with :class:`~sut.base.InputError` naming the file and the line, before
 anything starts, with one exception: a well-formed line for another model key of this benchmark
 (:data:`sut.constants.MODEL_KEYS`) or another LoadGen scenario is allowed, because one user.conf
-commonly holds every run of a system (Offline and Server lines); it is logged, and a file in which
+commonly holds every run of a system (Offline and Server lines), and so is a line shadowed in this run that
+another run of :data:`sut.constants.LOADGEN_RUNS` takes its setting from (``*.Server.target_qps`` after a
+``llama3_1-8b.Server`` line serves the Interactive run); both are logged, and a file in which
 no line at all applies to the run (the shipped ``llama3_1-8b`` files with ``--model-key
 llama3_1-8b-interactive``) is refused. It also refuses ``mode`` (the harness sets LoadGen's mode from ``--mode``).
 """
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sut.base import InputError
-from sut.constants import MODEL_KEYS
+from sut.constants import LOADGEN_RUNS, MODEL_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -229,22 +231,54 @@ def _sort_lines(path: Path, lines: list[ConfLine], model_key: str,
     return applying, others
 
 
-def _chosen(path: Path, applying: list[tuple[str, ConfLine]]) -> dict[str, ConfLine]:
+def _rank(line: ConfLine) -> int:
+    """The line's place in LoadGen's lookup order (``_PRIORITY``: 0 = most specific)."""
+    model, scen, _ = line.key.rsplit(".", 2)
+    return _PRIORITY.index(f"{'{m}' if model != '*' else '*'}.{'{s}' if scen != '*' else '*'}")
+
+
+def _winners(applying: list[tuple[str, ConfLine]]) -> dict[str, ConfLine]:
+    """``{setting: line LoadGen uses}`` among lines that all apply to one run (the most specific key, then the last
+    line)."""
+    chosen: dict[str, tuple[int, ConfLine]] = {}
+    for setting, line in applying:
+        if setting not in chosen or _rank(line) <= chosen[setting][0]:
+            chosen[setting] = (_rank(line), line)
+    return {s: ln for s, (_, ln) in chosen.items()}
+
+
+def _used_by_another_run(line: ConfLine, lines: list[ConfLine]) -> str | None:
+    """``model.scenario`` of another run of this benchmark (``LOADGEN_RUNS``) for which LoadGen takes ``line``'s
+    setting from ``line``, or None: one user.conf may hold every run's lines, so a ``*`` line shadowed in this run
+    can be the one another run uses."""
+    model, scen, setting = line.key.rsplit(".", 2)
+    for mk, sc in LOADGEN_RUNS:
+        if model not in (mk, "*") or scen not in (sc, "*"):
+            continue
+        same = [(setting, ln) for ln in lines if len(parts := ln.key.rsplit(".", 2)) == 3
+                and parts[2] == setting and parts[0] in (mk, "*") and parts[1] in (sc, "*")]
+        if _winners(same).get(setting) is line:
+            return f"{mk}.{sc}"
+    return None
+
+
+def _chosen(path: Path, applying: list[tuple[str, ConfLine]], lines: list[ConfLine]) -> dict[str, ConfLine]:
     """``{setting: line LoadGen uses}`` (the most specific key, then the last line; ``_PRIORITY``);
-    ``InputError`` for a line another one overrides."""
-    chosen: dict[str, tuple[int, ConfLine]] = {}  # setting -> (priority rank, line LoadGen uses)
+    ``InputError`` for a line another one overrides that no other run of the benchmark uses either (``lines``: all
+    of the file's lines)."""
+    chosen = _winners(applying)
     for setting, line in applying:
-        model, scen, _ = line.key.rsplit(".", 2)
-        rank = _PRIORITY.index(f"{'{m}' if model != '*' else '*'}.{'{s}' if scen != '*' else '*'}")
-        if setting not in chosen or rank <= chosen[setting][0]:
-            chosen[setting] = (rank, line)
-    for setting, line in applying:
-        used = chosen[setting][1]
-        if used is not line:
+        used = chosen[setting]
+        if used is line:
+            continue
+        other = _used_by_another_run(line, lines)
+        if other is None:
             raise InputError(f"{path}, line {line.number} ({line.text!r}): ignored by LoadGen, which takes {setting} "
                              f"from line {used.number} ({used.text!r}: the more specific key, or the later line of "
                              "the same key); remove one of them")
-    return {s: ln for s, (_, ln) in chosen.items()}
+        log.info("%s, line %d (%r): this run takes %s from line %d; the line is for %s runs", path, line.number,
+                 line.text, setting, used.number, other)
+    return chosen
 
 
 def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
@@ -271,8 +305,9 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
             by another line of the file.
     """
     path = Path(path)
-    applying, others = _sort_lines(path, parse_lines(path, _read_conf(path)), model_key, scenario)
-    chosen = _chosen(path, applying)
+    lines = parse_lines(path, _read_conf(path))
+    applying, others = _sort_lines(path, lines, model_key, scenario)
+    chosen = _chosen(path, applying, lines)
     values = {s: ln.value for s, ln in chosen.items()}
     if "token_latency_scaling_factor" in values and _int_value(values.get("infer_token_latencies", "0")) != 1:
         line = chosen["token_latency_scaling_factor"]

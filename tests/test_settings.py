@@ -234,7 +234,7 @@ QPS = "llama3_1-8b.Offline.target_qps = 3\n"
     (QPS + "*.*.qsl_rng_seed = 1\n", 2, "only from its embedded mlperf.conf"),
     (QPS + "*.*.mode = 1\n", 2, "from --mode"),
     (QPS + "qps = 3\n", 2, "the form model.scenario.setting"),
-    ("*.Offline.target_qps = 5\n" + QPS, 1, "takes target_qps from line 2"),
+    ("*.Offline.target_qps = 5\n" + QPS + "llama3_1-8b-edge.Offline.target_qps = 4\n", 1, "takes target_qps from line 2"),
     (QPS + "# again\n" + QPS, 1, "takes target_qps from line 3"),
     (QPS + "*.Offline.min_duration = 1.5e5\n", 2, "min_duration is a whole number"),
     (QPS + "*.Offline.min_query_count = 010\n", 2, "leading 0 is octal"),
@@ -293,6 +293,29 @@ def test_one_user_conf_may_hold_lines_for_other_runs_of_the_system(tmp_path):
     p.write_text(QPS + "llama3_1-8b.Server.target_qps = 2\nllama3_1-8b-interactive.Offline.target_qps = 1\n"
                  "*.Server.target_latency = 2000\n")
     assert check_user_conf(p, "llama3_1-8b", "Offline") == {"target_qps": "3"}
+
+
+def test_a_line_shadowed_here_but_used_by_another_run_is_accepted_and_one_no_run_uses_is_refused(tmp_path):
+    """A breaker's find: `llama3_1-8b.Server.target_qps = 4` then `*.Server.target_qps = 3` serves both Server (4) and
+    Interactive (3: the interactive key's Server run), yet the Server run was refused with "remove one of them"."""
+    from sut.base import InputError
+    from sut.userconf import check_user_conf
+
+    p = tmp_path / "user.conf"
+    p.write_text("llama3_1-8b.Server.target_qps = 4\n*.Server.target_qps = 3\n")
+    assert check_user_conf(p, "llama3_1-8b", "Server") == {"target_qps": "4"}
+    assert check_user_conf(p, "llama3_1-8b-interactive", "Server") == {"target_qps": "3"}
+    p.write_text("llama3_1-8b.Server.target_qps = 4\nllama3_1-8b-interactive.Server.target_qps = 1\n"
+                 "*.*.target_qps = 2\n")  # line 3: Offline's (and the edge key's)
+    assert check_user_conf(p, "llama3_1-8b", "Server") == {"target_qps": "4"}
+    assert check_user_conf(p, "llama3_1-8b", "Offline") == {"target_qps": "2"}
+    for text, shadowed in (("llama3_1-8b.Server.target_qps = 4\nllama3_1-8b.Server.target_qps = 5\n", 1),
+                           ("*.*.target_qps = 2\n" + "".join(f"{mk}.{sc}.target_qps = 1\n" for mk, sc in
+                            (("llama3_1-8b", "Offline"), ("llama3_1-8b-edge", "Offline"), ("llama3_1-8b", "Server"),
+                             ("llama3_1-8b-interactive", "Server"))), 1)):
+        p.write_text(text)  # no run of the benchmark takes its setting from the shadowed line
+        with pytest.raises(InputError, match=rf"line {shadowed} .*ignored by LoadGen, .*remove one of them"):
+            check_user_conf(p, "llama3_1-8b", "Server")
 
 
 def test_shipped_cpu_user_conf_is_refused_for_another_model_key():
