@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 from accuracy.reference import gen_len_reason
 from sut.compliance import Test06Result, verify_test06, write_test06
 from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
+from sut.package_logs import check_accuracy_log_complete, check_logs_agree
 from sut.package_same_system import check_same_system
 from sut.records import ComplianceError, check_record, read_json, vocab_size
 from sut.submission_files import measurements, readme
@@ -235,16 +236,20 @@ def _record_problems(run: Run, role: str) -> list[str]:
 
 
 def _check_files(perf: Run, acc: Run) -> None:
-    """The logs the tree needs are there, and the accuracy log reads as LoadGen's."""
+    """The logs the tree needs are there, the accuracy log reads as LoadGen's and holds every sample once, and the
+    detail logs agree with run.json (``sut.package_logs``)."""
     from accuracy.errors import AccuracyInputError
     from accuracy.loadgen_log import read_accuracy_log
 
     _need(perf.folder, PERF_LOGS, "performance")
     _need(acc.folder, ACC_FILES, "accuracy")
     try:
-        read_accuracy_log(acc.folder / "mlperf_log_accuracy.json")
+        entries = read_accuracy_log(acc.folder / "mlperf_log_accuracy.json")
     except AccuracyInputError as e:
         raise ComplianceError(f"accuracy run {acc.folder}: {e}") from None
+    check_accuracy_log_complete(acc.folder, acc.rec, entries)
+    check_logs_agree(perf.folder, perf.rec, "performance")
+    check_logs_agree(acc.folder, acc.rec, "accuracy")
 
 
 def _check_test06(folder: str) -> tuple[Run, Test06Result, list[str]]:
@@ -253,6 +258,7 @@ def _check_test06(folder: str) -> tuple[Run, Test06Result, list[str]]:
     rec, tdir = t06.rec, t06.folder
     if (rec.get("run_settings") or {}).get("compliance_test") != "TEST06":
         raise ComplianceError(f"TEST06 run {tdir}: not made with --compliance-test TEST06")
+    check_logs_agree(tdir, rec, "TEST06")
     if (rec.get("loadgen") or {}).get("errors"):
         raise ComplianceError(f"TEST06 run {tdir}: LoadGen logged {rec['loadgen']['errors']} error(s) "
                               "(the submission checker rejects them)")
@@ -288,8 +294,9 @@ def check_scenario(ps: PackageSettings) -> ScenarioRuns:
         t06, t06_result, t06_problems = _check_test06(ps.test06_run)
         problems += t06_problems
     elif ps.division == "closed" and bench in NEEDS_TEST06:
-        raise ComplianceError(f"closed-division {bench} needs a TEST06 run (--test06 RUN_FOLDER; make it with "
-                              "python -m sut run ... --compliance-test TEST06)")
+        scen = perf.rec.get("scenario") or "Offline"
+        raise ComplianceError(f"closed-division {bench} {scen} needs a TEST06 run (--test06 RUN_FOLDER of a {scen} run "
+                              f"made with python -m sut run --scenario {scen} ... --compliance-test TEST06)")
     check_same_system(perf.rec, [(acc.rec, "accuracy")] + ([(t06.rec, "TEST06")] if t06 else []))
     if problems and not ps.allow_noncompliant:
         raise ComplianceError("not compliant (pass --allow-noncompliant only to rehearse the layout):\n  "

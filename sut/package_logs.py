@@ -1,0 +1,77 @@
+"""``python -m sut package``: the run folders' LoadGen logs must say what their ``run.json`` says.
+
+``run.json`` is the harness's summary of a run and can be edited; the tree ships LoadGen's own logs, which the
+submission checker reads. Before a run is laid out, :func:`check_logs_agree` re-reads its
+``mlperf_log_detail.txt`` (``sut.run_record.parse_loadgen_detail``) and refuses (``ComplianceError``) a run whose
+
+- LoadGen scenario (``effective_scenario``) is not the one ``run.json`` gives (``loadgen_scenario``, else the
+  LoadGen scenario of ``scenario``: Interactive is a LoadGen Server run);
+- TTFT / TPOT limits (``requested_server_ttft_latency`` / ``..._tpot_latency``, ns) are looser than the limits of
+  the scenario ``run.json`` gives (``sut.scenarios.LATENCY_LIMITS_MS``: a Server run relabelled Interactive);
+- performance result (``result_validity``) is not ``run.json``'s ``validity`` (performance runs only);
+
+and, for the accuracy run, whose ``mlperf_log_accuracy.json`` does not hold exactly one response per issued
+sample (``ledger.issued`` of ``run.json``; LoadGen's AccuracyOnly mode issues every sample once) or holds a
+different number of samples than the gate scored (``gen_num`` of ``accuracy.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from sut.records import ComplianceError
+from sut.run_record import parse_loadgen_detail
+from sut.scenarios import LATENCY_LIMITS_MS
+
+#: The LoadGen scenario of each harness scenario (``sut/scenarios.py``).
+LOADGEN_SCENARIO = {"Offline": "Offline", "Server": "Server", "Interactive": "Server"}
+
+
+def check_logs_agree(folder: Path, rec: dict, role: str) -> None:
+    """Refuse a run whose LoadGen detail log disagrees with ``rec`` (its ``run.json``); see the module docstring.
+    ``role``: ``performance``, ``accuracy`` or ``TEST06`` (messages; the result check is for performance only)."""
+    detail = parse_loadgen_detail(folder / "mlperf_log_detail.txt")
+    where = f"{role} run {folder}"
+    scenario = rec.get("scenario") or "Offline"
+    want = rec.get("loadgen_scenario") or LOADGEN_SCENARIO.get(scenario)
+    got = detail.get("effective_scenario")
+    if got is not None and want is not None and got != want:
+        raise ComplianceError(f"{where}: run.json says scenario {scenario} (LoadGen {want}), but its "
+                              f"mlperf_log_detail.txt ran LoadGen's {got}")
+    limits = LATENCY_LIMITS_MS.get(scenario)
+    for name in ("ttft", "tpot") if limits else ():
+        ns = detail.get(f"requested_server_{name}_latency")
+        if isinstance(ns, (int, float)) and ns > limits[name] * 1e6:
+            raise ComplianceError(f"{where}: run.json says {scenario}, but its mlperf_log_detail.txt ran with a "
+                                  f"{name.upper()} limit of {ns / 1e6:g} ms ({scenario}'s is {limits[name]} ms)")
+    if role == "performance" and detail.get("result_validity") not in (None, rec.get("validity")):
+        raise ComplianceError(f"{where}: run.json says {rec.get('validity')!r}, but its mlperf_log_detail.txt says "
+                              f"{detail['result_validity']!r}")
+
+
+def check_accuracy_log_complete(folder: Path, rec: dict, entries: list) -> None:
+    """Refuse an accuracy run whose log (``entries``, ``accuracy.loadgen_log.read_accuracy_log``) is not one response
+    per issued sample, or not the samples its ``accuracy.json`` scored."""
+    where = f"accuracy run {folder}: mlperf_log_accuracy.json"
+    idx = [e.qsl_idx for e in entries]
+    dup = len(idx) - len(set(idx))
+    if dup:
+        raise ComplianceError(f"{where} holds {dup} repeated sample(s) (an AccuracyOnly run answers each sample once)")
+    issued = (rec.get("ledger") or {}).get("issued")
+    if isinstance(issued, int) and issued != len(idx):
+        raise ComplianceError(f"{where} holds {len(idx)} responses, run.json's ledger says {issued} samples were issued")
+    scored = _gen_num(folder / "accuracy.json")
+    if scored is not None and scored != len(idx):
+        raise ComplianceError(f"{where} holds {len(idx)} responses, accuracy.json scored {scored}: re-score the run "
+                              "with python -m accuracy")
+
+
+def _gen_num(path: Path) -> Optional[int]:
+    """``scores.gen_num`` of the gate's ``accuracy.json`` (None: no file or no such field)."""
+    try:
+        n = (json.loads(path.read_text()).get("scores") or {}).get("gen_num")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) else None

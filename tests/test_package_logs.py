@@ -1,0 +1,87 @@
+"""``python -m sut package`` checks the run folders' LoadGen logs against their run.json (``sut/package_logs.py``):
+a breaker relabelled a Server run Interactive, marked an INVALID run VALID, and cut or padded accuracy logs, and
+``package`` laid them out."""
+
+import json
+
+import pytest
+
+from sut.package_scenario import check_scenario
+from sut.records import ComplianceError
+from test_compliance import make_log_entry, make_run, make_test06_run, settings, write_log
+
+
+def _detail(folder, **values):
+    (folder / "mlperf_log_detail.txt").write_text("".join(
+        f':::MLLOG {json.dumps({"key": k, "value": v})}\n' for k, v in values.items()))
+
+
+def _edit(folder, **fields):
+    rec = json.loads((folder / "run.json").read_text())
+    rec.update(fields)
+    (folder / "run.json").write_text(json.dumps(rec))
+
+
+@pytest.fixture
+def runs(tmp_path):
+    base = tmp_path / "runs"
+    return make_run(base, "perf", "performance"), make_run(base, "acc", "accuracy"), make_test06_run(base)
+
+
+def test_runs_whose_logs_agree_with_run_json_are_laid_out(tmp_path, runs):
+    perf, acc, t06 = runs
+    _detail(perf, effective_scenario="Offline", result_validity="VALID")
+    _detail(acc, effective_scenario="Offline")
+    assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == ()
+
+
+@pytest.mark.parametrize("fields, detail, said", [
+    (dict(scenario="Interactive", loadgen_scenario="Server", model_key="llama3_1-8b-interactive"),
+     dict(effective_scenario="Server", requested_server_ttft_latency=2_000_000_000,
+          requested_server_tpot_latency=100_000_000, result_validity="VALID"),
+     "run.json says Interactive, but its mlperf_log_detail.txt ran with a TTFT limit of 2000 ms (Interactive's is 500"),
+    (dict(scenario="Server", loadgen_scenario="Server"), dict(effective_scenario="Offline", result_validity="VALID"),
+     "run.json says scenario Server (LoadGen Server), but its mlperf_log_detail.txt ran LoadGen's Offline"),
+    (dict(), dict(effective_scenario="Offline", result_validity="INVALID"),
+     "run.json says 'VALID', but its mlperf_log_detail.txt says 'INVALID'"),
+])
+def test_a_performance_run_json_that_its_detail_log_contradicts_is_refused(tmp_path, runs, fields, detail, said):
+    perf, acc, t06 = runs
+    _edit(perf, **fields)
+    _detail(perf, **detail)
+    with pytest.raises(ComplianceError, match="performance run .*" + said.replace("(", r"\(").replace(")", r"\)")):
+        check_scenario(settings(tmp_path, perf, acc, t06, allow_noncompliant=True))
+
+
+def test_an_accuracy_log_cut_padded_or_not_the_one_scored_is_refused(tmp_path, runs):
+    perf, acc, t06 = runs
+    log = acc / "mlperf_log_accuracy.json"
+    four = [make_log_entry(i, [1, 2, 128009]) for i in range(4)]
+    _edit(acc, ledger={"issued": 4, "completed": 4})
+    for entries, said in ((four[:2], "holds 2 responses, run.json's ledger says 4 samples were issued"),
+                          (four[:3] + four[:1], r"holds 1 repeated sample\(s\)")):
+        write_log(log, entries)
+        with pytest.raises(ComplianceError, match="accuracy run .*mlperf_log_accuracy.json " + said):
+            check_scenario(settings(tmp_path, perf, acc, t06))
+    write_log(log, four)
+    gate = json.loads((acc / "accuracy.json").read_text())
+    (acc / "accuracy.json").write_text(json.dumps(dict(gate, scores=dict(gate["scores"], gen_num=64))))
+    with pytest.raises(ComplianceError, match="holds 4 responses, accuracy.json scored 64: re-score"):
+        check_scenario(settings(tmp_path, perf, acc, t06))
+    (acc / "accuracy.json").write_text(json.dumps(dict(gate, scores=dict(gate["scores"], gen_num=4))))
+    check_scenario(settings(tmp_path, perf, acc, t06))
+
+
+def test_a_test06_run_relabelled_to_another_scenario_is_refused(tmp_path, runs):
+    perf, acc, t06 = runs
+    _detail(t06, effective_scenario="Server", requested_server_ttft_latency=2_000_000_000)
+    with pytest.raises(ComplianceError, match=r"TEST06 run .*run.json says scenario Offline \(LoadGen Offline\), but "
+                                              "its mlperf_log_detail.txt ran LoadGen's Server"):
+        check_scenario(settings(tmp_path, perf, acc, t06))
+
+
+def test_a_missing_test06_run_names_the_scenario(tmp_path, runs):
+    perf, acc, _ = runs
+    with pytest.raises(ComplianceError, match="closed-division llama3.1-8b Offline needs a TEST06 run .*--scenario "
+                                              "Offline"):
+        check_scenario(settings(tmp_path, perf, acc, None))
