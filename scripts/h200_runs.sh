@@ -59,15 +59,37 @@ COMMON=(--model "$MODEL" --load-format dummy --max-model-len 2668 --max-num-seqs
 # Extra `sut run` flags of a scenario (issue 14: SERVER_ARGS, INTERACTIVE_ARGS; none for Offline): words split
 # at spaces (no shell quoting inside them); flags the steps set themselves are refused by check_scen_args.
 scen_args() { case $1 in Server) echo "${SERVER_ARGS:-}" ;; Interactive) echo "${INTERACTIVE_ARGS:-}" ;; esac; }
+# `sut run` takes any unambiguous prefix of a flag (argparse), so a prefix of one of these is refused too.
+SET_HERE="--scenario --user-conf --target-qps --sut --config --model --dataset --output-dir --run-name --min-duration-s
+  --min-query-count --mode --compliance-test --load-format --no-progress"
 check_scen_args() {
-  local sc w; for sc in Server Interactive; do for w in $(scen_args $sc); do
-    case ${w%%=*} in
-      --scenario|--user-conf|--target-qps|--sut|--config|--model|--dataset|--output-dir|--run-name|--min-duration-s|\
-      --min-query-count|--mode|--compliance-test|--load-format|--no-progress)
-        echo "${sc^^}_ARGS: $w is set by this script (SERVER_ARGS / INTERACTIVE_ARGS take engine flags)"; return 1 ;;
-      *[\"\']*) echo "${sc^^}_ARGS: $w: words are split at spaces, quotes are not read"; return 1 ;;
-    esac
+  local sc w f what; for sc in Server Interactive; do for w in $(scen_args $sc); do
+    case $w in *[\"\']*) echo "${sc^^}_ARGS: $w: words are split at spaces, quotes are not read"; return 1 ;; esac
+    [[ $w == --?* ]] || continue
+    for f in $SET_HERE; do
+      if [[ $f == "${w%%=*}"* ]]; then
+        [[ $f == "${w%%=*}" ]] && what="is set by this script" || what="is short for $f, which this script sets"
+        echo "${sc^^}_ARGS: $w $what (SERVER_ARGS / INTERACTIVE_ARGS take engine flags)"; return 1
+      fi
+    done
   done; done
+}
+# The server step's settings, all checked before any search: SCENARIOS of Server / Interactive, whole seconds and
+# counts > 0, SCEN_FACTOR > 1, start rates > 0; then check_scen_args.
+server_check() {
+  local sc v
+  for sc in ${SCENARIOS:-Server Interactive}; do
+    [[ $sc =~ ^(Server|Interactive)$ ]] || { echo "server: SCENARIOS: unknown scenario '$sc' (Server, Interactive)"; return 1; }
+  done
+  for v in SCEN_S SCEN_BUDGET_S SCEN_TRIES; do
+    [[ -z ${!v:-} || ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || { echo "server: $v='${!v}' is not a whole number > 0"; return 1; }
+  done
+  for v in SERVER_QPS INTERACTIVE_QPS SCEN_FACTOR; do
+    [[ -z ${!v:-} || ${!v} =~ ^[0-9]*\.?[0-9]+$ && ! ${!v} =~ ^0*\.?0*$ ]] || { echo "server: $v='${!v}' is not a number > 0"; return 1; }
+  done
+  [[ -z ${SCEN_FACTOR:-} ]] || python3 -c "import sys; sys.exit(float(sys.argv[1]) <= 1)" "$SCEN_FACTOR" \
+    || { echo "server: SCEN_FACTOR='$SCEN_FACTOR' must be > 1"; return 1; }
+  check_scen_args
 }
 # CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S], SCENARIO Offline/Server/Interactive once each,
 # QPS a positive number or auto, S a positive number of seconds.
@@ -85,12 +107,10 @@ confirm_check() {
   done
   check_scen_args
 }
-# The highest VALID target_qps of a find_qps log whose queue was not growing (queue_growing: find_qps marks a VALID
-# try whose TTFT backlog would pass the limit within 600 s); empty when none; a cut-off last line is skipped, any
-# other broken line is an error naming it.
 # The highest VALID try of search log $1 whose queue the harness judged steady (queue_growing false): a try too
 # short to judge (null) is not taken. Two such short tries on one H200 were VALID and their 600 s runs were not
 # (Server 55.5 in ~37 s: TTFT backlog; Interactive 47.25 in ~40 s: TPOT p99 34.3 ms over 600 s; docs/benchmarks.md).
+# Empty when none; a cut-off last line is skipped, any other broken line is an error naming it.
 best_valid() {
   python3 -c "import sys; from accuracy.jsontext import read_jsonl
 v = [r['qps'] for _, r in read_jsonl(sys.argv[1]).records
@@ -298,8 +318,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # SCEN_S, SCEN_SUT, MODEL, REAL the same across sessions (find_qps refuses tries made with other settings).
     # --one-process: the engines start once per scenario; a try that fails ends that scenario's search (exit 1).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
-    check_scen_args || exit 2
-    mkdir -p "$JOB/scen"; t0=$(date +%s)
+    server_check || exit 2
+    mkdir -p "$JOB/scen"; t0=$(date +%s); worst=0
     for sc in ${SCENARIOS:-Server Interactive}; do
       q=$([ $sc = Server ] && echo "${SERVER_QPS:-48}" || echo "${INTERACTIVE_QPS:-20}")
       read -ra extra <<< "$(scen_args "$sc")"
@@ -311,7 +331,9 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \
         --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --benchmark-ignore-eos "${extra[@]}" \
         > "$JOB/scen_$sc.console" 2>&1
+      rc=$?; [ $rc -eq 0 ] || { worst=$rc; echo "server $sc: find_qps rc=$rc ($JOB/scen_$sc.console)"; }
     done
+    exit $worst
     ;;
   confirm)
     # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Offline=56:60 Server=55

@@ -108,6 +108,9 @@ def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_pa
     ({"CONFIRM": ""}, "set CONFIRM"),
     ({"CONFIRM": "Server=52", "SERVER_ARGS": "--user-conf x.conf"}, "SERVER_ARGS: --user-conf is set by this script"),
     ({"CONFIRM": "Server=52", "INTERACTIVE_ARGS": "--target-qps=3"}, "INTERACTIVE_ARGS: --target-qps=3 is set by"),
+    ({"CONFIRM": "Server=55", "SERVER_ARGS": "--max-num-seqs 768 --scen Offline"},
+     "SERVER_ARGS: --scen is short for --scenario, which this script sets"),  # argparse takes prefixes
+    ({"CONFIRM": "Server=55", "SERVER_ARGS": "--target-qp=99"}, "--target-qp=99 is short for --target-qps"),
     ({"CONFIRM": "Server=52", "SERVER_ARGS": '--served-model-name "my model"'}, "quotes are not read"),
 ])
 def test_confirm_refuses_a_bad_entry_or_flag_before_any_run(tmp_path, env, said):
@@ -118,6 +121,26 @@ def test_confirm_refuses_a_bad_entry_or_flag_before_any_run(tmp_path, env, said)
 def test_server_step_refuses_flags_it_sets_itself(tmp_path):
     out, calls = _run(tmp_path, "server", SERVER_ARGS="--max-num-seqs 640 --scenario Offline")
     assert out.returncode == 2 and "SERVER_ARGS: --scenario is set by this script" in out.stdout and calls == []
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"SCENARIOS": "server Interactive"}, "SCENARIOS: unknown scenario 'server' (Server, Interactive)"),
+    ({"SCENARIOS": "Offline"}, "SCENARIOS: unknown scenario 'Offline'"),
+    ({"SCEN_S": "abc"}, "SCEN_S='abc' is not a whole number > 0"),
+    ({"SCEN_BUDGET_S": "0"}, "SCEN_BUDGET_S='0' is not a whole number > 0"),
+    ({"SCEN_TRIES": "2.5"}, "SCEN_TRIES='2.5' is not a whole number > 0"),
+    ({"SERVER_QPS": "fast"}, "SERVER_QPS='fast' is not a number > 0"),
+    ({"SCEN_FACTOR": "1"}, "SCEN_FACTOR='1' must be > 1"),
+])
+def test_server_step_checks_its_settings_before_any_search(tmp_path, env, said):
+    out, calls = _run(tmp_path, "server", **env)
+    assert out.returncode == 2 and f"server: {said}" in out.stdout and calls == [], out.stdout + out.stderr
+
+
+def test_server_step_exits_with_a_failed_searchs_code(tmp_path):
+    out, calls = _run(tmp_path, "server", SCENARIOS="Server Interactive", FAKE_RC="1")
+    assert out.returncode == 1 and len(calls) == 2  # the second scenario still searched
+    assert "server Server: find_qps rc=1" in out.stdout and "server Interactive: find_qps rc=1" in out.stdout
 
 
 def test_confirm_auto_skips_a_cut_off_last_line_and_runs_on_the_searchs_sut(tmp_path):
