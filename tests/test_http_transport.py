@@ -4,6 +4,7 @@ Fast: no vLLM engine. The real ``vllm serve`` runs are in ``test_http_cpu.py``."
 
 from __future__ import annotations
 
+import re
 import json
 import os
 import signal
@@ -784,3 +785,18 @@ def test_token_ids_that_are_no_token_ids_fail_the_reply(ids):
 
     with pytest.raises(api.ReplyError, match=r"not a list of token ids \(integers >= 0\)"):
         api.parse_chunk({"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": None}]})
+
+
+@pytest.mark.parametrize("reason, n, said", [
+    ("length", 129, "the answer has 129 ids, more than max_tokens 128 (finish_reason 'length'): the server sent ids twice"),
+    ("stop", 200, "the answer has 200 ids, more than max_tokens 128 (finish_reason 'stop')"),
+    ("length", 3, "finish_reason 'length' after 3 ids, but max_tokens is 128 (the server's own token limit is lower"),
+])
+def test_too_many_ids_are_not_blamed_on_a_lower_server_limit(reason, n, said):
+    """A breaker's server that sent the first id twice was told "the server's own token limit is lower"."""
+    from sut.core.transports.http_api import ReplyError, check_finished
+
+    with pytest.raises(ReplyError, match=re.escape(said)):
+        check_finished(reason, n, 128)
+    check_finished("length", 128, 128)
+    check_finished("stop", 5, 128)

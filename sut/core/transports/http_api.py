@@ -98,6 +98,9 @@ def check_finished(finish_reason: Optional[str], n_ids: int, max_tokens: int) ->
     if finish_reason not in FINISHED:
         why = "no finish_reason" if not finish_reason else f"finish_reason {finish_reason!r}"
         raise ReplyError(f"the answer ended with {why} after {n_ids} ids (a finished one says 'stop' or 'length')")
+    if n_ids > max_tokens:
+        raise ReplyError(f"the answer has {n_ids} ids, more than max_tokens {max_tokens} (finish_reason "
+                         f"{finish_reason!r}): the server sent ids twice or did not keep to max_tokens")
     if finish_reason == "length" and n_ids != max_tokens:
         raise ReplyError(f"the answer ended with finish_reason 'length' after {n_ids} ids, but max_tokens is "
                          f"{max_tokens} (the server's own token limit is lower: its answers are cut short)")
