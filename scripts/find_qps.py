@@ -16,7 +16,11 @@ ledger error) is logged as a failed try and ends the search with exit 1 (Ctrl-C:
 ``--fresh-process``: each try is one ``python -m sut run`` process (the engines start for every try); a try
 past ``--timeout-s`` is stopped (SIGTERM, then SIGKILL of its process group ``sut_runs.TIMEOUT_GRACE_S``
 later). In both modes a failed try is no LoadGen verdict: it is recorded (validity null, no p99s) but
-bounds nothing, the search stops with exit 1, and a resumed search makes that try again. Every try is a
+bounds nothing, the search stops with exit 1, and a resumed search makes that try again. So does a try that
+LoadGen calls INVALID only for early stopping, with every p99 under its limit and at most as many queries again
+needed (``sut.records.early_stopping_shortfall``): too few queries is no verdict on the rate (the note says to
+raise ``--min-query-count``); needing more than that, it counts as INVALID ("near the bound"). An INVALID try's
+note names the checks it failed. Every try is a
 performance run: ``--mode accuracy``, ``--compliance-test`` or ``--audit-config`` after ``--`` (or in the
 preset) is refused (exit 2) before any try.
 
@@ -82,6 +86,7 @@ from sut_runs import ROOT, TIMEOUT_GRACE_S, run_once, split_run_args  # noqa: E4
 sys.path.insert(0, str(ROOT))
 from find_qps_report import fmt_bound, fmt_qps, log_how_to_go_on, report, try_line  # noqa: E402
 from sut.latency_trend import describe as describe_trend, not_judged  # noqa: E402
+from sut.records import early_stopping_shortfall, invalid_why  # noqa: E402
 from sut.scenarios import STREAMING_SCENARIOS  # noqa: E402
 
 log = logging.getLogger("find_qps")
@@ -115,8 +120,20 @@ def try_from_record(qps: float, rec: dict, ok: bool, folder, wall_s: float, note
     lg = rec.get("loadgen") or {}
     trend = ((rec.get("latency") or {}).get("harness") or {}).get("ttft_trend") or {}
     judged = describe_trend(trend) or (not_judged(trend) if rec.get("validity") == "VALID" else None)
-    note = "; ".join(x for x in (note, judged) if x)
-    return Try(qps, rec.get("validity"), _ms(lg.get("result_first_token_99.00_percentile_latency_ns")),
+    validity, why = rec.get("validity"), None
+    if validity == "INVALID":
+        why, short = f"INVALID: {invalid_why(rec)}", early_stopping_shortfall(rec)
+        if lg.get("result_perf_constraints_met") is True and lg.get("early_stopping_met") is False and short:
+            done, more = short
+            if more <= done:  # a try at most twice as long settles it: no verdict on the rate, too few queries
+                validity = None
+                why = (f"INVALID only on LoadGen's early stopping, every p99 under its limit: {done} queries were too "
+                       f"few (it needs at least {more} more); search again with a larger --min-query-count (a new "
+                       "--log: the tries of a log share their settings)")
+            else:
+                why += f" (every p99 under its limit; it needs at least {more} more queries: near the bound)"
+    note = "; ".join(x for x in (note, why, judged) if x)
+    return Try(qps, validity, _ms(lg.get("result_first_token_99.00_percentile_latency_ns")),
                _ms(lg.get("result_time_per_output_token_99.00_percentile_ns")),
                rec.get("tokens_per_s"), str(folder), note, round(wall_s, 1), trend.get("growing"))
 
@@ -230,7 +247,10 @@ class OneProcessTries:
             rec = json.loads((folder / "run.json").read_text())
             raise TryFailed(try_from_record(q, rec, False, folder, time.monotonic() - t0,
                                             f"run failed: {rec.get('error')}"), e) from e
-        return try_from_record(q, rec, True, rec["output_dir"], time.monotonic() - t0)
+        t = try_from_record(q, rec, True, rec["output_dir"], time.monotonic() - t0)
+        if t.validity is None:  # no verdict (early stopping needed more queries): as a failed try
+            raise TryFailed(t, RunFailed(t.note))
+        return t
 
     def close(self) -> None:
         if self.series is not None:

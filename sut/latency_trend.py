@@ -137,8 +137,8 @@ def describe(trend: Optional[dict], steady_too: bool = False) -> Optional[str]:
     """One line for a console summary or a search note when the queue was growing (also for a judged run whose
     queue was not, with ``steady_too``); None otherwise."""
     if trend and steady_too and trend.get("growing") is False:
-        return (f"steady: {trend['slope_ms_per_s']:+,.1f} ms/s (z {trend['slope_z']:g}) from {trend['fit_from_s']:.0f} s "
-                f"to {trend['span_s']:.0f} s at {trend['issued_qps']:g} queries/s issued")
+        return (f"no backlog growth: {trend['slope_ms_per_s']:+,.1f} ms/s (z {trend['slope_z']:g}) from "
+                f"{trend['fit_from_s']:.0f} s to {trend['span_s']:.0f} s at {trend['issued_qps']:g} queries/s issued")
     if not trend or not trend.get("growing"):
         return None
     rise = (f"queue growing: TTFT p50 {_ms(trend['first_quarter_p50_ms'])} -> {_ms(trend['last_quarter_p50_ms'])} over "

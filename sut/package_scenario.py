@@ -34,7 +34,7 @@ from sut.compliance import Test06Result, verify_test06, write_test06
 from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
 from sut.package_logs import check_accuracy_log_complete, check_logs_agree
 from sut.package_same_system import check_same_system
-from sut.records import ComplianceError, check_record, read_json, vocab_size
+from sut.records import ComplianceError, check_record, invalid_why, read_json, vocab_size
 from sut.submission_files import measurements, readme
 
 log = logging.getLogger(__name__)
@@ -145,15 +145,6 @@ def _gate_result_ok(gate: object) -> bool:
     return not gate["passed"] or (bool(verdict) and all(v["ok"] for v in verdict.values()))
 
 
-def _invalid_why(perf: dict) -> str:
-    """Which of LoadGen's checks an INVALID run failed, from its record."""
-    lg = perf.get("loadgen") or {}
-    failed = [name for key, name in (("result_min_duration_met", "min duration"), ("result_min_queries_met", "min queries"),
-                                     ("result_perf_constraints_met", "latency constraints"),
-                                     ("early_stopping_met", "early stopping")) if lg.get(key) is False]
-    return ", ".join(failed) or "see its mlperf_log_summary.txt"
-
-
 def _load_run(folder: str, role: str) -> Run:
     d = Path(folder)
     rec = check_record(read_json(d / "run.json", f"{role} run:"), d / "run.json")
@@ -188,7 +179,7 @@ def _performance_problems(perf: Run, allow_noncompliant: bool) -> list[str]:
         return []
     if not allow_noncompliant or rec.get("validity") != "INVALID":
         raise ComplianceError(f"performance run {perf.folder}: LoadGen result is {rec.get('validity')!r}, not VALID")
-    return [f"performance run: LoadGen result is INVALID ({_invalid_why(rec)})"]
+    return [f"performance run: LoadGen result is INVALID ({invalid_why(rec)})"]
 
 
 def _gate_problems(acc: Run) -> list[str]:

@@ -157,3 +157,28 @@ def engines_used(rec: dict) -> Optional[dict]:
     return {"engines": len(engines), "engine_args": [json.loads(a) for a in args],
             "devices": [[json.loads(d), n] for d, n in sorted(devices.items())],
             "prefix_caching": sorted({bool(e.get("enable_prefix_caching")) for e in engines})}
+
+
+def invalid_why(rec: dict) -> str:
+    """Which of LoadGen's checks an INVALID run failed, from its record's ``loadgen`` (``mlperf_log_detail.txt``)."""
+    lg = rec.get("loadgen") or {}
+    failed = [name for key, name in (("result_min_duration_met", "min duration"), ("result_min_queries_met", "min queries"),
+                                     ("result_perf_constraints_met", "latency constraints"),
+                                     ("early_stopping_met", "early stopping")) if lg.get(key) is False]
+    return ", ".join(failed) or "see its mlperf_log_summary.txt"
+
+
+def early_stopping_shortfall(rec: dict) -> Optional[tuple[int, int]]:
+    """``(queries processed, more queries LoadGen's early stopping would need)`` of a Server/Interactive run whose
+    early stopping failed (the larger need of its TTFT and TPOT results: "Processed N queries ... Would need to run
+    at least M more queries"), or None."""
+    import re
+
+    lg = rec.get("loadgen") or {}
+    found = []
+    for key in ("early_stopping_ttft_result", "early_stopping_tpot_result"):
+        text = str(lg.get(key) or "")
+        done, more = re.search(r"Processed (\d+) queries", text), re.search(r"at least (\d+) more queries", text)
+        if done and more:
+            found.append((int(done.group(1)), int(more.group(1))))
+    return max(found, key=lambda x: x[1]) if found else None

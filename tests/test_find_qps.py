@@ -255,3 +255,40 @@ def test_a_result_from_tries_too_short_to_judge_says_so_and_a_judged_one_does_no
         assert "highest VALID target_qps: 40 queries/s" in out
         assert ("note: no try at 40 was long enough to judge its queue" in out) is said, out
         assert ("--min-duration-s 120 or more" in out) is said
+
+
+def _es_record(perf_met, more, done=320):
+    text = f" * Run unsuccessful.  * Processed {done} queries.  * Would need to run at least {more} more queries,  with"
+    return {"validity": "INVALID", "tokens_per_s": 100.0,
+            "loadgen": {"result_perf_constraints_met": perf_met, "early_stopping_met": False,
+                        "result_min_duration_met": True, "result_first_token_99.00_percentile_latency_ns": 8.7e8,
+                        "early_stopping_ttft_result": text, "early_stopping_tpot_result": " * Run successful."}}
+
+
+def test_an_invalid_try_says_why_and_too_few_queries_for_early_stopping_is_no_verdict():
+    """A new user's find: --min-query-count 320 made a try INVALID on early stopping alone (p99s far under the
+    limits) and the search took it as the upper bound, without a word of why."""
+    from find_qps import try_from_record
+
+    t = try_from_record(2.0, _es_record(True, 139), True, "f", 1.0)
+    assert t.validity is None and t.ttft_p99_ms == 870.0  # bounds nothing: the search stops as after a failed try
+    assert "INVALID only on LoadGen's early stopping, every p99 under its limit: 320 queries were too few (it " \
+           "needs at least 139 more); search again with a larger --min-query-count" in t.note
+    near = try_from_record(2.0, _es_record(True, 5000), True, "f", 1.0)
+    assert near.validity == "INVALID" and "it needs at least 5000 more queries: near the bound" in near.note
+    over = try_from_record(2.0, _es_record(False, 139), True, "f", 1.0)
+    assert over.validity == "INVALID" and over.note.startswith("INVALID: latency constraints, early stopping")
+
+
+def test_a_search_stops_at_a_try_without_a_verdict_and_says_what_to_change(tmp_path, monkeypatch, caplog,
+                                                                          synthetic_small):
+    from find_qps import try_from_record
+
+    monkeypatch.setattr(find_qps, "sut_try", lambda scenario, q, *a: try_from_record(q, _es_record(True, 139), True,
+                                                                                    "f", 1.0))
+    run_args = ["--config", str(REPO / "loadgen_configs" / "cpu_tiny.toml"), "--dataset", str(synthetic_small[0])]
+    rc = find_qps.main(["--scenario", "Server", "--start", "4", "--output-dir", str(tmp_path), "--fresh-process",
+                        "--min-query-count", "320", "--", *run_args])
+    assert rc == 1 and "search again with a larger --min-query-count" in caplog.text
+    (t,) = [json.loads(x) for x in (tmp_path / "tries-Server.jsonl").read_text().splitlines()]
+    assert t["validity"] is None and t["qps"] == 4  # recorded, bounding nothing

@@ -52,7 +52,7 @@ def test_a_backlog_growing_like_the_h200_server_run_at_55_is_growing_and_a_stead
     assert steady["growing"] is False and abs(steady["slope_z"]) < 4
     assert "queue growing: TTFT p50" in describe(growing) and "at 55.6" in describe(growing)
     assert describe(steady) is None and not_judged(steady) is None
-    assert describe(steady, steady_too=True).startswith("steady: ") and "from 74 s to 148 s" in describe(steady, True)
+    assert describe(steady, steady_too=True).startswith("no backlog growth: ") and "from 74 s to 148 s" in describe(steady, True)
 
 
 def test_a_try_shorter_than_12_end_to_end_latencies_is_not_judged_however_it_looks():
