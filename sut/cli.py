@@ -30,6 +30,7 @@ from sut.exits import EXIT_INTERRUPTED, BadInput, run_main, stop_on_sigterm_like
 from sut.harness import RunSettings, run_benchmark
 from sut.latency_trend import describe as describe_trend
 from sut.package_scenario import PackageSettings
+from sut.records import invalid_why
 from sut.run_settings import QUICK_MIN_DURATION_S, QUICK_MIN_QUERY_COUNT, QUICK_PERFORMANCE_SAMPLES
 from sut.scenarios import HARNESS_SCENARIOS
 from sut.package_tree import CHECKER_NOTE
@@ -273,7 +274,9 @@ def _print_summary(rec: dict) -> None:
         f"samples         : {rec['ledger']['completed']} answered of {rec['ledger']['issued']} issued",
     ]
     if rec["mode"] == "performance":
-        lines.append(f"LoadGen result  : {rec.get('validity')}, {rec.get('samples_per_s')} samples/s, {rec.get('tokens_per_s')} tokens/s")
+        why = f" ({invalid_why(rec)})" if rec.get("validity") == "INVALID" else ""
+        lines.append(f"LoadGen result  : {rec.get('validity')}{why}, {rec.get('samples_per_s')} samples/s, "
+                     f"{rec.get('tokens_per_s')} tokens/s")
     lat = rec.get("latency")
     if lat:
         lg_, lim = lat.get("loadgen") or {}, lat.get("limits_ms") or {}
