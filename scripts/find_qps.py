@@ -328,6 +328,10 @@ def _setup(argv):
         check_search_args(a.start, a.factor, a.rel_tol, a.max_runs, prior)
     except ValueError as e:
         p.error(str(e))
+    for name in ("budget_s", "timeout_s"):
+        v = getattr(a, name)
+        if v is not None and not (v > 0 and v != float("inf")):
+            p.error(f"--{name.replace('_', '-')} {v:g}: must be a number of seconds > 0")
     seed = None
     if a.resume is not None and a.log is not None and a.log.resolve() != a.resume.resolve():
         if a.log.is_file() and a.log.stat().st_size:

@@ -76,10 +76,17 @@ def next_qps(lo: Optional[float], hi: Optional[float], start: Optional[float], f
 
 
 def check_search_args(start: Optional[float], factor: float, rel_tol: float, max_runs: int, prior: list) -> None:
-    """``ValueError`` for search arguments that cannot work (``search``'s)."""
-    if (start is None and not prior) or (start is not None and start <= 0) or factor <= 1 or rel_tol <= 0 \
-            or max_runs < 0:
-        raise ValueError("start (needed without earlier tries), rel_tol must be > 0, factor > 1, max_runs >= 0")
+    """``ValueError`` naming the first search argument that cannot work (``search``'s): a missing ``start``
+    without earlier tries, ``start`` / ``rel_tol`` not a finite number > 0, ``factor`` not > 1, ``max_runs`` < 0."""
+    import math
+
+    if start is None and not prior:
+        raise ValueError("--start is needed without earlier tries (--resume FILE)")
+    for name, v, ok in (("--start", start, start is None or start > 0), ("--factor", factor, factor > 1),
+                        ("--rel-tol", rel_tol, rel_tol > 0), ("--max-runs", max_runs, max_runs >= 0)):
+        if v is not None and (not math.isfinite(v) or not ok):
+            raise ValueError(f"{name} {v:g}: must be " + {"--start": "a number > 0", "--factor": "a number > 1",
+                                                          "--rel-tol": "a number > 0", "--max-runs": ">= 0"}[name])
 
 
 def search(run: Callable[[float], Try], start: Optional[float], factor: float = 2.0, rel_tol: float = 0.05,

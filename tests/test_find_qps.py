@@ -190,7 +190,13 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--max-runs", "1"], "start (needed without earlier tries)"),
+    (["--max-runs", "1"], "--start is needed without earlier tries"),
+    (["--start", "4", "--budget-s", "0"], "--budget-s 0: must be a number of seconds > 0"),
+    (["--start", "4", "--budget-s", "nan"], "--budget-s nan: must be"),
+    (["--start", "4", "--timeout-s", "-5"], "--timeout-s -5: must be"),
+    (["--start", "nan"], "--start nan: must be a number > 0"),
+    (["--start", "4", "--factor", "1"], "--factor 1: must be a number > 1"),
+    (["--start", "4", "--rel-tol", "0"], "--rel-tol 0: must be a number > 0"),
     (["--resume", "missing.jsonl"], "no such file"),
     (["--resume", "OTHER", "--min-query-count", "500"], "made with min_query_count 1000, this search uses 500"),
 ])
