@@ -95,6 +95,11 @@ class SystemUnderTest(abc.ABC):
         """Backend-specific fields for ``run.json`` (called after ``stop``)."""
         return {}
 
+    def stall_detail(self) -> str:
+        """Where the outstanding samples wait, for the stall error (e.g. per replica); "" when the backend cannot
+        tell."""
+        return ""
+
     @classmethod
     def options_cls(cls) -> Optional[type]:
         """The backend's frozen options dataclass (fields with ``metadata["flag"]`` become its CLI

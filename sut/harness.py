@@ -405,7 +405,9 @@ def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
             now = time.monotonic()
             last = led.last_complete_t or led.first_issue_t
             if error is None and last and led.outstanding and now - last > stall_timeout_s:
-                error = f"no sample completed for {stall_timeout_s:.0f} s with {led.outstanding} outstanding (stall)"
+                detail = sut.stall_detail()
+                error = (f"no sample completed for {stall_timeout_s:.0f} s with {led.outstanding} outstanding (stall)"
+                         + (f"; {detail}" if detail else ""))
                 led.fail(error)
             if failed_at is None and (error or led.error):
                 failed_at, drain_s = now, drain_limit_s(ts, streaming, now - t_start, perf_count)

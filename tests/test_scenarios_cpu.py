@@ -172,4 +172,5 @@ def test_http_server_that_stalls_mid_run_fails_within_the_stall_timeout(tmp_path
     assert rc == 1, run.output[-3000:]
     final = json.loads((run_dir / "run.json").read_text())
     assert final["status"] == "failed" and "stall" in final["error"], final["error"]
+    assert f"outstanding per replica: replica 0 ({url}): " in final["error"]  # names the server that stalled
     assert final["ledger"]["completed"] + final["ledger"]["answered_empty"] == final["ledger"]["issued"]

@@ -175,6 +175,14 @@ class Dispatcher:
         with self._lock:
             return len(self._where)
 
+    def outstanding_by_replica(self) -> dict[int, int]:
+        """``{replica index: samples routed there and not yet answered}`` (every replica, zeros too)."""
+        with self._lock:
+            counts = {r.index: 0 for r in self.replicas}
+            for r in self._where.values():
+                counts[r] = counts.get(r, 0) + 1
+        return counts
+
     def stats(self) -> dict:
         with self._lock:
             return dict(self.router.stats(), answered=list(self.answered))

@@ -108,6 +108,13 @@ class TransportSUT(SystemUnderTest):
         finally:
             self.ledger.close()
 
+    def stall_detail(self) -> str:
+        """Outstanding samples per replica, named by its server URL where it has one."""
+        names = {r.index: r.info.get("url") for r in self.dispatcher.replicas}
+        parts = [f"replica {i}{f' ({names[i]})' if names.get(i) else ''}: {n}"
+                 for i, n in sorted(self.dispatcher.outstanding_by_replica().items())]
+        return "outstanding per replica: " + ", ".join(parts) if parts else ""
+
     # -- LoadGen callbacks ------------------------------------------------------------------
     def issue_queries(self, samples: Sequence) -> None:
         prompts = self.ctx.dataset.prompts
