@@ -130,7 +130,17 @@ def host_info() -> dict:
             driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
         except (OSError, subprocess.SubprocessError):
             driver = None
-    return {"os": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "gpu_driver": driver}
+    return {"os": os_name(), "cpu": cpu, "cpu_count": os.cpu_count(), "gpu_driver": driver}
+
+
+def os_name() -> str:
+    """The distribution as MLPerf system descriptions name it (``/etc/os-release`` ``PRETTY_NAME``, e.g. "Debian
+    GNU/Linux 12 (bookworm)") with the kernel release; ``platform.platform()`` where there is no os-release."""
+    try:
+        pretty = platform.freedesktop_os_release().get("PRETTY_NAME")
+    except OSError:
+        pretty = None
+    return f"{pretty} (kernel {platform.release()})" if pretty else platform.platform()
 
 
 def file_sha256(path: Path) -> str:

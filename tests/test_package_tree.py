@@ -107,3 +107,19 @@ def test_measurements_and_readme_say_what_the_engines_ran_not_what_was_asked():
                                    "device": {"kind": "cuda", "slot": "0", "name": "H200", "uuid": "GPU-1"}}])
     m = measurements(local)
     assert m["weight_data_types"] == "fp8" and m["kv_cache_data_type"] == "fp8"
+
+
+def test_the_os_is_named_as_system_descriptions_name_it(monkeypatch):
+    """A new user's find: systems/<system>.json got "Linux-6.18...-x86_64-with-glibc2.36" (a platform string)."""
+    import platform
+
+    from sut.run_record import os_name
+
+    monkeypatch.setattr(platform, "freedesktop_os_release", lambda: {"PRETTY_NAME": "Ubuntu 24.04.1 LTS"})
+    monkeypatch.setattr(platform, "release", lambda: "6.8.0-45-generic")
+    assert os_name() == "Ubuntu 24.04.1 LTS (kernel 6.8.0-45-generic)"
+
+    def missing():
+        raise OSError("no os-release")
+    monkeypatch.setattr(platform, "freedesktop_os_release", missing)
+    assert os_name() == platform.platform()
