@@ -263,11 +263,40 @@ def write_src(src: Path, runs: list, repo: Path) -> Path:
              f"- repository: {remote or FILL_IN + ': URL where reviewers can get this commit'}",
              f"- {CHECKER_NOTE}", "",
              "## Commands", "", "Run them from the repository root (paths inside it are relative to it).", ""]
-    for scen, role, rec in runs:
-        cmd = portable_command(rec["command"], repo)[0] if rec.get("command") else "(not recorded)"
+    cmds = [portable_command(rec["command"], repo)[0] if rec.get("command") else "(not recorded)" for _, _, rec in runs]
+    for (scen, role, _), cmd in zip(runs, cmds):
         lines += [f"{scen} {role}:", "", "```", cmd, "```", ""]
+    extra = untracked_inputs(cmds, repo)
+    if extra:
+        lines += ["## Files the commands read that are not in the commit", "",
+                  *[f"- `{x}`" for x in extra], "",
+                  "A user.conf among them is in each scenario's `measurements/.../user.conf` (the copy the run read); "
+                  "publish the others with the code.", ""]
     (src / "README.md").write_text("\n".join(lines))
     return src
+
+
+def untracked_inputs(commands: list[str], repo: Path) -> list[str]:
+    """Values of ``--config`` / ``--user-conf`` / ``--audit-config`` / ``--tokenizer`` in ``commands`` (made
+    relative by ``portable_command``) that are files inside ``repo`` git does not track (e.g. ``my.user.conf``)."""
+    import shlex
+
+    found = []
+    for cmd in commands:
+        try:
+            toks = shlex.split(cmd)
+        except ValueError:
+            continue
+        for i, tok in enumerate(toks):
+            flag, eq, value = tok.partition("=") if "=" in tok else ((toks[i - 1] if i else ""), "", tok)
+            if flag in ("--config", "--user-conf", "--audit-config", "--tokenizer") and not value.startswith("/") \
+                    and (repo / value).exists() and value not in found:
+                found.append(value)
+    listed = _git(repo, "ls-files", "--", *found) if found else None
+    if listed is None:  # nothing to look up, or not a git checkout
+        return []
+    tracked = listed.splitlines()  # a folder (a tokenizer) is tracked when files under it are
+    return [x for x in found if not any(t == x or t.startswith(x.rstrip("/") + "/") for t in tracked)]
 
 
 def system_json(ts: TreeSettings, rec: dict) -> dict:

@@ -123,3 +123,28 @@ def test_the_os_is_named_as_system_descriptions_name_it(monkeypatch):
         raise OSError("no os-release")
     monkeypatch.setattr(platform, "freedesktop_os_release", missing)
     assert os_name() == platform.platform()
+
+
+def test_src_readme_lists_the_untracked_files_the_commands_read(tmp_path):
+    """A new user's find: every command used --user-conf my.user.conf, a file not in the commit, and src/README.md
+    did not say so."""
+    import subprocess
+
+    from sut.package_tree import untracked_inputs, write_src
+
+    repo = tmp_path / "repo"
+    (repo / "loadgen_configs").mkdir(parents=True)
+    (repo / "loadgen_configs" / "cpu.toml").write_text("")
+    (repo / "tok").mkdir()
+    (repo / "tok" / "tokenizer.json").write_text("{}")
+    for cmd in (["init", "-q"], ["add", "loadgen_configs", "tok"],
+                ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    (repo / "my.user.conf").write_text("llama3_1-8b.Offline.target_qps = 3\n")
+    cmds = [f"python -m sut run --config loadgen_configs/cpu.toml --user-conf {repo}/my.user.conf --tokenizer tok",
+            "python -m sut run --config=loadgen_configs/cpu.toml --user-conf=my.user.conf --dataset /data/x.json"]
+    runs = [("Offline", "performance", {"command": c}) for c in cmds]
+    assert untracked_inputs([c.replace(f"{repo}/", "") for c in cmds], repo) == ["my.user.conf"]
+    text = (write_src(tmp_path / "src", runs, repo) / "README.md").read_text()
+    assert "## Files the commands read that are not in the commit\n\n- `my.user.conf`\n" in text
+    assert untracked_inputs(cmds, tmp_path / "not-a-repo") == []
