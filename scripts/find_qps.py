@@ -18,8 +18,9 @@ past ``--timeout-s`` is stopped (SIGTERM, then SIGKILL of its process group ``su
 later). In both modes a failed try is no LoadGen verdict: it is recorded (validity null, no p99s) but
 bounds nothing, the search stops with exit 1, and a resumed search makes that try again. So does a try that
 LoadGen calls INVALID only for early stopping, with every p99 under its limit and at most as many queries again
-needed (``sut.records.early_stopping_shortfall``): too few queries is no verdict on the rate (the note says to
-raise ``--min-query-count``); needing more than that, it counts as INVALID ("near the bound"). An INVALID try's
+needed, or ``FEW_QUERIES`` in all (``sut.records.early_stopping_shortfall``): too few queries is no verdict on the
+rate (the note says which ``--min-query-count`` to search with, in a new log); needing more than that, it counts as
+INVALID ("near the bound"). An INVALID try's
 note names the checks it failed. Every try is a
 performance run: ``--mode accuracy``, ``--compliance-test`` or ``--audit-config`` after ``--`` (or in the
 preset) is refused (exit 2) before any try.
@@ -112,6 +113,13 @@ def sut_try(scenario: str, qps: float, out: Path, run_args: list[str], min_durat
     return try_from_record(qps, o.record, o.rc == 0, o.folder, time.monotonic() - t0, note)
 
 
+#: An early-stopping shortfall up to this many queries in all (or twice those done) is "too few queries", no
+#: verdict on the rate: with no query over the limit LoadGen's p99 early stopping needs ~460 queries; near the
+#: bound it asks for tens of thousands more (docs/results: 66,393 more after 2,040).
+FEW_QUERIES = 1000
+NO_VERDICT = "INVALID only on LoadGen's early stopping,"
+
+
 def try_from_record(qps: float, rec: dict, ok: bool, folder, wall_s: float, note: str = "") -> Try:
     """The ``Try`` of a run whose ``run.json`` is ``rec`` (``ok``: the run finished; else validity None and no
     p99s or tokens/s: what LoadGen reports for a failed run is not a measurement)."""
@@ -125,11 +133,12 @@ def try_from_record(qps: float, rec: dict, ok: bool, folder, wall_s: float, note
         why, short = f"INVALID: {invalid_why(rec)}", early_stopping_shortfall(rec)
         if lg.get("result_perf_constraints_met") is True and lg.get("early_stopping_met") is False and short:
             done, more = short
-            if more <= done:  # a try at most twice as long settles it: no verdict on the rate, too few queries
+            if done + more <= max(2 * done, FEW_QUERIES):  # too few queries: no verdict on the rate
                 validity = None
-                why = (f"INVALID only on LoadGen's early stopping, every p99 under its limit: {done} queries were too "
-                       f"few (it needs at least {more} more); search again with a larger --min-query-count (a new "
-                       "--log: the tries of a log share their settings)")
+                need = -(-int((done + more) * 1.25) // 100) * 100
+                why = (f"{NO_VERDICT} every p99 under its limit: {done} queries were too few (it needs at least "
+                       f"{more} more); search again with --min-query-count {need} or more and a new --log (the "
+                       "tries of a log share their settings)")
             else:
                 why += f" (every p99 under its limit; it needs at least {more} more queries: near the bound)"
     note = "; ".join(x for x in (note, why, judged) if x)
@@ -403,7 +412,10 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
 
         if exit_code(e) != EXIT_BAD_INPUT:
             trylog.seed()
-            log_how_to_go_on(a, run_args, trylog.path, len(made) - len(prior))
+            if made and made[-1].note.startswith(NO_VERDICT):  # resuming this log would make the same try
+                log.error("the search stopped: %s", made[-1].note)
+            else:
+                log_how_to_go_on(a, run_args, trylog.path, len(made) - len(prior))
         raise
     trylog.seed()
     return report(a, tries, best, len(prior), trylog.path, run_args)

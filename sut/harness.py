@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import logging
+import shlex
 import shutil
 import threading
 import time
@@ -32,8 +33,9 @@ from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
 from sut.engine import EngineError, EngineSettings, GenerationSettings, read_model_info
 from sut.loadgen_settings import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
 from sut.loadgen_settings import scheduled_queries
-from sut.run_record import (accuracy_gate_record, gate_preflight, initial_record, now_iso, parse_loadgen_detail,  # noqa: F401
-                            streaming_latency_record, test06_record, token_latencies, write_record)
+from sut.run_record import (accuracy_gate_record, gate_preflight, initial_record, now_iso,  # noqa: F401
+                            parse_loadgen_detail, streaming_latency_record, test06_record, token_latencies,
+                            write_record)
 from sut.run_settings import MODES, RunSettings  # noqa: F401 - re-exported
 from sut.scenarios import ScenarioError, check_backend, resolve_scenario
 
@@ -325,19 +327,28 @@ def _finish(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_di
         if not t06["passed"]:
             raise _fail(run_dir, record, f"TEST06 failed: {t06}",
                         f"TEST06 verification failed: {t06['verify_accuracy']!r} {t06.get('failures')}")
+    record["status"] = "ok"
     if rs.mode == "accuracy" and rs.accuracy_gate:
         try:
             record["accuracy"] = accuracy_gate_record(rs, es, model, dataset, run_dir)
-        except KeyboardInterrupt as e:  # the caller sees it; run.json must not stay "running"
-            mark_failed(record, f"{interrupt_reason(e)} during the accuracy gate (the LoadGen run had ended; score "
-                                f"it with python -m accuracy --accuracy-log {run_dir / 'mlperf_log_accuracy.json'} "
-                                f"--dataset {rs.dataset} --tokenizer TOKENIZER)")
-            record["finished"] = now_iso()
-            write_record(run_dir, record)
+        except KeyboardInterrupt as e:  # exit 130; run.json must not stay "running"
+            _gate_interrupted(rs, es, run_dir, record, e)
             raise
-    record["status"] = "ok"
     write_record(run_dir, record)
     return record
+
+
+def _gate_interrupted(rs: RunSettings, es: EngineSettings, run_dir: Path, record: dict, e: KeyboardInterrupt) -> None:
+    """A stop during the accuracy gate: the LoadGen run is complete (status stays ``ok``, so ``package`` takes it
+    once it is scored), its ``accuracy`` says the gate was interrupted, with the command that scores it."""
+    cmd = shlex.join(["python", "-m", "accuracy", "--accuracy-log", str(run_dir / "mlperf_log_accuracy.json"),
+                      "--dataset", str(rs.dataset), "--tokenizer", str(rs.tokenizer or es.model)]  # gate_tokenizer's
+                     + (["--max-samples", str(rs.max_samples)] if rs.max_samples else []))
+    why = f"{interrupt_reason(e)} during the accuracy gate; the LoadGen run is complete: score it with {cmd}"
+    record["accuracy"] = {"skipped": why}
+    record["finished"] = now_iso()
+    write_record(run_dir, record)
+    log.error("%s", why)
 
 
 #: After a failure the ledger answers every outstanding sample, and LoadGen returns within seconds

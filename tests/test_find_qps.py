@@ -279,7 +279,9 @@ def test_an_invalid_try_says_why_and_too_few_queries_for_early_stopping_is_no_ve
     t = try_from_record(2.0, _es_record(True, 139), True, "f", 1.0)
     assert t.validity is None and t.ttft_p99_ms == 870.0  # bounds nothing: the search stops as after a failed try
     assert "INVALID only on LoadGen's early stopping, every p99 under its limit: 320 queries were too few (it " \
-           "needs at least 139 more); search again with a larger --min-query-count" in t.note
+           "needs at least 139 more); search again with --min-query-count 600 or more and a new --log" in t.note
+    few = try_from_record(2.0, _es_record(True, 267, done=192), True, "f", 1.0)  # a recheck's case: 459 in all
+    assert few.validity is None and "--min-query-count 600 or more" in few.note
     near = try_from_record(2.0, _es_record(True, 5000), True, "f", 1.0)
     assert near.validity == "INVALID" and "it needs at least 5000 more queries: near the bound" in near.note
     over = try_from_record(2.0, _es_record(False, 139), True, "f", 1.0)
@@ -295,6 +297,7 @@ def test_a_search_stops_at_a_try_without_a_verdict_and_says_what_to_change(tmp_p
     run_args = ["--config", str(REPO / "loadgen_configs" / "cpu_tiny.toml"), "--dataset", str(synthetic_small[0])]
     rc = find_qps.main(["--scenario", "Server", "--start", "4", "--output-dir", str(tmp_path), "--fresh-process",
                         "--min-query-count", "320", "--", *run_args])
-    assert rc == 1 and "search again with a larger --min-query-count" in caplog.text
+    assert rc == 1 and "search again with --min-query-count 600 or more and a new --log" in caplog.text
+    assert "go on with" not in caplog.text  # resuming this log would repeat the same try
     (t,) = [json.loads(x) for x in (tmp_path / "tries-Server.jsonl").read_text().splitlines()]
     assert t["validity"] is None and t["qps"] == 4  # recorded, bounding nothing

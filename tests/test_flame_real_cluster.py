@@ -153,6 +153,16 @@ def test_register_replace_unregisters_first_and_the_new_registration_is_the_one_
     assert flamepy.connect(cluster.endpoint).get_application("sut-again").working_directory == str(tmp_path / "two")
     fresh = register("three", "--replace", "--name", "sut-new")  # nothing to unregister: registers only
     assert fresh.returncode == 0 and "unregistered" not in fresh.stdout, fresh.stderr[-2000:]
+    # A recheck's find: Flame v0.6.0 unregistered under an open session and dropped it (a run then failed).
+    conn = flamepy.connect(cluster.endpoint)
+    ssn = conn.create_session(flamepy.SessionAttributes(application="sut-again", min_instances=0, max_instances=1))
+    try:
+        busy = register("four", "--replace")
+        assert busy.returncode == 1 and f"sessions of it are open ({ssn.id})" in busy.stderr, busy.stderr[-2000:]
+        assert [x.id for x in conn.list_sessions()] == [ssn.id]
+        assert conn.get_application("sut-again").working_directory == str(tmp_path / "two")
+    finally:
+        ssn.close()
 
 
 def test_dead_service_leaves_its_executor_unbinding_and_new_sessions_get_none(real_flame_factory, tmp_path):

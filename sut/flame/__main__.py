@@ -38,8 +38,8 @@ def _main(argv: list[str]) -> int:
         if name == "register":
             s.add_argument("--endpoint", help="Flame endpoint (default: FLAME_ENDPOINT or ~/.flame/flame.yaml)")
             s.add_argument("--replace", action="store_true", help="unregister an application of that name first "
-                           "(a Flame with sqlite storage refuses a second registration; Flame refuses to unregister "
-                           "while the application has open sessions)")
+                           "(a Flame with sqlite storage refuses a second registration); refused while sessions of "
+                           "it are open")
     c = sub.add_parser("close", help="close Flame sessions left open (e.g. by a run killed with SIGKILL), waiting "
                                      "while their running tasks finish")
     c.add_argument("session_ids", nargs="+", metavar="SESSION_ID")
@@ -150,6 +150,13 @@ def _register(endpoint_arg, doc: dict, replace: bool = False) -> int:
     name = doc["metadata"]["name"]
     try:
         if replace and conn.get_application(name) is not None:
+            # Flame v0.6.0 (storage none) unregisters under open sessions and drops them: a run would lose its own
+            open_ = [x.id for x in conn.list_sessions()
+                     if x.application == name and x.state == flamepy.SessionState.OPEN]
+            if open_:
+                raise RunFailed(f"cannot replace application {name} at {endpoint}: sessions of it are open "
+                                f"({', '.join(open_)}): a run uses them; when none does, python -m sut.flame close "
+                                f"{' '.join(open_)}")
             conn.unregister_application(name)
             print(f"unregistered application {name} at {endpoint}")
     except flamepy.FlameError as e:
