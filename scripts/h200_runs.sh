@@ -82,12 +82,12 @@ server_check() {
     [[ $sc =~ ^(Server|Interactive)$ ]] || { echo "server: SCENARIOS: unknown scenario '$sc' (Server, Interactive)"; return 1; }
   done
   for v in SCEN_S SCEN_BUDGET_S SCEN_TRIES; do
-    [[ -z ${!v:-} || ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || { echo "server: $v='${!v}' is not a whole number > 0"; return 1; }
+    [[ -z ${!v:-} || ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "server: $v='${!v}' is not a whole number > 0"; return 1; }
   done
   for v in SERVER_QPS INTERACTIVE_QPS SCEN_FACTOR; do
     [[ -z ${!v:-} || ${!v} =~ ^[0-9]*\.?[0-9]+$ && ! ${!v} =~ ^0*\.?0*$ ]] || { echo "server: $v='${!v}' is not a number > 0"; return 1; }
   done
-  [[ -z ${SCEN_FACTOR:-} ]] || python3 -c "import sys; sys.exit(float(sys.argv[1]) <= 1)" "$SCEN_FACTOR" \
+  [[ -z ${SCEN_FACTOR:-} ]] || awk -v f="$SCEN_FACTOR" 'BEGIN { exit !(f + 0 > 1) }' \
     || { echo "server: SCEN_FACTOR='$SCEN_FACTOR' must be > 1"; return 1; }
   check_scen_args
 }

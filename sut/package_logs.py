@@ -8,7 +8,8 @@ submission checker reads. Before a run is laid out, :func:`check_logs_agree` re-
   LoadGen scenario of ``scenario``: Interactive is a LoadGen Server run);
 - TTFT / TPOT limits (``requested_server_ttft_latency`` / ``..._tpot_latency``, ns) are looser than the limits of
   the scenario ``run.json`` gives (``sut.scenarios.LATENCY_LIMITS_MS``: a Server run relabelled Interactive);
-- performance result (``result_validity``) is not ``run.json``'s ``validity`` (performance runs only);
+- performance result (``result_validity``, which must be there) is not ``run.json``'s ``validity`` (performance
+  runs only);
 
 and, for the accuracy run, whose ``mlperf_log_accuracy.json`` does not hold exactly one response per issued
 sample (``ledger.issued`` of ``run.json``; LoadGen's AccuracyOnly mode issues every sample once) or holds a
@@ -46,9 +47,10 @@ def check_logs_agree(folder: Path, rec: dict, role: str) -> None:
         if isinstance(ns, (int, float)) and ns > limits[name] * 1e6:
             raise ComplianceError(f"{where}: run.json says {scenario}, but its mlperf_log_detail.txt ran with a "
                                   f"{name.upper()} limit of {ns / 1e6:g} ms ({scenario}'s is {limits[name]} ms)")
-    if role == "performance" and detail.get("result_validity") not in (None, rec.get("validity")):
+    if role == "performance" and detail.get("result_validity") != rec.get("validity"):
+        said = repr(detail["result_validity"]) if "result_validity" in detail else "nothing (no result_validity line)"
         raise ComplianceError(f"{where}: run.json says {rec.get('validity')!r}, but its mlperf_log_detail.txt says "
-                              f"{detail['result_validity']!r}")
+                              f"{said}")
 
 
 def check_accuracy_log_complete(folder: Path, rec: dict, entries: list) -> None:

@@ -286,8 +286,8 @@ def check_scenario(ps: PackageSettings) -> ScenarioRuns:
         problems += t06_problems
     elif ps.division == "closed" and bench in NEEDS_TEST06:
         scen = perf.rec.get("scenario") or "Offline"
-        raise ComplianceError(f"closed-division {bench} {scen} needs a TEST06 run (--test06 RUN_FOLDER of a {scen} run "
-                              f"made with python -m sut run --scenario {scen} ... --compliance-test TEST06)")
+        raise ComplianceError(f"closed-division {bench} {scen} needs a TEST06 run (--test06 RUN_FOLDER: a run made "
+                              f"with python -m sut run --scenario {scen} ... --compliance-test TEST06)")
     check_same_system(perf.rec, [(acc.rec, "accuracy")] + ([(t06.rec, "TEST06")] if t06 else []))
     if problems and not ps.allow_noncompliant:
         raise ComplianceError("not compliant (pass --allow-noncompliant only to rehearse the layout):\n  "

@@ -131,8 +131,13 @@ def make_run(base: Path, name: str, mode: str, **over) -> Path:
     for k, v in over.items():
         rec[k] = v
     (d / "run.json").write_text(json.dumps(rec))
-    for n in ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "user.conf"):
+    for n in ("mlperf_log_summary.txt", "user.conf"):
         (d / n).write_text(f"{name} {n}\n")
+    detail = {"effective_scenario": {"Interactive": "Server"}.get(rec["scenario"], rec["scenario"])}
+    if mode == "performance":
+        detail["result_validity"] = rec.get("validity")
+    (d / "mlperf_log_detail.txt").write_text("".join(f':::MLLOG {json.dumps({"key": k, "value": v})}\n'
+                                                     for k, v in detail.items()))
     if mode == "accuracy":
         rec["accuracy"] = over.get("accuracy", {"passed": True})
         (d / "run.json").write_text(json.dumps(rec))
@@ -176,8 +181,9 @@ def test_package_lays_out_the_checker_paths(tmp_path, runs):
               "accuracy/mlperf_log_accuracy.json", "TEST06/verify_accuracy.txt",
               "TEST06/accuracy/mlperf_log_accuracy.json", "user.conf", "measurements.json", "README.md"):
         assert (root / f).is_file(), f
-    assert (root / "performance/run_1/mlperf_log_detail.txt").read_text() == "perf mlperf_log_detail.txt\n"
-    assert (root / "accuracy/mlperf_log_detail.txt").read_text() == "acc mlperf_log_detail.txt\n"
+    assert (root / "performance/run_1/mlperf_log_detail.txt").read_text() == (perf / "mlperf_log_detail.txt").read_text()
+    assert (root / "accuracy/mlperf_log_detail.txt").read_text() == (acc / "mlperf_log_detail.txt").read_text()
+    assert (root / "performance/run_1/mlperf_log_summary.txt").read_text() == "perf mlperf_log_summary.txt\n"
     m = json.loads((root / "measurements.json").read_text())
     assert m["weight_data_types"] == "fp8" and m["starting_weights_filename"] == "Llama-3.1-8B-Instruct"
     assert all(m[k] for k in ("input_data_types", "retraining", "weight_transformations"))

@@ -131,6 +131,8 @@ def test_server_step_refuses_flags_it_sets_itself(tmp_path):
     ({"SCEN_TRIES": "2.5"}, "SCEN_TRIES='2.5' is not a whole number > 0"),
     ({"SERVER_QPS": "fast"}, "SERVER_QPS='fast' is not a number > 0"),
     ({"SCEN_FACTOR": "1"}, "SCEN_FACTOR='1' must be > 1"),
+    ({"SCEN_FACTOR": "0.5"}, "SCEN_FACTOR='0.5' must be > 1"),
+    ({"SCEN_S": "08"}, "SCEN_S='08' is not a whole number > 0"),
 ])
 def test_server_step_checks_its_settings_before_any_search(tmp_path, env, said):
     out, calls = _run(tmp_path, "server", **env)

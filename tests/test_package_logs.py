@@ -44,6 +44,8 @@ def test_runs_whose_logs_agree_with_run_json_are_laid_out(tmp_path, runs):
      "run.json says scenario Server (LoadGen Server), but its mlperf_log_detail.txt ran LoadGen's Offline"),
     (dict(), dict(effective_scenario="Offline", result_validity="INVALID"),
      "run.json says 'VALID', but its mlperf_log_detail.txt says 'INVALID'"),
+    (dict(), dict(effective_scenario="Offline"),  # a recheck's find: the line cut out of the log
+     "run.json says 'VALID', but its mlperf_log_detail.txt says nothing (no result_validity line)"),
 ])
 def test_a_performance_run_json_that_its_detail_log_contradicts_is_refused(tmp_path, runs, fields, detail, said):
     perf, acc, t06 = runs
