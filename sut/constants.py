@@ -23,12 +23,6 @@ SCENARIOS = ("Offline", "Server", "Interactive")
 #: (``<key>.<LoadGen scenario>.target_qps``) and of ``FromConfig`` (``sut.scenarios`` adds the keys allowed).
 SCENARIO_MODEL_KEYS = {"Offline": DEFAULT_MODEL_KEY, "Server": DEFAULT_MODEL_KEY, "Interactive": INTERACTIVE_MODEL_KEY}
 
-#: Every (model key, LoadGen scenario) a harness run can have (``sut/scenarios.py``: Offline with the default or the
-#: edge key, Server with the default key, Interactive = Server with the interactive key): the runs one user.conf
-#: may hold lines for.
-LOADGEN_RUNS = ((DEFAULT_MODEL_KEY, "Offline"), (EDGE_MODEL_KEY, "Offline"), (DEFAULT_MODEL_KEY, "Server"),
-                (INTERACTIVE_MODEL_KEY, "Server"))
-
 #: Performance sample count per model key (MLPerf mlperf.conf,
 #: ``<key>.*.performance_sample_count_override``).
 PERFORMANCE_SAMPLE_COUNT = {DEFAULT_MODEL_KEY: 13368, INTERACTIVE_MODEL_KEY: 13368, EDGE_MODEL_KEY: 5000}

@@ -99,10 +99,10 @@ def run_demo(output_dir: Path, stamp: str | None = None) -> int:
 def _rescore_command(acc_dir: Path, data: Path, acc: dict) -> list[str]:
     """``python -m accuracy`` on the accuracy run, with the run's dataset, tokenizer and EOS ids
     (the synthetic tokenizer knows only one EOS id; the run used the model's)."""
-    cmd = ["python", "-m", "accuracy", "--accuracy-log", _shown(acc_dir / "mlperf_log_accuracy.json"),
-           "--dataset", _shown(data / f"synthetic_{SAMPLES}.json"), "--tokenizer", _shown(data / SYNTHETIC_TOKENIZER_DIR)]
-    eos = (acc.get("model") or {}).get("eos_token_ids")
-    return cmd + (["--eos-ids", ",".join(str(e) for e in eos)] if eos else [])
+    from sut.run_record import rescore_command
+
+    return rescore_command(_shown(acc_dir / "mlperf_log_accuracy.json"), _shown(data / f"synthetic_{SAMPLES}.json"),
+                           _shown(data / SYNTHETIC_TOKENIZER_DIR), (acc.get("model") or {}).get("eos_token_ids") or ())
 
 
 def _summary(out: Path, data: Path, runs: dict[str, Path], recs: dict[str, dict]) -> list[str]:

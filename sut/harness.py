@@ -34,8 +34,8 @@ from sut.engine import EngineError, EngineSettings, GenerationSettings, read_mod
 from sut.loadgen_settings import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
 from sut.loadgen_settings import scheduled_queries
 from sut.run_record import (accuracy_gate_record, gate_preflight, initial_record, now_iso,  # noqa: F401
-                            parse_loadgen_detail, streaming_latency_record, test06_record, token_latencies,
-                            write_record)
+                            parse_loadgen_detail, rescore_command, streaming_latency_record, test06_record,
+                            token_latencies, write_record)
 from sut.run_settings import MODES, RunSettings  # noqa: F401 - re-exported
 from sut.scenarios import ScenarioError, check_backend, resolve_scenario
 
@@ -332,18 +332,18 @@ def _finish(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_di
         try:
             record["accuracy"] = accuracy_gate_record(rs, es, model, dataset, run_dir)
         except KeyboardInterrupt as e:  # exit 130; run.json must not stay "running"
-            _gate_interrupted(rs, es, run_dir, record, e)
+            _gate_interrupted(rs, es, run_dir, record, e, getattr(model, "eos_token_ids", ()))
             raise
     write_record(run_dir, record)
     return record
 
 
-def _gate_interrupted(rs: RunSettings, es: EngineSettings, run_dir: Path, record: dict, e: KeyboardInterrupt) -> None:
+def _gate_interrupted(rs: RunSettings, es: EngineSettings, run_dir: Path, record: dict, e: KeyboardInterrupt,
+                      eos_ids) -> None:
     """A stop during the accuracy gate: the LoadGen run is complete (status stays ``ok``, so ``package`` takes it
     once it is scored), its ``accuracy`` says the gate was interrupted, with the command that scores it."""
-    cmd = shlex.join(["python", "-m", "accuracy", "--accuracy-log", str(run_dir / "mlperf_log_accuracy.json"),
-                      "--dataset", str(rs.dataset), "--tokenizer", str(rs.tokenizer or es.model)]  # gate_tokenizer's
-                     + (["--max-samples", str(rs.max_samples)] if rs.max_samples else []))
+    cmd = shlex.join(rescore_command(str(run_dir / "mlperf_log_accuracy.json"), str(rs.dataset),
+                                     str(rs.tokenizer or es.model), eos_ids, rs.max_samples))  # gate_tokenizer's
     why = f"{interrupt_reason(e)} during the accuracy gate; the LoadGen run is complete: score it with {cmd}"
     record["accuracy"] = {"skipped": why}
     record["finished"] = now_iso()

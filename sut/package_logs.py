@@ -24,10 +24,7 @@ from typing import Optional
 
 from sut.records import ComplianceError
 from sut.run_record import parse_loadgen_detail
-from sut.scenarios import LATENCY_LIMITS_MS
-
-#: The LoadGen scenario of each harness scenario (``sut/scenarios.py``).
-LOADGEN_SCENARIO = {"Offline": "Offline", "Server": "Server", "Interactive": "Server"}
+from sut.scenarios import LATENCY_LIMITS_MS, loadgen_scenario
 
 
 def check_logs_agree(folder: Path, rec: dict, role: str) -> None:
@@ -36,7 +33,7 @@ def check_logs_agree(folder: Path, rec: dict, role: str) -> None:
     detail = parse_loadgen_detail(folder / "mlperf_log_detail.txt")
     where = f"{role} run {folder}"
     scenario = rec.get("scenario") or "Offline"
-    want = rec.get("loadgen_scenario") or LOADGEN_SCENARIO.get(scenario)
+    want = rec.get("loadgen_scenario") or loadgen_scenario(scenario)
     got = detail.get("effective_scenario")
     if got is not None and want is not None and got != want:
         raise ComplianceError(f"{where}: run.json says scenario {scenario} (LoadGen {want}), but its "

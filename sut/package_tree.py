@@ -34,7 +34,7 @@ from typing import Optional
 from sut.package_scenario import (BENCHMARK_NAMES, DIVISIONS, PackageSettings, check_scenario, lay_out_scenario,
                                   write_not_compliant)
 from sut.records import ComplianceError, check_record, engines_used, read_json
-from sut.submission_files import portable_command
+from sut.submission_files import flag_values, portable_command
 
 log = logging.getLogger(__name__)
 
@@ -287,8 +287,7 @@ def untracked_inputs(commands: list[str], repo: Path) -> list[str]:
             toks = shlex.split(cmd)
         except ValueError:
             continue
-        for i, tok in enumerate(toks):
-            flag, eq, value = tok.partition("=") if "=" in tok else ((toks[i - 1] if i else ""), "", tok)
+        for flag, _, value in flag_values(toks):
             if flag in ("--config", "--user-conf", "--audit-config", "--tokenizer") and not value.startswith("/") \
                     and (repo / value).exists() and value not in found:
                 found.append(value)

@@ -12,6 +12,7 @@ the engine that ran (``device`` ``cpu``), not by how it was asked for (``--devic
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
@@ -172,8 +173,6 @@ def early_stopping_shortfall(rec: dict) -> Optional[tuple[int, int]]:
     """``(queries processed, more queries LoadGen's early stopping would need)`` of a Server/Interactive run whose
     early stopping failed (the larger need of its TTFT and TPOT results: "Processed N queries ... Would need to run
     at least M more queries"), or None."""
-    import re
-
     lg = rec.get("loadgen") or {}
     found = []
     for key in ("early_stopping_ttft_result", "early_stopping_tpot_result"):

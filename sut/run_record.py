@@ -218,6 +218,15 @@ def _check_prompt_ids(dataset: Dataset, tok: str, vocab: int) -> None:
                 f"{tokenizer_hint(dataset.path)}")
 
 
+def rescore_command(accuracy_log: str, dataset: str, tokenizer: str, eos_ids=(), max_samples: Optional[int] = None
+                    ) -> list[str]:
+    """``python -m accuracy`` scoring an accuracy run's log as its gate does: the run's dataset, gate tokenizer,
+    the model's EOS ids (a tokenizer folder may know fewer) and ``--max-samples`` when the run had it."""
+    cmd = ["python", "-m", "accuracy", "--accuracy-log", accuracy_log, "--dataset", dataset, "--tokenizer", tokenizer]
+    cmd += ["--eos-ids", ",".join(str(e) for e in eos_ids)] if eos_ids else []
+    return cmd + (["--max-samples", str(max_samples)] if max_samples else [])
+
+
 def accuracy_gate_record(rs, es, model, dataset: Dataset, run_dir: Path) -> dict:
     """Run the accuracy gate on a finished accuracy run; ``run.json``'s ``accuracy``: ``{passed, scores, file,
     figure}`` (``figure``: the output-length histogram's file name in the run folder, or None),

@@ -45,6 +45,15 @@ _TABLE = {
     "Interactive": ("Server", SCENARIO_MODEL_KEYS["Interactive"], (INTERACTIVE_MODEL_KEY,)),
 }
 
+#: Every (model key, LoadGen scenario) a harness run can have: the runs one user.conf may hold lines for.
+LOADGEN_RUNS = tuple(dict.fromkeys((key, lg) for lg, _, keys in _TABLE.values() for key in keys))
+
+
+def loadgen_scenario(scenario: str) -> Optional[str]:
+    """The LoadGen scenario a harness scenario runs as (``Interactive`` -> ``Server``); None for another name."""
+    return _TABLE[scenario][0] if scenario in _TABLE else None
+
+
 #: Latency limits (p99, ms) of the streaming scenarios (mlperf.conf ``<key>.Server.ttft_latency`` /
 #: ``tpot_latency``; the checker requires strictly less).
 LATENCY_LIMITS_MS = {"Server": {"ttft": 2000, "tpot": 100}, "Interactive": {"ttft": 500, "tpot": 30}}

@@ -68,6 +68,14 @@ def _in_repo(path: str, repo: Path) -> Optional[str]:
     return None
 
 
+def flag_values(toks: list[str]):
+    """Per token of a split command line: ``(flag, "=" or "", value)``; ``--flag=value`` gives its own flag, any
+    other token is the value of the token before it (``flag`` "" for the first)."""
+    for i, tok in enumerate(toks):
+        flag, eq, value = tok.partition("=") if tok.startswith("--") else ("", "", tok)
+        yield (flag, eq, value) if eq else ((toks[i - 1] if i else ""), "", tok)
+
+
 def portable_command(command: str, repo: Path = REPO) -> tuple[str, list[str]]:
     """``command`` with absolute paths inside ``repo`` made relative to it.
 
@@ -80,10 +88,7 @@ def portable_command(command: str, repo: Path = REPO) -> tuple[str, list[str]]:
     except ValueError:
         return command, []
     out, unresolved = [], []
-    for i, tok in enumerate(toks):
-        flag, eq, value = tok.partition("=") if tok.startswith("--") else ("", "", tok)
-        if not eq:
-            flag, value = (toks[i - 1] if i else ""), tok
+    for flag, eq, value in flag_values(toks):
         if value.startswith("/"):
             rel = _in_repo(value, repo)
             value = rel if rel is not None else value

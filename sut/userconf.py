@@ -19,7 +19,7 @@ refuses every such line with :class:`~sut.base.InputError` naming the file and t
 anything starts, with one exception: a well-formed line for another model key of this benchmark
 (:data:`sut.constants.MODEL_KEYS`) or another LoadGen scenario is allowed, because one user.conf
 commonly holds every run of a system (Offline and Server lines), and so is a line shadowed in this run that
-another run of :data:`sut.constants.LOADGEN_RUNS` takes its setting from (``*.Server.target_qps`` after a
+another run of :data:`sut.scenarios.LOADGEN_RUNS` takes its setting from (``*.Server.target_qps`` after a
 ``llama3_1-8b.Server`` line serves the Interactive run); both are logged, and a file in which
 no line at all applies to the run (the shipped ``llama3_1-8b`` files with ``--model-key
 llama3_1-8b-interactive``) is refused. It also refuses ``mode`` (the harness sets LoadGen's mode from ``--mode``).
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sut.base import InputError
-from sut.constants import LOADGEN_RUNS, MODEL_KEYS
+from sut.constants import MODEL_KEYS
+from sut.scenarios import LOADGEN_RUNS
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +243,9 @@ def _winners(applying: list[tuple[str, ConfLine]]) -> dict[str, ConfLine]:
     line)."""
     chosen: dict[str, tuple[int, ConfLine]] = {}
     for setting, line in applying:
-        if setting not in chosen or _rank(line) <= chosen[setting][0]:
-            chosen[setting] = (_rank(line), line)
+        rank = _rank(line)
+        if setting not in chosen or rank <= chosen[setting][0]:
+            chosen[setting] = (rank, line)
     return {s: ln for s, (_, ln) in chosen.items()}
 
 

@@ -165,9 +165,9 @@ def _register(endpoint_arg, doc: dict, replace: bool = False) -> int:
     try:
         app.register(conn, doc)
     except flamepy.FlameError as e:
-        raise RunFailed(f"cannot register application {doc['metadata']['name']} at {endpoint}: {e.message}"
+        raise RunFailed(f"cannot register application {name} at {endpoint}: {e.message}"
                         f"{backend_port_hint(e.message, 'failed to register application')}") from None
-    print(f"registered application {doc['metadata']['name']} at {endpoint}")
+    print(f"registered application {name} at {endpoint}")
     return 0
 
 

@@ -96,6 +96,15 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def taken_ports_message(port: int) -> Optional[str]:
+    """Why ``port`` (frontend) and ``port + 1`` (backend) cannot be the cluster's: the ones in use; None when free."""
+    taken = [p for p in (port, port + 1) if not _port_free(p)]
+    if not taken:
+        return None
+    return (f"port {' and '.join(map(str, taken))} in use: the session manager needs --port {port} (frontend) and "
+            f"{port + 1} (backend) free on every interface; give other ports, or none (two free ones are picked)")
+
+
 def pick_ports(rng: Optional[random.Random] = None, tries: int = 200) -> int:
     """A port p such that p and p + 1 are both free now (the frontend and backend ports)."""
     rng = rng or random.Random()
@@ -176,12 +185,9 @@ class RealCluster:
 
     def _start_managers(self) -> None:
         attempts = 1 if self.s.port else 5
-        if self.s.port:
-            taken = [p for p in (self.s.port, self.s.port + 1) if not _port_free(p)]
-            if taken:
-                raise ClusterError(f"port {' and '.join(map(str, taken))} in use: the session manager needs --port "
-                                   f"{self.s.port} (frontend) and {self.s.port + 1} (backend) free on every interface; "
-                                   "give other ports, or none (two free ones are picked)")
+        taken = taken_ports_message(self.s.port) if self.s.port else None
+        if taken:
+            raise ClusterError(taken)
         for attempt in range(attempts):
             port = self.s.port or pick_ports()
             cfg = self.workdir / "cluster.yaml"
@@ -412,11 +418,9 @@ def _check_args(a) -> Path:
     if not 0 <= a.port <= 65534:
         raise BadInput(f"error: --port {a.port}: expected 0 (two free ports) or a port in 1..65534 (the backend "
                        "port is --port + 1)")
-    taken = [p for p in (a.port, a.port + 1) if a.port and not _port_free(p)]
+    taken = taken_ports_message(a.port) if a.port else None
     if taken:
-        raise BadInput(f"error: --port {a.port}: port {' and '.join(map(str, taken))} in use; the session manager needs "
-                       f"{a.port} (frontend) and {a.port + 1} (backend) free on every interface: give other ports, or "
-                       "none (two free ones are picked)")
+        raise BadInput(f"error: --port {a.port}: {taken}")
     try:
         flamepy.ResourceRequirement.from_string(a.resreq)
     except ValueError as e:

@@ -156,8 +156,8 @@ class Warmup:
                         f"({', '.join(i for i, _ in stuck[:4])}): in Flame v0.6.0 an executor whose service died stays "
                         "Unbinding for good, and Flame gives new sessions no executor while it exists -- restart the "
                         "executor manager")
-            elif held:
-                pass  # the capacity advice below would not help: other sessions hold the executors
+            elif held:  # other sessions hold the executors: the capacity advice below would not help
+                raise RunFailed(msg)
             elif n_ours:
                 msg += (f"; check the cluster's capacity (executor managers, their resources) and the session's resreq: "
                         f"if the cluster holds no more, ask for what it gave with --option executors_per_engine={n_ours} "
