@@ -33,8 +33,9 @@
 #                                             # SCENARIOS, SCEN_S, SCEN_TRIES, SCEN_BUDGET_S, SCEN_FACTOR, SCEN_SUT,
 #                                             # SCEN_PRIOR)
 #   bash scripts/h200_runs.sh start confirm   # issue 14: full-length runs, CONFIRM="Server=55 Interactive=auto
-#                                             # Offline=56:60" (target_qps per scenario, auto = the search's best
-#                                             # VALID; ":S" a shorter dev run); CONFIRM_DATA, SCEN_SUT
+#                                             # Offline=56:60 Interactive=43+--max-num-batched-tokens=1024"
+#                                             # (target_qps per run, auto = the search's best VALID; ":S" a shorter
+#                                             # dev run; "+FLAG=VALUE" engine flags of that run); CONFIRM_DATA, SCEN_SUT
 #   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
@@ -63,16 +64,22 @@ scen_args() { case $1 in Server) echo "${SERVER_ARGS:-}" ;; Interactive) echo "$
 SET_HERE="--scenario --user-conf --target-qps --sut --config --model --dataset --output-dir --run-name --min-duration-s
   --min-query-count --mode --compliance-test --load-format --no-progress"
 check_scen_args() {
-  local sc w f what; for sc in Server Interactive; do for w in $(scen_args $sc); do
-    case $w in *[\"\']*) echo "${sc^^}_ARGS: $w: words are split at spaces, quotes are not read"; return 1 ;; esac
+  local sc; for sc in Server Interactive; do check_flag_words "${sc^^}_ARGS" $(scen_args $sc) || return 1; done
+}
+# Words $2... as engine flags for `sut run` (label $1 in messages): no quotes, no flag this script sets, nor a prefix
+# of one.
+check_flag_words() {
+  local label=$1 w f what; shift
+  for w in "$@"; do
+    case $w in *[\"\']*) echo "$label: $w: words are split at spaces, quotes are not read"; return 1 ;; esac
     [[ $w == --?* ]] || continue
     for f in $SET_HERE; do
       if [[ $f == "${w%%=*}"* ]]; then
         [[ $f == "${w%%=*}" ]] && what="is set by this script" || what="is short for $f, which this script sets"
-        echo "${sc^^}_ARGS: $w $what (SERVER_ARGS / INTERACTIVE_ARGS take engine flags)"; return 1
+        echo "$label: $w $what (SERVER_ARGS / INTERACTIVE_ARGS / CONFIRM's +flags take engine flags)"; return 1
       fi
     done
-  done; done
+  done
 }
 # The server step's settings, all checked before any search: SCENARIOS of Server / Interactive, whole seconds and
 # counts > 0, SCEN_FACTOR > 1, start rates > 0; then check_scen_args.
@@ -91,19 +98,24 @@ server_check() {
     || { echo "server: SCEN_FACTOR='$SCEN_FACTOR' must be > 1"; return 1; }
   check_scen_args
 }
-# CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S], SCENARIO Offline/Server/Interactive once each,
-# QPS a positive number or auto, S a positive number of seconds.
+# CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S][+FLAG=VALUE...], SCENARIO Offline/Server/Interactive,
+# QPS a positive number or auto, S a positive number of seconds, each +FLAG an engine flag with its value after "="
+# (added after the scenario's SERVER_ARGS / INTERACTIVE_ARGS: the later one wins); a scenario may come more than once
+# (e.g. "Interactive=41 Interactive=43+--max-num-batched-tokens=1024"), the same entry twice may not.
 confirm_check() {
-  local entry sc rest q seen=" "
+  local entry sc rest q flags seen=" "
   [ -n "${CONFIRM:-}" ] || { echo 'confirm: set CONFIRM, e.g. CONFIRM="Server=55 Interactive=auto"'; return 1; }
   for entry in $CONFIRM; do
-    sc=${entry%%=*}; rest=${entry#*=}; q=${rest%%:*}
-    [[ $entry == *=* ]] || { echo "confirm: '$entry' is not SCENARIO=QPS[:S]"; return 1; }
+    sc=${entry%%=*}; rest=${entry#*=}; flags=; [[ $rest == *+* ]] && flags=${rest#*+} && rest=${rest%%+*}; q=${rest%%:*}
+    [[ $entry == *=* ]] || { echo "confirm: '$entry' is not SCENARIO=QPS[:S][+FLAG=VALUE...]"; return 1; }
     [[ $sc =~ ^(Offline|Server|Interactive)$ ]] || { echo "confirm: unknown scenario '$sc' in '$entry' (Offline, Server, Interactive)"; return 1; }
-    [[ $seen == *" $sc "* ]] && { echo "confirm: $sc twice in CONFIRM"; return 1; }
-    seen+="$sc "
+    [[ $seen == *" $entry "* ]] && { echo "confirm: $entry twice in CONFIRM"; return 1; }
+    seen+="$entry "
     [[ $q == auto || $q =~ ^[0-9]*\.?[0-9]+$ && ! $q =~ ^0*\.?0*$ ]] || { echo "confirm: '$q' in '$entry' is not a positive target_qps or auto"; return 1; }
     [[ $rest == "$q" || ${rest#*:} =~ ^[0-9]+$ && ${rest#*:} -gt 0 ]] || { echo "confirm: '${rest#*:}' in '$entry' is not a positive number of seconds"; return 1; }
+    [[ -z $flags || $flags =~ ^(--[a-z0-9-]+=[^+]+)(\+--[a-z0-9-]+=[^+]+)*$ ]] \
+      || { echo "confirm: '+$flags' in '$entry' is not +--FLAG=VALUE[+--FLAG=VALUE...]"; return 1; }
+    check_flag_words "confirm: $entry" ${flags//+/ } || return 1
   done
   check_scen_args
 }
@@ -337,21 +349,27 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     ;;
   confirm)
     # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Offline=56:60 Server=55
-    # Interactive=auto"): SCENARIO=QPS[:S], each scenario at most once, all entries checked before the first run
-    # (exit 2). QPS "auto" takes the highest VALID try judged steady (best_valid) of the search log for that scenario,
-    # its SERVER_ARGS / INTERACTIVE_ARGS and SCEN_S: this job's (the server step run first in the same `start`), else SCEN_PRIOR's (copy an
-    # earlier session's log there). Each runs `python -m sut run --sut SCEN_SUT --scenario SCENARIO` with a copy of
-    # loadgen_configs/h200_fp8.user.conf with that scenario's target_qps line (in place of the file's own; no
-    # --target-qps override) and the
-    # scenario's extra flags, on CONFIRM_DATA (default $REAL, the prompts the search used); ":S" adds
-    # --min-duration-s S (a dev run, e.g. a shorter Offline side by side). Runs in $JOB/confirm/ (run.json +
-    # summaries come back with batch-wait). Exit code: the last failed run's, 1 for an auto with no VALID try.
+    # Interactive=auto Interactive=43+--max-num-batched-tokens=1024"): SCENARIO=QPS[:S][+FLAG=VALUE...], all entries
+    # checked before the first run (exit 2). QPS "auto" takes the highest VALID try judged steady (best_valid) of the
+    # search log for that scenario, its SERVER_ARGS / INTERACTIVE_ARGS and SCEN_S: this job's (the server step run
+    # first in the same `start`), else SCEN_PRIOR's (copy an earlier session's log there). Each runs `python -m sut run
+    # --sut SCEN_SUT --scenario SCENARIO` with a copy of loadgen_configs/h200_fp8.user.conf with that scenario's
+    # target_qps line (in place of the file's own; no --target-qps override), the scenario's extra flags and the
+    # entry's +flags, on CONFIRM_DATA (default $REAL, the prompts the search used). ":S" makes a dev run:
+    # --min-duration-s S, and for Offline also --min-query-count 1 (else LoadGen's 13,368-sample minimum sets the
+    # length: 2026-12-02 an Offline=56:60 took 6.5 min). Runs in $JOB/confirm/ as confirm-SCENARIO-QPS[-flags]
+    # (run.json + summaries come back with batch-wait). Exit code: the last failed run's, 1 for an auto with no
+    # VALID try.
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     confirm_check || exit 2
     mkdir -p "$JOB/confirm"; worst=0
     for entry in $CONFIRM; do
-      sc=${entry%%=*}; rest=${entry#*=}; q=${rest%%:*}; dur=(); [ "$rest" != "$q" ] && dur=(--min-duration-s "${rest#*:}")
-      read -ra extra <<< "$(scen_args "$sc")"
+      sc=${entry%%=*}; rest=${entry#*=}; flags=; [[ $rest == *+* ]] && flags=${rest#*+} && rest=${rest%%+*}
+      q=${rest%%:*}; dur=()
+      if [ "$rest" != "$q" ]; then
+        dur=(--min-duration-s "${rest#*:}"); [ "$sc" = Offline ] && dur+=(--min-query-count 1)
+      fi
+      read -ra extra <<< "$(scen_args "$sc") ${flags//+/ }"
       if [ "$q" = auto ]; then  # this job's search log, else the one in SCEN_PRIOR
         log=$(scen_log "$JOB/scen" "$sc"); [ -s "$log" ] || log=$(scen_log "${SCEN_PRIOR:-docs/results/find_qps_h200}" "$sc")
         [ -s "$log" ] || { echo "confirm $sc: auto, but there is no search log $log (start server first, with the same"\
@@ -365,16 +383,17 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         Server) line="llama3_1-8b.Server.target_qps = $q" ;;
         Interactive) line="llama3_1-8b-interactive.Server.target_qps = $q" ;;
       esac
+      name="confirm-$sc-$q"; tag=$(sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g' <<< "$flags"); name+=${tag:+-$tag}
       # the shipped file's own line for this key (if any) is left out: the harness refuses a shadowed line
-      conf="$JOB/confirm/$sc.user.conf"; awk -v k="${line%% *}" '$1 != k' loadgen_configs/h200_fp8.user.conf > "$conf"
+      conf="$JOB/confirm/$name.user.conf"; awk -v k="${line%% *}" '$1 != k' loadgen_configs/h200_fp8.user.conf > "$conf"
       echo "$line" >> "$conf"
       echo "confirm $sc: $line ${extra[*]} ${dur[*]} $(date +%T)"
       python3 -m sut run --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --scenario "$sc" \
         --model "$MODEL" --load-format dummy --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" \
-        --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" --output-dir "$JOB/confirm" --run-name "confirm-$sc" \
-        --no-progress > "$JOB/confirm_$sc.console" 2>&1
+        --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" --output-dir "$JOB/confirm" --run-name "$name" \
+        --no-progress > "$JOB/$name.console" 2>&1
       rc=$?; [ $rc -eq 0 ] || worst=$rc
-      echo "confirm $sc rc=$rc $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/confirm_$sc.console" | head -10
+      echo "confirm $sc rc=$rc $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/$name.console" | head -10
     done
     exit $worst
     ;;

@@ -81,8 +81,27 @@ def test_confirm_auto_takes_the_highest_valid_try_with_that_searchs_flags(tmp_pa
     assert server_conf.count("llama3_1-8b.Server.target_qps") == 1  # the shipped file's own line is left out
     assert "--max-num-batched-tokens" not in server  # SERVER_ARGS unset: the preset's settings
     assert _flag(offline, "--min-duration-s") == "60" and _flag(offline, "--scenario") == "Offline"
+    assert _flag(offline, "--min-query-count") == "1"  # else LoadGen's 13,368-sample minimum sets the length
+    assert [_flag(c, "--run-name") for c in calls] == ["confirm-Interactive-41.0", "confirm-Server-55.5", "confirm-Offline-56"]
     out, calls = _run(tmp_path, "confirm", CONFIRM="Offline=56", FAKE_RC="1")
     assert out.returncode == 1 and "confirm Offline rc=1" in out.stdout  # a failed run fails the step
+
+
+def test_confirm_runs_a_scenario_twice_with_each_entrys_own_flags(tmp_path):
+    out, calls = _run(tmp_path, "confirm", INTERACTIVE_ARGS="--max-num-batched-tokens 2048",
+                      CONFIRM="Interactive=41 Interactive=43+--max-num-batched-tokens=1024+--max-num-seqs=256 Server=53:120")
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, second, server = calls
+    assert _flag(first, "--max-num-batched-tokens") == "2048" and "--max-num-seqs" not in first
+    # the entry's flags come after INTERACTIVE_ARGS: argparse keeps the last value
+    assert _flag(second, "--max-num-batched-tokens") == "2048" and "--max-num-seqs=256" in second
+    assert second.index("--max-num-batched-tokens=1024") > second.index("--max-num-batched-tokens")
+    assert _flag(second, "--run-name") == "confirm-Interactive-43-max_num_batched_tokens_1024_max_num_seqs_256"
+    assert _flag(first, "--run-name") == "confirm-Interactive-41"
+    confs = [Path(_flag(c, "--user-conf")) for c in (first, second)]
+    assert confs[0] != confs[1] and confs[1].read_text().rstrip().endswith("llama3_1-8b-interactive.Server.target_qps = 43")
+    assert _flag(server, "--min-duration-s") == "120" and "--min-query-count" not in server  # Server: LoadGen's 100
+    assert (tmp_path / "job" / "confirm-Interactive-41.console").exists()
 
 
 def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_path):
@@ -101,7 +120,12 @@ def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_pa
 @pytest.mark.parametrize("env, said", [
     ({"CONFIRM": "Server=52 Interactiv=40"}, "unknown scenario 'Interactiv'"),
     ({"CONFIRM": "Server=52 Interactive"}, "'Interactive' is not SCENARIO=QPS[:S]"),
-    ({"CONFIRM": "Server=52 Server=50"}, "Server twice in CONFIRM"),
+    ({"CONFIRM": "Server=52 Server=50 Server=52"}, "Server=52 twice in CONFIRM"),
+    ({"CONFIRM": "Server=52+max-num-seqs=768"}, "'+max-num-seqs=768' in 'Server=52+max-num-seqs=768' is not +--FLAG=VALUE"),
+    ({"CONFIRM": "Server=52+--max-num-seqs"}, "is not +--FLAG=VALUE"),
+    ({"CONFIRM": "Server=52+--max-num-seqs=768+--run-name=x"},
+     "confirm: Server=52+--max-num-seqs=768+--run-name=x: --run-name=x is set by this script"),
+    ({"CONFIRM": "Server=52+--scen=Offline"}, "--scen=Offline is short for --scenario, which this script sets"),
     ({"CONFIRM": "Server=fast"}, "'fast' in 'Server=fast' is not a positive target_qps or auto"),
     ({"CONFIRM": "Server=0"}, "'0' in 'Server=0' is not a positive target_qps"),
     ({"CONFIRM": "Offline=56:soon"}, "'soon' in 'Offline=56:soon' is not a positive number of seconds"),
