@@ -5,13 +5,19 @@ run: backend, scenario and model key, the engine that really ran (the engines' r
 both runs have them; else the requested engine settings, models by config hash), generation, model,
 dataset and backend options, each without the fields that may differ between two runs of one system
 (paths, session ids). A difference is a ``ComplianceError`` naming the run, the field and both values.
+:func:`check_same_user_conf` does the same for the LoadGen settings each run read from its user.conf (the tree
+holds one user.conf per scenario: the performance run's).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
+from sut.base import InputError
 from sut.records import READ_BACK_SETTINGS, ComplianceError, engines_used
+from sut.scenarios import loadgen_scenario
+from sut.userconf import check_user_conf
 
 
 def _same(a: dict, b: dict, role: str, field: str, ignore: Sequence[str] = ()) -> None:
@@ -60,3 +66,55 @@ def check_same_system(perf: dict, others: Sequence[tuple[dict, str]]) -> None:
         _same(perf, rec, role, "model", ignore=("path",))
         _same(perf, rec, role, "dataset", ignore=("path", "prompt_tokens"))
         _same(perf, rec, role, "options", ignore=("app_workdir", "session_id"))
+
+
+def kept_user_conf(folder: Path, rec: dict, role: str) -> Path:
+    """The user.conf a run read: the copy in its run folder, else the file its record names.
+
+    Raises:
+        ComplianceError: neither exists any more (names the run).
+    """
+    user_conf = folder / "user.conf"
+    if user_conf.is_file():
+        return user_conf
+    user_conf = Path((rec.get("run_settings") or {}).get("user_conf") or "")
+    if not user_conf.is_file():
+        raise ComplianceError(f"{role} run {folder}: its user.conf was not kept in the run folder and "
+                              f"{user_conf} does not exist any more")
+    return user_conf
+
+
+def _conf_settings(folder: Path, rec: dict, role: str) -> dict[str, str]:
+    """``{setting: value}`` LoadGen took from the run's user.conf for its model key and scenario
+    (``sut.userconf.check_user_conf``, as the run itself read it)."""
+    path = kept_user_conf(folder, rec, role)
+    scenario = loadgen_scenario(rec.get("scenario") or "Offline") or "Offline"
+    target_given = (rec.get("run_settings") or {}).get("target_qps") is not None
+    try:
+        return check_user_conf(path, rec.get("model_key") or "", scenario, target_qps_given=target_given)
+    except InputError as e:
+        raise ComplianceError(f"{role} run {folder}: its user.conf no longer reads as it did: {e}") from e
+
+
+def check_same_user_conf(perf: tuple[Path, dict], others: Sequence[tuple[Path, dict, str]]) -> None:
+    """Every other run of the scenario read the same LoadGen settings from its user.conf as the performance run.
+
+    Args:
+        perf: the performance run's folder and ``run.json`` record.
+        others: ``(folder, record, role)`` of the accuracy and TEST06 runs.
+
+    Raises:
+        ComplianceError: a run's user.conf is gone, or gives another value (or no value) for a setting; names the
+            run, each setting with both values and both files. Command-line overrides (``--target-qps``,
+            ``--min-duration-s``) are not user.conf settings and are not compared.
+    """
+    mine = _conf_settings(*perf, "performance")
+    for folder, rec, role in others:
+        theirs = _conf_settings(folder, rec, role)
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if diff:
+            raise ComplianceError(
+                f"{role} run {folder} read other LoadGen settings from its user.conf than the performance run: "
+                + ", ".join(f"{k} {theirs.get(k)!r} vs {mine.get(k)!r}" for k in diff)
+                + f" ({kept_user_conf(folder, rec, role)} vs {kept_user_conf(*perf, 'performance')}); the tree "
+                "holds one user.conf per scenario, so make the scenario's runs with the same file")

@@ -33,7 +33,7 @@ from accuracy.reference import gen_len_reason
 from sut.compliance import Test06Result, verify_test06, write_test06
 from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
 from sut.package_logs import check_accuracy_log_complete, check_logs_agree
-from sut.package_same_system import check_same_system
+from sut.package_same_system import check_same_system, check_same_user_conf, kept_user_conf
 from sut.records import ComplianceError, check_record, invalid_why, read_json, vocab_size
 from sut.submission_files import measurements, readme
 
@@ -289,6 +289,8 @@ def check_scenario(ps: PackageSettings) -> ScenarioRuns:
         raise ComplianceError(f"closed-division {bench} {scen} needs a TEST06 run (--test06 RUN_FOLDER: a run made "
                               f"with python -m sut run --scenario {scen} ... --compliance-test TEST06)")
     check_same_system(perf.rec, [(acc.rec, "accuracy")] + ([(t06.rec, "TEST06")] if t06 else []))
+    check_same_user_conf((perf.folder, perf.rec), [(acc.folder, acc.rec, "accuracy")]
+                         + ([(t06.folder, t06.rec, "TEST06")] if t06 else []))
     if problems and not ps.allow_noncompliant:
         raise ComplianceError("not compliant (pass --allow-noncompliant only to rehearse the layout):\n  "
                               + "\n  ".join(problems))
@@ -296,18 +298,6 @@ def check_scenario(ps: PackageSettings) -> ScenarioRuns:
 
 
 # ---------------------------------------------------------------------------------------------- copy
-def _user_conf(perf: Run) -> Path:
-    """The performance run's user.conf: the copy in its folder, else the file its record names."""
-    user_conf = perf.folder / "user.conf"
-    if user_conf.is_file():
-        return user_conf
-    user_conf = Path((perf.rec.get("run_settings") or {}).get("user_conf") or "")
-    if not user_conf.is_file():
-        raise ComplianceError(f"performance run {perf.folder}: its user.conf was not kept in the run folder and "
-                              f"{user_conf} does not exist any more")
-    return user_conf
-
-
 def _copy_scenario(ps: PackageSettings, runs: ScenarioRuns) -> Path:
     root = Path(ps.out) / ps.division / ps.submitter / "results" / ps.system / runs.bench / runs.scenario
     if root.exists():
@@ -320,7 +310,7 @@ def _copy_scenario(ps: PackageSettings, runs: ScenarioRuns) -> Path:
         shutil.copy2(runs.acc.folder / n, root / "accuracy" / n)
     if runs.t06 is not None:
         write_test06(runs.t06_result, runs.t06.folder / "mlperf_log_accuracy.json", root)
-    shutil.copy2(_user_conf(runs.perf), root / "user.conf")
+    shutil.copy2(kept_user_conf(runs.perf.folder, runs.perf.rec, "performance"), root / "user.conf")
     (root / "measurements.json").write_text(json.dumps(measurements(runs.perf.rec), indent=2) + "\n")
     t06_rec = runs.t06.rec if runs.t06 else None
     (root / "README.md").write_text(readme(ps.system, runs.perf.rec, runs.acc.rec, t06_rec, runs.bench, runs.scenario))

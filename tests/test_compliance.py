@@ -131,8 +131,9 @@ def make_run(base: Path, name: str, mode: str, **over) -> Path:
     for k, v in over.items():
         rec[k] = v
     (d / "run.json").write_text(json.dumps(rec))
-    for n in ("mlperf_log_summary.txt", "user.conf"):
-        (d / n).write_text(f"{name} {n}\n")
+    (d / "mlperf_log_summary.txt").write_text(f"{name} mlperf_log_summary.txt\n")
+    loadgen_scen = {"Interactive": "Server"}.get(rec["scenario"], rec["scenario"])
+    (d / "user.conf").write_text(f"# {name}\n{rec['model_key']}.{loadgen_scen}.target_qps = 5\n")
     detail = {"effective_scenario": {"Interactive": "Server"}.get(rec["scenario"], rec["scenario"])}
     if mode == "performance":
         detail["result_validity"] = rec.get("validity")

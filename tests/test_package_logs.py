@@ -87,3 +87,25 @@ def test_a_missing_test06_run_names_the_scenario(tmp_path, runs):
     with pytest.raises(ComplianceError, match="closed-division llama3.1-8b Offline needs a TEST06 run .*--scenario "
                                               "Offline"):
         check_scenario(settings(tmp_path, perf, acc, None))
+
+
+def test_a_run_made_with_another_user_conf_is_refused_naming_the_setting(tmp_path, runs):
+    """A known gap (session 11): package laid out a scenario whose accuracy run read another user.conf than the
+    performance run, and the tree holds only the performance run's."""
+    perf, acc, t06 = runs
+    _detail(perf, effective_scenario="Offline", result_validity="VALID")
+    _detail(acc, effective_scenario="Offline")
+    (acc / "user.conf").write_text("# other comments, same setting\nllama3_1-8b.Offline.target_qps = 5\n"
+                                   "llama3_1-8b.Server.target_qps = 9\n")  # another run's line: not this run's
+    assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == ()
+    (acc / "user.conf").write_text("llama3_1-8b.Offline.target_qps = 6\n")
+    with pytest.raises(ComplianceError, match=r"accuracy run .*acc read other LoadGen settings from its user.conf "
+                                              r"than the performance run: target_qps '6' vs '5'"):
+        check_scenario(settings(tmp_path, perf, acc, t06))
+    (acc / "user.conf").write_text("llama3_1-8b.Offline.target_qps = 5\n")
+    (t06 / "user.conf").write_text("llama3_1-8b.Offline.target_qps = 5\nllama3_1-8b.Offline.min_duration = 1000\n")
+    with pytest.raises(ComplianceError, match=r"TEST06 run .* min_duration '1000' vs None"):
+        check_scenario(settings(tmp_path, perf, acc, t06))
+    (t06 / "user.conf").unlink()
+    with pytest.raises(ComplianceError, match=r"TEST06 run .*: its user.conf was not kept in the run folder"):
+        check_scenario(settings(tmp_path, perf, acc, t06))
