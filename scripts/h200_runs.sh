@@ -69,16 +69,16 @@ check_scen_args() {
 # Words $2... as engine flags for `sut run` (label $1 in messages): no quotes, no flag this script sets, nor a prefix
 # of one.
 check_flag_words() {
-  local label=$1 w f what; shift
+  local label=$1 w f what hits; shift
   for w in "$@"; do
     case $w in *[\"\']*) echo "$label: $w: words are split at spaces, quotes are not read"; return 1 ;; esac
     [[ $w == --?* ]] || continue
-    for f in $SET_HERE; do
-      if [[ $f == "${w%%=*}"* ]]; then
-        [[ $f == "${w%%=*}" ]] && what="is set by this script" || what="is short for $f, which this script sets"
-        echo "$label: $w $what (SERVER_ARGS / INTERACTIVE_ARGS / CONFIRM's +flags take engine flags)"; return 1
-      fi
-    done
+    hits=(); for f in $SET_HERE; do [[ $f == "${w%%=*}"* ]] && hits+=("$f"); done
+    [ ${#hits[@]} -gt 0 ] || continue
+    if [[ " ${hits[*]} " == *" ${w%%=*} "* ]]; then what="is set by this script"
+    elif [ ${#hits[@]} -eq 1 ]; then what="is short for ${hits[0]}, which this script sets"
+    else what="is a prefix of ${hits[*]}, which this script sets"; fi
+    echo "$label: $w $what (SERVER_ARGS / INTERACTIVE_ARGS / CONFIRM's +flags take engine flags)"; return 1
   done
 }
 # The server step's settings, all checked before any search: SCENARIOS of Server / Interactive, whole seconds and

@@ -135,6 +135,7 @@ def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_pa
     ({"CONFIRM": "Server=55", "SERVER_ARGS": "--max-num-seqs 768 --scen Offline"},
      "SERVER_ARGS: --scen is short for --scenario, which this script sets"),  # argparse takes prefixes
     ({"CONFIRM": "Server=55", "SERVER_ARGS": "--target-qp=99"}, "--target-qp=99 is short for --target-qps"),
+    ({"CONFIRM": "Server=55", "SERVER_ARGS": "--c x"}, "--c is a prefix of --config --compliance-test, which"),
     ({"CONFIRM": "Server=52", "SERVER_ARGS": '--served-model-name "my model"'}, "quotes are not read"),
 ])
 def test_confirm_refuses_a_bad_entry_or_flag_before_any_run(tmp_path, env, said):
