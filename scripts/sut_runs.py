@@ -11,6 +11,7 @@ find_qps.py and bench_suts.py do), and ``run_with_timeout`` then stops the run t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger(__name__)
 
 #: Seconds a run past its time limit has, after SIGTERM, to stop its servers / engines and record itself before
 #: its process group is killed (SIGKILL). 60 s: an engine's own shutdown takes seconds; the harness's drain
@@ -55,6 +57,8 @@ def run_with_timeout(cmd: list[str], timeout_s: float, grace_s: Optional[float] 
             how = _stop(proc, grace_s)
             rc, note = None, f"\ntimed out after {timeout_s:g} s: {how}\n"
         except BaseException:  # Ctrl-C / SIGTERM of this script: its own session does not get the terminal's
+            log.warning("stopping the running try (pid %d): up to %g s for its engine to shut down, then SIGKILL "
+                        "(Ctrl-C again to kill it now)", proc.pid, grace_s)
             _stop(proc, grace_s)
             raise
         err.seek(0)

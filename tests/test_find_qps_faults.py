@@ -140,8 +140,9 @@ def test_run_with_timeout_stops_with_sigterm_first():
     assert rc is None and "stopping" in err and err.strip().endswith("timed out after 1 s: stopped (SIGTERM)"), err
 
 
-def test_ctrl_c_while_a_run_is_in_its_own_session_stops_that_run_too(tmp_path, monkeypatch):
-    """The run has a session of its own (the terminal's Ctrl-C does not reach it): the script stops it."""
+def test_ctrl_c_while_a_run_is_in_its_own_session_stops_that_run_too(tmp_path, monkeypatch, caplog):
+    """The run has a session of its own (the terminal's Ctrl-C does not reach it): the script stops it, and says
+    how long that may take (a recheck's find: up to the grace in silence)."""
     marker = tmp_path / "run-marker"
     real_wait = subprocess.Popen.wait
 
@@ -155,6 +156,7 @@ def test_ctrl_c_while_a_run_is_in_its_own_session_stops_that_run_too(tmp_path, m
         sut_runs.run_with_timeout(["bash", "-c", f"exec -a {marker} sleep 300"], 3600.0, grace_s=5.0)
     time.sleep(0.5)
     assert not _pids(str(marker))
+    assert "stopping the running try" in caplog.text and "up to 5 s for its engine to shut down" in caplog.text
 
 
 def test_a_second_ctrl_c_during_the_grace_still_kills_the_run_group(tmp_path, monkeypatch):
