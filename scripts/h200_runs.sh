@@ -407,7 +407,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
        -o -name "locality*.json" -o -name "cases.jsonl" -o -name "run_header.json" -o -path "./scen/*.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" -o -name "*.png" | tar -czf "$OUT/job.tgz" -T -)
     cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
     grep -E "^step .* rc=" "$JOB/batch.console"
-    tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console "$JOB"/confirm_*.console 2>/dev/null
+    tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console "$JOB"/confirm-*.console 2>/dev/null
     grep -E "^round|^config|^standalone|^flame|target" "$JOB"/flame*.console 2>/dev/null
     grep -E "median|worst|round_robin|cached share|FAILED|note:" "$JOB/study.console" 2>/dev/null
     for f in "$JOB"/scen/*.jsonl; do [ -f "$f" ] && cut -c1-200 "$f"; done
