@@ -116,6 +116,8 @@ confirm_check() {
     [[ -z $flags || $flags =~ ^(--[a-z0-9-]+=[^+]+)(\+--[a-z0-9-]+=[^+]+)*$ ]] \
       || { echo "confirm: '+$flags' in '$entry' is not +--FLAG=VALUE[+--FLAG=VALUE...]"; return 1; }
     check_flag_words "confirm: $entry" ${flags//+/ } || return 1
+    [[ $q != auto || -z $flags ]] || { echo "confirm: '$entry': auto takes the target of a search made with"\
+      "${sc^^}_ARGS alone; give these flags there (and search with them) or a number instead of auto"; return 1; }
   done
   check_scen_args
 }

@@ -126,6 +126,7 @@ def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_pa
     ({"CONFIRM": "Server=52+--max-num-seqs=768+--run-name=x"},
      "confirm: Server=52+--max-num-seqs=768+--run-name=x: --run-name=x is set by this script"),
     ({"CONFIRM": "Server=52+--scen=Offline"}, "--scen=Offline is short for --scenario, which this script sets"),
+    ({"CONFIRM": "Server=auto+--max-num-seqs=768"}, "auto takes the target of a search made with SERVER_ARGS alone"),
     ({"CONFIRM": "Server=fast"}, "'fast' in 'Server=fast' is not a positive target_qps or auto"),
     ({"CONFIRM": "Server=0"}, "'0' in 'Server=0' is not a positive target_qps"),
     ({"CONFIRM": "Offline=56:soon"}, "'soon' in 'Offline=56:soon' is not a positive number of seconds"),
