@@ -48,7 +48,8 @@ def test_orders_and_popularity():
 
 
 @pytest.mark.parametrize("bad", [dict(documents=0), dict(order="random"), dict(doc_jitter=1.0), dict(zipf_s=-1),
-                                 dict(question_tokens=1)])
+                                 dict(question_tokens=1), dict(seed=-1), dict(documents=10**8, doc_tokens=1),
+                                 dict(documents=7000, doc_tokens=8192)])
 def test_bad_trace_settings_are_refused(bad):
     with pytest.raises(ValueError):
         TraceSettings(**bad)
@@ -241,6 +242,19 @@ def test_describe_prints_a_labelled_table_and_json_on_request():
     rec = json.loads(js.stdout)
     assert rec["prompt_max"] == shape["prompt_max"] and rec["max_prompt_tokens_possible"] == ts.max_prompt_tokens
     assert rec["max_model_len_needed"] == ts.max_prompt_tokens + ts.max_tokens
+
+
+def test_the_trace_seed_is_not_the_engine_seed():
+    """A breaker's find: --seed (the trace's) overrode --engine-seed."""
+    from sut.locality.__main__ import _engine, _trace_settings, build_parser
+
+    def engine_seed(*flags):
+        a = build_parser().parse_args(["run", "--model", str(TINY_MODEL), "--documents", "2", "--doc-tokens", "300",
+                                       *flags])
+        return _engine(a, _trace_settings(a)).seed
+
+    assert engine_seed("--seed", "3", "--engine-seed", "7") == 7 and engine_seed("--engine-seed", "7") == 7
+    assert engine_seed("--seed", "3") == 0 == engine_seed()
 
 
 def test_every_trace_and_routing_knob_has_help_and_its_default():

@@ -271,7 +271,12 @@ def test_cli_runs_fake_systems_and_a_failed_check_exits_1_naming_the_request(sys
     (["--systems", "standalone", "vllm"], "unknown system 'vllm'"),
     (["--systems", "flame", "flame"], "systems must be distinct"),
     (["--policies", "random"], "unknown policy"),
-    (["--pairs", "0"], "pairs must be >= 1"),
+    (["--pairs", "0"], "pairs must be in [1, 1000]"),
+    (["--pairs", "1000000000000"], "pairs must be in [1, 1000]"),  # a breaker's: memory grew, nothing started
+    (["--arrival-seed", "-1", "--rate", "2"], "arrival_seed must be >= 0"),  # was a traceback after engine start
+    (["--seed", "-5"], "seed must be >= 0"),
+    (["--engine-seed", "-5"], "--engine-seed must be >= 0"),
+    (["--documents", "100000000", "--doc-tokens", "1"], "more than this tool builds (100,000 requests"),
     (["--warmups", "-1"], "warmups must be >= 0"),
     (["--max-model-len", "150"], "below the longest prompt"),
     (["--doc-tokens", "8000"], "exceeds the model's max_position_embeddings 8192"),
@@ -388,3 +393,53 @@ def test_the_flame_system_needs_a_control_plane_that_answers(tmp_path, monkeypat
     with pytest.raises(ValueError, match="no Flame session manager answers at http://127.0.0.1:9"):
         resolve_systems(["flame"], 2)
     assert cli(tmp_path, "--systems", "standalone", "flame") == 2 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("finished_before_stop", [1, 0])
+def test_a_stopped_run_keeps_its_finished_cases_or_leaves_nothing(systems, tmp_path, monkeypatch, caplog,
+                                                                  finished_before_stop):
+    """A breaker's find: Ctrl-C / SIGTERM after finished cases removed the run folder, cases.jsonl included, though
+    docs/locality.md promises a cut-off run keeps what it finished."""
+    import sut.locality.runner as runner
+
+    real, calls = runner.append_case, []
+
+    def stop_after(d, rec):
+        if len(calls) == finished_before_stop:
+            raise KeyboardInterrupt  # as stop_on_sigterm_like_ctrl_c turns SIGTERM into
+        calls.append(rec)
+        real(d, rec)
+
+    monkeypatch.setattr(runner, "append_case", stop_after)
+    assert cli(tmp_path, "--systems", "standalone", "flame", "--policies", "round_robin", "--pairs", "2",
+               "--run-name", "cut") == 130
+    run = tmp_path / "out" / ("cut" + RUN_SUFFIX)
+    if finished_before_stop:
+        rec = json.loads((run / "locality.json").read_text())
+        assert rec["status"] == "interrupted" and "interrupted after 1 finished case(s)" in rec["error"]
+        assert len(rec["cases"]) == 1 and len((run / "cases.jsonl").read_text().splitlines()) == 1
+        assert rec["mlperf"] is False and "report" not in rec
+        assert "kept the finished cases in" in caplog.text
+    else:
+        assert not (tmp_path / "out").exists()  # the run folder and the --output-dir this run made
+
+
+def test_an_unexpected_error_mid_run_is_recorded_as_the_runs_failure(systems, tmp_path, monkeypatch):
+    """A breaker's find: an error no check named (then: a negative --arrival-seed, after the engines started) left
+    only run_header.json, no locality.json saying the run failed."""
+    import sut.locality.runner as runner
+
+    real, calls = runner.append_case, []
+
+    def fail_second(d, rec):
+        if calls:
+            raise RuntimeError("boom")
+        calls.append(rec)
+        real(d, rec)
+
+    monkeypatch.setattr(runner, "append_case", fail_second)
+    assert cli(tmp_path, "--systems", "standalone", "flame", "--policies", "round_robin", "--pairs", "1",
+               "--run-name", "err") == 1
+    rec = json.loads((tmp_path / "out" / ("err" + RUN_SUFFIX) / "locality.json").read_text())
+    assert rec["status"] == "failed" and rec["error"] == "unexpected error after 1 finished case(s): RuntimeError: boom"
+    assert len(rec["cases"]) == 1

@@ -12,7 +12,8 @@ token ids or, with ``--text news --dataset FILE [--tokenizer PATH]``, real CNN/D
 
 Exit codes: 0 done; 1 a case failed (engine or session death, stall, a request that fails validation:
 ``locality.json`` says ``failed`` with the cause); 2 bad input, before the run folder is made and any
-engine starts; 130 Ctrl-C or SIGTERM (engines stopped, the run folder removed).
+engine starts; 130 Ctrl-C or SIGTERM (engines stopped; the run folder removed, unless cases had finished: then
+``locality.json`` says ``interrupted`` and ``report`` can merge them).
 """
 
 from __future__ import annotations
@@ -193,9 +194,11 @@ def cmd_describe(a) -> int:
 def _engine(a, ts: TraceSettings) -> EngineSettings:
     """Engine settings (prefix caching on); ``BadInput`` for a context too short for the trace."""
     base = {"max_model_len": ts.max_prompt_tokens + ts.max_tokens}
-    if a.engine_seed is not None:
-        base["seed"] = a.engine_seed
-    es = dataclasses.replace(engine_settings_from_args(a, base), enable_prefix_caching=True)
+    if a.engine_seed is not None and a.engine_seed < 0:
+        raise BadInput(f"error: --engine-seed must be >= 0, got {a.engine_seed}")
+    # the namespace's `seed` is the trace's (--seed): the engine's comes from --engine-seed alone
+    engine_args = argparse.Namespace(**{**vars(a), "seed": a.engine_seed})
+    es = dataclasses.replace(engine_settings_from_args(engine_args, base), enable_prefix_caching=True)
     if es.max_model_len < ts.max_prompt_tokens + ts.max_tokens:
         raise BadInput(f"error: --max-model-len {es.max_model_len} is below the longest prompt + max_tokens "
                        f"({ts.max_prompt_tokens} + {ts.max_tokens}); leave it out to get exactly that")
@@ -289,10 +292,11 @@ def cmd_run(a) -> int:
         es, gen, ps, model, systems, affinity, prepared = _prepare(a)
     except ValueError as e:
         raise BadInput(f"error: {e}") from None
+    made_base = not Path(a.output_dir).exists()
     d = _run_dir(a, systems)  # last: bad input never leaves a run folder behind
     log.warning("%s", NOTICE.upper())
     log.info("trace: %s", prepared.shape)
-    stop_on_sigterm_like_ctrl_c()  # SIGTERM: engines shut down, nothing written
+    stop_on_sigterm_like_ctrl_c()  # SIGTERM: engines shut down, finished cases kept (run_study)
     ctx = StudyContext(trace=prepared.trace, warmups=prepared.warmups, expected_hashes=prepared.input_hashes,
                        engine=es, generation=gen, affinity=affinity, run_dir=d, max_tokens=prepared.settings.max_tokens,
                        log_to_console=a.verbose)
@@ -302,13 +306,27 @@ def cmd_run(a) -> int:
     try:
         record, error = run_study(systems, prepared, ctx, ps, base)
     except KeyboardInterrupt:
-        shutil.rmtree(d, ignore_errors=True)
+        if (d / "locality.json").is_file():  # cases had finished: run_study recorded the run interrupted
+            log.warning("kept the finished cases in %s (locality.json says interrupted; python -m sut.locality "
+                        "report %s [RUN...] merges them)", d, d)
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+            _remove_if_made_empty(Path(a.output_dir), made_base)
         raise
     print(study_tables(record))
     if error:
         log.error("run failed: %s (record: %s)", error, record["record_path"])
         return 1
     return 0
+
+
+def _remove_if_made_empty(base: Path, made: bool) -> None:
+    """Remove ``--output-dir`` again when this run created it and it is empty (an interrupted first run)."""
+    if made:
+        try:
+            base.rmdir()
+        except OSError:
+            pass
 
 
 def cmd_report(a) -> int:
@@ -346,7 +364,7 @@ def _main(argv) -> int:
 
 
 def main(argv=None) -> int:
-    return run_main(_main, argv, messages={"interrupted": "interrupted ({}); engines stopped, nothing written"},
+    return run_main(_main, argv, messages={"interrupted": "interrupted ({}); engines stopped"},
                     logger=log)
 
 

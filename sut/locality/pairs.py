@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 WARMUP_ID_STRIDE = 1_000_000
 
 
+#: Most pairs one run takes: every pair starts fresh engines for each system and policy (minutes each on a GPU).
+MAX_PAIRS = 1000
+
+
 @dataclass(frozen=True)
 class PairSettings:
     """The protocol's knobs.
@@ -80,8 +84,12 @@ class PairSettings:
             raise ValueError("at least one policy is needed")
         if len(set(self.policies)) != len(self.policies):
             raise ValueError(f"policies must be distinct (use --pairs to repeat them), got {list(self.policies)}")
-        if self.pairs < 1:
-            raise ValueError(f"pairs must be >= 1, got {self.pairs}")
+        if not 1 <= self.pairs <= MAX_PAIRS:
+            raise ValueError(f"pairs must be in [1, {MAX_PAIRS}] (each pair starts fresh engines for every system "
+                             f"and policy; the study: 5), got {self.pairs}")
+        if self.arrival_seed < 0:
+            raise ValueError(f"arrival_seed must be >= 0 (numpy's generator takes no negative seed), got "
+                             f"{self.arrival_seed}")
         if self.warmups < 0:
             raise ValueError(f"warmups must be >= 0, got {self.warmups}")
         if not (math.isfinite(self.rate) and self.rate >= 0):

@@ -186,10 +186,32 @@ def run_study(systems: Sequence[System], prepared: PreparedTrace, ctx: StudyCont
     case passed."""
     header = run_header(systems, prepared, ps, base_record)
     write_record(ctx.run_dir, header, HEADER)
-    cases, error = run_pairs(systems, ctx, ps, on_case=lambda rec: append_case(ctx.run_dir, rec))
+    finished: list[dict] = []
+
+    def on_case(rec: dict) -> None:
+        append_case(ctx.run_dir, rec)
+        finished.append(rec)
+
+    try:
+        cases, error = run_pairs(systems, ctx, ps, on_case=on_case)
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM: a run that finished cases keeps them, with a record saying so
+        if finished:
+            record = dict(header, status="interrupted",
+                          error=f"interrupted after {len(finished)} finished case(s); they are in cases.jsonl "
+                                "(python -m sut.locality report RUN [RUN...] merges them with other runs' cases)")
+            finish_record(ctx.run_dir, record, finished, [], prepared.shape, _placement(ctx))
+        raise
+    except Exception as e:  # a fault no case check names (a harness bug): the record still says failed, and why
+        log.exception("the run stopped on an unexpected error")
+        error = f"unexpected error after {len(finished)} finished case(s): {type(e).__name__}: {e}"
+        record = dict(header, status="failed", error=error)
+        return finish_record(ctx.run_dir, record, finished, [], prepared.shape, _placement(ctx)), error
     record = dict(header, status="failed" if error else "ok", error=error)
-    places = [{"replica": r, "key": k, "first_seen_in": c} for r, (k, c) in sorted(ctx.placement.items())]
-    return finish_record(ctx.run_dir, record, cases, run_records(cases), prepared.shape, places), error
+    return finish_record(ctx.run_dir, record, cases, run_records(cases), prepared.shape, _placement(ctx)), error
+
+
+def _placement(ctx: StudyContext) -> list[dict]:
+    return [{"replica": r, "key": k, "first_seen_in": c} for r, (k, c) in sorted(ctx.placement.items())]
 
 
 def command_line() -> str:

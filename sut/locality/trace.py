@@ -54,6 +54,13 @@ TRACE_PRESETS = {
 }
 
 
+#: Largest trace ``make_trace`` builds (requests; distinct prompt tokens, documents and questions, at most): the
+#: study's are 256 requests of ~8K tokens; the bound keeps a mistyped size a clear error instead of memory
+#: growing until the machine runs out (~4 bytes a token, several copies while the trace is built).
+MAX_REQUESTS = 100_000
+MAX_TRACE_TOKENS = 50_000_000
+
+
 @dataclass(frozen=True)
 class TraceSettings:
     """Shape of a synthetic-locality trace (all lengths in tokens).
@@ -106,6 +113,15 @@ class TraceSettings:
             raise ValueError(f"documents and questions must be >= 1, got {self.documents}, {self.questions}")
         if self.doc_tokens < 1 or self.question_tokens < 2 or self.max_tokens < 1:
             raise ValueError("doc_tokens >= 1, question_tokens >= 2 and max_tokens >= 1 are required")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0 (numpy's generator takes no negative seed), got {self.seed}")
+        requests = self.documents * self.questions
+        tokens = self.documents * self.doc_tokens * (1 + self.doc_jitter) + requests * self.question_tokens * 1.5
+        if requests > MAX_REQUESTS or tokens > MAX_TRACE_TOKENS:
+            raise ValueError(f"a trace of {self.documents:,} documents x {self.questions:,} questions of "
+                             f"~{self.doc_tokens:,} tokens is {requests:,} requests and up to {tokens:,.0f} prompt "
+                             f"tokens: more than this tool builds ({MAX_REQUESTS:,} requests, {MAX_TRACE_TOKENS:,} "
+                             "tokens; the study: 64 x 4 of ~8K)")
         if not 0 <= self.doc_jitter < 1:  # also refuses NaN
             raise ValueError(f"doc_jitter must be in [0, 1), got {self.doc_jitter}")
         if not (math.isfinite(self.zipf_s) and self.zipf_s >= 0):
