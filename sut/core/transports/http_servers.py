@@ -184,6 +184,18 @@ class ServerProcess:
         return self.failure(f"exited unexpectedly ({how})")
 
 
+def die_with_parent() -> list[str]:
+    """A command prefix that makes Linux send the server SIGTERM when this process dies, even by SIGKILL (util-linux
+    ``setpriv --pdeathsig``, kept across ``exec``): the server runs in a process group of its own, so nothing else
+    would stop it, and vLLM shuts its engine down on SIGTERM. Empty off Linux, without ``setpriv``, or off the main
+    thread (the signal follows the thread that started the server, and only the main thread lives as long as this
+    process)."""
+    if (sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
+            and shutil.which("setpriv")):
+        return ["setpriv", "--pdeathsig", "TERM", "--"]
+    return []
+
+
 def launch(index: int, slot: EngineSlot, engine: EngineSettings, prefix: Sequence[str],
            log_dir: Optional[str], log_stats: bool = False, extra: Sequence[str] = ()) -> ServerProcess:
     """Start the server of ``slot`` in its own process group (not waiting for it; ``log_stats``,
@@ -197,8 +209,8 @@ def launch(index: int, slot: EngineSlot, engine: EngineSettings, prefix: Sequenc
                              f"({slot.kind}:{slot.device}): {shlex.join(cmd)}")
     out = open(log_path, "ab") if log_path is not None else None
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                env=server_env(slot), start_new_session=True)
+        proc = subprocess.Popen(die_with_parent() + cmd, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT if out else None, env=server_env(slot), start_new_session=True)
     finally:
         if out is not None:
             out.close()
