@@ -200,9 +200,11 @@ def report_lines(report: dict) -> list[str]:
             lines.append(f"{s:<12} {po:<16} {x['n']:>5} {x['median']:>14.3f} ({x['min']:.3f}-{x['max']:.3f})"
                          f"{'':>2} {_share(st['cached_share'])}")
     for po, r in report["pair_ratios"].items():
-        below = ", ".join(str(p) for p in r["below_floor"]) or "none"
+        below = r["below_floor"]
+        which = f"{len(below)} ({'pair' if len(below) == 1 else 'pairs'} {', '.join(str(p) for p in below)})" \
+            if below else "none"
         lines.append(f"{r['name']}, {po}: median {r['median']:.2%}, pairs {r['min']:.2%}-{r['max']:.2%}; "
-                     f"below {report['floor']:.0%}: {below}")
+                     f"pairs below {report['floor']:.0%}: {which}")
     for s, r in report["policy_ratios"].items():
         lines.append(f"{s}: {r['name']} = {r['ratio_of_medians']:.3f}x (ratio of medians)")
     return lines
