@@ -63,6 +63,7 @@ def test_two_runs_merge_with_pairs_renumbered_and_incomplete_pairs_dropped(tmp_p
     a = make_run(tmp_path, "a", [case(0, "standalone", 10.0), case(0, "flame", 9.9), case(1, "flame", 9.6),
                                  case(1, "standalone", 10.0), case(2, "standalone", 11.0)], header())
     b_header = dict(header(), status="ok", error=None, runtime={"vllm": "0.27.0"},
+                    pair_settings=dict(header()["pair_settings"], pairs=6),  # its pairs 0-5: 3 and 5 finished
                     systems=dict(header()["systems"], flame={"transport": "flame",
                                                              "options": {"batch_size": 128, "endpoint": "http://b:2"}}))
     b = make_run(tmp_path, "b", [case(3, "flame", 12.1), case(3, "standalone", 11.0), case(5, "standalone", 12.0),
@@ -301,3 +302,36 @@ def test_a_too_deeply_nested_header_or_case_line_exits_2(tmp_path, capsys):
     b = make_run(tmp_path, "b", [case(0, "standalone", 10.0)], header())
     (b / "cases.jsonl").write_text(deep + "\n" + json.dumps(case(0, "flame", 9.9)) + "\n")
     assert report(tmp_path, b)[0] == 2 and "line 1 is not JSON" in capsys.readouterr().err
+
+
+def _edited(pair=0, **fields):
+    c = case(pair, "flame", 9.9)
+    for k, v in fields.items():
+        if k == "timed":
+            c["timed"] = dict(c["timed"], **v)
+        else:
+            c[k] = v
+    return c
+
+
+@pytest.mark.parametrize("bad, said", [
+    (_edited(policy="bogus_policy"), "policy 'bogus_policy' is not one of the run's policies ['prefix_affinity']"),
+    (_edited(system="vllm"), "system 'vllm' is not one of the run's systems ['flame', 'standalone']"),
+    (_edited(pair=7), "pair 7 is past the run's 5 pair(s)"),
+    (_edited(pair=-7), "field pair is -7, not an integer >= 0"),
+    (_edited(validation={"requests_checked": 3, "failures": 15}), "field validation.failures is 15, not 0"),
+    (_edited(timed={"requests_per_s": 1e6}), "field timed.requests_per_s is 1000000.0, but its requests / wall_s"),
+])
+def test_a_hand_edited_case_that_contradicts_its_run_exits_2(tmp_path, capsys, bad, said):
+    """A breaker's finds: each of these was merged and reported (exit 0, no note)."""
+    hdr = header(pair_settings=dict(header()["pair_settings"], policies=["prefix_affinity"]))
+    d = make_run(tmp_path, "r", [case(0, "standalone", 10.0), bad], hdr)
+    assert report(tmp_path, d) == (2, None) and not (tmp_path / "out").exists()
+    assert said in capsys.readouterr().err
+
+
+def test_a_case_that_left_processes_behind_is_noted(tmp_path):
+    left = _edited(cleanup={"processes_left": [{"pid": 123, "cmdline": "vllm serve"}]})
+    rc, rec = report(tmp_path, make_run(tmp_path, "r", [case(0, "standalone", 10.0), left], header()))
+    assert rc == 0 and any("pair 0, flame, prefix_affinity left 1 process(es) behind" in n and "vllm serve" in n
+                           for n in rec["notes"])

@@ -51,7 +51,7 @@ def _kv(v) -> bool:
 
 
 CASE_CHECKS = (
-    Check("pair", True, _int, "an integer"),
+    Check("pair", True, lambda v: _int(v) and v >= 0, "an integer >= 0"),
     Check("system", True, lambda v: isinstance(v, str) and v != "", "a system name"),
     Check("policy", True, lambda v: isinstance(v, str) and v != "", "a policy name"),
     Check("timed", True, lambda v: isinstance(v, dict), "an object"),
@@ -69,6 +69,8 @@ CASE_CHECKS = (
           "a list of objects (kv_cache: null or an object with numeric tokens and blocks)"),
     Check("start_s", False, lambda v: v is None or _number(v), "null or a number"),
     Check("routing", False, _obj_or_null, "null or an object"),
+    Check("validation.failures", False, lambda v: v is None or v == 0,
+          "0 (a finished case passed the validation of every timed request)"),
 )
 
 HEADER_CHECKS = (
@@ -107,6 +109,16 @@ def problem(record, checks=CASE_CHECKS) -> Optional[str]:
             return f"lacks field {c.path}"
         if not c.ok(None if v is _MISSING else v):
             return f"field {c.path} is {_short(v)}, not {c.what}"
+    return _rate_problem(record) if checks is CASE_CHECKS else None
+
+
+def _rate_problem(record: dict) -> Optional[str]:
+    """A timed burst's ``requests_per_s`` that its own ``requests / wall_s`` contradicts (beyond their rounding)."""
+    t = record["timed"]
+    n, wall, rate = t.get("requests"), t.get("wall_s"), t["requests_per_s"]
+    if _int(n) and _number(wall) and wall > 0 and abs(n / wall - rate) > 0.01 * rate + 1e-3:
+        return (f"field timed.requests_per_s is {_short(rate)}, but its requests / wall_s is {n} / {wall} = "
+                f"{n / wall:.4f}")
     return None
 
 

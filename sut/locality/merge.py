@@ -155,7 +155,34 @@ def load_run(path: str | Path) -> SourceRun:
         status, error = header.get("status"), header.get("error")
     elif (run / HEADER).is_file():
         header, header_file = _read_header(run / HEADER, run), HEADER
+    if header is not None:
+        _check_cases_against_header(run, header, cases)
+    for c in cases:
+        left = (c.get("cleanup") or {}).get("processes_left")
+        if left:
+            notes.append(f"run {run}: pair {c['pair']}, {c['system']}, {c['policy']} left {len(left)} process(es) "
+                         f"behind after its engines stopped: {_short_list(left)}")
     return SourceRun(run, header, header_file, status, error, cases, notes)
+
+
+def _short_list(items: list) -> str:
+    text = json.dumps(items)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _check_cases_against_header(run: Path, header: dict, cases: Sequence[dict]) -> None:
+    """``BadInput`` for a case whose system, policy or pair its run's own settings never had (a hand-edited line)."""
+    ps = header.get("pair_settings") if isinstance(header.get("pair_settings"), dict) else {}
+    systems = header.get("systems") if isinstance(header.get("systems"), dict) else None
+    policies, pairs = ps.get("policies"), ps.get("pairs")
+    for c in cases:
+        where = f"error: run {run}: cases.jsonl case pair {c['pair']}, {c['system']}, {c['policy']}"
+        if systems is not None and c["system"] not in systems:
+            raise BadInput(f"{where}: system {c['system']!r} is not one of the run's systems {sorted(systems)}")
+        if isinstance(policies, list) and c["policy"] not in policies:
+            raise BadInput(f"{where}: policy {c['policy']!r} is not one of the run's policies {policies}")
+        if isinstance(pairs, int) and not isinstance(pairs, bool) and c["pair"] >= pairs:
+            raise BadInput(f"{where}: pair {c['pair']} is past the run's {pairs} pair(s)")
 
 
 def _get(header: dict, dotted: str):
