@@ -211,6 +211,8 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     (["--model", "/nonexistent"], "no config.json"),
     (["--output-dir", "/proc/nope"], "cannot create the run folder"),
     (["--release-gate", "fleet"], "invalid choice: 'fleet'"),
+    (["--systems", "flame", "--system-option", "flame.endpoint=http://127.0.0.1:1"],
+     "pass another --system-option flame.endpoint=URL / FLAME_ENDPOINT"),  # not `sut run`'s --flame-endpoint
 ])
 def test_locality_cli_refuses_bad_input_before_starting_engines(args, message, tmp_path):
     out_dir = tmp_path / "results"

@@ -282,7 +282,7 @@ def test_cli_runs_fake_systems_and_a_failed_check_exits_1_naming_the_request(sys
     (["--doc-tokens", "8000"], "exceeds the model's max_position_embeddings 8192"),
     (["--system-option", "flame.nope=1", "--systems", "flame"], "unknown FakeOptions field"),
     (["--http", "--server-url", "http://127.0.0.1:1"], "give one of them"),
-    (["--server-url", "http://127.0.0.1:1"], "system standalone: --sut vllm-http: server http://127.0.0.1:1"),
+    (["--server-url", "http://127.0.0.1:1"], "system standalone: server http://127.0.0.1:1"),  # not `sut run`'s flag
     (["--server-url", "http://127.0.0.1:1,http://127.0.0.1:2"], "server http://127.0.0.1:1:"),  # a comma list
     (["--http", "--system-option", "standalone.server_args=--enable-prefix"], "system standalone"),
 ])

@@ -346,6 +346,26 @@ def cmd_report(a) -> int:
     return 0
 
 
+#: How the shared code's messages name a setting with `python -m sut run`'s flags -> this command's way to give it.
+_OWN_FLAGS = (("--flame-endpoint / --option endpoint=", "--system-option flame.endpoint="),
+              ("another --flame-endpoint / FLAME_ENDPOINT", "another --system-option flame.endpoint=URL / FLAME_ENDPOINT"),
+              ("--sut vllm-http: ", ""))
+
+
+def _in_own_flags(e: Exception) -> None:
+    """``e`` with its message naming this command's flags instead of `python -m sut run`'s (a breaker's find:
+    "pass --flame-endpoint", a flag `sut.locality run` does not have)."""
+    def mend(text: str) -> str:
+        for theirs, ours in _OWN_FLAGS:
+            text = text.replace(theirs, ours)
+        return text
+
+    if isinstance(e, BadInput):  # a SystemExit: its text is .message, its args the exit code
+        e.message = mend(e.message)
+    elif e.args and isinstance(e.args[0], str):
+        e.args = (mend(e.args[0]), *e.args[1:])
+
+
 def _main(argv) -> int:
     a = build_parser().parse_args(argv)
     a.verbose = a.verbose or a.sub_verbose
@@ -360,7 +380,11 @@ def _main(argv) -> int:
             return cmd_describe(a)
         except ValueError as e:
             raise BadInput(f"error: {e}") from None
-    return cmd_run(a)
+    try:
+        return cmd_run(a)
+    except (BadInput, InputError, RunFailed) as e:
+        _in_own_flags(e)
+        raise
 
 
 def main(argv=None) -> int:
