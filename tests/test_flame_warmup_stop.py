@@ -114,3 +114,23 @@ def test_enter_watch_calls_back_once_when_the_session_closes_or_is_unknown_and_n
     assert watch([RuntimeError("unreachable")]) == (False, [])  # cannot ask: keep entering
     assert watch([OPEN]) == (False, [])
     assert EnterWatch("s1", lambda: None, endpoint=None).start().closed.is_set() is False  # no FLAME_ENDPOINT
+
+
+def test_a_warm_up_past_its_time_limit_names_the_other_sessions_and_how_to_close_them(monkeypatch):
+    """A breaker's find: a locality run whose executors another (SIGKILLed) run's session held failed after its
+    warm-up limit without the `python -m sut.flame close` advice the stall path gives."""
+    from sut.flame.options import FlameOptions
+    from sut.flame.warmup import Warmup
+
+    rs = SimpleNamespace(id="sut-vllm-r0", replica=0, o=FlameOptions(warmup_timeout_s=0.3, warmup_stall_s=600.0),
+                         executors=lambda: (collections.Counter(), []), check_bind_failures=lambda: None,
+                         other_sessions=lambda exclude: {"sut-vllm-old": 4})
+    w = Warmup(rs, 4, lambda meta: None, run_sessions=frozenset({"sut-vllm-r0"}))
+    monkeypatch.setattr(w, "_ping", lambda: w.pending.setdefault(str(len(w.pending)), None))
+    monkeypatch.setattr(w, "_collect", lambda: None)
+    monkeypatch.setattr(w, "_progress", lambda progress, now: None)
+    with pytest.raises(RunFailed) as e:
+        w.run()
+    msg = str(e.value)
+    assert "only 0 of 4 Flame executors answered within 0 s" in msg
+    assert "held by other open session(s): sut-vllm-old (4)" in msg and "python -m sut.flame close SESSION_ID" in msg

@@ -80,9 +80,9 @@ class Warmup:
                 self._progress(progress, now)
             if now > deadline:
                 raise RunFailed(f"only {len(self.seen)} of {self.need} Flame executors answered within "
-                                f"{self.o.warmup_timeout_s:.0f} s (session {self.rs.id}, replica {self.rs.replica}); "
-                                "check the cluster's capacity, the session's max_instances and the service logs "
-                                "(<working_directory>/<executor id>.err)")
+                                f"{self.o.warmup_timeout_s:.0f} s (session {self.rs.id}, replica {self.rs.replica})"
+                                f"{self._held_elsewhere()}; check the cluster's capacity, the session's max_instances "
+                                "and the service logs (<working_directory>/<executor id>.err)")
         for th in list(self.pending.values()):  # let the last pings finish: no warm-up task is left behind
             th.join(max(1.0, deadline - time.monotonic()))
         rec = {"executors": len(self.seen), "pings": self.pings, "seconds": round(time.monotonic() - t0, 3),

@@ -76,7 +76,9 @@ class PairSettings:
                            "inside the vocabulary (same lengths and prefix relations, none of the measured prefixes)")
     rate: float = knob(0.0, "arrivals per second, Poisson; 0 = every request at once (one burst, the study's)")
     arrival_seed: int = knob(0, "seed of the Poisson arrival times")
-    stall_timeout_s: float = knob(900.0, "fail the run when no request finishes for this many seconds")
+    stall_timeout_s: float = knob(900.0, "fail the run when no request finishes for this many seconds (a Flame "
+                                         "system's executor warm-up has its own limit: --system-option "
+                                         "flame.warmup_timeout_s=S)")
     progress: bool = True
 
     def __post_init__(self):
