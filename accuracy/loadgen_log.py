@@ -109,6 +109,12 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
             log; run LoadGen in AccuracyOnly mode).
     """
     path = Path(path)
+    if path.is_dir():
+        if (path / "locality.json").is_file() and not (path / "mlperf_log_accuracy.json").exists():
+            raise AccuracyInputError(f"accuracy log {path} is a synthetic-locality run folder (python -m sut.locality): "
+                                     "NOT an MLPerf run, it has no accuracy log")
+        raise AccuracyInputError(f"accuracy log {path} is a folder: pass --accuracy-log "
+                                 f"{path / 'mlperf_log_accuracy.json'}")
     try:
         with open(path, encoding="utf-8") as f:
             records = parse_json(f.read())  # too deep: a JSONDecodeError

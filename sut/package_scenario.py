@@ -147,6 +147,10 @@ def _gate_result_ok(gate: object) -> bool:
 
 def _load_run(folder: str, role: str) -> Run:
     d = Path(folder)
+    if not (d / "run.json").exists() and (d / "locality.json").is_file():
+        raise ComplianceError(f"{role} run {d} is a synthetic-locality run (python -m sut.locality, "
+                              "SYNTHETIC-LOCALITY-NOT-MLPERF): NOT an MLPerf run; package takes `python -m sut run` "
+                              "folders only")
     rec = check_record(read_json(d / "run.json", f"{role} run:"), d / "run.json")
     if rec.get("status") != "ok":
         raise ComplianceError(f"{role} run {d}: status is {rec.get('status')!r}"

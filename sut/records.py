@@ -87,6 +87,10 @@ def check_record(rec: object, path: str | Path) -> dict:
     """
     if not isinstance(rec, dict):
         raise ComplianceError(f"{path}: a run record must be a JSON object, got {type(rec).__name__}")
+    if rec.get("mlperf") is False or rec.get("kind") not in (None, "mlperf-loadgen"):
+        raise ComplianceError(f"{path}: a {rec.get('kind') or 'non-MLPerf'} record (\"mlperf\": "
+                              f"{json.dumps(rec.get('mlperf'))}), NOT an MLPerf run: only `python -m sut run` folders "
+                              "can be packaged or scored as one")
     for fields, kind in sorted(RECORD_FIELDS.items(), key=lambda kv: len(kv[0])):
         parent = rec
         for f in fields[:-1]:

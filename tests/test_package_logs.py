@@ -109,3 +109,24 @@ def test_a_run_made_with_another_user_conf_is_refused_naming_the_setting(tmp_pat
     (t06 / "user.conf").unlink()
     with pytest.raises(ComplianceError, match=r"TEST06 run .*: its user.conf was not kept in the run folder"):
         check_scenario(settings(tmp_path, perf, acc, t06))
+
+
+def test_a_locality_run_is_refused_as_not_mlperf_by_package_and_accuracy(tmp_path, runs):
+    """A breaker's find: package and accuracy refused a `python -m sut.locality` folder without saying it is no
+    MLPerf run (one message blamed a model key, another was '[Errno 21] Is a directory')."""
+    from accuracy.loadgen_log import AccuracyInputError, read_accuracy_log
+
+    perf, acc, t06 = runs
+    loc = tmp_path / "x-SYNTHETIC-LOCALITY-NOT-MLPERF"
+    loc.mkdir()
+    (loc / "locality.json").write_text(json.dumps({"kind": "synthetic-locality", "mlperf": False}))
+    with pytest.raises(ComplianceError, match="is a synthetic-locality run .*NOT an MLPerf run"):
+        check_scenario(settings(tmp_path, loc, acc, t06))
+    (loc / "run.json").write_text((loc / "locality.json").read_text())  # renamed by hand
+    with pytest.raises(ComplianceError, match=r"a synthetic-locality record \(\"mlperf\": false\), NOT an MLPerf run"):
+        check_scenario(settings(tmp_path, loc, acc, t06))
+    (loc / "run.json").unlink()
+    with pytest.raises(AccuracyInputError, match="is a synthetic-locality run folder .*NOT an MLPerf run"):
+        read_accuracy_log(loc)
+    with pytest.raises(AccuracyInputError, match="is a folder: pass --accuracy-log .*mlperf_log_accuracy.json"):
+        read_accuracy_log(acc)
