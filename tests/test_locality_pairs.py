@@ -443,3 +443,14 @@ def test_an_unexpected_error_mid_run_is_recorded_as_the_runs_failure(systems, tm
     rec = json.loads((tmp_path / "out" / ("err" + RUN_SUFFIX) / "locality.json").read_text())
     assert rec["status"] == "failed" and rec["error"] == "unexpected error after 1 finished case(s): RuntimeError: boom"
     assert len(rec["cases"]) == 1
+
+
+def test_a_preset_whose_shape_flags_changed_says_so_in_the_record(systems, tmp_path):
+    """A breaker's find: `--trace-preset study-reuse --documents 6 ...` recorded trace_preset study-reuse with no
+    word that the trace was not the preset's."""
+    assert cli(tmp_path, "--trace-preset", "study-reuse", "--text", "random", "--systems", "standalone",
+               "--policies", "round_robin", "--pairs", "1", "--run-name", "pre") == 0
+    rec = json.loads((tmp_path / "out" / ("pre" + RUN_SUFFIX) / "locality.json").read_text())
+    assert rec["trace_preset"] == "study-reuse"
+    assert "--trace-preset study-reuse: documents 3 given instead of the preset's 64" in rec["notes"]
+    assert not any("rate" in n or "release_gate" in n for n in rec["notes"])  # the preset's own values, not given

@@ -179,6 +179,17 @@ def _trace_settings(a) -> TraceSettings:
     return TraceSettings(**{**TRACE_PRESETS.get(a.trace_preset, {}).get("trace", {}), **_pick(a, _TRACE)})
 
 
+def _preset_overrides(a) -> list[str]:
+    """One note per setting of ``--trace-preset`` that a flag changed (the record keeps the preset's name, so it must
+    also say that the shape is not the preset's)."""
+    preset = TRACE_PRESETS.get(a.trace_preset)
+    if not preset:
+        return []
+    given = {**_pick(a, _TRACE), **_pick(a, _PROTOCOL), **_pick(a, _ROUTER)}
+    return [f"--trace-preset {a.trace_preset}: {k} {given[k]!r} given instead of the preset's {v!r}"
+            for part in preset.values() for k, v in part.items() if k in given and given[k] != v]
+
+
 def cmd_describe(a) -> int:
     ts = _trace_settings(a)
     trace = make_trace(ts)
@@ -302,7 +313,9 @@ def cmd_run(a) -> int:
                        log_to_console=a.verbose)
     base = {"command": command_line(), "trace_preset": a.trace_preset, "runtime": runtime_versions(),
             "model": {"path": es.model, "config_sha256": model.config_sha256, "revision": affinity.model_revision},
-            "engine_settings": es, "generation": gen, "router_settings": affinity}
+            "engine_settings": es, "generation": gen, "router_settings": affinity, "notes": _preset_overrides(a)}
+    for note in base["notes"]:
+        log.warning("%s", note)
     try:
         record, error = run_study(systems, prepared, ctx, ps, base)
     except KeyboardInterrupt:
