@@ -35,6 +35,7 @@ from sut.base import InputError, RunFailed
 from sut.exits import BadInput, run_main, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
 from sut.locality.merge import build, write_merged
+from sut.locality.own_flags import in_own_flags
 from sut.locality.pairs import PairSettings, StudyContext
 from sut.locality.report import describe_table, study_tables
 from sut.locality.runner import command_line, make_run_dir, prepare_trace, run_study, runtime_versions
@@ -359,26 +360,6 @@ def cmd_report(a) -> int:
     return 0
 
 
-#: How the shared code's messages name a setting with `python -m sut run`'s flags -> this command's way to give it.
-_OWN_FLAGS = (("--flame-endpoint / --option endpoint=", "--system-option flame.endpoint="),
-              ("another --flame-endpoint / FLAME_ENDPOINT", "another --system-option flame.endpoint=URL / FLAME_ENDPOINT"),
-              ("--sut vllm-http: ", ""))
-
-
-def _in_own_flags(e: Exception) -> None:
-    """``e`` with its message naming this command's flags instead of `python -m sut run`'s (a breaker's find:
-    "pass --flame-endpoint", a flag `sut.locality run` does not have)."""
-    def mend(text: str) -> str:
-        for theirs, ours in _OWN_FLAGS:
-            text = text.replace(theirs, ours)
-        return text
-
-    if isinstance(e, BadInput):  # a SystemExit: its text is .message, its args the exit code
-        e.message = mend(e.message)
-    elif e.args and isinstance(e.args[0], str):
-        e.args = (mend(e.args[0]), *e.args[1:])
-
-
 def _main(argv) -> int:
     a = build_parser().parse_args(argv)
     a.verbose = a.verbose or a.sub_verbose
@@ -396,7 +377,7 @@ def _main(argv) -> int:
     try:
         return cmd_run(a)
     except (BadInput, InputError, RunFailed) as e:
-        _in_own_flags(e)
+        in_own_flags(e)
         raise
 
 
