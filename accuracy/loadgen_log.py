@@ -122,6 +122,9 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
         raise AccuracyInputError(f"accuracy log {path} not found: pass --accuracy-log RUN_DIR/mlperf_log_accuracy.json") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise AccuracyInputError(f"accuracy log {path} is not readable JSON: {exc}") from None
+    if isinstance(records, dict) and (records.get("mlperf") is False or records.get("kind") == "synthetic-locality"):
+        raise AccuracyInputError(f"accuracy log {path} is a synthetic-locality record (python -m sut.locality): NOT an "
+                                 "MLPerf run, it has no accuracy log")
     if not isinstance(records, list):
         raise AccuracyInputError(f"accuracy log {path}: expected a JSON list of LoadGen records, got {type(records).__name__}")
     if not records:

@@ -101,21 +101,26 @@ server_check() {
 # CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S][+FLAG=VALUE...], SCENARIO Offline/Server/Interactive,
 # QPS a positive number or auto, S a positive number of seconds, each +FLAG an engine flag with its value after "="
 # (added after the scenario's SERVER_ARGS / INTERACTIVE_ARGS: the later one wins); a scenario may come more than once
-# (e.g. "Interactive=41 Interactive=43+--max-num-batched-tokens=1024"), the same entry twice may not.
+# (e.g. "Interactive=41 Interactive=43+--max-num-batched-tokens=1024"), the same run twice may not (55 = 55.0;
+# flags in any order), nor one flag twice in an entry.
 confirm_check() {
-  local entry sc rest q flags seen=" "
+  local entry sc rest q flags names key seen="|"
   [ -n "${CONFIRM:-}" ] || { echo 'confirm: set CONFIRM, e.g. CONFIRM="Server=55 Interactive=auto"'; return 1; }
   for entry in $CONFIRM; do
     sc=${entry%%=*}; rest=${entry#*=}; flags=; [[ $rest == *+* ]] && flags=${rest#*+} && rest=${rest%%+*}; q=${rest%%:*}
     [[ $entry == *=* ]] || { echo "confirm: '$entry' is not SCENARIO=QPS[:S][+FLAG=VALUE...]"; return 1; }
     [[ $sc =~ ^(Offline|Server|Interactive)$ ]] || { echo "confirm: unknown scenario '$sc' in '$entry' (Offline, Server, Interactive)"; return 1; }
-    [[ $seen == *" $entry "* ]] && { echo "confirm: $entry twice in CONFIRM"; return 1; }
-    seen+="$entry "
     [[ $q == auto || $q =~ ^[0-9]*\.?[0-9]+$ && ! $q =~ ^0*\.?0*$ ]] || { echo "confirm: '$q' in '$entry' is not a positive target_qps or auto"; return 1; }
     [[ $rest == "$q" || ${rest#*:} =~ ^[0-9]+$ && ${rest#*:} -gt 0 ]] || { echo "confirm: '${rest#*:}' in '$entry' is not a positive number of seconds"; return 1; }
     [[ -z $flags || $flags =~ ^(--[a-z0-9-]+=[^+]+)(\+--[a-z0-9-]+=[^+]+)*$ ]] \
       || { echo "confirm: '+$flags' in '$entry' is not +--FLAG=VALUE[+--FLAG=VALUE...]"; return 1; }
     check_flag_words "confirm: $entry" ${flags//+/ } || return 1
+    names=$(tr + '\n' <<< "$flags" | sed 's/=.*//' | sort); [ -z "$(uniq -d <<< "$names")" ] \
+      || { echo "confirm: '$entry' gives $(uniq -d <<< "$names" | head -1) twice"; return 1; }
+    # the same run twice (55 = 55.0, flags in another order): 11.5 min of a 30-min session for nothing
+    key="$sc $( [ "$q" = auto ] && echo auto || awk -v q="$q" 'BEGIN { printf "%g", q }') ${rest#"$q"} $(tr + '\n' <<< "$flags" | sort | tr '\n' +)"
+    [[ $seen == *"|$key|"* ]] && { echo "confirm: '$entry' is a run CONFIRM already has"; return 1; }
+    seen+="|$key|"
     [[ $q != auto || -z $flags ]] || { echo "confirm: '$entry': auto takes the target of a search made with"\
       "${sc^^}_ARGS alone; give these flags there (and search with them) or a number instead of auto"; return 1; }
   done
@@ -359,7 +364,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # target_qps line (in place of the file's own; no --target-qps override), the scenario's extra flags and the
     # entry's +flags, on CONFIRM_DATA (default $REAL, the prompts the search used). ":S" makes a dev run:
     # --min-duration-s S, and for Offline also --min-query-count 1 (else LoadGen's 13,368-sample minimum sets the
-    # length: 2026-12-02 an Offline=56:60 took 6.5 min). Runs in $JOB/confirm/ as confirm-SCENARIO-QPS[-flags]
+    # length: 2026-12-02 an Offline=56:60 took 6.5 min). Runs in $JOB/confirm/ as confirm-SCENARIO-QPS[-Ss][-flags]
     # (run.json + summaries come back with batch-wait). Exit code: the last failed run's, 1 for an auto with no
     # VALID try.
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
@@ -385,7 +390,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         Server) line="llama3_1-8b.Server.target_qps = $q" ;;
         Interactive) line="llama3_1-8b-interactive.Server.target_qps = $q" ;;
       esac
-      name="confirm-$sc-$q"; tag=$(sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g' <<< "$flags"); name+=${tag:+-$tag}
+      name="confirm-$sc-$q${dur[1]:+-${dur[1]}s}"; tag=$(sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g' <<< "$flags")
+      name+=${tag:+-$tag}
       # the shipped file's own line for this key (if any) is left out: the harness refuses a shadowed line
       conf="$JOB/confirm/$name.user.conf"; awk -v k="${line%% *}" '$1 != k' loadgen_configs/h200_fp8.user.conf > "$conf"
       echo "$line" >> "$conf"

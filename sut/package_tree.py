@@ -94,11 +94,28 @@ class TreeSettings:
         for flag, folders in (("--performance", self.performance_runs), ("--accuracy", self.accuracy_runs),
                               ("--test06", self.test06_runs)):
             for f in folders:
-                d = Path(f)
-                why = ("does not exist" if not d.exists() else "is not a folder" if not d.is_dir()
-                       else "is not a run folder (no run.json)" if not (d / "run.json").is_file() else None)
+                why = _not_a_run_folder(Path(f))
                 if why:
                     raise ValueError(f"{flag} {f}: {why}")
+
+
+def _not_a_run_folder(d: Path) -> Optional[str]:
+    """Why ``d`` is no ``python -m sut run`` folder (None: it may be one; ``check_record`` reads it later)."""
+    locality = ("is a synthetic-locality run (python -m sut.locality): NOT an MLPerf run; package takes "
+                "`python -m sut run` folders")
+    if not d.exists():
+        return "does not exist"
+    if not d.is_dir():
+        return "is not a folder"
+    if not (d / "run.json").is_file():
+        return locality if (d / "locality.json").is_file() else "is not a run folder (no run.json)"
+    try:
+        rec = json.loads((d / "run.json").read_text())
+    except (OSError, ValueError):
+        return None  # check_record names what is wrong with it
+    if isinstance(rec, dict) and (rec.get("mlperf") is False or rec.get("kind") == "synthetic-locality"):
+        return locality.replace("is a synthetic-locality run", "holds a synthetic-locality record as run.json")
+    return None
 
 
 def _by_scenario(folders, role: str) -> dict[str, tuple[str, dict]]:

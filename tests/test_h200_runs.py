@@ -82,7 +82,12 @@ def test_confirm_auto_takes_the_highest_valid_try_with_that_searchs_flags(tmp_pa
     assert "--max-num-batched-tokens" not in server  # SERVER_ARGS unset: the preset's settings
     assert _flag(offline, "--min-duration-s") == "60" and _flag(offline, "--scenario") == "Offline"
     assert _flag(offline, "--min-query-count") == "1"  # else LoadGen's 13,368-sample minimum sets the length
-    assert [_flag(c, "--run-name") for c in calls] == ["confirm-Interactive-41.0", "confirm-Server-55.5", "confirm-Offline-56"]
+    assert [_flag(c, "--run-name") for c in calls] == ["confirm-Interactive-41.0", "confirm-Server-55.5",
+                                                       "confirm-Offline-56-60s"]
+    (tmp_path / "again").mkdir()
+    out, calls = _run(tmp_path / "again", "confirm", CONFIRM="Offline=56:60 Offline=56")  # a dev run, then a full one
+    assert out.returncode == 0 and [_flag(c, "--run-name") for c in calls] == ["confirm-Offline-56-60s",
+                                                                               "confirm-Offline-56"]
     out, calls = _run(tmp_path, "confirm", CONFIRM="Offline=56", FAKE_RC="1")
     assert out.returncode == 1 and "confirm Offline rc=1" in out.stdout  # a failed run fails the step
 
@@ -120,7 +125,10 @@ def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_pa
 @pytest.mark.parametrize("env, said", [
     ({"CONFIRM": "Server=52 Interactiv=40"}, "unknown scenario 'Interactiv'"),
     ({"CONFIRM": "Server=52 Interactive"}, "'Interactive' is not SCENARIO=QPS[:S]"),
-    ({"CONFIRM": "Server=52 Server=50 Server=52"}, "Server=52 twice in CONFIRM"),
+    ({"CONFIRM": "Server=52 Server=50 Server=52"}, "'Server=52' is a run CONFIRM already has"),
+    ({"CONFIRM": "Server=55 Server=55.0"}, "'Server=55.0' is a run CONFIRM already has"),  # a recheck's finds
+    ({"CONFIRM": "Server=55+--a=x+--b=y Server=55+--b=y+--a=x"}, "'Server=55+--b=y+--a=x' is a run CONFIRM already"),
+    ({"CONFIRM": "Server=55+--max-num-seqs=256+--max-num-seqs=512"}, "gives --max-num-seqs twice"),
     ({"CONFIRM": "Server=52+max-num-seqs=768"}, "'+max-num-seqs=768' in 'Server=52+max-num-seqs=768' is not +--FLAG=VALUE"),
     ({"CONFIRM": "Server=52+--max-num-seqs"}, "is not +--FLAG=VALUE"),
     ({"CONFIRM": "Server=52+--max-num-seqs=768+--run-name=x"},

@@ -28,7 +28,8 @@ def case(pair, system, rps, policy="prefix_affinity"):
              "cached_share": 0.7, "ttft_s": lat, "e2e_s": lat, "completion_s": lat,
              "per_replica": [{"replica": 0, "requests": 6}, {"replica": 1, "requests": 6}]}
     return {"pair": pair, "system": system, "policy": policy, "order": 0, "transport": "fake", "fresh_engines": True,
-            "placement": [{"replica": r, "key": f"fake:{r}"} for r in (0, 1)], "timed": timed, "routing": {}}
+            "placement": [{"replica": r, "key": f"fake:{r}"} for r in (0, 1)], "timed": timed, "routing": {},
+            "validation": {"requests_checked": 12, "failures": 0}}
 
 
 def header(**over):
@@ -201,7 +202,7 @@ def _timed(**over):
     ("5", "not a JSON object"), ("null", "not a JSON object"), ('["pair", "system", "policy", "timed"]', "JSON object"),
     (dict(GOOD[0], pair="x"), "field pair"), (dict(GOOD[0], pair=0.5), "field pair"),
     (dict(GOOD[0], pair=None), "pair"),
-    (dict(GOOD[0], timed={}), "timed.requests_per_s"), (dict(GOOD[0], timed=None), "timed"),
+    (dict(GOOD[0], timed={}), "timed.requests"), (dict(GOOD[0], timed=None), "timed"),
     (dict(GOOD[0], system=["a"]), "field system"), (dict(GOOD[0], placement=[{"x": 1}]), "field placement"),
     (dict(GOOD[0], timed=_timed(requests_per_s=0.0)), "timed.requests_per_s"),
     (dict(GOOD[0], timed=_timed(requests_per_s="fast")), "timed.requests_per_s"),
@@ -321,6 +322,15 @@ def _edited(pair=0, **fields):
     (_edited(pair=-7), "field pair is -7, not an integer >= 0"),
     (_edited(validation={"requests_checked": 3, "failures": 15}), "field validation.failures is 15, not 0"),
     (_edited(timed={"requests_per_s": 1e6}), "field timed.requests_per_s is 1000000.0, but its requests / wall_s"),
+    # a recheck's ways around the rate check: counts made consistent with each other but not with the run
+    (_edited(timed={"requests": 1200, "wall_s": 1200 / 9.9}), "field validation.requests_checked is 12, but timed"),
+    (_edited(timed={"requests": 1200, "wall_s": 1200 / 9.9}, validation={"requests_checked": 1200, "failures": 0}),
+     "field timed.per_replica counts 12 requests, but timed.requests is 1200"),
+    (_edited(timed={"requests": 1200, "wall_s": 1200 / 9.9, "per_replica": [{"replica": 0, "requests": 1200}]},
+             validation={"requests_checked": 1200, "failures": 0}), "timed.requests 1200 is not the run's trace of 12"),
+    (_edited(timed={"wall_s": 0}), "field timed.wall_s is 0, not a number > 0"),
+    (_edited(validation=None), "lacks ['validation']"),
+    (_edited(cleanup={"processes_left": 5}), "field cleanup.processes_left is 5, not null or a list"),
 ])
 def test_a_hand_edited_case_that_contradicts_its_run_exits_2(tmp_path, capsys, bad, said):
     """A breaker's finds: each of these was merged and reported (exit 0, no note)."""

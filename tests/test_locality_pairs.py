@@ -275,9 +275,11 @@ def test_cli_runs_fake_systems_and_a_failed_check_exits_1_naming_the_request(sys
     (["--pairs", "1000000000000"], "pairs must be in [1, 1000]"),  # a breaker's: memory grew, nothing started
     (["--arrival-seed", "-1", "--rate", "2"], "arrival_seed must be >= 0"),  # was a traceback after engine start
     (["--seed", "-5"], "seed must be >= 0"),
-    (["--engine-seed", "-5"], "--engine-seed must be >= 0"),
+    (["--engine-seed", "-5"], "--engine-seed must be in [0, 4294967295]"),
+    (["--engine-seed", "4294967296"], "--engine-seed must be in [0, 4294967295]"),  # vLLM failed after start
+    (["--warmups", "1000000000"], "warmups must be in [0, 20]"),  # a recheck's find: it spun at 100 % CPU
     (["--documents", "100000000", "--doc-tokens", "1"], "more than this tool builds (100,000 requests"),
-    (["--warmups", "-1"], "warmups must be >= 0"),
+    (["--warmups", "-1"], "warmups must be in [0, 20]"),
     (["--max-model-len", "150"], "below the longest prompt"),
     (["--doc-tokens", "8000"], "exceeds the model's max_position_embeddings 8192"),
     (["--system-option", "flame.nope=1", "--systems", "flame"], "unknown FakeOptions field"),
@@ -412,8 +414,8 @@ def test_a_stopped_run_keeps_its_finished_cases_or_leaves_nothing(systems, tmp_p
 
     monkeypatch.setattr(runner, "append_case", stop_after)
     assert cli(tmp_path, "--systems", "standalone", "flame", "--policies", "round_robin", "--pairs", "2",
-               "--run-name", "cut") == 130
-    run = tmp_path / "out" / ("cut" + RUN_SUFFIX)
+               "--run-name", "cut", "--output-dir", str(tmp_path / "out" / "a" / "b")) == 130
+    run = tmp_path / "out" / "a" / "b" / ("cut" + RUN_SUFFIX)
     if finished_before_stop:
         rec = json.loads((run / "locality.json").read_text())
         assert rec["status"] == "interrupted" and "interrupted after 1 finished case(s)" in rec["error"]
@@ -421,7 +423,11 @@ def test_a_stopped_run_keeps_its_finished_cases_or_leaves_nothing(systems, tmp_p
         assert rec["mlperf"] is False and "report" not in rec
         assert "kept the finished cases in" in caplog.text
     else:
-        assert not (tmp_path / "out").exists()  # the run folder and the --output-dir this run made
+        assert not (tmp_path / "out").exists()  # the run folder and every folder of --output-dir this run made
+        (tmp_path / "kept").mkdir()
+        assert cli(tmp_path, "--systems", "standalone", "--policies", "round_robin", "--pairs", "1", "--run-name", "k",
+                   "--output-dir", str(tmp_path / "kept" / "x")) == 130
+        assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / "x").exists()  # what was there stays
 
 
 def test_an_unexpected_error_mid_run_is_recorded_as_the_runs_failure(systems, tmp_path, monkeypatch):

@@ -279,7 +279,7 @@ def test_pair_report_medians_ratios_and_policy_ratios():
     assert rep["policy_ratios"]["flame"]["ratio_of_medians"] == pytest.approx(np.median(flame_aff) / (30 * 0.55))
     json.dumps(rep)  # JSON-ready
     text = "\n".join(report_lines(rep))
-    assert "flame / standalone, prefix_affinity: median 99.50%, pairs 98.00%-101.00%; pairs below 99%: 1 (pair 2)" in text
+    assert "flame / standalone, prefix_affinity: median 99.50%, pairs 98.00%-101.00%; pairs below 99%: 1 (pair 2: 98.00%)" in text
     assert "standalone: prefix_affinity / round_robin = 1.818x" in text
 
 

@@ -98,6 +98,8 @@ def test_a_run_made_with_another_user_conf_is_refused_naming_the_setting(tmp_pat
     (acc / "user.conf").write_text("# other comments, same setting\nllama3_1-8b.Offline.target_qps = 5\n"
                                    "llama3_1-8b.Server.target_qps = 9\n")  # another run's line: not this run's
     assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == ()
+    (acc / "user.conf").write_text("llama3_1-8b.Offline.target_qps = 5.0\n")  # the same number, written otherwise
+    assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == ()
     (acc / "user.conf").write_text("llama3_1-8b.Offline.target_qps = 6\n")
     with pytest.raises(ComplianceError, match=r"accuracy run .*acc read other LoadGen settings from its user.conf "
                                               r"than the performance run: target_qps '6' vs '5'"):
@@ -128,5 +130,7 @@ def test_a_locality_run_is_refused_as_not_mlperf_by_package_and_accuracy(tmp_pat
     (loc / "run.json").unlink()
     with pytest.raises(AccuracyInputError, match="is a synthetic-locality run folder .*NOT an MLPerf run"):
         read_accuracy_log(loc)
+    with pytest.raises(AccuracyInputError, match="is a synthetic-locality record .*NOT an MLPerf run"):
+        read_accuracy_log(loc / "locality.json")
     with pytest.raises(AccuracyInputError, match="is a folder: pass --accuracy-log .*mlperf_log_accuracy.json"):
         read_accuracy_log(acc)

@@ -148,3 +148,20 @@ def test_src_readme_lists_the_untracked_files_the_commands_read(tmp_path):
     text = (write_src(tmp_path / "src", runs, repo) / "README.md").read_text()
     assert "## Files the commands read that are not in the commit\n\n- `my.user.conf`\n" in text
     assert untracked_inputs(cmds, tmp_path / "not-a-repo") == []
+
+
+def test_package_names_a_locality_folder_as_not_mlperf_and_exits_2(tmp_path):
+    """A recheck's find: the command line refused a `python -m sut.locality` folder as "not a run folder", and one
+    whose locality.json was copied to run.json with exit 1, neither saying it is no MLPerf run."""
+    import json
+
+    loc = tmp_path / "x-SYNTHETIC-LOCALITY-NOT-MLPERF"
+    loc.mkdir()
+    (loc / "locality.json").write_text(json.dumps({"kind": "synthetic-locality", "mlperf": False}))
+    cmd = [sys.executable, "-m", "sut", "package", "--out", str(tmp_path / "t"), "--system", "s", "--submitter", "x",
+           "--performance", str(loc), "--accuracy", str(loc)]
+    for _ in range(2):
+        run = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and "synthetic-locality" in run.stderr and "NOT an MLPerf run" in run.stderr
+        assert not (tmp_path / "t").exists()
+        (loc / "run.json").write_text((loc / "locality.json").read_text())  # then: renamed by hand

@@ -35,6 +35,9 @@ from sut.constants import MAX_NEW_TOKENS, MIN_NEW_TOKENS
 from sut.engine.errors import EngineError
 
 
+#: Largest engine seed vLLM takes (its check: "Seed must be between 0 and 2**32 - 1").
+MAX_SEED = 2**32 - 1
+
 @dataclass(frozen=True)
 class EngineSettings:
     """vLLM engine settings shared by every engine of a run.
@@ -136,10 +139,11 @@ def check_engine_settings(es: "EngineSettings") -> None:
     if not (number(es.max_model_len) and es.max_model_len > MAX_NEW_TOKENS):
         raise _field_error("max_model_len", f"> {MAX_NEW_TOKENS} (it covers the longest prompt + {MAX_NEW_TOKENS} "
                                             "new tokens)", es.max_model_len)
-    for name in ("long_prefill_token_threshold", "seed"):
-        v = getattr(es, name)
-        if v is not None and not (number(v) and v >= 0):
-            raise _field_error(name, ">= 0", v)
+    v = es.long_prefill_token_threshold
+    if v is not None and not (number(v) and v >= 0):
+        raise _field_error("long_prefill_token_threshold", ">= 0", v)
+    if es.seed is not None and not (number(es.seed) and 0 <= es.seed <= MAX_SEED):
+        raise _field_error("seed", f"in [0, {MAX_SEED}] (vLLM's range, 2**32 - 1)", es.seed)
     for name in _NAMES:
         v = getattr(es, name)
         if (v is not None or name == "model") and not (isinstance(v, str) and v.strip()):

@@ -31,6 +31,7 @@ from sut.cli_flags import add_engine_flags, engine_defaults, engine_settings_fro
 from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings, model_revision
 from sut.core.transports.http_options import url_list
 from sut.engine import EngineError, EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
+from sut.engine.settings import MAX_SEED
 from sut.base import InputError, RunFailed
 from sut.exits import BadInput, run_main, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
@@ -206,8 +207,8 @@ def cmd_describe(a) -> int:
 def _engine(a, ts: TraceSettings) -> EngineSettings:
     """Engine settings (prefix caching on); ``BadInput`` for a context too short for the trace."""
     base = {"max_model_len": ts.max_prompt_tokens + ts.max_tokens}
-    if a.engine_seed is not None and a.engine_seed < 0:
-        raise BadInput(f"error: --engine-seed must be >= 0, got {a.engine_seed}")
+    if a.engine_seed is not None and not 0 <= a.engine_seed <= MAX_SEED:
+        raise BadInput(f"error: --engine-seed must be in [0, {MAX_SEED}] (vLLM's range), got {a.engine_seed}")
     # the namespace's `seed` is the trace's (--seed): the engine's comes from --engine-seed alone
     engine_args = argparse.Namespace(**{**vars(a), "seed": a.engine_seed})
     es = dataclasses.replace(engine_settings_from_args(engine_args, base), enable_prefix_caching=True)
@@ -304,7 +305,7 @@ def cmd_run(a) -> int:
         es, gen, ps, model, systems, affinity, prepared = _prepare(a)
     except ValueError as e:
         raise BadInput(f"error: {e}") from None
-    made_base = not Path(a.output_dir).exists()
+    made_from = _first_missing(Path(a.output_dir))
     d = _run_dir(a, systems)  # last: bad input never leaves a run folder behind
     log.warning("%s", NOTICE.upper())
     log.info("trace: %s", prepared.shape)
@@ -325,7 +326,7 @@ def cmd_run(a) -> int:
                         "report %s [RUN...] merges them)", d, d)
         else:
             shutil.rmtree(d, ignore_errors=True)
-            _remove_if_made_empty(Path(a.output_dir), made_base)
+            _remove_made_empty(Path(a.output_dir), made_from)
         raise
     print(study_tables(record))
     if error:
@@ -334,13 +335,27 @@ def cmd_run(a) -> int:
     return 0
 
 
-def _remove_if_made_empty(base: Path, made: bool) -> None:
-    """Remove ``--output-dir`` again when this run created it and it is empty (an interrupted first run)."""
-    if made:
+def _first_missing(path: Path):
+    """The outermost folder of ``path`` that does not exist yet (None: all exist): what making the run folder adds."""
+    path, top = path.absolute(), None
+    while not path.exists():
+        top, path = path, path.parent
+    return top
+
+
+def _remove_made_empty(base: Path, made_from) -> None:
+    """Remove the folders of ``--output-dir`` this run made (from ``base`` up to ``made_from``) while empty."""
+    if made_from is None:
+        return
+    path = base.absolute()
+    while True:
         try:
-            base.rmdir()
+            path.rmdir()
         except OSError:
-            pass
+            return
+        if path == made_from:
+            return
+        path = path.parent
 
 
 def cmd_report(a) -> int:

@@ -55,6 +55,8 @@ CASE_CHECKS = (
     Check("system", True, lambda v: isinstance(v, str) and v != "", "a system name"),
     Check("policy", True, lambda v: isinstance(v, str) and v != "", "a policy name"),
     Check("timed", True, lambda v: isinstance(v, dict), "an object"),
+    Check("timed.requests", True, lambda v: _int(v) and v > 0, "an integer > 0"),
+    Check("timed.wall_s", True, lambda v: _number(v) and v > 0, "a number > 0 (seconds)"),
     Check("timed.requests_per_s", True, lambda v: _number(v) and v > 0, "a number > 0"),
     Check("timed.output_tokens_per_s", True, lambda v: _number(v) and v >= 0, "a number >= 0"),
     Check("timed.cached_share", False, lambda v: v is None or (_number(v) and 0 <= v <= 1), "null or in [0, 1]"),
@@ -69,8 +71,11 @@ CASE_CHECKS = (
           "a list of objects (kv_cache: null or an object with numeric tokens and blocks)"),
     Check("start_s", False, lambda v: v is None or _number(v), "null or a number"),
     Check("routing", False, _obj_or_null, "null or an object"),
-    Check("validation.failures", False, lambda v: v is None or v == 0,
-          "0 (a finished case passed the validation of every timed request)"),
+    Check("validation", True, lambda v: isinstance(v, dict), "an object"),
+    Check("validation.failures", True, lambda v: v == 0, "0 (a finished case passed the validation of every timed "
+                                                          "request)"),
+    Check("validation.requests_checked", True, _int, "an integer"),
+    Check("cleanup.processes_left", False, lambda v: v is None or isinstance(v, list), "null or a list"),
 )
 
 HEADER_CHECKS = (
@@ -113,12 +118,19 @@ def problem(record, checks=CASE_CHECKS) -> Optional[str]:
 
 
 def _rate_problem(record: dict) -> Optional[str]:
-    """A timed burst's ``requests_per_s`` that its own ``requests / wall_s`` contradicts (beyond their rounding)."""
+    """Counts of one timed burst that contradict each other: ``requests_per_s`` against ``requests / wall_s``
+    (beyond their rounding), the requests validated and each replica's requests against ``requests``."""
     t = record["timed"]
-    n, wall, rate = t.get("requests"), t.get("wall_s"), t["requests_per_s"]
-    if _int(n) and _number(wall) and wall > 0 and abs(n / wall - rate) > 0.01 * rate + 1e-3:
+    n, wall, rate = t["requests"], t["wall_s"], t["requests_per_s"]
+    if abs(n / wall - rate) > 0.01 * rate + 1e-3:
         return (f"field timed.requests_per_s is {_short(rate)}, but its requests / wall_s is {n} / {wall} = "
                 f"{n / wall:.4f}")
+    checked = record["validation"]["requests_checked"]
+    if checked != n:
+        return f"field validation.requests_checked is {checked}, but timed.requests is {n}"
+    per = t.get("per_replica")
+    if per and sum(x["requests"] for x in per) != n:
+        return f"field timed.per_replica counts {sum(x['requests'] for x in per)} requests, but timed.requests is {n}"
     return None
 
 

@@ -175,8 +175,13 @@ def _check_cases_against_header(run: Path, header: dict, cases: Sequence[dict]) 
     ps = header.get("pair_settings") if isinstance(header.get("pair_settings"), dict) else {}
     systems = header.get("systems") if isinstance(header.get("systems"), dict) else None
     policies, pairs = ps.get("policies"), ps.get("pairs")
+    trace = header.get("trace") if isinstance(header.get("trace"), dict) else {}
+    requests = trace.get("requests")
     for c in cases:
         where = f"error: run {run}: cases.jsonl case pair {c['pair']}, {c['system']}, {c['policy']}"
+        if isinstance(requests, int) and not isinstance(requests, bool) and c["timed"]["requests"] != requests:
+            raise BadInput(f"{where}: timed.requests {c['timed']['requests']} is not the run's trace of {requests} "
+                           "requests")
         if systems is not None and c["system"] not in systems:
             raise BadInput(f"{where}: system {c['system']!r} is not one of the run's systems {sorted(systems)}")
         if isinstance(policies, list) and c["policy"] not in policies:

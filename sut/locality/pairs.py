@@ -54,6 +54,8 @@ WARMUP_ID_STRIDE = 1_000_000
 
 #: Most pairs one run takes: every pair starts fresh engines for each system and policy (minutes each on a GPU).
 MAX_PAIRS = 1000
+#: Most warm-up bursts before a timed one (each needs its own id shift that keeps it apart from the trace).
+MAX_WARMUPS = 20
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,8 @@ class PairSettings:
         if self.arrival_seed < 0:
             raise ValueError(f"arrival_seed must be >= 0 (numpy's generator takes no negative seed), got "
                              f"{self.arrival_seed}")
-        if self.warmups < 0:
-            raise ValueError(f"warmups must be >= 0, got {self.warmups}")
+        if not 0 <= self.warmups <= MAX_WARMUPS:
+            raise ValueError(f"warmups must be in [0, {MAX_WARMUPS}] (the study: 2), got {self.warmups}")
         if not (math.isfinite(self.rate) and self.rate >= 0):
             raise ValueError(f"rate must be a finite number >= 0 (arrivals/s; 0 = all at once), got {self.rate}")
         if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):

@@ -20,6 +20,7 @@ its stats are None and the figure leaves its bar out).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -190,6 +191,11 @@ def _share(st: Optional[dict]) -> str:
     return f"{st['median']:>12.2%}" if st else f"{'-':>12}"
 
 
+def _pct_down(x: float) -> str:
+    """``x`` as a percentage with 2 decimals, rounded down: a ratio just under the 99 % line never prints as 99.00 %."""
+    return f"{math.floor(x * 10000 + 1e-6) / 100:.2f}%"  # + 1e-6: 0.9838 stays 98.38 (binary 9837.99...)
+
+
 def report_lines(report: dict) -> list[str]:
     """The report as console lines (medians with min-max, ratios as percentages)."""
     m = report["metric"]
@@ -200,10 +206,11 @@ def report_lines(report: dict) -> list[str]:
             lines.append(f"{s:<12} {po:<16} {x['n']:>5} {x['median']:>14.3f} ({x['min']:.3f}-{x['max']:.3f})"
                          f"{'':>2} {_share(st['cached_share'])}")
     for po, r in report["pair_ratios"].items():
+        ratio = {x["pair"]: x["ratio"] for x in r["per_pair"]}
         below = r["below_floor"]
-        which = f"{len(below)} ({'pair' if len(below) == 1 else 'pairs'} {', '.join(str(p) for p in below)})" \
-            if below else "none"
-        lines.append(f"{r['name']}, {po}: median {r['median']:.2%}, pairs {r['min']:.2%}-{r['max']:.2%}; "
+        which = f"{len(below)} (" + ", ".join(f"pair {p}: {_pct_down(ratio[p])}" for p in below) + ")" if below \
+            else "none"
+        lines.append(f"{r['name']}, {po}: median {r['median']:.2%}, pairs {_pct_down(r['min'])}-{r['max']:.2%}; "
                      f"pairs below {report['floor']:.0%}: {which}")
     for s, r in report["policy_ratios"].items():
         lines.append(f"{s}: {r['name']} = {r['ratio_of_medians']:.3f}x (ratio of medians)")

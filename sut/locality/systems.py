@@ -57,7 +57,9 @@ def check_flame(options) -> None:
     try:
         check_control_plane(getattr(options, "endpoint", None))
     except RunFailed as e:
-        raise ValueError(f"system flame: {e} (e.g. `python -m sut.flame cluster`: docs/locality.md)") from None
+        how = "docs/locality.md" if "python -m sut.flame cluster" in str(e) else \
+            "a cluster on this host: `python -m sut.flame cluster`, docs/locality.md"
+        raise ValueError(f"system flame: {e} ({how})") from None
 
 
 #: The study's Flame settings for this entry point (study.md §6: batch limit 128, 10 ms window, zlib, gc.freeze).
