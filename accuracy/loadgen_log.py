@@ -38,6 +38,7 @@ import numpy as np
 from accuracy.constants import MAX_NEW_TOKENS
 from accuracy.errors import AccuracyInputError
 from accuracy.jsontext import parse_json
+from sut.records import NOT_MLPERF, locality_folder_why, not_mlperf
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +111,9 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
     """
     path = Path(path)
     if path.is_dir():
-        if (path / "locality.json").is_file() and not (path / "mlperf_log_accuracy.json").exists():
-            raise AccuracyInputError(f"accuracy log {path} is a synthetic-locality run folder (python -m sut.locality): "
-                                     "NOT an MLPerf run, it has no accuracy log")
+        why = locality_folder_why(path)
+        if why:
+            raise AccuracyInputError(f"accuracy log {path} {why}")
         raise AccuracyInputError(f"accuracy log {path} is a folder: pass --accuracy-log "
                                  f"{path / 'mlperf_log_accuracy.json'}")
     try:
@@ -122,9 +123,9 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
         raise AccuracyInputError(f"accuracy log {path} not found: pass --accuracy-log RUN_DIR/mlperf_log_accuracy.json") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise AccuracyInputError(f"accuracy log {path} is not readable JSON: {exc}") from None
-    if isinstance(records, dict) and (records.get("mlperf") is False or records.get("kind") == "synthetic-locality"):
-        raise AccuracyInputError(f"accuracy log {path} is a synthetic-locality record (python -m sut.locality): NOT an "
-                                 "MLPerf run, it has no accuracy log")
+    if not_mlperf(records):
+        raise AccuracyInputError(f"accuracy log {path} is a synthetic-locality record (python -m sut.locality): "
+                                 f"{NOT_MLPERF}")
     if not isinstance(records, list):
         raise AccuracyInputError(f"accuracy log {path}: expected a JSON list of LoadGen records, got {type(records).__name__}")
     if not records:

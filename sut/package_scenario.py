@@ -34,7 +34,7 @@ from sut.compliance import Test06Result, verify_test06, write_test06
 from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
 from sut.package_logs import check_accuracy_log_complete, check_logs_agree
 from sut.package_same_system import check_same_system, check_same_user_conf, kept_user_conf
-from sut.records import ComplianceError, check_record, invalid_why, read_json, vocab_size
+from sut.records import ComplianceError, check_record, invalid_why, locality_folder_why, read_json, vocab_size
 from sut.submission_files import measurements, readme
 
 log = logging.getLogger(__name__)
@@ -147,10 +147,9 @@ def _gate_result_ok(gate: object) -> bool:
 
 def _load_run(folder: str, role: str) -> Run:
     d = Path(folder)
-    if not (d / "run.json").exists() and (d / "locality.json").is_file():
-        raise ComplianceError(f"{role} run {d} is a synthetic-locality run (python -m sut.locality, "
-                              "SYNTHETIC-LOCALITY-NOT-MLPERF): NOT an MLPerf run; package takes `python -m sut run` "
-                              "folders only")
+    why = locality_folder_why(d)
+    if why:
+        raise ComplianceError(f"{role} run {d} {why}")
     rec = check_record(read_json(d / "run.json", f"{role} run:"), d / "run.json")
     if rec.get("status") != "ok":
         raise ComplianceError(f"{role} run {d}: status is {rec.get('status')!r}"

@@ -33,7 +33,8 @@ from typing import Optional
 
 from sut.package_scenario import (BENCHMARK_NAMES, DIVISIONS, PackageSettings, check_scenario, lay_out_scenario,
                                   write_not_compliant)
-from sut.records import ComplianceError, check_record, engines_used, read_json
+from sut.records import (NOT_MLPERF, ComplianceError, check_record, engines_used, locality_folder_why,
+                         not_mlperf, read_json)
 from sut.submission_files import flag_values, portable_command
 
 log = logging.getLogger(__name__)
@@ -101,21 +102,17 @@ class TreeSettings:
 
 def _not_a_run_folder(d: Path) -> Optional[str]:
     """Why ``d`` is no ``python -m sut run`` folder (None: it may be one; ``check_record`` reads it later)."""
-    locality = ("is a synthetic-locality run (python -m sut.locality): NOT an MLPerf run; package takes "
-                "`python -m sut run` folders")
     if not d.exists():
         return "does not exist"
     if not d.is_dir():
         return "is not a folder"
     if not (d / "run.json").is_file():
-        return locality if (d / "locality.json").is_file() else "is not a run folder (no run.json)"
+        return locality_folder_why(d) or "is not a run folder (no run.json)"
     try:
         rec = json.loads((d / "run.json").read_text())
     except (OSError, ValueError):
         return None  # check_record names what is wrong with it
-    if isinstance(rec, dict) and (rec.get("mlperf") is False or rec.get("kind") == "synthetic-locality"):
-        return locality.replace("is a synthetic-locality run", "holds a synthetic-locality record as run.json")
-    return None
+    return f"holds a synthetic-locality record as run.json: {NOT_MLPERF}" if not_mlperf(rec) else None
 
 
 def _by_scenario(folders, role: str) -> dict[str, tuple[str, dict]]:

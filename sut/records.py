@@ -78,6 +78,22 @@ def read_json(path: str | Path, what: str):
         raise ComplianceError(f"{what} {path} is not valid JSON ({e})") from None
 
 
+#: What a record or folder of ``python -m sut.locality`` (``"mlperf": false``) is told where an MLPerf run is due.
+NOT_MLPERF = "NOT an MLPerf run: only `python -m sut run` folders can be packaged or scored as one"
+
+
+def not_mlperf(rec: object) -> bool:
+    """``rec`` (parsed JSON) is a record that says it is no MLPerf run (``sut.locality``'s ``locality.json``)."""
+    return isinstance(rec, dict) and (rec.get("mlperf") is False or rec.get("kind") not in (None, "mlperf-loadgen"))
+
+
+def locality_folder_why(folder: Path) -> Optional[str]:
+    """Why ``folder`` is a ``python -m sut.locality`` run folder (a ``locality.json``, no ``run.json``), else None."""
+    if not (folder / "run.json").exists() and (folder / "locality.json").is_file():
+        return f"is a synthetic-locality run folder (python -m sut.locality): {NOT_MLPERF}"
+    return None
+
+
 def check_record(rec: object, path: str | Path) -> dict:
     """``rec`` (a parsed ``run.json``) if every field of :data:`RECORD_FIELDS` has its type.
 
@@ -87,10 +103,9 @@ def check_record(rec: object, path: str | Path) -> dict:
     """
     if not isinstance(rec, dict):
         raise ComplianceError(f"{path}: a run record must be a JSON object, got {type(rec).__name__}")
-    if rec.get("mlperf") is False or rec.get("kind") not in (None, "mlperf-loadgen"):
+    if not_mlperf(rec):
         raise ComplianceError(f"{path}: a {rec.get('kind') or 'non-MLPerf'} record (\"mlperf\": "
-                              f"{json.dumps(rec.get('mlperf'))}), NOT an MLPerf run: only `python -m sut run` folders "
-                              "can be packaged or scored as one")
+                              f"{json.dumps(rec.get('mlperf'))}), {NOT_MLPERF}")
     for fields, kind in sorted(RECORD_FIELDS.items(), key=lambda kv: len(kv[0])):
         parent = rec
         for f in fields[:-1]:
