@@ -114,10 +114,10 @@ def problem(record, checks=CASE_CHECKS) -> Optional[str]:
             return f"lacks field {c.path}"
         if not c.ok(None if v is _MISSING else v):
             return f"field {c.path} is {_short(v)}, not {c.what}"
-    return _rate_problem(record) if checks is CASE_CHECKS else None
+    return _counts_problem(record) if checks is CASE_CHECKS else None
 
 
-def _rate_problem(record: dict) -> Optional[str]:
+def _counts_problem(record: dict) -> Optional[str]:
     """Counts of one timed burst that contradict each other: ``requests_per_s`` against ``requests / wall_s``
     (beyond their rounding), the requests validated and each replica's requests against ``requests``."""
     t = record["timed"]

@@ -192,20 +192,21 @@ def run_study(systems: Sequence[System], prepared: PreparedTrace, ctx: StudyCont
         append_case(ctx.run_dir, rec)
         finished.append(rec)
 
+    def cut_short(status: str, error: str) -> dict:  # the finished cases, no pair report
+        return finish_record(ctx.run_dir, dict(header, status=status, error=error), finished, [], prepared.shape,
+                             _placement(ctx))
+
     try:
         cases, error = run_pairs(systems, ctx, ps, on_case=on_case)
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM: a run that finished cases keeps them, with a record saying so
         if finished:
-            record = dict(header, status="interrupted",
-                          error=f"interrupted after {len(finished)} finished case(s); they are in cases.jsonl "
-                                "(python -m sut.locality report RUN [RUN...] merges them with other runs' cases)")
-            finish_record(ctx.run_dir, record, finished, [], prepared.shape, _placement(ctx))
+            cut_short("interrupted", f"interrupted after {len(finished)} finished case(s); they are in cases.jsonl "
+                                     "(python -m sut.locality report RUN [RUN...] merges them with other runs' cases)")
         raise
     except Exception as e:  # a fault no case check names (a harness bug): the record still says failed, and why
         log.exception("the run stopped on an unexpected error")
         error = f"unexpected error after {len(finished)} finished case(s): {type(e).__name__}: {e}"
-        record = dict(header, status="failed", error=error)
-        return finish_record(ctx.run_dir, record, finished, [], prepared.shape, _placement(ctx)), error
+        return cut_short("failed", error), error
     record = dict(header, status="failed" if error else "ok", error=error)
     return finish_record(ctx.run_dir, record, cases, run_records(cases), prepared.shape, _placement(ctx)), error
 
