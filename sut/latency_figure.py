@@ -3,7 +3,8 @@
 Two panels over the time since the first query was issued (s): TTFT (left) and TPOT (right) of each sample
 (grey dots, ms, log scale), the p50 and p99 of equal time bins (lines), the scenario's p99 limit (dashed) and,
 on the TTFT panel, the trend line of ``sut.latency_trend`` over its judged window (red when the queue was
-growing; none when the run was too short to judge). A backlog that keeps growing shows as a TTFT band that
+growing or had built up past the TTFT limit before it, ``saturated``; none when the run was too short to
+judge). A backlog that keeps growing shows as a TTFT band that
 climbs through the run while TPOT stays flat; a steady run as flat bands. Figures are the harness's own (from ``issue_queries`` to the first token and
 then per further token, ``sut.streaming_ledger``), not LoadGen's. Uses matplotlib's Agg canvas (no display).
 """
@@ -111,6 +112,7 @@ def _trend_line(ax, trend: dict) -> None:
     keep = ys >= floor
     if not keep.any():
         return
-    growing = bool(trend.get("growing"))
-    ax.plot(xs[keep], ys[keep], color="tab:red" if growing else "tab:green", linewidth=2,
-            label=f"trend {slope:+,.1f} ms/s" + (" (queue growing)" if growing else ""))
+    growing, full = bool(trend.get("growing")), bool(trend.get("saturated"))
+    note = " (queue growing)" if growing else " (past capacity)" if full else ""
+    ax.plot(xs[keep], ys[keep], color="tab:red" if growing or full else "tab:green", linewidth=2,
+            label=f"trend {slope:+,.1f} ms/s{note}")

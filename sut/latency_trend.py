@@ -19,14 +19,18 @@ it: ~9 s on one H200 in Server, 128 tokens x ~70 ms), so:
   service times) is **not judged** (``judged`` false, ``growing`` None), however it looks;
 - ``growing`` needs the least-squares slope over those medians ``MIN_Z`` standard errors above 0, the later half
   of the window slower than the earlier, and the TTFT p50 projected to ``horizon_s`` (LoadGen's 600 s) at that
-  slope past the scenario's TTFT limit.
+  slope past the scenario's TTFT limit;
+- ``saturated`` says the backlog had already built before the fitted window: the last quarter's TTFT p50 is above
+  the scenario's TTFT limit (a queue that grew early and then stayed long, as when every sequence slot is taken:
+  one H200, Interactive 44 q/s with 1,024 batched tokens a step, 2026-12-02, TTFT p50 3.7 s in the first quarter,
+  24.4 s in the last, slope -14.7 ms/s). A flat slope then means "past capacity", not "steady".
 
 Returned (``run.json`` ``latency.harness.ttft_trend``): ``samples``, ``span_s`` (issue span), ``issued_qps``
 (the arrival rate the run really had: LoadGen's seeded schedule runs a few % above target in short runs),
 ``service_s_p50``, ``first_quarter_p50_ms`` / ``last_quarter_p50_ms`` (TTFT p50 of the first / last quarter of the
 span), ``judged``, ``needs_span_s``, ``fit_from_s``, ``bins``, ``slope_ms_per_s``, ``slope_z``, ``fit_mid_s`` /
 ``fit_mid_ms`` (a point of the fitted line: the bins' mean mid time and mean TTFT median, through which the
-figure draws it), ``horizon_s``, ``projected_p50_ms``, ``growing``. None when there are fewer than ``MIN_SAMPLES`` usable samples or the span is
+figure draws it), ``horizon_s``, ``projected_p50_ms``, ``growing``, ``saturated`` (None without a limit). None when there are fewer than ``MIN_SAMPLES`` usable samples or the span is
 under ``MIN_SPAN_S``. Samples with a non-finite value are left out.
 """
 
@@ -85,7 +89,8 @@ def queue_trend(issued_s: Sequence[float], ttft_s: Sequence[float], e2e_s: Seque
            "last_quarter_p50_ms": _p50(y[t >= 3 * span / 4]), "judged": bins >= MIN_BINS,
            "needs_span_s": round(max(2 * MIN_BINS * service, 2 * MIN_SPAN_S), 1), "fit_from_s": round(start, 3),
            "bins": bins, "slope_ms_per_s": None, "slope_z": None, "fit_mid_s": None, "fit_mid_ms": None,
-           "horizon_s": horizon, "projected_p50_ms": None, "growing": None}
+           "horizon_s": horizon, "projected_p50_ms": None, "growing": None,
+           "saturated": None if limit_ms is None else bool(_p50(y[t >= 3 * span / 4]) > limit_ms)}
     if not out["judged"]:
         return out
     window = t >= start
@@ -136,6 +141,12 @@ def _slope(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 def describe(trend: Optional[dict], steady_too: bool = False) -> Optional[str]:
     """One line for a console summary or a search note when the queue was growing (also for a judged run whose
     queue was not, with ``steady_too``); None otherwise."""
+    if trend and trend.get("saturated") and not trend.get("growing"):
+        return (f"backlog already built: TTFT p50 {_ms(trend['first_quarter_p50_ms'])} -> "
+                f"{_ms(trend['last_quarter_p50_ms'])} (first -> last quarter), above the TTFT limit"
+                + (f", then flat ({trend['slope_ms_per_s']:+,.1f} ms/s from {trend['fit_from_s']:.0f} s)"
+                   if trend.get("slope_ms_per_s") is not None else "")
+                + f" at {trend['issued_qps']:g} queries/s issued: past capacity")
     if trend and steady_too and trend.get("growing") is False:
         return (f"no backlog growth: {trend['slope_ms_per_s']:+,.1f} ms/s (z {trend['slope_z']:g}) from "
                 f"{trend['fit_from_s']:.0f} s to {trend['span_s']:.0f} s at {trend['issued_qps']:g} queries/s issued")

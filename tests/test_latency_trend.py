@@ -208,3 +208,19 @@ def test_the_trend_line_goes_through_the_fit_and_never_below_a_tenth_of_it_on_th
     xs, ys = ax.get_lines()[0].get_data()
     assert ys.min() >= 13.1 and xs.max() == pytest.approx(495.06) and xs.min() > 247.53
     plt.close(fig)
+
+
+def test_a_backlog_that_built_early_and_then_stayed_is_called_past_capacity_not_steady():
+    # one H200, Interactive 44 q/s at 1,024 batched tokens a step (2026-12-02): TTFT p50 3.7 s in the first
+    # quarter, then 20-30 s, flat over the second half (slope -14.7 ms/s): every sequence slot taken
+    t = _arrivals(44, 600)
+    rng = np.random.default_rng(2)
+    ttft = np.minimum(0.1 + 0.12 * t, 25.0) + rng.gamma(2, 0.5, len(t))
+    trend = queue_trend(t, ttft, ttft + 3.1, 600, 500)
+    assert trend["judged"] and trend["growing"] is False and trend["saturated"] is True
+    line = describe(trend, steady_too=True)
+    assert line.startswith("backlog already built: TTFT p50 ") and line.endswith("past capacity")
+    assert "above the TTFT limit, then flat (" in line and describe(trend) == line  # also without steady_too
+    steady = queue_trend(t, 0.1 + rng.gamma(2, 0.02, len(t)), 0.1 + 3.1 + np.zeros(len(t)), 600, 500)
+    assert steady["saturated"] is False and describe(steady, True).startswith("no backlog growth: ")
+    assert queue_trend(t, ttft, ttft + 3.1, 600, None)["saturated"] is None
