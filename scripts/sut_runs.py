@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 #: Seconds a run past its time limit has, after SIGTERM, to stop its servers / engines and record itself before
 #: its process group is killed (SIGKILL). 60 s: an engine's own shutdown takes seconds; the harness's drain
-#: wait after a stop is ``sut.harness.STREAMING_DRAIN_S`` (10 s) when the Server schedule has ended.
+#: wait after a stop is ``sut.loadgen_watch.STREAMING_DRAIN_S`` (10 s) when the Server schedule has ended.
 TIMEOUT_GRACE_S = 60.0
 
 

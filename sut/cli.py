@@ -4,35 +4,33 @@ Every ``run`` flag maps to one field of ``RunSettings``, ``EngineSettings``, ``G
 or the chosen backend's options dataclass (its flags are built from that dataclass's field
 metadata, ``sut.cli_flags``; ``--option KEY=VALUE`` reaches every field). A preset (``--config
 loadgen_configs/NAME.toml``) fills the same fields from the sections ``[run]``, ``[engine]``,
-``[generation]`` and ``[options]``; flags given on the command line win over the preset. Exit
+``[generation]`` and ``[options]``; flags given on the command line win over the preset (the merge:
+``sut.cli_settings``). This module declares the parsers and dispatches the commands. Exit
 codes come from ``sut.exits`` (0 / 1 failed / 2 bad input / 130 stopped).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import shlex
 import sys
-import tomllib
 from pathlib import Path
 from typing import Optional
 
 from sut.base import InputError, RunFailed, get_sut, sut_names
 from sut.cli_flags import ENGINE_FLAGS, add_backend_flags, add_engine_flags, backend_options_from_args  # noqa: F401
-from sut.cli_flags import engine_defaults, engine_settings_from_args, json_or_str
+from sut.cli_flags import engine_defaults
+from sut.cli_settings import settings_from_args
 from sut.compliance import COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, verify_run_folder
 from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
-from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.exits import EXIT_INTERRUPTED, BadInput, run_main, stop_on_sigterm_like_ctrl_c  # noqa: F401 - re-exported
-from sut.harness import RunSettings, run_benchmark
+from sut.harness import run_benchmark
 from sut.latency_trend import describe as describe_trend
 from sut.package_scenario import PackageSettings
 from sut.records import invalid_why
 from sut.run_settings import QUICK_MIN_DURATION_S, QUICK_MIN_QUERY_COUNT, QUICK_PERFORMANCE_SAMPLES
-from sut.scenarios import HARNESS_SCENARIOS
 from sut.package_tree import CHECKER_NOTE
 
 log = logging.getLogger("sut")
@@ -110,149 +108,6 @@ def _add_run_parser(sub) -> None:
     add_backend_flags(p, backend_options_classes())
 
 
-def _preset(path: str | None) -> dict:
-    if not path:
-        return {}
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise BadInput(f"error: preset not found: {path}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"error: {path}: malformed TOML: {e}") from None
-    except RecursionError:
-        raise BadInput(f"error: {path}: malformed TOML: nested deeper than Python's recursion limit") from None
-    except OSError as e:
-        raise BadInput(f"error: preset {path} cannot be read: {e.strerror or e}") from None
-    unknown = set(data) - {"run", "engine", "generation", "options"}
-    if unknown:
-        raise BadInput(f"error: {path}: unknown section(s) {sorted(unknown)}; use run, engine, generation, options")
-    for name, section in data.items():
-        if not isinstance(section, dict):
-            raise BadInput(f"error: {path}: {name} must be a table ([{name}] with key = value lines), got "
-                           f"{type(section).__name__} {section!r}")
-    return data
-
-
-def _scenario_engine(engine: dict, scenario: str, path: str | None) -> dict:
-    """A preset's ``[engine]`` for ``scenario``: its plain keys, then those of its ``[engine.<scenario>]`` table
-    on top (e.g. ``[engine.Interactive] max_num_batched_tokens = 2048``; flags override both).
-
-    Every scenario's table is checked, not only this run's (a typo in ``[engine.Interactive]`` stops an Offline
-    run too, before anything starts): ``BadInput`` naming the file and table for a table that is not named after
-    a scenario or a value ``EngineSettings`` refuses (where the plain keys alone are accepted; their own errors
-    are reported with the run's settings)."""
-    plain = {k: v for k, v in engine.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in engine.items() if isinstance(v, dict)}
-    for name, table in tables.items():
-        if name not in HARNESS_SCENARIOS:
-            raise BadInput(f"error: {path}: [engine.{name}] is not a scenario; per-scenario engine settings go in "
-                           f"{', '.join(f'[engine.{s}]' for s in HARNESS_SCENARIOS)}")
-        if _engine_error({"model": "m", **plain}) is None:
-            err = _engine_error({"model": "m", **plain, **table})
-            if err is not None:
-                raise BadInput(f"error: {path}: [engine.{name}]: {err}")
-    return {**plain, **tables.get(scenario, {})}
-
-
-def _engine_error(values: dict) -> str | None:
-    """What ``EngineSettings`` says against ``values`` (None: accepted)."""
-    try:
-        settings_from_mapping(EngineSettings, values)
-    except (ValueError, TypeError) as e:
-        return str(e)
-    return None
-
-
-def _parse_option(s: str):
-    if "=" not in s:
-        raise BadInput(f"error: --option {s!r}: expected KEY=VALUE")
-    k, v = s.split("=", 1)
-    return k, json_or_str(v)
-
-
-def _run_fields(a: argparse.Namespace, run: dict) -> dict:
-    """``run`` (a preset's ``[run]``) overridden by the run flags given; ``preset`` is the ``--config`` file."""
-    if "preset" in run:
-        raise BadInput(f"error: {a.config}: [run] preset is not a preset key (the preset is the --config file itself)")
-    if a.config:
-        run["preset"] = str(a.config)
-    for key in ("sut", "scenario", "mode", "dataset", "output_dir", "user_conf", "model_key", "run_name", "audit_config",
-                "compliance_test", "tokenizer", "max_samples", "min_duration_s", "min_query_count", "target_qps"):
-        val = getattr(a, key)
-        if val is not None:
-            run[key] = val
-    if a.quick:
-        run["quick"] = True  # RunSettings fills min_duration_s / min_query_count unless given
-    if a.no_accuracy_gate:
-        run["accuracy_gate"] = False
-    if a.enable_trace:
-        run["enable_trace"] = True
-    if a.no_progress:
-        run["progress"] = False
-    if getattr(a, "verbose", False) or getattr(a, "run_verbose", False):
-        run["engine_console"] = True
-    run.setdefault("sut", "vllm")
-    if "dataset" not in run:
-        raise BadInput("error: --dataset is required (or [run] dataset in the preset)")
-    return run
-
-
-def backend_options_from_cli(a: argparse.Namespace, sut: str, preset: dict):
-    """The options object of backend ``sut``: the preset's ``[options]``, then its own flags, then
-    ``--option KEY=VALUE`` (later wins), parsed once by the backend's ``check_options``.
-
-    Raises ``BadInput`` for an unknown SUT, a flag of another backend, an unknown key or a bad value.
-    """
-    try:
-        backend = get_sut(sut)
-    except KeyError as e:
-        raise BadInput(f"error: {e.args[0]}") from None
-    values, foreign = backend_options_from_args(a, sut)
-    if foreign:
-        fields = sorted(a.backend_flags[flag].field for flag, _ in foreign)
-        where = "; ".join(f"{flag} belongs to --sut {' / '.join(owners)}" for flag, owners in foreign)
-        raise BadInput(f"error: --sut {sut}: unknown option(s) {', '.join(fields)} ({where})")
-    opts = {**preset, **values}
-    for s in a.option:
-        k, v = _parse_option(s)
-        opts[k] = v
-    ocls = backend.options_cls()
-    has_flags = any(sut in bf.backends for bf in (getattr(a, "backend_flags", None) or {}).values())
-    see = f" (see the {sut} SUT options in python -m sut run --help)" if has_flags else ""
-    known = {f.name for f in dataclasses.fields(ocls)} if ocls is not None else set()
-    if ocls is not None and set(opts) - known:
-        raise BadInput(f"error: --sut {sut}: unknown option(s) {', '.join(sorted(set(opts) - known))}; known: "
-                       f"{', '.join(sorted(known))}{see}")
-    try:
-        return backend.check_options(opts)
-    except InputError as e:
-        raise BadInput(f"error: {e}{see}") from None
-
-
-#: Settings class -> the preset table its unknown fields come from (flags are checked by argparse already).
-_PRESET_TABLES = {"RunSettings": "run", "GenerationSettings": "generation", "EngineSettings": "engine"}
-
-
-def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettings, GenerationSettings, object]:
-    """Merge preset and flags into the three settings objects and the backend's options object.
-
-    Raises ``BadInput`` (exit 2) naming the flag, preset field or option at fault.
-    """
-    pre = _preset(a.config)
-    run = _run_fields(a, dict(pre.get("run", {})))
-    gen = dict(pre.get("generation", {}))
-    if a.benchmark_ignore_eos:
-        gen["ignore_eos"] = True
-    engine = _scenario_engine(pre.get("engine", {}), str(run.get("scenario", "Offline")), a.config)
-    try:
-        es = engine_settings_from_args(a, engine, model_hint=" (or [engine] model in the preset)")
-        rs, gs = settings_from_mapping(RunSettings, run), settings_from_mapping(GenerationSettings, gen)
-    except (ValueError, TypeError) as e:
-        table = next((t for cls, t in _PRESET_TABLES.items() if str(e).startswith(f"unknown {cls} field")), None)
-        where = f"{a.config} [{table}]: " if a.config and table else ""
-        raise BadInput(f"error: {where}{e}") from None
-    return rs, es, gs, backend_options_from_cli(a, rs.sut, dict(pre.get("options", {})))
 
 
 def cmd_run(a) -> int:

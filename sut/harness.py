@@ -6,10 +6,10 @@ the options object is what the backend gets and what ``run.json`` records), read
 once per process through ``TestSettings.FromConfig`` with the official model key and scenario
 (``sut.loadgen_settings``; it also loads the embedded MLPerf mlperf.conf), builds the QSL and the
 SUT, runs ``StartTestWithLogSettings`` on a helper thread (so Ctrl-C and engine death are noticed at
-once), and writes ``run.json`` next to LoadGen's logs (``sut.run_record``). A run that deviates from
-the official settings (quick mode, dataset subset, overridden duration or QPS, fixed output length,
-prefix caching, a backend's own reasons: ``SystemUnderTest.noncompliance_reasons``) is marked not
-compliant in the console, the folder name and the record.
+once; ``sut.loadgen_watch``), and writes ``run.json`` next to LoadGen's logs (``sut.run_record``). A
+run that deviates from the official settings (quick mode, dataset subset, overridden duration or QPS,
+fixed output length, prefix caching, a backend's own reasons: ``SystemUnderTest.noncompliance_reasons``)
+is marked not compliant in the console, the folder name and the record.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ import datetime as _dt
 import logging
 import shlex
 import shutil
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,10 +27,10 @@ from sut import exits
 from sut.core import guard
 from sut.base import InputError, RunFailed, SUTContext, SystemUnderTest, get_sut
 from sut.compliance import TEST06_AUDIT_CONFIG
-from sut.dataset import Dataset, QuerySampleLibrary, load_dataset
+from sut.dataset import Dataset, load_dataset
 from sut.engine import EngineError, EngineSettings, GenerationSettings, read_model_info
 from sut.loadgen_settings import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
-from sut.loadgen_settings import scheduled_queries
+from sut.loadgen_watch import LoadGenObjects, interrupt_reason, run_loadgen
 from sut.run_record import (accuracy_gate_record, gate_preflight, initial_record, now_iso,  # noqa: F401
                             parse_loadgen_detail, rescore_command, streaming_latency_record, test06_record,
                             token_latencies, write_record)
@@ -205,35 +203,17 @@ def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backe
     return _finish(rs, es, model, dataset, run_dir, record, error)
 
 
-@dataclass
-class _LoadGenObjects:
-    """LoadGen's SUT and QSL of a run; they may be destroyed only once StartTest has returned."""
-
-    sut_handle: Any = None
-    qsl: Optional[QuerySampleLibrary] = None
-    returned: bool = True
-    t_start: Optional[float] = None
-
-    def destroy(self, lg) -> None:
-        if not self.returned:
-            return
-        if self.sut_handle is not None:
-            lg.DestroySUT(self.sut_handle)
-        if self.qsl is not None:
-            self.qsl.destroy()
-
-
 def _run_sut(sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts, audit_config: Optional[str],
              run_dir: Path, record: dict) -> tuple[Optional[str], Optional[float]]:
     """Start the SUT, run LoadGen, stop the SUT (always). Returns ``(error or None, wall seconds of the
     LoadGen test or None)``; start failures propagate (``run_benchmark`` records them)."""
     import mlperf_loadgen as lg
 
-    objs = _LoadGenObjects()
+    objs = LoadGenObjects()
     error: Optional[str] = None
     try:
         _start_sut(sut, record, run_dir)
-        error = _run_loadgen(lg, sut, rs, dataset, ts, audit_config, run_dir, objs)
+        error = run_loadgen(lg, sut, rs, dataset, ts, audit_config, run_dir, objs)
     except KeyboardInterrupt as e:
         error = interrupt_reason(e)
     finally:
@@ -257,25 +237,6 @@ def _start_sut(sut: SystemUnderTest, record: dict, run_dir: Path) -> None:
         record["devices"] = [e.get("device") for e in engines]
     write_record(run_dir, record)
 
-
-def _run_loadgen(lg, sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts, audit_config: Optional[str],
-                 run_dir: Path, objs: _LoadGenObjects) -> Optional[str]:
-    """Build the QSL and LoadGen's SUT into ``objs``, run the test; returns the error or None."""
-    objs.qsl = QuerySampleLibrary(dataset, ts.performance_sample_count_override)
-    objs.sut_handle = lg.ConstructSUT(sut.issue_queries, sut.flush_queries)
-    out = lg.LogOutputSettings()
-    out.outdir = str(run_dir)
-    out.copy_summary_to_stdout = True
-    ls = lg.LogSettings()
-    ls.log_output = out
-    ls.enable_trace = rs.enable_trace
-    audit = str(Path(audit_config).resolve()) if audit_config else str(run_dir / "no-audit.config")
-    log.info("LoadGen %s %s mode, model key %s, output %s", rs.scenario, rs.mode, rs.model_key, run_dir)
-    objs.t_start = time.monotonic()
-    objs.returned = False
-    error, objs.returned = _start_test_interruptible(lg, objs.sut_handle, objs.qsl.handle, ts, ls, audit, sut,
-                                                     rs.stall_timeout_s, objs.qsl.performance_sample_count)
-    return error
 
 
 def _collect_results(sut: SystemUnderTest, rs: RunSettings, run_dir: Path, record: dict, error: Optional[str],
@@ -349,94 +310,3 @@ def _gate_interrupted(rs: RunSettings, es: EngineSettings, run_dir: Path, record
     record["finished"] = now_iso()
     write_record(run_dir, record)
     log.error("%s", why)
-
-
-#: After a failure the ledger answers every outstanding sample, and LoadGen returns within seconds
-#: (13,368 samples: well under one) once its schedule has ended: Offline's one query at once. If it has not
-#: returned after this long, the run stops waiting.
-LOADGEN_DRAIN_S = 120.0
-#: Server / Interactive: LoadGen 6.0.17 has no abort and its scheduler goes on issuing queries (each answered
-#: empty at once) until min duration and min query count are reached; after a failure the run waits for that
-#: schedule only when it ends within ``LOADGEN_DRAIN_S``, plus this grace, else only this grace (seconds).
-STREAMING_DRAIN_S = 10.0
-
-
-def drain_limit_s(ts, streaming: bool, failed_after_s: float, perf_count: int) -> float:
-    """Seconds to wait for LoadGen after a failure ``failed_after_s`` seconds into its test (``ts``: its
-    ``TestSettings``): Offline ``LOADGEN_DRAIN_S``; Server / Interactive the rest of the schedule
-    (``max(min duration, scheduled queries / target_qps)``, a lower bound) plus ``STREAMING_DRAIN_S`` when that
-    fits in ``LOADGEN_DRAIN_S``, else just ``STREAMING_DRAIN_S`` (the schedule will not end early).
-    ``perf_count``: the QSL's performance sample count; with equal issue (``sample_concatenate_permutation``,
-    on for llama3_1-8b in mlperf.conf) LoadGen rounds the query count up to a whole multiple of it."""
-    if not streaming:
-        return LOADGEN_DRAIN_S
-    queries = scheduled_queries(ts, perf_count)
-    schedule_s = max(ts.min_duration_ms / 1000.0, queries / ts.server_target_qps)
-    wait = STREAMING_DRAIN_S + max(0.0, schedule_s - failed_after_s)
-    return wait if wait <= LOADGEN_DRAIN_S else min(STREAMING_DRAIN_S, LOADGEN_DRAIN_S)
-
-
-def interrupt_reason(e: KeyboardInterrupt) -> str:
-    """``interrupted (<signal>)`` for the run record; a bare ``KeyboardInterrupt`` is Ctrl-C."""
-    return f"interrupted ({e.args[0] if e.args else 'SIGINT, Ctrl-C'})"
-
-
-def _start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
-                              stall_timeout_s, perf_count: int) -> tuple[Optional[str], bool]:
-    """Run StartTest on a thread; the main thread watches for Ctrl-C/SIGTERM, stalls and failures.
-
-    Returns ``(error or None, whether StartTest returned)``. On Ctrl-C or a stall the ledger answers
-    the outstanding samples empty so that LoadGen returns, and the run is reported failed. After any
-    failure the main thread waits at most ``drain_limit_s`` for LoadGen; a further Ctrl-C during
-    that wait is only logged.
-    """
-    done = threading.Event()
-    exc: list = []
-
-    def target():
-        try:
-            lg.StartTestWithLogSettings(sut_handle, qsl_handle, ts, ls, audit)
-        except BaseException as e:  # noqa: BLE001
-            exc.append(e)
-        finally:
-            done.set()
-
-    t = threading.Thread(target=target, name="loadgen", daemon=True)
-    t_start = time.monotonic()
-    t.start()
-    led = sut.ledger
-    streaming = ts.scenario == lg.TestScenario.Server  # Interactive too
-    error = None
-    failed_at = drain_s = None
-    while not done.is_set():
-        try:
-            if done.wait(0.5):
-                break
-            led.tick()
-            now = time.monotonic()
-            last = led.last_complete_t or led.first_issue_t
-            if error is None and last and led.outstanding and now - last > stall_timeout_s:
-                detail = sut.stall_detail()
-                error = (f"no sample completed for {stall_timeout_s:.0f} s with {led.outstanding} outstanding (stall)"
-                         + (f"; {detail}" if detail else ""))
-                led.fail(error)
-            if failed_at is None and (error or led.error):
-                failed_at, drain_s = now, drain_limit_s(ts, streaming, now - t_start, perf_count)
-                log.info("waiting up to %.0f s for LoadGen to return (%s)", drain_s,
-                         "the rest of its Server schedule" if streaming and drain_s > STREAMING_DRAIN_S
-                         else "it may run on; the run is reported failed either way")
-            if failed_at is not None and now - failed_at > drain_s:
-                error = (f"{error or led.error}; LoadGen did not return within {drain_s:.0f} s after it"
-                         + (" (its Server schedule runs on to min duration; no abort in LoadGen)" if streaming else ""))
-                log.error("%s", error)
-                break
-        except KeyboardInterrupt as e:
-            if error is None and led.error is None:
-                error = interrupt_reason(e)
-                led.fail(error)
-            else:
-                log.warning("already stopping (%s); waiting for LoadGen to return", error or led.error)
-    if exc:
-        error = error or f"LoadGen raised: {exc[0]!r}"
-    return error, done.is_set()
-

@@ -191,7 +191,7 @@ def test_commands_reading_too_deep_json_exit_2_without_traceback(tmp_path, deep,
 @pytest.mark.parametrize("text, section", [("run = 5\n", "run"), ('engine = "x"\n', "engine"),
                                            ("generation = [1]\n", "generation"), ("options = true\n", "options")])
 def test_a_preset_section_that_is_not_a_table_is_bad_input(tmp_path, text, section):
-    from sut.cli import _preset
+    from sut.cli_settings import _preset
     from sut.exits import BadInput
 
     p = tmp_path / "p.toml"
@@ -202,7 +202,7 @@ def test_a_preset_section_that_is_not_a_table_is_bad_input(tmp_path, text, secti
 
 @pytest.mark.parametrize("text", ["a = " + "[" * 100000 + "]" * 100000 + "\n", None])
 def test_a_preset_too_deep_or_unreadable_is_bad_input(tmp_path, text):
-    from sut.cli import _preset
+    from sut.cli_settings import _preset
     from sut.exits import BadInput
 
     p = tmp_path / "p.toml"

@@ -3,9 +3,9 @@ with its own code (1 failed, 130 stopped), never "terminate called without an ac
 segfault; `--target-qps` values LoadGen cannot run sensibly are refused with exit 2 (breaker, session 5).
 
 The runs use the fake vLLM server (tests/fake_vllm_server.py) behind --sut vllm-http, min duration 300 s
-(longer than the drain limit) and the streaming drain grace lowered to 2 s (``sut.harness.STREAMING_DRAIN_S``;
-``LOADGEN_DRAIN_S`` as shipped, or 5 s where said), so that a run that waits for LoadGen's schedule or for the
-full drain limit times out."""
+(longer than the drain limit) and the streaming drain grace lowered to 2 s
+(``sut.loadgen_watch.STREAMING_DRAIN_S``; ``LOADGEN_DRAIN_S`` as shipped, or 5 s where said), so that a run
+that waits for LoadGen's schedule or for the full drain limit times out."""
 
 import json
 import signal
@@ -23,9 +23,9 @@ from sut.loadgen_settings import OFFLINE_MAX_QUERY_SAMPLES, check_target_qps
 from sut.run_settings import RunSettings
 
 # STREAMING_DRAIN_S lowered: without the fix the run waits LOADGEN_DRAIN_S (120 s) and the test times out.
-PROMPT = "import sut.harness as h; h.STREAMING_DRAIN_S = 2.0"
+PROMPT = "import sut.loadgen_watch as w; w.STREAMING_DRAIN_S = 2.0"
 # the breaker's set-up: a 5 s drain limit that the run reaches with LoadGen's thread still running
-DRAIN_5 = "import sut.harness as h; h.LOADGEN_DRAIN_S = 5.0"
+DRAIN_5 = "import sut.loadgen_watch as w; w.LOADGEN_DRAIN_S = 5.0"
 RUN = "; import sys; from sut.cli import main; sys.exit(main(sys.argv[1:]))"
 FIND_QPS = f"; import sys; sys.path.insert(0, '{REPO / 'scripts'}'); import find_qps; sys.exit(find_qps.main(sys.argv[1:]))"
 
@@ -222,7 +222,7 @@ def test_drain_limit_counts_the_queries_equal_issue_adds():
     harness waits only the 10 s grace (it waited the full 120 s when it counted 480 queries)."""
     import mlperf_loadgen as lg
 
-    from sut.harness import LOADGEN_DRAIN_S, STREAMING_DRAIN_S, drain_limit_s
+    from sut.loadgen_watch import LOADGEN_DRAIN_S, STREAMING_DRAIN_S, drain_limit_s
     from sut.loadgen_settings import scheduled_queries
 
     ts = lg.TestSettings()

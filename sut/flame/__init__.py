@@ -6,6 +6,6 @@ one asyncio loop), ``transport`` (``FlameTransport``, registered as ``flame``), 
 (``FlameSUT``, registered as ``--sut flame``). Service side (``python -m sut.flame.serve``):
 ``service_config`` (the session's common data), ``seats``, ``hostlink`` (host <-> forwarder frames),
 ``engine_host``, ``service`` (``VllmBatchService``). Shared: ``payload`` (the task/result format),
-``app`` + ``app.yaml`` (the Flame application), ``cluster`` (a one-host real Flame cluster).
-See docs/flame.md.
+``app`` + ``app.yaml`` (the Flame application), ``cluster`` (a one-host real Flame cluster) with
+``cluster_config`` (its settings, ports and cluster.yaml). See docs/flame.md.
 """
