@@ -155,8 +155,9 @@ def main(argv=None) -> int:
                "summary": summarize(runs, a.suts)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     for s, v in summary["summary"].items():
-        log.info("%-*s median %s tok/s, ratio to %s %s (%d good run(s))", width, s, v["median_tokens_per_s"],
-                 a.suts[0], v["ratio_to_" + a.suts[0]], v["runs"])
+        med, ratio = v["median_tokens_per_s"], v["ratio_to_" + a.suts[0]]
+        log.info("%-*s median %s tok/s, ratio to %s %s (%d good run(s))", width, s,
+                 "-" if med is None else f"{med:,.1f}", a.suts[0], "-" if ratio is None else f"{ratio:.4f}", v["runs"])
     log.info("runs and summary.json in %s", out)
     return 0 if all(r["ok"] for r in runs) else 1
 

@@ -54,7 +54,10 @@ def foreign_cpu_s(before: dict, after: dict) -> float:
     return max(0.0, grown - ended)
 
 
-_CATEGORIES = (("engine", "spawn_main"), ("engine", "sut-engine-"), ("flame service", "sut.flame.serve"), ("flame stand-in", "tests.flame_standin"),
+#: (category, a substring of /proc/<pid>/cmdline); the first match wins. vLLM renames its own processes
+#: (``vllm.utils.system_utils.set_process_title``: "VLLM::EngineCore", "VLLM::Worker..."), the harness its engine
+#: workers ("sut-engine-N", sut/engine/worker.py).
+_CATEGORIES = (("engine", "spawn_main"), ("engine", "sut-engine-"), ("engine", "VLLM::"), ("flame service", "sut.flame.serve"), ("flame stand-in", "tests.flame_standin"),
                ("flame control plane", "flame-session-manager"), ("flame control plane", "flame-executor-manager"),
                ("harness + client", "-m sut run"))
 

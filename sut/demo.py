@@ -118,9 +118,10 @@ def _summary(out: Path, data: Path, runs: dict[str, Path], recs: dict[str, dict]
         f"                    {acc['ledger']['completed']} samples answered; accuracy gate {verdict}",
         f"  TEST06 run      : {_shown(runs['test06'])}",
         f"                    {test06.get('samples')} responses checked: {'pass' if test06.get('passed') else 'FAIL'}",
+        "  (the commands below run in the project's environment: . .venv/bin/activate first)",
         "  re-score the accuracy run (with the tokenizer that made the dataset's ids, written next to it):",
         "    " + shlex.join(_rescore_command(runs["accuracy"], data, acc)),
-        "  lay the three runs out as a rehearsal submission tree (with . .venv/bin/activate):",
+        "  lay the three runs out as a rehearsal submission tree:",
         "    " + shlex.join(package_command(out, runs)),
         "  next: python -m sut run --help   (real model: README 'Real input')",
     ]

@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from typing import Callable, Iterable, Optional, Sequence
@@ -40,6 +41,16 @@ log = logging.getLogger(__name__)
 #: The progress bar: samples completed of those issued, elapsed time, tokens/s; no rate or time left (an
 #: Offline query's samples may all complete near its end: the estimate would read 30 s/sample, 30 min left).
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+#: Seconds between progress-bar redraws on a terminal, and when stderr is a file or pipe (a log: every frame
+#: stays in it, so a 600 s run at 1 s would add 600 frames).
+BAR_INTERVAL_S, BAR_INTERVAL_LOG_S = 1.0, 30.0
+
+
+def _bar_interval() -> float:
+    try:
+        return BAR_INTERVAL_S if sys.stderr.isatty() else BAR_INTERVAL_LOG_S
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return BAR_INTERVAL_LOG_S
 
 #: Empty failure answers per ``QuerySamplesComplete`` call (a full Offline query has 13,368+ samples).
 FAIL_CHUNK = 1024
@@ -295,7 +306,7 @@ class SampleLedger:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.issued, initial=self.completed, unit="sample", desc="completed",
-                             dynamic_ncols=True, mininterval=1.0, bar_format=BAR_FORMAT)
+                             dynamic_ncols=True, mininterval=_bar_interval(), bar_format=BAR_FORMAT)
             self._bar_drawn = time.monotonic()
         elif self._bar.total != self.issued:
             self._bar.total = self.issued

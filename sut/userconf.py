@@ -325,9 +325,10 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
         raise InputError(f"{path}: no setting in it (empty, or comments only), so LoadGen would run with its defaults "
                          f"(target_qps 1); add a {model_key}.{scenario}.target_qps line (or pass --target-qps for a dev "
                          "run)")
-    for line in others:
-        log.info("%s, line %d (%r) is for another run than %s.%s; LoadGen ignores it here", path, line.number,
-                 line.text, model_key, scenario)
+    if others:  # one line for all: a file with every scenario's lines is the usual case, not a problem
+        keys = sorted({ln.key.rsplit(".", 1)[0] for ln in others})
+        log.info("%s: line(s) %s are for other runs (%s), not %s.%s; LoadGen ignores them here", path,
+                 ", ".join(str(ln.number) for ln in others), ", ".join(keys), model_key, scenario)
     return values
 
 

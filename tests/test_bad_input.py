@@ -104,6 +104,24 @@ def test_run_settings_refuse_a_bad_engine_flag_or_preset_value(tmp_path, dataset
     assert e.value.code == 2 and "engine setting" in e.value.message
 
 
+def test_a_flame_preset_with_sut_vllm_names_the_preset_table_and_the_sut_its_options_belong_to(tmp_path, dataset):
+    # a new user's first try: the README's Flame command again with --sut vllm, to compare the two SUTs
+    from sut.cli import build_parser, settings_from_args
+    from sut.exits import BadInput
+
+    argv = ["run", "--config", str(REPO / "loadgen_configs/flame_b32.toml"), "--sut", "vllm", "--model",
+            str(TINY_MODEL), "--device", "cpu", "--dataset", str(dataset)]
+    with pytest.raises(BadInput) as e:
+        settings_from_args(build_parser().parse_args(argv))
+    assert e.value.code == 2 and "--sut vllm: unknown option(s) batch_size, " in e.value.message
+    assert "from the [options] table of " in e.value.message and "flame_b32.toml: they are --sut flame options" \
+        in e.value.message and "without --config" in e.value.message
+    (tmp_path / "p.toml").write_text("[options]\nbogus = 1\n")  # owned by no SUT: the file named, no owner
+    with pytest.raises(BadInput) as e:
+        settings_from_args(build_parser().parse_args([*argv[:1], "--config", str(tmp_path / "p.toml"), *argv[3:]]))
+    assert f"[options] table of {tmp_path / 'p.toml'};" in e.value.message and "they are" not in e.value.message
+
+
 def test_locality_refuses_a_bad_engine_flag_with_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sut.locality", "run", "--model", str(TINY_MODEL), "--device", "cpu",
                         "--doc-tokens", "512", "--cpu-kvcache-gib", "0", "--output-dir", str(tmp_path / "out")],

@@ -132,10 +132,11 @@ def test_server_issue_one_query_at_a_time_does_not_redraw_the_bar_per_query(caps
     assert err.count("\r") < 10 and "200/200" in err  # drawn at most once a second (and at the end), not 200 times
 
 
-def test_offline_bar_keeps_its_elapsed_time_moving_and_shows_no_time_left(capsys):
+def test_offline_bar_keeps_its_elapsed_time_moving_and_shows_no_time_left(capsys, monkeypatch):
     """A new user's Offline CPU run: every sample completed near the end, so the bar sat at "0/64 [00:00<?]"
     for a minute, then read "30.48s/sample, 31:29 left" a second before the end. The harness ticks the ledger
     twice a second: the bar redraws at most once a second while nothing completes, with no rate or time left."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)  # a terminal: redrawn once a second
     led = SampleLedger(EOS, progress=True, complete_fn=lambda r: None)
     pairs = led.issue([QS(id=i, index=i) for i in range(4)])
     led.tick()  # just drawn: nothing to do
@@ -152,6 +153,31 @@ def test_offline_bar_keeps_its_elapsed_time_moving_and_shows_no_time_left(capsys
     led.close()
     err = capsys.readouterr().err
     assert "4/4 [01:01" in err and "<" not in err and "sample/s" not in err and "s/sample" not in err, err
+
+
+def test_a_bar_written_to_a_log_file_redraws_every_30_s_not_every_second(capsys, monkeypatch):
+    """A new user's redirected console held one bar frame per second of the run ('\\r'-separated in one line):
+    when stderr is not a terminal the bar redraws every 30 s."""
+    from sut import ledger
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    led = SampleLedger(EOS, progress=True, complete_fn=lambda r: None)
+    pairs = led.issue([QS(id=i, index=i) for i in range(4)])
+    assert led._bar.mininterval == ledger.BAR_INTERVAL_LOG_S == 30
+    capsys.readouterr()
+    for _ in range(20):  # 20 s of the harness's ticks with nothing completed
+        led._bar_drawn -= 1.0
+        led._bar.last_print_t -= 1.0
+        led.tick()
+    assert capsys.readouterr().err.count("\r") == 0
+    led._bar_drawn -= 11
+    led._bar.last_print_t -= 11
+    led.tick()
+    assert capsys.readouterr().err.count("\r") == 1
+    led.complete([(rid, np.array([1], np.int32)) for rid, _ in pairs])
+    assert led.wait_sent(10)
+    led.close()
+    assert "4/4" in capsys.readouterr().err  # the last frame is always written
 
 
 @pytest.mark.parametrize("via", ["ledger-fail", "ledger-complete"])

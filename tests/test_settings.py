@@ -285,14 +285,20 @@ def test_user_conf_lines_that_apply_are_accepted_with_loadgens_wildcards(tmp_pat
     assert check_user_conf(p, "llama3_1-8b-edge", "Offline") == {"target_qps": "3.5", "min_duration": "700000"}
 
 
-def test_one_user_conf_may_hold_lines_for_other_runs_of_the_system(tmp_path):
-    """Offline and Server lines (and the interactive key) in one file: the run uses its own, the rest is logged."""
+def test_one_user_conf_may_hold_lines_for_other_runs_of_the_system(tmp_path, caplog):
+    """Offline and Server lines (and the interactive key) in one file: the run uses its own, the rest is logged
+    in one console line (a new user found one line per ignored line noisy)."""
     from sut.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
     p.write_text(QPS + "llama3_1-8b.Server.target_qps = 2\nllama3_1-8b-interactive.Offline.target_qps = 1\n"
                  "*.Server.target_latency = 2000\n")
-    assert check_user_conf(p, "llama3_1-8b", "Offline") == {"target_qps": "3"}
+    with caplog.at_level("INFO", logger="sut.userconf"):
+        assert check_user_conf(p, "llama3_1-8b", "Offline") == {"target_qps": "3"}
+    said = [r.getMessage() for r in caplog.records if "for other runs" in r.getMessage()]
+    first = QPS.count("\n") + 1
+    assert said == [f"{p}: line(s) {first}, {first + 1}, {first + 2} are for other runs (*.Server, llama3_1-8b-interactive."
+                    "Offline, llama3_1-8b.Server), not llama3_1-8b.Offline; LoadGen ignores them here"]
 
 
 def test_a_line_shadowed_here_but_used_by_another_run_is_accepted_and_one_no_run_uses_is_refused(tmp_path):

@@ -256,6 +256,7 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
                  linestyle=styles[j % 4], label=f"{s}, {po}")
     pairs = sorted({int(p) for *_, p in idx})
     ax1.set(xlabel="pair", ylabel=metric.replace("_", " ").replace(" per s", "/s"), title=f"{metric} per pair")
+    ax1.set_ylim(bottom=0)  # from 0: two systems' levels compare by eye (ratios are the second panel's)
     ax1.legend(fontsize=8)
     if report["pair_ratios"]:
         for po, r in report["pair_ratios"].items():
