@@ -1,5 +1,4 @@
 import numpy as np
-import pytest
 
 from sut.response import cut_at_first_eos, response_buffer
 

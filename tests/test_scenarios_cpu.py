@@ -132,7 +132,7 @@ def _http_args(url, data, out_dir, *args):
 
 
 def test_http_interactive_test06_run_streams_first_tokens_and_records_latencies(tmp_path, synthetic_small,
-                                                                                fake_server):
+                                                                                fake_server):  # noqa: F811 (the imported fixture)
     url, _ = fake_server("--delay", "0.05")  # first id at once, the rest 50 ms later: TPOT > 0
     data, _ = synthetic_small
     out = subprocess.run(sut_cmd(*_http_args(url, data, tmp_path, "--scenario", "Interactive", "--compliance-test",
@@ -147,7 +147,7 @@ def test_http_interactive_test06_run_streams_first_tokens_and_records_latencies(
     _check_streamed_log(run, rec)
 
 
-def test_http_server_that_stalls_mid_run_fails_within_the_stall_timeout(tmp_path, synthetic_small, fake_server):
+def test_http_server_that_stalls_mid_run_fails_within_the_stall_timeout(tmp_path, synthetic_small, fake_server):  # noqa: F811 (the imported fixture)
     """The stall is noticed within the timeout; LoadGen (no abort call) then goes on issuing until its minimum
     duration, each new query answered empty at once, so the process ends after that (here 12 s)."""
     url, server = fake_server("--delay", "0.05")

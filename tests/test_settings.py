@@ -1,4 +1,3 @@
-import dataclasses
 import re
 import subprocess
 import sys
@@ -102,7 +101,7 @@ def test_from_config_only_once_per_process(monkeypatch):
 def test_bad_user_conf_is_rejected(tmp_path):
     p = tmp_path / "user.conf"
     p.write_text("llama3_1-8b.Offline.target_qps = fast\n")
-    import json, subprocess, sys
+    import subprocess, sys
     from conftest import sut_env
     code = ("from sut.harness import RunSettings, loadgen_test_settings; import sys\n"
             "loadgen_test_settings(RunSettings(sut='vllm', dataset='x', user_conf=sys.argv[1]), 13368)")

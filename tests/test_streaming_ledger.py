@@ -2,7 +2,6 @@
 short LoadGen Server test with a stand-in engine (no vLLM): first tokens before completions, on one thread."""
 
 import threading
-import time
 from types import SimpleNamespace as QS
 
 import numpy as np
