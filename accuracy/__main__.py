@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 pass, 1 fail, 2 bad input.",
     )
     p.add_argument("--accuracy-log", required=True, help="RUN_DIR/mlperf_log_accuracy.json (LoadGen AccuracyOnly run)")
-    p.add_argument("--dataset", required=True, help="cnn_eval.json-format dataset the run used")
+    p.add_argument("--dataset", help="cnn_eval.json-format dataset the run used (default: the run.json next to the "
+                   "log names it; --tokenizer, --eos-ids and --max-samples then default to the run's too)")
     p.add_argument("--tokenizer", default=None,
                    help="HF tokenizer/model folder (tokenizer.json), a tokenizer.json file, or a Llama 3 tiktoken tokenizer.model")
     p.add_argument("--reference", default="auto",
@@ -121,9 +122,41 @@ def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], outp
                        f"accuracy.json; pass the run's dataset, {elsewhere}")
 
 
+def _fill_from_run(args: argparse.Namespace) -> None:
+    """Without ``--dataset``: the run's dataset, gate tokenizer (``--tokenizer``, else the model folder), model EOS
+    ids and ``--max-samples`` from the ``run.json`` next to the log, each only where the command gave none.
+    Raises ``BadInput`` when there is no readable ``run.json`` naming a dataset."""
+    from accuracy.jsontext import parse_json
+
+    run_json = Path(args.accuracy_log).parent / "run.json"
+    try:
+        rec = parse_json(run_json.read_text(encoding="utf-8"))
+        rs, model = rec["run_settings"], rec.get("model") or {}
+        dataset = rs["dataset"]
+        if not isinstance(dataset, str) or not dataset:
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise BadInput(f"--dataset is required: {run_json} is missing, unreadable or names no dataset "
+                       "(run_settings.dataset); pass --dataset FILE --tokenizer PATH") from None
+    args.dataset = dataset
+    if args.tokenizer is None:
+        args.tokenizer = rs.get("tokenizer") or model.get("path")
+    eos = model.get("eos_token_ids")
+    if args.eos_ids is None and isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
+        args.eos_ids = tuple(eos)
+    recorded = rs.get("max_samples")
+    if args.max_samples is None and isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        args.max_samples = recorded
+    log.info("from %s: --dataset %s --tokenizer %s%s%s", run_json, args.dataset, args.tokenizer,
+             f" --eos-ids {','.join(map(str, args.eos_ids))}" if args.eos_ids else "",
+             f" --max-samples {args.max_samples}" if args.max_samples else "")
+
+
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
+    if args.dataset is None:
+        _fill_from_run(args)
     from accuracy.gate import GateSettings, evaluate
 
     acc_log = Path(args.accuracy_log)

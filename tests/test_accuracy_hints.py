@@ -131,3 +131,25 @@ def test_run_max_samples_reads_only_a_positive_int(tmp_path):
         assert run_max_samples(log) == expected
     (tmp_path / "run.json").write_text("{not json")
     assert run_max_samples(log) is None
+
+
+def test_without_dataset_the_run_json_next_to_the_log_gives_dataset_tokenizer_eos_and_max_samples(
+        tmp_path, inputs, caplog, capsys):
+    """A new user typed `python -m accuracy --accuracy-log RUN/mlperf_log_accuracy.json` and was asked for
+    --dataset first: the run's own record names everything the gate used."""
+    tok, data = inputs
+    log = _run_folder(tmp_path, [0, 1, 2, 3], run_max=4)
+    rec = {"run_settings": {"max_samples": 4, "dataset": str(data), "tokenizer": None},
+           "model": {"path": str(tok), "eos_token_ids": [EOS]}}
+    (tmp_path / "run.json").write_text(json.dumps(rec))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="accuracy"):
+        rc = cli_main(["--accuracy-log", str(log)])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert rc in (0, 1) and "log checks: ok" in text, text
+    assert f"from {tmp_path / 'run.json'}: --dataset {data} --tokenizer {tok} --eos-ids {EOS} --max-samples 4" in text
+    assert (tmp_path / "accuracy.json").is_file()
+    (tmp_path / "run.json").unlink()  # nothing names the dataset: exit 2, asking for it
+    assert cli_main(["--accuracy-log", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert f"--dataset is required: {tmp_path / 'run.json'} is missing" in err and "--tokenizer PATH" in err
