@@ -75,7 +75,7 @@ def context(tmp_path, warmups=2, trace=TRACE):
 
 
 # ------------------------------------------------------------------------------------------- protocol
-def test_systems_alternate_and_every_case_starts_a_fresh_transport(systems, tmp_path):
+def test_systems_alternate_and_every_case_starts_a_fresh_transport(systems, tmp_path, caplog):
     order = case_order(["standalone", "flame"], ["prefix_affinity", "round_robin"], 3)
     assert [(c.pair, c.policy, c.system) for c in order[:8]] == [
         (0, "prefix_affinity", "standalone"), (0, "prefix_affinity", "flame"),
@@ -85,8 +85,13 @@ def test_systems_alternate_and_every_case_starts_a_fresh_transport(systems, tmp_
     assert [c.order for c in order] == list(range(12))
     prep, ctx = context(tmp_path)
     ps = PairSettings(policies=("prefix_affinity", "round_robin"), pairs=2, progress=False)
-    record, error = run_study(resolve_systems(["standalone", "flame"], 2), prep, ctx, ps, {})
+    with caplog.at_level("INFO", logger="sut.locality"):
+        record, error = run_study(resolve_systems(["standalone", "flame"], 2), prep, ctx, ps, {})
     assert error is None and record["status"] == "ok"
+    said = [r.getMessage() for r in caplog.records]  # the engine start is no longer a silent stretch
+    assert sum("starting 2 replica(s) (fresh engines)" in m for m in said) == 8
+    assert sum(m.endswith("(fresh engines) and a Flame session") for m in said) == 4
+    assert sum("replicas ready in " in m for m in said) == 8
     cases = record["cases"]
     assert [(c["pair"], c["system"], c["policy"]) for c in cases] == \
         [(c.pair, c.system, c.policy) for c in case_order(["standalone", "flame"], ["prefix_affinity", "round_robin"], 2)]

@@ -278,8 +278,11 @@ def _measure(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, 
     """Start, check, warm up and time one case into ``rec`` (the transport is stopped by the caller)."""
     idle = _IdleSink()
     t0 = time.monotonic()
+    log.info("%s: starting %d replica(s)%s%s", case.name, t.replicas, " (fresh engines)" if system.spec.fresh else "",
+             " and a Flame session" if system.name == "flame" else "")
     records = t.start(idle)
     rec["start_s"] = round(time.monotonic() - t0, 3)
+    log.info("%s: replicas ready in %.1f s", case.name, rec["start_s"])
     rec["replicas"] = [r.info for r in records]
     _check_prefix_caching(records, system)
     rec["placement"] = placement(records, t.replicas, required=system.spec.fresh)
