@@ -18,9 +18,9 @@ past ``--timeout-s`` is stopped (SIGTERM, then SIGKILL of its process group ``su
 later). In both modes a failed try is no LoadGen verdict: it is recorded (validity null, no p99s) but
 bounds nothing, the search stops with exit 1, and a resumed search makes that try again. So does a try that
 LoadGen calls INVALID only for early stopping, with every p99 under its limit and at most as many queries again
-needed, or ``FEW_QUERIES`` in all (``sut.records.early_stopping_shortfall``): too few queries is no verdict on the
-rate (the note says which ``--min-query-count`` to search with, in a new log); needing more than that, it counts as
-INVALID ("near the bound"). An INVALID try's
+needed, or ``FEW_QUERIES`` in all (``find_qps_try``, ``sut.records.early_stopping_shortfall``): too few queries
+is no verdict on the rate (the note says which ``--min-query-count`` to search with, in a new log); needing more
+than that, it counts as INVALID ("near the bound"). An INVALID try's
 note names the checks it failed. Every try is a
 performance run: ``--mode accuracy``, ``--compliance-test`` or ``--audit-config`` after ``--`` (or in the
 preset) is refused (exit 2) before any try.
@@ -73,94 +73,21 @@ import argparse
 import json
 import logging
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from find_qps_checks import EQUAL_ISSUE_RATIO, check_performance_tries, equal_issue_warning  # noqa: E402,F401
 from find_qps_search import DEFAULT_MAX_RUNS, Budget, Try, TryLog, bounds, check_search_args, search  # noqa: E402
-from sut_runs import ROOT, TIMEOUT_GRACE_S, run_once, split_run_args  # noqa: E402
+from sut_runs import ROOT, TIMEOUT_GRACE_S, split_run_args  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from find_qps_report import fmt_bound, fmt_qps, log_how_to_go_on, report, try_line  # noqa: E402
-from sut.latency_trend import describe as describe_trend, not_judged  # noqa: E402
-from sut.records import early_stopping_shortfall, invalid_why  # noqa: E402
+from find_qps_try import NO_VERDICT, sut_run_settings, sut_try, try_from_record  # noqa: E402
 from sut.scenarios import STREAMING_SCENARIOS  # noqa: E402
 
 log = logging.getLogger("find_qps")
-
-
-def _ms(ns) -> Optional[float]:
-    return None if ns is None else round(ns / 1e6, 2)
-
-
-def sut_try(scenario: str, qps: float, out: Path, run_args: list[str], min_duration_s: float,
-            min_query_count: int, timeout_s: float) -> Try:
-    """One ``python -m sut run`` at ``qps``; its verdict from the run's ``run.json``."""
-    name = f"{time.strftime('%Y%m%d-%H%M%S')}-findqps-{scenario}-{qps:g}"
-    t0 = time.monotonic()
-    o = run_once([*run_args, "--scenario", scenario, "--target-qps", f"{qps:g}", "--min-duration-s",
-                  f"{min_duration_s:g}", "--min-query-count", str(min_query_count)], out, name, timeout_s)
-    if o.rc is None:  # past --timeout-s: stopped, perhaps before its run folder existed
-        note = f"{o.stderr.strip().splitlines()[-1]} (--timeout-s)" + (f"; {o.record.get('error')}" if o.record else "")
-        return try_from_record(qps, o.record or {}, False, o.folder or "", time.monotonic() - t0, note)
-    if o.rc == 2 or o.record is None:
-        raise SystemExit(f"python -m sut run refused the settings (exit {o.rc}):\n{o.stderr}")
-    note = "" if o.rc == 0 else f"run failed (exit {o.rc}): {o.record.get('error')}"
-    return try_from_record(qps, o.record, o.rc == 0, o.folder, time.monotonic() - t0, note)
-
-
-#: An early-stopping shortfall up to this many queries in all (or twice those done) is "too few queries", no
-#: verdict on the rate: with no query over the limit LoadGen's p99 early stopping needs ~460 queries; near the
-#: bound it asks for tens of thousands more (docs/results: 66,393 more after 2,040).
-FEW_QUERIES = 1000
-NO_VERDICT = "INVALID only on LoadGen's early stopping,"
-
-
-def try_from_record(qps: float, rec: dict, ok: bool, folder, wall_s: float, note: str = "") -> Try:
-    """The ``Try`` of a run whose ``run.json`` is ``rec`` (``ok``: the run finished; else validity None and no
-    p99s or tokens/s: what LoadGen reports for a failed run is not a measurement)."""
-    if not ok:
-        return Try(qps, None, folder=str(folder), note=note, wall_s=round(wall_s, 1))
-    lg = rec.get("loadgen") or {}
-    trend = ((rec.get("latency") or {}).get("harness") or {}).get("ttft_trend") or {}
-    judged = describe_trend(trend) or (not_judged(trend) if rec.get("validity") == "VALID" else None)
-    validity, why = rec.get("validity"), None
-    if validity == "INVALID":
-        why, short = f"INVALID: {invalid_why(rec)}", early_stopping_shortfall(rec)
-        if lg.get("result_perf_constraints_met") is True and lg.get("early_stopping_met") is False and short:
-            done, more = short
-            if done + more <= max(2 * done, FEW_QUERIES):  # too few queries: no verdict on the rate
-                validity = None
-                need = -(-int((done + more) * 1.25) // 100) * 100
-                why = (f"{NO_VERDICT} every p99 under its limit: {done} queries were too few (it needs at least "
-                       f"{more} more); search again with --min-query-count {need} or more and a new --log (the "
-                       "tries of a log share their settings)")
-            else:
-                why += f" (every p99 under its limit; it needs at least {more} more queries: near the bound)"
-    note = "; ".join(x for x in (note, why, judged) if x)
-    return Try(qps, validity, _ms(lg.get("result_first_token_99.00_percentile_latency_ns")),
-               _ms(lg.get("result_time_per_output_token_99.00_percentile_ns")),
-               rec.get("tokens_per_s"), str(folder), note, round(wall_s, 1), trend.get("growing"))
-
-
-def sut_run_settings(scenario: str, out: Path, run_args: list[str], min_duration_s: float, min_query_count: int,
-                     progress: bool = False):
-    """``python -m sut run``'s settings for the tries, parsed as it parses ``run_args`` (preset, flags,
-    ``--option``): ``(RunSettings, EngineSettings, GenerationSettings, options, command)``; each try draws the
-    run's progress bar only when ``progress`` (and ``run_args`` has no ``--no-progress``). Bad input exits 2
-    (argparse) or raises ``BadInput``."""
-    from sut import cli
-
-    args = [*run_args, "--scenario", scenario, "--min-duration-s", f"{min_duration_s:g}", "--min-query-count",
-            str(min_query_count), "--output-dir", str(out), *([] if progress else ["--no-progress"])]
-    a = cli.build_parser().parse_args(["run", *args])
-    a.argv = ["run", *args]
-    return (*cli.settings_from_args(a), "python scripts/find_qps.py (one process) = python -m sut " +
-            " ".join(shlex.quote(x) for x in a.argv) + " --target-qps QPS")
 
 
 class TryFailed(Exception):
