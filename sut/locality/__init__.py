@@ -11,7 +11,8 @@ Modules: ``trace`` (deterministic trace generator, shifted warm-up traces, input
 of the dispatch core with their options), ``burst`` (one burst through routing x transport x ledger,
 validated and measured), ``pairs`` (the study's pair protocol: fresh engines per case, warm-ups,
 placement checks), ``runner`` (trace preparation, run folder, ``locality.json``, figure), ``report``
-(console tables), ``study`` (validation of every request, pair report and figure). Routing policies
+(console tables), ``study`` (validation of every request, pair report and figure), ``cli_args``
+(``python -m sut.locality``'s flags and the settings read from them). Routing policies
 are the dispatch core's (``sut.core.routing``).
 """
 

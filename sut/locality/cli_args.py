@@ -1,0 +1,196 @@
+"""``python -m sut.locality``'s command line: the flags of ``run``, ``describe`` and ``report``
+(``add_commands``; the trace and protocol flags come from the settings dataclasses' ``knob`` fields) and the
+settings read back from the parsed arguments (a ``--trace-preset``'s values, then the flags given).
+``sut/locality/__main__.py`` dispatches the commands."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from sut.cli_flags import add_engine_flags, engine_defaults, engine_settings_from_args
+from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings
+from sut.engine import EngineSettings
+from sut.engine.settings import MAX_SEED
+from sut.exits import BadInput
+from sut.locality.pairs import PairSettings
+from sut.locality.systems import SYSTEMS
+from sut.locality.trace import TRACE_PRESETS, TraceSettings
+
+_VERBOSE_HELP = ("debug logging, and vLLM's own output (its logs, warnings and the harmless 'Chat template warmup "
+                 "failed' traceback) on the console instead of RUN/<case>/engine-N.log")
+#: ``-v`` of the commands that start no engine (``describe``, ``report``).
+_VERBOSE_NO_ENGINE_HELP = "debug logging (this command starts no engine)"
+
+
+def _defaults(cls) -> dict:
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+_TD, _AD, _PD = _defaults(TraceSettings), _defaults(AffinitySettings), _defaults(PairSettings)
+
+
+def _flags(cls) -> dict:
+    """name -> (argparse type or ``{"choices": ...}``, help) of the fields of ``cls`` declared with
+    ``sut.locality.knob`` (a help in their metadata)."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if "help" in f.metadata:
+            kind = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+            out[f.name] = ({"choices": f.metadata["choices"]} if "choices" in f.metadata else kind[0],
+                           f.metadata["help"].replace("%", "%%"))
+    return out
+
+
+# name -> (argparse keywords, help); "(default ...)" is appended from the settings dataclass
+_TRACE = _flags(TraceSettings)
+_PROTOCOL = _flags(PairSettings)
+_ROUTER = {
+    "block_tokens": (int, "prefix_affinity: tokens per hashed block of the prompt"),
+    "prefix_blocks": (int, "prefix_affinity: blocks hashed per prompt (the key covers the first "
+                           "block_tokens x prefix_blocks tokens; shorter prompts go least-loaded)"),
+    "release_tokens": (int, "prefix_affinity: estimated uncached prefill tokens in flight beyond which an owner's "
+                            "request may go elsewhere (see --release-gate); about peak prefill tokens/s x the extra "
+                            "TTFT you accept"),
+    "release_gate": ({"choices": RELEASE_GATES}, "prefix_affinity: excess = release when the owner's uncached work "
+                     "exceeds the least busy replica's by --release-tokens (a burst that loads every replica alike "
+                     "keeps affinity); absolute = when it exceeds --release-tokens by itself (a TTFT bound per owner); never = no "
+                     "release (the study's router; default of the study trace presets, else excess)"),
+    "max_entries": (int, "prefix_affinity: affinity map size, block hashes (LRU)"),
+    "decode_weight": (float, "least_loaded, prefix_affinity: a request's estimated work = uncached prompt tokens + "
+                             "decode_weight x --max-tokens"),
+}
+_DEFAULT_LEN = TraceSettings().max_prompt_tokens + TraceSettings().max_tokens
+_ENGINE_HELP = {
+    "model": "HF model folder (config.json; weights unless --load-format dummy) (required)",
+    "max_model_len": f"context length of every engine; default: the trace's longest possible prompt + --max-tokens "
+                     f"({_DEFAULT_LEN:,} for the default ~8K-token documents: {_TD['doc_tokens']:,} x "
+                     f"{1 + _TD['doc_jitter']:g} + BOS + question + {_TD['max_tokens']}); must not exceed the model's "
+                     "max_position_embeddings (Llama 3.1: 131,072; the tiny CPU model: 8,192 -> use --doc-tokens <= 7000)",
+    "device": "auto (every visible GPU, else CPU) | cuda | cpu (default auto)",
+    "engines_per_device": "replicas per GPU (sharing its memory) or number of CPU replicas (default 1); every system "
+                          "gets this many replicas, replica r on the same device",
+}
+_PRESET_HELP = ("the study's traces (../shared/research/study.md): study-no-reuse = 64 news documents x 1 question, "
+                "study-reuse = 64 x 4 = 256 requests; ~8K-token documents, one shuffled burst (--rate 0), exactly 16 "
+                "new tokens each (--max-tokens 16), --text news (needs --dataset); explicit flags override the preset")
+
+
+def _add(group, fields: dict, defaults: dict) -> None:
+    for name, (kind, help_) in fields.items():
+        kw = dict(kind) if isinstance(kind, dict) else {"type": kind}
+        if defaults.get(name) is not None:
+            help_ += f" (default {defaults[name]})"
+        group.add_argument("--" + name.replace("_", "-"), dest=name, help=help_, **kw)
+
+
+def _pick(a, fields: dict) -> dict:
+    """The fields given on the command line (the rest keep their dataclass defaults)."""
+    return {name: getattr(a, name) for name in fields if getattr(a, name, None) is not None}
+
+
+def _add_run_flags(s) -> None:
+    y = s.add_argument_group("systems (sut/locality/systems.py)")
+    y.add_argument("--systems", nargs="+", default=["standalone"], metavar="SYSTEM",
+                   help=f"systems to compare, any of: {', '.join(SYSTEMS)} (default standalone). standalone = vLLM "
+                        "engines of this host; flame = the Flame transport (needs a Flame control plane: "
+                        "FLAME_ENDPOINT, see docs/locality.md) with the study's settings: batch limit 128, window 10 ms, "
+                        "zlib payloads, frozen start-up heap")
+    y.add_argument("--http", action="store_true", help="standalone = `vllm serve` replicas started here (the study's "
+                   "standalone path) instead of in-process engines")
+    y.add_argument("--server-url", nargs="+", metavar="URL", help="standalone = these running `vllm serve` servers "
+                   "(one replica each, space- or comma-separated; engines are then not fresh per pair); each must "
+                   "answer and serve --model before anything starts (exit 2)")
+    y.add_argument("--system-option", action="append", default=[], metavar="SYSTEM.KEY=VALUE",
+                   help="an option of a system's transport (JSON value, else a string), e.g. flame.batch_size=64 or "
+                        "standalone.dispatch_chunk=64; repeatable")
+    r = s.add_argument_group("routing (sut/core/routing AffinitySettings)")
+    r.add_argument("--policies", nargs="+", help=f"routing policies, each run per system and pair: {', '.join(ROUTERS)} "
+                   "(default round_robin least_loaded prefix_affinity)")
+    _add(r, _ROUTER, _AD)
+    g = s.add_argument_group("protocol (sut/locality/pairs.py PairSettings)")
+    _add(g, _PROTOCOL, _PD)
+    g.add_argument("--output-dir", default="results/locality", help="base folder of the run folders "
+                   "(default results/locality)")
+    g.add_argument("--run-name", help="run folder name prefix (default: time + systems)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e = s.add_argument_group("engine (sut/engine EngineSettings; prefix caching is always ON here)")
+    add_engine_flags(e, defaults=engine_defaults(), skip=("seed",), help=_ENGINE_HELP)
+    e.add_argument("--engine-seed", type=int, help="vLLM seed (--seed is the trace's; default 0)")
+
+
+def add_commands(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the commands (``run``, ``describe``, ``report``) and their flags to ``p`` (``python -m sut.locality``'s
+    parser, ``build_parser``); returns ``p``."""
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging; with run also vLLM's own output "
+                   "on the console instead of RUN/<case>/engine-N.log")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "describe"):
+        s = sub.add_parser(name, help="the pair protocol: systems x policies x pairs" if name == "run" else
+                           "print the trace's shape as a table (no engines)")
+        s.add_argument("-v", "--verbose", dest="sub_verbose", action="store_true",
+                       help=_VERBOSE_HELP if name == "run" else _VERBOSE_NO_ENGINE_HELP)
+        t = s.add_argument_group("trace (sut/locality/trace.py TraceSettings)")
+        _add(t, _TRACE, _TD)
+        t.add_argument("--trace-preset", choices=sorted(TRACE_PRESETS), help=_PRESET_HELP)
+        if name == "describe":
+            s.add_argument("--json", action="store_true", help="print the shape as JSON instead of a table")
+        else:
+            _add_run_flags(s)
+    r = sub.add_parser("report", help="one report from the finished cases of several runs (sut/locality/merge.py)")
+    r.add_argument("-v", "--verbose", dest="sub_verbose", action="store_true", help=_VERBOSE_NO_ENGINE_HELP)
+    r.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with cases.jsonl), merged in this order: "
+                   "their pairs are renumbered run by run; only runs of the same trace and settings")
+    r.add_argument("--output-dir", default="results/locality", help="base folder of the merged run folder "
+                   "(default results/locality)")
+    r.add_argument("--run-name", help="merged run folder name prefix (default: time + 'merged')")
+    return p
+
+
+def _trace_settings(a) -> TraceSettings:
+    """The preset's trace fields (``--trace-preset``), overridden by the flags given."""
+    return TraceSettings(**{**TRACE_PRESETS.get(a.trace_preset, {}).get("trace", {}), **_pick(a, _TRACE)})
+
+
+def _preset_overrides(a) -> list[str]:
+    """One note per setting of ``--trace-preset`` that a flag changed (the record keeps the preset's name, so it must
+    also say that the shape is not the preset's)."""
+    preset = TRACE_PRESETS.get(a.trace_preset)
+    if not preset:
+        return []
+    given = {**_pick(a, _TRACE), **_pick(a, _PROTOCOL), **_pick(a, _ROUTER)}
+    return [f"--trace-preset {a.trace_preset}: {k} {given[k]!r} given instead of the preset's {v!r}"
+            for part in preset.values() for k, v in part.items() if k in given and given[k] != v]
+
+
+def _engine(a, ts: TraceSettings) -> EngineSettings:
+    """Engine settings (prefix caching on); ``BadInput`` for a context too short for the trace."""
+    base = {"max_model_len": ts.max_prompt_tokens + ts.max_tokens}
+    if a.engine_seed is not None and not 0 <= a.engine_seed <= MAX_SEED:
+        raise BadInput(f"error: --engine-seed must be in [0, {MAX_SEED}] (vLLM's range), got {a.engine_seed}")
+    # the namespace's `seed` is the trace's (--seed): the engine's comes from --engine-seed alone
+    engine_args = argparse.Namespace(**{**vars(a), "seed": a.engine_seed})
+    es = dataclasses.replace(engine_settings_from_args(engine_args, base), enable_prefix_caching=True)
+    if es.max_model_len < ts.max_prompt_tokens + ts.max_tokens:
+        raise BadInput(f"error: --max-model-len {es.max_model_len} is below the longest prompt + max_tokens "
+                       f"({ts.max_prompt_tokens} + {ts.max_tokens}); leave it out to get exactly that")
+    return es
+
+
+def _protocol(a) -> PairSettings:
+    run = {**TRACE_PRESETS.get(a.trace_preset, {}).get("run", {}), **_pick(a, _PROTOCOL)}
+    if a.policies:
+        run["policies"] = tuple(a.policies)
+    ps = PairSettings(progress=not a.no_progress, **run)
+    unknown = [x for x in ps.policies if x not in ROUTERS]
+    if unknown:
+        raise BadInput(f"error: unknown policy {unknown}; known: {', '.join(ROUTERS)}")
+    return ps
+
+
+def _routing(a, revision: str) -> AffinitySettings:
+    """The router knobs: the trace preset's ``routing`` (study presets: release gate ``never``), then the flags."""
+    return AffinitySettings(**{**TRACE_PRESETS.get(a.trace_preset, {}).get("routing", {}), **_pick(a, _ROUTER)},
+                            model_revision=revision)
