@@ -1,8 +1,8 @@
 """The Flame-batched SUT and the ``flame`` transport: requests -> batches -> tasks of Flame sessions -> vLLM.
 
-Client side: ``options`` (``FlameOptions``), ``session`` (connect, application, one replica's
-session), ``warmup``, ``batcher``, ``tasks`` (task tracker), ``stats``, ``watch`` (task watching on
-one asyncio loop), ``transport`` (``FlameTransport``, registered as ``flame``), ``client``
+Client side: ``options`` (``FlameOptions``), ``endpoint`` (endpoint, connect, reachability), ``session``
+(application, one replica's session), ``warmup``, ``batcher``, ``tasks`` (task tracker), ``stats``, ``watch``
+(task watching on one asyncio loop), ``transport`` (``FlameTransport``, registered as ``flame``), ``client``
 (``FlameSUT``, registered as ``--sut flame``). Service side (``python -m sut.flame.serve``):
 ``service_config`` (the session's common data), ``seats``, ``hostlink`` (host <-> forwarder frames),
 ``engine_host``, ``service`` (``VllmBatchService``). Shared: ``payload`` (the task/result format),

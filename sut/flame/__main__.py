@@ -67,7 +67,7 @@ def _connect_checked(endpoint_arg):
     """``(connection, endpoint)``; ``BadInput`` for a malformed endpoint or one where nothing answers."""
     from sut.base import RunFailed
     from sut.flame.client import connect
-    from sut.flame.session import check_control_plane
+    from sut.flame.endpoint import check_control_plane
 
     try:
         check_control_plane(endpoint_arg)

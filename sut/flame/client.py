@@ -9,7 +9,7 @@ any session exists and sends the dataset's path and hash to the services with ``
 
 Before anything starts (``preflight``, exit 2 and no run folder): a Flame endpoint must be given (option
 ``endpoint`` / ``--flame-endpoint``, ``FLAME_ENDPOINT`` or ``~/.flame/flame.yaml``) and its session manager
-must accept a connection within ``sut.flame.session.PREFLIGHT_TIMEOUT_S`` seconds.
+must accept a connection within ``sut.flame.endpoint.PREFLIGHT_TIMEOUT_S`` seconds.
 
 ``connect`` and ``executors_per_engine`` are re-exported here for the entry points that import them.
 """
@@ -20,7 +20,7 @@ from sut.base import InputError, RunFailed, SUTContext, register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.engine import EngineSettings
 from sut.flame.options import FlameOptions, executors_per_engine
-from sut.flame.session import check_control_plane, connect, resolve_endpoint
+from sut.flame.endpoint import check_control_plane, connect, resolve_endpoint
 
 __all__ = ["FlameOptions", "FlameSUT", "connect", "executors_per_engine", "resolve_endpoint"]
 
@@ -40,7 +40,7 @@ class FlameSUT(TransportSUT):
     def preflight(cls, options: FlameOptions, engine: EngineSettings) -> None:
         """``InputError`` when ``min_executors`` exceeds the executors a replica session asks for, no Flame
         endpoint is given, or its session manager does not accept a connection within ``PREFLIGHT_TIMEOUT_S``
-        seconds (``sut.flame.session.check_control_plane``)."""
+        seconds (``sut.flame.endpoint.check_control_plane``)."""
         per_engine = options.per_engine(engine.max_num_seqs)
         if options.min_executors is not None and options.min_executors > per_engine:
             raise InputError(f"--sut flame: min_executors {options.min_executors} is more than the {per_engine} "

@@ -57,7 +57,7 @@ class EnterWatch:
         """True when Flame lists the session Closed or does not know it; False when open or unknown."""
         import flamepy
 
-        from sut.flame.session import connect
+        from sut.flame.endpoint import connect
 
         try:
             if self._conn is None:

@@ -12,7 +12,8 @@ replica with tasks in flight whose executors sat on a node that Flame now lists 
 Flame lists no live executor (Idle/Binding/Bound/Unbinding) in two polls running, is lost. The first loss is
 reported once through ``on_lost(replica, message)`` (the transport's fatal event, which fails the run), and
 ``lost`` is set so that closing the session does not wait for tasks that can never end. A poll that cannot
-reach the session manager does nothing: that loss has its own checks (``sut.flame.session``).
+reach the session manager does nothing: that loss has its own checks (``sut.flame.session``,
+``sut.flame.endpoint``).
 
 A service process that dies while its executor waits for a task (a forwarder with nothing to do) fails no
 task: the run completes on the other executors. Its executor stays Bound until the session closes, then

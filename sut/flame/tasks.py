@@ -26,7 +26,8 @@ from typing import Optional
 
 from sut.core.messages import Completion
 from sut.flame import payload as pl
-from sut.flame.session import CANCELLED, LOST, SUCCEED, ReplicaSession, lost_cause
+from sut.flame.endpoint import lost_cause
+from sut.flame.session import CANCELLED, LOST, SUCCEED, ReplicaSession
 from sut.flame.stats import FlameStats
 
 log = logging.getLogger("sut.flame.transport")

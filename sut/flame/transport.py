@@ -43,7 +43,8 @@ from sut.flame.batcher import Batcher, check_fits
 from sut.flame.health import ExecutorHealth, executors_of, stuck_after_close
 from sut.flame.options import FlameOptions
 from sut.flame.service_config import make_common_data
-from sut.flame.session import ReplicaSession, connect, ensure_app
+from sut.flame.endpoint import connect
+from sut.flame.session import ReplicaSession, ensure_app
 from sut.flame.stats import FlameStats
 from sut.flame.tasks import TaskTracker
 from sut.flame.warmup import Warmup

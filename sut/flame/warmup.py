@@ -22,7 +22,8 @@ from typing import Optional
 
 from sut.base import RunFailed
 from sut.flame import payload as pl
-from sut.flame.session import LOST, SUCCEED, ReplicaSession, lost_cause
+from sut.flame.endpoint import lost_cause
+from sut.flame.session import LOST, SUCCEED, ReplicaSession
 
 log = logging.getLogger("sut.flame.transport")
 

@@ -52,7 +52,7 @@ class SystemSpec:
 def check_flame(options) -> None:
     """The Flame system needs a control plane that answers (``ValueError`` saying how to get one)."""
     from sut.base import RunFailed
-    from sut.flame.session import check_control_plane
+    from sut.flame.endpoint import check_control_plane
 
     try:
         check_control_plane(getattr(options, "endpoint", None))

@@ -1,0 +1,85 @@
+"""Where the Flame control plane is and whether it answers: ``resolve_endpoint`` (option, else ``FLAME_ENDPOINT``,
+else ``~/.flame/flame.yaml``), ``connect`` (a flamepy connection), ``reachable`` / ``check_control_plane`` (the
+session manager's frontend port accepts a TCP connection; the preflight before a run) and ``lost_cause`` (a lost
+task's message, naming an unreachable session manager)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Optional
+from urllib.parse import urlparse
+
+from sut.base import RunFailed
+
+#: Seconds Flame's session manager has to accept a TCP connection before a run starts (``check_control_plane``).
+PREFLIGHT_TIMEOUT_S = 3.0
+
+
+def resolve_endpoint(endpoint: Optional[str] = None) -> str:
+    """Option, else ``FLAME_ENDPOINT``, else ``~/.flame/flame.yaml``; ``RunFailed`` if none, or if that file
+    cannot be read."""
+    if endpoint:
+        return endpoint
+    import yaml
+    from flamepy import FlameContext, FlameError
+
+    try:
+        ctx = FlameContext()  # reads ~/.flame/flame.yaml, then FLAME_ENDPOINT overrides it
+    except FlameError as e:
+        raise RunFailed(f"cannot read the Flame endpoint from ~/.flame/flame.yaml: {e.message}") from None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, yaml.YAMLError) as e:  # unreadable, bad YAML
+        raise RunFailed(f"cannot read the Flame endpoint from ~/.flame/flame.yaml: {e}") from None
+    if not ctx._endpoint:
+        raise RunFailed("no Flame endpoint: pass --flame-endpoint / --option endpoint=http://HOST:8080, set "
+                        "FLAME_ENDPOINT, or write ~/.flame/flame.yaml")
+    return ctx._endpoint
+
+
+def connect(endpoint: Optional[str] = None):
+    """``(flamepy Connection, endpoint)``; ``RunFailed`` with the reason if Flame cannot be reached."""
+    import flamepy
+
+    ep = resolve_endpoint(endpoint)
+    tls = flamepy.FlameContext().tls if ep.startswith("https://") else None
+    try:
+        return flamepy.connect(ep, tls), ep
+    except flamepy.FlameError as e:
+        raise RunFailed(f"cannot connect to Flame at {ep}: {e.message}") from None
+
+
+def reachable(endpoint: Optional[str], timeout: float = 2.0) -> bool:
+    """True if the session manager's frontend port accepts a TCP connection within ``timeout`` seconds
+    (False also for a URL whose port is not a number)."""
+    u = urlparse(endpoint or "")
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 8080), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def check_control_plane(endpoint: Optional[str] = None, timeout: float = PREFLIGHT_TIMEOUT_S) -> str:
+    """The resolved endpoint (``resolve_endpoint``); ``RunFailed`` when there is none or its session manager
+    does not accept a TCP connection within ``timeout`` seconds (``reachable``)."""
+    ep = resolve_endpoint(endpoint)
+    u = urlparse(ep)
+    try:
+        port_ok = u.port is not None or not u.netloc.endswith(":")
+    except ValueError:  # a port that is not a number or past 65535
+        port_ok = False
+    if u.scheme not in ("http", "https") or not u.hostname or not port_ok or u.path not in ("", "/"):
+        raise RunFailed(f"malformed Flame endpoint {ep!r}: expected http://HOST:PORT (or https://), e.g. "
+                        "http://127.0.0.1:8080")
+    if not reachable(ep, timeout):
+        raise RunFailed(f"no Flame session manager answers at {ep} (nothing accepts a connection there within "
+                        f"{timeout:g} s): start one (e.g. `python -m sut.flame cluster`) or pass another "
+                        "--flame-endpoint / FLAME_ENDPOINT")
+    return ep
+
+
+def lost_cause(endpoint: Optional[str], msg: str) -> str:
+    """``msg``, prefixed with the likely cause when the session manager is unreachable."""
+    if endpoint and not reachable(endpoint):
+        return (f"the Flame session manager at {endpoint} is unreachable (it stopped, or the network failed); "
+                f"with storage none its sessions are lost: {msg}")
+    return msg
