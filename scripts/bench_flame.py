@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 for _p in (REPO, REPO / "scripts"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
-from cpu_accounting import cpu_times, foreign_cpu_s, proc_stat, wait_idle, window_cpu  # noqa: E402
+from cpu_accounting import categories, cpu_times, foreign_cpu_s, proc_stat, wait_idle, window_cpu  # noqa: E402
 from fill_model import simulate_fill  # noqa: E402
 
 
@@ -108,9 +108,12 @@ def run_one(name: str, sut_args: list[str], common: list[str], out_dir: Path, lo
                 text = logp.read_text(errors="replace") if state != "done" else ""
                 if state == "wait" and "LoadGen Offline" in text:
                     win["t0"], win["cpu0"], state = time.monotonic(), cpu_times(), "in"
-                elif state == "in" and "encountered during test" in text:
-                    win["share"] = window_cpu(win["cpu0"], cpu_times(), time.monotonic() - win["t0"])
-                    state = "done"
+                    win["cats"], win["seen"] = categories(win["cpu0"]), dict(win["cpu0"])
+                elif state == "in":  # each process's last sample stays: one that exits at the end still counts
+                    win["seen"].update(cpu_times())
+                    if "encountered during test" in text:
+                        win["share"] = window_cpu(win["cpu0"], win["seen"], time.monotonic() - win["t0"], win["cats"])
+                        state = "done"
                 time.sleep(0.25)
             rc = proc.wait()
         except BaseException:

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 
-def cpu_times() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, utime+stime+cutime+cstime seconds) for every process."""
+def cpu_times() -> dict[int, tuple[int, float, float]]:
+    """pid -> (parent pid, utime+stime+cutime+cstime seconds, utime+stime seconds) for every process."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for name in os.listdir("/proc"):
@@ -25,7 +25,7 @@ def cpu_times() -> dict[int, tuple[int, float]]:
         except OSError:
             continue
         rest = stat[stat.rfind(")") + 2:].split()
-        out[int(name)] = (int(rest[1]), sum(int(x) for x in rest[11:15]) / tick)
+        out[int(name)] = (int(rest[1]), sum(int(x) for x in rest[11:15]) / tick, sum(int(x) for x in rest[11:13]) / tick)
     return out
 
 
@@ -34,7 +34,7 @@ def _ours(times: dict) -> set[int]:
     mine, changed = {os.getpid()}, True
     while changed:
         changed = False
-        for pid, (ppid, _) in times.items():
+        for pid, (ppid, *_) in times.items():
             if ppid in mine and pid not in mine:
                 mine.add(pid)
                 changed = True
@@ -49,8 +49,8 @@ def foreign_cpu_s(before: dict, after: dict) -> float:
     off again, or one long job of another user ending in the window reads as many times the machine.
     """
     ours = _ours(before) | _ours(after)
-    grown = sum(t - (before[pid][1] if pid in before else 0.0) for pid, (_, t) in after.items() if pid not in ours)
-    ended = sum(t for pid, (_, t) in before.items() if pid not in after and pid not in ours)
+    grown = sum(t - (before[pid][1] if pid in before else 0.0) for pid, (_, t, _) in after.items() if pid not in ours)
+    ended = sum(t for pid, (_, t, _) in before.items() if pid not in after and pid not in ours)
     return max(0.0, grown - ended)
 
 
@@ -73,14 +73,23 @@ def _category(pid: int) -> str:
     return "other"
 
 
-def window_cpu(before: dict, after: dict, seconds: float) -> dict:
-    """CPU share of the machine per process category inside the LoadGen window (ours only)."""
+def categories(times: dict) -> dict[int, str]:
+    """pid -> category (``_CATEGORIES``) of our processes in a ``cpu_times`` snapshot, read now: at the window's
+    start, while they run (an engine that exits at the window's end has no command line left to read then)."""
+    return {pid: _category(pid) for pid in _ours(times) if pid != os.getpid()}
+
+
+def window_cpu(before: dict, after: dict, seconds: float, cats: dict[int, str] | None = None) -> dict:
+    """CPU share of the machine per process category inside the LoadGen window (ours only), from each process's
+    own time (utime + stime: a child reaped inside the window would otherwise add its whole life to its parent).
+    ``cats``: :func:`categories` of ``before``, taken when it was; missing pids are read now."""
     ours = _ours(after)
+    cats = cats or {}
     out: dict = {}
-    for pid, (_, t) in after.items():
+    for pid, (_, _, own) in after.items():
         if pid in ours and pid in before and pid != os.getpid():
-            cat = _category(pid)
-            out[cat] = out.get(cat, 0.0) + t - before[pid][1]
+            cat = cats.get(pid) or _category(pid)
+            out[cat] = out.get(cat, 0.0) + own - before[pid][2]
     total = seconds * (os.cpu_count() or 1)
     return {k: round(v / total, 4) for k, v in sorted(out.items())}
 

@@ -313,7 +313,7 @@ class SampleLedger:
             now = time.monotonic()
             if now - self._bar_drawn >= self._bar.mininterval:  # Server: one query per call, redraw at most 1/s
                 self._bar_drawn = now
-                self._bar.refresh()
+                self._redraw(self._bar)
 
     def _bar_advance(self, n: int, close: bool) -> None:
         if self._bar is None:
@@ -335,7 +335,14 @@ class SampleLedger:
             # drawn by neither a growing total (_bar_total) nor a completion (tqdm's update, on tqdm's own clock)
             if now - self._bar_drawn >= bar.mininterval and bar._time() - bar.last_print_t >= bar.mininterval:
                 self._bar_drawn = now
-                bar.refresh()
+                self._redraw(bar)
+
+    @staticmethod
+    def _redraw(bar) -> None:
+        """Redraw ``bar`` now and count it as tqdm's last print (``refresh`` alone does not: tqdm's next ``update``
+        would then draw again before ``mininterval`` has passed)."""
+        bar.refresh()
+        bar.last_print_t, bar.last_print_n = bar._time(), bar.n
 
     def _bar_close(self) -> None:
         if self._bar is not None:

@@ -27,3 +27,19 @@ def test_a_process_counts_under_its_category_by_its_title(title, category):
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_window_counts_own_cpu_by_the_category_seen_at_its_start():
+    """A recheck's finds: the standalone engine exits as LoadGen's window ends (its command line already empty, so
+    it counted as "other"), and a child reaped inside the window added its whole life to its parent (120 % of
+    the machine). Categories now come from the window's start and each process counts its own utime + stime."""
+    import os
+
+    me, engine, manager = os.getpid(), 10**7 + 1, 10**7 + 2
+    before = {me: (1, 0.0, 0.0), engine: (me, 5.0, 5.0), manager: (me, 1.0, 1.0)}
+    after = {me: (1, 0.0, 0.0), engine: (me, 14.0, 14.0), manager: (me, 31.0, 1.5)}  # +29 s reaped child time
+    cats = {engine: "engine", manager: "flame control plane"}
+    share = cpu_accounting.window_cpu(before, after, 10.0, cats)
+    n = os.cpu_count() or 1
+    assert share == {"engine": round(9.0 / (10 * n), 4), "flame control plane": round(0.5 / (10 * n), 4)}
+    assert set(cpu_accounting.categories({me: (1, 0, 0)})) == set()  # the script itself is not counted

@@ -174,7 +174,10 @@ def test_a_bar_written_to_a_log_file_redraws_every_30_s_not_every_second(capsys,
     led._bar.last_print_t -= 11
     led.tick()
     assert capsys.readouterr().err.count("\r") == 1
-    led.complete([(rid, np.array([1], np.int32)) for rid, _ in pairs])
+    led.complete([(rid, np.array([1], np.int32)) for rid, _ in pairs[:2]])  # 17 s after that frame: none
+    assert led.wait_sent(10)
+    assert capsys.readouterr().err.count("\r") == 0
+    led.complete([(rid, np.array([1], np.int32)) for rid, _ in pairs[2:]])
     assert led.wait_sent(10)
     led.close()
     assert "4/4" in capsys.readouterr().err  # the last frame is always written

@@ -374,4 +374,7 @@ def test_one_pair_figure_tells_the_policies_apart_and_spans_whole_pairs():
     assert lines[0].get_marker() != lines[1].get_marker() and lines[0].get_linestyle() != lines[1].get_linestyle()
     assert ax1.get_xlim() == (-0.5, 0.5) and ax2.get_xlim() == (-0.5, 0.5) and list(ax1.get_xticks()) == [0]
     assert "only standalone ran" in ax2.texts[0].get_text()
-    assert ax1.get_ylim()[0] == 0  # throughput from 0: a new user read 5.4 vs 9.2 req/s as far more than 1.7x
+    # throughput from 0 (a new user read 5.4 vs 9.2 req/s as far more than 1.7x), the highest point not on the
+    # border (a recheck found it half cut off)
+    top = max(r["requests_per_s"] for r in recs)
+    assert ax1.get_ylim()[0] == 0 and ax1.get_ylim()[1] >= 1.1 * top

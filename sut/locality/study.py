@@ -252,11 +252,14 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
     for i, s, po in series:  # a colour per system (as in the third panel), a marker and line style per policy:
         j = policies.index(po)  # one pair (one point per line) must still tell the policies apart
         pts = sorted((p, r[metric]) for (s2, po2, p), r in idx.items() if (s2, po2) == (s, po))
-        ax1.plot([p for p, _ in pts], [v for _, v in pts], color=f"C{i}", marker="os^D"[j % 4],
+        dx = (j - (len(policies) - 1) / 2) * 0.06  # policies side by side: near-equal values must not hide one
+        ax1.plot([int(p) + dx for p, _ in pts], [v for _, v in pts], color=f"C{i}", marker="os^D"[j % 4],
                  linestyle=styles[j % 4], label=f"{s}, {po}")
     pairs = sorted({int(p) for *_, p in idx})
     ax1.set(xlabel="pair", ylabel=metric.replace("_", " ").replace(" per s", "/s"), title=f"{metric} per pair")
-    ax1.set_ylim(bottom=0)  # from 0: two systems' levels compare by eye (ratios are the second panel's)
+    top = max((r[metric] for r in idx.values()), default=0.0)
+    # from 0, so that levels compare by eye (ratios are the second panel's), with room above the highest point
+    ax1.set_ylim(0, top * 1.12 if top > 0 else 1)
     ax1.legend(fontsize=8)
     if report["pair_ratios"]:
         for po, r in report["pair_ratios"].items():
