@@ -49,8 +49,8 @@ def foreign_cpu_s(before: dict, after: dict) -> float:
     off again, or one long job of another user ending in the window reads as many times the machine.
     """
     ours = _ours(before) | _ours(after)
-    grown = sum(t - (before[pid][1] if pid in before else 0.0) for pid, (_, t, _) in after.items() if pid not in ours)
-    ended = sum(t for pid, (_, t, _) in before.items() if pid not in after and pid not in ours)
+    grown = sum(v[1] - (before[pid][1] if pid in before else 0.0) for pid, v in after.items() if pid not in ours)
+    ended = sum(v[1] for pid, v in before.items() if pid not in after and pid not in ours)
     return max(0.0, grown - ended)
 
 
