@@ -92,21 +92,31 @@ def _hint_max_samples(result: dict, args: argparse.Namespace, argv: list[str]) -
               "as the run did):\n  %s", why, k, cmd)
 
 
-def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], output_dir: Path) -> None:
+def _run_record(accuracy_log: str) -> dict | None:
+    """The ``run.json`` beside ``accuracy_log`` (parsed), or None: no such file, unreadable, or not an object."""
+    from accuracy.jsontext import parse_json
+
+    try:
+        rec = parse_json((Path(accuracy_log).parent / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], output_dir: Path,
+                                 rec: dict | None) -> None:
     """A re-score that writes into the run's own folder must use the run's dataset and ``--max-samples``
     (its ``run.json``): otherwise its verdict (coverage failures, scores of other samples) would replace the
     run's ``accuracy.json``, which ``python -m sut package`` takes. Raises ``BadInput`` (exit 2, nothing
     written) naming the field and the command to use; no ``run.json`` or an unreadable one: no check."""
-    from accuracy.jsontext import parse_json
     from sut.dataset import sha256_file
 
     run_dir = Path(args.accuracy_log).parent
     try:
-        if output_dir.resolve() != run_dir.resolve():
+        if rec is None or output_dir.resolve() != run_dir.resolve():
             return
-        rs = parse_json((run_dir / "run.json").read_text(encoding="utf-8"))
-        recorded, ds = rs["run_settings"].get("max_samples"), rs.get("dataset")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        recorded, ds = rec["run_settings"].get("max_samples"), rec.get("dataset")
+    except (OSError, KeyError, TypeError, AttributeError):
         return
     elsewhere = "or write the results elsewhere with --output-dir DIR"
     if recorded != args.max_samples and (recorded is None or isinstance(recorded, int)):
@@ -122,20 +132,17 @@ def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], outp
                        f"accuracy.json; pass the run's dataset, {elsewhere}")
 
 
-def _fill_from_run(args: argparse.Namespace) -> None:
+def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
     """Without ``--dataset``: the run's dataset, gate tokenizer (``--tokenizer``, else the model folder), model EOS
-    ids and ``--max-samples`` from the ``run.json`` next to the log, each only where the command gave none.
+    ids and ``--max-samples`` from ``rec`` (the ``run.json`` next to the log), each only where the command gave none.
     Raises ``BadInput`` when there is no readable ``run.json`` naming a dataset."""
-    from accuracy.jsontext import parse_json
-
     run_json = Path(args.accuracy_log).parent / "run.json"
     try:
-        rec = parse_json(run_json.read_text(encoding="utf-8"))
         rs, model = rec["run_settings"], rec.get("model") or {}
         dataset = rs["dataset"]
         if not isinstance(dataset, str) or not dataset:
             raise TypeError
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError):
         raise BadInput(f"--dataset is required: {run_json} is missing, unreadable or names no dataset "
                        "(run_settings.dataset); pass --dataset FILE --tokenizer PATH") from None
     args.dataset = dataset
@@ -155,8 +162,9 @@ def _fill_from_run(args: argparse.Namespace) -> None:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
+    rec = _run_record(args.accuracy_log)
     if args.dataset is None:
-        _fill_from_run(args)
+        _fill_from_run(args, rec)
     from accuracy.gate import GateSettings, evaluate
 
     acc_log = Path(args.accuracy_log)
@@ -171,7 +179,7 @@ def _main(argv: list[str]) -> int:
         clean_up_spaces={"auto": None, "on": True, "off": False}[args.clean_up_spaces],
         write_reference=Path(args.write_reference) if args.write_reference else None,
     )
-    _refuse_a_mismatched_rescore(args, argv, settings.output_dir)
+    _refuse_a_mismatched_rescore(args, argv, settings.output_dir, rec)
     try:
         result = evaluate(settings)
     except AccuracyInputError:  # exit 2 (sut.exits); some are OSErrors too (TokenizerNotFoundError)

@@ -110,7 +110,7 @@ def run_one(name: str, sut_args: list[str], common: list[str], out_dir: Path, lo
                     win["t0"], win["cpu0"], state = time.monotonic(), cpu_times(), "in"
                     win["cats"], win["seen"] = categories(win["cpu0"]), dict(win["cpu0"])
                 elif state == "in":  # each process's last sample stays: one that exits at the end still counts
-                    win["seen"].update(cpu_times())
+                    win["seen"].update(cpu_times(win["cats"]))  # ours only: window_cpu counts no newcomer
                     if "encountered during test" in text:
                         win["share"] = window_cpu(win["cpu0"], win["seen"], time.monotonic() - win["t0"], win["cats"])
                         state = "done"

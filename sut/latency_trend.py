@@ -84,13 +84,14 @@ def queue_trend(issued_s: Sequence[float], ttft_s: Sequence[float], e2e_s: Seque
     start = max(span / 2, WARM_SERVICES * service)
     bins = min(BINS, int((span - start) // service)) if span > start else 0
     horizon = horizon_s if horizon_s is not None and math.isfinite(horizon_s) else None
+    last_quarter = _p50(y[t >= 3 * span / 4])
     out = {"samples": int(len(y)), "span_s": round(span, 3), "issued_qps": round((len(y) - 1) / span, 3),
            "service_s_p50": round(service, 3), "first_quarter_p50_ms": _p50(y[t <= span / 4]),
-           "last_quarter_p50_ms": _p50(y[t >= 3 * span / 4]), "judged": bins >= MIN_BINS,
+           "last_quarter_p50_ms": last_quarter, "judged": bins >= MIN_BINS,
            "needs_span_s": round(max(2 * MIN_BINS * service, 2 * MIN_SPAN_S), 1), "fit_from_s": round(start, 3),
            "bins": bins, "slope_ms_per_s": None, "slope_z": None, "fit_mid_s": None, "fit_mid_ms": None,
            "horizon_s": horizon, "projected_p50_ms": None, "growing": None,
-           "saturated": None if limit_ms is None else bool(_p50(y[t >= 3 * span / 4]) > limit_ms)}
+           "saturated": None if limit_ms is None else last_quarter > limit_ms}
     if not out["judged"]:
         return out
     window = t >= start

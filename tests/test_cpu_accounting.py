@@ -43,3 +43,11 @@ def test_the_window_counts_own_cpu_by_the_category_seen_at_its_start():
     n = os.cpu_count() or 1
     assert share == {"engine": round(9.0 / (10 * n), 4), "flame control plane": round(0.5 / (10 * n), 4)}
     assert set(cpu_accounting.categories({me: (1, 0, 0)})) == set()  # the script itself is not counted
+
+
+def test_cpu_times_of_given_pids_reads_only_those_still_there():
+    import os
+
+    gone = 2**22 + 12345  # above Linux's pid_max default: no such process
+    assert set(cpu_accounting.cpu_times([os.getpid(), gone])) == {os.getpid()}
+    assert os.getpid() in cpu_accounting.cpu_times()
