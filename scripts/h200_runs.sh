@@ -282,8 +282,9 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # entry's +flags, on CONFIRM_DATA (default $REAL, the prompts the search used). ":S" makes a dev run:
     # --min-duration-s S, and for Offline also --min-query-count 1 (else LoadGen's 13,368-sample minimum sets the
     # length: 2026-12-02 an Offline=56:60 took 6.5 min). Runs in $JOB/confirm/ as confirm-SCENARIO-QPS[-Ss][-flags]
-    # (run.json + summaries come back with batch-wait). Exit code: the last failed run's, 1 for an auto with no
-    # VALID try.
+    # (run.json + summaries come back with batch-wait). QPS "Q/UP/DOWN" (e.g. Interactive=40/41/39) bisects one step
+    # in one job: Q first, then UP if LoadGen said VALID, else DOWN (2026-12-02: each 600 s Interactive run takes 12 min
+    # of a 30-min session). Exit code: the last failed run's, 1 for an auto with no VALID try.
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     confirm_check || exit 2
     mkdir -p "$JOB/confirm"; worst=0
@@ -302,23 +303,12 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
         [ -n "$q" ] || { echo "confirm $sc: auto, but no VALID try judged steady in $log (a try shorter than ~12 times"\
           "what a query holds its slot is not judged: search with SCEN_S=120 or more)"; worst=1; continue; }
       fi
-      case $sc in
-        Offline) line="llama3_1-8b.Offline.target_qps = $q" ;;
-        Server) line="llama3_1-8b.Server.target_qps = $q" ;;
-        Interactive) line="llama3_1-8b-interactive.Server.target_qps = $q" ;;
-      esac
-      name="confirm-$sc-$q${dur[1]:+-${dur[1]}s}"; tag=$(sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g' <<< "$flags")
-      name+=${tag:+-$tag}
-      # the shipped file's own line for this key (if any) is left out: the harness refuses a shadowed line
-      conf="$JOB/confirm/$name.user.conf"; awk -v k="${line%% *}" '$1 != k' loadgen_configs/h200_fp8.user.conf > "$conf"
-      echo "$line" >> "$conf"
-      echo "confirm $sc: $line ${extra[*]} ${dur[*]} $(date +%T)"
-      python3 -m sut run --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --scenario "$sc" \
-        --model "$MODEL" --load-format dummy --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" \
-        --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" --output-dir "$JOB/confirm" --run-name "$name" \
-        --no-progress > "$JOB/$name.console" 2>&1
-      rc=$?; [ $rc -eq 0 ] || worst=$rc
-      echo "confirm $sc rc=$rc $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/$name.console" | head -10
+      if [[ $q == */* ]]; then  # Q/IF_VALID/IF_NOT: a second run, one step up or down from the first's verdict
+        IFS=/ read -r q up down <<< "$q"; confirm_run "$sc" "$q"
+        next=$down; [ "$CONFIRM_VALID" = 1 ] && next=$up
+        echo "confirm $sc: $q was $([ "$CONFIRM_VALID" = 1 ] && echo VALID || echo 'not VALID'): next $next"; q=$next
+      fi
+      confirm_run "$sc" "$q"
     done
     exit $worst
     ;;

@@ -13,7 +13,10 @@ import pytest
 from conftest import REPO
 
 FAKE = """#!/usr/bin/env bash
-case "$1" in -m|scripts/find_qps.py) [ "$1" = -m ] && [ "$2" != sut ] || { echo "$*" >> "$CALLS"; exit ${FAKE_RC:-0}; } ;; esac
+# a run whose --run-name is in FAKE_VALID prints LoadGen's VALID line, any other run LoadGen's INVALID one
+valid() { local a n; for a in "$@"; do [ "$n" = 1 ] && [[ " $FAKE_VALID " == *" $a "* ]] && return 0; n=; [ "$a" = --run-name ] && n=1; done; return 1; }
+case "$1" in -m|scripts/find_qps.py) [ "$1" = -m ] && [ "$2" != sut ] || { echo "$*" >> "$CALLS"
+  if valid "$@"; then echo "Result is : VALID"; else echo "Result is : INVALID"; fi; exit ${FAKE_RC:-0}; } ;; esac
 exec {real} "$@"
 """
 
@@ -109,6 +112,22 @@ def test_confirm_runs_a_scenario_twice_with_each_entrys_own_flags(tmp_path):
     assert (tmp_path / "job" / "confirm-Interactive-41.console").exists()
 
 
+def test_confirm_bisects_one_step_on_the_first_runs_verdict(tmp_path):
+    out, calls = _run(tmp_path, "confirm", CONFIRM="Interactive=40/41/39 Server=53/54/52:120",
+                      FAKE_VALID="confirm-Interactive-40 confirm-Server-54-120s")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [_flag(c, "--run-name") for c in calls] == ["confirm-Interactive-40", "confirm-Interactive-41",
+                                                       "confirm-Server-53-120s", "confirm-Server-52-120s"]
+    assert "confirm Interactive: 40 was VALID: next 41" in out.stdout
+    assert "confirm Server: 53 was not VALID: next 52" in out.stdout
+    conf = Path(_flag(calls[1], "--user-conf")).read_text()
+    assert conf.rstrip().endswith("llama3_1-8b-interactive.Server.target_qps = 41") and "= 40" not in conf
+    (tmp_path / "x").mkdir()
+    out, calls = _run(tmp_path / "x", "confirm", CONFIRM="Interactive=40/41/39", FAKE_VALID="confirm-Interactive-40",
+                      FAKE_RC="1")  # a failed run counts as not VALID, whatever it printed
+    assert out.returncode == 1 and [_flag(c, "--run-name") for c in calls][-1] == "confirm-Interactive-39"
+
+
 def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_path):
     scen = tmp_path / "job" / "scen"
     scen.mkdir(parents=True)
@@ -135,7 +154,11 @@ def test_confirm_auto_without_a_valid_try_skips_that_scenario_and_says_so(tmp_pa
      "confirm: Server=52+--max-num-seqs=768+--run-name=x: --run-name=x is set by this script"),
     ({"CONFIRM": "Server=52+--scen=Offline"}, "--scen=Offline is short for --scenario, which this script sets"),
     ({"CONFIRM": "Server=auto+--max-num-seqs=768"}, "auto takes the target of a search made with SERVER_ARGS alone"),
-    ({"CONFIRM": "Server=fast"}, "'fast' in 'Server=fast' is not a positive target_qps or auto"),
+    ({"CONFIRM": "Server=fast"}, "'fast' in 'Server=fast' is not a positive target_qps, Q/IF_VALID/IF_NOT"),
+    ({"CONFIRM": "Interactive=40/41"}, "'40/41' in 'Interactive=40/41' is not a positive target_qps, Q/IF_VALID/"),
+    ({"CONFIRM": "Interactive=40/41/39/"}, "'40/41/39/' in 'Interactive=40/41/39/' is not a positive target_qps"),
+    ({"CONFIRM": "Interactive=40//39"}, "'40//39' in 'Interactive=40//39' is not a positive target_qps"),
+    ({"CONFIRM": "Interactive=40/41/0"}, "'40/41/0' in 'Interactive=40/41/0' is not a positive target_qps"),
     ({"CONFIRM": "Server=0"}, "'0' in 'Server=0' is not a positive target_qps"),
     ({"CONFIRM": "Offline=56:soon"}, "'soon' in 'Offline=56:soon' is not a positive number of seconds"),
     ({"CONFIRM": ""}, "set CONFIRM"),

@@ -44,18 +44,21 @@ server_check() {
   check_scen_args
 }
 # CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S][+FLAG=VALUE...], SCENARIO Offline/Server/Interactive,
-# QPS a positive number or auto, S a positive number of seconds, each +FLAG an engine flag with its value after "="
+# QPS a positive number, auto, or Q/IF_VALID/IF_NOT (three positive numbers: Q, then the second run's target), S a positive number of seconds, each +FLAG an engine flag with its value after "="
 # (added after the scenario's SERVER_ARGS / INTERACTIVE_ARGS: the later one wins); a scenario may come more than once
 # (e.g. "Interactive=41 Interactive=43+--max-num-batched-tokens=1024"), the same run twice may not (55 = 55.0;
 # flags in any order), nor one flag twice in an entry.
 confirm_check() {
-  local entry sc rest q flags names key seen="|"
+  local entry sc rest q q1 n one flags names key seen="|"
   [ -n "${CONFIRM:-}" ] || { echo 'confirm: set CONFIRM, e.g. CONFIRM="Server=55 Interactive=auto"'; return 1; }
   for entry in $CONFIRM; do
     sc=${entry%%=*}; rest=${entry#*=}; flags=; [[ $rest == *+* ]] && flags=${rest#*+} && rest=${rest%%+*}; q=${rest%%:*}
     [[ $entry == *=* ]] || { echo "confirm: '$entry' is not SCENARIO=QPS[:S][+FLAG=VALUE...]"; return 1; }
     [[ $sc =~ ^(Offline|Server|Interactive)$ ]] || { echo "confirm: unknown scenario '$sc' in '$entry' (Offline, Server, Interactive)"; return 1; }
-    [[ $q == auto || $q =~ ^[0-9]*\.?[0-9]+$ && ! $q =~ ^0*\.?0*$ ]] || { echo "confirm: '$q' in '$entry' is not a positive target_qps or auto"; return 1; }
+    one=0; IFS=/ read -ra n <<< "$q"
+    for q1 in "${n[@]}"; do [[ $q1 =~ ^[0-9]*\.?[0-9]+$ && ! $q1 =~ ^0*\.?0*$ ]] || one=1; done
+    [[ $q == auto || $one == 0 && ( ${#n[@]} == 1 || ${#n[@]} == 3 && $q != */ ) ]] \
+      || { echo "confirm: '$q' in '$entry' is not a positive target_qps, Q/IF_VALID/IF_NOT (e.g. 40/41/39) or auto"; return 1; }
     [[ $rest == "$q" || ${rest#*:} =~ ^[0-9]+$ && ${rest#*:} -gt 0 ]] || { echo "confirm: '${rest#*:}' in '$entry' is not a positive number of seconds"; return 1; }
     [[ -z $flags || $flags =~ ^(--[a-z0-9-]+=[^+]+)(\+--[a-z0-9-]+=[^+]+)*$ ]] \
       || { echo "confirm: '+$flags' in '$entry' is not +--FLAG=VALUE[+--FLAG=VALUE...]"; return 1; }
@@ -87,4 +90,27 @@ print(max(v) if v else '')" "$1"
 scen_log() {
   local tag; tag=$(scen_args "$2" | sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g')
   echo "$1/h200_fp8_$2${tag:+_$tag}_${SCEN_S:-120}s.jsonl"
+}
+# One confirmation run (h200_runs.sh confirm): scenario $1 at target_qps $2 with the caller's dur/extra/flags arrays and
+# strings; sets worst to a failed run's exit code and CONFIRM_VALID to 1 when LoadGen's console said "Result is : VALID".
+confirm_run() {
+  local sc=$1 q=$2 line name tag conf rc
+  case $sc in
+    Offline) line="llama3_1-8b.Offline.target_qps = $q" ;;
+    Server) line="llama3_1-8b.Server.target_qps = $q" ;;
+    Interactive) line="llama3_1-8b-interactive.Server.target_qps = $q" ;;
+  esac
+  name="confirm-$sc-$q${dur[1]:+-${dur[1]}s}"; tag=$(sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g' <<< "$flags")
+  name+=${tag:+-$tag}
+  # the shipped file's own line for this key (if any) is left out: the harness refuses a shadowed line
+  conf="$JOB/confirm/$name.user.conf"; awk -v k="${line%% *}" '$1 != k' loadgen_configs/h200_fp8.user.conf > "$conf"
+  echo "$line" >> "$conf"
+  echo "confirm $sc: $line ${extra[*]} ${dur[*]} $(date +%T)"
+  python3 -m sut run --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --scenario "$sc" \
+    --model "$MODEL" --load-format dummy --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" \
+    --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" --output-dir "$JOB/confirm" --run-name "$name" \
+    --no-progress > "$JOB/$name.console" 2>&1
+  rc=$?; [ $rc -eq 0 ] || worst=$rc
+  CONFIRM_VALID=0; [ $rc -eq 0 ] && grep -q "^Result is : VALID" "$JOB/$name.console" && CONFIRM_VALID=1
+  echo "confirm $sc rc=$rc $(date +%T)"; grep -E "Result is|tokens per second|TTFT|TPOT" "$JOB/$name.console" | head -10
 }
