@@ -112,17 +112,15 @@ def test_a_conf_with_offline_lines_only_serves_a_server_search_with_target_qps_o
     assert out.returncode != 0 and "no line applies to this run (llama3_1-8b.Server)" in out.stderr  # no target at all
 
 
-def test_the_shipped_h200_fp8_conf_gives_server_its_confirmed_target_and_interactive_none():
-    """h200_fp8.user.conf: Server 53 q/s (600 s VALID on one H200, docs/benchmarks.md 2026-12-02); Interactive has no
-    line yet, so an Interactive run needs --target-qps; --target-qps still overrides Server's line (a search)."""
-    from sut.base import InputError
-    from sut.userconf import check_user_conf
-
+def test_the_shipped_h200_fp8_conf_gives_server_and_interactive_their_confirmed_targets():
+    """h200_fp8.user.conf: Server 53 q/s and Interactive 41 q/s (each 600 s VALID on one H200, docs/benchmarks.md
+    2026-12-02); --target-qps still overrides either line (a search); Offline keeps its own line."""
     conf = REPO / "loadgen_configs" / "h200_fp8.user.conf"
     assert _settings(scenario="Server", user_conf=str(conf))["qps"] == 53.0
     assert _settings(scenario="Server", user_conf=str(conf), target_qps=54.0)["qps"] == 54.0
-    with pytest.raises(InputError, match=r"no line applies to this run \(llama3_1-8b-interactive.Server\)"):
-        check_user_conf(conf, "llama3_1-8b-interactive", "Server", target_qps_given=False)
+    inter = _settings(scenario="Interactive", user_conf=str(conf))
+    assert (inter["qps"], inter["ttft"], inter["tpot"], inter["reasons"]) == (41.0, 500_000_000, 30_000_000, [])
+    assert _settings(scenario="Interactive", user_conf=str(conf), target_qps=40.0)["qps"] == 40.0
 
 
 def test_a_conf_keyed_for_another_run_with_more_than_targets_is_still_refused_with_target_qps(tmp_path):
