@@ -21,3 +21,14 @@ def forking_worker(conn, settings, gen, slot, own_process_group, gc_freeze, deta
     while not isinstance(conn.recv(), Stop):
         pass
     os._exit(0)
+
+
+def pin_then_mark(slot, marker: str) -> None:
+    """The real worker's first step (``sut.engine.worker._pin``: own group, SIGINT ignored), then a marker file
+    after a pause in which more SIGINTs may arrive."""
+    from sut.engine.worker import _pin
+
+    _pin(slot, True, None)
+    time.sleep(0.5)
+    with open(marker, "w") as f:
+        f.write("ok")

@@ -130,3 +130,32 @@ def test_shutdown_right_after_start_ends_a_worker_that_has_no_process_group_yet(
             pass
     assert not live, f"left running: {live} (shutdown took {took:.1f} s)"
     assert took < 4.5, f"shutdown took {took:.1f} s"
+
+
+@pytest.mark.parametrize("shielded", [True, False])
+def test_ctrl_c_while_a_worker_starts_up_reaches_only_the_parent(tmp_path, shielded):
+    """A spawned worker shares the terminal's process group until ``_pin`` runs; a Ctrl-C then killed it with a
+    ``KeyboardInterrupt`` traceback from Python's start-up (``init_import_site``). ``start_with_sigint_blocked``
+    makes it start with SIGINT blocked; unshielded, the same signals kill it (the test's control)."""
+    import multiprocessing as mp
+
+    import fake_engine_worker
+
+    marker = tmp_path / "marker"
+    proc = mp.get_context("spawn").Process(target=fake_engine_worker.pin_then_mark,
+                                           args=(EngineSlot(0, "cpu", "0"), str(marker)))
+    if shielded:
+        handle_mod.start_with_sigint_blocked(proc)
+    else:
+        proc.start()
+    for _ in range(6):  # through interpreter start-up, imports and _pin
+        try:
+            os.kill(proc.pid, 2)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    proc.join(30)
+    if shielded:
+        assert proc.exitcode == 0 and marker.read_text() == "ok"
+    else:
+        assert proc.exitcode != 0 and not marker.exists()

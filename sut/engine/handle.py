@@ -50,6 +50,28 @@ STARTING_TERM_WAIT_S = 2.0
 SENTINEL_POLL_S = 1.0
 
 
+def start_with_sigint_blocked(proc) -> None:
+    """Start ``proc`` (a ``multiprocessing`` spawn child) with SIGINT blocked from its first instruction.
+
+    A spawned child shares the terminal's process group until its own code runs (``worker._pin``: own
+    group, SIGINT ignored), and Python's start-up and imports take seconds: a Ctrl-C then printed a
+    ``KeyboardInterrupt`` traceback from the child (``init_import_site``) over the parent's orderly stop.
+    The signal mask survives fork and exec, so the child starts with SIGINT blocked and ``_pin`` unblocks it
+    after ignoring it (a Ctrl-C pending by then is discarded). The parent's mask is restored at once; a
+    Ctrl-C that reached this thread meanwhile is delivered then. (CPython protects its resource tracker the
+    same way, bpo-33613, and unblocks SIGINT after starting it: it is started first, else this child would
+    inherit the tracker's unblocked mask.)
+    """
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class EngineHandle:
     """Parent-side handle of one engine worker.
 
@@ -99,7 +121,7 @@ class EngineHandle:
                                                            self.own_process_group, self.gc_freeze, self.detail,
                                                            log_path, self.stream),
                                  name=f"vllm-engine-{self.slot.index}", daemon=False)
-        self._proc.start()
+        start_with_sigint_blocked(self._proc)
         child.close()
 
     def failure(self, msg: str) -> str:

@@ -69,6 +69,7 @@ def _pin(slot: EngineSlot, own_process_group: bool, log_path: Optional[Path]) ->
     else:
         signal.signal(signal.SIGTERM, _raise_terminated)  # the group's SIGTERM: clean exit through `finally`
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since spawn: start_with_sigint_blocked
     os.environ.update(dict(slot.env))
     rpc_dir = short_rpc_dir(os.environ, tempfile.gettempdir())
     if rpc_dir:
