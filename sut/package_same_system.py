@@ -17,7 +17,7 @@ from typing import Sequence
 from sut.base import InputError
 from sut.records import READ_BACK_SETTINGS, ComplianceError, engines_used
 from sut.scenarios import loadgen_scenario
-from sut.userconf import check_user_conf
+from sut.userconf import check_user_conf, value_key
 
 
 def _same(a: dict, b: dict, role: str, field: str, ignore: Sequence[str] = ()) -> None:
@@ -96,19 +96,6 @@ def _conf_settings(folder: Path, rec: dict, role: str) -> dict[str, str]:
         raise ComplianceError(f"{role} run {folder}: its user.conf no longer reads as it did: {e}") from e
 
 
-def _value(text):
-    """A user.conf value as LoadGen reads it (``3``, ``3.0`` and ``0x3`` are one number); the text if no number."""
-    if text is None:
-        return None
-    try:
-        return float(int(text, 0))
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            return text
-
-
 def check_same_user_conf(perf: tuple[Path, dict], others: Sequence[tuple[Path, dict, str]]) -> None:
     """Every other run of the scenario read the same LoadGen settings from its user.conf as the performance run.
 
@@ -124,7 +111,7 @@ def check_same_user_conf(perf: tuple[Path, dict], others: Sequence[tuple[Path, d
     mine = _conf_settings(*perf, "performance")
     for folder, rec, role in others:
         theirs = _conf_settings(folder, rec, role)
-        diff = sorted(k for k in set(mine) | set(theirs) if _value(mine.get(k)) != _value(theirs.get(k)))
+        diff = sorted(k for k in set(mine) | set(theirs) if value_key(mine.get(k)) != value_key(theirs.get(k)))
         if diff:
             raise ComplianceError(
                 f"{role} run {folder} read other LoadGen settings from its user.conf than the performance run: "

@@ -334,3 +334,17 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
 
 def _int_value(tok: str) -> int:
     return int(tok, 16) if tok.lower().startswith("0x") else int(tok)
+
+
+def value_key(text: str | None) -> float | str | None:
+    """A user.conf value as LoadGen reads it, for comparing two files' settings: ``3``, ``3.0``, ``+3`` and
+    ``0x3`` are one number (a float); text that is no number is returned as it is; None stays None."""
+    if text is None:
+        return None
+    tok = text.lstrip("+")
+    if _INT.fullmatch(tok):
+        return float(_int_value(tok))
+    try:
+        return float(text)
+    except ValueError:
+        return text

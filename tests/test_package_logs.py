@@ -98,8 +98,9 @@ def test_a_run_made_with_another_user_conf_is_refused_naming_the_setting(tmp_pat
     (acc / "user.conf").write_text("# other comments, same setting\nllama3_1-8b.Offline.target_qps = 5\n"
                                    "llama3_1-8b.Server.target_qps = 9\n")  # another run's line: not this run's
     assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == ()
-    (acc / "user.conf").write_text("llama3_1-8b.Offline.target_qps = 5.0\n")  # the same number, written otherwise
-    assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == ()
+    for same in ("5.0", "+5", "5e0"):  # the same number, written otherwise (sut.userconf.value_key)
+        (acc / "user.conf").write_text(f"llama3_1-8b.Offline.target_qps = {same}\n")
+        assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == (), same
     (acc / "user.conf").write_text("llama3_1-8b.Offline.target_qps = 6\n")
     with pytest.raises(ComplianceError, match=r"accuracy run .*acc read other LoadGen settings from its user.conf "
                                               r"than the performance run: target_qps '6' vs '5'"):

@@ -450,3 +450,12 @@ def test_target_qps_values_loadgen_would_misread_or_refuse_name_their_line(tmp_p
         check_user_conf(p, "llama3_1-8b", "Offline")
     p.write_text("llama3_1-8b.Offline.target_qps = 1.5e1\n")
     assert check_user_conf(p, "llama3_1-8b", "Offline") == {"target_qps": "1.5e1"}
+
+
+def test_user_conf_values_compare_as_loadgen_reads_them():
+    """``value_key``: package's same-settings check (sut.package_same_system) compares two runs' user.conf values."""
+    from sut.userconf import value_key
+
+    assert value_key("0x10") == value_key("16") == value_key("+16") == value_key("1.6e1") == value_key("16.0") == 16.0
+    assert value_key("17") != value_key("16")
+    assert value_key("abc") == "abc" and value_key(None) is None
