@@ -93,6 +93,7 @@ def exit_code(exc: BaseException) -> Optional[int]:
 
 
 _interrupted = threading.Event()  # a stop signal arrived in this process
+_again = threading.Event()  # a second one: stop waiting for work of others (a Flame session's running tasks)
 
 
 def interrupted() -> bool:
@@ -100,10 +101,18 @@ def interrupted() -> bool:
     return _interrupted.is_set()
 
 
+def stopped_again() -> bool:
+    """Whether a second stop signal arrived: the shutdown goes on, but no longer waits for what only others can
+    end (``sut.flame.session``: Flame 0.6 has no task cancel, so closing a session waits for its running tasks)."""
+    return _again.is_set()
+
+
 def _raise_interrupt(signum, _frame):
     name = "SIGINT, Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
     if _interrupted.is_set():  # a second stop signal must not cut the clean shutdown short
-        log.warning("already stopping (%s again): ending engines / closing the Flame session; SIGKILL forces it", name)
+        _again.set()
+        log.warning("already stopping (%s again): ending engines; a Flame session still waiting for its running "
+                    "tasks is left open (the message says how to close it); SIGKILL forces the rest", name)
         return
     _interrupted.set()
     raise KeyboardInterrupt(name)

@@ -288,6 +288,31 @@ def test_close_with_pending_tasks(tmp_path, dataset, lock_dir, control_plane):
         assert sut.record()["flame"]["close"]["closed"]
 
 
+def test_a_second_stop_signal_leaves_a_session_with_running_tasks_open_and_says_how_to_close_it(
+        tmp_path, dataset, lock_dir, control_plane, monkeypatch):
+    """Flame 0.6 cannot cancel a task: after a Ctrl-C the close waits for the running ones (up to close_timeout_s,
+    here 60 s). A second Ctrl-C (``sut.exits.stopped_again``) stops that wait at once."""
+    from sut import exits
+
+    monkeypatch.setattr(exits, "_again", type(exits._again)())
+    with control_plane(tmp_path) as cluster:
+        sut, answers = _sut(cluster, dataset, lock_dir, step_s=5.0)  # tasks of 5 s or more
+        sut.start()
+        _issue(sut, dataset, 8)
+        time.sleep(1.5)
+        sut.ledger.fail("interrupted (test)")
+        exits._again.set()  # the second Ctrl-C
+        t0 = time.monotonic()
+        sut.stop()
+        took = time.monotonic() - t0
+        close = sut.record()["flame"]["close"]
+        assert not close["closed"] and took < 4.5, (took, close)  # not the 5 s the running tasks still take
+        sid = _sid(sut)
+        assert "left open at a second stop signal" in close["error"]
+        assert f"python -m sut.flame close --endpoint {cluster.endpoint} {sid}" in close["error"]
+        assert cluster.session_state(sid)["state"] == "Open"
+
+
 @pytest.mark.parametrize("aio_watch", [True, False], ids=["aio-watch", "flamepy-watch"])
 def test_lost_session_fails_the_run(tmp_path, dataset, lock_dir, aio_watch):
     with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:

@@ -52,11 +52,13 @@ def test_stop_signals_work_even_when_sigint_was_inherited_ignored(sig, name):
 
 def test_a_second_signal_is_logged_not_raised(monkeypatch, caplog):
     monkeypatch.setattr(exits, "_interrupted", type(exits._interrupted)())
+    monkeypatch.setattr(exits, "_again", type(exits._again)())
     with pytest.raises(KeyboardInterrupt) as first:
         exits._raise_interrupt(signal.SIGTERM, None)
-    assert interrupt_reason(first.value) == "interrupted (SIGTERM)"
+    assert interrupt_reason(first.value) == "interrupted (SIGTERM)" and not exits.stopped_again()
     exits._raise_interrupt(signal.SIGINT, None)  # the clean shutdown goes on
     assert "already stopping" in caplog.text
+    assert exits.stopped_again()  # ... without waiting for a Flame session's running tasks
 
 
 def test_a_bare_keyboard_interrupt_is_ctrl_c():

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sut.base import RunFailed
+from sut.exits import stopped_again
 from sut.flame.endpoint import reachable
 from sut.flame.options import FlameOptions
 
@@ -287,7 +288,8 @@ class ReplicaSession:
             if error:
                 break
             if attempts == 1 or attempts % 20 == 0:
-                log.info("flame: session %s not closed yet (%s); waiting for running tasks", self.id, msg)
+                log.info("flame: session %s not closed yet (%s); waiting for running tasks (Flame 0.6 cannot cancel "
+                         "them; after a Ctrl-C, a second one leaves the session open)", self.id, msg)
             time.sleep(0.5)
         self.close_info = {"closed": self.closed, "attempts": attempts, "seconds": round(time.monotonic() - t0, 3)}
         if error:
@@ -309,6 +311,10 @@ class ReplicaSession:
         o = self.o
         if self.abandon_close:
             return f"session {self.id} was not closed ({msg}): {self.abandon_close}", unreachable_since
+        if stopped_again():
+            return (f"session {self.id} was left open at a second stop signal ({msg}); its running tasks end on "
+                    f"their own, then close it: python -m sut.flame close --endpoint {self.endpoint} {self.id}"), \
+                unreachable_since
         if not reachable(self.endpoint):
             unreachable_since = unreachable_since or time.monotonic()
             if time.monotonic() - unreachable_since >= o.unreachable_timeout_s:

@@ -39,6 +39,7 @@ from sut.base import RunFailed
 from sut.core.messages import ReplicaRecord
 from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
 from sut.dataset import sha256_file
+from sut.exits import stopped_again
 from sut.flame.batcher import Batcher, check_fits
 from sut.flame.health import ExecutorHealth, executors_of, stuck_after_close
 from sut.flame.options import FlameOptions
@@ -268,8 +269,9 @@ class FlameTransport(Transport):
                     stuck = stuck_after_close(self.conn, ours, self.o.unbind_wait_s)
                     errors = [stuck] if stuck else []
         finally:
+            quick = stopped_again() or (self.health is not None and self.health.lost)  # their tasks may run on
             for t in self.trackers:
-                t.join(2 if self.health is not None and self.health.lost else 30)
+                t.join(2 if quick else 30)
             if self.watcher is not None:
                 self.watcher.close()
             if self.conn is not None:
