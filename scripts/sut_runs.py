@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 #: its process group is killed (SIGKILL). 60 s: an engine's own shutdown takes seconds; the harness's drain
 #: wait after a stop is ``sut.loadgen_watch.STREAMING_DRAIN_S`` (10 s) when the Server schedule has ended.
 TIMEOUT_GRACE_S = 60.0
+
+#: Seconds between two "still running" lines of a run (``run_once``): a run takes minutes and shows no bar.
+HEARTBEAT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -42,20 +46,29 @@ class RunOutcome:
     stderr: str
 
 
-def run_with_timeout(cmd: list[str], timeout_s: float, grace_s: Optional[float] = None) -> tuple[Optional[int], str]:
+def run_with_timeout(cmd: list[str], timeout_s: float, grace_s: Optional[float] = None,
+                     heartbeat_s: Optional[float] = None, label: str = "run") -> tuple[Optional[int], str]:
     """Run ``cmd`` from the repo root in a process group of its own: ``(exit code, stderr)``; exit code None
     when it ran past ``timeout_s`` seconds and was stopped (SIGTERM, then SIGKILL to the whole process group
-    ``grace_s`` seconds later, default ``TIMEOUT_GRACE_S``); stderr then ends with the time-out line."""
+    ``grace_s`` seconds later, default ``TIMEOUT_GRACE_S``); stderr then ends with the time-out line. Every
+    ``heartbeat_s`` seconds (None: never) it logs that ``label`` still runs, with the run's last log line."""
     grace_s = TIMEOUT_GRACE_S if grace_s is None else grace_s
     with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: a left-behind grandchild cannot block reading
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True,
                                 start_new_session=True)
+        t0, note = time.monotonic(), ""
         try:
-            rc = proc.wait(timeout=timeout_s)
-            note = ""
-        except subprocess.TimeoutExpired:
-            how = _stop(proc, grace_s)
-            rc, note = None, f"\ntimed out after {timeout_s:g} s: {how}\n"
+            while True:
+                left = t0 + timeout_s - time.monotonic()
+                try:
+                    rc = proc.wait(timeout=max(0.0, min(left, heartbeat_s or left)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - t0 >= timeout_s:
+                        how = _stop(proc, grace_s)
+                        rc, note = None, f"\ntimed out after {timeout_s:g} s: {how}\n"
+                        break
+                    log.info("%s: still running after %.0f s (%s)", label, time.monotonic() - t0, _last_line(err))
         except BaseException:  # Ctrl-C / SIGTERM of this script: its own session does not get the terminal's
             log.warning("stopping the running try (pid %d): up to %g s for its engine to shut down, then SIGKILL "
                         "(Ctrl-C again to kill it now)", proc.pid, grace_s)
@@ -63,6 +76,14 @@ def run_with_timeout(cmd: list[str], timeout_s: float, grace_s: Optional[float] 
             raise
         err.seek(0)
         return rc, err.read() + note
+
+
+def _last_line(err) -> str:
+    """The last non-empty line the run has written to ``err`` so far (its end only), or a note that there is none."""
+    size = os.fstat(err.fileno()).st_size  # bytes; read with pread: the child writes at its own offset
+    tail = os.pread(err.fileno(), 4000, max(0, size - 4000)).decode("utf-8", "replace")
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    return f"last line: {lines[-1][:160]}" if lines else "nothing logged yet"
 
 
 def _stop(proc: subprocess.Popen, grace_s: float) -> str:
@@ -88,13 +109,14 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def run_once(run_args: list[str], out: Path, name: str, timeout_s: float) -> RunOutcome:
+def run_once(run_args: list[str], out: Path, name: str, timeout_s: float,
+             heartbeat_s: Optional[float] = HEARTBEAT_S) -> RunOutcome:
     """``python -m sut run RUN_ARGS --output-dir OUT --run-name NAME --no-progress`` from the repo root, stopped
-    after ``timeout_s`` seconds (``run_with_timeout``); a run.json a killed run left ``running`` is recorded
-    ``failed`` with the time-out."""
+    after ``timeout_s`` seconds (``run_with_timeout``, a line every ``heartbeat_s`` seconds while it runs); a
+    run.json a killed run left ``running`` is recorded ``failed`` with the time-out."""
     cmd = [sys.executable, "-m", "sut", "run", *run_args, "--output-dir", str(out), "--run-name", name, "--no-progress"]
     try:
-        rc, err = run_with_timeout(cmd, timeout_s)
+        rc, err = run_with_timeout(cmd, timeout_s, heartbeat_s=heartbeat_s, label=name)
     except BaseException as e:  # Ctrl-C / SIGTERM of this script: the run was stopped, maybe killed mid-drain
         _record_if_running(out, name, e)
         raise

@@ -140,6 +140,18 @@ def test_run_with_timeout_stops_with_sigterm_first():
     assert rc is None and "stopping" in err and err.strip().endswith("timed out after 1 s: stopped (SIGTERM)"), err
 
 
+def test_a_long_run_says_every_heartbeat_that_it_still_runs_with_its_last_line(caplog):
+    """bench_suts / find_qps --fresh-process were silent for the minutes a run takes (a new user's find)."""
+    caplog.set_level("INFO", logger="sut_runs")
+    rc, err = sut_runs.run_with_timeout(["bash", "-c", "sleep 0.6; echo 'engine 0 ready' >&2; sleep 1.6"], 30,
+                                        heartbeat_s=0.4, label="r1")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("r1: still running")]
+    assert rc == 0 and err == "engine 0 ready\n" and 3 <= len(lines) <= 6, lines
+    assert lines[0].endswith("(nothing logged yet)") and lines[-1].endswith("(last line: engine 0 ready)")
+    caplog.clear()
+    assert sut_runs.run_with_timeout(["true"], 30, heartbeat_s=0.4)[0] == 0 and not caplog.records
+
+
 def test_ctrl_c_while_a_run_is_in_its_own_session_stops_that_run_too(tmp_path, monkeypatch, caplog):
     """The run has a session of its own (the terminal's Ctrl-C does not reach it): the script stops it, and says
     how long that may take (a recheck's find: up to the grace in silence)."""
@@ -203,7 +215,7 @@ def test_sigterm_of_a_fresh_process_search_stops_its_run_and_the_server_it_start
 
 def test_run_once_records_a_run_killed_while_running_as_failed(tmp_path, monkeypatch):
     """A run killed after the grace never wrote its end: its run.json says failed with the time-out."""
-    def killed(cmd, timeout_s):
+    def killed(cmd, timeout_s, **_):
         (tmp_path / "r-1").mkdir()
         (tmp_path / "r-1" / "run.json").write_text(json.dumps({"status": "running"}))
         return None, "...\ntimed out after 5 s: killed (SIGKILL) 60 s after SIGTERM\n"
@@ -218,7 +230,7 @@ def test_run_once_records_a_run_killed_after_ctrl_c_as_interrupted(tmp_path, mon
     """A breaker's find: Ctrl-C of a --fresh-process search while the try waited for LoadGen's Server schedule;
     the try was killed after the grace and its run.json stayed "running". A run that recorded itself is left alone."""
     for name, rec in (("r-killed", {"status": "running"}), ("r-recorded", {"status": "failed", "error": "its own"})):
-        def stopped(cmd, timeout_s, name=name, rec=rec):
+        def stopped(cmd, timeout_s, name=name, rec=rec, **_):
             (tmp_path / name).mkdir()
             (tmp_path / name / "run.json").write_text(json.dumps(rec))
             raise KeyboardInterrupt
