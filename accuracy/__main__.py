@@ -118,8 +118,9 @@ def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], outp
         recorded, ds = rec["run_settings"].get("max_samples"), rec.get("dataset")
     except (OSError, KeyError, TypeError, AttributeError):
         return
+    recorded = _checked_max_samples(recorded, run_dir / "run.json")
     elsewhere = "or write the results elsewhere with --output-dir DIR"
-    if recorded != args.max_samples and (recorded is None or isinstance(recorded, int)):
+    if recorded != args.max_samples:
         fixed = _without_max_samples(argv) + ([] if recorded is None else ["--max-samples", str(recorded)])
         raise BadInput(f"{run_dir}/run.json run_settings.max_samples is {recorded}, this command's --max-samples "
                        f"{args.max_samples}: scoring so would replace the run's own accuracy.json with a verdict on "
@@ -130,6 +131,16 @@ def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], outp
         raise BadInput(f"--dataset {args.dataset} is not the file the run used ({run_dir}/run.json dataset.path "
                        f"{ds.get('path')}, sha256 {want[:12]}...): scoring it would replace the run's own "
                        f"accuracy.json; pass the run's dataset, {elsewhere}")
+
+
+def _checked_max_samples(recorded: object, run_json: Path) -> int | None:
+    """``run_settings.max_samples`` of a ``run.json`` as the harness writes it: null or a whole number >= 1.
+    Raises ``BadInput`` (exit 2, nothing written) for anything else (a hand-edited file)."""
+    if recorded is None or (type(recorded) is int and recorded >= 1):
+        return recorded
+    raise BadInput(f"{run_json} run_settings.max_samples is {recorded!r}, not null or a whole number >= 1 as the "
+                   "harness writes it (was the file edited?): fix it, or score elsewhere with --dataset FILE "
+                   "--tokenizer PATH [--max-samples N] --output-dir DIR")
 
 
 def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
@@ -151,8 +162,8 @@ def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
     eos = model.get("eos_token_ids")
     if args.eos_ids is None and isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
         args.eos_ids = tuple(eos)
-    recorded = rs.get("max_samples")
-    if args.max_samples is None and isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+    recorded = _checked_max_samples(rs.get("max_samples"), run_json)
+    if args.max_samples is None and recorded is not None:
         args.max_samples = recorded
     log.info("from %s: --dataset %s --tokenizer %s%s%s", run_json, args.dataset, args.tokenizer,
              f" --eos-ids {','.join(map(str, args.eos_ids))}" if args.eos_ids else "",

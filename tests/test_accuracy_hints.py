@@ -153,3 +153,21 @@ def test_without_dataset_the_run_json_next_to_the_log_gives_dataset_tokenizer_eo
     assert cli_main(["--accuracy-log", str(log)]) == 2
     err = capsys.readouterr().err
     assert f"--dataset is required: {tmp_path / 'run.json'} is missing" in err and "--tokenizer PATH" in err
+
+
+@pytest.mark.parametrize("value", [-1, 0, "16", True, 2.0])
+def test_a_hand_edited_max_samples_in_run_json_is_refused_before_anything_is_written(tmp_path, inputs, caplog, capsys,
+                                                                                     value):
+    """A breaker's find: max_samples -1 suggested `--max-samples -1` (which argparse refuses), and "16" was dropped
+    silently, so the re-score replaced the run's own accuracy.json with a coverage failure."""
+    tok, data = inputs
+    log = _run_folder(tmp_path, [0, 1, 2, 3])
+    rec = {"run_settings": {"max_samples": value, "dataset": str(data), "tokenizer": None},
+           "model": {"path": str(tok), "eos_token_ids": [EOS]}}
+    (tmp_path / "run.json").write_text(json.dumps(rec))
+    for argv in (["--accuracy-log", str(log)], ["--accuracy-log", str(log), "--dataset", str(data), "--tokenizer",
+                                                str(tok), "--max-samples", "4"]):
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'run.json'} run_settings.max_samples is {value!r}, not null or a whole number" in err
+        assert not (tmp_path / "accuracy.json").exists()
