@@ -11,6 +11,7 @@ submission checker rejects). ``copy_test_settings`` makes the settings of a late
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ from sut.base import InputError, RunFailed
 from sut.constants import DEFAULT_MODEL_KEY, MIN_DURATION_MS, PERFORMANCE_SAMPLE_COUNT
 from sut.scenarios import resolve_scenario
 from sut.userconf import check_user_conf
+
+log = logging.getLogger(__name__)
 
 _FROM_CONFIG_CALLED = False
 
@@ -105,7 +108,8 @@ def loadgen_test_settings(rs, dataset_size: int):
     if ts.performance_sample_count_override > dataset_size or ts.performance_sample_count_override == 0:
         ts.performance_sample_count_override = dataset_size
     reasons += _dev_overrides(ts, rs, scen.loadgen)
-    check_target_qps(ts, rs, where="--target-qps" if rs.target_qps is not None else str(rs.user_conf))
+    check_target_qps(ts, rs, where="--target-qps" if rs.target_qps is not None else str(rs.user_conf),
+                     samples=dataset_size)
     if ts.min_duration_ms < MIN_DURATION_MS and not any("min_duration" in r for r in reasons):
         reasons.append(f"min_duration {ts.min_duration_ms} ms < {MIN_DURATION_MS} ms")  # said once
     return ts, reasons
@@ -116,22 +120,30 @@ def loadgen_test_settings(rs, dataset_size: int):
 #: and allocates it whole; at mlperf.conf's 600 s that allows target_qps up to ~2,025 samples/s.
 OFFLINE_MAX_QUERY_SAMPLES = 100 * PERFORMANCE_SAMPLE_COUNT[DEFAULT_MODEL_KEY]
 
+#: The most queries a Server / Interactive performance run may ask LoadGen for: the same 1,336,800. LoadGen
+#: 6.0.17 builds the whole schedule (max(min_query_count, target_qps x min duration) queries) before it issues the
+#: first; a breaker's target_qps of 1e7 grew the harness past 6 GB in 20 s with nothing issued. At 600 s this
+#: allows ~2,228 queries/s (one H200 keeps ~53).
+SERVER_MAX_QUERIES = 100 * PERFORMANCE_SAMPLE_COUNT[DEFAULT_MODEL_KEY]
 
-def check_target_qps(ts, rs, where: str) -> None:
+#: Issuing longer than this (s) at a Server / Interactive target_qps gets a warning before the run starts.
+LONG_ISSUE_S = 3600.0
+
+
+def check_target_qps(ts, rs, where: str, samples: int | None = None) -> None:
     """Refuse a ``target_qps`` (the effective one in ``ts``: user.conf, then ``--target-qps``) that LoadGen
-    cannot run sensibly; ``rs``: the run settings (``stall_timeout_s``, ``mode``), ``where``: named in the error.
+    cannot run sensibly; ``rs``: the run settings (``stall_timeout_s``, ``mode``), ``where``: named in the error;
+    ``samples``: the samples an accuracy run issues (for the issue-time warning).
 
     Raises ``InputError`` (exit 2, before anything starts) for a Server / Interactive ``target_qps`` whose mean
     query gap (1 / target_qps s) exceeds ``rs.stall_timeout_s`` (LoadGen would wait that long with nothing
-    outstanding, which no stall check sees), and an Offline performance query of more than
-    ``OFFLINE_MAX_QUERY_SAMPLES`` samples."""
+    outstanding, which no stall check sees) or whose performance schedule exceeds ``SERVER_MAX_QUERIES``, and an
+    Offline performance query of more than ``OFFLINE_MAX_QUERY_SAMPLES`` samples. Logs a warning when a Server /
+    Interactive run would spend more than ``LONG_ISSUE_S`` issuing its queries."""
     import mlperf_loadgen as lg
 
     if ts.scenario == lg.TestScenario.Server:
-        if 1.0 / ts.server_target_qps > rs.stall_timeout_s:
-            raise InputError(f"{where}: target_qps {ts.server_target_qps:g} queries/s means one query every "
-                             f"{1.0 / ts.server_target_qps:.0f} s on average, longer than the stall timeout "
-                             f"{rs.stall_timeout_s:g} s; use at least {1.0 / rs.stall_timeout_s:.2g}")
+        _check_server_qps(ts, rs, where, samples)
     elif rs.mode == "performance":
         samples = max(ts.min_query_count, 1.1 * ts.min_duration_ms / 1000.0 * ts.offline_expected_qps)
         if samples > OFFLINE_MAX_QUERY_SAMPLES:
@@ -139,6 +151,30 @@ def check_target_qps(ts, rs, where: str) -> None:
                              f"{ts.min_duration_ms / 1000:g} s makes a query of about {samples:,.0f} samples "
                              f"(min_query_count {ts.min_query_count}), more than the {OFFLINE_MAX_QUERY_SAMPLES:,} "
                              "allowed (100 x the 13,368-sample set)")
+
+
+def _check_server_qps(ts, rs, where: str, samples: int | None) -> None:
+    """``check_target_qps`` for LoadGen's Server scenario (Server and Interactive)."""
+    qps, duration_s = ts.server_target_qps, ts.min_duration_ms / 1000.0
+    if 1.0 / qps > rs.stall_timeout_s:
+        raise InputError(f"{where}: target_qps {qps:g} queries/s means one query every {1.0 / qps:.0f} s on "
+                         f"average, longer than the stall timeout {rs.stall_timeout_s:g} s; use at least "
+                         f"{1.0 / rs.stall_timeout_s:.2g}")
+    if rs.mode == "performance":
+        queries = max(ts.min_query_count, qps * duration_s)
+        if queries > SERVER_MAX_QUERIES:
+            raise InputError(f"{where}: target_qps {qps:g} queries/s x min duration {duration_s:g} s makes about "
+                             f"{queries:,.0f} queries (min_query_count {ts.min_query_count}), more than the "
+                             f"{SERVER_MAX_QUERIES:,} allowed (100 x the 13,368-sample set): LoadGen schedules them "
+                             "all before it issues the first")
+    elif samples:
+        queries = samples
+    else:
+        return
+    issue_s = queries / qps
+    if issue_s > LONG_ISSUE_S:
+        log.warning("%s: target_qps %g queries/s: LoadGen issues its %s queries over about %.1f h", where, qps,
+                    f"{queries:,.0f}", issue_s / 3600)
 
 
 def _dev_overrides(ts, rs, loadgen_scenario: str) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 from conftest import CPU_CONF, REPO, TINY_MODEL
 import mlperf_loadgen as lg
 from sut.base import InputError
-from sut.loadgen_settings import OFFLINE_MAX_QUERY_SAMPLES, check_target_qps
+from sut.loadgen_settings import OFFLINE_MAX_QUERY_SAMPLES, SERVER_MAX_QUERIES, check_target_qps
 from sut.run_settings import RunSettings
 
 # STREAMING_DRAIN_S lowered: without the fix the run waits LOADGEN_DRAIN_S (120 s) and the test times out.
@@ -179,8 +179,30 @@ def test_an_offline_query_over_100_times_the_dataset_is_refused():
     check_target_qps(_ts("Offline", 1e7), _rs(mode="accuracy"), "x")  # accuracy: one query of the dataset
 
 
+def test_a_server_schedule_over_100_times_the_dataset_is_refused_and_a_long_one_warned(caplog):
+    """A breaker's find: Server target_qps 1e9 in user.conf (1e7 on the command line) was accepted, and LoadGen, which
+    builds the whole schedule first, grew the harness past 6 GB in 20 s with nothing issued."""
+    assert SERVER_MAX_QUERIES == 1_336_800
+    with pytest.raises(InputError, match=r"^user.conf: target_qps 1e\+09 queries/s x min duration 10 s makes about "
+                                         r"10,000,000,000 queries .* 1,336,800 allowed .* before it issues the first$"):
+        check_target_qps(_ts("Server", 1e9, min_duration_s=10), _rs(scenario="Server"), "user.conf")
+    with pytest.raises(InputError, match=r"target_qps 2229 queries/s x min duration 600 s makes about 1,337,400"):
+        check_target_qps(_ts("Server", 2229), _rs(scenario="Interactive"), "--target-qps")
+    caplog.set_level("WARNING", logger="sut.loadgen_settings")
+    check_target_qps(_ts("Server", 2228), _rs(scenario="Server"), "x")  # 1,336,800 queries: allowed
+    check_target_qps(_ts("Server", 1e7), _rs(scenario="Server", mode="accuracy"), "x", samples=13_368)  # each once
+    assert not caplog.records
+    check_target_qps(_ts("Server", 0.001), _rs(scenario="Server", mode="accuracy"), "x", samples=64)
+    check_target_qps(_ts("Server", 0.02, min_query_count=100), _rs(scenario="Server"), "y")  # 5,000 s
+    check_target_qps(_ts("Server", 0.5, min_query_count=100), _rs(scenario="Server"), "z")  # 600 s: quiet
+    assert [r.getMessage() for r in caplog.records] == [
+        "x: target_qps 0.001 queries/s: LoadGen issues its 64 queries over about 17.8 h",
+        "y: target_qps 0.02 queries/s: LoadGen issues its 100 queries over about 1.4 h"]
+
+
 @pytest.mark.parametrize("scenario, conf_line, flags, message", [
     ("Server", "llama3_1-8b.Server.target_qps = 0.0001", [], "user.conf: target_qps 0.0001 queries/s"),
+    ("Server", "llama3_1-8b.Server.target_qps = 1e9", [], "user.conf: target_qps 1e+09 queries/s x min duration"),
     ("Offline", None, ["--target-qps", "1e7"], "--target-qps: Offline target_qps 1e+07 samples/s")])
 def test_a_refused_target_qps_exits_2_before_the_run_folder(tmp_path, fake_server, dataset, scenario, conf_line,
                                                            flags, message):
