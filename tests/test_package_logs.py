@@ -8,7 +8,7 @@ import pytest
 
 from sut.package_scenario import check_scenario
 from sut.records import ComplianceError
-from test_compliance import make_log_entry, make_run, make_test06_run, settings, write_log
+from test_compliance import gate_result, make_log_entry, make_run, make_test06_run, settings, write_log
 
 
 def _detail(folder, **values):
@@ -71,7 +71,25 @@ def test_an_accuracy_log_cut_padded_or_not_the_one_scored_is_refused(tmp_path, r
     with pytest.raises(ComplianceError, match="holds 4 responses, accuracy.json scored 64: re-score"):
         check_scenario(settings(tmp_path, perf, acc, t06))
     (acc / "accuracy.json").write_text(json.dumps(dict(gate, scores=dict(gate["scores"], gen_num=4))))
+    with pytest.raises(ComplianceError, match="mlperf_log_accuracy.json is not the log its accuracy.json scored "
+                                              r"\(sha256 [0-9a-f]{12}\.\.\. recorded\): it changed after the gate"):
+        check_scenario(settings(tmp_path, perf, acc, t06))  # a breaker's find: an edited log kept an old verdict
+    gate = gate_result(True, log=log)
+    (acc / "accuracy.json").write_text(json.dumps(dict(gate, scores=dict(gate["scores"], gen_num=4))))
     check_scenario(settings(tmp_path, perf, acc, t06))
+
+
+def test_a_gate_verdict_without_the_logs_hash_or_against_a_home_made_reference_is_not_compliant(tmp_path, runs):
+    perf, acc, t06 = runs
+    log = acc / "mlperf_log_accuracy.json"
+    for gate, said in ((gate_result(True), "accuracy.json records no sha256 of the log it scored"),
+                       (dict(gate_result(True, log=log), reference={"name": "/tmp/ref.json"}),
+                        "the gate passed against the reference '/tmp/ref.json', not the official targets")):
+        (acc / "accuracy.json").write_text(json.dumps(gate))
+        with pytest.raises(ComplianceError, match="not compliant .*\n  accuracy run: " + said):
+            check_scenario(settings(tmp_path, perf, acc, t06))
+        assert any(said in p for p in check_scenario(settings(tmp_path, perf, acc, t06,
+                                                              allow_noncompliant=True)).problems)
 
 
 def test_a_test06_run_relabelled_to_another_scenario_is_refused(tmp_path, runs):
