@@ -102,6 +102,12 @@ def _log_records(path: Path, scenario: str) -> list:
                               "(was the run made with loadgen_configs/TEST06/audit.config?)")
     if scenario not in MLPERF_SCENARIOS:
         raise ComplianceError(f"unknown scenario {scenario!r} (known: {', '.join(MLPERF_SCENARIOS)})")
+    first: dict = {}
+    for i, rec in enumerate(records):  # LoadGen logs a sampled response once, under its own seq_id
+        seq = rec.get("seq_id") if isinstance(rec, dict) else None
+        if isinstance(seq, int) and first.setdefault(seq, i) != i:
+            raise ComplianceError(f"{path}: record {i} repeats seq_id {seq} of record {first[seq]} (LoadGen logs each "
+                                  "response once: the log was edited or concatenated)")
     return records
 
 

@@ -25,7 +25,8 @@ def write_log(path: Path, entries: list) -> Path:
 # ------------------------------------------------------------------------------------------- TEST06
 def test_good_log_passes_and_writes_the_reference_lines(tmp_path):
     log = write_log(tmp_path / "mlperf_log_accuracy.json",
-                    [make_log_entry(0, [5, 6, 128009]), make_log_entry(1, [7] * 128), make_log_entry(0, [5, 6, 128009])])
+                    [make_log_entry(0, [5, 6, 128009]), make_log_entry(1, [7] * 128),
+                     make_log_entry(0, [5, 6, 128009], seq_id=2)])  # a sample issued again: its own seq_id
     res = verify_test06(log, "Offline", EOS)
     assert res.passed and res.samples == 3 and res.first_token == "Skipped"
     d = write_test06(res, log, tmp_path / "out")
@@ -78,6 +79,9 @@ def test_first_token_check_outside_offline(tmp_path):
     ('[{"qsl_idx": 0}]', "record 0 has no 'data'"),
     ('[{"qsl_idx": 0, "data": "01000000", "token_count": "abc"}]', "'token_count' must be an integer"),
     ('[{"qsl_idx": 0, "data": "01000000", "token_count": null}]', "'token_count' must be an integer"),
+    ('[{"seq_id": 7, "qsl_idx": 0, "data": "01000000", "token_count": 1}, {"seq_id": 8, "qsl_idx": 0, "data": '
+     '"01000000", "token_count": 1}, {"seq_id": 7, "qsl_idx": 0, "data": "01000000", "token_count": 1}]',
+     r"record 2 repeats seq_id 7 of record 0 \(LoadGen logs each response once"),  # a breaker's find
 ])
 def test_bad_logs_raise_naming_the_problem(tmp_path, content, message):
     f = tmp_path / "mlperf_log_accuracy.json"
