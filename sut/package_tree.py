@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from accuracy.jsontext import parse_json
 from sut.package_scenario import (BENCHMARK_NAMES, DIVISIONS, PackageSettings, check_scenario, lay_out_scenario,
                                   write_not_compliant)
 from sut.records import (NOT_MLPERF, ComplianceError, check_record, engines_used, locality_folder_why,
@@ -89,19 +90,25 @@ class TreeSettings:
             raise ValueError("give at least one performance run and one accuracy run")
 
     def check_run_folders(self) -> None:
-        """Raise ``ValueError`` naming the flag and the path for a run folder argument that does not
-        exist, is not a folder or holds no ``run.json`` (bad input: ``python -m sut package`` exits 2
-        before it writes anything)."""
+        """Raise ``ValueError`` naming the flag and the path for a run folder argument that does not exist, is
+        not a folder, holds no readable ``run.json``, is given twice, or is a run of another kind than its flag
+        asks for (bad input: ``python -m sut package`` exits 2 before it writes anything)."""
+        seen: dict[Path, str] = {}
         for flag, folders in (("--performance", self.performance_runs), ("--accuracy", self.accuracy_runs),
                               ("--test06", self.test06_runs)):
             for f in folders:
-                why = _not_a_run_folder(Path(f))
+                why = _not_a_run_folder(Path(f), flag)
                 if why:
                     raise ValueError(f"{flag} {f}: {why}")
+                key = Path(f).resolve()
+                if key in seen:
+                    raise ValueError(f"{flag} {f}: given twice (also {seen[key]})")
+                seen[key] = f"{flag} {f}"
 
 
-def _not_a_run_folder(d: Path) -> Optional[str]:
-    """Why ``d`` is no ``python -m sut run`` folder (None: it may be one; ``check_record`` reads it later)."""
+def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
+    """Why ``d`` is no ``python -m sut run`` folder of the kind ``flag`` takes (None: it may be one;
+    ``check_record`` reads its fields later)."""
     if not d.exists():
         return "does not exist"
     if not d.is_dir():
@@ -109,10 +116,27 @@ def _not_a_run_folder(d: Path) -> Optional[str]:
     if not (d / "run.json").is_file():
         return locality_folder_why(d) or "is not a run folder (no run.json)"
     try:
-        rec = json.loads((d / "run.json").read_text())
-    except (OSError, ValueError):
-        return None  # check_record names what is wrong with it
-    return f"holds a synthetic-locality record as run.json: {NOT_MLPERF}" if not_mlperf(rec) else None
+        rec = parse_json((d / "run.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"its run.json cannot be read as JSON ({e})"
+    if not_mlperf(rec):
+        return f"holds a synthetic-locality record as run.json: {NOT_MLPERF}"
+    return _role_mismatch(rec, flag) if isinstance(rec, dict) else None
+
+
+def _role_mismatch(rec: dict, flag: str) -> Optional[str]:
+    """Why a run (``rec``, its run.json) is not what ``flag`` takes: --performance a performance run without an audit
+    config, --accuracy an accuracy run, --test06 a TEST06 run (None: it is, or the fields are for check_record)."""
+    mode, rs = rec.get("mode"), rec.get("run_settings") if isinstance(rec.get("run_settings"), dict) else {}
+    test = rs.get("compliance_test")
+    kind = f"a {test} run" if test else f"{'an' if mode == 'accuracy' else 'a'} {mode} run" if isinstance(mode, str) \
+        else None
+    if kind is None:
+        return None
+    if flag == "--test06":
+        return None if test == "TEST06" else f"is {kind}, not a TEST06 run (--compliance-test TEST06)"
+    want = flag.lstrip("-")
+    return None if mode == want and not test else f"is {kind}, not {'an' if want == 'accuracy' else 'a'} {want} run"
 
 
 def _by_scenario(folders, role: str) -> dict[str, tuple[str, dict]]:

@@ -254,10 +254,11 @@ def test_package_refuses_a_path_that_is_not_a_run_folder_and_writes_nothing(tmp_
 
 
 def test_package_that_fails_after_its_checks_leaves_no_out_folder(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "run.json").write_text("{}")  # a run folder whose run.json lacks every field: the packaging fails
-    r = _package(tmp_path, run, run)
+    run, acc = tmp_path / "run", tmp_path / "acc"
+    for d in (run, acc):
+        d.mkdir()
+        (d / "run.json").write_text("{}")  # a run folder whose run.json lacks every field: the packaging fails
+    r = _package(tmp_path, run, acc)
     assert r.returncode == 1 and "cannot package" in r.stderr, r.stderr[-600:]
     assert not (tmp_path / "sub").exists()
 
@@ -265,12 +266,44 @@ def test_package_that_fails_after_its_checks_leaves_no_out_folder(tmp_path):
 def test_check_run_folders_names_the_flag(tmp_path):
     from sut.package_tree import TreeSettings
 
-    (tmp_path / "ok").mkdir()
-    (tmp_path / "ok" / "run.json").write_text("{}")
+    for name in ("ok", "ok2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text("{}")
     ts = TreeSettings(out=str(tmp_path / "o"), system="s", submitter="o", performance_runs=(str(tmp_path / "ok"),),
-                      accuracy_runs=(str(tmp_path / "ok"),), test06_runs=(str(tmp_path / "nope"),))
+                      accuracy_runs=(str(tmp_path / "ok2"),), test06_runs=(str(tmp_path / "nope"),))
     with pytest.raises(ValueError, match=f"--test06 {tmp_path / 'nope'}: does not exist"):
         ts.check_run_folders()
+
+
+@pytest.mark.parametrize("flag, record, why", [
+    ("--performance", '{"mode": "perf', "its run.json cannot be read as JSON"),
+    ("--performance", {"mode": "accuracy"}, "is an accuracy run, not a performance run"),
+    ("--performance", {"mode": "performance", "run_settings": {"compliance_test": "TEST06"}},
+     "is a TEST06 run, not a performance run"),
+    ("--accuracy", {"mode": "performance"}, "is a performance run, not an accuracy run"),
+    ("--test06", {"mode": "performance", "run_settings": {}}, "is a performance run, not a TEST06 run"),
+    ("--performance", None, "given twice (also --performance "),
+])
+def test_package_refuses_a_run_given_for_the_wrong_flag_or_twice_with_exit_2(tmp_path, flag, record, why):
+    """A breaker's find: these were exit 1 after the checks began, not bad input (exit 2) before anything."""
+    runs = {}
+    for f, rec in (("--performance", {"mode": "performance"}), ("--accuracy", {"mode": "accuracy"}),
+                   ("--test06", {"mode": "performance", "run_settings": {"compliance_test": "TEST06"}})):
+        d = tmp_path / f.strip("-")
+        d.mkdir()
+        (d / "run.json").write_text(json.dumps(rec))
+        runs[f] = d
+    args = [a for f, d in runs.items() for a in (f, str(d))]
+    if record is None:  # the same folder twice, spelt otherwise (one flag takes several folders)
+        args.insert(2, str(runs["--performance"]) + "/")
+    else:
+        (runs[flag] / "run.json").write_text(record if isinstance(record, str) else json.dumps(record))
+    r = subprocess.run([sys.executable, "-m", "sut", "package", "--out", str(tmp_path / "sub"), "--system", "s",
+                        "--submitter", "o", *args], cwd=REPO, env=sut_env(), capture_output=True, text=True,
+                       timeout=90)
+    assert r.returncode == 2 and f"{flag} {runs[flag]}{'/' if record is None else ''}: {why}" in r.stderr, \
+        r.stderr[-800:]
+    assert not (tmp_path / "sub").exists()
 
 
 def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
