@@ -237,7 +237,7 @@ def test_service_killed_mid_task_then_next_session_fails_fast(tmp_path, dataset,
         # the crashing batch depends on timing).
         # A retry that worked leaves the dead executor Bound: after the close it stays Unbinding, and the stop
         # fails the run naming it (the cluster needs its executor manager restarted).
-        if sut.ledger.error is None or "still Unbinding 2 s after the close" in sut.ledger.error:
+        if sut.ledger.error is None or "2 s after the close: their service process died" in sut.ledger.error:
             assert sut.record()["flame"]["tasks"]["retries"] >= 1
             by_id = {s.id: s.index for s in samples}
             for sid, ids in answers:

@@ -120,20 +120,23 @@ def executors_of(conn, session_ids: Sequence[str]) -> dict[str, str]:
 def stuck_after_close(conn, ours: dict[str, str], wait_s: float, poll_s: float = 0.5) -> Optional[str]:
     """After the run's sessions closed: the message when executors of ``ours`` (``executors_of``) are still
     Unbinding ``wait_s`` seconds on (their service died during the run), else None (also when Flame cannot be
-    asked). Returns as soon as none of them is Unbinding."""
+    asked). Returns as soon as none of them is Bound or Unbinding: right after the close Flame may still list them
+    Bound (a healthy one then goes Unbinding and is gone within ~0.5 s; seen 2026-12-02: the check ended at that
+    first look and missed a dead service's executor in ~3 of 10 runs)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             listed = list(conn.list_executors())
         except Exception:  # noqa: BLE001 - the close itself worked; nothing to tell
             return None
-        stuck = {e.metadata.id: ours[e.metadata.id] for e in listed
-                 if e.metadata.id in ours and executor_state(e) == "Unbinding"}
+        stuck = {e.metadata.id: (ours[e.metadata.id], executor_state(e)) for e in listed
+                 if e.metadata.id in ours and executor_state(e) in ("Bound", "Unbinding")}
         if not stuck:
             return None
         if time.monotonic() >= deadline:
-            nodes = ", ".join(sorted({n or "?" for n in stuck.values()}))
-            return (f"{len(stuck)} executor(s) of this run ({', '.join(sorted(stuck)[:4])}) are still Unbinding "
+            nodes = ", ".join(sorted({n or "?" for n, _ in stuck.values()}))
+            states = " or ".join(sorted({st for _, st in stuck.values()}))
+            return (f"{len(stuck)} executor(s) of this run ({', '.join(sorted(stuck)[:4])}) are still {states} "
                     f"{wait_s:.0f} s after the close: their service process died during the run (its tasks were "
                     "done by other executors), and Flame v0.6.0 never finishes such an unbind and gives later sessions "
                     f"no executor while it lasts; restart the executor manager of node(s) {nodes} before the next run")
