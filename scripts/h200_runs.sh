@@ -35,7 +35,8 @@
 #   bash scripts/h200_runs.sh start confirm   # issue 14: full-length runs, CONFIRM="Server=55 Interactive=auto
 #                                             # Offline=56:60 Interactive=43+--max-num-batched-tokens=1024"
 #                                             # (target_qps per run, auto = the search's best VALID; ":S" a shorter
-#                                             # dev run; "+FLAG=VALUE" engine flags of that run); CONFIRM_DATA, SCEN_SUT
+#                                             # dev run; "+FLAG=VALUE" engine flags of that run; "40/41/39": 40,
+#                                             # then 41 if VALID else 39); CONFIRM_DATA, SCEN_SUT
 #   bash scripts/h200_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,

@@ -44,7 +44,8 @@ server_check() {
   check_scen_args
 }
 # CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S][+FLAG=VALUE...], SCENARIO Offline/Server/Interactive,
-# QPS a positive number, auto, or Q/IF_VALID/IF_NOT (three positive numbers: Q, then the second run's target), S a positive number of seconds, each +FLAG an engine flag with its value after "="
+# QPS a positive number, auto, or Q/IF_VALID/IF_NOT (three positive numbers: Q, then the second run's target), S a
+# positive number of seconds, each +FLAG an engine flag with its value after "="
 # (added after the scenario's SERVER_ARGS / INTERACTIVE_ARGS: the later one wins); a scenario may come more than once
 # (e.g. "Interactive=41 Interactive=43+--max-num-batched-tokens=1024"), the same run twice may not (55 = 55.0;
 # flags in any order), nor one flag twice in an entry.
