@@ -7,6 +7,7 @@ only members left were zombies nobody reaps (10 s SIGTERM + 5 s SIGKILL waits)."
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -144,10 +145,18 @@ def test_ctrl_c_while_a_worker_starts_up_reaches_only_the_parent(tmp_path, shiel
     marker = tmp_path / "marker"
     proc = mp.get_context("spawn").Process(target=fake_engine_worker.pin_then_mark,
                                            args=(EngineSlot(0, "cpu", "0"), str(marker)))
-    if shielded:
-        handle_mod.start_with_sigint_blocked(proc)
-    else:
-        proc.start()
+    # a terminal's parent: SIGINT handled and not blocked (an earlier test of this process may leave it ignored,
+    # which a child inherits, and the control would then survive)
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        if shielded:
+            handle_mod.start_with_sigint_blocked(proc)
+        else:
+            proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        signal.signal(signal.SIGINT, old_handler)
     for _ in range(6):  # through interpreter start-up, imports and _pin
         try:
             os.kill(proc.pid, 2)
