@@ -103,6 +103,18 @@ def _run_record(accuracy_log: str) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
+def _refuse_a_dataset_without_tokenizer(args: argparse.Namespace, rec: dict | None) -> None:
+    """``--dataset`` without ``--tokenizer`` next to a harness run: ``BadInput`` naming the tokenizer its ``run.json``
+    records (the run's ``--tokenizer``, else its model folder) and the shorter form; with no such record the gate's
+    own "no tokenizer given" error follows."""
+    rs, model = (rec or {}).get("run_settings") or {}, (rec or {}).get("model") or {}
+    recorded = rs.get("tokenizer") or model.get("path") if isinstance(rs, dict) and isinstance(model, dict) else None
+    if recorded:
+        raise BadInput(f"--dataset without --tokenizer: the run's {Path(args.accuracy_log).parent / 'run.json'} "
+                       f"names its gate tokenizer {recorded}; pass --tokenizer {recorded}, or leave out --dataset to "
+                       "take the dataset, tokenizer, EOS ids and --max-samples from that run.json")
+
+
 def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], output_dir: Path,
                                  rec: dict | None) -> None:
     """A re-score that writes into the run's own folder must use the run's dataset and ``--max-samples``
@@ -176,6 +188,8 @@ def _main(argv: list[str]) -> int:
     rec = _run_record(args.accuracy_log)
     if args.dataset is None:
         _fill_from_run(args, rec)
+    elif args.tokenizer is None:
+        _refuse_a_dataset_without_tokenizer(args, rec)
     from accuracy.gate import GateSettings, evaluate
 
     acc_log = Path(args.accuracy_log)

@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 ACCEPTED_FORMS = (
     "pass --tokenizer PATH pointing at a Hugging Face tokenizer/model folder "
     "with tokenizer.json, a tokenizer.json file, or a Llama 3 tiktoken-format tokenizer.model "
-    "(e.g. ../shared/data/llama3_tokenizer/tokenizer.model)"
+    "(for CNN/DailyMail: the Llama-3.1-8B-Instruct model folder; for the harness's synthetic data: the tokenizer "
+    "folder written next to it)"
 )
 
 # transformers 4.46 ``PreTrainedTokenizerBase.clean_up_tokenization``: these replacements, in

@@ -92,7 +92,7 @@ def _audit_config(rs: RunSettings) -> Optional[str]:
 def _noncompliance_reasons(gen: GenerationSettings, es: EngineSettings, audit_config: Optional[str],
                            backend: type[SystemUnderTest], options: Any) -> list[str]:
     """Why the run is not an MLPerf result, beyond its LoadGen settings (generation, audit config,
-    prefix caching, the backend's own reasons)."""
+    dummy weights, prefix caching, the backend's own reasons)."""
     reasons = []
     if gen.ignore_eos:
         reasons.append("benchmark-only fixed output length (ignore_eos): outputs do not stop at EOS")
@@ -100,6 +100,8 @@ def _noncompliance_reasons(gen: GenerationSettings, es: EngineSettings, audit_co
         reasons.append(f"max_tokens/min_tokens {gen.max_tokens}/{gen.min_tokens} differ from the reference 128/1")
     if audit_config:
         reasons.append(f"audit config {audit_config} in effect (a compliance test run, not a result)")
+    if es.load_format == "dummy":
+        reasons.append("dummy (random) weights (load_format dummy): a throughput figure, not the model under test")
     if es.enable_prefix_caching:
         reasons.append("prefix caching on: cross-query KV reuse is not allowed in MLPerf")
     if getattr(options, "allow_prefix_caching", False):

@@ -157,6 +157,18 @@ def _system_facts(rec: dict) -> dict:
             "benchmark": BENCHMARK_NAMES.get(rec.get("model_key"))}
 
 
+def _check_out_is_free(ts, perf: dict) -> None:
+    """``ValueError`` (bad input: exit 2, nothing written) when ``--out`` already holds the folder of one of these
+    scenarios (``perf``: ``{scenario: (folder, record)}``) for this system, e.g. from an earlier ``package`` into the
+    same ``--out``."""
+    results = Path(ts.out) / ts.division / ts.submitter / "results" / ts.system
+    taken = [str(d) for scen, (_, rec) in perf.items()
+             if (d := results / str(BENCHMARK_NAMES.get(rec.get("model_key"))) / scen).exists()]
+    if taken:
+        raise ValueError(f"--out {ts.out} already holds {', '.join(taken)} (an earlier package?); give another "
+                         "--out or remove it")
+
+
 def _check_roles(perf: dict, acc: dict, t06: dict) -> None:
     """Every scenario has its performance and its accuracy run (``{scenario: (folder, record)}`` each)."""
     for scen in sorted(set(acc) | set(t06)):
@@ -241,6 +253,7 @@ def package_tree(ts: TreeSettings) -> Path:
     t06 = _by_scenario(ts.test06_runs, "TEST06")
     _check_roles(perf, acc, t06)
     ref = _check_one_system(perf)
+    _check_out_is_free(ts, perf)
     problems = _tree_problems(ts, set(perf), ref["benchmark"])
     if not ts.allow_noncompliant:
         problems += _scenario_problems(ts, perf, acc, t06)  # every reason at once, not one scenario's at a time

@@ -155,6 +155,24 @@ def test_without_dataset_the_run_json_next_to_the_log_gives_dataset_tokenizer_eo
     assert f"--dataset is required: {tmp_path / 'run.json'} is missing" in err and "--tokenizer PATH" in err
 
 
+def test_dataset_without_tokenizer_names_the_tokenizer_the_runs_record_gives(tmp_path, inputs, capsys, caplog):
+    """A new user's find: the README's first form without --tokenizer pointed at a tokenizer the user did not have,
+    though the run.json next to the log names the right one."""
+    tok, data = inputs
+    log = _run_folder(tmp_path, [0, 1, 2, 3])
+    (tmp_path / "run.json").write_text(json.dumps({"run_settings": {"dataset": str(data), "tokenizer": str(tok)},
+                                                   "model": {"path": "/models/x"}}))
+    caplog.clear()
+    assert cli_main(["--accuracy-log", str(log), "--dataset", str(data)]) == 2
+    err = capsys.readouterr().err + caplog.text
+    assert f"names its gate tokenizer {tok}; pass --tokenizer {tok}, or leave out --dataset" in err
+    assert not (tmp_path / "accuracy.json").exists()
+    (tmp_path / "run.json").unlink()  # no record: the gate's own error, naming the accepted forms
+    caplog.clear()
+    assert cli_main(["--accuracy-log", str(log), "--dataset", str(data)]) == 2
+    assert "no tokenizer given; pass --tokenizer PATH" in capsys.readouterr().err + caplog.text
+
+
 @pytest.mark.parametrize("value", [-1, 0, "16", True, 2.0])
 def test_a_hand_edited_max_samples_in_run_json_is_refused_before_anything_is_written(tmp_path, inputs, caplog, capsys,
                                                                                      value):

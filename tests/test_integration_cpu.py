@@ -322,23 +322,32 @@ def test_bad_input_exits_2_before_any_engine_starts(tmp_path, synthetic_small, a
     assert [d.name for d in tmp_path.iterdir()] == ["taken-NOT-COMPLIANT"]  # no run folder was left behind
 
 
-def test_forced_prefix_caching_marks_the_run_not_compliant(tmp_path, synthetic_small):
-    """allow_prefix_caching lets an experiment run with prefix caching; the record must not pass for MLPerf."""
+def test_forced_prefix_caching_and_dummy_weights_mark_the_run_not_compliant(tmp_path, synthetic_small):
+    """allow_prefix_caching lets an experiment run with prefix caching; dummy weights make a throughput figure of the
+    engine only: neither record may pass for MLPerf. The real loader (load_format auto) adds no reason."""
     data, _ = synthetic_small
     code = """
 import json, sys
 from sut import harness
 from sut.engine import EngineSettings, GenerationSettings
 harness._execute = lambda *a: a[-1]  # record only: no engines
-rs = harness.RunSettings(sut="vllm", dataset=sys.argv[1], output_dir=sys.argv[2], user_conf=sys.argv[3])
-es = EngineSettings(model=sys.argv[4], enable_prefix_caching=True, device="cpu", max_model_len=4096)
-print(json.dumps(harness.run_benchmark(rs, es, GenerationSettings(), {"allow_prefix_caching": True})["compliance"]))
+name, model = sys.argv[5], sys.argv[4]
+es, opts = {"cache": (EngineSettings(model=model, enable_prefix_caching=True, device="cpu", max_model_len=4096),
+                      {"allow_prefix_caching": True}),
+            "dummy": (EngineSettings(model=model, load_format="dummy", device="cpu", max_model_len=4096), {}),
+            "auto": (EngineSettings(model=model, device="cpu", max_model_len=4096), {})}[name]
+rs = harness.RunSettings(sut="vllm", dataset=sys.argv[1], output_dir=sys.argv[2], user_conf=sys.argv[3], run_name=name)
+print(json.dumps(harness.run_benchmark(rs, es, GenerationSettings(), opts)["compliance"]))
 """
     from conftest import TINY_MODEL
 
-    out = subprocess.run([sys.executable, "-c", code, str(data), str(tmp_path), str(CPU_CONF), str(TINY_MODEL)],
-                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    comp = json.loads(out.stdout.strip().splitlines()[-1])
-    assert comp["compliant"] is False and any("prefix caching on" in r for r in comp["reasons"])
-    assert only_dir(tmp_path).name.endswith("-NOT-COMPLIANT")
+    comp = {}
+    for name in ("cache", "dummy", "auto"):  # LoadGen's FromConfig: once per process
+        out = subprocess.run([sys.executable, "-c", code, str(data), str(tmp_path), str(CPU_CONF), str(TINY_MODEL), name],
+                             env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        comp[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert comp["cache"]["compliant"] is False and any("prefix caching on" in r for r in comp["cache"]["reasons"])
+    assert comp["dummy"]["compliant"] is False and any("dummy (random) weights" in r for r in comp["dummy"]["reasons"])
+    assert not any("weights" in r or "prefix caching" in r for r in comp["auto"]["reasons"]), comp["auto"]
+    assert all(d.name.endswith("-NOT-COMPLIANT") for d in tmp_path.iterdir())  # the small dataset: a subset

@@ -32,6 +32,11 @@ def test_rehearsal_tree_has_one_not_compliant_note_with_every_reason(tmp_path):
     assert any("(one of) Interactive or Server" in ln for ln in lines)  # ... and the tree's own
     assert not any("audit config" in ln for ln in lines)  # a TEST06 run's audit config is no problem
     assert (tree / "results" / "1xCPU_tiny_demo" / "llama3.1-8b" / "Offline" / "TEST06").is_dir()
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    again = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)  # the same --out
+    assert again.returncode == 2 and "already holds" in again.stderr and "llama3.1-8b/Offline" in again.stderr, \
+        again.stderr[-2000:]
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # the first tree is left as it was
 
 
 def test_compliant_tree_has_no_note(tmp_path):
