@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import tomllib
 
 from sut.base import InputError, get_sut, sut_names
-from sut.cli_flags import backend_options_from_args, engine_settings_from_args, json_or_str
+from sut.cli_flags import backend_options_from_args, engine_overrides, engine_settings_from_args, json_or_str
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.exits import BadInput
 from sut.run_settings import RunSettings
@@ -32,6 +33,8 @@ def _preset(path: str | None) -> dict:
         raise BadInput(f"error: preset not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise BadInput(f"error: {path}: malformed TOML: {e}") from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8 (a UTF-16 or binary file)
+        raise BadInput(f"error: {path}: not UTF-8 text, as TOML must be (byte {e.start}: {e.reason})") from None
     except RecursionError:
         raise BadInput(f"error: {path}: malformed TOML: nested deeper than Python's recursion limit") from None
     except OSError as e:
@@ -63,7 +66,7 @@ def _scenario_engine(engine: dict, scenario: str, path: str | None) -> dict:
         if _engine_error({"model": "m", **plain}) is None:
             err = _engine_error({"model": "m", **plain, **table})
             if err is not None:
-                raise BadInput(f"error: {path}: [engine.{name}]: {err}")
+                raise BadInput(f"error: {path}: [engine.{name}]: {err.replace('preset [engine] ', f'preset [engine.{name}] ')}")
     return {**plain, **tables.get(scenario, {})}
 
 
@@ -161,6 +164,16 @@ def _preset_options_note(a: argparse.Namespace, sut: str, unknown: set) -> str:
 _PRESET_TABLES = {"RunSettings": "run", "GenerationSettings": "generation", "EngineSettings": "engine"}
 
 
+def _preset_table_of(message: str, pre: dict) -> str | None:
+    """The preset table (``run``, ``engine``, ``generation``) holding a key that ``message`` (a settings error)
+    names, e.g. "EngineSettings.max_num_seqs must be an integer" -> "engine"; None when no preset key is named."""
+    for table in ("engine", "run", "generation"):
+        keys = [k for k, v in (pre.get(table) or {}).items() if not isinstance(v, dict)]
+        if any(re.search(rf"(?<![\w.-]){re.escape(k)}\b", message.replace(".", " ")) for k in keys):
+            return table
+    return None
+
+
 def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettings, GenerationSettings, object]:
     """Merge preset and flags into the three settings objects and the backend's options object.
 
@@ -174,9 +187,17 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
     engine = _scenario_engine(pre.get("engine", {}), str(run.get("scenario", "Offline")), a.config)
     try:
         es = engine_settings_from_args(a, engine, model_hint=" (or [engine] model in the preset)")
+    except BadInput as e:  # name the preset when the key at fault is one of its [engine] keys
+        msg = str(e).removeprefix("error: ")
+        from_preset = {k: v for k, v in engine.items() if k not in engine_overrides(a)}  # not overridden by a flag
+        if a.config and a.config not in msg and _preset_table_of(msg, {"engine": from_preset}):
+            raise BadInput(f"error: {a.config} [engine]: {msg}") from None
+        raise
+    try:
         rs, gs = settings_from_mapping(RunSettings, run), settings_from_mapping(GenerationSettings, gen)
     except (ValueError, TypeError) as e:
         table = next((t for cls, t in _PRESET_TABLES.items() if str(e).startswith(f"unknown {cls} field")), None)
-        where = f"{a.config} [{table}]: " if a.config and table else ""
+        table = table or _preset_table_of(str(e), pre)
+        where = f"{a.config} [{table}]: " if a.config and table and a.config not in str(e) else ""
         raise BadInput(f"error: {where}{e}") from None
     return rs, es, gs, backend_options_from_cli(a, rs.sut, dict(pre.get("options", {})))

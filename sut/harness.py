@@ -120,6 +120,10 @@ def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, op
         model = read_model_info(es.model)
     except EngineError as e:  # an unusable model folder is bad input
         raise InputError(str(e)) from None
+    if 0 < model.max_model_len_limit < es.max_model_len:  # vLLM would refuse it only once the engine starts
+        raise InputError(f"max_model_len {es.max_model_len} (flag --max-model-len, preset [engine] max_model_len) "
+                         f"exceeds the model's max_position_embeddings {model.max_model_len_limit} "
+                         f"({es.model}/config.json)")
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
     dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples)

@@ -218,7 +218,8 @@ def test_a_preset_section_that_is_not_a_table_is_bad_input(tmp_path, text, secti
         _preset(str(p))
 
 
-@pytest.mark.parametrize("text", ["a = " + "[" * 100000 + "]" * 100000 + "\n", None])
+@pytest.mark.parametrize("text", ["a = " + "[" * 100000 + "]" * 100000 + "\n", None, b"\xff\xfe[\x00",
+                                  "[engine]\nmodel = 'm'\n".encode("utf-16")])
 def test_a_preset_too_deep_or_unreadable_is_bad_input(tmp_path, text):
     from sut.cli_settings import _preset
     from sut.exits import BadInput
@@ -226,10 +227,13 @@ def test_a_preset_too_deep_or_unreadable_is_bad_input(tmp_path, text):
     p = tmp_path / "p.toml"
     if text is None:
         p.mkdir()  # a folder: open() raises IsADirectoryError
+    elif isinstance(text, bytes):  # a breaker's find: tomllib's UnicodeDecodeError was a traceback, exit 1
+        p.write_bytes(text)
     else:
         p.write_text(text)
-    with pytest.raises(BadInput, match=str(p)):
+    with pytest.raises(BadInput, match=re.escape(str(p))) as e:
         _preset(str(p))
+    assert not isinstance(text, bytes) or "not UTF-8" in e.value.message
 
 
 # ------------------------------------------------------------------------------------ package
@@ -313,6 +317,49 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
     preset.write_text('[run]\ndataset = "x.json"\nbogus = 1\n')
     with pytest.raises(cli.BadInput, match=re.escape(f"error: {preset} [run]: unknown RunSettings field(s): bogus")):
         cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", "m"]))
+
+
+@pytest.mark.parametrize("table, flags, message", [
+    ('[engine]\nmax_num_seqs = "abc"\n', [], "{p} [engine]: EngineSettings.max_num_seqs must be an integer"),
+    ("[generation]\nmax_tokens = 0\n", [], "{p} [generation]: max_tokens must be a positive integer"),
+    ("[engine.Server]\nmax_num_seqs = 0\n", [], "{p}: [engine.Server]: engine setting max_num_seqs must be >= 1 (an "
+                                                "integer), got 0 (flag --max-num-seqs, preset [engine.Server] max_num_seqs)"),
+    ("[engine]\nmax_num_seqs = 8\n", ["--max-num-seqs", "0"], "error: engine setting max_num_seqs must be >= 1"),
+    ("[engine]\nmax_num_seqs = 64\nmax_num_batched_tokens = 32\n", [],
+     "engine setting max_num_batched_tokens must be >= max_num_seqs (64)"),
+])
+def test_a_bad_preset_value_names_the_preset_file_and_table(tmp_path, table, flags, message):
+    """A breaker's find: type errors of a preset named neither file nor table; a per-scenario table's hint named
+    [engine]. A value given by flag is not blamed on the preset."""
+    from sut import cli
+
+    preset = tmp_path / "p.toml"
+    preset.write_text(table)
+    argv = ["run", "--config", str(preset), "--model", "m", "--dataset", "x.json", *flags]
+    with pytest.raises(cli.BadInput) as e:
+        cli.settings_from_args(cli.build_parser().parse_args(argv))
+    assert message.format(p=preset) in e.value.message and e.value.code == 2, e.value.message
+    assert flags == [] or str(preset) not in e.value.message
+
+
+def test_max_model_len_past_the_models_positions_is_bad_input_before_a_run_folder(tmp_path, dataset):
+    """A breaker's find: vLLM refused it only at engine start (exit 1, a failed run folder). Rope-scaled configs
+    other than Llama 3's are left to vLLM (it scales their limit)."""
+    import json
+
+    from sut.engine.settings import _max_model_len_limit
+
+    r = subprocess.run([sys.executable, "-m", "sut", "run", "--config", str(REPO / "loadgen_configs/cpu_tiny.toml"),
+                        "--dataset", str(dataset), "--quick", "--max-model-len", "99999", "--output-dir",
+                        str(tmp_path / "out")], cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "max_model_len 99999 (flag --max-model-len" in r.stderr, r.stderr[-800:]
+    assert "max_position_embeddings 8192" in r.stderr and not (tmp_path / "out").exists()
+    cfg = REPO.parent / "shared" / "gpu" / "llama31_8b_dummy" / "config.json"  # the H200 runs' 8B config
+    llama31 = json.loads(cfg.read_text()) if cfg.is_file() else \
+        {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert _max_model_len_limit(llama31) == 131072
+    assert _max_model_len_limit({"max_position_embeddings": 4096, "rope_scaling": {"type": "yarn", "factor": 4}}) == 0
+    assert _max_model_len_limit({}) == 0
 
 
 def test_a_server_url_given_twice_is_refused():

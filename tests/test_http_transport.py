@@ -677,6 +677,7 @@ def test_cli_server_of_another_model_exits_2_naming_it(tmp_path, synthetic_small
     url, _ = fake_server(model="/models/Other-Model-7B")
     out = _run(tmp_path, synthetic_small, "--server-url", url)
     assert out.returncode == 2 and f"server {url}: serves another model" in out.stderr, out.stderr[-2000:]
+    assert "pass --served-model-name ID" in out.stderr  # the flag first (a breaker's find: only the option was named)
     assert "Traceback" not in out.stderr
     assert not list(tmp_path.iterdir())  # refused before the run folder is made (HttpSUT.preflight)
 

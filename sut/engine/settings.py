@@ -118,7 +118,8 @@ def check_engine_settings(es: "EngineSettings") -> None:
     """Raise ``ValueError`` naming the field and its flag for a value vLLM refuses (or one this harness
     cannot run): ``dtype`` outside :data:`VLLM_DTYPES` (any case); ``device`` not auto/cuda/cpu; a count or size
     of :data:`_POSITIVE_INTS` below 1; ``gpu_memory_utilization`` outside (0, 1] (vLLM's
-    ``CacheConfig``: gt=0, le=1); ``max_model_len`` not above ``MAX_NEW_TOKENS``;
+    ``CacheConfig``: gt=0, le=1); ``max_num_batched_tokens`` below ``max_num_seqs`` (both set; vLLM's
+    ``SchedulerConfig``); ``max_model_len`` not above ``MAX_NEW_TOKENS``;
     ``long_prefill_token_threshold`` or ``seed`` below 0; an empty name of :data:`_NAMES`.
     Types are ``settings_from_mapping``'s concern; a bool is refused where a number is due.
     """
@@ -136,6 +137,10 @@ def check_engine_settings(es: "EngineSettings") -> None:
     util = es.gpu_memory_utilization
     if util is not None and not (number(util) and 0 < util <= 1):
         raise _field_error("gpu_memory_utilization", "in (0, 1] (vLLM's range)", util)
+    seqs, tokens = es.max_num_seqs, es.max_num_batched_tokens
+    if seqs is not None and tokens is not None and tokens < seqs:  # vLLM's SchedulerConfig refuses it at start
+        raise _field_error("max_num_batched_tokens", f">= max_num_seqs ({seqs}): each step schedules one token per "
+                           "running sequence at least (vLLM's rule)", tokens)
     if not (number(es.max_model_len) and es.max_model_len > MAX_NEW_TOKENS):
         raise _field_error("max_model_len", f"> {MAX_NEW_TOKENS} (it covers the longest prompt + {MAX_NEW_TOKENS} "
                                             "new tokens)", es.max_model_len)
@@ -210,6 +215,10 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     config_sha256: str
     max_position_embeddings: int
+    #: The longest max_model_len vLLM accepts for this config without an override: max_position_embeddings when
+    #: the config has no rope_scaling or Llama 3's (vLLM's ``_get_and_verify_max_len`` scales the others); 0:
+    #: unknown (not checked here; vLLM checks it at engine start).
+    max_model_len_limit: int = 0
 
 
 def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
@@ -252,7 +261,18 @@ def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
         eos_token_ids=eos_ids,
         config_sha256=hashlib.sha256(raw).hexdigest(),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
+        max_model_len_limit=_max_model_len_limit(cfg),
     )
+
+
+def _max_model_len_limit(cfg: dict) -> int:
+    """See :attr:`ModelInfo.max_model_len_limit` (``cfg``: a parsed ``config.json``)."""
+    rope = cfg.get("rope_scaling")
+    rope_type = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+    limit = cfg.get("max_position_embeddings")
+    if (rope is None or rope_type == "llama3") and isinstance(limit, int) and not isinstance(limit, bool):
+        return max(limit, 0)
+    return 0
 
 
 def settings_from_mapping(cls, values: dict):

@@ -67,8 +67,8 @@ def pick_model(models: list[dict], want: str, explicit: Optional[str] = None) ->
         if name and name in (_basename(m.get("id")), _basename(m.get("root"))):
             return str(m["id"])
     roots = [str(m.get("root")) for m in models]
-    raise ValueError(f"serves another model: {ids} (root {roots}), not --model {want} (pass the option "
-                     "model_name=ID if it is the same model under another name)")
+    raise ValueError(f"serves another model: {ids} (root {roots}), not --model {want} (pass "
+                     "--served-model-name ID, or the option model_name=ID, if it is the same model under another name)")
 
 
 def cache_config_labels(metrics_text: str) -> Optional[list[dict]]:
