@@ -126,8 +126,11 @@ OFFLINE_MAX_QUERY_SAMPLES = 100 * PERFORMANCE_SAMPLE_COUNT[DEFAULT_MODEL_KEY]
 #: allows ~2,228 queries/s (one H200 keeps ~53).
 SERVER_MAX_QUERIES = 100 * PERFORMANCE_SAMPLE_COUNT[DEFAULT_MODEL_KEY]
 
-#: Issuing longer than this (s) at a Server / Interactive target_qps gets a warning before the run starts.
+#: Issuing longer than this (s) at a Server / Interactive target_qps gets a warning before the run starts ...
 LONG_ISSUE_S = 3600.0
+#: ... and so does issuing longer than this (s) when it is also more than twice the min duration (a breaker's
+#: --quick Interactive run at 0.001 queries/s sat silent for 12 min waiting for its next arrival).
+LONG_DEV_ISSUE_S = 300.0
 
 
 def check_target_qps(ts, rs, where: str, samples: int | None = None) -> None:
@@ -167,14 +170,15 @@ def _check_server_qps(ts, rs, where: str, samples: int | None) -> None:
                              f"{queries:,.0f} queries (min_query_count {ts.min_query_count}), more than the "
                              f"{SERVER_MAX_QUERIES:,} allowed (100 x the 13,368-sample set): LoadGen schedules them "
                              "all before it issues the first")
+        issue_s = max(duration_s + 1.0 / qps, queries / qps)  # past the min duration: one more mean gap
     elif samples:
-        queries = samples
+        queries, issue_s = samples, samples / qps
     else:
         return
-    issue_s = queries / qps
-    if issue_s > LONG_ISSUE_S:
-        log.warning("%s: target_qps %g queries/s: LoadGen issues its %s queries over about %.1f h", where, qps,
-                    f"{queries:,.0f}", issue_s / 3600)
+    if issue_s > LONG_ISSUE_S or (issue_s > LONG_DEV_ISSUE_S and issue_s > 2 * duration_s):
+        took = f"{issue_s / 3600:.1f} h" if issue_s >= 3600 else f"{issue_s / 60:.0f} min"
+        log.warning("%s: target_qps %g queries/s: LoadGen issues its %s queries over about %s", where, qps,
+                    f"{queries:,.0f}", took)
 
 
 def _dev_overrides(ts, rs, loadgen_scenario: str) -> list[str]:

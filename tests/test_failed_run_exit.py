@@ -195,9 +195,12 @@ def test_a_server_schedule_over_100_times_the_dataset_is_refused_and_a_long_one_
     check_target_qps(_ts("Server", 0.001), _rs(scenario="Server", mode="accuracy"), "x", samples=64)
     check_target_qps(_ts("Server", 0.02, min_query_count=100), _rs(scenario="Server"), "y")  # 5,000 s
     check_target_qps(_ts("Server", 0.5, min_query_count=100), _rs(scenario="Server"), "z")  # 600 s: quiet
+    check_target_qps(_ts("Server", 0.01, min_duration_s=10), _rs(scenario="Server"), "q")  # 10 s + 100 s: quiet
+    check_target_qps(_ts("Server", 0.001, min_duration_s=10), _rs(scenario="Interactive"), "w")  # 10 s + 1,000 s
     assert [r.getMessage() for r in caplog.records] == [
         "x: target_qps 0.001 queries/s: LoadGen issues its 64 queries over about 17.8 h",
-        "y: target_qps 0.02 queries/s: LoadGen issues its 100 queries over about 1.4 h"]
+        "y: target_qps 0.02 queries/s: LoadGen issues its 100 queries over about 1.4 h",
+        "w: target_qps 0.001 queries/s: LoadGen issues its 1 queries over about 17 min"]
 
 
 @pytest.mark.parametrize("scenario, conf_line, flags, message", [
