@@ -103,12 +103,19 @@ def _run_record(accuracy_log: str) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
+def _recorded_tokenizer(rec: dict | None) -> str | None:
+    """The gate tokenizer a harness ``run.json`` records: the run's ``--tokenizer``, else its model folder."""
+    rs, model = (rec or {}).get("run_settings"), (rec or {}).get("model") or {}
+    if not isinstance(rs, dict) or not isinstance(model, dict):
+        return None
+    return rs.get("tokenizer") or model.get("path")
+
+
 def _refuse_a_dataset_without_tokenizer(args: argparse.Namespace, rec: dict | None) -> None:
     """``--dataset`` without ``--tokenizer`` next to a harness run: ``BadInput`` naming the tokenizer its ``run.json``
     records (the run's ``--tokenizer``, else its model folder) and the shorter form; with no such record the gate's
     own "no tokenizer given" error follows."""
-    rs, model = (rec or {}).get("run_settings") or {}, (rec or {}).get("model") or {}
-    recorded = rs.get("tokenizer") or model.get("path") if isinstance(rs, dict) and isinstance(model, dict) else None
+    recorded = _recorded_tokenizer(rec)
     if recorded:
         raise BadInput(f"--dataset without --tokenizer: the run's {Path(args.accuracy_log).parent / 'run.json'} "
                        f"names its gate tokenizer {recorded}; pass --tokenizer {recorded}, or leave out --dataset to "
@@ -161,17 +168,17 @@ def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
     Raises ``BadInput`` when there is no readable ``run.json`` naming a dataset."""
     run_json = Path(args.accuracy_log).parent / "run.json"
     try:
-        rs, model = rec["run_settings"], rec.get("model") or {}
-        dataset = rs["dataset"]
+        dataset = rec["run_settings"]["dataset"]
         if not isinstance(dataset, str) or not dataset:
             raise TypeError
     except (KeyError, TypeError, AttributeError):
         raise BadInput(f"--dataset is required: {run_json} is missing, unreadable or names no dataset "
                        "(run_settings.dataset); pass --dataset FILE --tokenizer PATH") from None
     args.dataset = dataset
+    rs, model = rec["run_settings"], rec.get("model") or {}
     if args.tokenizer is None:
-        args.tokenizer = rs.get("tokenizer") or model.get("path")
-    eos = model.get("eos_token_ids")
+        args.tokenizer = _recorded_tokenizer(rec)
+    eos = model.get("eos_token_ids") if isinstance(model, dict) else None
     if args.eos_ids is None and isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
         args.eos_ids = tuple(eos)
     recorded = _checked_max_samples(rs.get("max_samples"), run_json)

@@ -197,7 +197,7 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         rs, gs = settings_from_mapping(RunSettings, run), settings_from_mapping(GenerationSettings, gen)
     except (ValueError, TypeError) as e:
         table = next((t for cls, t in _PRESET_TABLES.items() if str(e).startswith(f"unknown {cls} field")), None)
-        table = table or _preset_table_of(str(e), pre)
+        table = table or _preset_table_of(str(e), {t: pre.get(t) for t in ("run", "generation")})
         where = f"{a.config} [{table}]: " if a.config and table and a.config not in str(e) else ""
         raise BadInput(f"error: {where}{e}") from None
     return rs, es, gs, backend_options_from_cli(a, rs.sut, dict(pre.get("options", {})))

@@ -301,8 +301,13 @@ def check_scenario(ps: PackageSettings) -> ScenarioRuns:
 
 
 # ---------------------------------------------------------------------------------------------- copy
+def scenario_root(out: str, division: str, submitter: str, system: str, bench: str, scenario: str) -> Path:
+    """``<out>/<division>/<submitter>/results/<system>/<benchmark>/<scenario>``: where one scenario's runs go."""
+    return Path(out) / division / submitter / "results" / system / bench / scenario
+
+
 def _copy_scenario(ps: PackageSettings, runs: ScenarioRuns) -> Path:
-    root = Path(ps.out) / ps.division / ps.submitter / "results" / ps.system / runs.bench / runs.scenario
+    root = scenario_root(ps.out, ps.division, ps.submitter, ps.system, runs.bench, runs.scenario)
     if root.exists():
         raise ComplianceError(f"{root} already exists; give another --out or remove it")
     (root / "performance" / "run_1").mkdir(parents=True)

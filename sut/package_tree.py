@@ -33,7 +33,7 @@ from typing import Optional
 
 from accuracy.jsontext import parse_json
 from sut.package_scenario import (BENCHMARK_NAMES, DIVISIONS, PackageSettings, check_scenario, lay_out_scenario,
-                                  write_not_compliant)
+                                  scenario_root, write_not_compliant)
 from sut.records import (NOT_MLPERF, ComplianceError, check_record, engines_used, locality_folder_why,
                          not_mlperf, read_json)
 from sut.submission_files import flag_values, portable_command
@@ -161,9 +161,9 @@ def _check_out_is_free(ts, perf: dict) -> None:
     """``ValueError`` (bad input: exit 2, nothing written) when ``--out`` already holds the folder of one of these
     scenarios (``perf``: ``{scenario: (folder, record)}``) for this system, e.g. from an earlier ``package`` into the
     same ``--out``."""
-    results = Path(ts.out) / ts.division / ts.submitter / "results" / ts.system
     taken = [str(d) for scen, (_, rec) in perf.items()
-             if (d := results / str(BENCHMARK_NAMES.get(rec.get("model_key"))) / scen).exists()]
+             if (d := scenario_root(ts.out, ts.division, ts.submitter, ts.system,
+                                    str(BENCHMARK_NAMES.get(rec.get("model_key"))), scen)).exists()]
     if taken:
         raise ValueError(f"--out {ts.out} already holds {', '.join(taken)} (an earlier package?); give another "
                          "--out or remove it")
