@@ -280,14 +280,18 @@ class RealCluster:
     def _preexec(self):
         """``die_with_parent``: a function for ``Popen(preexec_fn=...)`` asking Linux to send the manager SIGTERM when
         the thread that starts it ends (the CLI's main thread: so a SIGKILLed ``python -m sut.flame cluster``
-        leaves no manager behind); else None. Not for processes with other threads (preexec_fn is unsafe there)."""
+        leaves no manager behind; one whose parent died before the ``prctl`` exits at once); else None. Not for processes with other threads (preexec_fn is unsafe there)."""
         if not self.s.die_with_parent or not sys.platform.startswith("linux"):
             return None
+
+        parent = os.getpid()
 
         def die_with_parent() -> None:
             import ctypes
 
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl: no signal will come
+                os._exit(1)
 
         return die_with_parent
 

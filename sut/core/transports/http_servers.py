@@ -184,15 +184,21 @@ class ServerProcess:
         return self.failure(f"exited unexpectedly ({how})")
 
 
+# Run by ``sh`` after setpriv has set the parent-death signal: if this process died before that (a SIGKILL right
+# after ``Popen`` returned, while setpriv was still starting), no signal will come, and sh's parent is no longer us.
+_PARENT_CHECK = 'test "$PPID" = "$1" || exit 1; shift; exec "$@"'
+
+
 def die_with_parent() -> list[str]:
     """A command prefix that makes Linux send the server SIGTERM when this process dies, even by SIGKILL (util-linux
-    ``setpriv --pdeathsig``, kept across ``exec``): the server runs in a process group of its own, so nothing else
-    would stop it, and vLLM shuts its engine down on SIGTERM. Empty off Linux, without ``setpriv``, or off the main
-    thread (the signal follows the thread that started the server, and only the main thread lives as long as this
-    process)."""
+    ``setpriv --pdeathsig``, kept across ``exec``), then starts the server only if this process is still its parent
+    (``_PARENT_CHECK``: closes the window before setpriv's ``prctl``): the server runs in a process group of its own,
+    so nothing else would stop it, and vLLM shuts its engine down on SIGTERM. Empty off Linux, without ``setpriv``,
+    or off the main thread (the signal follows the thread that started the server, and only the main thread lives as
+    long as this process)."""
     if (sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
-            and shutil.which("setpriv")):
-        return ["setpriv", "--pdeathsig", "TERM", "--"]
+            and shutil.which("setpriv") and shutil.which("sh")):
+        return ["setpriv", "--pdeathsig", "TERM", "--", "sh", "-c", _PARENT_CHECK, "sh", str(os.getpid())]
     return []
 
 
