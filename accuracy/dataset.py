@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from accuracy.errors import AccuracyInputError
@@ -93,15 +94,30 @@ def read_dataset_json(path: str | os.PathLike) -> list:
     return records
 
 
-def load_references(path: str | os.PathLike, max_samples: int | None = None) -> list[str]:
-    """The ``output`` strings of the dataset, in file order.
+#: Records whose ``tok_input`` the gate decodes to check its tokenizer (``accuracy.preflight.check_tokenizer_made``).
+PROBE_RECORDS = 3
+
+
+@dataclass(frozen=True)
+class GateData:
+    """What the gate reads from the dataset.
+
+    Attributes:
+        references: one ``output`` string per kept record, in file order.
+        probes: ``(record index, input text, tok_input ids)`` of the first ``PROBE_RECORDS`` kept records that have
+            a non-empty string ``input`` and a list ``tok_input`` (fewer, or none, in files without them).
+    """
+
+    references: list
+    probes: list = field(default_factory=list)
+
+
+def load_gate_data(path: str | os.PathLike, max_samples: int | None = None) -> GateData:
+    """The references and tokenizer probes of the dataset (one read of the file).
 
     Args:
         path: the dataset JSON.
         max_samples: keep only the first N records (a run that used only the first N).
-
-    Returns:
-        one reference string per kept record.
 
     Raises:
         AccuracyInputError: missing/unreadable file or encoding (:func:`read_dataset_json`), a
@@ -117,10 +133,18 @@ def load_references(path: str | os.PathLike, max_samples: int | None = None) -> 
         if max_samples < 1 or max_samples > len(records):
             raise AccuracyInputError(f"max_samples={max_samples} but dataset {path} has {len(records)} records")
         records = records[:max_samples]
-    refs = []
+    refs, probes = [], []
     for i, rec in enumerate(records):
         out = rec.get("output") if isinstance(rec, dict) else None
         if not isinstance(out, str):
             raise AccuracyInputError(f"dataset {path}: record {i} has no string field 'output' (the reference summary)")
         refs.append(out)
-    return refs
+        text, ids = rec.get("input"), rec.get("tok_input")
+        if len(probes) < PROBE_RECORDS and isinstance(text, str) and text.strip() and isinstance(ids, list):
+            probes.append((i, text, ids))
+    return GateData(refs, probes)
+
+
+def load_references(path: str | os.PathLike, max_samples: int | None = None) -> list[str]:
+    """The ``output`` strings of the dataset, in file order (:func:`load_gate_data`, same arguments and errors)."""
+    return load_gate_data(path, max_samples).references

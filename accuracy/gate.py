@@ -23,8 +23,9 @@ from typing import Sequence
 import numpy as np
 
 from accuracy.constants import ACCURACY_JSON, ACCURACY_TXT, HISTOGRAM_PNG, LLAMA31_EOS_IDS, MAX_NEW_TOKENS, ROUGE_KEYS
-from accuracy.dataset import load_references
+from accuracy.dataset import load_gate_data
 from accuracy.loadgen_log import LogCheck, check_log, read_accuracy_log
+from accuracy.preflight import check_tokenizer_made
 from accuracy.punkt_data import ensure_punkt
 from accuracy.reference import (Reference, gen_len_basis, gen_len_reason, judge, load_reference_file,  # noqa: F401
                                 resolve_reference, write_reference_file)
@@ -199,15 +200,18 @@ def evaluate(settings: GateSettings) -> dict:
         package`` compares), ``files``, ``version``.
 
     Raises:
-        AccuracyInputError: an input is missing or malformed (CLI exit code 2).
+        AccuracyInputError: an input is missing or malformed, or the tokenizer did not make the dataset
+            (CLI exit code 2; nothing written).
     """
     ensure_punkt()
-    references = load_references(settings.dataset, settings.max_samples)
+    data = load_gate_data(settings.dataset, settings.max_samples)
+    references = data.references
     n = len(references)
     ref = resolve_reference(settings.reference, n)
     det = load_tokenizer(settings.tokenizer, settings.clean_up_spaces)
     eos_ids, eos_source = resolve_eos_ids(settings.eos_ids, det, LLAMA31_EOS_IDS)
     entries = read_accuracy_log(settings.accuracy_log)
+    check_tokenizer_made(det, data.probes, settings.dataset)
     log_sha256 = hashlib.sha256(Path(settings.accuracy_log).read_bytes()).hexdigest()  # package: the log scored
     log.info("accuracy log %s: %d entries; dataset %s: %d samples; EOS %s (%s)",
              settings.accuracy_log, len(entries), settings.dataset, n, list(eos_ids), eos_source)
@@ -273,7 +277,8 @@ def run_gate(
 
     Raises:
         AccuracyInputError: missing/malformed input (file, tokenizer, NLTK punkt_tab data,
-            empty or non-LoadGen log, bad reference file).
+            empty or non-LoadGen log, bad reference file), or a tokenizer that did not make the dataset
+            (:func:`accuracy.preflight.check_tokenizer_made`).
     """
     return evaluate(
         GateSettings(

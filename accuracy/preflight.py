@@ -17,7 +17,9 @@ file is taken for CNN/DailyMail tokenized with Llama 3's tokenizer (the MLPerf `
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Sequence
 
 from accuracy.dataset import read_dataset_json
 from accuracy.errors import AccuracyInputError, TokenizerNotFoundError
@@ -28,6 +30,9 @@ SYNTHETIC_INSTRUCTION = {"llama": "synthetic"}
 
 #: Folder the demo writes the synthetic tokenizer to, next to the dataset (``sut/demo.py``).
 SYNTHETIC_TOKENIZER_DIR = "tokenizer"
+
+#: Characters of a probe record's ``input`` (whitespace collapsed) that its decoded ``tok_input`` must hold.
+PROBE_CHARS = 200
 
 #: A Llama 3 tokenizer in the development set-up (README: paths under ../shared/).
 LLAMA3_TOKENIZER_EXAMPLE = "../shared/data/llama3_tokenizer/tokenizer.model"
@@ -46,9 +51,11 @@ def is_synthetic_dataset(dataset: str | os.PathLike) -> bool:
     return isinstance(first, dict) and first.get("instruction") == SYNTHETIC_INSTRUCTION
 
 
-def tokenizer_hint(dataset: str | os.PathLike) -> str:
-    """What to pass for ``dataset``: ``--tokenizer`` with the tokenizer that made its ids, or ``--no-accuracy-gate``."""
+def tokenizer_hint(dataset: str | os.PathLike, in_a_run: bool = True) -> str:
+    """What to pass for ``dataset``: ``--tokenizer`` with the tokenizer that made its ids, or (``in_a_run``: for
+    ``python -m sut run``) ``--no-accuracy-gate``."""
     dataset = Path(dataset)
+    no_gate = f", {_NO_GATE}" if in_a_run else ""
     if is_synthetic_dataset(dataset):
         folder = dataset.parent / SYNTHETIC_TOKENIZER_DIR
         try:
@@ -57,10 +64,10 @@ def tokenizer_hint(dataset: str | os.PathLike) -> str:
         except TokenizerNotFoundError:
             use = ("pass --tokenizer PATH with the word-level tokenizer written for it "
                    "(python -m sut synthetic --tokenizer-out PATH)")
-        return f"{dataset} is the project's synthetic data: {use}, {_NO_GATE}"
+        return f"{dataset} is the project's synthetic data: {use}{no_gate}"
     return (f"pass --tokenizer PATH with the tokenizer that made {dataset.name}'s tok_input; for CNN/DailyMail the "
             f"Llama 3 tokenizer (a Llama-3.1-8B-Instruct folder, or a tiktoken tokenizer.model such as "
-            f"{LLAMA3_TOKENIZER_EXAMPLE}), {_NO_GATE}")
+            f"{LLAMA3_TOKENIZER_EXAMPLE}){no_gate}")
 
 
 def resolve_gate_tokenizer(tokenizer: str | os.PathLike | None, model: str | os.PathLike,
@@ -82,3 +89,42 @@ def resolve_gate_tokenizer(tokenizer: str | os.PathLike | None, model: str | os.
                 else f"the accuracy gate needs a tokenizer and the model folder {model} has none:")
         raise TokenizerNotFoundError(f"{what} {tokenizer_hint(dataset)}") from None
     return Path(path)
+
+
+def _squeeze(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def check_tokenizer_made(det, probes: Sequence[tuple], dataset: str | os.PathLike, in_a_run: bool = False) -> None:
+    """Refuse a gate tokenizer that did not make the dataset although every id fits its vocabulary (another
+    tokenizer of the same size: the gate would decode the outputs into other words and only FAIL at the end).
+
+    The dataset's ``tok_input`` is its ``input`` inside the prompt template (``download_cnndm.py``; the synthetic
+    data: a header then the body), so the tokenizer that made it decodes ``tok_input`` to text holding ``input``:
+    the first ``PROBE_CHARS`` characters, whitespace collapsed, are looked for in it. A pass on any probe will do.
+
+    Args:
+        det: the loaded tokenizer (``accuracy.tokenizer.Detokenizer``).
+        probes: ``GateData.probes``: ``(record index, input, tok_input)``; none: nothing is checked.
+        dataset: the dataset path, for the message.
+        in_a_run: the check runs before ``python -m sut run`` (the hint also names ``--no-accuracy-gate``).
+
+    Raises:
+        AccuracyInputError: no probe's decoded ``tok_input`` holds its ``input``, naming the records and
+            what to pass (:func:`tokenizer_hint`).
+    """
+    checked = []
+    for i, text, ids in probes:
+        if not all(type(t) is int and 0 <= t < det.vocab_size for t in ids):
+            checked.append(i)
+            continue
+        decoded = _squeeze(det.decode_batch([ids], clean_up_spaces=False)[0])
+        if _squeeze(text)[:PROBE_CHARS] in decoded:
+            return
+        checked.append(i)
+    if checked:
+        which = ", ".join(map(str, checked))
+        raise AccuracyInputError(
+            f"the tokenizer {det.description} did not make {dataset}: it decodes the 'tok_input' of record(s) {which} "
+            f"to text that does not hold their 'input', so it would score the outputs as other words; "
+            f"{tokenizer_hint(dataset, in_a_run)}")

@@ -181,19 +181,22 @@ def gate_tokenizer(rs, es) -> Optional[str]:
 
 def gate_preflight(rs, es, dataset: Optional[Dataset] = None) -> Optional[str]:
     """``gate_tokenizer``, then what the gate will read after the run, checked now: the kept dataset records each
-    have a string ``output`` (the reference), the tokenizer loads (a few seconds) and, given the loaded ``dataset``,
+    have a string ``output`` (the reference), the tokenizer loads (a few seconds), given the loaded ``dataset``
     every prompt id is inside the tokenizer's vocabulary (an id past it means another tokenizer made the data,
-    and the gate would decode the outputs with the wrong one). Raises ``InputError`` (exit 2, no run folder) naming
+    and the gate would decode the outputs with the wrong one), and the tokenizer decodes the first records'
+    ``tok_input`` to text holding their ``input`` (``accuracy.preflight.check_tokenizer_made``: another tokenizer
+    of the same size). Raises ``InputError`` (exit 2, no run folder) naming
     the file (and sample), instead of an accuracy run that ends with "accuracy gate: not run" or a FAIL."""
     tok = gate_tokenizer(rs, es)
     if tok is None:
         return None
-    from accuracy.dataset import load_references
+    from accuracy.dataset import load_gate_data
     from accuracy.errors import AccuracyInputError
+    from accuracy.preflight import check_tokenizer_made
     from accuracy.tokenizer import load_tokenizer
 
     try:
-        load_references(rs.dataset, rs.max_samples)
+        data = load_gate_data(rs.dataset, rs.max_samples)
     except AccuracyInputError as e:
         raise InputError(f"accuracy gate: {e} (the gate's references; or run with --no-accuracy-gate)") from None
     try:
@@ -203,6 +206,10 @@ def gate_preflight(rs, es, dataset: Optional[Dataset] = None) -> Optional[str]:
                          "with --no-accuracy-gate)") from None
     if dataset is not None:
         _check_prompt_ids(dataset, tok, det.vocab_size)
+    try:
+        check_tokenizer_made(det, data.probes, rs.dataset, in_a_run=True)
+    except AccuracyInputError as e:
+        raise InputError(f"accuracy gate: {e}") from None
     return tok
 
 

@@ -76,8 +76,9 @@ def ids_of(text: str, vocab: dict) -> list[int]:
 @pytest.fixture(scope="session")
 def dataset_file(tmp_path_factory, vocab) -> Path:
     d = tmp_path_factory.mktemp("data")
+    word = {v: k for k, v in vocab.items()}  # the input is the text its tok_input decodes to (the gate checks it)
     records = [
-        {"instruction": {"llama": "Summarize: {input}"}, "input": f"article {i}", "tok_input": [BOS, 5 + i], "output": ref}
+        {"instruction": {"llama": "Summarize: {input}"}, "input": word[5 + i], "tok_input": [BOS, 5 + i], "output": ref}
         for i, ref in enumerate(REFERENCES_TEXT)
     ]
     path = d / "cnn_eval.json"
@@ -503,6 +504,34 @@ def test_missing_punkt_is_a_clear_error_and_never_downloads(monkeypatch, tmp_pat
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "nowhere")])
     with pytest.raises(PunktDataMissingError, match="scripts/install_punkt.py"):
         run_gate(str(log_path), str(dataset_file), str(tok_dir), str(tmp_path / "o"))
+
+
+
+def test_a_same_size_tokenizer_that_did_not_make_the_dataset_exits_2_before_scoring(tmp_path, tok_dir, dataset_file,
+                                                                                     vocab, caplog):
+    """A tokenizer of the same size with other words (Llama 3's vs another's of 128,256 ids): every id fits, so it
+    used to decode the outputs into other words and score a FAIL; now the gate refuses it, naming the records."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted(vocab, key=vocab.get)
+    shuffled = {w: vocab[w] for w in words[:4]}  # the same specials; every other word one id on
+    rest = words[4:]
+    shuffled.update({w: vocab[rest[(k + 1) % len(rest)]] for k, w in enumerate(rest)})
+    tok = Tokenizer(models.WordLevel(shuffled, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    other = tmp_path / "other_tok"
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", unk_token="<unk>").save_pretrained(str(other))
+    assert load_tokenizer(other).vocab_size == load_tokenizer(tok_dir).vocab_size
+    log_path = write_log(tmp_path, perfect_log(vocab))
+    common = ["--accuracy-log", str(log_path), "--dataset", str(dataset_file), "--output-dir", str(tmp_path / "o")]
+    caplog.clear()
+    assert cli_main(common + ["--tokenizer", str(other)]) == 2
+    assert re.search(r"did not make .*cnn_eval.json: it decodes the 'tok_input' of record\(s\) 0, 1, 2 to text",
+                     caplog.text), caplog.text
+    assert "--no-accuracy-gate" not in caplog.text  # a hint for `python -m sut run`, not for this command
+    assert not (tmp_path / "o" / "accuracy.json").exists()
+    assert cli_main(common + ["--tokenizer", str(tok_dir)]) == 1  # the right one scores (a subset: gen_len FAIL)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -36,8 +36,9 @@ def inputs(tmp_path_factory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("hint")
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", unk_token="<unk>").save_pretrained(str(d / "tok"))
     (d / "tok" / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}))
-    recs = [{"instruction": {"llama": "{input}"}, "input": f"a{i}", "tok_input": [1, 3], "output": "the cat sat on the mat ."}
-            for i in range(N)]
+    word = {v: k for k, v in vocab.items()}
+    recs = [{"instruction": {"llama": "{input}"}, "input": word[3], "tok_input": [1, 3], "output": "the cat sat on the mat ."}
+            for i in range(N)]  # input: the text tok_input decodes to (the gate checks it)
     (d / "cnn_eval.json").write_text(json.dumps(recs))
     return d / "tok", d / "cnn_eval.json"
 

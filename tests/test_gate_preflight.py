@@ -147,6 +147,27 @@ def test_prepare_run_refuses_a_gate_tokenizer_that_did_not_make_the_dataset(tmp_
     assert not (tmp_path / "out").exists()
 
 
+
+def test_prepare_run_refuses_a_same_size_tokenizer_whose_words_differ(tmp_path, synthetic):
+    """Ids that all fit the tokenizer but were made by another one of the same size (here: every word one id off):
+    the gate would decode the outputs into other words and FAIL after the run; refused before it, naming the
+    records, the tokenizer and --no-accuracy-gate."""
+    from sut.base import InputError
+
+    tok = str(_with_tokenizer_folder(synthetic))
+    records = json.loads(synthetic.read_text())
+    for r in records:
+        r["tok_input"] = [r["tok_input"][0]] + [i + 1 for i in r["tok_input"][1:]]  # BOS kept; ids < 120,001
+    shifted = tmp_path / "data" / "shifted.json"
+    shifted.write_text(json.dumps(records))
+    with pytest.raises(InputError, match=r"accuracy gate: the tokenizer .*tokenizer\) did not make .*shifted.json: it "
+                                         r"decodes the 'tok_input' of record\(s\) 0, 1, 2 .*--no-accuracy-gate"):
+        _prepare(tmp_path, shifted, mode="accuracy", tokenizer=tok)
+    _prepare(tmp_path, shifted, mode="accuracy", accuracy_gate=False)  # no gate, no check
+    _prepare(tmp_path, synthetic, mode="accuracy", tokenizer=tok)  # the tokenizer that made it
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_accuracy_run_without_a_tokenizer_exits_2_before_anything_starts(tmp_path, synthetic):
     folder = _with_tokenizer_folder(synthetic)
     out_dir = tmp_path / "results"
