@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Sequence
 
@@ -92,7 +93,8 @@ def resolve_gate_tokenizer(tokenizer: str | os.PathLike | None, model: str | os.
 
 
 def _squeeze(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
+    """``text`` NFKC-normalised (a tokenizer may normalise so) with whitespace runs collapsed to one space."""
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text)).strip()
 
 
 def check_tokenizer_made(det, probes: Sequence[tuple], dataset: str | os.PathLike, in_a_run: bool = False) -> None:
@@ -101,7 +103,8 @@ def check_tokenizer_made(det, probes: Sequence[tuple], dataset: str | os.PathLik
 
     The dataset's ``tok_input`` is its ``input`` inside the prompt template (``download_cnndm.py``; the synthetic
     data: a header then the body), so the tokenizer that made it decodes ``tok_input`` to text holding ``input``:
-    the first ``PROBE_CHARS`` characters, whitespace collapsed, are looked for in it. A pass on any probe will do.
+    the first ``PROBE_CHARS`` characters, both NFKC-normalised and whitespace collapsed, are looked for in it. A
+    pass on any probe will do.
 
     Args:
         det: the loaded tokenizer (``accuracy.tokenizer.Detokenizer``).
