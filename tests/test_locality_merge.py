@@ -14,7 +14,7 @@ import transport_doubles  # noqa: F401 - registers the "fake" transport
 from conftest import REPO
 from sut.locality import RUN_SUFFIX
 from sut.locality.__main__ import main
-from sut.locality.runner import HEADER, run_study
+from sut.locality.runner import HEADER, deviation_notes, run_study
 from sut.locality.systems import SYSTEMS
 from test_locality_pairs import context, fake
 
@@ -345,3 +345,14 @@ def test_a_case_that_left_processes_behind_is_noted(tmp_path):
     rc, rec = report(tmp_path, make_run(tmp_path, "r", [case(0, "standalone", 10.0), left], header()))
     assert rc == 0 and any("pair 0, flame, prefix_affinity left 1 process(es) behind" in n and "vllm serve" in n
                            for n in rec["notes"])
+
+
+def test_deviation_note_names_every_device_of_a_merge_from_two_hosts():
+    def placed(*keys):
+        return {"placement": [{"replica": i, "key": k} for i, k in enumerate(keys)]}
+
+    one = deviation_notes([placed("cuda:GPU-a", "cuda:GPU-a"), placed("cuda:GPU-a", "cuda:GPU-a")])
+    assert one == ["2 replicas share 1 device(s) (cuda:GPU-a); the study ran one GPU per replica (two B200s)"]
+    two = deviation_notes([placed("cuda:GPU-b", "cuda:GPU-b"), placed("cuda:GPU-a", "cuda:GPU-a")])
+    assert len(two) == 1 and "(cuda:GPU-a, cuda:GPU-b)" in two[0] and "2 different placements" in two[0]
+    assert deviation_notes([placed("cuda:GPU-a", "cuda:GPU-b")]) == []

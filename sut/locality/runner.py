@@ -140,14 +140,19 @@ def kv_cache_summary(engines: Sequence[dict], shape: dict) -> dict:
 
 
 def deviation_notes(cases: Sequence[dict]) -> list[str]:
-    """How the run's set-up differs from the study's (one GPU per replica, fresh engines)."""
+    """How the run's set-up differs from the study's (one GPU per replica, fresh engines). Every case's
+    placement counts: a merge of runs from different hosts names every device and says the cases did not
+    all run on one placement."""
     notes = []
-    first = next((c for c in cases if c.get("placement")), None)
-    if first:
-        keys = [p["key"] for p in first["placement"]]
-        if len(keys) > 1 and len(set(keys)) < len(keys):
-            notes.append(f"{len(keys)} replicas share {len(set(keys))} device(s) ({', '.join(sorted(set(keys)))}); "
-                         "the study ran one GPU per replica (two B200s)")
+    placements = {tuple(p["key"] for p in c["placement"]) for c in cases if c.get("placement")}
+    shared = sorted(pl for pl in placements if len(pl) > 1 and len(set(pl)) < len(pl))
+    if shared:
+        devices = sorted({k for pl in shared for k in pl})
+        note = (f"{len(shared[0])} replicas share {len(set(shared[0]))} device(s) ({', '.join(devices)}); "
+                "the study ran one GPU per replica (two B200s)")
+        if len(placements) > 1:
+            note += f"; the cases ran on {len(placements)} different placements (runs from different hosts merged)"
+        notes.append(note)
     if any(not c.get("fresh_engines", True) for c in cases):
         notes.append("some systems ran on servers that were already running: not fresh engines per pair")
     return notes
