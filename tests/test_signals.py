@@ -1,6 +1,7 @@
 """Stop signals of ``python -m sut run`` without engines: SIGINT works even when inherited as ignored,
 a second signal does not cut the shutdown short, and the run record names the signal (issue 16)."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -13,8 +14,11 @@ from conftest import REPO, sut_env
 from sut import exits
 from sut.harness import interrupt_reason
 
-def _ignore_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a non-interactive shell does for `cmd &`
+#: Starts ``argv[1:]`` with SIGINT ignored, as a non-interactive shell does for ``cmd &`` (SIG_IGN survives exec;
+#: SIGINT unblocked, whatever mask this process has), in the same process. No ``preexec_fn``: forking a process that
+#: has threads (gRPC's, pytest's) and running Python before exec can hang the child.
+_SIGINT_IGNORED = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                   "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.argv[1], sys.argv[1:])")
 
 
 # A stand-in for a run: install the handlers as cmd_run does, report, then wait to be stopped.
@@ -34,12 +38,8 @@ sys.exit(3)
 
 @pytest.mark.parametrize("sig, name", [(signal.SIGINT, "SIGINT, Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
 def test_stop_signals_work_even_when_sigint_was_inherited_ignored(sig, name):
-    # SIG_IGN survives exec: the wrapper ignores SIGINT and execs the run, as a shell does for `cmd &`. (No
-    # preexec_fn: forking a process that has gRPC threads and running Python before exec can hang the child.)
-    wrapper = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-               "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])")
-    p = subprocess.Popen([sys.executable, "-c", wrapper, _CHILD], cwd=REPO, env=sut_env(), stdout=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen([sys.executable, "-c", _SIGINT_IGNORED, sys.executable, "-c", _CHILD], cwd=REPO,
+                         env=sut_env(), stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
         p.send_signal(sig)
@@ -65,23 +65,52 @@ def test_a_bare_keyboard_interrupt_is_ctrl_c():
     assert interrupt_reason(KeyboardInterrupt()) == "interrupted (SIGINT, Ctrl-C)"
 
 
+def _open_once_read(fifo, p, log, timeout_s=120.0) -> int:
+    """The write end of ``fifo``, opened once process ``p`` has opened the FIFO for reading (until then a
+    non-blocking open for writing fails with ENXIO); AssertionError (with ``log``) when ``p`` exits first or
+    ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+        assert p.poll() is None, f"exit {p.returncode} before it opened the dataset: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"the dataset not opened in {timeout_s:.0f} s: {log.read_text()[-2000:]}"
+        time.sleep(0.05)
+
+
 def test_sut_run_stopped_while_checking_the_dataset_exits_130(tmp_path):
-    """A stop before LoadGen (here: while the dataset file is being read) exits 130 too, no traceback."""
-    fifo = tmp_path / "data.json"
-    os.mkfifo(fifo)  # reading it blocks until the signal arrives
-    p = subprocess.Popen([sys.executable, "-m", "sut", "run", "--dataset", str(fifo),
-                          "--output-dir", str(tmp_path / "o"),
-                          "--model", str(REPO / "sut" / "models" / "tiny-llama3"), "--user-conf",
-                          str(REPO / "loadgen_configs" / "cpu_tiny.user.conf"), "--load-format", "dummy"],
-                         cwd=REPO, env=sut_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         preexec_fn=_ignore_sigint)
+    """A stop before LoadGen (here: while the dataset file is being read) exits 130 too, no traceback. The dataset
+    is a FIFO whose write end the test holds, so reading it blocks; SIGINT is sent once the run has opened it (its
+    handlers are installed by then), and the write end is closed if the run is still there 5 s later (the read
+    then ends, should the signal have gone to another thread than the blocked one)."""
+    fifo, log = tmp_path / "data.json", tmp_path / "out.log"
+    os.mkfifo(fifo)
+    argv = [sys.executable, "-m", "sut", "run", "--dataset", str(fifo), "--output-dir", str(tmp_path / "o"),
+            "--model", str(REPO / "sut" / "models" / "tiny-llama3"), "--user-conf",
+            str(REPO / "loadgen_configs" / "cpu_tiny.user.conf"), "--load-format", "dummy"]
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, "-c", _SIGINT_IGNORED, *argv], cwd=REPO, env=sut_env(), stdout=out,
+                             stderr=subprocess.STDOUT)
+    write_end = None
     try:
-        time.sleep(5)
+        write_end = _open_once_read(fifo, p, log)
         p.send_signal(signal.SIGINT)
-        out, _ = p.communicate(timeout=60)
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            os.close(write_end)
+            write_end = None
+            p.wait(60)
     finally:
+        if write_end is not None:
+            os.close(write_end)
         if p.poll() is None:
             p.kill()
+            p.wait()
+    out = log.read_text()
     assert p.returncode == 130, out[-2000:]
     assert "interrupted (SIGINT, Ctrl-C)" in out and "Traceback" not in out
 

@@ -324,27 +324,38 @@ def listen_unix(server, endpoint: str) -> None:
     os.rename(tmp, endpoint)
 
 
-def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S) -> threading.Thread:
-    """Set ``stop`` when this process's parent (the executor manager that started it) has died, i.e. the
-    process was re-parented; checked every ``poll_s`` seconds on a daemon thread (returned, started)."""
-    parent = os.getppid()
+def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S,
+                 parent: Optional[int] = None) -> threading.Thread:
+    """Set ``stop`` when this process's parent (the executor manager that started it) has died, i.e. the process
+    was re-parented: ``os.getppid()`` is no longer ``parent``, the pid read at the very start of the process, before
+    its slow imports (``None``: the parent now). Checked at once in the calling thread (``stop`` is set on return
+    when that parent is already gone, and the returned thread is then not started), then every ``poll_s`` seconds
+    on a daemon thread (returned, started)."""
+    parent = os.getppid() if parent is None else parent
+
+    def gone() -> bool:
+        if os.getppid() == parent:
+            return False
+        log.warning("the executor manager (pid %d) that started this service is gone: stopping (the engine with it), "
+                    "as Flame never ends such a service", parent)
+        stop.set()
+        return True
 
     def loop() -> None:
-        while not stop.wait(poll_s):
-            if os.getppid() != parent:
-                log.warning("the executor manager (pid %d) that started this service is gone: stopping (the engine "
-                            "with it), as Flame never ends such a service", parent)
-                stop.set()
-                return
+        while not stop.wait(poll_s) and not gone():
+            pass
 
     thread = threading.Thread(target=loop, name="parent-watch", daemon=True)
-    thread.start()
+    if not gone():
+        thread.start()
     return thread
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, parent: Optional[int] = None) -> int:
     """Serve the Flame instance socket named by ``FLAME_INSTANCE_ENDPOINT`` until SIGTERM / SIGINT or the death of
-    the executor manager (``watch_parent``), then shut down and end the process (``os._exit(0)``); 2 without it."""
+    the executor manager (``watch_parent``), then shut down and end the process (``os._exit(0)``); 2 without it.
+    ``parent``: the executor manager's pid as the entry point (``sut.flame.serve``) read it before the slow imports
+    (``None``: the parent now); when that process is already gone, the socket is never published."""
     logging.basicConfig(level=os.environ.get("SUT_FLAME_LOG", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [flame-svc {os.getpid()}] %(name)s: %(message)s", datefmt="%H:%M:%S")
     endpoint = os.environ.get("FLAME_INSTANCE_ENDPOINT")
@@ -363,10 +374,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     # to shut the engine down on SIGTERM.
     server = grpc.server(cf.ThreadPoolExecutor(max_workers=4))
     add_InstanceServicer_to_server(FlameInstanceServicer(service), server)
-    listen_unix(server, endpoint)
-    server.start()
-    log.info("serving %s (executor %s)", endpoint, service.executor_id)
-    watch_parent(stop)
+    watch_parent(stop, parent=parent)  # before the socket: a service orphaned during its imports never serves
+    if not stop.is_set():
+        listen_unix(server, endpoint)
+        server.start()
+        log.info("serving %s (executor %s)", endpoint, service.executor_id)
     stop.wait()  # no timeout: the signal handler or the parent watch sets the event
     log.info("stopping")
     try:

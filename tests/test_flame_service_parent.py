@@ -1,0 +1,149 @@
+"""The Flame service process and its parent, the executor manager (no Flame, no vLLM): a service whose executor
+manager died stops by itself (``sut.flame.service.watch_parent``), also when the manager died while the service
+was still importing (``python -m sut.flame.serve`` reads its parent's pid before the slow imports)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flamepy")
+
+from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
+from sut.flame.service import watch_parent  # noqa: E402
+from sut.flame.service_config import make_common_data  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone, or a zombie that the re-parenting process has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _enter_in_background(endpoint: Path, common: bytes) -> threading.Thread:
+    """Call the service's OnSessionEnter as the executor manager does (no deadline), on a daemon thread."""
+    import grpc
+    from flamepy.proto import shim_pb2, shim_pb2_grpc
+
+    def call():
+        channel = grpc.insecure_channel(f"unix://{endpoint}")
+        try:
+            shim_pb2_grpc.InstanceStub(channel).OnSessionEnter(shim_pb2.SessionContext(
+                session_id="s-enter", application=shim_pb2.ApplicationContext(name="sut-vllm", shim="Host"),
+                common_data=common))
+        except grpc.RpcError:
+            pass  # the service went away mid-call: what the test wants
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("while_entering", [False, True], ids=["idle", "entering"])
+def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path, while_entering):
+    """Flame v0.6.0 never ends the services of a dead executor manager; an orphaned engine host would hold its
+    engine slot against every later run (breaker, session 10). The service watches its parent and stops, also
+    while a gRPC thread is still inside on_session_enter (a slow engine start, a slot wait): the process ends
+    without joining it."""
+    endpoint = tmp_path / "exec-1.sock"
+    env = dict(os.environ, FLAME_INSTANCE_ENDPOINT=str(endpoint), PYTHONPATH=str(REPO))
+    # a stand-in executor manager: a shell that starts the service and then only waits
+    parent = subprocess.Popen(["bash", "-c", f"{sys.executable} -m sut.flame.serve 2>{tmp_path}/svc.err & echo $!; "
+                               "sleep 120"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 120  # the service imports sut.engine: slow on a loaded host
+        while not endpoint.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert endpoint.exists(), (tmp_path / "svc.err").read_text()
+        if while_entering:
+            common = make_common_data(EngineSettings(model="m"), GenerationSettings(), lock_dir=str(tmp_path / "locks"),
+                                      service_hooks="tests.flame_doubles:Faults",
+                                      service_hooks_args={"enter_sleep_s": 120})
+            _enter_in_background(endpoint, common)
+            deadline = time.monotonic() + 30
+            while "injected: on_session_enter sleeps" not in (tmp_path / "svc.err").read_text():
+                assert time.monotonic() < deadline, (tmp_path / "svc.err").read_text()
+                time.sleep(0.2)
+        parent.kill()  # the executor manager dies (SIGKILL): the service is re-parented
+        parent.wait(5)
+        deadline = time.monotonic() + 30
+        while not _ended(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not _ended(pid):
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError("the orphaned service was still running 30 s after its parent died")
+        assert "the executor manager (pid" in (tmp_path / "svc.err").read_text()
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+
+
+def test_watch_parent_stops_at_once_when_the_parent_read_at_start_is_gone():
+    """The parent read at the start of the process is gone (the process was re-parented during its imports): the
+    watch sets ``stop`` before it returns, without waiting a poll; the parent the process has now is not gone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stop = threading.Event()
+    assert not watch_parent(stop, poll_s=60, parent=dead.pid).is_alive() and stop.is_set()
+    alive = threading.Event()
+    thread = watch_parent(alive, poll_s=60, parent=os.getppid())
+    assert thread.is_alive() and not alive.is_set()
+    alive.set()  # ends the watch thread
+
+
+# ``python -m sut.flame.serve`` whose import of sut.flame.service (the slow part) waits until its parent has died
+_HELD_SERVE = """
+import os, pathlib, runpy, sys, time
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sut.flame.service":
+            sys.meta_path.remove(self)
+            parent = os.getppid()
+            pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+            deadline = time.monotonic() + 300
+            while os.getppid() == parent and time.monotonic() < deadline:
+                time.sleep(0.05)
+sys.meta_path.insert(0, Hold())
+runpy.run_module("sut.flame.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_main_reads_its_parent_before_it_publishes_the_socket(tmp_path):
+    """An executor manager that dies while its service is still importing re-parents the service: the entry point
+    read the manager's pid before the imports, so the service notices, stops and never publishes its socket (read
+    after the imports, the pid was the new parent's and the orphan served for good)."""
+    endpoint, started, err = tmp_path / "exec-1.sock", tmp_path / "started", tmp_path / "svc.err"
+    env = dict(os.environ, FLAME_INSTANCE_ENDPOINT=str(endpoint), PYTHONPATH=str(REPO))
+    parent = subprocess.Popen(["bash", "-c", '"$0" -c "$1" "$2" 2>"$3" & sleep 120', sys.executable, _HELD_SERVE,
+                               str(started), str(err)], env=env, start_new_session=True)
+    pid = None
+    try:
+        deadline = time.monotonic() + 120  # the interpreter's start: slow on a loaded host
+        while not (started.exists() and started.read_text()):
+            assert time.monotonic() < deadline and parent.poll() is None, err.read_text()
+            time.sleep(0.1)
+        pid = int(started.read_text())
+        parent.kill()  # the executor manager dies during the service's imports
+        parent.wait(5)
+        deadline = time.monotonic() + 120
+        while not _ended(pid) and not endpoint.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _ended(pid) and not endpoint.exists(), err.read_text()
+        assert f"the executor manager (pid {parent.pid}) that started this service is gone" in err.read_text()
+    finally:
+        if pid is not None and not _ended(pid):
+            os.kill(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
