@@ -70,6 +70,20 @@ def synthetic_small(tmp_path_factory):
     return d / "syn64.json", d / "tok"
 
 
+def proc_state(pid: int) -> str:
+    """The /proc state letter of process ``pid`` ("Z": a zombie, ended but not reaped; "" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return ""
+
+
+def process_ended(pid: int) -> bool:
+    """Whether ``pid`` has ended: gone, or a zombie its parent (or PID 1 in a container) has not reaped yet."""
+    return proc_state(pid) in ("", "Z")
+
+
 def sut_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import sut.engine.handle as handle_mod
+from conftest import proc_state, process_ended
 from sut.engine.devices import EngineSlot
 from sut.engine.handle import EngineHandle, live_group_members
 from sut.engine.settings import EngineSettings, GenerationSettings
@@ -23,13 +24,6 @@ from sut.engine.settings import EngineSettings, GenerationSettings
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 
 
-def _state(pid: int) -> str:
-    """The /proc state letter of ``pid`` ('' when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except OSError:
-        return ""
 
 
 def _wait_for(cond, timeout: float = 10.0) -> bool:
@@ -47,7 +41,7 @@ def test_live_group_members_leaves_out_zombies():
     leader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         child = int(leader.stdout.readline())
-        assert _wait_for(lambda: _state(child) == "Z")
+        assert _wait_for(lambda: proc_state(child) == "Z")
         assert live_group_members(leader.pid) == [leader.pid]
     finally:
         leader.kill()
@@ -63,14 +57,14 @@ def test_shutdown_is_quick_when_the_worker_forked_a_child(monkeypatch):
     h.start()
     try:
         child = h.wait_ready(30)["child_pid"]
-        assert _state(child) not in ("", "Z")
+        assert not process_ended(child)
     finally:
         t0 = time.monotonic()
         h.shutdown()
         took = time.monotonic() - t0
     assert took < 8, f"shutdown took {took:.1f} s (the sentinel join waits for the forked child)"
     assert h._proc.exitcode == 0
-    assert _state(child) in ("", "Z"), "the worker's forked child outlived the shutdown"
+    assert process_ended(child), "the worker's forked child outlived the shutdown"
 
 
 def test_watcher_sees_a_worker_death_while_its_child_holds_the_pipe(monkeypatch):
@@ -123,7 +117,7 @@ def test_shutdown_right_after_start_ends_a_worker_that_has_no_process_group_yet(
     took = time.monotonic() - t0
     time.sleep(3)  # a worker that survived would reach LLM.__init__ (and start its child) by now
     kids = [int(k) for k in (tmp_path / "pids").read_text().split()] if (tmp_path / "pids").exists() else []
-    live = [p for p in [h.pid] + kids if _state(p) not in ("", "Z")]
+    live = [p for p in [h.pid] + kids if not process_ended(p)]
     for p in live:
         try:
             os.kill(p, 9)

@@ -13,22 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO, process_ended
 
 pytest.importorskip("flamepy")
 
 from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
 from sut.flame.service import watch_parent  # noqa: E402
 from sut.flame.service_config import make_common_data  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended: gone, or a zombie that the re-parenting process has not reaped yet."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 def _enter_in_background(endpoint: Path, common: bytes) -> threading.Thread:
@@ -79,9 +70,9 @@ def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path, while_e
         parent.kill()  # the executor manager dies (SIGKILL): the service is re-parented
         parent.wait(5)
         deadline = time.monotonic() + 30
-        while not _ended(pid) and time.monotonic() < deadline:
+        while not process_ended(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if not _ended(pid):
+        if not process_ended(pid):
             os.kill(pid, signal.SIGKILL)
             raise AssertionError("the orphaned service was still running 30 s after its parent died")
         assert "the executor manager (pid" in (tmp_path / "svc.err").read_text()
@@ -138,12 +129,12 @@ def test_main_reads_its_parent_before_it_publishes_the_socket(tmp_path):
         parent.kill()  # the executor manager dies during the service's imports
         parent.wait(5)
         deadline = time.monotonic() + 120
-        while not _ended(pid) and not endpoint.exists() and time.monotonic() < deadline:
+        while not process_ended(pid) and not endpoint.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _ended(pid) and not endpoint.exists(), err.read_text()
+        assert process_ended(pid) and not endpoint.exists(), err.read_text()
         assert f"the executor manager (pid {parent.pid}) that started this service is gone" in err.read_text()
     finally:
-        if pid is not None and not _ended(pid):
+        if pid is not None and not process_ended(pid):
             os.kill(pid, signal.SIGKILL)
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import vllm_standin
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, process_ended
 from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 from sut.core.transport import TransportError, TransportSpec, make_transport
 from sut.engine import EngineSettings, GenerationSettings
@@ -86,19 +86,10 @@ def _expected(req):
     return ((int(req.prompt[0]) + np.arange(OUT_LEN)) % 1000 + 10).tolist()
 
 
-def _alive(pid):
-    """``pid`` runs (a zombie, exited and waiting for its parent or PID 1 to reap it, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 def _gone(pids, timeout=10.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if not any(_alive(p) for p in pids):
+        if all(process_ended(p) for p in pids):
             return True
         time.sleep(0.1)
     return False
@@ -180,7 +171,7 @@ def test_a_killed_worker_is_one_fatal_event_naming_its_replica_and_stop_leaves_n
         t.start(sink)
         workers = [e.pid for e in t.pool.engines]
         children = [int(x) for x in standin.read_text().split()]
-        assert len(children) == 2 and all(_alive(p) for p in workers + children)
+        assert len(children) == 2 and all(not process_ended(p) for p in workers + children)
         t.submit(1, _requests(range(100, 140)))
         os.kill(workers[1], signal.SIGKILL)
         sink.wait(lambda evs: any(e[0] == "fatal" for e in evs))
@@ -193,7 +184,7 @@ def test_a_killed_worker_is_one_fatal_event_naming_its_replica_and_stop_leaves_n
             t.submit(1, _requests([999]))
     finally:
         t.stop()
-    assert _gone(workers + children), [p for p in workers + children if _alive(p)]
+    assert _gone(workers + children), [p for p in workers + children if not process_ended(p)]
     t.stop()  # twice is fine
 
 
@@ -232,7 +223,7 @@ def test_stop_is_prompt_even_when_the_engine_is_slow_to_shut_down_and_leaves_no_
     finally:
         t.stop()
     assert took < 3.0, f"stop took {took:.1f} s"
-    assert _gone(pids, timeout=0.5), [p for p in pids if _alive(p)]
+    assert _gone(pids, timeout=0.5), [p for p in pids if not process_ended(p)]
 
 
 def test_a_worker_that_fails_to_start_leaves_nothing_running(standin, tmp_path):
@@ -287,7 +278,7 @@ def test_ctrl_c_during_engine_start_ends_the_starting_workers_at_once(standin, m
     finally:
         t.stop()
     assert took < 6.0, f"stopping 2 starting engines took {took:.1f} s"
-    assert _gone(pids, timeout=1.0), [p for p in pids if _alive(p)]
+    assert _gone(pids, timeout=1.0), [p for p in pids if not process_ended(p)]
     said = [r.getMessage() for r in caplog.records if "is still starting: ending it now" in r.getMessage()]
     assert len(said) == 2, said
 
@@ -308,7 +299,7 @@ def test_a_starting_worker_in_its_parents_process_group_is_ended_at_once(standin
             h.shutdown()
         took = time.monotonic() - t0
         assert took < 5.0, f"stopping a starting engine took {took:.1f} s"
-        assert not _alive(h.pid) and any("is still starting" in r.getMessage() for r in caplog.records)
+        assert process_ended(h.pid) and any("is still starting" in r.getMessage() for r in caplog.records)
     finally:
         h.shutdown()
         for pid in children:  # in this process's group: Flame's executor manager ends it in production

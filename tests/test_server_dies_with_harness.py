@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO, sut_env
+from conftest import REPO, process_ended, sut_env
 from sut.core.transports import http_servers as servers
 
 pytestmark = pytest.mark.skipif(not (sys.platform.startswith("linux") and shutil.which("setpriv")),
@@ -31,11 +30,7 @@ def ended_within(pid: int, seconds: float) -> bool:
     """True once ``pid`` is gone or a zombie (ended, not reaped: PID 1 in a container may not reap)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-                return True
-        except (ProcessLookupError, FileNotFoundError):
+        if process_ended(pid):
             return True
         time.sleep(0.1)
     return False
