@@ -54,6 +54,7 @@ POOL=${POOL:-/tmp/pool13368.json}
 OUT=${OUT:-$PWD/gpu_out}
 FULL=/tmp/full
 JOB=${JOB:-/tmp/job}  # the detached job's folder (tests set their own)
+PRESET=${PRESET:-h200_fp8}  # loadgen_configs/PRESET.toml + PRESET.user.conf: h200_fp8 (one H200), h100_fp8 (one H100)
 mkdir -p "$OUT"
 COMMON=(--model "$MODEL" --load-format dummy --max-model-len 2668 --max-num-seqs 512 --max-num-batched-tokens 8192
         --gpu-memory-utilization 0.90 --device cuda)
@@ -72,7 +73,7 @@ case "${1:-}" in
   full-start)
     [ -f "$POOL" ] || python3 -m sut synthetic --out "$POOL" --samples 13368 --seed 0
     rm -rf "$FULL"; mkdir -p "$FULL"
-    setsid nohup python3 -m sut run --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
+    setsid nohup python3 -m sut run --config loadgen_configs/$PRESET.toml --model "$MODEL" --load-format dummy \
       --dataset "$POOL" --benchmark-ignore-eos --output-dir "$FULL" --run-name full600 --no-progress \
       > "$FULL/console.log" 2>&1 < /dev/null &
     echo "started pid $!"
@@ -125,8 +126,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # over the 1,020 prompts by equal-issue mode).
     QPS=(--target-qps 56 --min-duration-s 40)
     if [ "${ROUNDS:-2}" -gt 0 ]; then
-      python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
-        --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --ignore-eos --rounds "${ROUNDS:-2}" \
+      python3 scripts/bench_flame.py --config loadgen_configs/$PRESET.toml --model "$MODEL" --load-format dummy \
+        --dataset "$REAL" --user-conf loadgen_configs/$PRESET.user.conf "${QPS[@]}" --ignore-eos --rounds "${ROUNDS:-2}" \
         --idle-wait-s 0 --foreign-cpu-max 1 --standin-max-executors 40 --out "$JOB/flame" > "$JOB/flame.console" 2>&1
     fi
     # Run 4: tuning sweep of the standalone SUT around the shipped fp8 preset (512 / 8192 = the standalone runs above).
@@ -135,8 +136,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       IFS=, read -r mns mnbt mode <<< "$cfg"
       name="tune_mns${mns}_mnbt${mnbt}${mode:+_$mode}"
       extra=(); [ "$mode" = eager ] && extra=(--enforce-eager)
-      python3 -m sut run --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
-        --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --min-query-count 1 --benchmark-ignore-eos \
+      python3 -m sut run --config loadgen_configs/$PRESET.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
+        --user-conf loadgen_configs/$PRESET.user.conf "${QPS[@]}" --min-query-count 1 --benchmark-ignore-eos \
         --max-num-seqs "$mns" --max-num-batched-tokens "$mnbt" "${extra[@]}" --output-dir "$JOB/tune" \
         --run-name "$name" --no-progress > "$JOB/$name.console" 2>&1
       r=$(ls -d "$JOB/tune/$name"* 2>/dev/null | head -1)
@@ -155,8 +156,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       if ldd "$FB/$b" | grep -q "not found"; then echo "flame-real: $FB/$b misses libraries:"; ldd "$FB/$b"; exit 2; fi
     done
     QPS=(--target-qps 56 --min-duration-s "${MIN_S:-40}")  # MIN_S=20: 2,040 samples a run instead of 3,060
-    python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy \
-      --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf "${QPS[@]}" --ignore-eos --rounds "${ROUNDS:-2}" \
+    python3 scripts/bench_flame.py --config loadgen_configs/$PRESET.toml --model "$MODEL" --load-format dummy \
+      --dataset "$REAL" --user-conf loadgen_configs/$PRESET.user.conf "${QPS[@]}" --ignore-eos --rounds "${ROUNDS:-2}" \
       --idle-wait-s 0 --foreign-cpu-max 1 --control-plane real --flame-bin "$FB" --out "$JOB/flame-real" \
       > "$JOB/flame-real.console" 2>&1
     for f in "$JOB"/flame-real/*/flame-cluster/home/logs/*; do  # the managers' own logs (batch-wait packs *.tail)
@@ -169,14 +170,14 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # inputs; LoadGen load (target_qps 56 per GPU) and so the run length per GPU stay the same.
     ns=(${GPUS:-1 2}); nmax=${ns[-1]}
     for n in "${ns[@]}"; do
-      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m sut run --config loadgen_configs/h200_fp8.toml \
-        --model "$MODEL" --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf \
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m sut run --config loadgen_configs/$PRESET.toml \
+        --model "$MODEL" --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/$PRESET.user.conf \
         --target-qps $((56 * n)) --min-duration-s 40 --min-query-count 1 --benchmark-ignore-eos --output-dir "$JOB/x2" \
         --run-name "gpus$n" --no-progress > "$JOB/gpus$n.console" 2>&1
     done
     python3 scripts/gpu_scaling.py "$JOB/x2" "${ns[@]}" > "$JOB/x2.txt" 2>&1
-    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((nmax - 1))) python3 scripts/bench_flame.py --config loadgen_configs/h200_fp8.toml \
-      --model "$MODEL" --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf \
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((nmax - 1))) python3 scripts/bench_flame.py --config loadgen_configs/$PRESET.toml \
+      --model "$MODEL" --load-format dummy --dataset "$REAL" --user-conf loadgen_configs/$PRESET.user.conf \
       --target-qps $((56 * nmax)) --min-duration-s 40 --ignore-eos --rounds "${X2_ROUNDS:-1}" --idle-wait-s 0 \
       --foreign-cpu-max 1 --flame-engines "$nmax" --standin-max-executors $((40 * nmax)) --out "$JOB/flame$nmax" \
       > "$JOB/flame$nmax.console" 2>&1
@@ -238,8 +239,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     suts=(vllm vllm-http); variant=()
     [ "${CORE_STATS:-0}" = 1 ] && suts+=(vllm-http+stats) && variant=(--variant "vllm-http+stats=--sut vllm-http --server-log-stats")
     python3 scripts/bench_suts.py --suts "${suts[@]}" "${variant[@]}" --rounds "${HTTP_ROUNDS:-2}" --out "$JOB/core_http" -- \
-      --config loadgen_configs/h200_fp8.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
-      --user-conf loadgen_configs/h200_fp8.user.conf --target-qps 56 --min-duration-s "${MIN_S:-40}" \
+      --config loadgen_configs/$PRESET.toml --model "$MODEL" --load-format dummy --dataset "$REAL" \
+      --user-conf loadgen_configs/$PRESET.user.conf --target-qps 56 --min-duration-s "${MIN_S:-40}" \
       --min-query-count 1 --benchmark-ignore-eos > "$JOB/core_http.console" 2>&1
     ;;
   server)
@@ -265,8 +266,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       python3 scripts/find_qps.py --one-process --scenario $sc --start "$q" --log "$f" "${resume[@]}" \
         --budget-s $(( ${SCEN_BUDGET_S:-1200} - $(date +%s) + t0 )) --max-runs "${SCEN_TRIES:-8}" --factor "${SCEN_FACTOR:-2}" \
         --min-duration-s "${SCEN_S:-120}" --min-query-count 1000 --output-dir "$JOB/scen" -- \
-        --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \
-        --dataset "$REAL" --user-conf loadgen_configs/h200_fp8.user.conf --benchmark-ignore-eos "${extra[@]}" \
+        --config loadgen_configs/$PRESET.toml --sut "${SCEN_SUT:-vllm}" --model "$MODEL" --load-format dummy \
+        --dataset "$REAL" --user-conf loadgen_configs/$PRESET.user.conf --benchmark-ignore-eos "${extra[@]}" \
         > "$JOB/scen_$sc.console" 2>&1
       rc=$?; [ $rc -eq 0 ] || { worst=$rc; echo "server $sc: find_qps rc=$rc ($JOB/scen_$sc.console)"; }
     done
@@ -278,7 +279,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # checked before the first run (exit 2). QPS "auto" takes the highest VALID try judged steady (best_valid) of the
     # search log for that scenario, its SERVER_ARGS / INTERACTIVE_ARGS and SCEN_S: this job's (the server step run
     # first in the same `start`), else SCEN_PRIOR's (copy an earlier session's log there). Each runs `python -m sut run
-    # --sut SCEN_SUT --scenario SCENARIO` with a copy of loadgen_configs/h200_fp8.user.conf with that scenario's
+    # --sut SCEN_SUT --scenario SCENARIO` with a copy of loadgen_configs/$PRESET.user.conf with that scenario's
     # target_qps line (in place of the file's own; no --target-qps override), the scenario's extra flags and the
     # entry's +flags, on CONFIRM_DATA (default $REAL, the prompts the search used). ":S" makes a dev run:
     # --min-duration-s S, and for Offline also --min-query-count 1 (else LoadGen's 13,368-sample minimum sets the

@@ -90,7 +90,7 @@ print(max(v) if v else '')" "$1"
 # refuses to resume a log of tries with another length: each length has its own).
 scen_log() {
   local tag; tag=$(scen_args "$2" | sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g')
-  echo "$1/h200_fp8_$2${tag:+_$tag}_${SCEN_S:-120}s.jsonl"
+  echo "$1/${PRESET}_$2${tag:+_$tag}_${SCEN_S:-120}s.jsonl"
 }
 # One confirmation run (h200_runs.sh confirm): scenario $1 at target_qps $2 with the caller's dur/extra/flags arrays and
 # strings; sets worst to a failed run's exit code and CONFIRM_VALID to 1 when LoadGen's console said "Result is : VALID".
@@ -104,10 +104,10 @@ confirm_run() {
   name="confirm-$sc-$q${dur[1]:+-${dur[1]}s}"; tag=$(sed -E 's/[^A-Za-z0-9.]+/_/g; s/^_+|_+$//g' <<< "$flags")
   name+=${tag:+-$tag}
   # the shipped file's own line for this key (if any) is left out: the harness refuses a shadowed line
-  conf="$JOB/confirm/$name.user.conf"; awk -v k="${line%% *}" '$1 != k' loadgen_configs/h200_fp8.user.conf > "$conf"
+  conf="$JOB/confirm/$name.user.conf"; awk -v k="${line%% *}" '$1 != k' loadgen_configs/$PRESET.user.conf > "$conf"
   echo "$line" >> "$conf"
   echo "confirm $sc: $line ${extra[*]} ${dur[*]} $(date +%T)"
-  python3 -m sut run --config loadgen_configs/h200_fp8.toml --sut "${SCEN_SUT:-vllm}" --scenario "$sc" \
+  python3 -m sut run --config loadgen_configs/$PRESET.toml --sut "${SCEN_SUT:-vllm}" --scenario "$sc" \
     --model "$MODEL" --load-format dummy --dataset "${CONFIRM_DATA:-$REAL}" --user-conf "$conf" \
     --benchmark-ignore-eos "${dur[@]}" "${extra[@]}" --output-dir "$JOB/confirm" --run-name "$name" \
     --no-progress > "$JOB/$name.console" 2>&1
