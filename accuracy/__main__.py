@@ -1,5 +1,5 @@
 """``python -m accuracy``: the accuracy dev gate's command line (exit 0 pass / 1 fail / 2 bad input / 130 stopped;
-the map of exceptions to exit codes is ``sut.exits``)."""
+``UsageError`` is printed as is, any other ``AccuracyInputError`` as "accuracy gate: bad input: ...")."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from accuracy.constants import EXIT_FAIL, EXIT_PASS
-from accuracy.errors import AccuracyInputError
-from sut.exits import BadInput, run_main
+from accuracy.constants import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS
+from accuracy.errors import AccuracyInputError, UsageError
 
 log = logging.getLogger("accuracy")
 
@@ -112,12 +111,12 @@ def _recorded_tokenizer(rec: dict | None) -> str | None:
 
 
 def _refuse_a_dataset_without_tokenizer(args: argparse.Namespace, rec: dict | None) -> None:
-    """``--dataset`` without ``--tokenizer`` next to a harness run: ``BadInput`` naming the tokenizer its ``run.json``
+    """``--dataset`` without ``--tokenizer`` next to a harness run: ``UsageError`` naming the tokenizer its ``run.json``
     records (the run's ``--tokenizer``, else its model folder) and the shorter form; with no such record the gate's
     own "no tokenizer given" error follows."""
     recorded = _recorded_tokenizer(rec)
     if recorded:
-        raise BadInput(f"--dataset without --tokenizer: the run's {Path(args.accuracy_log).parent / 'run.json'} "
+        raise UsageError(f"--dataset without --tokenizer: the run's {Path(args.accuracy_log).parent / 'run.json'} "
                        f"names its gate tokenizer {recorded}; pass --tokenizer {recorded}, or leave out --dataset to "
                        "take the dataset, tokenizer, EOS ids and --max-samples from that run.json")
 
@@ -126,9 +125,9 @@ def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], outp
                                  rec: dict | None) -> None:
     """A re-score that writes into the run's own folder must use the run's dataset and ``--max-samples``
     (its ``run.json``): otherwise its verdict (coverage failures, scores of other samples) would replace the
-    run's ``accuracy.json``, which ``python -m sut package`` takes. Raises ``BadInput`` (exit 2, nothing
+    run's ``accuracy.json``, which ``python -m sut package`` takes. Raises ``UsageError`` (exit 2, nothing
     written) naming the field and the command to use; no ``run.json`` or an unreadable one: no check."""
-    from sut.dataset import sha256_file
+    from accuracy.dataset import sha256_file
 
     run_dir = Path(args.accuracy_log).parent
     try:
@@ -141,23 +140,23 @@ def _refuse_a_mismatched_rescore(args: argparse.Namespace, argv: list[str], outp
     elsewhere = "or write the results elsewhere with --output-dir DIR"
     if recorded != args.max_samples:
         fixed = _without_max_samples(argv) + ([] if recorded is None else ["--max-samples", str(recorded)])
-        raise BadInput(f"{run_dir}/run.json run_settings.max_samples is {recorded}, this command's --max-samples "
+        raise UsageError(f"{run_dir}/run.json run_settings.max_samples is {recorded}, this command's --max-samples "
                        f"{args.max_samples}: scoring so would replace the run's own accuracy.json with a verdict on "
                        f"other samples. Score it as the run did:\n  {shlex.join(['python', '-m', 'accuracy', *fixed])}"
                        f"\n{elsewhere}")
     want = ds.get("sha256") if isinstance(ds, dict) else None
     if isinstance(want, str) and Path(args.dataset).is_file() and sha256_file(args.dataset) != want:
-        raise BadInput(f"--dataset {args.dataset} is not the file the run used ({run_dir}/run.json dataset.path "
+        raise UsageError(f"--dataset {args.dataset} is not the file the run used ({run_dir}/run.json dataset.path "
                        f"{ds.get('path')}, sha256 {want[:12]}...): scoring it would replace the run's own "
                        f"accuracy.json; pass the run's dataset, {elsewhere}")
 
 
 def _checked_max_samples(recorded: object, run_json: Path) -> int | None:
     """``run_settings.max_samples`` of a ``run.json`` as the harness writes it: null or a whole number >= 1.
-    Raises ``BadInput`` (exit 2, nothing written) for anything else (a hand-edited file)."""
+    Raises ``UsageError`` (exit 2, nothing written) for anything else (a hand-edited file)."""
     if recorded is None or (type(recorded) is int and recorded >= 1):
         return recorded
-    raise BadInput(f"{run_json} run_settings.max_samples is {recorded!r}, not null or a whole number >= 1 as the "
+    raise UsageError(f"{run_json} run_settings.max_samples is {recorded!r}, not null or a whole number >= 1 as the "
                    "harness writes it (was the file edited?): fix it, or score elsewhere with --dataset FILE "
                    "--tokenizer PATH [--max-samples N] --output-dir DIR")
 
@@ -165,14 +164,14 @@ def _checked_max_samples(recorded: object, run_json: Path) -> int | None:
 def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
     """Without ``--dataset``: the run's dataset, gate tokenizer (``--tokenizer``, else the model folder), model EOS
     ids and ``--max-samples`` from ``rec`` (the ``run.json`` next to the log), each only where the command gave none.
-    Raises ``BadInput`` when there is no readable ``run.json`` naming a dataset."""
+    Raises ``UsageError`` when there is no readable ``run.json`` naming a dataset."""
     run_json = Path(args.accuracy_log).parent / "run.json"
     try:
         dataset = rec["run_settings"]["dataset"]
         if not isinstance(dataset, str) or not dataset:
             raise TypeError
     except (KeyError, TypeError, AttributeError):
-        raise BadInput(f"--dataset is required: {run_json} is missing, unreadable or names no dataset "
+        raise UsageError(f"--dataset is required: {run_json} is missing, unreadable or names no dataset "
                        "(run_settings.dataset); pass --dataset FILE --tokenizer PATH") from None
     args.dataset = dataset
     rs, model = rec["run_settings"], rec.get("model") or {}
@@ -214,10 +213,10 @@ def _main(argv: list[str]) -> int:
     _refuse_a_mismatched_rescore(args, argv, settings.output_dir, rec)
     try:
         result = evaluate(settings)
-    except AccuracyInputError:  # exit 2 (sut.exits); some are OSErrors too (TokenizerNotFoundError)
+    except AccuracyInputError:  # exit 2 (main); some are OSErrors too (TokenizerNotFoundError)
         raise
     except OSError as exc:  # e.g. an --output-dir that cannot be written
-        raise BadInput(f"accuracy gate: cannot write the results: {exc}") from None
+        raise UsageError(f"accuracy gate: cannot write the results: {exc}") from None
     _hint_max_samples(result, args, argv)
     if settings.write_reference is not None and not result["files"].get("reference_written"):
         return EXIT_FAIL
@@ -227,7 +226,16 @@ def _main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m accuracy``; returns the exit code (0 pass, 1 fail, 2 bad input, 130 stopped)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return run_main(_main, argv, messages={"bad_input": "accuracy gate: bad input: {}"}, logger=log)
+    try:
+        return _main(argv)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+    except AccuracyInputError as e:
+        log.error("accuracy gate: bad input: %s", e)
+    except KeyboardInterrupt as e:
+        log.error("interrupted (%s)", e.args[0] if e.args else "SIGINT, Ctrl-C")
+        return EXIT_INTERRUPTED
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

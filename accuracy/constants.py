@@ -91,3 +91,5 @@ HISTOGRAM_PNG = "output_lengths.png"
 
 #: Exit codes of ``python -m accuracy``.
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+#: Stopped by Ctrl-C (the shell's 128 + SIGINT), as every command of the harness.
+EXIT_INTERRUPTED = 130

@@ -5,7 +5,7 @@ records ``{"instruction", "input", "tok_input", "output"}``; ``output`` is the r
 summary (CNN/DailyMail ``highlights``), the only field the gate reads. Record ``i`` is LoadGen's
 ``qsl_idx`` ``i``.
 
-:func:`read_dataset_json` is how both ``python -m sut run`` (``sut/dataset.py``, before any engine
+:func:`read_dataset_json` is how both ``python -m sut run`` (``sut/data/dataset.py``, before any engine
 starts) and the gate read the file, so a file the run accepts is a file the gate can score.
 Accepted encoding: UTF-8, with or without a byte-order mark (what ``download_cnndm.py`` and
 ``json.dump`` write). UTF-16 and UTF-32 (with or without a BOM), other encodings and pickles are
@@ -15,6 +15,7 @@ this module needs only the standard library and ``accuracy.errors``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -27,6 +28,15 @@ from accuracy.jsontext import parse_json
 ACCEPTED_ENCODING = "UTF-8 (with or without a byte-order mark)"
 _WIDE_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\xfe\xff", "UTF-16"),
               (b"\xff\xfe", "UTF-16"))
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 class DatasetFileError(AccuracyInputError):

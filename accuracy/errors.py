@@ -11,7 +11,10 @@ from __future__ import annotations
 
 
 class AccuracyInputError(ValueError):
-    """An input of the gate is missing or malformed. ``str()`` says what and what to pass."""
+    """An input of the gate is missing or malformed. ``str()`` says what and what to pass. Exit code 2 (the
+    ``exit_code`` attribute is what ``sut.exits`` reads when the harness calls the gate)."""
+
+    exit_code = 2
 
 
 class TokenizerNotFoundError(AccuracyInputError, FileNotFoundError):
@@ -20,3 +23,7 @@ class TokenizerNotFoundError(AccuracyInputError, FileNotFoundError):
 
 class PunktDataMissingError(AccuracyInputError, LookupError):
     """NLTK's ``punkt_tab`` English model is not installed where nltk looks."""
+
+
+class UsageError(AccuracyInputError):
+    """Bad command-line input of ``python -m accuracy``: printed to stderr as is (no prefix); exit code 2."""

@@ -27,8 +27,15 @@ from accuracy.dataset import load_gate_data
 from accuracy.loadgen_log import LogCheck, check_log, read_accuracy_log
 from accuracy.preflight import check_tokenizer_made
 from accuracy.punkt_data import ensure_punkt
-from accuracy.reference import (Reference, gen_len_basis, gen_len_reason, judge, load_reference_file,  # noqa: F401
-                                resolve_reference, write_reference_file)
+from accuracy.reference import (  # noqa: F401
+    Reference,
+    gen_len_basis,
+    gen_len_reason,
+    judge,
+    load_reference_file,
+    resolve_reference,
+    write_reference_file,
+)
 from accuracy.report import format_accuracy_txt, length_stats, preview, write_histogram
 from accuracy.rouge import score_texts
 from accuracy.tokenizer import load_tokenizer, resolve_eos_ids

@@ -31,14 +31,28 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
 from accuracy.constants import MAX_NEW_TOKENS
 from accuracy.errors import AccuracyInputError
 from accuracy.jsontext import parse_json
-from sut.records import NOT_MLPERF, locality_folder_why, not_mlperf
+
+NOT_MLPERF = "NOT an MLPerf run: only `python -m sut run` folders can be packaged or scored as one"
+
+
+def not_mlperf(rec: object) -> bool:
+    """``rec`` (parsed JSON) is a record that says it is no MLPerf run (``python -m sut.locality``'s ``locality.json``)."""
+    return isinstance(rec, dict) and (rec.get("mlperf") is False or rec.get("kind") not in (None, "mlperf-loadgen"))
+
+
+def locality_folder_why(folder: Path) -> Optional[str]:
+    """Why ``folder`` is a ``python -m sut.locality`` run folder (a ``locality.json``, no ``run.json``), else None."""
+    if not (folder / "run.json").exists() and (folder / "locality.json").is_file():
+        return f"is a synthetic-locality run folder (python -m sut.locality): {NOT_MLPERF}"
+    return None
+
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +96,7 @@ def make_log_entry(qsl_idx: int, ids: Sequence[int], token_count: int | None = -
 def hex_bytes(value: object, where: str, error: type[Exception] = AccuracyInputError) -> bytes:
     """The bytes of a hex field of a LoadGen accuracy-log entry (``data``, ``token_data``), e.g.
     ``"0A000000"`` -> ``b"\\n\\x00\\x00\\x00"``. Raises ``error("<where>: expected a hex string, got
-    <type>")`` or ``error("<where>: not a hex string")``; used by the gate and by ``sut.compliance``."""
+    <type>")`` or ``error("<where>: not a hex string")``; used by the gate and by ``sut.record.test06``."""
     if not isinstance(value, str):
         raise error(f"{where}: expected a hex string, got {type(value).__name__}")
     try:

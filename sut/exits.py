@@ -1,22 +1,12 @@
-"""The one map from exceptions to exit codes, and the wrapper every entry point runs its command in.
+"""The wrapper every entry point runs its command in: exit codes, Ctrl-C / SIGTERM handling.
 
-Exit codes (every command: ``python -m sut ...``, ``python -m sut.locality``, ``python -m accuracy``,
-``python -m sut.flame``):
-
-* 0: done (a command may also return 1 itself for a verdict, e.g. a failed accuracy gate);
-* 1: the run or check failed (``RunFailed`` and its kin: ``TransportError``; ``EngineError``);
-* 2: bad input, before anything starts (``BadInput``, ``InputError``, ``DatasetError``,
-  ``ScenarioError``, ``ComplianceError``, ``AccuracyInputError``);
-* 130: stopped by Ctrl-C or SIGTERM (``KeyboardInterrupt``; also any failure that a stop signal
-  caused, e.g. an engine start cut short).
-
-Classes are matched by name along the exception's MRO, restricted to this project's modules
-(``sut.*``, ``accuracy.*``), so this module imports none of them and an error class
-may move between modules; the most specific class wins (``InputError`` is a ``RunFailed``: 2).
+The exit codes and the error classes that carry them live in :mod:`sut.errors` (0 done, 1 failed, 2 bad input,
+130 stopped); :func:`exit_code` reads an exception's ``exit_code`` class attribute.
 
 Usage::
 
-    from sut.exits import BadInput, run_main, stop_on_sigterm_like_ctrl_c
+    from sut.errors import BadInput
+    from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
 
     def _main(argv) -> int:
         a = build_parser().parse_args(argv)          # argparse's own errors still exit 2
@@ -29,7 +19,7 @@ Usage::
     def main(argv=None) -> int:
         return run_main(_main, argv, messages={"failed": "run failed: {}"})
 
-Exceptions outside the map (programming errors) propagate with their traceback.
+Exceptions without an ``exit_code`` (programming errors) propagate with their traceback.
 """
 
 from __future__ import annotations
@@ -41,54 +31,24 @@ import sys
 import threading
 from typing import Callable, Mapping, Optional
 
+from sut.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput
+
 log = logging.getLogger("sut")
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-#: Exit code of a command stopped by Ctrl-C (SIGINT) or SIGTERM (the shell's 128 + SIGINT).
-EXIT_INTERRUPTED = 130
-
-#: Project exception class name -> exit code (see the module docstring).
-EXIT_CODES: dict[str, int] = {
-    "BadInput": EXIT_BAD_INPUT,
-    "InputError": EXIT_BAD_INPUT,
-    "DatasetError": EXIT_BAD_INPUT,
-    "ScenarioError": EXIT_BAD_INPUT,
-    "ComplianceError": EXIT_BAD_INPUT,
-    "AccuracyInputError": EXIT_BAD_INPUT,
-    "RunFailed": EXIT_FAILED,
-    "TransportError": EXIT_FAILED,
-    "EngineError": EXIT_FAILED,
-}
-_PROJECT_MODULES = ("sut", "accuracy")
 
 #: How each kind of exit is logged; ``{}`` is the exception's message. ``stopped``: a failure while a
 #: stop signal was being handled (exit 130).
 DEFAULT_MESSAGES = {"failed": "{}", "bad_input": "{}", "interrupted": "interrupted ({})", "stopped": "stopped: {}"}
 
 
-class BadInput(SystemExit):
-    """Bad command-line input: ``run_main`` prints the message to stderr as is; exit code 2.
-
-    A ``SystemExit``, so that it still exits 2 where no ``run_main`` catches it.
-    """
-
-    def __init__(self, message: str):
-        super().__init__(EXIT_BAD_INPUT)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
 def exit_code(exc: BaseException) -> Optional[int]:
-    """The exit code for ``exc`` (module docstring), or None when it is not in the map."""
+    """The exit code for ``exc``: 130 for ``KeyboardInterrupt``, else the ``exit_code`` attribute of the most
+    specific class along its MRO that sets one (:mod:`sut.errors`), or None when none does."""
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     for cls in type(exc).__mro__:
-        if cls.__module__.split(".")[0] in _PROJECT_MODULES and cls.__name__ in EXIT_CODES:
-            return EXIT_CODES[cls.__name__]
+        code = cls.__dict__.get("exit_code")
+        if isinstance(code, int):
+            return code
     return None
 
 

@@ -33,12 +33,13 @@ import logging
 from typing import Any
 from urllib.error import URLError
 
-from sut.base import InputError, register_sut
+from sut.base import register_sut
 from sut.core.loadgen_sut import TransportSUT
-from sut.core.transports.http import HttpOptions, ServerInputError
+from sut.core.transports.http import HttpOptions
 from sut.core.transports.http_readback import pick_model
 from sut.core.transports.http_servers import _OPENER, check_server_args, health_status
-from sut.engine import EngineError, EngineSettings, plan_engines
+from sut.engine import EngineSettings, plan_engines
+from sut.errors import EngineError, InputError, ServerInputError
 
 log = logging.getLogger("sut.http")
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY, MODEL_KEYS, SCENARIO_MODEL_KEYS
+from sut.errors import ScenarioError
 
 #: Scenarios ``python -m sut run --scenario`` accepts, spelt as LoadGen and the submission checker spell them.
 HARNESS_SCENARIOS = ("Offline", "Server", "Interactive")
@@ -65,10 +66,6 @@ NO_FIRST_TOKEN = {
               "TTFT would be the whole batch's latency. Run Server/Interactive with --sut vllm; --sut flame runs "
               "Offline only"),
 }
-
-
-class ScenarioError(ValueError):
-    """A scenario or model key that LoadGen would not read as meant; the message names the fix."""
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ An engine that dies fails the run at once (``FatalEvent`` naming the replica). O
 
 from __future__ import annotations
 
-from sut.base import InputError, RunFailed, register_sut
+from sut.base import register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.core.transports.local import LocalOptions
-from sut.engine import EngineError, EngineSettings, plan_engines
+from sut.engine import EngineSettings, plan_engines
+from sut.errors import EngineError, InputError, RunFailed
 
 #: The options of ``--sut vllm`` under their former name.
 StandaloneOptions = LocalOptions

@@ -62,7 +62,7 @@ def write_json(tmp_path):
 @pytest.fixture(scope="session")
 def synthetic_small(tmp_path_factory):
     """64-sample synthetic dataset (seed 0) and its word-level tokenizer folder."""
-    from sut.synthetic import SyntheticSettings, write_dataset, write_tokenizer
+    from sut.data.synthetic import SyntheticSettings, write_dataset, write_tokenizer
 
     d = tmp_path_factory.mktemp("synthetic")
     write_dataset(d / "syn64.json", SyntheticSettings(samples=64, seed=0, median=300, max_len=1200))

@@ -33,8 +33,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from sut.core.messages import Completion
 from sut.engine import EngineSettings, EngineSlot, GenerationSettings
+from sut.messages import Completion
 
 log = logging.getLogger("tests.flame_doubles")
 
@@ -98,7 +98,7 @@ class FakeEngineHandle:
 
     def wait_ready(self, timeout: float) -> dict:
         if self._ended.wait(min(self.start_s, timeout)):  # shut down while "starting", as a real worker is ended
-            from sut.engine import EngineError
+            from sut.errors import EngineError
 
             raise EngineError(f"fake engine {self.slot.index} ended during start-up")
         self.info = {

@@ -66,7 +66,7 @@ def one_round(lg, ts, n_samples: int, via: str, outdir: str) -> tuple[int, int]:
     ledger = None if via == "raw" else SampleLedger((128009,), progress=False, complete_fn=_counting(answered))
 
     def answer_raw(samples):
-        from sut.response import complete_samples
+        from sut.ledger.response import complete_samples
 
         complete_samples([(s.id, np.zeros(0, np.int32)) for s in samples])
         answered.extend(s.id for s in samples)
@@ -101,7 +101,7 @@ def one_round(lg, ts, n_samples: int, via: str, outdir: str) -> tuple[int, int]:
 
 
 def _counting(answered: list):
-    from sut.response import complete_samples
+    from sut.ledger.response import complete_samples
 
     def fn(results):
         complete_samples(results)

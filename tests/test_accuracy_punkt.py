@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from accuracy.punkt_data import PUNKT_TAB_FILES, TRICKY_TEXTS, compare_with_punkt, nltk_tokenizer_from_dir, write_punkt_tab
+from accuracy.punkt_data import (
+    PUNKT_TAB_FILES,
+    TRICKY_TEXTS,
+    compare_with_punkt,
+    nltk_tokenizer_from_dir,
+    write_punkt_tab,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

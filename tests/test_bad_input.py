@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
+
+from sut.errors import BadInput
 
 DEEP = "[" * 100000 + "]" * 100000  # valid JSON, nested deeper than Python's recursion limit
 GOOD_RECORD = {"instruction": "x", "input": "y", "tok_input": [128000, 5, 6, 7], "output": "z"}
@@ -93,7 +94,7 @@ def test_dtype_choices_are_the_installed_vllms():
                                            ([], "[engine]\ngpu_memory_utilization = 1.5\n")])
 def test_run_settings_refuse_a_bad_engine_flag_or_preset_value(tmp_path, dataset, extra, preset):
     from sut.cli import build_parser, settings_from_args
-    from sut.exits import BadInput
+    from sut.errors import BadInput
 
     argv = ["run", "--model", str(TINY_MODEL), "--device", "cpu", "--dataset", str(dataset), *extra]
     if preset:
@@ -107,7 +108,7 @@ def test_run_settings_refuse_a_bad_engine_flag_or_preset_value(tmp_path, dataset
 def test_a_flame_preset_with_sut_vllm_names_the_preset_table_and_the_sut_its_options_belong_to(tmp_path, dataset):
     # a new user's first try: the README's Flame command again with --sut vllm, to compare the two SUTs
     from sut.cli import build_parser, settings_from_args
-    from sut.exits import BadInput
+    from sut.errors import BadInput
 
     argv = ["run", "--config", str(REPO / "loadgen_configs/flame_b32.toml"), "--sut", "vllm", "--model",
             str(TINY_MODEL), "--device", "cpu", "--dataset", str(dataset)]
@@ -165,9 +166,10 @@ def _readers():
     from accuracy.errors import AccuracyInputError
     from accuracy.loadgen_log import read_accuracy_log
     from accuracy.reference import load_reference_file
-    from sut.dataset import DatasetError, load_dataset
+    from sut.data.dataset import load_dataset
+    from sut.errors import ComplianceError, DatasetError
     from sut.locality.news import load_corpus
-    from sut.records import ComplianceError, read_json
+    from sut.record.read import read_json
 
     return [(read_dataset_json, DatasetFileError), (read_accuracy_log, AccuracyInputError),
             (load_reference_file, AccuracyInputError), (lambda p: read_json(p, "run record"), ComplianceError),
@@ -184,7 +186,8 @@ def test_every_input_reader_refuses_too_deep_json_as_bad_input(deep, index):
 
 
 def test_model_folder_with_too_deep_config_is_an_engine_error(tmp_path):
-    from sut.engine import EngineError, read_model_info
+    from sut.engine import read_model_info
+    from sut.errors import EngineError
 
     (tmp_path / "config.json").write_text(DEEP)
     with pytest.raises(EngineError, match="nested deeper"):
@@ -209,8 +212,8 @@ def test_commands_reading_too_deep_json_exit_2_without_traceback(tmp_path, deep,
 @pytest.mark.parametrize("text, section", [("run = 5\n", "run"), ('engine = "x"\n', "engine"),
                                            ("generation = [1]\n", "generation"), ("options = true\n", "options")])
 def test_a_preset_section_that_is_not_a_table_is_bad_input(tmp_path, text, section):
-    from sut.cli_settings import _preset
-    from sut.exits import BadInput
+    from sut.errors import BadInput
+    from sut.settings.from_args import _preset
 
     p = tmp_path / "p.toml"
     p.write_text(text)
@@ -221,8 +224,8 @@ def test_a_preset_section_that_is_not_a_table_is_bad_input(tmp_path, text, secti
 @pytest.mark.parametrize("text", ["a = " + "[" * 100000 + "]" * 100000 + "\n", None, b"\xff\xfe[\x00",
                                   "[engine]\nmodel = 'm'\n".encode("utf-16")])
 def test_a_preset_too_deep_or_unreadable_is_bad_input(tmp_path, text):
-    from sut.cli_settings import _preset
-    from sut.exits import BadInput
+    from sut.errors import BadInput
+    from sut.settings.from_args import _preset
 
     p = tmp_path / "p.toml"
     if text is None:
@@ -268,7 +271,7 @@ def test_package_that_fails_after_its_checks_leaves_no_out_folder(tmp_path):
 
 
 def test_check_run_folders_names_the_flag(tmp_path):
-    from sut.package_tree import TreeSettings
+    from sut.submission.tree import TreeSettings
 
     for name in ("ok", "ok2"):
         (tmp_path / name).mkdir()
@@ -315,7 +318,7 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
 
     preset = tmp_path / "p.toml"
     preset.write_text('[run]\ndataset = "x.json"\nbogus = 1\n')
-    with pytest.raises(cli.BadInput, match=re.escape(f"error: {preset} [run]: unknown RunSettings field(s): bogus")):
+    with pytest.raises(BadInput, match=re.escape(f"error: {preset} [run]: unknown RunSettings field(s): bogus")):
         cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", "m"]))
 
 
@@ -336,7 +339,7 @@ def test_a_bad_preset_value_names_the_preset_file_and_table(tmp_path, table, fla
     preset = tmp_path / "p.toml"
     preset.write_text(table)
     argv = ["run", "--config", str(preset), "--model", "m", "--dataset", "x.json", *flags]
-    with pytest.raises(cli.BadInput) as e:
+    with pytest.raises(BadInput) as e:
         cli.settings_from_args(cli.build_parser().parse_args(argv))
     assert message.format(p=preset) in e.value.message and e.value.code == 2, e.value.message
     assert flags == [] or str(preset) not in e.value.message

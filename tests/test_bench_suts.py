@@ -1,4 +1,4 @@
-"""scripts/bench_suts.py: run order rotates per round; medians and ratios skip failed runs; labelled variants."""
+"""scripts/bench/bench_suts.py: run order rotates per round; medians and ratios skip failed runs; labelled variants."""
 
 import json
 import sys
@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
 import bench_suts  # noqa: E402
-from sut_runs import RunOutcome  # noqa: E402
+
+from sut.run.child import RunOutcome
 
 
 def test_order_rotates_so_no_sut_always_runs_first():

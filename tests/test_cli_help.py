@@ -1,4 +1,4 @@
-"""Help texts: the engine flags show their defaults (sut.cli_flags.add_engine_flags), and ``-v`` of the
+"""Help texts: the engine flags show their defaults (sut.settings.flags.add_engine_flags), and ``-v`` of the
 locality commands that start no engine does not talk of engine logs."""
 
 from __future__ import annotations

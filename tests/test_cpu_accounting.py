@@ -1,4 +1,4 @@
-"""scripts/cpu_accounting.py: which category a process's CPU counts under in bench_flame's table."""
+"""scripts/bench/cpu_accounting.py: which category a process's CPU counts under in bench_flame's table."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
 import cpu_accounting  # noqa: E402
 
 

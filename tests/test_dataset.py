@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from sut.dataset import DatasetError, QuerySampleLibrary, load_dataset
+from sut.data.dataset import QuerySampleLibrary, load_dataset
+from sut.errors import DatasetError
 
 VOCAB = 1000
 
@@ -94,7 +95,7 @@ def test_qsl_counts(write_json):
 
 
 def test_synthetic_is_deterministic_in_vocab_and_cnn_like(tmp_path):
-    from sut.synthetic import SyntheticSettings, make_lengths, write_dataset
+    from sut.data.synthetic import SyntheticSettings, make_lengths, write_dataset
 
     s = SyntheticSettings(samples=13368)
     lens = make_lengths(s)
@@ -123,9 +124,10 @@ def test_synthetic_tokenizer_round_trip(synthetic_small):
 
 
 def test_retokenize_with_template_and_bos(tmp_path, synthetic_small):
-    from sut.constants import PROMPT_TEMPLATE
-    from sut.retokenize import retokenize
     from transformers import AutoTokenizer
+
+    from sut.constants import PROMPT_TEMPLATE
+    from sut.data.retokenize import retokenize
 
     _, tokdir = synthetic_small
     src = tmp_path / "rows.jsonl"
@@ -140,7 +142,7 @@ def test_retokenize_with_template_and_bos(tmp_path, synthetic_small):
 
 
 def test_retokenize_bad_row_is_named(tmp_path, synthetic_small):
-    from sut.retokenize import retokenize
+    from sut.data.retokenize import retokenize
 
     src = tmp_path / "rows.json"
     src.write_text(json.dumps([{"input": "a"}, {"output": "b"}]))
@@ -219,7 +221,7 @@ def test_synthetic_tokenizer_folder_carries_the_models_eos_ids(tmp_path):
     import json
     from pathlib import Path
 
-    from sut.synthetic import write_tokenizer
+    from sut.data.synthetic import write_tokenizer
 
     folder = write_tokenizer(tmp_path / "tok", vocab_size=128256)
     model_eos = json.loads((Path(__file__).resolve().parent.parent / "sut/models/tiny-llama3/generation_config.json")

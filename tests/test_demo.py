@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sut import demo
+from sut.run import demo
 
 REPO = Path(__file__).resolve().parent.parent
 # flags that may differ between the demo's runs: what makes each run what it is
@@ -54,7 +54,7 @@ def recorded(monkeypatch):
 
 def test_demo_runs_are_packable_and_print_the_package_command(tmp_path, recorded, caplog, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with caplog.at_level("INFO", logger="sut.demo"):
+    with caplog.at_level("INFO", logger="sut.run.demo"):
         assert demo.run_demo(Path("results/demo"), stamp="S1") == 0
     synthetic, *runs = recorded
     assert synthetic[0] == "synthetic" and synthetic[synthetic.index("--samples") + 1] == str(demo.SAMPLES)

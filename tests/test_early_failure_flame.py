@@ -18,7 +18,6 @@ import time
 
 import psutil
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
 
 flamepy = pytest.importorskip("flamepy")

@@ -14,16 +14,17 @@ import sys
 import textwrap
 
 import pytest
-
 import vllm_standin
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
-from sut.engine import EngineError, EnginePool, EngineSettings, GenerationSettings, kv_cache_capacity, log_tail
+
+from sut.engine import EnginePool, EngineSettings, GenerationSettings, kv_cache_capacity, log_tail
+from sut.errors import EngineError
 
 FAKE_VLLM = '''
 import os, subprocess, sys, types
 from vllm.sampling_params import SamplingParams  # noqa: F401 (the worker imports it from here)
 
-__version__ = "0.0-standin"
+__version__ = "0.32.0+standin"
 
 
 class LLM:
@@ -60,7 +61,7 @@ def standin_vllm(tmp_path, monkeypatch):
     (root / "torch").mkdir()
     (root / "vllm" / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
     (root / "vllm" / "sampling_params.py").write_text(textwrap.dedent(vllm_standin.SAMPLING))
-    (root / "torch" / "__init__.py").write_text('__version__ = "0.0-standin"\n')
+    (root / "torch" / "__init__.py").write_text('__version__ = "0.32.0+standin"\n')
     monkeypatch.syspath_prepend(str(root))
 
     def mode(m: str) -> None:
@@ -194,7 +195,7 @@ def test_sut_run_keeps_vllm_output_in_the_run_folder(tmp_path, synthetic_small):
     assert "Chat template warmup failed" in log and "Tokenizer not available" in log
     console = res.stdout + res.stderr
     assert "Chat template warmup failed" not in console and "Traceback" not in console
-    assert "WARNING" not in console.replace("WARNING sut.harness: THIS RUN IS NOT COMPLIANT", "")
+    assert "WARNING" not in console.replace("WARNING sut.run.harness: THIS RUN IS NOT COMPLIANT", "")
     rec = json.loads((run / "run.json").read_text())
     kv = rec["engines"][0]["kv_cache"]
     assert kv["tokens"] > 0 and kv["blocks"] > 0 and kv["block_size"] > 0

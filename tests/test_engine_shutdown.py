@@ -14,9 +14,9 @@ import textwrap
 import time
 
 import pytest
+from conftest import proc_state, process_ended
 
 import sut.engine.handle as handle_mod
-from conftest import proc_state, process_ended
 from sut.engine.devices import EngineSlot
 from sut.engine.handle import EngineHandle, live_group_members
 from sut.engine.settings import EngineSettings, GenerationSettings
@@ -104,6 +104,7 @@ def test_shutdown_right_after_start_ends_a_worker_that_has_no_process_group_yet(
     run ``os.setpgrp`` yet, so ``killpg(pid)`` finds no group; it was missed and went on to build its engine."""
     import vllm_standin
     from conftest import TINY_MODEL
+
     from sut.engine import plan_engines
 
     vllm_standin.install(tmp_path / "standin", monkeypatch)

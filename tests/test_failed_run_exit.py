@@ -4,7 +4,7 @@ segfault; `--target-qps` values LoadGen cannot run sensibly are refused with exi
 
 The runs use the fake vLLM server (tests/fake_vllm_server.py) behind --sut vllm-http, min duration 300 s
 (longer than the drain limit) and the streaming drain grace lowered to 2 s
-(``sut.loadgen_watch.STREAMING_DRAIN_S``; ``LOADGEN_DRAIN_S`` as shipped, or 5 s where said), so that a run
+(``sut.run.loadgen_watch.STREAMING_DRAIN_S``; ``LOADGEN_DRAIN_S`` as shipped, or 5 s where said), so that a run
 that waits for LoadGen's schedule or for the full drain limit times out."""
 
 import json
@@ -14,20 +14,20 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from conftest import CPU_CONF, REPO, TINY_MODEL
 import mlperf_loadgen as lg
-from sut.base import InputError
-from sut.loadgen_settings import OFFLINE_MAX_QUERY_SAMPLES, SERVER_MAX_QUERIES, check_target_qps
-from sut.run_settings import RunSettings
+import pytest
+from conftest import CPU_CONF, REPO, TINY_MODEL
+
+from sut.errors import InputError
+from sut.settings.loadgen import OFFLINE_MAX_QUERY_SAMPLES, SERVER_MAX_QUERIES, check_target_qps
+from sut.settings.run import RunSettings
 
 # STREAMING_DRAIN_S lowered: without the fix the run waits LOADGEN_DRAIN_S (120 s) and the test times out.
-PROMPT = "import sut.loadgen_watch as w; w.STREAMING_DRAIN_S = 2.0"
+PROMPT = "import sut.run.loadgen_watch as w; w.STREAMING_DRAIN_S = 2.0"
 # the breaker's set-up: a 5 s drain limit that the run reaches with LoadGen's thread still running
-DRAIN_5 = "import sut.loadgen_watch as w; w.LOADGEN_DRAIN_S = 5.0"
+DRAIN_5 = "import sut.run.loadgen_watch as w; w.LOADGEN_DRAIN_S = 5.0"
 RUN = "; import sys; from sut.cli import main; sys.exit(main(sys.argv[1:]))"
-FIND_QPS = f"; import sys; sys.path.insert(0, '{REPO / 'scripts'}'); import find_qps; sys.exit(find_qps.main(sys.argv[1:]))"
+FIND_QPS = "; import sys; from sut.cli import main; sys.exit(main(['find-qps', *sys.argv[1:]]))"
 
 
 def _free_port():
@@ -188,7 +188,7 @@ def test_a_server_schedule_over_100_times_the_dataset_is_refused_and_a_long_one_
         check_target_qps(_ts("Server", 1e9, min_duration_s=10), _rs(scenario="Server"), "user.conf")
     with pytest.raises(InputError, match=r"target_qps 2229 queries/s x min duration 600 s makes about 1,337,400"):
         check_target_qps(_ts("Server", 2229), _rs(scenario="Interactive"), "--target-qps")
-    caplog.set_level("WARNING", logger="sut.loadgen_settings")
+    caplog.set_level("WARNING", logger="sut.settings.loadgen")
     check_target_qps(_ts("Server", 2228), _rs(scenario="Server"), "x")  # 1,336,800 queries: allowed
     check_target_qps(_ts("Server", 1e7), _rs(scenario="Server", mode="accuracy"), "x", samples=13_368)  # each once
     assert not caplog.records
@@ -247,8 +247,8 @@ def test_drain_limit_counts_the_queries_equal_issue_adds():
     harness waits only the 10 s grace (it waited the full 120 s when it counted 480 queries)."""
     import mlperf_loadgen as lg
 
-    from sut.loadgen_watch import LOADGEN_DRAIN_S, STREAMING_DRAIN_S, drain_limit_s
-    from sut.loadgen_settings import scheduled_queries
+    from sut.run.loadgen_watch import LOADGEN_DRAIN_S, STREAMING_DRAIN_S, drain_limit_s
+    from sut.settings.loadgen import scheduled_queries
 
     ts = lg.TestSettings()
     ts.scenario, ts.min_query_count, ts.server_target_qps, ts.min_duration_ms = lg.TestScenario.Server, 480, 2.0, 10_000
@@ -263,7 +263,7 @@ def test_drain_limit_counts_the_queries_equal_issue_adds():
 def test_a_stop_signal_after_loadgen_returned_is_recorded_like_any_other_stop(tmp_path):
     """SIGTERM right after LoadGen's test ended reaches ``record_failure``: the record says "interrupted
     (SIGTERM)" as everywhere else, not "KeyboardInterrupt: SIGTERM"."""
-    from sut.harness import record_failure
+    from sut.run.harness import record_failure
 
     rec = {"status": "running"}
     record_failure(tmp_path, rec, KeyboardInterrupt("SIGTERM"))
@@ -274,7 +274,7 @@ def test_a_stop_signal_after_loadgen_returned_is_recorded_like_any_other_stop(tm
 
 
 def test_a_failed_run_has_no_validity_and_keeps_loadgens_word_apart():
-    from sut.harness import mark_failed
+    from sut.run.harness import mark_failed
 
     rec = {"status": "running", "validity": "VALID", "samples_per_s": 3.86, "tokens_per_s": 400.0}
     mark_failed(rec, "interrupted (SIGINT, Ctrl-C)")
@@ -292,9 +292,9 @@ def test_a_stop_signal_during_the_accuracy_gate_leaves_a_complete_run_to_score_n
     run is complete: status ok, accuracy skipped with the exact re-score command (the run's tokenizer)."""
     import json
 
-    import sut.harness as harness
+    import sut.run.harness as harness
     from sut.engine import EngineSettings
-    from sut.harness import RunSettings
+    from sut.run.harness import RunSettings
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt("SIGTERM")

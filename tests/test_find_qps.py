@@ -1,19 +1,16 @@
-"""scripts/find_qps.py's resumable search: tries appended to a JSONL file as they end, ``--resume`` going on
+"""python -m sut find-qps's resumable search: tries appended to a JSONL file as they end, ``--resume`` going on
 from the recorded bounds, a cut-off mid-try or mid-write, settings checks and the time budget. A fake run
 function stands in for ``python -m sut run`` (no engines; fast)."""
 
 import dataclasses
 import json
-import sys
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-import find_qps  # noqa: E402
-from find_qps import Budget, Try, TryLog, search  # noqa: E402
+from sut.findqps import cli as find_qps
+from sut.findqps.search import Budget, Try, TryLog, search
 
 SETTINGS = {"scenario": "Server", "min_duration_s": 30.0, "min_query_count": 1000, "run_args": ["--config", "x.toml"]}
 
@@ -177,7 +174,7 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
     path = tmp_path / "tries-Server.jsonl"
     out = capsys.readouterr().out
     assert "not converged (highest VALID 8, lowest INVALID 16, --rel-tol 0.05); go on with:\n  python scripts/" \
-           f"find_qps.py --scenario Server --resume {path} " in out
+           f"python -m sut find-qps --scenario Server --resume {path} " in out
     assert [json.loads(x)["qps"] for x in path.read_text().splitlines()] == [4, 8, 16]
     assert find_qps.main([*args, "--resume", str(path), "--", *run_args]) == 0
     out = capsys.readouterr().out
@@ -274,7 +271,7 @@ def _es_record(perf_met, more, done=320):
 def test_an_invalid_try_says_why_and_too_few_queries_for_early_stopping_is_no_verdict():
     """A new user's find: --min-query-count 320 made a try INVALID on early stopping alone (p99s far under the
     limits) and the search took it as the upper bound, without a word of why."""
-    from find_qps import try_from_record
+    from sut.findqps.attempt import try_from_record
 
     t = try_from_record(2.0, _es_record(True, 139), True, "f", 1.0)
     assert t.validity is None and t.ttft_p99_ms == 870.0  # bounds nothing: the search stops as after a failed try
@@ -290,7 +287,7 @@ def test_an_invalid_try_says_why_and_too_few_queries_for_early_stopping_is_no_ve
 
 def test_a_search_stops_at_a_try_without_a_verdict_and_says_what_to_change(tmp_path, monkeypatch, caplog,
                                                                           synthetic_small):
-    from find_qps import try_from_record
+    from sut.findqps.attempt import try_from_record
 
     monkeypatch.setattr(find_qps, "sut_try", lambda scenario, q, *a: try_from_record(q, _es_record(True, 139), True,
                                                                                     "f", 1.0))

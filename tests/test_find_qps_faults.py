@@ -1,4 +1,4 @@
-"""scripts/find_qps.py when a try goes wrong (breaker, session 7): a ``--fresh-process`` try past ``--timeout-s``
+"""python -m sut find-qps when a try goes wrong (breaker, session 7): a ``--fresh-process`` try past ``--timeout-s``
 is stopped with the server it started (``sut_runs.run_with_timeout``); a failed try is no verdict (it bounds
 nothing, carries no p99s, a resumed search makes it again); accuracy / compliance tries are refused before any
 try; ``--resume A --log B`` keeps A's tries in B.
@@ -15,13 +15,11 @@ import sys
 import time
 
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_MODEL
 
-sys.path.insert(0, str(REPO / "scripts"))
-import find_qps  # noqa: E402
-import sut_runs  # noqa: E402
-from find_qps import Try  # noqa: E402
+from sut.findqps import cli as find_qps
+from sut.findqps.search import Try
+from sut.run import child as sut_runs
 
 
 def _pids(pattern: str) -> set[int]:
@@ -197,7 +195,7 @@ def test_sigterm_of_a_fresh_process_search_stops_its_run_and_the_server_it_start
     server = tmp_path / "stalling_server.py"
     server.write_text((REPO / "tests" / "fake_vllm_server.py").read_text())
     runs = tmp_path / "runs"
-    cmd = ["timeout", "12", sys.executable, "scripts/find_qps.py", "--fresh-process", "--scenario", "Server",
+    cmd = ["timeout", "12", sys.executable, "python -m sut find-qps", "--fresh-process", "--scenario", "Server",
            "--start", "20", "--min-duration-s", "2", "--min-query-count", "40", "--max-runs", "1", "--output-dir",
            str(runs), "--", "--sut", "vllm-http", "--option", f"server_command={sys.executable} {server} --delay 3000",
            "--user-conf", str(CPU_CONF), "--model", str(TINY_MODEL), "--max-model-len", "4096",

@@ -1,4 +1,4 @@
-"""scripts/find_qps.py as a new user meets it: each try logged as it starts and ends, a resume hint that is
+"""python -m sut find-qps as a new user meets it: each try logged as it starts and ends, a resume hint that is
 the whole command, ``--help`` with every default, and the warning that LoadGen's equal issue makes every try
 at least the dataset's sample count of queries. A fake ``sut_try`` stands in for ``python -m sut run``."""
 
@@ -6,16 +6,13 @@ import argparse
 import logging
 import re
 import shlex
-import sys
 
 import pytest
-
 from conftest import REPO
-from sut.run_settings import RunSettings
 
-sys.path.insert(0, str(REPO / "scripts"))
-import find_qps  # noqa: E402
-from find_qps import Try  # noqa: E402
+from sut.findqps import cli as find_qps
+from sut.findqps.search import Try
+from sut.settings.run import RunSettings
 
 
 def _fake(monkeypatch, events: list, limit=13.0):
@@ -90,7 +87,7 @@ def test_the_resume_hint_is_the_whole_command_and_following_it_goes_on(tmp_path,
                      out)
     assert hint, out
     cmd = shlex.split(hint.group(1))
-    assert cmd[:2] == ["python", "scripts/find_qps.py"] and "--start" not in cmd
+    assert cmd[:2] == ["python", "python -m sut find-qps"] and "--start" not in cmd
     assert cmd[cmd.index("--resume") + 1] == str(out_dir / "tries-Server.jsonl")
     assert cmd[cmd.index("--") + 1:] == _run_args(data, "--max-samples", "32")
     assert find_qps.main(cmd[2:]) == 0  # the same settings: the recorded tries are accepted

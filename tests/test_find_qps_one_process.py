@@ -1,4 +1,4 @@
-"""scripts/find_qps.py's one-process search (``sut.series``): the SUT starts once, every try is one LoadGen
+"""python -m sut find-qps's one-process search (``sut.run.series``): the SUT starts once, every try is one LoadGen
 Server test over it with its own run folder and complete run.json, LoadGen's settings are copied (not read
 again) for the later tries, and a try that fails ends the search with exit 1 and the engines stopped.
 
@@ -15,17 +15,17 @@ import time
 
 import mlperf_loadgen as lg
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
-from sut import exits, loadgen_settings
-from sut.base import InputError, register_sut
-from sut.core.loadgen_sut import TransportSUT
-from sut.core.transport import register_transport
-from sut.loadgen_settings import copy_test_settings, settings_fields
 from transport_doubles import FakeTransport
 
-sys.path.insert(0, str(REPO / "scripts"))
-import find_qps  # noqa: E402
+from sut import exits
+from sut.base import register_sut
+from sut.core.loadgen_sut import TransportSUT
+from sut.core.transport import register_transport
+from sut.errors import InputError
+from sut.findqps import cli as find_qps
+from sut.settings import loadgen as loadgen_settings
+from sut.settings.loadgen import copy_test_settings, settings_fields
 
 EVENTS: list = []  # ("start" | "attach" | "stop", transport id) of the counting transports
 SUBMITTED: list = []  # request ids the counting transports were sent
@@ -218,7 +218,7 @@ def test_a_failure_in_try_2_fails_the_search_with_exit_1_and_stops_the_sut(tmp_p
     assert tries[1]["ttft_p99_ms"] is None and tries[1]["tokens_per_s"] is None  # a failed run measured nothing
     assert "search failed: " in caplog.text and "the search stops" in caplog.text
     assert "the search stopped after 2 new finished tries" in caplog.text  # both are in the log
-    assert "; go on with:\n  python scripts/find_qps.py --scenario Server --resume " in caplog.text
+    assert "; go on with:\n  python -m sut find-qps --scenario Server --resume " in caplog.text
 
 
 def test_ctrl_c_in_try_2_exits_130_with_the_sut_stopped_and_the_try_recorded_interrupted(
@@ -238,7 +238,7 @@ def test_ctrl_c_in_try_2_exits_130_with_the_sut_stopped_and_the_try_recorded_int
     assert [json.loads(x)["qps"] for x in tries] == [100]  # the interrupted try is not a result
     # Ctrl-C also says how to go on (a new user had to guess the tries file and retype every flag)
     assert "the search stopped after 1 new finished try" in caplog.text
-    assert "; go on with:\n  python scripts/find_qps.py --scenario Server --resume " in caplog.text
+    assert "; go on with:\n  python -m sut find-qps --scenario Server --resume " in caplog.text
 
 
 def test_bad_run_arguments_exit_2_before_anything_starts(tmp_path, synthetic_small, fresh_loadgen_conf):
@@ -255,7 +255,7 @@ def test_real_engine_starts_once_for_a_three_try_search(tmp_path, synthetic_smal
     data, _ = synthetic_small
     # far above what the tiny CPU engine keeps (latency INVALID, a verdict): 8 queries at a rate it could keep would
     # be INVALID on early stopping alone, no verdict, and the search would stop after one try
-    out = subprocess.run([sys.executable, "scripts/find_qps.py", "--scenario", "Interactive", "--start", "40",
+    out = subprocess.run([sys.executable, "python -m sut find-qps", "--scenario", "Interactive", "--start", "40",
                           "--max-runs", "3", "--min-duration-s", "3", "--min-query-count", "8",
                           "--output-dir", str(tmp_path), "--", "--user-conf", str(CPU_CONF), *TINY_ENGINE_ARGS,
                           "--dataset", str(data), "--max-samples", "16"],
@@ -279,7 +279,7 @@ def test_a_later_try_refused_by_the_target_qps_check_ends_the_search_with_exit_1
         tmp_path, synthetic_small, fresh_loadgen_conf, monkeypatch, caplog):
     """Engines have run by then: a refused later target_qps (e.g. a search shrunk below 1/stall timeout) is the
     end of the search (exit 1, SUT stopped), never "bad input before anything started" (exit 2)."""
-    import sut.series as series
+    import sut.run.series as series
 
     def refuse(ts, rs, where=""):
         raise InputError(f"{where}: target_qps {rs.target_qps} refused")

@@ -1,4 +1,4 @@
-"""scripts/bench_flame.py without running a benchmark: which control plane it starts, and the CPU
+"""scripts/bench/bench_flame.py without running a benchmark: which control plane it starts, and the CPU
 accounting of other users' jobs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO, flame_bin_dir
 
-spec = importlib.util.spec_from_file_location("bench_flame", REPO / "scripts" / "bench_flame.py")
+spec = importlib.util.spec_from_file_location("bench_flame", REPO / "scripts" / "bench" / "bench_flame.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 

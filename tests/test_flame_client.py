@@ -16,15 +16,16 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 
-from sut.base import InputError, RunFailed, SUTContext
-from sut.core.messages import Request
-from sut.core.transport import TransportError, TransportSpec, make_transport
-from sut.dataset import Dataset
+from sut.base import SUTContext
+from sut.core.transport import TransportSpec, make_transport
+from sut.data.dataset import Dataset
 from sut.engine import EngineSettings, GenerationSettings
+from sut.errors import InputError, RunFailed, TransportError
 from sut.flame.batcher import Batcher
 from sut.flame.client import FlameSUT
 from sut.flame.options import LOCALITY_DEFAULTS, FlameOptions, executors_per_engine
 from sut.flame.stats import FlameStats
+from sut.messages import Request
 
 REPO = Path(__file__).resolve().parent.parent
 QS = collections.namedtuple("QS", "id index")
@@ -139,9 +140,9 @@ def test_app_render_carries_this_process_pythonpath(monkeypatch, tmp_path):
     from sut.flame import app as app_mod
 
     extra = str(tmp_path / "site")
-    monkeypatch.setenv("PYTHONPATH", f"{extra}:{app_mod.REPO}")
+    monkeypatch.setenv("PYTHONPATH", f"{extra}:{REPO}")
     env = app_mod.render(workdir=str(tmp_path))["spec"]["environments"]["PYTHONPATH"].split(":")
-    assert env == [str(app_mod.REPO), extra]
+    assert env == [str(REPO), extra]
     other = app_mod.render(python="/opt/py/bin/python", repo="/opt/sut", workdir=str(tmp_path))
     assert other["spec"]["environments"]["PYTHONPATH"] == "/opt/sut"
     with pytest.raises(ValueError, match="SUT_REPO"):
@@ -319,7 +320,7 @@ def test_an_application_read_failing_without_a_cause_points_at_the_backend_port(
 
     import flamepy
 
-    from sut.base import RunFailed
+    from sut.errors import RunFailed
     from sut.flame.options import FlameOptions
     from sut.flame.session import ensure_app
 
@@ -343,7 +344,7 @@ def test_an_existing_registration_that_would_not_start_this_checkouts_service_is
 
     mine = app_mod.render(name="sut-vllm")["spec"]
     same = SimpleNamespace(command=mine["command"], arguments=list(mine["arguments"]),
-                           environments={"PYTHONPATH": str(app_mod.REPO)})
+                           environments={"PYTHONPATH": str(REPO)})
     stale = SimpleNamespace(command=sys.executable, arguments=["-m", "sut.flame.serve"],
                             environments={"PYTHONPATH": "/old/checkout"})
     for found, warned in ((same, False), (stale, True)):

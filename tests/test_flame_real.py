@@ -54,7 +54,7 @@ def test_session_that_does_not_fit_fails_the_warm_up_with_the_count(real_flame_f
     after warmup_stall_s instead of waiting warmup_timeout_s."""
     import os
 
-    from sut.base import RunFailed
+    from sut.errors import RunFailed
 
     cluster = real_flame_factory(policies=("priority", "drf", "gang"))
     sut, _ = _sut(cluster, dataset, lock_dir, resreq=f"cpu={os.cpu_count()},mem=1g", warmup_stall_s=3, warmup_log_s=1)

@@ -117,7 +117,8 @@ def test_register_cli_then_the_executor_manager_runs_the_service(real_flame_fact
     assert app.environments["PYTHONPATH"].split(":")[0] == str(REPO) and app.delay_release == 3600
 
     import numpy as np
-    from sut.dataset import Dataset
+
+    from sut.data.dataset import Dataset
 
     rng = np.random.default_rng(1)
     ds = Dataset("mem", "0" * 64, [rng.integers(0, 128000, size=20, dtype=np.int32) for _ in range(4)], [""] * 4, 4)

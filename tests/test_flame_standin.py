@@ -19,12 +19,13 @@ import pytest
 flamepy = pytest.importorskip("flamepy")
 standin = pytest.importorskip("tests.flame_standin")
 
-from sut.base import RunFailed, SampleLedger, SUTContext  # noqa: E402
-from sut.dataset import Dataset  # noqa: E402
+from sut.base import SampleLedger, SUTContext
+from sut.data.dataset import Dataset  # noqa: E402
 from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
+from sut.errors import RunFailed  # noqa: E402
 from sut.flame import app as app_mod  # noqa: E402
 from sut.flame.client import FlameSUT  # noqa: E402
-from sut.response import cut_at_first_eos  # noqa: E402
+from sut.ledger.response import cut_at_first_eos  # noqa: E402
 from tests.flame_doubles import fake_generate, fake_options  # noqa: E402
 
 TINY = Path(__file__).resolve().parent.parent / "sut" / "models" / "tiny-llama3"
@@ -330,8 +331,8 @@ def test_lost_session_fails_the_run(tmp_path, dataset, lock_dir, aio_watch):
 
 
 def test_indices_payload_reads_the_same_dataset_file(tmp_path, lock_dir, control_plane):
-    from sut.dataset import load_dataset
-    from sut.synthetic import SyntheticSettings, write_dataset
+    from sut.data.dataset import load_dataset
+    from sut.data.synthetic import SyntheticSettings, write_dataset
 
     path = tmp_path / "syn16.json"
     write_dataset(path, SyntheticSettings(samples=16, seed=1, median=100, max_len=400))
@@ -360,11 +361,11 @@ def test_two_replicas_pinned_to_two_slots_routed_by_policy(tmp_path, lock_dir):
     the replica that served it), and the engines' cached-token counts come through: a prompt sent again to its
     replica hits that replica's prefix cache, the same prompt on the other replica does not."""
     from sut.core.dispatcher import Dispatcher
-    from sut.core.messages import Request
     from sut.core.routing import make_router
     from sut.core.transport import TransportSpec, make_transport
     from sut.engine import plan_engines
     from sut.flame.options import FlameOptions
+    from sut.messages import Request
 
     engine = EngineSettings(model=str(TINY), max_model_len=1024, max_num_seqs=4, device="cpu", engines_per_device=2)
     with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
@@ -419,10 +420,10 @@ def test_overflow_task_does_not_wait_behind_a_full_one(tmp_path, lock_dir):
     still runs, instead of queueing behind it (the H200 study run: 130 requests to one replica with batch
     limit 128 and one executor made the 2 extra requests a 0.35 s tail). Fails with one executor."""
     from sut.core.dispatcher import Dispatcher
-    from sut.core.messages import Request
     from sut.core.routing import make_router
     from sut.core.transport import TransportSpec, make_transport
     from sut.flame.options import FlameOptions
+    from sut.messages import Request
 
     step_s = 1.0
     engine = EngineSettings(model=str(TINY), max_model_len=1024, max_num_seqs=1, device="cpu")

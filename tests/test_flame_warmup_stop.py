@@ -5,7 +5,6 @@ executor answered or the stall limit (111 s on a dead executor manager). Now the
 from __future__ import annotations
 
 import collections
-
 import threading
 import time
 from types import SimpleNamespace
@@ -14,7 +13,7 @@ import pytest
 
 pytest.importorskip("flamepy")
 
-from sut.base import RunFailed  # noqa: E402
+from sut.errors import RunFailed  # noqa: E402
 from sut.flame import transport as tr  # noqa: E402
 
 

@@ -1,5 +1,5 @@
-"""The accuracy gate's tokenizer is resolved before a run starts (accuracy/preflight.py, sut/run_record.py
-gate_tokenizer, sut/harness.py prepare_run), with a hint that fits the data; and the gen_len wording of the gate's
+"""The accuracy gate's tokenizer is resolved before a run starts (accuracy/preflight.py, sut/record/write.py
+gate_tokenizer, sut/run/harness.py prepare_run), with a hint that fits the data; and the gen_len wording of the gate's
 reasons and of ``python -m sut package`` says what the number is (characters over all samples)."""
 
 import json
@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
 
 from accuracy.errors import TokenizerNotFoundError
 from accuracy.preflight import is_synthetic_dataset, resolve_gate_tokenizer
 from accuracy.reference import Reference, judge
-from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
 
 LLAMA_RECORD = {"instruction": {"llama": "Summarize the following news article ..."}, "input": "Some article.",
                 "tok_input": [128000, 9906, 13], "output": "A summary."}
@@ -22,7 +22,7 @@ LLAMA_RECORD = {"instruction": {"llama": "Summarize the following news article .
 def synthetic(tmp_path):
     """An 8-sample synthetic dataset (``_with_tokenizer_folder`` adds the tokenizer next to it, as the demo lays
     it out)."""
-    from sut.synthetic import SyntheticSettings, write_dataset
+    from sut.data.synthetic import SyntheticSettings, write_dataset
 
     data = tmp_path / "data" / "synthetic_8.json"
     write_dataset(data, SyntheticSettings(samples=8, seed=0, median=200, max_len=600))
@@ -30,7 +30,7 @@ def synthetic(tmp_path):
 
 
 def _with_tokenizer_folder(data: Path) -> Path:
-    from sut.synthetic import write_tokenizer
+    from sut.data.synthetic import write_tokenizer
 
     folder = data.parent / "tokenizer"
     write_tokenizer(folder)  # the demo's word-level tokenizer (the preflight loads it)
@@ -80,7 +80,7 @@ def test_a_given_or_model_tokenizer_is_used_and_a_wrong_flag_is_named(tmp_path, 
 
 def _prepare(tmp_path, data, **run):
     from sut.engine import EngineSettings, GenerationSettings
-    from sut.harness import RunSettings, prepare_run
+    from sut.run.harness import RunSettings, prepare_run
 
     rs = RunSettings(sut="vllm", dataset=str(data), output_dir=str(tmp_path / "out"), user_conf=str(CPU_CONF), **run)
     es = EngineSettings(model=str(TINY_MODEL), load_format="dummy", dtype="float32", enforce_eager=True,
@@ -89,7 +89,7 @@ def _prepare(tmp_path, data, **run):
 
 
 def test_prepare_run_checks_the_gate_tokenizer_only_when_the_gate_runs(tmp_path, synthetic):
-    from sut.base import InputError
+    from sut.errors import InputError
 
     with pytest.raises(InputError, match="--no-accuracy-gate"):
         _prepare(tmp_path, synthetic, mode="accuracy")
@@ -102,7 +102,7 @@ def test_prepare_run_checks_the_gate_tokenizer_only_when_the_gate_runs(tmp_path,
 def test_prepare_run_refuses_what_the_gate_could_not_use_after_the_run(tmp_path, synthetic):
     """A breaker's find: an accuracy run with a record lacking ``output``, or a --tokenizer file that is no
     tokenizer, ran to the end and said "accuracy gate: not run" with exit 0."""
-    from sut.base import InputError
+    from sut.errors import InputError
 
     tok = str(_with_tokenizer_folder(synthetic))
     not_a_tokenizer = tmp_path / "tokenizer.json"
@@ -123,9 +123,9 @@ def test_prepare_run_refuses_what_the_gate_could_not_use_after_the_run(tmp_path,
 def test_prepare_run_refuses_a_gate_tokenizer_that_did_not_make_the_dataset(tmp_path, synthetic):
     """Llama 3 ids (128000 ...) with the synthetic word-level tokenizer: found before the run (it used to be a gate
     FAIL after it); the message names the file, record, field, id and the tokenizer's vocabulary."""
-    from sut.base import InputError
     from accuracy.tokenizer import load_tokenizer
-    from sut.synthetic import write_tokenizer
+    from sut.data.synthetic import write_tokenizer
+    from sut.errors import InputError
 
     # synthetic ids are drawn from [1000, 120000): all inside this tokenizer (120,000 words + Llama 3's specials)
     tok = str(write_tokenizer(tmp_path / "small_tokenizer", vocab_size=120000))
@@ -152,7 +152,7 @@ def test_prepare_run_refuses_a_same_size_tokenizer_whose_words_differ(tmp_path, 
     """Ids that all fit the tokenizer but were made by another one of the same size (here: every word one id off):
     the gate would decode the outputs into other words and FAIL after the run; refused before it, naming the
     records, the tokenizer and --no-accuracy-gate."""
-    from sut.base import InputError
+    from sut.errors import InputError
 
     tok = str(_with_tokenizer_folder(synthetic))
     records = json.loads(synthetic.read_text())
@@ -199,7 +199,7 @@ def test_gate_reason_says_characters_over_all_samples():
 def test_package_words_gen_len_as_the_gate_does_also_for_older_gate_files(tmp_path):
     from test_compliance import make_run, make_test06_run, settings
 
-    from sut.package_scenario import check_scenario
+    from sut.submission.scenario import check_scenario
 
     runs = tmp_path / "runs"
     perf, t06 = make_run(runs, "perf", "performance"), make_test06_run(runs)

@@ -1,4 +1,4 @@
-"""scripts/gpu_scaling.py: the issue-6 scaling verdict from run records (no GPU needed)."""
+"""scripts/bench/gpu_scaling.py: the issue-6 scaling verdict from run records (no GPU needed)."""
 
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 from conftest import REPO
 
-SCRIPT = REPO / "scripts" / "gpu_scaling.py"
+SCRIPT = REPO / "scripts" / "bench" / "gpu_scaling.py"
 
 
 def _record(root, n, tok_s, samples, validity="VALID", compliant=False):

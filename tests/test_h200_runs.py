@@ -1,4 +1,4 @@
-"""scripts/h200_runs.sh's issue-14 steps without a GPU: a stand-in ``python3`` on PATH records every
+"""scripts/bench/gpu_runs.sh's issue-14 steps without a GPU: a stand-in ``python3`` on PATH records every
 ``python3 -m sut run`` / ``find_qps.py`` call (and runs any other python3 call for real), so the flags each
 scenario gets, the search log names and ``CONFIRM=...=auto`` are checked as the script composes them."""
 import json
@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 FAKE = """#!/usr/bin/env bash
 # a run whose --run-name is in FAKE_VALID prints LoadGen's VALID line, any other run LoadGen's INVALID one
 valid() { local a n; for a in "$@"; do [ "$n" = 1 ] && [[ " $FAKE_VALID " == *" $a "* ]] && return 0; n=; [ "$a" = --run-name ] && n=1; done; return 1; }
-case "$1" in -m|scripts/find_qps.py) [ "$1" = -m ] && [ "$2" != sut ] || { echo "$*" >> "$CALLS"
+case "$1" in -m|python -m sut find-qps) [ "$1" = -m ] && [ "$2" != sut ] || { echo "$*" >> "$CALLS"
   if valid "$@"; then echo "Result is : VALID"; else echo "Result is : INVALID"; fi; exit ${FAKE_RC:-0}; } ;; esac
 exec {real} "$@"
 """
@@ -30,7 +29,7 @@ def _run(tmp_path: Path, step: str, **env) -> tuple[subprocess.CompletedProcess,
     calls = tmp_path / "calls.txt"
     full_env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), JOB=str(tmp_path / "job"),
                     OUT=str(tmp_path / "out"), SCEN_PRIOR=str(tmp_path / "prior"), **env)
-    out = subprocess.run(["bash", "scripts/h200_runs.sh", step], cwd=REPO, env=full_env, capture_output=True,
+    out = subprocess.run(["bash", "scripts/bench/gpu_runs.sh", step], cwd=REPO, env=full_env, capture_output=True,
                          text=True, timeout=60)
     lines = calls.read_text().splitlines() if calls.exists() else []
     return out, [ln.split() for ln in lines]
@@ -217,7 +216,7 @@ def test_confirm_auto_skips_a_cut_off_last_line_and_runs_on_the_searchs_sut(tmp_
 def test_gpu_bundle_names_a_missing_shared_input_and_exits_2_before_building(tmp_path):
     (tmp_path / "shared" / "gpu").mkdir(parents=True)
     (tmp_path / "shared" / "gpu" / "make_bundle.sh").write_text("exit 0\n")
-    out = subprocess.run(["bash", "scripts/gpu_bundle.sh", str(tmp_path / "dest")], cwd=REPO, capture_output=True,
+    out = subprocess.run(["bash", "scripts/bench/gpu_bundle.sh", str(tmp_path / "dest")], cwd=REPO, capture_output=True,
                          text=True, timeout=60, env=dict(os.environ, SHARED=str(tmp_path / "shared")))
     assert out.returncode == 2, out.stderr
     assert "llama31_8b_dummy/config.json not found (set SHARED" in out.stderr
@@ -236,7 +235,7 @@ def test_gpu_bundle_hands_make_bundle_an_absolute_dest(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     rel = os.path.relpath(tmp_path / "dest", REPO)  # relative to the repository root, where the script runs
-    out = subprocess.run(["bash", str(REPO / "scripts" / "gpu_bundle.sh"), rel], cwd=work, capture_output=True,
+    out = subprocess.run(["bash", str(REPO / "scripts" / "bench" / "gpu_bundle.sh"), rel], cwd=work, capture_output=True,
                          text=True, timeout=60, env=dict(os.environ, SHARED=str(shared)))
     assert out.returncode == 3, out.stderr
     assert said.read_text().strip() == str((tmp_path / "dest").resolve())

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
-from sut.core.messages import Request
+
 from sut.core.transport import TransportSpec, make_transport
 from sut.core.transports.http_options import HttpOptions
 from sut.engine import EngineSettings, GenerationSettings
+from sut.messages import Request
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -4,9 +4,9 @@ Fast: no vLLM engine. The real ``vllm serve`` runs are in ``test_http_cpu.py``."
 
 from __future__ import annotations
 
-import re
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,19 +17,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
-from sut.base import InputError
+
 from sut.core import guard
-from sut.core.messages import Request
-from sut.core.transport import TransportError, TransportSpec, make_transport
+from sut.core.transport import TransportSpec, make_transport
 from sut.core.transports import http_readback as readback
 from sut.core.transports import http_servers as servers
 from sut.core.transports.http_api import ReplyError
-from sut.core.transports.http import ServerInputError
 from sut.core.transports.http_options import HttpOptions
 from sut.engine import EngineSettings, GenerationSettings
-from sut.http_sut import HttpSUT, UNCONFIRMED_REASON
+from sut.errors import InputError, ServerInputError, TransportError
+from sut.http_sut import UNCONFIRMED_REASON, HttpSUT
+from sut.messages import Request
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -516,7 +515,7 @@ def test_server_killed_mid_run_is_one_fatal_event_naming_it(fake_server, started
         t.submit(0, requests(1, start=100))
     time.sleep(0.5)
     assert len(sink.fatal) == 1  # at most one fatal event
-    # the next test of a one-process series (sut/series.py) must not attach to the dead transport
+    # the next test of a one-process series (sut/run/series.py) must not attach to the dead transport
     with pytest.raises(TransportError, match="a replica failed during an earlier test"):
         t.attach(Sink())
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
 
 pytestmark = pytest.mark.timeout(600)
@@ -328,7 +327,7 @@ def test_forced_prefix_caching_and_dummy_weights_mark_the_run_not_compliant(tmp_
     data, _ = synthetic_small
     code = """
 import json, sys
-from sut import harness
+from sut.run import harness
 from sut.engine import EngineSettings, GenerationSettings
 harness._execute = lambda *a: a[-1]  # record only: no engines
 name, model = sys.argv[5], sys.argv[4]

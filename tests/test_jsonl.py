@@ -1,15 +1,11 @@
 """``accuracy.jsontext.read_jsonl``: the one reader of JSON Lines files a killed run may leave with a cut-off
-last line (scripts/find_qps.py's tries, ``sut.locality``'s cases.jsonl)."""
+last line (python -m sut find-qps's tries, ``sut.locality``'s cases.jsonl)."""
 
-import sys
 
 import pytest
 
 from accuracy.jsontext import JSONLinesError, read_jsonl
-from conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-from find_qps_search import TryLog  # noqa: E402
+from sut.findqps.search import TryLog
 
 SETTINGS = {"scenario": "Server"}
 

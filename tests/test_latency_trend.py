@@ -1,24 +1,20 @@
-"""sut/latency_trend.py: the TTFT trend that tells a growing backlog from a steady one, the streaming ledger's
+"""sut/record/latency_trend.py: the TTFT trend that tells a growing backlog from a steady one, the streaming ledger's
 ``ttft_trend`` in ``latency_summary``, and how find_qps counts a VALID try whose queue was growing."""
 
 import json
-import sys
 from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
 
-import sut.ledger
-import sut.streaming_ledger
-from conftest import REPO
-from sut.latency_trend import MIN_SAMPLES, describe, not_judged, queue_trend
-from sut.streaming_ledger import StreamingLedger
-
-sys.path.insert(0, str(REPO / "scripts"))
-import find_qps  # noqa: E402
-from find_qps_plot import verdict  # noqa: E402
-from find_qps_report import fmt_bound, table  # noqa: E402
-from find_qps_search import Try, TryLog, bounds, search  # noqa: E402
+import sut.ledger.sample
+import sut.ledger.streaming
+from sut.findqps import cli as find_qps
+from sut.findqps.plot import verdict
+from sut.findqps.report import fmt_bound, table
+from sut.findqps.search import Try, TryLog, bounds, search
+from sut.ledger.streaming import StreamingLedger
+from sut.record.latency_trend import MIN_SAMPLES, describe, not_judged, queue_trend
 
 
 def _arrivals(rate: float, seconds: float, seed: int = 0) -> np.ndarray:
@@ -80,7 +76,7 @@ def test_a_burst_at_the_end_of_a_steady_run_is_not_growth():
     trend = queue_trend(t, ttft, np.full(len(t), 2.0), 600, 2000)
     assert trend["judged"] and trend["bins"] == 10 and trend["growing"] is False  # one slow bin among ten
     # fitted to every query instead of bin medians the same data looks like strong growth
-    from sut.latency_trend import _slope
+    from sut.record.latency_trend import _slope
     half = t >= t[-1] / 2
     assert _slope(t[half], ttft[half] * 1e3)[1] > 4
 
@@ -115,8 +111,8 @@ def test_too_few_samples_or_too_short_a_span_give_no_trend_bad_values_are_left_o
 def test_the_streaming_ledger_reports_the_trend_from_its_own_issue_and_first_token_times(monkeypatch):
     clock = NS(now=0.0)
     fake_time = NS(monotonic=lambda: clock.now)
-    monkeypatch.setattr(sut.ledger, "time", fake_time)
-    monkeypatch.setattr(sut.streaming_ledger, "time", fake_time)
+    monkeypatch.setattr(sut.ledger.sample, "time", fake_time)
+    monkeypatch.setattr(sut.ledger.streaming, "time", fake_time)
     led = StreamingLedger((128009,), progress=False, complete_fn=lambda r: None, first_fn=lambda r: None)
     for i in range(300):  # one query every 0.1 s; TTFT 50 ms + 20 ms per second of run
         clock.now = i * 0.1
@@ -168,7 +164,7 @@ def test_a_try_takes_queue_growing_and_the_note_from_its_run_json():
 
 
 def test_the_latency_figure_is_drawn_and_never_fails_a_run(tmp_path, caplog):
-    from sut.latency_figure import write_latency_figure
+    from sut.record.latency_figure import write_latency_figure
 
     t = _arrivals(55, 150)
     ttft = 0.1 + 0.007 * t
@@ -189,7 +185,7 @@ def test_the_trend_line_goes_through_the_fit_and_never_below_a_tenth_of_it_on_th
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sut.latency_figure import _trend_line
+    from sut.record.latency_figure import _trend_line
 
     t = _arrivals(55, 150)
     ttft = 0.1 + 0.007 * t + np.random.default_rng(2).gamma(2, 0.02, len(t))

@@ -15,13 +15,14 @@ import time
 
 import numpy as np
 import pytest
-
 import vllm_standin
 from conftest import TINY_MODEL, process_ended
-from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
-from sut.core.transport import TransportError, TransportSpec, make_transport
+
+from sut.core.transport import TransportSpec, make_transport
 from sut.engine import EngineSettings, GenerationSettings
 from sut.engine import messages as wm
+from sut.errors import TransportError
+from sut.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 
 pytestmark = pytest.mark.timeout(120)
 OUT_LEN = 4

@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO, TINY_MODEL, sut_env
+
 from sut.core.routing import AffinitySettings, PrefixAffinityRouter, make_router
 from sut.locality import RUN_SUFFIX
 from sut.locality.trace import TraceSettings, describe, make_trace, questions_per_document

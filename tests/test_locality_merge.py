@@ -9,14 +9,14 @@ import shutil
 import statistics
 
 import pytest
-
 import transport_doubles  # noqa: F401 - registers the "fake" transport
 from conftest import REPO
+from test_locality_pairs import context, fake
+
 from sut.locality import RUN_SUFFIX
 from sut.locality.__main__ import main
 from sut.locality.runner import HEADER, deviation_notes, run_study
 from sut.locality.systems import SYSTEMS
-from test_locality_pairs import context, fake
 
 REAL = REPO / "tests" / "data" / "locality_h200_cut_off"
 
@@ -167,7 +167,7 @@ def test_run_writes_its_header_first_and_a_cut_off_run_merges_with_a_finished_on
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_locality", REPO / "scripts" / "bench_locality.py")
+    spec = importlib.util.spec_from_file_location("bench_locality", REPO / "scripts" / "bench" / "bench_locality.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench

@@ -12,21 +12,21 @@ import time
 
 import numpy as np
 import pytest
-
 import transport_doubles  # noqa: F401 - registers the "fake" transport
 from conftest import REPO, SHARED_DATA, TINY_MODEL, sut_env
-from sut.base import RunFailed
+from transport_doubles import FakeTransport
+
 from sut.core.routing import AffinitySettings, make_router
 from sut.core.transport import TransportSpec, register_transport
 from sut.engine import EngineSettings, GenerationSettings
-from sut.ledger import SampleLedger
+from sut.errors import RunFailed
+from sut.ledger.sample import SampleLedger
 from sut.locality import RUN_SUFFIX
 from sut.locality.burst import BurstSettings, run_burst
 from sut.locality.pairs import PairSettings, StudyContext, case_order, run_pairs
 from sut.locality.runner import prepare_trace, run_study
 from sut.locality.systems import SYSTEMS, SystemSpec, parse_system_options, resolve_systems
 from sut.locality.trace import TraceSettings
-from transport_doubles import FakeTransport
 
 TRACE = TraceSettings(documents=4, doc_tokens=100, questions=3, max_tokens=4, seed=3)
 
@@ -353,7 +353,7 @@ def test_bench_script_checks_the_targets_of_recorded_runs(tmp_path, capsys):
 
     from sut.locality.study import pair_report
 
-    spec = importlib.util.spec_from_file_location("bench_locality", REPO / "scripts" / "bench_locality.py")
+    spec = importlib.util.spec_from_file_location("bench_locality", REPO / "scripts" / "bench" / "bench_locality.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     runs = []

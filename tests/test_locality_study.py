@@ -9,16 +9,32 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO, SHARED_DATA, TINY_MODEL, sut_env
-from sut.base import RunFailed
-from sut.dataset import DatasetError
+
+from sut.data.synthetic import word
+from sut.errors import DatasetError, RunFailed
 from sut.locality.news import load_corpus
-from sut.locality.study import (RequestResult, pair_report, plot_pair_report, raise_for_failures, ratios_by_pair,
-                                report_lines, validate_results)
-from sut.locality.trace import (TRACE_PRESETS, TraceRequest, TraceSettings, describe, input_hash, make_trace,
-                                shift_trace, trace_hash, warmup_shifts, warmup_traces)
-from sut.synthetic import word
+from sut.locality.study import (
+    RequestResult,
+    pair_report,
+    plot_pair_report,
+    raise_for_failures,
+    ratios_by_pair,
+    report_lines,
+    validate_results,
+)
+from sut.locality.trace import (
+    TRACE_PRESETS,
+    TraceRequest,
+    TraceSettings,
+    describe,
+    input_hash,
+    make_trace,
+    shift_trace,
+    trace_hash,
+    warmup_shifts,
+    warmup_traces,
+)
 
 BOS = 128000
 HEAD, TAIL = [9370, 5730, 553, 279, 512], [19791, 25]  # a made-up template around every article
@@ -34,7 +50,7 @@ def lcp(a: np.ndarray, b: np.ndarray) -> int:
 def tiny_news(tmp_path_factory):
     """A made-up cnn_eval file of 12 pseudo-word articles (``input`` and ``tok_input`` agree), the
     word-level tokenizer, and question templates in its words."""
-    from sut.synthetic import write_tokenizer
+    from sut.data.synthetic import write_tokenizer
 
     d = tmp_path_factory.mktemp("news")
     rng = np.random.default_rng(3)
@@ -145,7 +161,7 @@ def test_bad_news_input_is_refused_with_the_cause(tiny_news, tmp_path):
         load_corpus(str(bad))
     with pytest.raises(DatasetError, match="cannot read"):
         load_corpus(str(tmp_path / "missing.json"))
-    from sut.synthetic import write_tokenizer
+    from sut.data.synthetic import write_tokenizer
 
     small = write_tokenizer(tmp_path / "small", vocab_size=1000)  # not a Llama 3 vocabulary
     with pytest.raises(ValueError, match="news traces need a Llama 3-vocabulary tokenizer"):

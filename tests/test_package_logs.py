@@ -1,14 +1,14 @@
-"""``python -m sut package`` checks the run folders' LoadGen logs against their run.json (``sut/package_logs.py``):
+"""``python -m sut package`` checks the run folders' LoadGen logs against their run.json (``sut/submission/logs.py``):
 a breaker relabelled a Server run Interactive, marked an INVALID run VALID, and cut or padded accuracy logs, and
 ``package`` laid them out."""
 
 import json
 
 import pytest
-
-from sut.package_scenario import check_scenario
-from sut.records import ComplianceError
 from test_compliance import gate_result, make_log_entry, make_run, make_test06_run, settings, write_log
+
+from sut.errors import ComplianceError
+from sut.submission.scenario import check_scenario
 
 
 def _detail(folder, **values):
@@ -116,7 +116,7 @@ def test_a_run_made_with_another_user_conf_is_refused_naming_the_setting(tmp_pat
     (acc / "user.conf").write_text("# other comments, same setting\nllama3_1-8b.Offline.target_qps = 5\n"
                                    "llama3_1-8b.Server.target_qps = 9\n")  # another run's line: not this run's
     assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == ()
-    for same in ("5.0", "+5", "5e0"):  # the same number, written otherwise (sut.userconf.value_key)
+    for same in ("5.0", "+5", "5e0"):  # the same number, written otherwise (sut.settings.userconf.value_key)
         (acc / "user.conf").write_text(f"llama3_1-8b.Offline.target_qps = {same}\n")
         assert check_scenario(settings(tmp_path, perf, acc, t06)).problems == (), same
     (acc / "user.conf").write_text("llama3_1-8b.Offline.target_qps = 6\n")

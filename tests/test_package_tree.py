@@ -44,7 +44,7 @@ def test_compliant_tree_has_no_note(tmp_path):
     perf = [make_run(base / s, "perf", "performance", scenario=s, model_key=k)
             for s, k in (("Offline", "llama3_1-8b"), ("Server", "llama3_1-8b"))]
     acc = [make_run(base / s, "acc", "accuracy", scenario=s) for s in ("Offline", "Server")]
-    from sut.package_tree import TreeSettings, package_tree
+    from sut.submission.tree import TreeSettings, package_tree
 
     root = package_tree(TreeSettings(out=str(tmp_path / "sub"), system="s", submitter="o", division="open",
                                      performance_runs=tuple(map(str, perf)), accuracy_runs=tuple(map(str, acc)),
@@ -59,8 +59,8 @@ def test_refusal_lists_every_reason_of_every_scenario_at_once(tmp_path):
     and nothing is written."""
     import pytest
 
-    from sut.package_tree import TreeSettings, package_tree
-    from sut.records import ComplianceError
+    from sut.errors import ComplianceError
+    from sut.submission.tree import TreeSettings, package_tree
 
     base = tmp_path / "runs"
     perf = make_run(base, "perf", "performance", compliance={"compliant": False, "reasons": [RUN_REASON]})
@@ -79,7 +79,7 @@ def test_refusal_lists_every_reason_of_every_scenario_at_once(tmp_path):
 def test_system_json_fills_what_run_json_knows_and_marks_the_rest():
     from types import SimpleNamespace
 
-    from sut.package_tree import FILL_IN, SYSTEM_FIELDS, system_json
+    from sut.submission.tree import FILL_IN, SYSTEM_FIELDS, system_json
 
     rec = {"sut": "vllm", "versions": {"vllm": "0.26.0", "torch": "2.11.0", "mlcommons-loadgen": "6.0.17"},
            "host_info": {"os": "Linux-x", "cpu": "Intel Xeon 8480", "cpu_count": 16, "gpu_driver": "580.1"},
@@ -96,7 +96,7 @@ def test_measurements_and_readme_say_what_the_engines_ran_not_what_was_asked():
     """A breaker's find: with --server-url, --quantization fp8 --kv-cache-dtype fp8 changed nothing on the running
     server, yet measurements.json said fp8 for both. Read-back values win; servers given by URL that do not report
     a setting leave it unknown; engines the harness started applied what was asked."""
-    from sut.submission_files import UNKNOWN_REMOTE, measurements, readme
+    from sut.submission.files import UNKNOWN_REMOTE, measurements, readme
 
     asked = {"model": "/m/Llama-3.1-8B", "dtype": "auto", "quantization": "fp8", "kv_cache_dtype": "fp8",
              "max_num_seqs": 512}
@@ -118,7 +118,7 @@ def test_the_os_is_named_as_system_descriptions_name_it(monkeypatch):
     """A new user's find: systems/<system>.json got "Linux-6.18...-x86_64-with-glibc2.36" (a platform string)."""
     import platform
 
-    from sut.run_record import os_name
+    from sut.record.write import os_name
 
     monkeypatch.setattr(platform, "freedesktop_os_release", lambda: {"PRETTY_NAME": "Ubuntu 24.04.1 LTS"})
     monkeypatch.setattr(platform, "release", lambda: "6.8.0-45-generic")
@@ -135,7 +135,7 @@ def test_src_readme_lists_the_untracked_files_the_commands_read(tmp_path):
     did not say so."""
     import subprocess
 
-    from sut.package_tree import untracked_inputs, write_src
+    from sut.submission.tree import untracked_inputs, write_src
 
     repo = tmp_path / "repo"
     (repo / "loadgen_configs").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The static fp8 activation-scale levers (scripts/perf_fp8_checkpoint.py, scripts/perf_levers.py), on CPU."""
+"""The static fp8 activation-scale levers (scripts/bench/perf_fp8_checkpoint.py, scripts/bench/perf_levers.py), on CPU."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "sut" / "models" / "tiny-llama3"
-sys.path.insert(0, str(ROOT / "scripts"))
 
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import perf_fp8_checkpoint as fp8ckpt  # noqa: E402
 import perf_levers  # noqa: E402
 
@@ -139,7 +139,7 @@ def test_lever_list_parsing():
 
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     out = tmp_path / "o"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", str(TINY),
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--model", str(TINY),
                         "--dataset", "d.json", "--out", str(out), "--dry-run",
                         "--levers", "baseline,static_act,fp8ckpt_dynamic,static_act_fusion"],
                        capture_output=True, text=True, timeout=60)
@@ -168,7 +168,7 @@ def test_cpu_child_loads_the_real_model_through_the_hook(tmp_path):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PERF_BASE_OVERRIDE=json.dumps(
         {"quantization": None, "kv_cache_dtype": "auto", "max_model_len": 512, "max_num_seqs": 8,
          "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.1, "enforce_eager": True}))
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--child", "static_act", "--model",
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--child", "static_act", "--model",
                     str(TINY), "--dataset", str(tmp_path / "d.json"), "--samples", "1", "--out", str(out)],
                    env=env, capture_output=True, text=True, timeout=300)
     counts = json.loads((out / "static_act.hook.json").read_text())

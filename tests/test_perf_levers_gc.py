@@ -1,4 +1,4 @@
-"""The ``gc_off`` lever and the engine core GC probe (scripts/perf_engine_gc.py, scripts/perf_levers.py), no GPU.
+"""The ``gc_off`` lever and the engine core GC probe (scripts/bench/perf_engine_gc.py, scripts/bench/perf_levers.py), no GPU.
 
 vLLM's engine core is stood in for by a forked child process named ``EngineCore`` that runs each
 ``collective_rpc`` through vLLM's own ``run_method`` (what ``UniProcExecutor`` does in the engine core).
@@ -18,8 +18,8 @@ import pytest
 from vllm.v1.serial_utils import run_method  # imported once here, so the forked children start at once
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import perf_engine_gc as engine_gc  # noqa: E402
 import perf_levers  # noqa: E402
 
@@ -183,7 +183,7 @@ def test_cpu_in_process_engine_answers_the_probe(tmp_path):
          "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.1, "enforce_eager": True}))
 
     def run(lever):
-        return subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--child", lever,
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--child", lever,
                                "--model", str(TINY), "--dataset", str(tmp_path / "d.json"), "--samples", "2",
                                "--warmup", "1", "--out", str(tmp_path)],
                               env=env, capture_output=True, text=True, timeout=400)

@@ -1,4 +1,4 @@
-"""The H200 performance scripts' arithmetic (scripts/perf_profile.py, scripts/perf_levers.py), on made-up data."""
+"""The H200 performance scripts' arithmetic (scripts/bench/perf_profile.py, scripts/bench/perf_levers.py), on made-up data."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import perf_levers  # noqa: E402
 import perf_profile  # noqa: E402
 
@@ -75,7 +75,7 @@ def test_lever_ratios_use_mean_of_both_baselines(tmp_path, capsys):
 
 
 def test_unknown_lever_exits_2(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", "m", "--dataset", "d",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--model", "m", "--dataset", "d",
                         "--out", str(tmp_path / "o"), "--levers", "baseline,warp_drive"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "warp_drive" in r.stderr
@@ -122,7 +122,7 @@ def test_single_nondefault_warmup_is_its_own_reference():
 
 @pytest.mark.parametrize("warmup", ["0", "1021"])
 def test_warmup_outside_one_to_samples_exits_2(tmp_path, warmup):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", "m", "--dataset", "d",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--model", "m", "--dataset", "d",
                         "--out", str(tmp_path / "o"), "--warmup", warmup, "--dry-run"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and f"--warmup {warmup}: must be between 1 and --samples" in r.stderr
@@ -130,7 +130,7 @@ def test_warmup_outside_one_to_samples_exits_2(tmp_path, warmup):
 
 
 def test_dry_run_plans_gc_off_lpt2048_and_the_warmup(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", "m", "--dataset", "d",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--model", "m", "--dataset", "d",
                         "--out", str(tmp_path / "o"), "--warmup", "1020", "--dry-run",
                         "--levers", "baseline,gc_off,lpt2048,baseline_end"],
                        capture_output=True, text=True, timeout=60)
@@ -145,7 +145,7 @@ def test_dry_run_plans_gc_off_lpt2048_and_the_warmup(tmp_path):
 
 
 def test_default_warmup_is_capped_at_samples(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "perf_levers.py"), "--model", "m", "--dataset", "d",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--model", "m", "--dataset", "d",
                         "--out", str(tmp_path / "o"), "--samples", "5", "--levers", "baseline", "--dry-run"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--samples 5 --warmup 5 " in r.stdout, r.stderr

@@ -1,4 +1,4 @@
-"""``--quick``: a short dev run, also in Offline (sut/run_settings.py QUICK_*, sut/loadgen_settings.py).
+"""``--quick``: a short dev run, also in Offline (sut/settings/run.py QUICK_*, sut/settings/loadgen.py).
 
 LoadGen's one Offline query holds max(min_query_count, 1.1 x min duration x target_qps) samples rounded UP to
 a multiple of the performance sample count, so a quick run that loads every sample of the dataset issues the
@@ -12,18 +12,18 @@ import subprocess
 import sys
 
 import pytest
+from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
 
 from sut import cli
-from sut.run_settings import QUICK_PERFORMANCE_SAMPLES, RunSettings
-
-from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
+from sut.errors import BadInput
+from sut.settings.run import QUICK_PERFORMANCE_SAMPLES, RunSettings
 
 #: LoadGen settings from mlperf.conf + user.conf (FromConfig: once per process), then one Offline test over a
 #: SUT that answers at once; prints the performance sample count, the sizes of the queries issued, the reasons.
 SNIPPET = """
 import json, sys, tempfile
 import mlperf_loadgen as lg
-from sut.harness import RunSettings, loadgen_test_settings
+from sut.run.harness import RunSettings, loadgen_test_settings
 kw, size = json.loads(sys.argv[1])
 ts, reasons = loadgen_test_settings(RunSettings(**kw), size)
 sizes = []
@@ -68,7 +68,7 @@ def test_the_quick_flag_and_a_preset_reach_run_settings(tmp_path):
                                                                 str(TINY_MODEL)]))[0]
     assert rs.quick and rs.min_duration_s == 10.0 and rs.preset == str(preset)
     preset.write_text('[run]\npreset = "other.toml"\ndataset = "x.json"\n')
-    with pytest.raises(cli.BadInput, match=r"\[run\] preset is not a preset key"):
+    with pytest.raises(BadInput, match=r"\[run\] preset is not a preset key"):
         cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", str(TINY_MODEL)]))
 
 

@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import CPU_CONF, REPO, SHARED_DATA, sut_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.realdata, pytest.mark.timeout(1500)]

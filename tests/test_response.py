@@ -1,6 +1,6 @@
 import numpy as np
 
-from sut.response import cut_at_first_eos, response_buffer
+from sut.ledger.response import cut_at_first_eos, response_buffer
 
 EOS = (128001, 128008, 128009)
 
@@ -38,7 +38,7 @@ def test_int64_input_is_converted_not_reinterpreted():
 def test_complete_samples_sends_n_tokens_and_byte_size(monkeypatch):
     import mlperf_loadgen as lg
 
-    from sut import response
+    from sut.ledger.sample import response
 
     seen = []
 

@@ -9,12 +9,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from conftest import REPO, sut_env
-from sut.scenarios import NO_FIRST_TOKEN, ScenarioError, check_backend, resolve_scenario
 
-sys.path.insert(0, str(REPO / "scripts"))
-import find_qps  # noqa: E402
+from sut.errors import ScenarioError
+from sut.findqps import cli as find_qps
+from sut.scenarios import NO_FIRST_TOKEN, check_backend, resolve_scenario
 
 
 # ------------------------------------------------------------------------------------- names
@@ -65,7 +64,7 @@ def test_wrong_scenario_or_model_key_is_refused(scenario, key, message):
 
 SERVER_SNIPPET = """
 import json, sys
-from sut.harness import RunSettings, loadgen_test_settings
+from sut.run.harness import RunSettings, loadgen_test_settings
 kw = json.loads(sys.argv[1])
 ts, reasons = loadgen_test_settings(RunSettings(**kw), 13368)
 print(json.dumps({"qps": ts.server_target_qps, "ttft": ts.ttft_latency, "tpot": ts.tpot_latency, "scenario": int(ts.scenario),
@@ -97,7 +96,7 @@ def test_shipped_cpu_user_conf_gives_server_and_interactive_their_own_qps_and_li
 
 
 def test_a_conf_with_offline_lines_only_serves_a_server_search_with_target_qps_on_the_command_line():
-    """scripts/find_qps.py tries pass --target-qps with a shipped H200 user.conf whose only line is Offline's
+    """python -m sut find-qps tries pass --target-qps with a shipped H200 user.conf whose only line is Offline's
     (the first H200 search exited 2 here): the target comes from the command line, the rest from mlperf.conf."""
     import mlperf_loadgen as lg
 
@@ -125,8 +124,8 @@ def test_the_shipped_h200_fp8_conf_gives_server_and_interactive_their_confirmed_
 
 def test_a_conf_keyed_for_another_run_with_more_than_targets_is_still_refused_with_target_qps(tmp_path):
     """Server lines setting max_async_queries / the sample count would be ignored by an Interactive run without a word."""
-    from sut.base import InputError
-    from sut.userconf import check_user_conf
+    from sut.errors import InputError
+    from sut.settings.userconf import check_user_conf
 
     conf = tmp_path / "server.conf"
     conf.write_text("llama3_1-8b.Server.target_qps = 20\nllama3_1-8b.Server.max_async_queries = 1\n")
@@ -151,8 +150,8 @@ def _out(rid, ids, finished=False, cached=None):
 
 
 def test_delta_collector_reports_each_first_token_once_and_the_whole_sequence_at_the_end():
-    from sut.core.messages import Completion, FirstToken
     from sut.engine import DeltaCollector
+    from sut.messages import Completion, FirstToken
 
     col = DeltaCollector(report_firsts=True)
     col.t_add.update({"1": 0.0, "2": 0.0})
@@ -239,8 +238,9 @@ def test_search_brackets_then_bisects_on_validity():
 
 # ------------------------------------------------------------------------------------- submission tree
 def _tree_runs(base: Path):
-    from accuracy.loadgen_log import encode_ids, make_log_entry
     from test_compliance import make_run, make_test06_run, write_log
+
+    from accuracy.loadgen_log import encode_ids, make_log_entry
 
     out = {}
     for scen, key in (("Offline", "llama3_1-8b"), ("Interactive", "llama3_1-8b-interactive")):
@@ -255,7 +255,7 @@ def _tree_runs(base: Path):
 
 
 def test_package_tree_lays_out_offline_and_interactive_with_src_and_systems(tmp_path):
-    from sut.package_tree import FILL_IN, SYSTEM_FIELDS, TreeSettings, package_tree
+    from sut.submission.tree import FILL_IN, SYSTEM_FIELDS, TreeSettings, package_tree
 
     runs = _tree_runs(tmp_path / "runs")
     ts = TreeSettings(out=str(tmp_path / "sub"), system="1xH200_vllm", submitter="Org",
@@ -277,9 +277,10 @@ def test_package_tree_lays_out_offline_and_interactive_with_src_and_systems(tmp_
 
 
 def test_package_tree_refuses_offline_only_and_mixed_systems(tmp_path):
-    from sut.package_tree import TreeSettings, package_tree
-    from sut.records import ComplianceError
     from test_compliance import make_run
+
+    from sut.errors import ComplianceError
+    from sut.submission.tree import TreeSettings, package_tree
 
     runs = _tree_runs(tmp_path / "runs")
     only = dict(out=str(tmp_path / "sub"), system="s", submitter="o", performance_runs=(str(runs["Offline"][0]),),

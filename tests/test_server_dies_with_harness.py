@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, process_ended, sut_env
+
 from sut.core.transports import http_servers as servers
 
 pytestmark = pytest.mark.skipif(not (sys.platform.startswith("linux") and shutil.which("setpriv")),

@@ -3,18 +3,17 @@ import subprocess
 import sys
 
 import pytest
-
-from sut import loadgen_settings
-from sut.base import RunFailed, get_sut, sut_names
-from sut.engine import EngineError, EngineSettings, GenerationSettings, plan_engines, read_model_info
-from sut.harness import RunSettings, loadgen_test_settings
-
 from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
 
+from sut.base import get_sut, sut_names
+from sut.engine import EngineSettings, GenerationSettings, plan_engines, read_model_info
+from sut.errors import EngineError, RunFailed
+from sut.run.harness import RunSettings, loadgen_test_settings
+from sut.settings import loadgen as loadgen_settings
 
 SNIPPET = """
 import json, sys
-from sut.harness import RunSettings, loadgen_test_settings
+from sut.run.harness import RunSettings, loadgen_test_settings
 kw, size = json.loads(sys.argv[1])
 ts, reasons = loadgen_test_settings(RunSettings(**kw), size)
 fields = ["min_duration_ms", "min_query_count", "performance_sample_count_override", "sample_concatenate_permutation",
@@ -101,9 +100,11 @@ def test_from_config_only_once_per_process(monkeypatch):
 def test_bad_user_conf_is_rejected(tmp_path):
     p = tmp_path / "user.conf"
     p.write_text("llama3_1-8b.Offline.target_qps = fast\n")
-    import subprocess, sys
+    import subprocess
+    import sys
+
     from conftest import sut_env
-    code = ("from sut.harness import RunSettings, loadgen_test_settings; import sys\n"
+    code = ("from sut.run.harness import RunSettings, loadgen_test_settings; import sys\n"
             "loadgen_test_settings(RunSettings(sut='vllm', dataset='x', user_conf=sys.argv[1]), 13368)")
     out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, env=sut_env(), cwd=REPO)
     assert out.returncode != 0 and f"{p}, line 1" in out.stderr and "value 'fast' is not a number" in out.stderr
@@ -157,7 +158,8 @@ def test_user_conf_that_weakens_mlperf_conf_is_reported(tmp_path):
 
 
 def test_prefix_caching_is_refused_for_mlperf_runs():
-    from sut.core.transport import TransportError, TransportSpec, make_transport
+    from sut.core.transport import TransportSpec, make_transport
+    from sut.errors import TransportError
 
     es = EngineSettings(model=str(TINY_MODEL), enable_prefix_caching=True, device="cpu")
     t = make_transport("local", TransportSpec(engine=es, generation=GenerationSettings()))
@@ -246,8 +248,8 @@ QPS = "llama3_1-8b.Offline.target_qps = 3\n"
     (QPS + "*.Offline.token_latency_scaling_factor = 9\n", 2, "only when infer_token_latencies = 1"),
 ])
 def test_user_conf_line_that_loadgen_ignores_or_rejects_is_refused_by_file_and_line(tmp_path, text, line, message):
-    from sut.base import InputError
-    from sut.userconf import check_user_conf
+    from sut.errors import InputError
+    from sut.settings.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
     p.write_text(text)
@@ -257,8 +259,8 @@ def test_user_conf_line_that_loadgen_ignores_or_rejects_is_refused_by_file_and_l
 
 
 def test_user_conf_encodings_loadgen_misreads_are_refused(tmp_path):
-    from sut.base import InputError
-    from sut.userconf import check_user_conf
+    from sut.errors import InputError
+    from sut.settings.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
     p.write_bytes(b"\xef\xbb\xbf" + QPS.encode())
@@ -270,7 +272,7 @@ def test_user_conf_encodings_loadgen_misreads_are_refused(tmp_path):
 
 
 def test_user_conf_lines_that_apply_are_accepted_with_loadgens_wildcards(tmp_path):
-    from sut.userconf import check_user_conf
+    from sut.settings.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
     p.write_text("# comment\n\n   \t\n#llama3_1-8b.Offline.target_qps = 99\n#disabled\n*.Offline.target_qps = 3.5\r\n"
@@ -287,12 +289,12 @@ def test_user_conf_lines_that_apply_are_accepted_with_loadgens_wildcards(tmp_pat
 def test_one_user_conf_may_hold_lines_for_other_runs_of_the_system(tmp_path, caplog):
     """Offline and Server lines (and the interactive key) in one file: the run uses its own, the rest is logged
     in one console line (a new user found one line per ignored line noisy)."""
-    from sut.userconf import check_user_conf
+    from sut.settings.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
     p.write_text(QPS + "llama3_1-8b.Server.target_qps = 2\nllama3_1-8b-interactive.Offline.target_qps = 1\n"
                  "*.Server.target_latency = 2000\n")
-    with caplog.at_level("INFO", logger="sut.userconf"):
+    with caplog.at_level("INFO", logger="sut.settings.userconf"):
         assert check_user_conf(p, "llama3_1-8b", "Offline") == {"target_qps": "3"}
     said = [r.getMessage() for r in caplog.records if "for other runs" in r.getMessage()]
     first = QPS.count("\n") + 1
@@ -303,8 +305,8 @@ def test_one_user_conf_may_hold_lines_for_other_runs_of_the_system(tmp_path, cap
 def test_a_line_shadowed_here_but_used_by_another_run_is_accepted_and_one_no_run_uses_is_refused(tmp_path):
     """A breaker's find: `llama3_1-8b.Server.target_qps = 4` then `*.Server.target_qps = 3` serves both Server (4) and
     Interactive (3: the interactive key's Server run), yet the Server run was refused with "remove one of them"."""
-    from sut.base import InputError
-    from sut.userconf import check_user_conf
+    from sut.errors import InputError
+    from sut.settings.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
     p.write_text("llama3_1-8b.Server.target_qps = 4\n*.Server.target_qps = 3\n")
@@ -326,8 +328,8 @@ def test_a_line_shadowed_here_but_used_by_another_run_is_accepted_and_one_no_run
 def test_shipped_cpu_user_conf_is_refused_for_another_model_key():
     """The shipped lines are keyed llama3_1-8b: with --model-key llama3_1-8b-interactive LoadGen would run at its
     default target_qps without a word."""
-    from sut.base import InputError
-    from sut.userconf import check_user_conf
+    from sut.errors import InputError
+    from sut.settings.userconf import check_user_conf
 
     with pytest.raises(InputError, match=r"no line applies to this run \(llama3_1-8b-interactive.Offline\): its lines "
                                          r"are keyed .*llama3_1-8b.Offline"):
@@ -414,7 +416,7 @@ def test_a_malformed_model_folder_is_an_engine_error_naming_the_file(tmp_path, n
 
 @pytest.mark.parametrize("name", ["../../escape", "/tmp/abs", "a/b", "..", ".", "", " x"])
 def test_a_run_name_must_stay_inside_the_output_dir(name):
-    from sut.run_settings import RunSettings
+    from sut.settings.run import RunSettings
 
     with pytest.raises(ValueError, match="run_name must be a plain folder name inside --output-dir"):
         RunSettings(sut="vllm", dataset="x.json", run_name=name)
@@ -424,8 +426,8 @@ def test_a_run_name_must_stay_inside_the_output_dir(name):
 @pytest.mark.parametrize("text", ["", "# only a comment\n\n", "\n"])
 def test_a_user_conf_without_any_setting_is_refused_unless_target_qps_is_given(tmp_path, text):
     """A breaker's find: an empty user.conf ran at LoadGen's default target_qps 1 and exited 0."""
-    from sut.base import InputError
-    from sut.userconf import check_user_conf
+    from sut.errors import InputError
+    from sut.settings.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
     p.write_text(text)
@@ -441,8 +443,8 @@ def test_a_user_conf_without_any_setting_is_refused_unless_target_qps_is_given(t
     ("0", "target_qps must be a positive number"),
 ])
 def test_target_qps_values_loadgen_would_misread_or_refuse_name_their_line(tmp_path, value, message):
-    from sut.base import InputError
-    from sut.userconf import check_user_conf
+    from sut.errors import InputError
+    from sut.settings.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
     p.write_text(f"# first line\nllama3_1-8b.Offline.target_qps = {value}\n")
@@ -454,7 +456,7 @@ def test_target_qps_values_loadgen_would_misread_or_refuse_name_their_line(tmp_p
 
 def test_user_conf_values_compare_as_loadgen_reads_them():
     """``value_key``: package's same-settings check (sut.package_same_system) compares two runs' user.conf values."""
-    from sut.userconf import value_key
+    from sut.settings.userconf import value_key
 
     assert value_key("0x10") == value_key("16") == value_key("+16") == value_key("1.6e1") == value_key("16.0") == 16.0
     assert value_key("17") != value_key("16")

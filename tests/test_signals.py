@@ -9,10 +9,10 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, sut_env
+
 from sut import exits
-from sut.harness import interrupt_reason
+from sut.run.harness import interrupt_reason
 
 #: Starts ``argv[1:]`` with SIGINT ignored, as a non-interactive shell does for ``cmd &`` (SIG_IGN survives exec;
 #: SIGINT unblocked, whatever mask this process has), in the same process. No ``preexec_fn``: forking a process that
@@ -116,7 +116,7 @@ def test_sut_run_stopped_while_checking_the_dataset_exits_130(tmp_path):
 
 
 def _engine_start_fails():
-    from sut.base import RunFailed
+    from sut.errors import RunFailed
 
     raise RunFailed("engine 0 exited while starting")
 

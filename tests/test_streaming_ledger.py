@@ -1,4 +1,4 @@
-"""The Server/Interactive ledger (sut/streaming_ledger.py) with recorders instead of LoadGen, and one
+"""The Server/Interactive ledger (sut/ledger/streaming.py) with recorders instead of LoadGen, and one
 short LoadGen Server test with a stand-in engine (no vLLM): first tokens before completions, on one thread."""
 
 import threading
@@ -6,7 +6,7 @@ from types import SimpleNamespace as QS
 
 import numpy as np
 
-from sut.streaming_ledger import StreamingLedger
+from sut.ledger.streaming import StreamingLedger
 
 EOS = (128009,)
 
@@ -103,7 +103,7 @@ def test_loadgen_server_run_with_a_stand_in_engine_records_ttft(tmp_path):
     code = r"""
 import json, queue, sys, tempfile, threading, time
 import numpy as np, mlperf_loadgen as lg
-from sut.streaming_ledger import StreamingLedger
+from sut.ledger.streaming import StreamingLedger
 out = sys.argv[1]
 led = StreamingLedger((128009,), progress=False)
 work = queue.Queue()

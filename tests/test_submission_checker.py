@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -20,8 +20,9 @@ from typing import Optional
 
 import numpy as np
 
-from sut.core.messages import Completion, FirstToken, ReplicaRecord
-from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
+from sut.core.transport import Transport, TransportSpec, register_transport
+from sut.errors import TransportError
+from sut.messages import Completion, FirstToken, ReplicaRecord
 
 
 @dataclass(frozen=True)

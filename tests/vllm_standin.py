@@ -27,7 +27,7 @@ VLLM = '''
 import atexit, os, signal, subprocess, time, types, weakref
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: F401
 
-__version__ = "0.0-standin"
+__version__ = "0.32.0+standin"
 ns = types.SimpleNamespace
 
 
@@ -132,6 +132,6 @@ def install(root: Path, monkeypatch) -> Path:
     (root / "vllm" / "__init__.py").write_text(textwrap.dedent(VLLM))
     (root / "vllm" / "sampling_params.py").write_text(textwrap.dedent(SAMPLING))
     (root / "vllm" / "inputs.py").write_text(textwrap.dedent(INPUTS))
-    (root / "torch" / "__init__.py").write_text('__version__ = "0.0-standin"\n')
+    (root / "torch" / "__init__.py").write_text('__version__ = "0.32.0+standin"\n')
     monkeypatch.syspath_prepend(str(root))
     return root

@@ -27,7 +27,7 @@ transport's own ``FatalEvent``, which says how the replica ended, before failing
 submit's error.
 
 The ledger is duck-typed: ``complete(results)``, ``fail(message)``, ``first_tokens(results)``
-(streaming only) and ``error`` (``sut.ledger.SampleLedger``, ``sut.streaming_ledger.StreamingLedger``).
+(streaming only) and ``error`` (``sut.ledger.sample.SampleLedger``, ``sut.ledger.streaming.StreamingLedger``).
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 from sut.core.routing import Router
-from sut.core.transport import Transport, TransportError
+from sut.core.transport import Transport
+from sut.errors import TransportError
+from sut.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from sut.core.messages import ReplicaRecord
+from sut.messages import ReplicaRecord
 
 PROHIBITED = "enable_prefix_caching=True is not allowed in an MLPerf run (cross-query KV reuse is prohibited)"
 

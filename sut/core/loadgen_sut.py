@@ -3,7 +3,7 @@
 Algorithm
 ---------
 ``issue_queries`` registers the samples with the ledger (each issued sample gets its own request
-id; ``sut.ledger``) and puts ``Request``s on the dispatch thread's inbox; it returns at once. The
+id; ``sut.ledger.sample``) and puts ``Request``s on the dispatch thread's inbox; it returns at once. The
 dispatch thread hands them to the ``Dispatcher`` (routing policy x transport; ``sut.core.dispatcher``);
 ``flush_queries`` queues a flush behind them (a batching transport sends its partial batches). The
 transport's threads deliver results to the dispatcher, which answers each sample exactly once
@@ -16,7 +16,7 @@ default 512), ``first_token_weight`` (``least_pending``'s weight, default 8),
 ``allow_prefix_caching`` (experiments only: the run is then not compliant) and
 ``allow_unconfirmed_prefix_caching`` (a transport that cannot read the setting back).
 
-Several LoadGen tests over one started transport (``sut.series``): the first SUT is made with
+Several LoadGen tests over one started transport (``sut.run.series``): the first SUT is made with
 ``keep_transport=True`` (it starts the transport, and its ``stop`` leaves it running), the later ones with
 ``transport=`` that started transport (they attach to it); ``record()``'s per-engine ``samples`` then
 count this SUT's test only.
@@ -29,13 +29,14 @@ import queue
 import threading
 from typing import ClassVar, Optional, Sequence
 
-from sut.base import RunFailed, SUTContext, SystemUnderTest
+from sut.base import SUTContext, SystemUnderTest
 from sut.constants import MAX_NEW_TOKENS
 from sut.core import guard
 from sut.core.dispatcher import Dispatcher
-from sut.core.messages import Request
 from sut.core.routing import AffinitySettings, make_router
 from sut.core.transport import Transport, TransportSpec, make_transport, transport_class
+from sut.errors import RunFailed
+from sut.messages import Request
 from sut.scenarios import STREAMING_SCENARIOS
 
 log = logging.getLogger(__name__)

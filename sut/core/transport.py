@@ -34,15 +34,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Protocol, Sequence
 
-from sut.base import RunFailed
-from sut.core.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 from sut.engine import EngineSettings, GenerationSettings
 from sut.engine.logs import log_tail_once
+from sut.errors import TransportError
+from sut.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 from sut.registry import Registry
-
-
-class TransportError(RunFailed):
-    """A transport could not start, or a replica is gone (the message names it)."""
 
 
 class ResultSink(Protocol):

@@ -7,7 +7,7 @@ Algorithm
 process per slot through an ``EngineHandle``. A worker pins itself, builds ``vllm.LLM`` once, reads
 its configuration back, reports ``Ready`` and then runs the same add-request / step loop that
 ``LLM.generate`` runs, fed from a pipe of typed messages: new requests are added the moment they
-arrive and finished outputs go back after each step as ``sut.core.messages.Completion`` records
+arrive and finished outputs go back after each step as ``sut.messages.Completion`` records
 (with cached prompt tokens and timestamps), first tokens as ``FirstToken`` where the worker streams.
 The ``local`` transport (``sut.core.transports.local``) and the Flame service drive it.
 
@@ -24,7 +24,6 @@ Modules (one concern each):
 """
 
 from sut.engine.devices import CPU_ENV, EngineSlot, plan_engines
-from sut.engine.errors import EngineError
 from sut.engine.gcmon import GcPauseMonitor
 from sut.engine.handle import DoneCallback, EngineHandle, FatalCallback, FirstCallback
 from sut.engine.logs import ENGINE_LOG_TAIL_LINES, engine_log_path, log_tail
@@ -34,7 +33,7 @@ from sut.engine.readback import kv_cache_capacity, read_back
 from sut.engine.settings import EngineSettings, GenerationSettings, ModelInfo, read_model_info, settings_from_mapping
 from sut.engine.worker import serve, worker_main
 
-__all__ = ["CPU_ENV", "DeltaCollector", "DoneCallback", "ENGINE_LOG_TAIL_LINES", "EngineError", "EngineHandle",
+__all__ = ["CPU_ENV", "DeltaCollector", "DoneCallback", "ENGINE_LOG_TAIL_LINES", "EngineHandle",
            "EnginePool", "EngineSettings", "EngineSlot", "FatalCallback", "FinalCollector", "FirstCallback",
            "GcPauseMonitor", "GenerationSettings", "ModelInfo", "engine_log_path", "kv_cache_capacity", "log_tail",
            "plan_engines", "read_back", "read_model_info", "serve", "settings_from_mapping", "worker_main"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sut.engine.errors import EngineError
 from sut.engine.settings import EngineSettings
+from sut.errors import EngineError
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,25 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from sut.core.messages import Completion, FirstToken
 from sut.engine.devices import EngineSlot
-from sut.engine.errors import EngineError
 from sut.engine.logs import start_log, with_log_tail
-from sut.engine.messages import (Done, Failed, Firsts, Generate, RawDone, RawGenerate, Ready, ResetCache, Stats,
-                                 StatsQuery, Stop)
+from sut.engine.messages import (
+    Done,
+    Failed,
+    Firsts,
+    Generate,
+    RawDone,
+    RawGenerate,
+    Ready,
+    ResetCache,
+    Stats,
+    StatsQuery,
+    Stop,
+)
 from sut.engine.settings import EngineSettings, GenerationSettings
 from sut.engine.worker import worker_main
+from sut.errors import EngineError
+from sut.messages import Completion, FirstToken
 
 DoneCallback = Callable[[int, list[Completion]], None]  # (engine index, completions)
 FirstCallback = Callable[[int, list[FirstToken]], None]  # (engine index, first tokens)

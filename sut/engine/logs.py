@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from sut.engine.errors import EngineError
+from sut.errors import EngineError
 
 ENGINE_LOG_TAIL_LINES = 20
 

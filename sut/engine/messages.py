@@ -5,7 +5,7 @@ a plain tuple of a list cost before; the receiver dispatches on ``type(msg)``.
 
 Parent -> worker:
 
-* ``Generate(requests)``: ``sut.core.messages.Request``s (or ``(request id, int32 prompt)`` pairs) to
+* ``Generate(requests)``: ``sut.messages.Request``s (or ``(request id, int32 prompt)`` pairs) to
   add to the running engine at once.
 * ``RawGenerate(requests)``: one plain ``LLM.generate`` over the batch on an idle engine (the
   baseline of the overhead benchmark); answered with ``RawDone``.
@@ -19,9 +19,9 @@ Worker -> parent:
 * ``Ready(info)``: the engine is built; ``info`` is its read-back record (``sut.engine.readback``).
 * ``Failed(message)``: start-up or the serve loop raised; ``message`` names the engine and carries
   the traceback. The worker ends after it.
-* ``Firsts(firsts)``: ``sut.core.messages.FirstToken``s of the requests whose first token the last
+* ``Firsts(firsts)``: ``sut.messages.FirstToken``s of the requests whose first token the last
   step produced (streaming workers only), always sent before the ``Done`` of the same step.
-* ``Done(completions)``: ``sut.core.messages.Completion``s of the requests the last step finished.
+* ``Done(completions)``: ``sut.messages.Completion``s of the requests the last step finished.
 * ``Stats(stats)``: a dict, in answer to ``StatsQuery`` or ``ResetCache``.
 * ``RawDone(seconds, results)``: the ``LLM.generate`` call's wall time and its ``Completion``s.
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from sut.core.messages import Completion, FirstToken
+from sut.messages import Completion, FirstToken
 
 
 class Generate(NamedTuple):

@@ -1,4 +1,4 @@
-"""One engine step's vLLM ``RequestOutput``s -> typed records (``sut.core.messages``).
+"""One engine step's vLLM ``RequestOutput``s -> typed records (``sut.messages``).
 
 Two collectors, chosen by the worker's mode; both give ``step(outs) -> (firsts, done)``:
 
@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from sut.core.messages import Completion, FirstToken
+from sut.messages import Completion, FirstToken
 
 
 def _cached(o) -> Optional[int]:

@@ -32,8 +32,7 @@ from typing import Optional
 
 from accuracy.jsontext import parse_json
 from sut.constants import MAX_NEW_TOKENS, MIN_NEW_TOKENS
-from sut.engine.errors import EngineError
-
+from sut.errors import EngineError
 
 #: Largest engine seed vLLM takes (its check: "Seed must be between 0 and 2**32 - 1").
 MAX_SEED = 2**32 - 1

@@ -27,16 +27,27 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from sut.core.messages import Completion
 from sut.engine.devices import EngineSlot
-from sut.engine.errors import EngineError
 from sut.engine.gcmon import GcPauseMonitor
 from sut.engine.logs import redirect_output
-from sut.engine.messages import (Done, Failed, Firsts, Generate, RawDone, RawGenerate, Ready, ResetCache, Stats,
-                                 StatsQuery, Stop)
+from sut.engine.messages import (
+    Done,
+    Failed,
+    Firsts,
+    Generate,
+    RawDone,
+    RawGenerate,
+    Ready,
+    ResetCache,
+    Stats,
+    StatsQuery,
+    Stop,
+)
 from sut.engine.outputs import DeltaCollector, FinalCollector
 from sut.engine.readback import read_back
 from sut.engine.settings import EngineSettings, GenerationSettings
+from sut.errors import EngineError
+from sut.messages import Completion
 
 
 class _Terminated(BaseException):

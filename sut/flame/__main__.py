@@ -10,7 +10,8 @@ import argparse
 import logging
 import sys
 
-from sut.exits import BadInput, run_main
+from sut.errors import BadInput
+from sut.exits import run_main
 from sut.flame import app
 
 
@@ -65,7 +66,7 @@ def _main(argv: list[str]) -> int:
 
 def _connect_checked(endpoint_arg):
     """``(connection, endpoint)``; ``BadInput`` for a malformed endpoint or one where nothing answers."""
-    from sut.base import RunFailed
+    from sut.errors import RunFailed
     from sut.flame.client import connect
     from sut.flame.endpoint import check_control_plane
 
@@ -142,7 +143,7 @@ def _register(endpoint_arg, doc: dict, replace: bool = False) -> int:
     --sut flame``); ``RunFailed`` (exit 1) when Flame refuses."""
     import flamepy
 
-    from sut.base import RunFailed
+    from sut.errors import RunFailed
     from sut.flame.session import backend_port_hint
 
     conn, endpoint = _connect_checked(endpoint_arg)

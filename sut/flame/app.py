@@ -14,8 +14,9 @@ from typing import Optional
 
 import yaml
 
+from sut.constants import REPO
+
 APP_YAML = Path(__file__).resolve().with_name("app.yaml")
-REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_APP_NAME = "sut-vllm"
 
 

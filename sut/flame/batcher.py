@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sut.base import RunFailed
+from sut.errors import RunFailed
 from sut.flame import payload as pl
 from sut.flame.options import FlameOptions
 from sut.flame.stats import FlameStats

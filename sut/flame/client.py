@@ -16,11 +16,12 @@ must accept a connection within ``sut.flame.endpoint.PREFLIGHT_TIMEOUT_S`` secon
 
 from __future__ import annotations
 
-from sut.base import InputError, RunFailed, SUTContext, register_sut
+from sut.base import SUTContext, register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.engine import EngineSettings
-from sut.flame.options import FlameOptions, executors_per_engine
+from sut.errors import InputError, RunFailed
 from sut.flame.endpoint import check_control_plane, connect, resolve_endpoint
+from sut.flame.options import FlameOptions, executors_per_engine
 
 __all__ = ["FlameOptions", "FlameSUT", "connect", "executors_per_engine", "resolve_endpoint"]
 

@@ -39,8 +39,18 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from sut.flame.cluster_config import (BIN_ENV, FEM, FSM, ClusterError, ClusterSettings, cluster_yaml,
-                                      default_bin_dir, find_bin_dir, pick_ports, taken_ports_message)
+from sut.flame.cluster_config import (
+    BIN_ENV,
+    FEM,
+    FSM,
+    ClusterError,
+    ClusterSettings,
+    cluster_yaml,
+    default_bin_dir,
+    find_bin_dir,
+    pick_ports,
+    taken_ports_message,
+)
 
 log = logging.getLogger("sut.flame.cluster")
 MARK_ENV = "SUT_FLAME_CLUSTER"
@@ -339,7 +349,7 @@ def _check_args(a) -> Path:
     ``--resreq`` or ``--workdir``, or a folder without the binaries."""
     import flamepy
 
-    from sut.exits import BadInput
+    from sut.errors import BadInput
 
     if not 0 <= a.port <= 65534:
         raise BadInput(f"error: --port {a.port}: expected 0 (two free ports) or a port in 1..65534 (the backend "

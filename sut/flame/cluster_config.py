@@ -15,7 +15,8 @@ import socket
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parent.parent.parent
+from sut.constants import REPO
+
 BIN_ENV = "FLAME_BIN"
 FSM, FEM = "flame-session-manager", "flame-executor-manager"
 # Below the Linux ephemeral range (32768-60999), so outgoing connections never take our ports.

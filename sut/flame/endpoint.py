@@ -9,7 +9,7 @@ import socket
 from typing import Optional
 from urllib.parse import urlparse
 
-from sut.base import RunFailed
+from sut.errors import RunFailed
 
 #: Seconds Flame's session manager has to accept a TCP connection before a run starts (``check_control_plane``).
 PREFLIGHT_TIMEOUT_S = 3.0

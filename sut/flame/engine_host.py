@@ -9,7 +9,7 @@ too) or the session's ``engine_factory`` (``sut.flame.service_config``). Every b
 executor's tasks and from the forwarders', is decoded, its prompts are checked (length, vocabulary:
 per-sample errors travel in the result), and **all its requests are submitted to the engine at once**
 (asynchronous admission: the engine's continuous batching mixes the batches of every executor); the
-answers come back as ``sut.core.messages.Completion`` records and are encoded in input order, each
+answers come back as ``sut.messages.Completion`` records and are encoded in input order, each
 with the engine's cached prompt tokens and its queued / first-token / done times.
 
 A dead engine fails every waiting batch and, two seconds later, the process (forwarders must see the
@@ -33,11 +33,12 @@ from typing import Optional
 import numpy as np
 
 from sut.core import guard
-from sut.core.messages import Completion, Request
-from sut.engine import EngineError, EngineHandle, EngineSlot, read_model_info
+from sut.engine import EngineHandle, EngineSlot, read_model_info
+from sut.errors import EngineError
 from sut.flame import hostlink as hl
 from sut.flame import payload as pl
 from sut.flame.service_config import ServiceConfig, load_callable
+from sut.messages import Completion, Request
 
 log = logging.getLogger("sut.flame.service")
 
@@ -345,7 +346,7 @@ class EngineHost:
 
 
 def _load_dataset(cfg: ServiceConfig, vocab_size: int):
-    from sut.dataset import load_dataset
+    from sut.data.dataset import load_dataset
 
     ds = cfg.dataset or {}
     if not ds.get("path"):

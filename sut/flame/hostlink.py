@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 from typing import Optional
 
-from sut.engine import EngineError
+from sut.errors import EngineError
 
 _FRAME = struct.Struct("<4sBI")
 _FRAME_MAGIC = b"SFEH"

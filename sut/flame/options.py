@@ -157,7 +157,7 @@ def executors_per_engine(max_num_seqs: int, batch_size: int, fill: float = 2.0, 
     A task returns only when its longest sample is done, so the finished samples of a running
     batch hold no engine slot while the batch waits for its last one. With executors holding
     ``fill`` x ``max_num_seqs`` sequences the engine stays full even when output lengths vary
-    (``python scripts/bench_flame.py --simulate-fill``: 1x + one batch keeps it 67-82 % busy
+    (``python scripts/bench/bench_flame.py --simulate-fill``: 1x + one batch keeps it 67-82 % busy
     with 20..128-token outputs, 2x keeps it >= 99.9 % busy).
 
     At least 2: a Flame executor runs its tasks one after another, so with one executor a replica's

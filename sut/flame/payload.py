@@ -16,7 +16,7 @@ Layout (all integers little-endian)::
                          | error texts UTF-8 [sum of lengths where status != OK]
 
 The DETAIL section (flag ``DETAIL``, set on every result with samples) carries what the engine
-reported per sample (``sut.core.messages.Completion``): prompt tokens served from its prefix cache
+reported per sample (``sut.messages.Completion``): prompt tokens served from its prefix cache
 and its ``time.monotonic()`` seconds when it took, first-answered and finished the request.
 
 Kinds: ``GENERATE`` (a batch of samples), ``PING`` (warm-up: no samples, answers the

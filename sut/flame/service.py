@@ -47,7 +47,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from sut.engine import EngineError, GcPauseMonitor, plan_engines
+from sut.engine import GcPauseMonitor, plan_engines
+from sut.errors import EngineError
 from sut.flame import payload as pl
 from sut.flame.engine_host import EngineHost
 from sut.flame.enter_watch import EnterWatch

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from sut.base import RunFailed
+from sut.constants import REPO
+from sut.errors import RunFailed
 from sut.exits import stopped_again
 from sut.flame.endpoint import reachable
 from sut.flame.options import FlameOptions
@@ -71,7 +72,7 @@ def _warn_if_other_service(found, name: str, endpoint: str) -> None:
     want = app_mod.render(name=name)["spec"]
     have_path = ((getattr(found, "environments", None) or {}).get("PYTHONPATH") or "").split(os.pathsep)[0]
     have = (getattr(found, "command", None), list(getattr(found, "arguments", None) or []), have_path)
-    mine = (want["command"], [str(a) for a in want.get("arguments") or []], str(app_mod.REPO))
+    mine = (want["command"], [str(a) for a in want.get("arguments") or []], str(REPO))
     if have != mine:
         log.warning("flame: application %s at %s is registered as `%s %s` (PYTHONPATH starting %s); from this checkout "
                     "it would be `%s %s` (%s). The run uses the registration as it is: if it is stale, register again "

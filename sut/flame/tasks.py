@@ -4,7 +4,7 @@ Every task has its own thread that waits on its watch (``ReplicaSession.await_te
 on one ``grpc.aio`` loop) and handles the outcome:
 
 * Succeed: the result (``sut.flame.payload``) must be the batch's (same batch id, same request ids
-  in order); each sample becomes a ``sut.core.messages.Completion`` (generated ids, the engine's
+  in order); each sample becomes a ``sut.messages.Completion`` (generated ids, the engine's
   cached prompt tokens and times) delivered for the replica **the result names** (the service's
   slot), so a result served by another replica than the one routed to fails the run in the
   dispatcher. A per-sample error (a prompt the engine cannot take) fails the run naming the
@@ -24,11 +24,11 @@ import threading
 import time
 from typing import Optional
 
-from sut.core.messages import Completion
 from sut.flame import payload as pl
 from sut.flame.endpoint import lost_cause
 from sut.flame.session import CANCELLED, LOST, SUCCEED, ReplicaSession
 from sut.flame.stats import FlameStats
+from sut.messages import Completion
 
 log = logging.getLogger("sut.flame.transport")
 
@@ -38,7 +38,7 @@ class Batch:
     """One batch of requests and the Flame task(s) that carry it (times: ``time.monotonic()`` s)."""
 
     batch_id: int
-    requests: list  # sut.core.messages.Request
+    requests: list  # sut.messages.Request
     data: bytes
     raw_bytes: int
     task_id: Optional[str] = None

@@ -35,20 +35,20 @@ import threading
 from pathlib import Path
 from typing import Optional, Sequence
 
-from sut.base import RunFailed
-from sut.core.messages import ReplicaRecord
-from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
-from sut.dataset import sha256_file
+from accuracy.dataset import sha256_file
+from sut.core.transport import Transport, TransportSpec, register_transport
+from sut.errors import RunFailed, TransportError
 from sut.exits import stopped_again
 from sut.flame.batcher import Batcher, check_fits
+from sut.flame.endpoint import connect
 from sut.flame.health import ExecutorHealth, executors_of, stuck_after_close
 from sut.flame.options import FlameOptions
 from sut.flame.service_config import make_common_data
-from sut.flame.endpoint import connect
 from sut.flame.session import ReplicaSession, ensure_app
 from sut.flame.stats import FlameStats
 from sut.flame.tasks import TaskTracker
 from sut.flame.warmup import Warmup
+from sut.messages import ReplicaRecord
 
 log = logging.getLogger("sut.flame.transport")
 
@@ -64,7 +64,7 @@ class FlameTransport(Transport):
         self.o: FlameOptions = spec.options if spec.options is not None else FlameOptions()
         self.per_engine = self.o.per_engine(spec.engine.max_num_seqs)
         self.allow_prefix_caching = bool(spec.allow_prefix_caching or self.o.allow_prefix_caching)
-        self.dataset = None  # sut.dataset.Dataset when the caller has one (payload fit check, indices mode)
+        self.dataset = None  # sut.data.dataset.Dataset when the caller has one (payload fit check, indices mode)
         self.counters = FlameStats(self.o.record_tasks)
         self.conn = None
         self.endpoint: Optional[str] = None
@@ -85,7 +85,7 @@ class FlameTransport(Transport):
         return self._stopped or self.fatal_event is not None
 
     def use_dataset(self, dataset) -> None:
-        """The run's ``sut.dataset.Dataset``: the start refuses a batch size whose longest prompts would not fit
+        """The run's ``sut.data.dataset.Dataset``: the start refuses a batch size whose longest prompts would not fit
         one Flame message, and ``payload=indices`` sends its path, hash and size to the services."""
         self.dataset = dataset
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from sut.base import RunFailed
+from sut.errors import RunFailed
 from sut.flame import payload as pl
 from sut.flame.endpoint import lost_cause
 from sut.flame.session import LOST, SUCCEED, ReplicaSession

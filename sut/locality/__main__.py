@@ -27,9 +27,9 @@ from pathlib import Path
 
 from sut.core.routing import model_revision
 from sut.core.transports.http_options import url_list
-from sut.engine import EngineError, EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
-from sut.base import InputError, RunFailed
-from sut.exits import BadInput, run_main, stop_on_sigterm_like_ctrl_c
+from sut.engine import EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
+from sut.errors import BadInput, EngineError, InputError, RunFailed
+from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
 from sut.locality.cli_args import _engine, _preset_overrides, _protocol, _routing, _trace_settings, add_commands
 from sut.locality.merge import build, write_merged

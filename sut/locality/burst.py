@@ -34,14 +34,14 @@ from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from sut.base import RunFailed
 from sut.core.dispatcher import Dispatcher
-from sut.core.messages import Completion, Request
 from sut.core.routing import Router
 from sut.core.transport import Transport
-from sut.ledger import SampleLedger
+from sut.errors import RunFailed
+from sut.ledger.sample import SampleLedger
 from sut.locality.study import RequestResult, raise_for_failures, validate_results
 from sut.locality.trace import TraceRequest, input_hash
+from sut.messages import Completion, Request
 
 
 class _Sample(NamedTuple):

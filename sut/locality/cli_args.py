@@ -9,14 +9,14 @@ import argparse
 import dataclasses
 import typing
 
-from sut.cli_flags import add_engine_flags, engine_defaults, engine_settings_from_args
 from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings
 from sut.engine import EngineSettings
 from sut.engine.settings import MAX_SEED
-from sut.exits import BadInput
+from sut.errors import BadInput
 from sut.locality.pairs import PairSettings
 from sut.locality.systems import SYSTEMS
 from sut.locality.trace import TRACE_PRESETS, TraceSettings
+from sut.settings.flags import add_engine_flags, engine_defaults, engine_settings_from_args
 
 _VERBOSE_HELP = ("debug logging, and vLLM's own output (its logs, warnings and the harmless 'Chat template warmup "
                  "failed' traceback) on the console instead of RUN/<case>/engine-N.log")

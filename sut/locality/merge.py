@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from accuracy.jsontext import JSONLinesError, parse_json, read_jsonl
-from sut.exits import BadInput
+from sut.errors import BadInput
 from sut.locality.case_schema import HEADER_CHECKS, problem
 from sut.locality.pairs import run_records
 from sut.locality.runner import HEADER, finish_record

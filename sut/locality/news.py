@@ -1,6 +1,6 @@
 """News-text documents and questions for synthetic-locality traces (``--text news``).
 
-Source: a cnn_eval-format JSON file (``sut/dataset.py``: a list of records with ``input``, the
+Source: a cnn_eval-format JSON file (``sut/data/dataset.py``: a list of records with ``input``, the
 article text, and ``tok_input``, the Llama 3 ids of the filled prompt template). Two ways to get ids:
 
 * **tokenizer** (``--tokenizer PATH``: an HF tokenizer folder or ``tokenizer.json``, loaded with
@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from accuracy.dataset import DatasetFileError, read_dataset_json
-from sut.dataset import DatasetError
+from sut.errors import DatasetError
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,7 @@ name ``sut run``'s flags (``--flame-endpoint``, ``--sut vllm-http``), which ``su
 
 from __future__ import annotations
 
-from sut.exits import BadInput
-
+from sut.errors import BadInput
 
 #: How the shared code's messages name a setting with `python -m sut run`'s flags -> this command's way to give it.
 OWN_FLAGS = (("--flame-endpoint / --option endpoint=", "--system-option flame.endpoint="),

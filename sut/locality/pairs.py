@@ -36,15 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from sut.base import RunFailed
-from sut.core.messages import FatalEvent, ReplicaRecord
 from sut.core.routing import AffinitySettings, make_router
 from sut.core.transport import Transport, TransportSpec
-from sut.engine import EngineError, EngineSettings, GenerationSettings
+from sut.engine import EngineSettings, GenerationSettings
+from sut.errors import EngineError, RunFailed
 from sut.locality import knob
 from sut.locality.burst import BurstSettings, run_burst
 from sut.locality.systems import System, build_transport
 from sut.locality.trace import TraceRequest
+from sut.messages import FatalEvent, ReplicaRecord
 
 log = logging.getLogger(__name__)
 

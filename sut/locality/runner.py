@@ -37,17 +37,25 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sut.run_record import version
+from sut.constants import REPO
 from sut.locality import NOTICE, RUN_SUFFIX
 from sut.locality.pairs import PairSettings, StudyContext, run_pairs, run_records
 from sut.locality.study import pair_report, plot_pair_report
 from sut.locality.systems import System
-from sut.locality.trace import (TraceRequest, TraceSettings, describe, input_hash, make_trace, shift_trace,
-                                trace_hash, warmup_shifts)
+from sut.locality.trace import (
+    TraceRequest,
+    TraceSettings,
+    describe,
+    input_hash,
+    make_trace,
+    shift_trace,
+    trace_hash,
+    warmup_shifts,
+)
+from sut.record.write import version
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
 #: Written by ``run`` before its first case: the run's settings (``run_header``), for merging.
 HEADER = "run_header.json"
 

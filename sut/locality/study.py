@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from sut.base import RunFailed
+from sut.errors import RunFailed
 from sut.locality.trace import TraceRequest, input_hash
 
 METRICS = ("requests_per_s", "output_tokens_per_s", "cached_share")

@@ -24,9 +24,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from sut.cli_flags import json_or_str
 from sut.core.transport import Transport, TransportSpec, make_transport, transport_class
 from sut.engine import settings_from_mapping
+from sut.settings.flags import json_or_str
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class SystemSpec:
 
 def check_flame(options) -> None:
     """The Flame system needs a control plane that answers (``ValueError`` saying how to get one)."""
-    from sut.base import RunFailed
+    from sut.errors import RunFailed
     from sut.flame.endpoint import check_control_plane
 
     try:

@@ -47,14 +47,14 @@ from typing import Optional, Sequence
 import aiohttp
 import numpy as np
 
-from sut.base import InputError
-from sut.core.messages import Completion, FirstToken, ReplicaRecord, Request
-from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
+from sut.core.transport import Transport, TransportSpec, register_transport
 from sut.core.transports import http_api as api
 from sut.core.transports import http_readback as readback
 from sut.core.transports import http_servers as servers
 from sut.core.transports.http_options import HttpOptions
-from sut.engine import EngineError, plan_engines
+from sut.engine import plan_engines
+from sut.errors import EngineError, ServerInputError, TransportError
+from sut.messages import Completion, FirstToken, ReplicaRecord, Request
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +62,6 @@ PROBE_TIMEOUT_S = 30.0  # read-back requests and the probe completion
 HEALTH_TIMEOUT_S = 30.0  # a /health answer slower than this fails the run
 CONNECT_TIMEOUT_S = 30.0
 _JSON = {"Content-Type": "application/json"}
-
-
-class ServerInputError(InputError, TransportError):
-    """A server URL the user gave does not answer, or serves another model (the CLI exits 2)."""
 
 
 def _describe(e: BaseException) -> str:

@@ -1,6 +1,6 @@
 """Options of the ``http`` transport (``--sut vllm-http``): ``HttpOptions``.
 
-Fields with their own ``python -m sut run`` flag declare it in their metadata (``sut.cli_flags``); the
+Fields with their own ``python -m sut run`` flag declare it in their metadata (``sut.settings.flags``); the
 others are ``--option KEY=VALUE``. ``urls`` takes a list or one comma-separated string and is kept as
 a tuple of base URLs (scheme and host checked, trailing ``/`` and ``/v1`` dropped).
 

@@ -46,8 +46,8 @@ from urllib.request import ProxyHandler, build_opener
 
 from sut.core.transports.http_options import RESERVED_SERVER_FLAGS, launcher_args, refuse_owned
 from sut.engine import EngineSettings, EngineSlot
-from sut.engine.handle import STARTING_TERM_WAIT_S
 from sut.engine.devices import cpu_name
+from sut.engine.handle import STARTING_TERM_WAIT_S
 from sut.engine.logs import start_log, with_log_tail
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,10 @@ import logging
 from dataclasses import dataclass
 from typing import Sequence
 
-from sut.core.messages import Completion, FirstToken, ReplicaRecord, Request
-from sut.core.transport import Transport, TransportError, TransportSpec, register_transport
-from sut.engine import EngineError, EnginePool
+from sut.core.transport import Transport, TransportSpec, register_transport
+from sut.engine import EnginePool
+from sut.errors import EngineError, TransportError
+from sut.messages import Completion, FirstToken, ReplicaRecord, Request
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,203 @@
+"""The sample ledger of the Server and Interactive scenarios: first tokens, then whole responses.
+
+LoadGen (6.0.17, ``use_token_latencies`` on, any scenario but Offline) needs, for every sample, one
+``FirstTokenComplete`` before its ``QuerySamplesComplete`` ("Attempted to record a sample latency
+before it's first token latency" otherwise); TTFT is counted from the query's scheduled time to that
+call, TPOT from it to the completion, divided by ``n_tokens - 1``. TEST06 then checks that the logged
+first-token ids are a prefix of the response.
+
+:class:`StreamingLedger` extends :class:`sut.ledger.sample.SampleLedger`:
+
+- ``first_tokens([(request id, first id)])`` queues one ``FirstTokenComplete`` call (each response:
+  one little-endian int32, ``n_tokens`` 1, its buffer alive until the call returns) on the same
+  long-lived completer thread as every ``QuerySamplesComplete``, so a sample's first token always
+  reaches LoadGen before its completion (one FIFO queue, one thread);
+- ``complete`` refuses (the run fails, every outstanding sample answered empty) a response whose
+  first id is not the reported first token, or that comes without one;
+- a sample answered empty after a failure gets an empty ``FirstTokenComplete`` first when it has
+  had none: LoadGen 6.0.17 in accuracy mode crashes the process (SIGSEGV, logging the first token
+  it never got) on a ``QuerySamplesComplete`` without one (tests/test_http_transport.py, the Server
+  accuracy run with an answer cut short);
+- (``issue`` after a failure answers the new samples empty at once, as every ledger does: in Server,
+  LoadGen keeps issuing queries after the run has failed);
+- per-sample latencies measured by the harness (from ``issue_queries`` to the first token reaching
+  the ledger, and from there to the whole response, per further token), summarised by
+  :meth:`latency_summary` for ``run.json`` next to LoadGen's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from sut.ledger.response import complete_samples, cut_at_first_eos, response_buffer
+from sut.ledger.sample import FAIL_CHUNK, SampleLedger, _Completer
+from sut.record.latency_trend import queue_trend
+
+log = logging.getLogger(__name__)
+
+
+def first_token_complete(results: Sequence[tuple[int, Optional[int]]]) -> None:
+    """Send first tokens to LoadGen in one ``FirstTokenComplete`` call.
+
+    Args:
+        results: ``(loadgen sample id, first generated id)`` pairs; ``None``: an empty first token
+            (0 bytes, ``n_tokens`` 0) for a sample answered empty after a failure.
+    """
+    import mlperf_loadgen as lg
+
+    buffers, responses = [], []  # buffers alive until FirstTokenComplete returns
+    for sample_id, first in results:
+        buf = response_buffer(np.asarray([] if first is None else [first], dtype=np.int32))
+        buffers.append(buf)
+        addr, nbytes = buf.buffer_info()
+        responses.append(lg.QuerySampleResponse(sample_id, addr, nbytes, 0 if first is None else 1))
+    lg.FirstTokenComplete(responses)
+    del buffers
+
+
+def _pct(values: list, q: float) -> Optional[float]:
+    return None if not values else float(np.percentile(np.asarray(values), q))
+
+
+class StreamingLedger(SampleLedger):
+    """A :class:`SampleLedger` that also reports first tokens (see the module docstring).
+
+    Extra counters: ``first_sent`` (samples whose ``FirstTokenComplete`` call returned), and the
+    harness's per-sample ``timings``: ``(issued, first token, done)`` times (``time.monotonic``) and output ids,
+    one tuple per answered sample (:meth:`latency_arrays` turns them into TTFT / TPOT / end-to-end seconds).
+
+    Args:
+        first_fn: sends ``[(loadgen sample id, first id)]`` to LoadGen (tests pass a recorder);
+            the other arguments as :class:`SampleLedger`.
+    """
+
+    def __init__(self, eos_ids: Iterable[int], progress: bool = True, complete_fn: Callable = complete_samples,
+                 fail_chunk: int = FAIL_CHUNK, first_fn: Callable = first_token_complete, first_id: int = 0):
+        super().__init__(eos_ids, progress=progress, complete_fn=complete_fn, fail_chunk=fail_chunk, first_id=first_id)
+        self._first_fn = first_fn
+        self._first: dict[int, int] = {}  # request id -> first id reported
+        self._first_sids: set[int] = set()  # LoadGen sample ids with a FirstTokenComplete queued, until answered
+        self._t_issue: dict[int, float] = {}
+        self._t_first: dict[int, float] = {}
+        self.first_sent = 0
+        self.timings: list[tuple[float, float, float, int]] = []
+
+    def _on_issued_locked(self, rid: int, now: float) -> None:
+        self._t_issue[rid] = now
+
+    def first_tokens(self, results: Sequence[tuple[int, int]]) -> None:
+        """Queue ``(request id, first generated id)`` pairs for ``FirstTokenComplete``.
+
+        A request that is unknown, already finished or already has its first token fails the run.
+        Results after a failure are dropped.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if self.error is not None:
+                return
+            send, bad = [], []
+            for rid, first in results:
+                entry = self._outstanding.get(rid)
+                if entry is None or rid in self._first:
+                    bad.append(rid)
+                    continue
+                self._first[rid] = int(first)
+                self._t_first[rid] = now
+                self._first_sids.add(entry[0])
+                send.append((entry[0], int(first)))
+            if send:
+                self._queued += 1
+                _Completer.submit(functools.partial(self._send_first, send))
+            if bad:
+                self._fail_locked(f"first token of request {bad[0]} reported twice, after its response, or for a "
+                                  "request never issued" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+
+    def _send_first(self, batch: list) -> None:
+        """On the completer thread: one ``FirstTokenComplete`` call for ``batch``."""
+        try:
+            self._first_fn(batch)
+        except Exception as e:  # noqa: BLE001 - LoadGen may not have these samples: the run fails
+            with self._lock:
+                if self.error is None:
+                    self._fail_locked(f"FirstTokenComplete failed for {len(batch)} sample(s): {e!r}")
+        finally:
+            with self._lock:
+                self.first_sent += len(batch)
+                self._batch_sent_locked()
+
+    def _answer_empty_locked(self, sample_ids: list) -> None:
+        """An empty first token for each sample that has had none, then the empty responses (one FIFO
+        queue: LoadGen gets them in that order)."""
+        firstless = [sid for sid in sample_ids if sid not in self._first_sids]
+        self._first_sids.difference_update(sample_ids)
+        for i in range(0, len(firstless), self._fail_chunk):
+            self._queued += 1
+            _Completer.submit(functools.partial(self._send_empty_first, firstless[i:i + self._fail_chunk]))
+        super()._answer_empty_locked(sample_ids)
+
+    def _send_empty_first(self, sample_ids: list) -> None:
+        """On the completer thread: one ``FirstTokenComplete`` of empty first tokens (not counted in
+        ``first_sent``); the run has failed already, so an error here is only logged."""
+        try:
+            self._first_fn([(sid, None) for sid in sample_ids])
+        except Exception:  # noqa: BLE001
+            log.exception("empty FirstTokenComplete for %d sample(s) failed", len(sample_ids))
+        finally:
+            with self._lock:
+                self._batch_sent_locked()
+
+    def complete(self, results: Sequence[tuple[int, np.ndarray]]) -> None:
+        """As :meth:`SampleLedger.complete`, after checking each response against its first token:
+        none reported, or a response that does not start with it, fails the run."""
+        now = time.monotonic()
+        with self._lock:
+            if self.error is not None:
+                return
+            for rid, ids, *_ in results:
+                if rid not in self._outstanding:
+                    continue  # the base class names it
+                first = self._first.pop(rid, None)
+                cut = cut_at_first_eos(ids, self.eos_ids)
+                if first is None:
+                    self._fail_locked(f"request {rid} finished without a first token (Server/Interactive need "
+                                      "FirstTokenComplete before the response)")
+                    return
+                if not len(cut) or int(cut[0]) != first:
+                    self._fail_locked(f"request {rid}: first token {first} was reported, but the response starts "
+                                      f"with {cut[:1].tolist()}")
+                    return
+                self._first_sids.discard(self._outstanding[rid][0])
+                t0, t1 = self._t_issue.pop(rid, None), self._t_first.pop(rid, None)
+                if t0 is not None and t1 is not None:
+                    self.timings.append((t0, t1, now, len(cut)))
+        super().complete(results)
+
+    def latency_arrays(self) -> dict[str, np.ndarray]:
+        """Per answered sample (seconds; one array each, same order): ``issued`` (monotonic time), ``ttft``,
+        ``e2e`` (issue to the whole response) and ``tpot`` (NaN for a one-token answer: it has no TPOT)."""
+        t = np.asarray(self.timings, dtype=float).reshape(-1, 4)
+        issued, first, done, n = t.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(n > 1, (done - first) / (n - 1), np.nan)
+        return {"issued": issued, "ttft": first - issued, "e2e": done - issued, "tpot": tpot}
+
+    def latency_summary(self, horizon_s: Optional[float] = None, ttft_limit_ms: Optional[float] = None,
+                        arrays: Optional[dict] = None) -> dict:
+        """The harness's per-sample TTFT / TPOT (ms): count, mean, p50, p90, p99, max; and ``ttft_trend``
+        (:func:`sut.record.latency_trend.queue_trend` projected to ``horizon_s`` against ``ttft_limit_ms``).
+        ``arrays``: :meth:`latency_arrays`, when the caller has them already."""
+        a = arrays if arrays is not None else self.latency_arrays()
+        out = {}
+        for name, vals in (("ttft_ms", a["ttft"]), ("tpot_ms", a["tpot"][np.isfinite(a["tpot"])])):
+            ms = (vals * 1e3).tolist()
+            out[name] = {"samples": len(ms), "mean": float(np.mean(ms)) if ms else None,
+                         "p50": _pct(ms, 50), "p90": _pct(ms, 90), "p99": _pct(ms, 99), "max": max(ms) if ms else None}
+        out["ttft_trend"] = queue_trend(a["issued"], a["ttft"], a["e2e"], horizon_s, ttft_limit_ms)
+        out["measured"] = ("harness: from issue_queries to the first token reaching the ledger (TTFT), then per further "
+                           "token to the whole response (TPOT); LoadGen's own figures are in loadgen")
+        return out

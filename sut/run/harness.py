@@ -1,0 +1,324 @@
+"""One LoadGen run end to end: settings → dataset → SUT → LoadGen → run record.
+
+``run_benchmark(RunSettings, EngineSettings, GenerationSettings, options)`` is what
+``python -m sut run`` calls. It checks the backend's options once (``SystemUnderTest.check_options``:
+the options object is what the backend gets and what ``run.json`` records), reads ``user.conf``
+once per process through ``TestSettings.FromConfig`` with the official model key and scenario
+(``sut.settings.loadgen``; it also loads the embedded MLPerf mlperf.conf), builds the QSL and the
+SUT, runs ``StartTestWithLogSettings`` on a helper thread (so Ctrl-C and engine death are noticed at
+once; ``sut.run.loadgen_watch``), and writes ``run.json`` next to LoadGen's logs (``sut.record.write``). A
+run that deviates from the official settings (quick mode, dataset subset, overridden duration or QPS,
+fixed output length, prefix caching, a backend's own reasons: ``SystemUnderTest.noncompliance_reasons``)
+is marked not compliant in the console, the folder name and the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import logging
+import shlex
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from sut import exits
+from sut.base import SUTContext, SystemUnderTest, get_sut
+from sut.constants import TEST06_AUDIT_CONFIG
+from sut.core import guard
+from sut.data.dataset import Dataset, load_dataset
+from sut.engine import EngineSettings, GenerationSettings, read_model_info
+from sut.errors import EngineError, InputError, RunFailed, ScenarioError
+from sut.record.gate import accuracy_gate_record, gate_preflight, rescore_command
+from sut.record.loadgen_log import parse_loadgen_detail
+from sut.record.test06 import test06_record
+from sut.record.write import initial_record, now_iso, streaming_latency_record, untested_vllm, write_record
+from sut.run.loadgen_watch import LoadGenObjects, interrupt_reason, run_loadgen
+from sut.scenarios import check_backend, resolve_scenario
+from sut.settings.loadgen import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
+from sut.settings.run import MODES, RunSettings  # noqa: F401 - re-exported
+
+log = logging.getLogger(__name__)
+
+
+def _run_dir(rs: RunSettings, compliant: bool) -> Path:
+    """Make the run folder; ``InputError`` if it exists or cannot be made (before anything starts)."""
+    name = rs.run_name or (f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{rs.sut}-{rs.scenario}-"
+                           f"{rs.compliance_test or rs.mode}")
+    if not compliant and "NOT-COMPLIANT" not in name:
+        name += "-NOT-COMPLIANT"
+    d = Path(rs.output_dir) / name
+    try:
+        d.mkdir(parents=True, exist_ok=False)
+    except FileExistsError as e:
+        raise InputError(f"run folder {e.filename} already exists (choose another --run-name)") from None
+    except OSError as e:
+        raise InputError(f"cannot create the run folder under --output-dir {rs.output_dir}: {e.strerror}") from None
+    return d
+
+
+def _check_backend(rs: RunSettings, es: EngineSettings, options: Any) -> tuple[type[SystemUnderTest], Any]:
+    """The backend class and its options object (parsed once here; an object passes through).
+
+    Raises ``InputError`` for an unknown SUT, bad options, a scenario the backend cannot run or
+    engines that cannot run on this host: all before the run folder exists.
+    """
+    try:
+        backend = get_sut(rs.sut)
+    except KeyError as e:
+        raise InputError(e.args[0]) from None
+    options = backend.check_options(options)
+    try:
+        check_backend(rs.sut, resolve_scenario(rs.scenario, rs.model_key))  # flame + Server: exit 2, nothing started
+    except ScenarioError as e:
+        raise InputError(str(e)) from None
+    try:  # the one guard, before the run folder (transports call it again when they start)
+        guard.check_settings(es.enable_prefix_caching, getattr(options, "allow_prefix_caching", False))
+    except guard.PrefixCachingError as e:
+        raise InputError(f"{e}; an experiment may pass --option allow_prefix_caching=true (the run is "
+                         "then not compliant)") from None
+    backend.check_engine(es)  # e.g. --device cuda without a GPU: exit 2 before the run folder exists
+    backend.preflight(options, es)  # e.g. a given vLLM server serves another model
+    return backend, options
+
+
+def _audit_config(rs: RunSettings) -> Optional[str]:
+    """The audit config in effect (``--audit-config``, TEST06's); ``InputError`` if it is missing."""
+    audit_config = rs.audit_config or (str(TEST06_AUDIT_CONFIG) if rs.compliance_test == "TEST06" else None)
+    if audit_config and not Path(audit_config).is_file():
+        raise InputError(f"audit config not found: {audit_config}")  # LoadGen would silently run without it
+    return audit_config
+
+
+def _noncompliance_reasons(gen: GenerationSettings, es: EngineSettings, audit_config: Optional[str],
+                           backend: type[SystemUnderTest], options: Any) -> list[str]:
+    """Why the run is not an MLPerf result, beyond its LoadGen settings (generation, audit config,
+    dummy weights, prefix caching, the backend's own reasons)."""
+    reasons = []
+    if gen.ignore_eos:
+        reasons.append("benchmark-only fixed output length (ignore_eos): outputs do not stop at EOS")
+    if gen.max_tokens != 128 or gen.min_tokens != 1:
+        reasons.append(f"max_tokens/min_tokens {gen.max_tokens}/{gen.min_tokens} differ from the reference 128/1")
+    if audit_config:
+        reasons.append(f"audit config {audit_config} in effect (a compliance test run, not a result)")
+    if es.load_format == "dummy":
+        reasons.append("dummy (random) weights (load_format dummy): a throughput figure, not the model under test")
+    if es.enable_prefix_caching:
+        reasons.append("prefix caching on: cross-query KV reuse is not allowed in MLPerf")
+    if getattr(options, "allow_prefix_caching", False):
+        reasons.append("option allow_prefix_caching=true: the engines may reuse KV across queries (experiments only)")
+    return reasons + list(backend.noncompliance_reasons(options))
+
+
+def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None):
+    """Everything a run checks before its folder exists: ``(backend class, options object, model info,
+    generation settings with the model's EOS ids, dataset)``; an accuracy run's gate tokenizer is checked too.
+
+    Raises ``InputError`` / ``DatasetError`` (bad input: nothing started, no run folder).
+    """
+    backend, options = _check_backend(rs, es, options)
+    try:
+        model = read_model_info(es.model)
+    except EngineError as e:  # an unusable model folder is bad input
+        raise InputError(str(e)) from None
+    if 0 < model.max_model_len_limit < es.max_model_len:  # vLLM would refuse it only once the engine starts
+        raise InputError(f"max_model_len {es.max_model_len} (flag --max-model-len, preset [engine] max_model_len) "
+                         f"exceeds the model's max_position_embeddings {model.max_model_len_limit} "
+                         f"({es.model}/config.json)")
+    if not gen.eos_token_ids:
+        gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
+    dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples)
+    gate_preflight(rs, es, dataset)  # the gate's tokenizer, references, prompt ids: bad input now, not after the run
+    return backend, options, model, gen, dataset
+
+
+def open_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any, model, dataset: Dataset,
+             reasons: list[str], command: Optional[str], audit_config: Optional[str]) -> tuple[Path, dict]:
+    """Make the run folder (``-NOT-COMPLIANT`` when ``reasons``), copy user.conf (and the preset, as
+    ``preset.toml``) there and write the first ``run.json`` (status ``running``); returns ``(run folder,
+    record)``. ``InputError`` if the folder exists."""
+    run_dir = _run_dir(rs, not reasons)
+    if reasons:
+        log.warning("THIS RUN IS NOT COMPLIANT: %s", "; ".join(reasons))
+    if Path("audit.config").exists() and not rs.audit_config:
+        log.warning("./audit.config exists but is ignored (pass --audit-config to use it)")
+    record = initial_record(rs, es, gen, options, model, dataset, reasons, command, audit_config, run_dir)
+    shutil.copy2(rs.user_conf, run_dir / "user.conf")
+    if rs.preset:
+        shutil.copy2(rs.preset, run_dir / "preset.toml")
+    write_record(run_dir, record)
+    return run_dir, record
+
+
+def mark_failed(record: dict, error: str) -> None:
+    """``status`` failed with ``error``. A failed run has no ``validity`` (null): LoadGen's word (often VALID:
+    samples answered empty count as completed) moves to ``loadgen_validity``, and ``samples_per_s`` /
+    ``tokens_per_s`` to ``loadgen_samples_per_s`` / ``loadgen_tokens_per_s``: not a measurement."""
+    record["status"] = "failed"
+    record["error"] = error
+    for key in ("validity", "samples_per_s", "tokens_per_s"):
+        if record.get(key) is not None:
+            record[f"loadgen_{key}"] = record[key]
+            record[key] = None
+
+
+def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
+    """A run still ``running`` when ``e`` ended it is recorded ``failed`` with the cause."""
+    if record.get("status") == "running":
+        mark_failed(record, record.get("error") or (interrupt_reason(e) if isinstance(e, KeyboardInterrupt)
+                                                    else f"{type(e).__name__}: {e}"))
+        record["finished"] = now_iso()
+        write_record(run_dir, record)
+
+
+def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None,
+                  command: Optional[str] = None) -> dict:
+    """Run one LoadGen test and return the run record (also written to ``run.json``).
+
+    ``options``: the backend's options object, or a mapping of its fields (parsed here, once);
+    ``command`` is the command line to record (the CLI passes its own); the run folder also keeps
+    a copy of the user.conf it read. (Several tests over one SUT start: ``sut.run.series``.)
+
+    Raises:
+        InputError / DatasetError: bad input (before any engine starts, no run folder left).
+        RunFailed / TransportError / EngineError: the run could not finish trustworthily; ``run.json``
+            still records why.
+    """
+    backend, options, model, gen, dataset = prepare_run(rs, es, gen, options)
+    ts, reasons = loadgen_test_settings(rs, len(dataset))
+    audit_config = _audit_config(rs)
+    reasons += _noncompliance_reasons(gen, es, audit_config, backend, options)
+    run_dir, record = open_run(rs, es, gen, options, model, dataset, reasons, command, audit_config)
+    try:
+        return _execute(rs, es, gen, backend, options, model, dataset, ts, audit_config, run_dir, record)
+    except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
+        record_failure(run_dir, record, e)
+        raise
+
+
+def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backend: type[SystemUnderTest],
+             options: Any, model, dataset: Dataset, ts, audit_config: Optional[str], run_dir: Path,
+             record: dict, make_sut=None, first_request_id: int = 0) -> dict:
+    """Start the SUT, run LoadGen, check and record (the body of ``run_benchmark``; ``record`` last).
+    ``make_sut(ctx)`` builds the SUT (default: ``backend(ctx)``); ``first_request_id``: its ledger's first id."""
+    ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress,
+                     scenario=rs.scenario, first_request_id=first_request_id,
+                     engine_log_dir=None if rs.engine_console else str(run_dir), run_dir=str(run_dir))
+    sut = (make_sut or backend)(ctx)
+    error, wall = _run_sut(sut, rs, dataset, ts, audit_config, run_dir, record)
+    error = _collect_results(sut, rs, run_dir, record, error, wall)
+    return _finish(rs, es, model, dataset, run_dir, record, error)
+
+
+def _run_sut(sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts, audit_config: Optional[str],
+             run_dir: Path, record: dict) -> tuple[Optional[str], Optional[float]]:
+    """Start the SUT, run LoadGen, stop the SUT (always). Returns ``(error or None, wall seconds of the
+    LoadGen test or None)``; start failures propagate (``run_benchmark`` records them)."""
+    import mlperf_loadgen as lg
+
+    objs = LoadGenObjects()
+    error: Optional[str] = None
+    try:
+        _start_sut(sut, record, run_dir)
+        error = run_loadgen(lg, sut, rs, dataset, ts, audit_config, run_dir, objs)
+    except KeyboardInterrupt as e:
+        error = interrupt_reason(e)
+    finally:
+        sut.stop()
+        sut.ledger.close()  # every queued answer sent and counted (backends close it too; this is idempotent)
+        objs.destroy(lg)
+        if not objs.returned:  # its C++ objects must not be destroyed under it: run_main ends with os._exit
+            exits.leave_without_cleanup("LoadGen's StartTest thread")
+    return error, (time.monotonic() - objs.t_start if objs.t_start else None)
+
+
+def _start_sut(sut: SystemUnderTest, record: dict, run_dir: Path) -> None:
+    """``sut.start()``; its engines (read-back args, devices, versions) go on disk before LoadGen starts."""
+    started = sut.start()
+    record.update(started)
+    engines = started.get("engines") or []
+    record["prefix_caching"] = {"enabled": any(e.get("enable_prefix_caching") for e in engines),
+                                "read_back_from_engines": bool(engines)}
+    if engines:
+        record["versions"].update(vllm=engines[0].get("vllm_version"), torch=engines[0].get("torch_version"))
+        record["devices"] = [e.get("device") for e in engines]
+        warning = untested_vllm(e.get("vllm_version") for e in engines)
+        if warning:
+            log.warning("%s", warning)
+            record.setdefault("warnings", []).append(warning)
+    write_record(run_dir, record)
+
+
+
+def _collect_results(sut: SystemUnderTest, rs: RunSettings, run_dir: Path, record: dict, error: Optional[str],
+                     wall: Optional[float]) -> Optional[str]:
+    """Ledger counts, LoadGen's results, latencies and throughput into ``record``; returns the run's
+    error (also one the ledger found: a sample never answered, or answered without a first token)."""
+    error = error or sut.ledger.error
+    led = sut.ledger
+    record.update(sut.record())
+    record["ledger"] = {"issued": led.issued, "completed": led.completed, "answered_empty": led.answered_empty,
+                        "output_tokens": led.output_tokens}
+    if error is None and led.completed != led.issued:
+        error = f"{led.issued - led.completed} issued sample(s) were never answered"
+    results = parse_loadgen_detail(run_dir / "mlperf_log_detail.txt")
+    record["loadgen"] = results
+    if hasattr(led, "first_sent"):  # Server / Interactive
+        record["ledger"]["first_tokens"] = led.first_sent
+        record["latency"] = streaming_latency_record(rs.scenario, rs.mode == "performance", results, led, run_dir)
+        if error is None and led.first_sent != led.completed:
+            error = f"{led.completed - led.first_sent} answered sample(s) got no first token"
+    record["wall_s"] = wall
+    if rs.mode == "performance":
+        record["validity"] = results.get("result_validity")
+        record["samples_per_s"] = results.get("result_samples_per_second", results.get("result_completed_samples_per_sec"))
+        record["tokens_per_s"] = results.get("result_tokens_per_second", results.get("result_completed_tokens_per_second"))
+    else:
+        record["validity"] = None
+        if wall:
+            record["samples_per_s"] = led.completed / wall
+            record["tokens_per_s"] = led.output_tokens / wall
+    record["finished"] = now_iso()
+    return error
+
+
+def _fail(run_dir: Path, record: dict, error: str, message: str) -> RunFailed:
+    """Record the run as failed with ``error`` (``mark_failed``); the ``RunFailed`` to raise says ``message``."""
+    mark_failed(record, error)
+    write_record(run_dir, record)
+    return RunFailed(f"{message} (record: {run_dir / 'run.json'})")
+
+
+def _finish(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_dir: Path, record: dict,
+            error: Optional[str]) -> dict:
+    """Fail the run on ``error``, else the checks after it (TEST06, the accuracy gate); ``run.json`` final."""
+    if error:
+        raise _fail(run_dir, record, error, error)
+    if rs.compliance_test == "TEST06":
+        t06 = record["test06"] = test06_record(rs, model, run_dir)
+        if not t06["passed"]:
+            raise _fail(run_dir, record, f"TEST06 failed: {t06}",
+                        f"TEST06 verification failed: {t06['verify_accuracy']!r} {t06.get('failures')}")
+    record["status"] = "ok"
+    if rs.mode == "accuracy" and rs.accuracy_gate:
+        try:
+            record["accuracy"] = accuracy_gate_record(rs, es, model, dataset, run_dir)
+        except KeyboardInterrupt as e:  # exit 130; run.json must not stay "running"
+            _gate_interrupted(rs, es, run_dir, record, e, getattr(model, "eos_token_ids", ()))
+            raise
+    write_record(run_dir, record)
+    return record
+
+
+def _gate_interrupted(rs: RunSettings, es: EngineSettings, run_dir: Path, record: dict, e: KeyboardInterrupt,
+                      eos_ids) -> None:
+    """A stop during the accuracy gate: the LoadGen run is complete (status stays ``ok``, so ``package`` takes it
+    once it is scored), its ``accuracy`` says the gate was interrupted, with the command that scores it."""
+    cmd = shlex.join(rescore_command(str(run_dir / "mlperf_log_accuracy.json"), str(rs.dataset),
+                                     str(rs.tokenizer or es.model), eos_ids, rs.max_samples))  # gate_tokenizer's
+    why = f"{interrupt_reason(e)} during the accuracy gate; the LoadGen run is complete: score it with {cmd}"
+    record["accuracy"] = {"skipped": why}
+    record["finished"] = now_iso()
+    write_record(run_dir, record)
+    log.error("%s", why)

@@ -1,0 +1,391 @@
+"""``python -m sut package``: the runs of one system, every scenario, as one submission tree.
+
+A closed datacenter Llama 3.1 8B submission needs **Offline plus Server or Interactive** (submission
+checker ``loader.py`` ``check_scenarios``: "missing ['(one of) Interactive or Server']"), the code
+under ``<division>/<submitter>/src/`` and ``<division>/<submitter>/systems/<system>.json`` (v6.0+).
+:func:`package_tree` groups the given run folders by the scenario their ``run.json`` records, lays
+each scenario out with :func:`sut.submission.scenario.lay_out_scenario` (which checks that the runs of
+one scenario describe the same engine, generation, model and dataset), checks that all scenarios ran
+on the same system (device kind, name and count, model config hash, dataset hash, generation
+settings), and writes::
+
+    <out>/<division>/<submitter>/
+        results/<system>/llama3.1-8b/{Offline,Server,Interactive}/...   (sut.package_scenario)
+        src/README.md                    harness commit, how to get the code, the exact commands
+        systems/<system>.json            template filled from run.json; FILL-IN fields are the user's
+        NOT-COMPLIANT.txt                only a rehearsal (--allow-noncompliant): every reason, of
+                                         every scenario and of the tree, in this one file
+
+Checker version: LoadGen 6.0.17 embeds the **v6.1** mlperf.conf RNG seeds, so a tree made with it
+passes the v6.1 submission checker (``--version v6.1``) and fails v6.0's seed check
+(:data:`CHECKER_VERSION`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from accuracy.jsontext import parse_json
+from accuracy.loadgen_log import NOT_MLPERF, locality_folder_why, not_mlperf
+from sut.constants import REPO
+from sut.errors import ComplianceError
+from sut.record.read import check_record, engines_used, read_json
+from sut.submission.files import flag_values, portable_command
+from sut.submission.scenario import (
+    BENCHMARK_NAMES,
+    DIVISIONS,
+    PackageSettings,
+    check_scenario,
+    lay_out_scenario,
+    scenario_root,
+    write_not_compliant,
+)
+
+log = logging.getLogger(__name__)
+
+#: The submission checker version a tree made with mlcommons-loadgen 6.0.17 targets.
+CHECKER_VERSION = "v6.1"
+CHECKER_NOTE = ("The tree targets the v6.1 submission checker (mlcommons/inference tools/submission/"
+                "submission_checker, --version v6.1): mlcommons-loadgen 6.0.17 embeds the v6.1 mlperf.conf RNG seeds, "
+                "so the tree passes v6.1's seed check and fails v6.0's.")
+#: Marker of a ``systems/<system>.json`` field that ``run.json`` cannot tell (the checker then fails on it).
+FILL_IN = "FILL-IN"
+#: Required fields of ``systems/<system>.json`` (submission checker ``constants.py``
+#: ``SYSTEM_DESC_REQUIRED_FIELDS``, v6.0 and v6.1).
+SYSTEM_FIELDS = (
+    "division", "submitter", "status", "system_name", "number_of_nodes", "host_processor_model_name",
+    "host_processors_per_node", "host_processor_core_count", "host_memory_capacity", "host_storage_capacity",
+    "host_storage_type", "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity",
+    "framework", "operating_system", "system_type", "other_software_stack", "host_processor_frequency",
+    "host_processor_caches", "host_memory_configuration", "host_processor_interconnect", "host_networking",
+    "host_networking_topology", "accelerator_frequency", "accelerator_host_interconnect", "accelerator_interconnect",
+    "accelerator_interconnect_topology", "accelerator_memory_configuration", "accelerator_on-chip_memories",
+    "cooling", "hw_notes", "sw_notes", "host_network_card_count", "system_type_detail",
+)
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """A request to lay out every scenario of one system.
+
+    Attributes:
+        out, system, submitter, division, allow_noncompliant: as in ``PackageSettings``.
+        performance_runs / accuracy_runs / test06_runs: run folders, any order; each run's
+            ``run.json`` says its scenario. Every scenario needs one performance and one accuracy
+            run (and, closed division, one TEST06 run).
+    """
+
+    out: str
+    system: str
+    submitter: str
+    performance_runs: tuple = ()
+    accuracy_runs: tuple = ()
+    test06_runs: tuple = ()
+    division: str = "closed"
+    allow_noncompliant: bool = False
+    repo: str = field(default=str(REPO), repr=False)
+
+    def __post_init__(self):
+        if self.division not in DIVISIONS:
+            raise ValueError(f"division must be one of {DIVISIONS}, got {self.division!r}")
+        if not self.performance_runs or not self.accuracy_runs:
+            raise ValueError("give at least one performance run and one accuracy run")
+
+    def check_run_folders(self) -> None:
+        """Raise ``ValueError`` naming the flag and the path for a run folder argument that does not exist, is
+        not a folder, holds no readable ``run.json``, is given twice, or is a run of another kind than its flag
+        asks for (bad input: ``python -m sut package`` exits 2 before it writes anything)."""
+        seen: dict[Path, str] = {}
+        for flag, folders in (("--performance", self.performance_runs), ("--accuracy", self.accuracy_runs),
+                              ("--test06", self.test06_runs)):
+            for f in folders:
+                why = _not_a_run_folder(Path(f), flag)
+                if why:
+                    raise ValueError(f"{flag} {f}: {why}")
+                key = Path(f).resolve()
+                if key in seen:
+                    raise ValueError(f"{flag} {f}: given twice (also {seen[key]})")
+                seen[key] = f"{flag} {f}"
+
+
+def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
+    """Why ``d`` is no ``python -m sut run`` folder of the kind ``flag`` takes (None: it may be one;
+    ``check_record`` reads its fields later)."""
+    if not d.exists():
+        return "does not exist"
+    if not d.is_dir():
+        return "is not a folder"
+    if not (d / "run.json").is_file():
+        return locality_folder_why(d) or "is not a run folder (no run.json)"
+    try:
+        rec = parse_json((d / "run.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"its run.json cannot be read as JSON ({e})"
+    if not_mlperf(rec):
+        return f"holds a synthetic-locality record as run.json: {NOT_MLPERF}"
+    return _role_mismatch(rec, flag) if isinstance(rec, dict) else None
+
+
+def _role_mismatch(rec: dict, flag: str) -> Optional[str]:
+    """Why a run (``rec``, its run.json) is not what ``flag`` takes: --performance a performance run without an audit
+    config, --accuracy an accuracy run, --test06 a TEST06 run (None: it is, or the fields are for check_record)."""
+    mode, rs = rec.get("mode"), rec.get("run_settings") if isinstance(rec.get("run_settings"), dict) else {}
+    test = rs.get("compliance_test")
+    kind = f"a {test} run" if test else f"{'an' if mode == 'accuracy' else 'a'} {mode} run" if isinstance(mode, str) \
+        else None
+    if kind is None:
+        return None
+    if flag == "--test06":
+        return None if test == "TEST06" else f"is {kind}, not a TEST06 run (--compliance-test TEST06)"
+    want = flag.lstrip("-")
+    return None if mode == want and not test else f"is {kind}, not {'an' if want == 'accuracy' else 'a'} {want} run"
+
+
+def _by_scenario(folders, role: str) -> dict[str, tuple[str, dict]]:
+    out: dict[str, tuple[str, dict]] = {}
+    for f in folders:
+        rec = check_record(read_json(Path(f) / "run.json", f"{role} run:"), Path(f) / "run.json")
+        scen = rec.get("scenario") or "Offline"
+        if scen in out:
+            raise ComplianceError(f"two {role} runs of the {scen} scenario: {out[scen][0]} and {f}")
+        out[scen] = (str(f), rec)
+    return out
+
+
+def _system_facts(rec: dict) -> dict:
+    used = engines_used(rec) or {}
+    return {"devices": used.get("devices"), "model": (rec.get("model") or {}).get("config_sha256"),
+            "dataset": (rec.get("dataset") or {}).get("sha256"), "generation": rec.get("generation"),
+            "benchmark": BENCHMARK_NAMES.get(rec.get("model_key"))}
+
+
+def _check_out_is_free(ts, perf: dict) -> None:
+    """``ValueError`` (bad input: exit 2, nothing written) when ``--out`` already holds the folder of one of these
+    scenarios (``perf``: ``{scenario: (folder, record)}``) for this system, e.g. from an earlier ``package`` into the
+    same ``--out``."""
+    taken = [str(d) for scen, (_, rec) in perf.items()
+             if (d := scenario_root(ts.out, ts.division, ts.submitter, ts.system,
+                                    str(BENCHMARK_NAMES.get(rec.get("model_key"))), scen)).exists()]
+    if taken:
+        raise ValueError(f"--out {ts.out} already holds {', '.join(taken)} (an earlier package?); give another "
+                         "--out or remove it")
+
+
+def _check_roles(perf: dict, acc: dict, t06: dict) -> None:
+    """Every scenario has its performance and its accuracy run (``{scenario: (folder, record)}`` each)."""
+    for scen in sorted(set(acc) | set(t06)):
+        if scen not in perf:
+            raise ComplianceError(f"{scen}: an accuracy or TEST06 run but no performance run")
+    for scen in perf:
+        if scen not in acc:
+            raise ComplianceError(f"{scen}: a performance run but no accuracy run")
+
+
+def _check_one_system(perf: dict) -> dict:
+    """The system facts of the first performance run; ``ComplianceError`` if another scenario's differ."""
+    first_scen = next(iter(perf))
+    ref = _system_facts(perf[first_scen][1])
+    for scen, (folder, rec) in perf.items():
+        facts = _system_facts(rec)
+        diff = sorted(k for k in ref if facts[k] != ref[k])
+        if diff:
+            raise ComplianceError(f"{scen} run {folder} ran on another system than the {first_scen} run: differs in "
+                                  + ", ".join(diff))
+    return ref
+
+
+def _tree_problems(ts: TreeSettings, scenarios: set, benchmark: Optional[str]) -> list[str]:
+    """Why the tree is not a complete closed datacenter submission (empty: it is, or it need not be)."""
+    problems = []
+    if ts.division != "closed" or (benchmark and benchmark.endswith("-edge")):
+        return problems
+    if "Offline" not in scenarios:
+        problems.append("a closed datacenter submission needs an Offline result")
+    if not {"Server", "Interactive"} & scenarios:
+        problems.append("a closed datacenter submission needs a Server or an Interactive result (the checker "
+                        "says: missing ['(one of) Interactive or Server'])")
+    return problems
+
+
+def _scenario_settings(ts: TreeSettings, scen: str, perf: dict, acc: dict, t06: dict,
+                       allow_noncompliant: bool) -> PackageSettings:
+    return PackageSettings(out=ts.out, system=ts.system, submitter=ts.submitter, performance_run=perf[scen][0],
+                           accuracy_run=acc[scen][0], test06_run=t06[scen][0] if scen in t06 else None,
+                           division=ts.division, allow_noncompliant=allow_noncompliant)
+
+
+def _scenario_problems(ts: TreeSettings, perf: dict, acc: dict, t06: dict) -> list[str]:
+    """Every scenario's reasons as a rehearsal lists them, each prefixed with its scenario; nothing is written
+    (a run that no rehearsal could lay out either raises ``ComplianceError`` at once)."""
+    return [f"{scen}: {p}" for scen in perf
+            for p in check_scenario(_scenario_settings(ts, scen, perf, acc, t06, True)).problems]
+
+
+def _lay_out_scenarios(ts: TreeSettings, perf: dict, acc: dict, t06: dict) -> list[str]:
+    """Every scenario's folder; the problems of their runs, each prefixed with its scenario. Scenario folders
+    written before a failure are removed again."""
+    written: list[Path] = []
+    problems: list[str] = []
+    try:
+        for scen in perf:
+            done = lay_out_scenario(_scenario_settings(ts, scen, perf, acc, t06, ts.allow_noncompliant))
+            written.append(done.root)
+            problems += [f"{scen}: {p}" for p in done.problems]
+    except BaseException:
+        for d in written:
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+    return problems
+
+
+def package_tree(ts: TreeSettings) -> Path:
+    """Lay the runs out as one tree and return ``<out>/<division>/<submitter>``. A rehearsal
+    (``allow_noncompliant``) gets one ``NOT-COMPLIANT.txt`` there, listing the tree's problems and every
+    scenario's (``<scenario>: <role> run: <reason>``); scenario folders get none.
+
+    Raises:
+        ComplianceError: a run is unusable (see ``sut.submission.scenario.check_scenario``), two runs claim
+            one role in one scenario, a scenario lacks its performance or accuracy run, scenarios
+            ran on different systems, or (unless ``allow_noncompliant``) a closed datacenter tree
+            lacks Offline or both Server and Interactive. Scenario folders written before a
+            failure are removed again.
+    """
+    perf = _by_scenario(ts.performance_runs, "performance")
+    acc = _by_scenario(ts.accuracy_runs, "accuracy")
+    t06 = _by_scenario(ts.test06_runs, "TEST06")
+    _check_roles(perf, acc, t06)
+    ref = _check_one_system(perf)
+    _check_out_is_free(ts, perf)
+    problems = _tree_problems(ts, set(perf), ref["benchmark"])
+    if not ts.allow_noncompliant:
+        problems += _scenario_problems(ts, perf, acc, t06)  # every reason at once, not one scenario's at a time
+        if problems:
+            raise ComplianceError("not a compliant submission (pass --allow-noncompliant only to rehearse the "
+                                  "layout):\n  " + "\n  ".join(problems))
+    root = Path(ts.out) / ts.division / ts.submitter
+    problems += _lay_out_scenarios(ts, perf, acc, t06)
+    runs = [(scen, role, group[scen][1]) for scen in perf
+            for role, group in (("performance", perf), ("accuracy", acc), ("TEST06", t06)) if scen in group]
+    write_src(root / "src", runs, Path(ts.repo))
+    systems = root / "systems"
+    systems.mkdir(parents=True, exist_ok=True)
+    (systems / f"{ts.system}.json").write_text(json.dumps(system_json(ts, next(iter(perf.values()))[1]), indent=2)
+                                               + "\n")
+    if problems:
+        write_not_compliant(root, problems)
+    log.info("submission tree written: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
+    return root
+
+
+def package_new_tree(ts: TreeSettings) -> Path:
+    """:func:`package_tree` for ``python -m sut package``: the run folder arguments are checked first
+    (``ValueError``, :meth:`TreeSettings.check_run_folders`), then ``ts.out`` is created (``OSError`` if it
+    cannot be); when anything fails after that, the folders this call created are removed again (a
+    failed command leaves no empty or partial ``--out`` behind)."""
+    ts.check_run_folders()
+    out = Path(ts.out).absolute()
+    made = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)  # what mkdir creates
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return package_tree(ts)
+    except BaseException:
+        if made is not None:  # every file under it is this call's
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+
+
+def _git(repo: Path, *args: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def write_src(src: Path, runs: list, repo: Path) -> Path:
+    """``src/README.md``: the harness commit (and whether the working tree had changes), how to get
+    the code, and the exact command of every run (paths made relative to the repository root)."""
+    commit = _git(repo, "rev-parse", "HEAD")
+    dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    remote = _git(repo, "config", "--get", "remote.origin.url")
+    src.mkdir(parents=True, exist_ok=True)
+    lines = ["# Harness source", "",
+             "MLPerf Inference Llama 3.1 8B on vLLM: `python -m sut run` (this repository's harness).", "",
+             f"- commit: `{commit or FILL_IN + ': not a git checkout'}`"
+             + (" (the working tree had uncommitted changes when this tree was made)" if dirty else ""),
+             f"- repository: {remote or FILL_IN + ': URL where reviewers can get this commit'}",
+             f"- {CHECKER_NOTE}", "",
+             "## Commands", "", "Run them from the repository root (paths inside it are relative to it).", ""]
+    cmds = [portable_command(rec["command"], repo)[0] if rec.get("command") else "(not recorded)" for _, _, rec in runs]
+    for (scen, role, _), cmd in zip(runs, cmds):
+        lines += [f"{scen} {role}:", "", "```", cmd, "```", ""]
+    extra = untracked_inputs(cmds, repo)
+    if extra:
+        lines += ["## Files the commands read that are not in the commit", "",
+                  *[f"- `{x}`" for x in extra], "",
+                  "A user.conf among them is in each scenario's `measurements/.../user.conf` (the copy the run read); "
+                  "publish the others with the code.", ""]
+    (src / "README.md").write_text("\n".join(lines))
+    return src
+
+
+def untracked_inputs(commands: list[str], repo: Path) -> list[str]:
+    """Values of ``--config`` / ``--user-conf`` / ``--audit-config`` / ``--tokenizer`` in ``commands`` (made
+    relative by ``portable_command``) that are files inside ``repo`` git does not track (e.g. ``my.user.conf``)."""
+    import shlex
+
+    found = []
+    for cmd in commands:
+        try:
+            toks = shlex.split(cmd)
+        except ValueError:
+            continue
+        for flag, _, value in flag_values(toks):
+            if flag in ("--config", "--user-conf", "--audit-config", "--tokenizer") and not value.startswith("/") \
+                    and (repo / value).exists() and value not in found:
+                found.append(value)
+    listed = _git(repo, "ls-files", "--", *found) if found else None
+    if listed is None:  # nothing to look up, or not a git checkout
+        return []
+    tracked = listed.splitlines()  # a folder (a tokenizer) is tracked when files under it are
+    return [x for x in found if not any(t == x or t.startswith(x.rstrip("/") + "/") for t in tracked)]
+
+
+def system_json(ts: TreeSettings, rec: dict) -> dict:
+    """``systems/<system>.json``: every required field; what ``run.json`` tells is filled in, the rest
+    is ``FILL-IN: ...`` (the checker rejects those until the user replaces them)."""
+    devices = rec.get("devices") or [e.get("device") or {} for e in rec.get("engines") or []]
+    gpus = {d.get("uuid") or d.get("slot") for d in devices if d.get("kind") == "cuda"}
+    names = sorted({d.get("name") for d in devices if d.get("kind") == "cuda" and d.get("name")})
+    v = rec.get("versions") or {}
+    host = rec.get("host_info") or {}
+    out = {k: f"{FILL_IN}: {k}" for k in SYSTEM_FIELDS}
+    out.update({
+        "division": ts.division, "submitter": ts.submitter, "system_name": ts.system, "number_of_nodes": 1,
+        "status": f"{FILL_IN}: available | preview | rdi", "system_type": "datacenter",
+        "accelerators_per_node": len(gpus), "accelerator_model_name": ", ".join(names) or "N/A",
+        "framework": f"vLLM {v.get('vllm')}, PyTorch {v.get('torch')}, mlcommons-loadgen {v.get('mlcommons-loadgen')}",
+        "other_software_stack": f"Python {v.get('python')}"
+        + (f", NVIDIA driver {host['gpu_driver']}" if host.get("gpu_driver") else "")
+        + (f", CUDA {v['cuda']}" if v.get("cuda") else ""),
+        "sw_notes": f"harness: python -m sut run --sut {rec.get('sut')}",
+    })
+    if host.get("os"):
+        out["operating_system"] = host["os"]
+    if host.get("cpu"):
+        out["host_processor_model_name"] = host["cpu"]
+    if host.get("cpu_count"):  # logical CPUs the run could use (a container's share): a hint, not the fact asked
+        out["host_processor_core_count"] = (f"{FILL_IN}: host_processor_core_count (physical cores per processor; "
+                                            f"the run saw {host['cpu_count']} logical CPUs)")
+    if not gpus:
+        for k in ("accelerator_memory_capacity", "accelerator_frequency", "accelerator_host_interconnect",
+                  "accelerator_interconnect", "accelerator_interconnect_topology",
+                  "accelerator_memory_configuration", "accelerator_on-chip_memories"):
+            out[k] = "N/A"
+    return out

@@ -1,0 +1,47 @@
+"""vLLM versions outside the tested ranges (sut.constants.TESTED_VLLM) are warned once, in the console and run.json."""
+
+from sut.constants import TESTED_VLLM
+from sut.record.write import untested_vllm
+
+
+def test_the_tested_releases_pass_without_a_warning():
+    assert untested_vllm(["0.26.0", "0.26.3", "0.32.0", "0.32.0+cpu", None]) is None
+    assert ("0.26.0", "0.27") in TESTED_VLLM and ("0.32.0", "0.33") in TESTED_VLLM
+
+
+def test_a_release_outside_every_range_is_named_once():
+    msg = untested_vllm(["0.33.0", "0.33.0", "0.26.0", "0.25.9"])
+    assert msg is not None and msg.startswith("vLLM 0.25.9, 0.33.0 is outside the versions")
+    assert msg.count("0.33.0") == 1 and "0.26.0 <= v < 0.27" in msg
+
+
+def test_the_upper_bound_is_exclusive():
+    assert untested_vllm(["0.27.0"]) is not None and untested_vllm(["0.26.99"]) is None
+
+
+class _Started:
+    """A SUT whose engines were read back with the given vLLM version (only ``start`` is called)."""
+
+    def __init__(self, version):
+        self.version = version
+
+    def start(self):
+        return {"engines": [{"vllm_version": self.version, "torch_version": "2.11.0", "device": {"kind": "cuda"},
+                             "enable_prefix_caching": False}]}
+
+
+def test_a_run_on_an_untested_vllm_is_warned_once_in_the_console_and_run_json(tmp_path, caplog):
+    import json
+
+    from sut.run.harness import _start_sut
+
+    record = {"versions": {}}
+    with caplog.at_level("WARNING", logger="sut.run.harness"):
+        _start_sut(_Started("0.33.0"), record, tmp_path)
+    on_disk = json.loads((tmp_path / "run.json").read_text())
+    assert on_disk["versions"]["vllm"] == "0.33.0" and len(on_disk["warnings"]) == 1
+    assert "vLLM 0.33.0 is outside" in on_disk["warnings"][0]
+    assert [r.message for r in caplog.records if "outside the versions" in r.message] == [on_disk["warnings"][0]]
+    record = {"versions": {}}
+    _start_sut(_Started("0.26.0"), record, tmp_path)
+    assert "warnings" not in json.loads((tmp_path / "run.json").read_text())
