@@ -14,7 +14,17 @@ or from the shell: ``python -m accuracy --accuracy-log ... --dataset ... --token
 from __future__ import annotations
 
 from accuracy.errors import AccuracyInputError, PunktDataMissingError, TokenizerNotFoundError
-from accuracy.gate import GateSettings, evaluate, run_gate
+
+_GATE = ("GateSettings", "evaluate", "run_gate")
+
+
+def __getattr__(name: str):
+    """The gate's names, imported on first use (``python -m accuracy`` checks its dependencies before numpy loads)."""
+    if name in _GATE:
+        from accuracy import gate
+
+        return getattr(gate, name)
+    raise AttributeError(f"module 'accuracy' has no attribute {name!r}")
 
 __all__ = [
     "AccuracyInputError",

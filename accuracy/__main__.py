@@ -3,6 +3,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
+if __name__ == "__main__":  # outside the project's environment: say how to enter it, not a traceback
+    _missing = [m for m in ("numpy", "nltk", "rouge_score", "transformers") if importlib.util.find_spec(m) is None]
+    if _missing:
+        print(f"error: {', '.join(_missing)} not installed for {sys.executable}: run `bash scripts/setup.sh` in the "
+              "repository, then `. .venv/bin/activate` (or call `.venv/bin/python -m accuracy ...`)", file=sys.stderr)
+        sys.exit(2)
+
 import argparse
 import logging
 import shlex
@@ -102,6 +112,15 @@ def _run_record(accuracy_log: str) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
+def _refuse_a_performance_run(accuracy_log: str, rec: dict | None) -> None:
+    """``UsageError`` first, before any question about the dataset or tokenizer, when the ``run.json`` beside the log
+    records a performance run (LoadGen logs no answers in performance mode: nothing to score)."""
+    if rec is not None and rec.get("mode") == "performance":
+        raise UsageError(f"{accuracy_log} belongs to a performance run ({Path(accuracy_log).parent / 'run.json'} mode "
+                         "\"performance\"): LoadGen logs no answers in that mode, so there is nothing to score. Score "
+                         "an accuracy run's log: python -m sut run --mode accuracy ... (same preset and model)")
+
+
 def _recorded_tokenizer(rec: dict | None) -> str | None:
     """The gate tokenizer a harness ``run.json`` records: the run's ``--tokenizer``, else its model folder."""
     rs, model = (rec or {}).get("run_settings"), (rec or {}).get("model") or {}
@@ -192,6 +211,7 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
     rec = _run_record(args.accuracy_log)
+    _refuse_a_performance_run(args.accuracy_log, rec)
     if args.dataset is None:
         _fill_from_run(args, rec)
     elif args.tokenizer is None:

@@ -49,7 +49,15 @@ class DatasetFileError(AccuracyInputError):
 
     def __init__(self, path: str | os.PathLike, reason: str):
         self.path, self.reason = str(path), reason
-        super().__init__(f"dataset {path}: {reason}")
+        where = f" ({WHERE_DATA})" if reason == NOT_FOUND else ""
+        super().__init__(f"dataset {path}: {reason}{where}")
+
+
+#: ``DatasetFileError.reason`` of a path that does not exist; its message then says where data comes from.
+NOT_FOUND = "file not found"
+#: Where datasets come from (docs/inputs.md): the official file and the demo's synthetic one.
+WHERE_DATA = ("the official one is MLCommons' cnn_eval.json, 13,368 samples (docs/inputs.md says how to download "
+              "it); a synthetic file for a try-out: python -m sut synthetic --out data.json")
 
 
 def _wide_encoding(head: bytes) -> str | None:
@@ -75,7 +83,7 @@ def read_dataset_json(path: str | os.PathLike) -> list:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise DatasetFileError(path, "file not found") from None
+        raise DatasetFileError(path, NOT_FOUND) from None
     except IsADirectoryError:
         raise DatasetFileError(path, "is a directory, not a cnn_eval JSON file") from None
     except PermissionError:
@@ -137,7 +145,7 @@ def load_gate_data(path: str | os.PathLike, max_samples: int | None = None) -> G
     try:
         records = read_dataset_json(path)
     except DatasetFileError as e:
-        hint = ": pass --dataset PATH/cnn_eval.json" if e.reason == "file not found" else ""
+        hint = ": pass --dataset PATH/cnn_eval.json" if e.reason == NOT_FOUND else ""
         raise AccuracyInputError(f"{e}{hint}") from None
     if max_samples is not None:
         if max_samples < 1 or max_samples > len(records):

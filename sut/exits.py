@@ -40,6 +40,25 @@ log = logging.getLogger("sut")
 DEFAULT_MESSAGES = {"failed": "{}", "bad_input": "{}", "interrupted": "interrupted ({})", "stopped": "stopped: {}"}
 
 
+#: What every command imports (pyproject.toml's dependencies; vLLM: scripts/setup.sh): checked before the first
+#: import of the project's modules, so that a command run outside the environment says how to enter it.
+REQUIRED_MODULES = ("numpy", "mlperf_loadgen", "flamepy", "transformers", "nltk", "rouge_score", "vllm")
+
+
+def require_environment(modules=REQUIRED_MODULES) -> None:
+    """Exit 2 with how to activate the project's environment when one of ``modules`` is not installed in this
+    Python (``python -m sut ...`` run with the system's ``python3``), instead of a ``ModuleNotFoundError``
+    traceback from deep inside an import. Uses ``importlib.util.find_spec``: nothing is imported."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"error: {', '.join(missing)} not installed for {sys.executable}: run the harness from its environment "
+              "(made by `bash scripts/setup.sh` in the repository, then `. .venv/bin/activate`, or call "
+              "`.venv/bin/python -m ...`)", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
 def exit_code(exc: BaseException) -> Optional[int]:
     """The exit code for ``exc``: 130 for ``KeyboardInterrupt``, else the ``exit_code`` attribute of the most
     specific class along its MRO that sets one (:mod:`sut.errors`), or None when none does."""

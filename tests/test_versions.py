@@ -45,3 +45,27 @@ def test_a_run_on_an_untested_vllm_is_warned_once_in_the_console_and_run_json(tm
     record = {"versions": {}}
     _start_sut(_Started("0.26.0"), record, tmp_path)
     assert "warnings" not in json.loads((tmp_path / "run.json").read_text())
+
+
+def test_a_preset_names_its_card_and_a_run_on_another_card_is_warned(tmp_path, caplog):
+    import json
+
+    from sut.cli import build_parser
+    from sut.run.harness import _start_sut
+    from sut.settings.from_args import settings_from_args
+
+    a = build_parser().parse_args(["run", "--config", "loadgen_configs/h100_fp8.toml", "--model", "m", "--dataset", "d"])
+    rs = settings_from_args(a)[0]
+    assert rs.tuned_on == "H100 80GB HBM3"
+    record = {"versions": {}, "run_settings": {"tuned_on": rs.tuned_on}}
+    on_h200 = _Started("0.26.0")
+    on_h200.start = lambda: {"engines": [{"vllm_version": "0.26.0", "device": {"kind": "cuda", "name": "NVIDIA H200"}}]}
+    with caplog.at_level("WARNING", logger="sut.run.harness"):
+        _start_sut(on_h200, record, tmp_path)
+    (warning,) = json.loads((tmp_path / "run.json").read_text())["warnings"]
+    assert warning.startswith("the preset was tuned on H100 80GB HBM3, this run's engines are on NVIDIA H200")
+    assert any(warning == r.message for r in caplog.records)
+    from sut.record.write import other_card
+
+    assert other_card("H100 80GB HBM3", [{"name": "NVIDIA H100 80GB HBM3"}]) is None
+    assert other_card(None, [{"name": "NVIDIA H200"}]) is None

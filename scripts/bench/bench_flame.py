@@ -36,11 +36,13 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
-for _p in (REPO, REPO / "scripts"):
+for _p in (REPO, REPO / "scripts" / "bench"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 from cpu_accounting import categories, cpu_times, foreign_cpu_s, proc_stat, wait_idle, window_cpu  # noqa: E402
 from fill_model import simulate_fill  # noqa: E402
+
+from sut.run.child import cpu_noise_note  # noqa: E402
 
 
 def _env() -> dict:
@@ -134,7 +136,7 @@ def run_one(name: str, sut_args: list[str], common: list[str], out_dir: Path, lo
            "validity": rec.get("validity"), "output_tokens": (rec.get("ledger") or {}).get("output_tokens"),
            "samples": (rec.get("ledger") or {}).get("completed"), "record": str(runs[-1]) if runs else None,
            "foreign_cpu_share": round(foreign / (wall * (os.cpu_count() or 1)), 4), "steal_share": round(steal, 4),
-           "loadgen_window_cpu_share": win.get("share")}
+           "loadgen_window_cpu_share": win.get("share"), "devices": rec.get("devices")}
     fl = rec.get("flame")
     if fl:
         res["flame"] = {k: fl.get(k) for k in ("executors", "executors_per_engine", "batch_size_distribution",
@@ -303,6 +305,9 @@ def summarize(configs: list, results: list[dict], foreign_cpu_max: float) -> dic
                      "ratio_to_standalone": ratio}
         print(f"{name:<12} {len(vals):>4}  {m:10.2f} {min(vals):8.2f} {max(vals):8.2f}   "
               f"{'' if ratio is None else f'{ratio:.4f}'}")
+    note = cpu_noise_note(results)
+    if note:
+        print(note)
     return out
 
 

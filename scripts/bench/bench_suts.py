@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without an install (GPU host)
 from sut.base import sut_names  # noqa: E402
-from sut.run.child import run_once, split_run_args  # noqa: E402
+from sut.run.child import cpu_noise_note, run_once, split_run_args  # noqa: E402
 
 log = logging.getLogger("bench_suts")
 
@@ -134,12 +134,13 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runs, width = [], max(10, *map(len, a.suts))
+    runs, records, width = [], [], max(10, *map(len, a.suts))
     for k, s in rounds_order(a.suts, a.rounds):
         name = f"{time.strftime('%H%M%S')}-{s}-r{k}"
         log.info("round %d %s: running (%s)", k, s, out / name)
         o = run_once([*run_args, *args_of[s]], out, name, a.timeout_s)
         rec = o.record or {}
+        records.append(rec)
         ok = o.rc == 0 and rec.get("validity") in ("VALID", None) and rec.get("tokens_per_s")
         runs.append({"round": k, "sut": s, "args": args_of[s], "ok": bool(ok), "rc": o.rc,
                      "tokens_per_s": rec.get("tokens_per_s"),
@@ -156,6 +157,9 @@ def main(argv=None) -> int:
         med, ratio = v["median_tokens_per_s"], v["ratio_to_" + a.suts[0]]
         log.info("%-*s median %s tok/s, ratio to %s %s (%d good run(s))", width, s,
                  "-" if med is None else f"{med:,.1f}", a.suts[0], "-" if ratio is None else f"{ratio:.4f}", v["runs"])
+    note = cpu_noise_note(records)
+    if note:
+        log.info("%s", note)
     log.info("runs and summary.json in %s", out)
     return 0 if all(r["ok"] for r in runs) else 1
 

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from accuracy.dataset import DatasetFileError, read_dataset_json, sha256_file
+from accuracy.dataset import NOT_FOUND, WHERE_DATA, DatasetFileError, read_dataset_json, sha256_file
 from sut.constants import OUTPUT_RESERVE
 from sut.errors import DatasetError
 
@@ -73,7 +73,7 @@ def _read_records(path: Path) -> list:
     try:
         return read_dataset_json(path)
     except DatasetFileError as e:
-        raise DatasetError(path, e.reason) from None
+        raise DatasetError(path, e.reason + (f" ({WHERE_DATA})" if e.reason == NOT_FOUND else "")) from None
 
 
 def validate_record(path: str | os.PathLike, index: int, rec: object, vocab_size: int, max_prompt_len: int) -> np.ndarray:

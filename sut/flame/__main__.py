@@ -6,6 +6,11 @@ Exit codes (``sut.exits``): 0 done, 1 failed (e.g. Flame cannot be reached), 2 b
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # outside the project's environment: say how to enter it before the imports below fail
+    from sut.exits import require_environment
+
+    require_environment()
+
 import argparse
 import logging
 import sys

@@ -361,14 +361,14 @@ def _check_args(a) -> Path:
         flamepy.ResourceRequirement.from_string(a.resreq)
     except ValueError as e:
         raise BadInput(f"error: --resreq {a.resreq!r}: {e} (e.g. cpu=1,mem=1g)") from None
+    bin_dir = find_bin_dir(a.flame_bin)
+    if bin_dir is None:  # checked before the work folder is made: a failed start leaves nothing behind
+        raise BadInput(f"error: no {FSM} and {FEM} in {a.flame_bin or default_bin_dir()}; pass --flame-bin or set "
+                       f"{BIN_ENV}")
     try:
         Path(a.workdir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BadInput(f"error: --workdir {a.workdir}: cannot create it ({e.strerror or e})") from None
-    bin_dir = find_bin_dir(a.flame_bin)
-    if bin_dir is None:
-        raise BadInput(f"error: no {FSM} and {FEM} in {a.flame_bin or default_bin_dir()}; pass --flame-bin or set "
-                       f"{BIN_ENV}")
     return bin_dir
 
 

@@ -18,6 +18,11 @@ engine starts; 130 Ctrl-C or SIGTERM (engines stopped; the run folder removed, u
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # outside the project's environment: say how to enter it before the imports below fail
+    from sut.exits import require_environment
+
+    require_environment()
+
 import argparse
 import json
 import logging

@@ -56,6 +56,19 @@ def untested_vllm(engine_versions) -> Optional[str]:
             "the run goes on; check its figures against a tested version")
 
 
+def other_card(tuned_on: Optional[str], devices) -> Optional[str]:
+    """A warning when ``devices`` (run.json ``devices``: dicts with ``name``) hold a device whose name does not
+    contain ``tuned_on`` (case-insensitive; the preset's ``[run] tuned_on``), else None."""
+    if not tuned_on:
+        return None
+    other = sorted({str(d.get("name")) for d in devices if isinstance(d, dict)
+                    and tuned_on.lower() not in str(d.get("name") or "").lower()})
+    if not other:
+        return None
+    return (f"the preset was tuned on {tuned_on}, this run's engines are on {', '.join(other)}: its engine settings "
+            "and user.conf targets may not fit this card (find the targets again: python -m sut find-qps)")
+
+
 def streaming_latency_record(scenario: str, timed: bool, results: dict, ledger, run_dir: Path) -> dict:
     """``run.json`` ``latency`` of a Server / Interactive run (``token_latencies``) from LoadGen's ``results`` and
     the streaming ``ledger``'s own figures, with the TTFT trend projected to LoadGen's 600 s against the

@@ -145,3 +145,16 @@ def split_run_args(argv: Optional[list[str]]) -> tuple[list[str], list[str]]:
         return argv, []
     i = argv.index("--")
     return argv[:i], argv[i + 1:]
+
+
+def cpu_noise_note(records) -> Optional[str]:
+    """The note printed under ratios measured on a CPU: ``records`` are run.json dicts (None entries skipped); a
+    note when any of them ran its engines on a CPU (``devices[].kind``), else None. On the 2-core machines of this
+    project's CI the same SUT's tokens/s varied 0.90-1.01 between runs (docs/benchmarks.md), so CPU ratios only show
+    that a path works; ratios worth quoting come from one GPU."""
+    kinds = {(d or {}).get("kind") for r in records if isinstance(r, dict) for d in (r.get("devices") or [])}
+    if "cpu" not in kinds:
+        return None
+    return (f"note: measured on a CPU ({os.cpu_count()} cores): run-to-run noise there is several % (0.90-1.01 seen "
+            "on 2 cores), so these ratios only show that each path works; quote ratios measured on one GPU")
+

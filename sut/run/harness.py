@@ -33,7 +33,8 @@ from sut.errors import EngineError, InputError, RunFailed, ScenarioError
 from sut.record.gate import accuracy_gate_record, gate_preflight, rescore_command
 from sut.record.loadgen_log import parse_loadgen_detail
 from sut.record.test06 import test06_record
-from sut.record.write import initial_record, now_iso, streaming_latency_record, untested_vllm, write_record
+from sut.record.write import (initial_record, now_iso, other_card, streaming_latency_record, untested_vllm,
+                              write_record)
 from sut.run.loadgen_watch import LoadGenObjects, interrupt_reason, run_loadgen
 from sut.scenarios import check_backend, resolve_scenario
 from sut.settings.loadgen import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
@@ -243,10 +244,11 @@ def _start_sut(sut: SystemUnderTest, record: dict, run_dir: Path) -> None:
     if engines:
         record["versions"].update(vllm=engines[0].get("vllm_version"), torch=engines[0].get("torch_version"))
         record["devices"] = [e.get("device") for e in engines]
-        warning = untested_vllm(e.get("vllm_version") for e in engines)
-        if warning:
-            log.warning("%s", warning)
-            record.setdefault("warnings", []).append(warning)
+        tuned_on = (record.get("run_settings") or {}).get("tuned_on")
+        for warning in (untested_vllm(e.get("vllm_version") for e in engines), other_card(tuned_on, record["devices"])):
+            if warning:
+                log.warning("%s", warning)
+                record.setdefault("warnings", []).append(warning)
     write_record(run_dir, record)
 
 

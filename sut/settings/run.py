@@ -58,6 +58,9 @@ class RunSettings:
             (``--verbose``) instead of ``<run>/engine-N.log``.
         preset: the preset TOML these settings came from (``--config``), copied into the run folder as
             ``preset.toml`` next to ``user.conf``; recorded only (the merged settings are in ``run.json``).
+        tuned_on: the accelerator a preset was tuned on (its ``[run] tuned_on``, e.g. ``"H100 80GB HBM3"``); a run
+            whose engines report a device name without it is warned (console and run.json ``warnings``): its
+            targets were found on another card. None: no claim.
     """
 
     sut: str
@@ -82,6 +85,7 @@ class RunSettings:
     progress: bool = True
     engine_console: bool = False
     preset: Optional[str] = None
+    tuned_on: Optional[str] = None
 
     def __post_init__(self):
         if self.mode not in MODES:
