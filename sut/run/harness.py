@@ -33,8 +33,7 @@ from sut.errors import EngineError, InputError, RunFailed, ScenarioError
 from sut.record.gate import accuracy_gate_record, gate_preflight, rescore_command
 from sut.record.loadgen_log import parse_loadgen_detail
 from sut.record.test06 import test06_record
-from sut.record.write import (initial_record, now_iso, other_card, streaming_latency_record, untested_vllm,
-                              write_record)
+from sut.record.write import initial_record, now_iso, other_card, streaming_latency_record, untested_vllm, write_record
 from sut.run.loadgen_watch import LoadGenObjects, interrupt_reason, run_loadgen
 from sut.scenarios import check_backend, resolve_scenario
 from sut.settings.loadgen import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
