@@ -255,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         log.error("interrupted (%s)", e.args[0] if e.args else "SIGINT, Ctrl-C")
         return EXIT_INTERRUPTED
+    except Exception as e:  # an error class that carries its exit code (the harness's own); others are bugs
+        code = getattr(type(e), "exit_code", None)
+        if not isinstance(code, int):
+            raise
+        log.error("accuracy gate: %s", e)
+        return code
     return EXIT_BAD_INPUT
 
 

@@ -17,6 +17,7 @@ import pytest
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, TINY_MODEL, sut_env
 
 from sut.errors import BadInput
+from sut.settings.from_args import settings_from_args
 
 DEEP = "[" * 100000 + "]" * 100000  # valid JSON, nested deeper than Python's recursion limit
 GOOD_RECORD = {"instruction": "x", "input": "y", "tok_input": [128000, 5, 6, 7], "output": "z"}
@@ -319,7 +320,7 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
     preset = tmp_path / "p.toml"
     preset.write_text('[run]\ndataset = "x.json"\nbogus = 1\n')
     with pytest.raises(BadInput, match=re.escape(f"error: {preset} [run]: unknown RunSettings field(s): bogus")):
-        cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", "m"]))
+        settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", "m"]))
 
 
 @pytest.mark.parametrize("table, flags, message", [
@@ -340,7 +341,7 @@ def test_a_bad_preset_value_names_the_preset_file_and_table(tmp_path, table, fla
     preset.write_text(table)
     argv = ["run", "--config", str(preset), "--model", "m", "--dataset", "x.json", *flags]
     with pytest.raises(BadInput) as e:
-        cli.settings_from_args(cli.build_parser().parse_args(argv))
+        settings_from_args(cli.build_parser().parse_args(argv))
     assert message.format(p=preset) in e.value.message and e.value.code == 2, e.value.message
     assert flags == [] or str(preset) not in e.value.message
 

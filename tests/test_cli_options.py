@@ -28,6 +28,8 @@ from sut.core.loadgen_sut import TransportSUT
 from sut.core.transport import register_transport
 from sut.errors import BadInput, InputError, RunFailed
 from sut.settings.flags import add_backend_flags, backend_options_from_args, option_flags
+from sut.settings.from_args import settings_from_args
+from sut.settings.parser import backend_options_classes
 
 #: What the recording backend saw (in this process): options given to check_options as a mapping, the
 #: object SUTContext.options held, the object the transport got.
@@ -134,7 +136,7 @@ def test_run_help_has_one_group_per_backend_with_its_flags(capsys):
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["run", "--help"])
     text = capsys.readouterr().out
-    classes = cli.backend_options_classes()
+    classes = backend_options_classes()
     assert classes["cli-recording"] is RecordingOptions and classes["cli-plain"] is None
     for name, ocls in classes.items():
         flags = option_flags(ocls) if ocls is not None else []
@@ -146,10 +148,10 @@ def test_run_help_has_one_group_per_backend_with_its_flags(capsys):
 def test_flame_flags_come_from_the_flame_options_dataclass():
     """--batch-size and friends are declared by the flame SUT's options dataclass (helper H2's metadata)."""
     pytest.importorskip("flamepy")
-    classes = cli.backend_options_classes()
+    classes = backend_options_classes()
     flags = {flag: name for flag, name, _ in option_flags(classes["flame"])}
     assert {"--batch-size", "--batch-window-ms", "--flame-endpoint"} <= set(flags)
-    opts = cli.settings_from_args(_parse("--sut", "flame", "--batch-size", "64"))[3]
+    opts = settings_from_args(_parse("--sut", "flame", "--batch-size", "64"))[3]
     assert isinstance(opts, classes["flame"]) and opts.batch_size == 64
 
 
@@ -160,7 +162,7 @@ def test_flags_preset_and_option_make_one_typed_object(tmp_path):
     PARSED.clear()
     a = _parse("--config", str(preset), "--rec-chunk", "5", "--rec-switch", "--option", "label=given",
                "--option", "no_flag=9", "--option", 'rec_note="12"')
-    opts = cli.settings_from_args(a)[3]
+    opts = settings_from_args(a)[3]
     assert isinstance(opts, RecordingOptions)
     assert (opts.rec_chunk, opts.rec_switch, opts.label, opts.no_flag, opts.rec_note) == (5, True, "given", 9, "12")
     assert PARSED == [{"rec_chunk": 5, "label": "given", "rec_switch": True, "no_flag": 9, "rec_note": "12"}]
@@ -320,7 +322,7 @@ def test_the_shipped_h200_fp8_preset_runs_interactive_with_the_prefill_chunk_its
     """h200_fp8.user.conf's Interactive 43.5 q/s was VALID over 600 s with 1,536 batched tokens a step (docs/benchmarks.md,
     2026-12-03); Offline and Server keep the preset's 8,192 and 512 sequence slots."""
     preset = str(REPO / "loadgen_configs" / "h200_fp8.toml")
-    es = {sc: cli.settings_from_args(_parse("--config", preset, "--scenario", sc))[1]
+    es = {sc: settings_from_args(_parse("--config", preset, "--scenario", sc))[1]
           for sc in ("Offline", "Server", "Interactive")}
     assert [(es[sc].max_num_seqs, es[sc].max_num_batched_tokens) for sc in ("Offline", "Server", "Interactive")] == \
         [(512, 8192), (512, 8192), (512, 1536)]
@@ -330,12 +332,12 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
     preset = tmp_path / "p.toml"
     preset.write_text(f'[engine]\nmodel = "{TINY_MODEL}"\nmax_num_seqs = 8\nmax_num_batched_tokens = 512\n'
                       '[engine.Interactive]\nmax_num_batched_tokens = 128\n[engine.Server]\nmax_num_seqs = 16\n')
-    es = {sc: cli.settings_from_args(_parse("--config", str(preset), "--scenario", sc))[1]
+    es = {sc: settings_from_args(_parse("--config", str(preset), "--scenario", sc))[1]
           for sc in ("Offline", "Server", "Interactive")}
     assert (es["Offline"].max_num_seqs, es["Offline"].max_num_batched_tokens) == (8, 512)
     assert (es["Server"].max_num_seqs, es["Server"].max_num_batched_tokens) == (16, 512)
     assert (es["Interactive"].max_num_seqs, es["Interactive"].max_num_batched_tokens) == (8, 128)
-    flag = cli.settings_from_args(_parse("--config", str(preset), "--scenario", "Interactive",
+    flag = settings_from_args(_parse("--config", str(preset), "--scenario", "Interactive",
                                          "--max-num-batched-tokens", "256"))[1]
     assert flag.max_num_batched_tokens == 256  # a flag beats both
     for table, message in (("[engine.server]\nmax_num_seqs = 16",

@@ -16,6 +16,7 @@ from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
 
 from sut import cli
 from sut.errors import BadInput
+from sut.settings.from_args import settings_from_args
 from sut.settings.run import QUICK_PERFORMANCE_SAMPLES, RunSettings
 
 #: LoadGen settings from mlperf.conf + user.conf (FromConfig: once per process), then one Offline test over a
@@ -60,16 +61,16 @@ def test_quick_fills_duration_and_query_count_unless_given():
 def test_the_quick_flag_and_a_preset_reach_run_settings(tmp_path):
     a = cli.build_parser().parse_args(["run", "--dataset", "x.json", "--model", str(TINY_MODEL), "--quick",
                                        "--min-duration-s", "20"])
-    rs = cli.settings_from_args(a)[0]
+    rs = settings_from_args(a)[0]
     assert rs.quick and rs.min_duration_s == 20 and rs.min_query_count == 1
     preset = tmp_path / "p.toml"
     preset.write_text('[run]\nquick = true\ndataset = "x.json"\n')
-    rs = cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model",
+    rs = settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model",
                                                                 str(TINY_MODEL)]))[0]
     assert rs.quick and rs.min_duration_s == 10.0 and rs.preset == str(preset)
     preset.write_text('[run]\npreset = "other.toml"\ndataset = "x.json"\n')
     with pytest.raises(BadInput, match=r"\[run\] preset is not a preset key"):
-        cli.settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", str(TINY_MODEL)]))
+        settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", str(TINY_MODEL)]))
 
 
 def test_a_quick_offline_run_issues_about_10_s_of_samples_not_the_whole_dataset():

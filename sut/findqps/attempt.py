@@ -77,11 +77,12 @@ def sut_run_settings(scenario: str, out: Path, run_args: list[str], min_duration
     ``--option``): ``(RunSettings, EngineSettings, GenerationSettings, options, command)``; each try draws the
     run's progress bar only when ``progress`` (and ``run_args`` has no ``--no-progress``). Bad input exits 2
     (argparse) or raises ``BadInput``."""
-    from sut import cli
+    from sut.settings.from_args import settings_from_args
+    from sut.settings.parser import parse_run_args
 
     args = [*run_args, "--scenario", scenario, "--min-duration-s", f"{min_duration_s:g}", "--min-query-count",
             str(min_query_count), "--output-dir", str(out), *([] if progress else ["--no-progress"])]
-    a = cli.build_parser().parse_args(["run", *args])
+    a = parse_run_args(args)
     a.argv = ["run", *args]
-    return (*cli.settings_from_args(a), "python -m sut find-qps (one process) = python -m sut " +
+    return (*settings_from_args(a), "python -m sut find-qps (one process) = python -m sut " +
             " ".join(shlex.quote(x) for x in a.argv) + " --target-qps QPS")
