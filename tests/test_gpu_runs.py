@@ -1,5 +1,5 @@
-"""scripts/bench/gpu_runs.sh's issue-14 steps without a GPU: a stand-in ``python3`` on PATH records every
-``python3 -m sut run`` / ``find_qps.py`` call (and runs any other python3 call for real), so the flags each
+"""scripts/bench/gpu_runs.sh's Server / Interactive steps without a GPU: a stand-in ``python3`` on PATH records every
+``python3 -m sut run`` / ``python3 -m sut find-qps`` call (and runs any other python3 call for real), so the flags each
 scenario gets, the search log names and ``CONFIRM=...=auto`` are checked as the script composes them."""
 import json
 import os
@@ -14,7 +14,7 @@ from conftest import REPO
 FAKE = """#!/usr/bin/env bash
 # a run whose --run-name is in FAKE_VALID prints LoadGen's VALID line, any other run LoadGen's INVALID one
 valid() { local a n; for a in "$@"; do [ "$n" = 1 ] && [[ " $FAKE_VALID " == *" $a "* ]] && return 0; n=; [ "$a" = --run-name ] && n=1; done; return 1; }
-case "$1" in -m|python -m sut find-qps) [ "$1" = -m ] && [ "$2" != sut ] || { echo "$*" >> "$CALLS"
+case "$1" in -m) [ "$2" != sut ] || { echo "$*" >> "$CALLS"
   if valid "$@"; then echo "Result is : VALID"; else echo "Result is : INVALID"; fi; exit ${FAKE_RC:-0}; } ;; esac
 exec {real} "$@"
 """
@@ -109,6 +109,19 @@ def test_confirm_runs_a_scenario_twice_with_each_entrys_own_flags(tmp_path):
     assert confs[0] != confs[1] and confs[1].read_text().rstrip().endswith("llama3_1-8b-interactive.Server.target_qps = 43")
     assert _flag(server, "--min-duration-s") == "120" and "--min-query-count" not in server  # Server: LoadGen's 100
     assert (tmp_path / "job" / "confirm-Interactive-41.console").exists()
+
+
+def test_preset_picks_the_cards_preset_and_user_conf(tmp_path):
+    """PRESET=h100_fp8: every run uses loadgen_configs/h100_fp8.toml and a copy of h100_fp8.user.conf whose own line
+    for the scenario gives way to the entry's target."""
+    out, calls = _run(tmp_path, "confirm", PRESET="h100_fp8", CONFIRM="Server=47")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (server,) = calls
+    assert _flag(server, "--config") == "loadgen_configs/h100_fp8.toml"
+    conf = Path(_flag(server, "--user-conf")).read_text().splitlines()
+    shipped = (REPO / "loadgen_configs" / "h100_fp8.user.conf").read_text().splitlines()
+    assert [ln for ln in conf if ln.startswith("llama3_1-8b.Server")] == ["llama3_1-8b.Server.target_qps = 47"]
+    assert "llama3_1-8b.Offline.target_qps = 50" in conf and "llama3_1-8b.Offline.target_qps = 50" in shipped
 
 
 def test_confirm_bisects_one_step_on_the_first_runs_verdict(tmp_path):
