@@ -328,6 +328,13 @@ def test_the_shipped_h200_fp8_preset_runs_interactive_with_the_prefill_chunk_its
         [(512, 8192), (512, 8192), (512, 1536)]
 
 
+def test_the_h100_preset_names_its_card_and_runs_interactive_with_1536_batched_tokens():
+    preset = str(REPO / "loadgen_configs" / "h100_fp8.toml")
+    rs, es, _, _ = settings_from_args(_parse("--config", preset, "--scenario", "Interactive"))
+    assert (rs.tuned_on, es.max_num_batched_tokens, es.max_num_seqs, es.quantization) == ("H100 80GB HBM3", 1536, 512, "fp8")
+    assert rs.user_conf == "loadgen_configs/h100_fp8.user.conf"
+
+
 def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engine_keys(tmp_path, capsys):
     preset = tmp_path / "p.toml"
     preset.write_text(f'[engine]\nmodel = "{TINY_MODEL}"\nmax_num_seqs = 8\nmax_num_batched_tokens = 512\n'

@@ -122,6 +122,14 @@ def test_the_shipped_h200_fp8_conf_gives_server_and_interactive_their_confirmed_
     assert _settings(scenario="Interactive", user_conf=str(conf), target_qps=40.0)["qps"] == 40.0
 
 
+def test_the_shipped_h100_fp8_conf_gives_each_scenario_its_confirmed_target():
+    """h100_fp8.user.conf: Server 49 q/s and Interactive 40 q/s (each 600 s VALID on one H100 80GB HBM3,
+    docs/results/h100_2026-12-06/)."""
+    conf = str(REPO / "loadgen_configs" / "h100_fp8.user.conf")
+    assert _settings(scenario="Server", user_conf=conf)["qps"] == 49.0
+    assert _settings(scenario="Interactive", user_conf=conf)["qps"] == 40.0
+
+
 def test_a_conf_keyed_for_another_run_with_more_than_targets_is_still_refused_with_target_qps(tmp_path):
     """Server lines setting max_async_queries / the sample count would be ignored by an Interactive run without a word."""
     from sut.errors import InputError
