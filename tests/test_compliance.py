@@ -67,6 +67,18 @@ def test_first_token_check_outside_offline(tmp_path):
     assert missing.first_token == "False"
 
 
+@pytest.mark.parametrize("first, passed", [([9, 8], True), ([9, 8, 7], True), ([9, 7], False), ([8, 8], False),
+                                           ([9, 8, 7, 6], False)],
+                         ids=["two-ids", "all-ids", "second-id-differs", "first-id-differs", "longer-than-data"])
+def test_first_token_check_compares_every_id_of_token_data(tmp_path, first, passed):
+    """``token_data`` may carry more than one id (a first chunk of several tokens): all of them must be a prefix
+    of ``data``, not only the first."""
+    log = write_log(tmp_path / "f.json", [dict(make_log_entry(0, [9, 8, 7]), token_data=encode_ids(first))])
+    res = verify_test06(log, "Server", EOS)
+    assert res.first_token == str(passed) and res.passed is passed
+    assert list(res.failures) == ([] if passed else ["qsl_idx 0: first-token ids are not a prefix of the response"])
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "not found"),
     ("{not json", "not valid JSON"),
