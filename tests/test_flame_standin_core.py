@@ -477,10 +477,11 @@ def test_storage_and_api_semantics(cluster, conn, stub):
 
         th = threading.Thread(target=raw_watch)
         th.start()
-        time.sleep(0.3)
+        assert cluster.wait_until(lambda: cluster.watchers("sem-1", t.id) == 1, 10), "the watch is waiting on the task"
         cluster.drop_session("sem-1")
         th.join(10)
-        assert got == {"msgs": []}
+        assert not th.is_alive() and got == {"msgs": []}
+        assert cluster.watchers("sem-1", t.id) == 0
 
         # DeleteSession: refused while tasks are open, then the session is gone.
         d = conn.create_session(SessionAttributes(application="echo"))
