@@ -5,13 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
+from flamepy.proto import types_pb2
 
-pytest.importorskip("flamepy")
-
-from flamepy.proto import types_pb2  # noqa: E402
-
-from sut.flame.health import ExecutorHealth  # noqa: E402
+from sut.flame.health import ExecutorHealth
 
 
 def _ex(state: str, session: str, node: str = "n1"):

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 
+import flamepy
 import pytest
-
-flamepy = pytest.importorskip("flamepy")
 
 from tests.test_flame_standin import _assert_exactly_once, _issue, _sut, dataset, lock_dir  # noqa: E402,F401
 

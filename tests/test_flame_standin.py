@@ -13,19 +13,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import flamepy
 import numpy as np
 import pytest
 
-flamepy = pytest.importorskip("flamepy")
-standin = pytest.importorskip("tests.flame_standin")
-
-from sut.base import RunFailed, SampleLedger, SUTContext  # noqa: E402
-from sut.dataset import Dataset  # noqa: E402
-from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
-from sut.flame import app as app_mod  # noqa: E402
-from sut.flame.client import FlameSUT  # noqa: E402
-from sut.response import cut_at_first_eos  # noqa: E402
-from tests.flame_doubles import fake_generate, fake_options  # noqa: E402
+from sut.base import RunFailed, SampleLedger, SUTContext
+from sut.dataset import Dataset
+from sut.engine import EngineSettings, GenerationSettings
+from sut.flame import app as app_mod
+from sut.flame.client import FlameSUT
+from sut.response import cut_at_first_eos
+from tests import flame_standin as standin
+from tests.flame_doubles import fake_generate, fake_options
 
 TINY = Path(__file__).resolve().parent.parent / "sut" / "models" / "tiny-llama3"
 EOS = (128001, 128008, 128009)

@@ -23,9 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # so that `tests.flame_standin` imports under plain `pytest` too
     sys.path.insert(0, str(ROOT))
 
-flamepy = pytest.importorskip("flamepy")
-grpc = pytest.importorskip("grpc")
-
+import flamepy  # noqa: E402,F401
+import grpc  # noqa: E402
 from flamepy import FlameError, FlameErrorCode, ResourceRequirement, SessionAttributes, SessionState, TaskState  # noqa: E402
 from flamepy.proto import frontend_pb2, frontend_pb2_grpc  # noqa: E402
 
