@@ -200,6 +200,21 @@ def test_judge_thresholds_and_per_sample_gen_len():
     assert sub["basis"] == "per-sample" and sub["ok"] and sub["reference"] == pytest.approx(8167644 / 13368 * 100, abs=1e-3)
 
 
+def test_judge_passes_a_rouge_score_of_exactly_99_percent_of_the_reference():
+    """The checker's rule is ``score >= 0.99 * reference``: the boundary itself passes, the float below it fails."""
+    import math
+
+    from accuracy.reference import Reference
+
+    ref = Reference("file", "test", {**{k: 100.0 for k in ROUGE_KEYS}, "gen_len": 1000}, None)
+    at = {**{k: 99.0 for k in ROUGE_KEYS}, "gen_len": 1000, "gen_num": 5}
+    v = judge(at, ref)
+    assert all(v[k]["ok"] and v[k]["min"] == 99.0 for k in ROUGE_KEYS), v
+    for k in ROUGE_KEYS:
+        below = judge({**at, k: math.nextafter(99.0, 0.0)}, ref)
+        assert [m for m in ROUGE_KEYS if not below[m]["ok"]] == [k]
+
+
 def test_reference_file_loading(tmp_path):
     p = tmp_path / "ref.json"
     p.write_text(json.dumps({"rouge1": "40.1", "rouge2": 16, "rougeL": 25.0, "rougeLsum": 36.0, "gen_len": 1000, "gen_num": 2, "x": 1}))
@@ -298,6 +313,22 @@ def test_passes_against_own_reference_file(gate, tmp_path, vocab, tok_dir, datas
     res = gate(perfect_log(vocab), reference=str(ref_path))
     assert res["passed"] and res["reasons"] == [] and not res["subset"]
     assert res["verdict"]["gen_len"]["basis"] == "total"
+
+
+def test_gate_passes_scores_at_exactly_99_percent_of_its_reference(gate, tmp_path, vocab):
+    """A reference whose 99 % is (in floating point, as the gate computes it) exactly the perfect log's 100.0:
+    the run passes; the next float up as reference fails it."""
+    import math
+
+    at = 101.01010101010101
+    assert 0.99 * at == 100.0 and 0.99 * math.nextafter(at, math.inf) > 100.0
+    gen_len = gate(perfect_log(vocab))["scores"]["gen_len"]
+    for ref_value, passed in ((at, True), (math.nextafter(at, math.inf), False)):
+        ref_path = tmp_path / f"ref-{passed}.json"
+        ref_path.write_text(json.dumps({**{k: ref_value for k in ROUGE_KEYS}, "gen_len": gen_len, "gen_num": 5}))
+        res = gate(perfect_log(vocab), reference=str(ref_path))
+        assert [res["scores"][k] for k in ROUGE_KEYS] == [100.0] * 4
+        assert res["passed"] is passed and all(res["verdict"][k]["ok"] is passed for k in ROUGE_KEYS), res["verdict"]
 
 
 def test_scores_match_manual_pipeline(gate, vocab):

@@ -107,7 +107,7 @@ def test_nltk_split_equals_punkt_on_real_summaries(records):
 def test_hf_tokenizer_json_folder_decodes_like_tiktoken(tmp_path, records, llama3):
     """A model folder carrying only an HF tokenizer.json (+ config) of Llama 3 decodes exactly like
     the tiktoken loader, clean-up included (tokenizer.json converted here from tokenizer.model)."""
-    converter = pytest.importorskip("transformers.convert_slow_tokenizer")
+    import transformers.convert_slow_tokenizer as converter
     from tokenizers import AddedToken
 
     from accuracy.constants import LLAMA3_PATTERN

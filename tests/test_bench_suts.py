@@ -60,7 +60,7 @@ def test_bad_variants_are_refused(suts, variants, extras, error):
         bench_suts.entry_args(suts, variants, extras)
 
 
-def test_main_runs_each_label_with_its_args_in_rotation_and_labels_the_summary(tmp_path, monkeypatch):
+def test_main_runs_each_label_with_its_args_in_rotation_and_labels_the_summary(tmp_path, monkeypatch, capsys):
     calls = []
 
     def fake_run_once(run_args, out, name, timeout_s):
@@ -77,8 +77,11 @@ def test_main_runs_each_label_with_its_args_in_rotation_and_labels_the_summary(t
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["entry_args"]["vllm-http+stats"] == ["--sut", "vllm-http", "--server-log-stats"]
     assert summary["summary"]["vllm-http+stats"]["ratio_to_vllm-http"] == round(100 / 99, 4)
-    with pytest.raises(SystemExit):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ei:  # a usage error: exit 2, the reason on stderr
         bench_suts.main(["--suts", "a", "--out", str(tmp_path), "--", "--sut", "vllm"])
+    assert ei.value.code == 2
+    assert "the run args after -- must not name --sut (give it with --suts / --variant)" in capsys.readouterr().err
 
 
 def test_sigterm_is_taken_as_ctrl_c_so_the_run_in_its_own_session_is_stopped(monkeypatch):

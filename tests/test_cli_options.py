@@ -147,7 +147,7 @@ def test_run_help_has_one_group_per_backend_with_its_flags(capsys):
 
 def test_flame_flags_come_from_the_flame_options_dataclass():
     """--batch-size and friends are declared by the flame SUT's options dataclass (helper H2's metadata)."""
-    pytest.importorskip("flamepy")
+    import flamepy  # noqa: F401 (a required dependency: missing, the test fails)
     classes = backend_options_classes()
     flags = {flag: name for flag, name, _ in option_flags(classes["flame"])}
     assert {"--batch-size", "--batch-window-ms", "--flame-endpoint"} <= set(flags)
@@ -298,7 +298,7 @@ def test_unmapped_exceptions_keep_their_traceback():
 
 
 def test_a_flame_flag_with_the_standalone_sut_is_refused_naming_its_backend(tmp_path, capsys):
-    pytest.importorskip("flamepy")
+    import flamepy  # noqa: F401 (a required dependency: missing, the test fails)
     rc = cli.main(["run", "--dataset", "x.json", "--model", str(TINY_MODEL), "--output-dir", str(tmp_path),
                    "--sut", "vllm", "--batch-size", "64"])
     assert rc == 2 and "--batch-size belongs to --sut flame" in capsys.readouterr().err

@@ -68,6 +68,18 @@ def test_first_token_check_outside_offline(tmp_path):
     assert missing.first_token == "False"
 
 
+@pytest.mark.parametrize("first, passed", [([9, 8], True), ([9, 8, 7], True), ([9, 7], False), ([8, 8], False),
+                                           ([9, 8, 7, 6], False)],
+                         ids=["two-ids", "all-ids", "second-id-differs", "first-id-differs", "longer-than-data"])
+def test_first_token_check_compares_every_id_of_token_data(tmp_path, first, passed):
+    """``token_data`` may carry more than one id (a first chunk of several tokens): all of them must be a prefix
+    of ``data``, not only the first."""
+    log = write_log(tmp_path / "f.json", [dict(make_log_entry(0, [9, 8, 7]), token_data=encode_ids(first))])
+    res = verify_test06(log, "Server", EOS)
+    assert res.first_token == str(passed) and res.passed is passed
+    assert list(res.failures) == ([] if passed else ["qsl_idx 0: first-token ids are not a prefix of the response"])
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "not found"),
     ("{not json", "not valid JSON"),
@@ -184,15 +196,30 @@ def settings(tmp_path, perf, acc, t06, **kw):
                            accuracy_run=str(acc), test06_run=str(t06) if t06 else None, **kw)
 
 
+LAYOUT_FILES = ("performance/run_1/mlperf_log_summary.txt", "performance/run_1/mlperf_log_detail.txt",
+                "accuracy/mlperf_log_summary.txt", "accuracy/mlperf_log_detail.txt", "accuracy/accuracy.txt",
+                "accuracy/mlperf_log_accuracy.json", "TEST06/verify_accuracy.txt",
+                "TEST06/accuracy/mlperf_log_accuracy.json", "user.conf", "measurements.json", "README.md")
+
+
+def assert_laid_out(root: Path, out: Path, perf: Path, acc: Path, t06: Path) -> None:
+    """``root`` is the compliant Offline folder of ``settings(...)`` under ``out``, holding these runs' files."""
+    assert root == out / "closed" / "Org" / "results" / "1xH200_vllm" / "llama3.1-8b" / "Offline"
+    for f in LAYOUT_FILES:
+        assert (root / f).is_file(), f
+    for run, names, into in ((perf, ("mlperf_log_summary.txt", "mlperf_log_detail.txt"), "performance/run_1"),
+                             (acc, ("mlperf_log_accuracy.json", "accuracy.txt", "mlperf_log_summary.txt"), "accuracy"),
+                             (t06, ("mlperf_log_accuracy.json",), "TEST06/accuracy")):
+        for n in names:
+            assert (root / into / n).read_bytes() == (run / n).read_bytes(), f"{into}/{n}"
+    assert (root / "TEST06" / "verify_accuracy.txt").read_text().endswith("TEST06 verification complete\n")
+    assert not (root / "NOT-COMPLIANT.txt").exists()
+
+
 def test_package_lays_out_the_checker_paths(tmp_path, runs):
     perf, acc, t06 = runs
     root = package(settings(tmp_path, perf, acc, t06))
-    assert root == tmp_path / "sub" / "closed" / "Org" / "results" / "1xH200_vllm" / "llama3.1-8b" / "Offline"
-    for f in ("performance/run_1/mlperf_log_summary.txt", "performance/run_1/mlperf_log_detail.txt",
-              "accuracy/mlperf_log_summary.txt", "accuracy/mlperf_log_detail.txt", "accuracy/accuracy.txt",
-              "accuracy/mlperf_log_accuracy.json", "TEST06/verify_accuracy.txt",
-              "TEST06/accuracy/mlperf_log_accuracy.json", "user.conf", "measurements.json", "README.md"):
-        assert (root / f).is_file(), f
+    assert_laid_out(root, tmp_path / "sub", perf, acc, t06)
     assert (root / "performance/run_1/mlperf_log_detail.txt").read_text() == (perf / "mlperf_log_detail.txt").read_text()
     assert (root / "accuracy/mlperf_log_detail.txt").read_text() == (acc / "mlperf_log_detail.txt").read_text()
     assert (root / "performance/run_1/mlperf_log_summary.txt").read_text() == "perf mlperf_log_summary.txt\n"
@@ -271,7 +298,7 @@ def test_package_compares_the_model_by_config_and_reads_a_rescore(tmp_path, runs
     with pytest.raises(ComplianceError, match="rouge2 low after re-score"):
         package(settings(tmp_path, perf, rel, t06))
     (rel / "accuracy.json").write_text(json.dumps(gate_result(True, log=rel / "mlperf_log_accuracy.json")))
-    assert package(settings(tmp_path, perf, rel, t06)).is_dir()
+    assert_laid_out(package(settings(tmp_path, perf, rel, t06)), tmp_path / "sub", perf, rel, t06)
     other = make_run(tmp_path / "oth", "acc", "accuracy", model={"path": "/m", "config_sha256": "zzz", "eos_token_ids": []})
     with pytest.raises(ComplianceError, match="config_sha256"):
         package(settings(tmp_path / "x", perf, other, t06))
@@ -443,7 +470,7 @@ def test_package_compares_the_engine_that_ran_not_how_it_was_asked_for(tmp_path)
     acc = make_run(runs, "acc", "accuracy", engine_settings=dict(ENGINE, device="cpu", dtype="float32"),
                    engines=read_back())
     t06 = make_test06_run(runs, engine_settings=dict(ENGINE, device="cpu", dtype="auto"), engines=read_back())
-    assert package(settings(tmp_path, perf, acc, t06)).is_dir()
+    assert_laid_out(package(settings(tmp_path, perf, acc, t06)), tmp_path / "sub", perf, acc, t06)
     for i, (engines, message) in enumerate((
             (read_back(max_num_seqs=512), "engine_args.max_num_seqs 256 vs 512"),
             (read_back("cuda"), "devices"),

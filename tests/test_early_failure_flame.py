@@ -16,15 +16,14 @@ import sys
 import tempfile
 import time
 
+import flamepy
 import psutil
 import pytest
 from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
 
-flamepy = pytest.importorskip("flamepy")
-standin = pytest.importorskip("tests.flame_standin")
-
-from sut.flame import app as app_mod  # noqa: E402
-from tests.flame_doubles import fake_options  # noqa: E402
+from sut.flame import app as app_mod
+from tests import flame_standin as standin
+from tests.flame_doubles import fake_options
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

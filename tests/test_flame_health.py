@@ -5,13 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
+from flamepy.proto import types_pb2
 
-pytest.importorskip("flamepy")
-
-from flamepy.proto import types_pb2  # noqa: E402
-
-from sut.flame.health import ExecutorHealth  # noqa: E402
+from sut.flame.health import ExecutorHealth
 
 
 def _ex(state: str, session: str, node: str = "n1"):
@@ -26,6 +22,7 @@ def _node(name: str, state: str):
 class Conn:
     def __init__(self):
         self.executors, self.nodes, self.fail = [], [], False
+        self.sessions = ["s0", "s1"]
 
     def list_executors(self):
         if self.fail:
@@ -34,6 +31,9 @@ class Conn:
 
     def list_nodes(self):
         return self.nodes
+
+    def list_sessions(self):
+        return [SimpleNamespace(id=s) for s in self.sessions]
 
 
 def _health(conn, inflight):
@@ -65,4 +65,22 @@ def test_no_live_executor_twice_running_loses_the_replica_but_idle_or_unreachabl
     assert replica == 1 and "0 live executor(s) listed" in msg
     h2 = _health(conn, [0, 0])  # nothing in flight: an executor released after delay_release is no loss
     conn.executors = []
+    assert h2.check() is None and h2.check() is None and h2.check() is None
+
+
+def test_a_session_flame_no_longer_lists_twice_running_loses_the_replica_though_its_executor_looks_bound():
+    """Flame v0.6.0 (storage none) drops a session whose application is unregistered and keeps its executor
+    Bound to it: only the session listing shows the loss."""
+    conn, inflight = Conn(), [2, 0]
+    h = _health(conn, inflight)
+    conn.executors = [_ex("Bound", "s0"), _ex("Bound", "s1")]
+    conn.sessions = ["s1"]
+    assert h.check() is None  # one listing without it is no proof
+    conn.sessions = ["s0", "s1"]
+    assert h.check() is None  # listed again: the count starts over
+    conn.sessions = []
+    assert h.check() is None
+    replica, msg = h.check()
+    assert replica == 0 and msg.startswith("session s0 (replica 0) is gone: Flame no longer lists it while 2 task(s) ran")
+    h2 = _health(conn, [0, 0])  # nothing in flight: a session gone after the run's tasks is no loss here
     assert h2.check() is None and h2.check() is None and h2.check() is None

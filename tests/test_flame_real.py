@@ -1,15 +1,16 @@
-"""Faults that only the real Flame v0.6.0 control plane can show: the session manager killed in the middle
-of a run (fake engine; the shared fault tests run on both control planes in test_flame_standin.py)."""
+"""Faults on the real Flame v0.6.0 control plane that the stand-in cannot show the same way: a manager killed in
+the middle of a run, a session dropped under a run (the stand-in's ``drop_session`` ends the watch streams; the
+real one keeps them open), a session too large for the node, a close during the engine start (fake engine; the
+shared fault tests run on both control planes in test_flame_standin.py)."""
 
 from __future__ import annotations
 
 import time
 
+import flamepy
 import pytest
 
-flamepy = pytest.importorskip("flamepy")
-
-from tests.test_flame_standin import _assert_exactly_once, _issue, _sut, dataset, lock_dir  # noqa: E402,F401
+from tests.test_flame_standin import _assert_exactly_once, _issue, _sid, _sut, dataset, lock_dir  # noqa: F401
 
 pytestmark = pytest.mark.realflame
 
@@ -119,3 +120,34 @@ def _start_expecting_failure(sut):
     except Exception as e:  # noqa: BLE001 - the warm-up fails once its session is closed
         return str(e)
     return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aio_watch", [True, False], ids=["aio-watch", "flamepy-watch"])
+def test_lost_session_fails_the_run(real_flame_factory, dataset, lock_dir, aio_watch):  # noqa: F811
+    """The real twin of the stand-in's lost-session test: with storage ``none``, Flame v0.6.0 lets the run's
+    application be unregistered under its open session and drops that session from memory. Unlike the stand-in's
+    ``drop_session``, the watch streams never end and the executor stays Bound to the lost session: only the
+    health check's session listing sees it (without it the run waited for its stall limit). The run fails within
+    seconds, saying so, every issued sample is answered once, and the stop does not wait for the lost tasks."""
+    cluster = real_flame_factory()
+    sut, answers = _sut(cluster, dataset, lock_dir, step_s=1.0, aio_watch=aio_watch, health_check_s=1.0)
+    try:
+        sut.start()
+        samples = _issue(sut, dataset, 16)
+        time.sleep(0.5)
+        conn = flamepy.connect(cluster.endpoint)
+        sid = _sid(sut)
+        conn.unregister_application(sut.opts.app)
+        t_lost = time.monotonic()
+        assert sid not in {s.id for s in conn.list_sessions()}, "Flame dropped the session with its application"
+        assert sut.ledger.idle.wait(30), "every issued sample answered (empty) once the run failed"
+        t_failed = time.monotonic() - t_lost
+    finally:
+        t0 = time.monotonic()
+        sut.stop()
+        t_stop = time.monotonic() - t0
+    err = sut.ledger.error
+    assert err and f"session {sid} (replica 0) is gone: Flame no longer lists it" in err, err
+    assert t_failed < 15 and t_stop < 15, (t_failed, t_stop)
+    _assert_exactly_once(samples, answers)

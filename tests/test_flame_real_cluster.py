@@ -12,14 +12,13 @@ import subprocess
 import sys
 import time
 
+import flamepy
+import psutil
 import pytest
 
-flamepy = pytest.importorskip("flamepy")
-psutil = pytest.importorskip("psutil")
-
-from sut.flame.cluster import ClusterError, ClusterSettings, RealCluster, pick_ports  # noqa: E402
-from tests.conftest import REPO, flame_bin_dir, sut_env  # noqa: E402
-from tests.flame_standin import echo_app_attributes  # noqa: E402
+from sut.flame.cluster import ClusterError, ClusterSettings, RealCluster, pick_ports
+from tests.conftest import REPO, flame_bin_dir, sut_env
+from tests.flame_standin import echo_app_attributes
 
 pytestmark = pytest.mark.realflame
 

@@ -8,17 +8,16 @@ import tempfile
 import threading
 from pathlib import Path
 
+import flamepy
 import numpy as np
 import pytest
 
-flamepy = pytest.importorskip("flamepy")
-
-from sut.engine import EngineSettings, GenerationSettings, plan_engines  # noqa: E402
-from sut.flame import payload as pl  # noqa: E402
-from sut.flame.seats import slot_keys, take_seat  # noqa: E402
-from sut.flame.service import VllmBatchService  # noqa: E402
-from sut.flame.service_config import make_common_data  # noqa: E402
-from tests.flame_doubles import Faults, fake_generate, fake_options  # noqa: E402
+from sut.engine import EngineSettings, GenerationSettings, plan_engines
+from sut.flame import payload as pl
+from sut.flame.seats import slot_keys, take_seat
+from sut.flame.service import VllmBatchService
+from sut.flame.service_config import make_common_data
+from tests.flame_doubles import Faults, fake_generate, fake_options
 
 GEN = GenerationSettings(eos_token_ids=(128009,))
 TINY = Path(__file__).resolve().parent.parent / "sut" / "models" / "tiny-llama3"

@@ -1,8 +1,8 @@
 """The Flame-batched SUT against Flame's control plane -- the stand-in and, where ../shared/flame is
 there, the real Flame v0.6.0 binaries (``control_plane`` fixture): real flamepy client, real service
 processes, fake engine and fault injection through the transport's extension points (tests/flame_doubles.py;
-the vLLM comparison is in test_flame_vllm.py). Real-only faults (session manager killed, service killed) are in
-test_flame_real.py."""
+the vLLM comparison is in test_flame_vllm.py). Real-only faults (a manager killed, a session dropped under the run)
+are in test_flame_real.py."""
 
 from __future__ import annotations
 
@@ -13,20 +13,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import flamepy
 import numpy as np
 import pytest
 
-flamepy = pytest.importorskip("flamepy")
-standin = pytest.importorskip("tests.flame_standin")
-
 from sut.base import SampleLedger, SUTContext
-from sut.data.dataset import Dataset  # noqa: E402
-from sut.engine import EngineSettings, GenerationSettings  # noqa: E402
-from sut.errors import RunFailed  # noqa: E402
-from sut.flame import app as app_mod  # noqa: E402
-from sut.flame.client import FlameSUT  # noqa: E402
-from sut.ledger.response import cut_at_first_eos  # noqa: E402
-from tests.flame_doubles import fake_generate, fake_options  # noqa: E402
+from sut.data.dataset import Dataset
+from sut.engine import EngineSettings, GenerationSettings
+from sut.errors import RunFailed
+from sut.flame import app as app_mod
+from sut.flame.client import FlameSUT
+from sut.ledger.response import cut_at_first_eos
+from tests import flame_standin as standin
+from tests.flame_doubles import fake_generate, fake_options
 
 TINY = Path(__file__).resolve().parent.parent / "sut" / "models" / "tiny-llama3"
 EOS = (128001, 128008, 128009)
@@ -355,7 +354,7 @@ def test_indices_payload_reads_the_same_dataset_file(tmp_path, lock_dir, control
         _assert_closed(cluster, sut)
 
 
-def test_two_replicas_pinned_to_two_slots_routed_by_policy(tmp_path, lock_dir):
+def test_two_replicas_pinned_to_two_slots_routed_by_policy(tmp_path, lock_dir, control_plane):
     """Two replicas = two Flame sessions, replica r's services on engine slot r (two CPU engines here); the
     dispatcher routes round-robin. Every request is answered by the replica it was routed to (the result names
     the replica that served it), and the engines' cached-token counts come through: a prompt sent again to its
@@ -368,7 +367,7 @@ def test_two_replicas_pinned_to_two_slots_routed_by_policy(tmp_path, lock_dir):
     from sut.messages import Request
 
     engine = EngineSettings(model=str(TINY), max_model_len=1024, max_num_seqs=4, device="cpu", engines_per_device=2)
-    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+    with control_plane(tmp_path) as cluster:
         _register(cluster, tmp_path)
         opts = FlameOptions(endpoint=cluster.endpoint, lock_dir=str(lock_dir), engines=2, executors_per_engine=1,
                             batch_size=2, batch_window_ms=5, warmup_timeout_s=60, close_timeout_s=60,
@@ -414,7 +413,7 @@ def test_two_replicas_pinned_to_two_slots_routed_by_policy(tmp_path, lock_dir):
             assert cluster.session_state(sid)["state"] == "Closed"
 
 
-def test_overflow_task_does_not_wait_behind_a_full_one(tmp_path, lock_dir):
+def test_overflow_task_does_not_wait_behind_a_full_one(tmp_path, lock_dir, control_plane):
     """A replica that gets more requests than the batch limit gets two tasks; with the default sizing
     (at least two executors per engine, ``executors_per_engine``) the second task starts while the first
     still runs, instead of queueing behind it (the H200 study run: 130 requests to one replica with batch
@@ -427,7 +426,7 @@ def test_overflow_task_does_not_wait_behind_a_full_one(tmp_path, lock_dir):
 
     step_s = 1.0
     engine = EngineSettings(model=str(TINY), max_model_len=1024, max_num_seqs=1, device="cpu")
-    with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:
+    with control_plane(tmp_path) as cluster:
         _register(cluster, tmp_path)
         opts = FlameOptions(endpoint=cluster.endpoint, lock_dir=str(lock_dir), engines=1, batch_size=2,
                             batch_window_ms=5, warmup_timeout_s=60, close_timeout_s=60,

@@ -23,9 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # so that `tests.flame_standin` imports under plain `pytest` too
     sys.path.insert(0, str(ROOT))
 
-flamepy = pytest.importorskip("flamepy")
-grpc = pytest.importorskip("grpc")
-
+import flamepy  # noqa: E402,F401
+import grpc  # noqa: E402
 from flamepy import FlameError, FlameErrorCode, ResourceRequirement, SessionAttributes, SessionState, TaskState  # noqa: E402
 from flamepy.proto import frontend_pb2, frontend_pb2_grpc  # noqa: E402
 
@@ -477,10 +476,11 @@ def test_storage_and_api_semantics(cluster, conn, stub):
 
         th = threading.Thread(target=raw_watch)
         th.start()
-        time.sleep(0.3)
+        assert cluster.wait_until(lambda: cluster.watchers("sem-1", t.id) == 1, 10), "the watch is waiting on the task"
         cluster.drop_session("sem-1")
         th.join(10)
-        assert got == {"msgs": []}
+        assert not th.is_alive() and got == {"msgs": []}
+        assert cluster.watchers("sem-1", t.id) == 0
 
         # DeleteSession: refused while tasks are open, then the session is gone.
         d = conn.create_session(SessionAttributes(application="echo"))

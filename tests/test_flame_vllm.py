@@ -14,10 +14,10 @@ import tempfile
 import numpy as np
 import pytest
 
+from tests import flame_standin as standin
 from tests.conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
 
 pytestmark = pytest.mark.slow
-standin = pytest.importorskip("tests.flame_standin")
 PLANES = ["standin", pytest.param("real", marks=pytest.mark.realflame)]
 
 

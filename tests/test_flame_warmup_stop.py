@@ -9,12 +9,11 @@ import threading
 import time
 from types import SimpleNamespace
 
+import flamepy
 import pytest
 
-pytest.importorskip("flamepy")
-
-from sut.errors import RunFailed  # noqa: E402
-from sut.flame import transport as tr  # noqa: E402
+from sut.errors import RunFailed
+from sut.flame import transport as tr
 
 
 def test_ctrl_c_during_the_warm_up_stops_the_warm_up_threads_at_once(monkeypatch):
@@ -87,8 +86,6 @@ def test_a_stalled_warm_up_names_the_other_sessions_that_hold_the_executors():
 
 
 def test_enter_watch_calls_back_once_when_the_session_closes_or_is_unknown_and_never_when_unreachable():
-    import flamepy
-
     from sut.flame.enter_watch import EnterWatch
 
     def watch(states):

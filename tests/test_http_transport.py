@@ -279,7 +279,6 @@ def test_the_check_refuses_exactly_what_vllms_own_parser_reads_as_a_harness_sett
     """Against vLLM's ``vllm serve`` parser (importing it takes 15-25 s here): every option string
     whose dest the harness sets is refused, also as its shortest unique abbreviation (which vLLM
     parses as the flag); every other option passes."""
-    pytest.importorskip("vllm")
     from dataclasses import fields
 
     from vllm.entrypoints.launchers.cli_args import make_arg_parser

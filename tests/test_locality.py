@@ -47,11 +47,18 @@ def test_orders_and_popularity():
     assert 0 < shape["reusable_share_upper_bound"] < 1
 
 
-@pytest.mark.parametrize("bad", [dict(documents=0), dict(order="random"), dict(doc_jitter=1.0), dict(zipf_s=-1),
-                                 dict(question_tokens=1), dict(seed=-1), dict(documents=10**8, doc_tokens=1),
-                                 dict(documents=7000, doc_tokens=8192)])
-def test_bad_trace_settings_are_refused(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bad, message", [
+    (dict(documents=0), r"documents and questions must be >= 1, got 0, "),
+    (dict(order="random"), r"order must be one of .*, got 'random'"),
+    (dict(doc_jitter=1.0), r"doc_jitter must be in \[0, 1\), got 1.0"),
+    (dict(zipf_s=-1), r"zipf_s must be a finite number >= 0, got -1"),
+    (dict(question_tokens=1), r"question_tokens >= 2"),
+    (dict(seed=-1), r"seed must be >= 0 .*got -1"),
+    (dict(documents=10**8, doc_tokens=1), r"a trace of 100,000,000 documents .* more than this tool builds"),
+    (dict(documents=7000, doc_tokens=8192), r"a trace of 7,000 documents .* more than this tool builds"),
+])
+def test_bad_trace_settings_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
         TraceSettings(**bad)
 
 

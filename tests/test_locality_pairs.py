@@ -322,8 +322,8 @@ def test_real_cpu_run_of_both_systems_through_the_flame_standin(tmp_path):
     """Two CPU engines per system (tiny model), the Flame system through the stand-in control plane:
     both systems validated on every request, replica r on the same CPU slot on both, the pair report with
     flame / standalone and the figure."""
-    pytest.importorskip("sut.flame.transport")
-    standin = pytest.importorskip("tests.flame_standin")
+    import sut.flame.transport  # noqa: F401
+    from tests import flame_standin as standin
     lock_dir = tempfile.mkdtemp(prefix="loc-", dir="/tmp")
     data = ["--text", "news", "--dataset", str(SHARED_DATA / "cnn_eval_public.json")] if SHARED_DATA.is_dir() else []
     cmd = [sys.executable, "-m", "sut.locality", "run", "--model", str(TINY_MODEL), "--load-format", "dummy",
@@ -391,7 +391,7 @@ def test_every_system_must_run_as_many_replicas(systems, tmp_path):
 
 
 def test_the_flame_system_needs_a_control_plane_that_answers(tmp_path, monkeypatch):
-    pytest.importorskip("flamepy")
+    import flamepy  # noqa: F401
     monkeypatch.delenv("FLAME_ENDPOINT", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.flame/flame.yaml
     with pytest.raises(ValueError, match="system flame: no Flame endpoint: .*python -m sut.flame cluster"):

@@ -7,7 +7,9 @@ per-replica set of seen prompt prefixes (the first ``cache_block`` tokens), and 
 Faults: ``die_after`` (replica -> number of completions after which it reports a ``FatalEvent``),
 ``duplicate`` (answer a request twice), ``wrong_replica`` (report a completion as another
 replica's), ``short_output`` (rid -> length). ``starts`` counts ``start`` calls across instances
-sharing one ``log`` list (pair-protocol tests check fresh starts).
+sharing one ``log`` list (pair-protocol tests check fresh starts). What the replicas report about
+themselves: ``prefix_caching_on``, or a whole read-back record (``engine_info``, e.g. one that
+``sut.engine.readback.read_back`` made from vLLM's own config objects).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class FakeOptions:
     dispatch_chunk: int = 512
     allow_prefix_caching: bool = False
     prefix_caching_on: bool = False  # what the fake engines report
+    engine_info: Optional[dict] = field(default=None, hash=False, compare=False)  # a read-back record to report instead
     die_after: Optional[dict] = None
     duplicate: Optional[int] = None
     wrong_replica: Optional[int] = None
@@ -67,8 +70,9 @@ class FakeTransport(Transport):
             th = threading.Thread(target=self._loop, args=(r,), daemon=True, name=f"fake-replica-{r}")
             th.start()
             self._threads.append(th)
-        self.records = [ReplicaRecord(r, {"engine": r, "enable_prefix_caching": self.o.prefix_caching_on,
-                                          "device": {"kind": "fake", "name": "fake", "uuid": f"FAKE-{r}"}})
+        own = [{"engine": r, "enable_prefix_caching": self.o.prefix_caching_on,
+                "device": {"kind": "fake", "name": "fake", "uuid": f"FAKE-{r}"}} for r in range(self.o.replicas)]
+        self.records = [ReplicaRecord(r, own[r] if self.o.engine_info is None else dict(self.o.engine_info, engine=r))
                         for r in range(self.o.replicas)]
         return self.records
 

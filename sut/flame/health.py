@@ -9,11 +9,17 @@ run waited for its 30-min stall limit, and its stop for ``close_timeout_s`` (600
 
 ``ExecutorHealth`` polls every ``FlameOptions.health_check_s`` (default 5 s) while the transport runs: a
 replica with tasks in flight whose executors sat on a node that Flame now lists as NotReady, or for which
-Flame lists no live executor (Idle/Binding/Bound/Unbinding) in two polls running, is lost. The first loss is
-reported once through ``on_lost(replica, message)`` (the transport's fatal event, which fails the run), and
-``lost`` is set so that closing the session does not wait for tasks that can never end. A poll that cannot
-reach the session manager does nothing: that loss has its own checks (``sut.flame.session``,
-``sut.flame.endpoint``).
+Flame lists no live executor (Idle/Binding/Bound/Unbinding) in two polls running, or whose session Flame no
+longer lists in two polls running, is lost. The first loss is reported once through ``on_lost(replica,
+message)`` (the transport's fatal event, which fails the run), and ``lost`` is set so that closing the session
+does not wait for tasks that can never end. A poll that cannot reach the session manager does nothing: that
+loss has its own checks (``sut.flame.session``, ``sut.flame.endpoint``).
+
+A session can vanish while the session manager stays up: with storage ``none``, Flame v0.6.0 lets its
+application be unregistered under it and drops the session (measured, ``tests/test_flame_real.py``). Its watch
+streams then never end, its executor stays Bound to it (the session manager re-launches its task in a busy
+loop), so neither the watches nor the executor listing show the loss: without the session check the run
+waited for its stall limit.
 
 A service process that dies while its executor waits for a task (a forwarder with nothing to do) fails no
 task: the run completes on the other executors. Its executor stays Bound until the session closes, then
@@ -39,7 +45,7 @@ EMPTY_POLLS = 2
 
 
 class ExecutorHealth:
-    """Polls Flame for the executors of ``sessions`` (``ReplicaSession``s); ``inflight(replica)`` gives the
+    """Polls Flame for ``sessions`` (``ReplicaSession``s) and their executors; ``inflight(replica)`` gives the
     replica's tasks in flight. ``start()`` / ``stop()``; ``lost`` holds the first loss's message (or None)."""
 
     def __init__(self, conn, sessions: Sequence, inflight: Callable[[int], int], interval_s: float,
@@ -49,6 +55,7 @@ class ExecutorHealth:
         self.lost: Optional[str] = None
         self._stop = threading.Event()
         self._empty = [0] * len(self.sessions)
+        self._unlisted = [0] * len(self.sessions)  # polls in a row in which Flame did not list the session
         self._nodes: list[set] = [set() for _ in self.sessions]  # nodes where each replica's executors were seen
         self._thread = threading.Thread(target=self._loop, name="flame-health", daemon=True)
 
@@ -76,6 +83,7 @@ class ExecutorHealth:
         try:
             executors = list(self.conn.list_executors())
             not_ready = _not_ready_nodes(self.conn.list_nodes())
+            listed = {x.id for x in self.conn.list_sessions()}
         except Exception:  # noqa: BLE001 - unreachable session manager: handled elsewhere
             return None
         for i, rs in enumerate(self.sessions):
@@ -84,21 +92,29 @@ class ExecutorHealth:
             self._nodes[i] |= {e.spec.node for e in mine if e.spec.node}
             n = self.inflight(rs.replica)
             if not n:
-                self._empty[i] = 0
+                self._empty[i] = self._unlisted[i] = 0
                 continue
+            self._unlisted[i] = 0 if rs.id in listed else self._unlisted[i] + 1
+            if self._unlisted[i] >= EMPTY_POLLS:
+                return rs.replica, (
+                    f"session {rs.id} (replica {rs.replica}) is gone: Flame no longer lists it while {n} task(s) ran "
+                    "(with storage none, Flame v0.6.0 drops a session whose application is unregistered); its tasks "
+                    "can never finish")
             gone = sorted(self._nodes[i] & not_ready)
             self._empty[i] = 0 if live else self._empty[i] + 1
             if gone or self._empty[i] >= EMPTY_POLLS:
-                where = (f"node(s) {', '.join(gone)} NotReady" if gone else
-                         f"nodes NotReady: {', '.join(sorted(not_ready)) or 'none'}")
-                return rs.replica, (
-                    f"Flame lost the executors of session {rs.id} (replica {rs.replica}) while {n} task(s) ran "
-                    f"({len(live)} live executor(s) listed; {where}): the executor manager of their node stopped, "
-                    "and Flame v0.6.0 keeps such tasks Running for good: the session can never be closed, and a "
-                    "restarted executor manager gives it new executors, so restart the whole cluster (session manager "
-                    "included) before the next run (the service processes of the dead executor manager stop by "
-                    "themselves)")
+                return rs.replica, _executors_lost_message(rs, n, len(live), gone, not_ready)
         return None
+
+
+def _executors_lost_message(rs, n: int, live: int, gone: list, not_ready: set) -> str:
+    where = f"node(s) {', '.join(gone)} NotReady" if gone else f"nodes NotReady: {', '.join(sorted(not_ready)) or 'none'}"
+    return (f"Flame lost the executors of session {rs.id} (replica {rs.replica}) while {n} task(s) ran "
+            f"({live} live executor(s) listed; {where}): the executor manager of their node stopped, "
+            "and Flame v0.6.0 keeps such tasks Running for good: the session can never be closed, and a "
+            "restarted executor manager gives it new executors, so restart the whole cluster (session manager "
+            "included) before the next run (the service processes of the dead executor manager stop by "
+            "themselves)")
 
 
 def _not_ready_nodes(nodes) -> set:

@@ -11,7 +11,7 @@ from typing import Optional
 from sut.data.dataset import Dataset
 from sut.errors import InputError
 
-log = logging.getLogger("sut.harness")
+log = logging.getLogger("sut.run.harness")
 
 
 def gate_tokenizer(rs, es) -> Optional[str]:

@@ -384,6 +384,12 @@ class StandinCluster:
         self.wait_until(lambda: all(e.state == "Released" for e in stuck), timeout)
         return len(stuck)
 
+    def watchers(self, session_id: str, task_id: str) -> int:
+        """How many WatchTask streams are waiting on this task now (a test can then act knowing a watch is
+        under way, instead of sleeping)."""
+        with self._store.lock:
+            return self._store.watching.get((session_id, int(task_id)), 0)
+
     def drop_session(self, session_id: str) -> None:
         """Make a session vanish from memory (what storage `none` does on UnregisterApplication or eviction):
         its watch streams end silently, so flamepy futures never complete; bound executors unbind."""

@@ -279,18 +279,31 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 t = store.find_task(sid, tid)
                 if t is None:
                     return
-                initial = t.state
-                while True:
-                    t = store.find_task(sid, tid)
-                    if t is None or store.stopping:
-                        return
-                    if t.state != initial or t.state in TERMINAL:
-                        msg = t.to_proto(with_events=False)
-                        terminal = t.state in TERMINAL
-                        break
-                    store.cond.wait(timeout=0.5)
-                    if not context.is_active():
-                        return
+                msg = self._watch_round(store, sid, tid, t.state, context)
+                if msg is None:
+                    return
             yield msg
-            if terminal:
+            if msg.status.state in TERMINAL:
                 return
+
+    @staticmethod
+    def _watch_round(store, sid: str, tid: int, initial: int, context):
+        """One WatchTask round (``store.cond`` held): the task's next message, or None when the stream ends
+        silently (task or session gone, server stopping, client gone). Counted in ``store.watching`` while
+        it waits (``StandinCluster.watchers``)."""
+        key = (sid, tid)
+        store.watching[key] = store.watching.get(key, 0) + 1
+        try:
+            while True:
+                t = store.find_task(sid, tid)
+                if t is None or store.stopping:
+                    return None
+                if t.state != initial or t.state in TERMINAL:
+                    return t.to_proto(with_events=False)
+                store.cond.wait(timeout=0.5)
+                if not context.is_active():
+                    return None
+        finally:
+            store.watching[key] -= 1
+            if not store.watching[key]:
+                del store.watching[key]

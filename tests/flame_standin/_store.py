@@ -199,6 +199,7 @@ class Store:
         self.time_resolution_ms = max(1, int(time_resolution_ms))
         self._seq = 0
         self.stopping = False
+        self.watching: Dict[tuple, int] = {}  # (session id, task id) -> WatchTask streams waiting on that task
 
     # ------------------------------------------------------------------ helpers
     def stamp(self) -> int:
