@@ -173,7 +173,7 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
     assert find_qps.main([*args, "--start", "4", "--max-runs", "3", "--", *run_args]) == 0
     path = tmp_path / "tries-Server.jsonl"
     out = capsys.readouterr().out
-    assert "not converged (highest VALID 8, lowest INVALID 16, --rel-tol 0.05); go on with:\n  python scripts/" \
+    assert "not converged (highest VALID 8, lowest INVALID 16, --rel-tol 0.05); go on with:\n  " \
            f"python -m sut find-qps --scenario Server --resume {path} " in out
     assert [json.loads(x)["qps"] for x in path.read_text().splitlines()] == [4, 8, 16]
     assert find_qps.main([*args, "--resume", str(path), "--", *run_args]) == 0

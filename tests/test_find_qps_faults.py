@@ -65,7 +65,7 @@ def test_a_failed_try_stops_the_search_bounds_nothing_and_is_made_again_on_resum
     assert tries[1]["ttft_p99_ms"] is None and tries[1]["tokens_per_s"] is None  # no nonsense numbers
     assert "the search stopped after 2 new finished tries" in caplog.text  # as many as were appended
     resume = caplog.text.split("go on with:\n  ")[1].splitlines()[0]
-    assert find_qps.main(shlex.split(resume)[2:]) == 0
+    assert find_qps.main(shlex.split(resume)[4:]) == 0
     assert run.calls[2] == 8  # (VALID 4, INVALID none): the failed 8 again, not the midpoint of 4 and 8
     assert "lowest INVALID 8" not in caplog.text
 
@@ -140,7 +140,7 @@ def test_run_with_timeout_stops_with_sigterm_first():
 
 def test_a_long_run_says_every_heartbeat_that_it_still_runs_with_its_last_line(caplog):
     """bench_suts / find_qps --fresh-process were silent for the minutes a run takes (a new user's find)."""
-    caplog.set_level("INFO", logger="sut_runs")
+    caplog.set_level("INFO", logger="sut.run.child")
     rc, err = sut_runs.run_with_timeout(["bash", "-c", "sleep 0.6; echo 'engine 0 ready' >&2; sleep 1.6"], 30,
                                         heartbeat_s=0.4, label="r1")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("r1: still running")]

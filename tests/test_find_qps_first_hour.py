@@ -87,10 +87,10 @@ def test_the_resume_hint_is_the_whole_command_and_following_it_goes_on(tmp_path,
                      out)
     assert hint, out
     cmd = shlex.split(hint.group(1))
-    assert cmd[:2] == ["python", "python -m sut find-qps"] and "--start" not in cmd
+    assert cmd[:4] == ["python", "-m", "sut", "find-qps"] and "--start" not in cmd
     assert cmd[cmd.index("--resume") + 1] == str(out_dir / "tries-Server.jsonl")
     assert cmd[cmd.index("--") + 1:] == _run_args(data, "--max-samples", "32")
-    assert find_qps.main(cmd[2:]) == 0  # the same settings: the recorded tries are accepted
+    assert find_qps.main(cmd[4:]) == 0  # the same settings: the recorded tries are accepted
     out = capsys.readouterr().out
     assert "3 earlier tries, 3 new" in out and "user.conf line: llama3_1-8b.Server.target_qps = 13\n" in out
     assert run.calls == [4, 8, 16, 12, 14, 13]  # went on from the recorded bounds (--max-runs 3 again)
