@@ -622,6 +622,7 @@ def test_cli_accuracy_run_over_a_given_server(tmp_path, synthetic_small, fake_se
     assert rec["status"] == "ok" and rec["sut"] == "vllm-http" and rec["ledger"]["completed"] == 8
     assert rec["engines"][0]["url"] == url and rec["engines"][0]["samples"] == 8
     assert rec["prefix_caching"]["enabled"] is False and rec["options"]["urls"] == [url]
+    assert rec["http"]["exposure"] == [{"url": url, "loopback": True, "tls": False, "warning": None}]
     log = json.loads((run / "mlperf_log_accuracy.json").read_text())
     assert sorted(r["qsl_idx"] for r in log) == list(range(8))
 

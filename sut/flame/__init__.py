@@ -7,5 +7,6 @@ Client side: ``options`` (``FlameOptions``), ``endpoint`` (endpoint, connect, re
 ``service_config`` (the session's common data), ``seats``, ``hostlink`` (host <-> forwarder frames),
 ``engine_host``, ``service`` (``VllmBatchService``). Shared: ``payload`` (the task/result format),
 ``app`` + ``app.yaml`` (the Flame application), ``cluster`` (a one-host real Flame cluster) with
-``cluster_config`` (its settings, ports and cluster.yaml). See docs/flame.md.
+``cluster_config`` (its settings, ports and cluster.yaml) and ``netns`` (its network namespace, reachable from
+this host's loopback only). See docs/flame.md.
 """

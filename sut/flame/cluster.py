@@ -16,9 +16,14 @@ CLI: ``python -m sut.flame cluster --workdir DIR [--flame-bin DIR] [--port N]`` 
 ``FLAME_ENDPOINT=...`` and serves until Ctrl-C / SIGTERM.
 
 Facts of v0.6.0 this module designs for: the frontend listens on the endpoint's port and the
-executor-manager backend on port + 1, both on **0.0.0.0** whatever host the endpoint names (so
-ports are checked free on every address, and the listening sockets are checked to belong to the
-session manager this module started); executors' Unix sockets go to ``$FLAME_SOCKET_DIR``
+executor-manager backend on port + 1, both on **0.0.0.0** whatever host the endpoint names, and nothing in
+its configuration changes that or authenticates a client (``sut.flame.netns``). So the cluster runs in a
+network namespace of its own (``sut.flame.netns.NetFence``: loopback only; every manager, service and engine
+inside), and a forwarder makes the frontend reachable on this host's 127.0.0.1:port only: the endpoint is
+the same URL inside and outside. Where the namespace cannot be made (not root, no ``CAP_SYS_ADMIN``), the
+cluster runs without it, exposed, with a warning saying so (``isolation`` records which). Ports are checked
+free on every address, and the listening sockets are checked to belong to the session manager this module
+started; executors' Unix sockets go to ``$FLAME_SOCKET_DIR``
 (default /var/flame/executors, shared by every cluster of a host: each cluster here gets its own);
 the host shim starts every service in its own process group, so ``stop`` finds them by a marker in
 their environment (``SUT_FLAME_CLUSTER``, inherited from the executor manager) and ends their
@@ -51,9 +56,14 @@ from sut.flame.cluster_config import (
     pick_ports,
     taken_ports_message,
 )
+from sut.flame.netns import FenceUnavailable, NetFence, listeners, loopback_listener
 
 log = logging.getLogger("sut.flame.cluster")
 MARK_ENV = "SUT_FLAME_CLUSTER"
+EXPOSED_WARNING = ("the Flame cluster runs WITHOUT a network namespace of its own (%s): Flame v0.6.0's session "
+                   "manager listens on every interface on ports %d and %d, with no authentication, and anyone who "
+                   "reaches them can run commands on this host; firewall them, or run as root (docs/flame.md, "
+                   "Security)")
 
 
 def marked_processes(mark: str) -> list:
@@ -81,6 +91,10 @@ class RealCluster:
         self.endpoint: Optional[str] = None
         self.fsm: Optional[subprocess.Popen] = None
         self.fem: Optional[subprocess.Popen] = None
+        self.forwarder: Optional[subprocess.Popen] = None  # 127.0.0.1:port here -> the namespace's session manager
+        self.fence: Optional[NetFence] = None
+        # {"isolated": True, "netns": "net:[inode]", "how": ...} or {"isolated": False, "reason": ...}
+        self.isolation: dict = {}
         self.sock_dir: Optional[Path] = None
         self.home = self.workdir / "home"
         # The managers write their logs there themselves ($FLAME_HOME/logs/{fsm,fem}-<host>.<date>), and
@@ -99,21 +113,51 @@ class RealCluster:
         # Executor sockets: <dir>/<36-char executor id>.sock must stay under the 108-byte limit.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="flsk-", dir="/tmp"))
         try:
+            self._make_fence()
             self._start_managers()
             self._wait_node_ready()
         except BaseException:
             self.stop()
             raise
-        log.info("flame cluster %s up at %s (workdir %s)", self.mark, self.endpoint, self.workdir)
+        log.info("flame cluster %s up at %s (workdir %s; %s)", self.mark, self.endpoint, self.workdir,
+                 f"in {self.isolation['netns']}, loopback only" if self.fence else "NOT isolated")
         return self
+
+    def _make_fence(self) -> None:
+        """The cluster's network namespace (``self.fence``), or, where none can be made or ``isolate`` is off, a
+        warning: ``self.isolation`` says which."""
+        if not self.s.isolate:
+            self.isolation = {"isolated": False, "reason": "isolate=False"}
+            return
+        try:
+            self.fence = NetFence.create()
+        except FenceUnavailable as e:
+            self.isolation = {"isolated": False, "reason": str(e)}
+            return
+        self.isolation = {"isolated": True, "netns": self.fence.id,
+                          "how": "network namespace of its own (loopback only); the frontend port forwarded from "
+                                 "this host's 127.0.0.1"}
 
     def _env(self) -> dict:
         env = dict(os.environ)
         env.update(FLAME_HOME=str(self.home), FLAME_SOCKET_DIR=str(self.sock_dir), RUST_LOG=self.s.rust_log)
         env[MARK_ENV] = self.mark
         env.pop("FLAME_ENDPOINT", None)
+        if self.fence is not None:  # nothing to download from in there: fail at once, from the cache only
+            env.setdefault("HF_HUB_OFFLINE", "1")
         env.update(dict(self.s.env))
         return env
+
+    def _popen(self, argv: list[str], log_name: str, cwd: Path, pass_fds: tuple = (), inside: bool = True,
+               **kw) -> subprocess.Popen:
+        """``argv`` started (``inside``: in the cluster's namespace, when there is one), stderr to
+        ``<log_dir>/<log_name>.stderr``; ``kw`` go to ``Popen``."""
+        if inside and self.fence is not None:
+            argv, pass_fds = self.fence.command(argv), pass_fds + self.fence.pass_fds
+        with open(self.log_dir / f"{log_name}.stderr", "ab") as err:
+            return subprocess.Popen(argv, cwd=cwd, env=self._env(), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err, pass_fds=pass_fds,
+                                    preexec_fn=self._preexec(), **kw)
 
     def _start_managers(self) -> None:
         attempts = 1 if self.s.port else 5
@@ -124,42 +168,53 @@ class RealCluster:
             port = self.s.port or pick_ports()
             cfg = self.workdir / "cluster.yaml"
             cfg.write_text(cluster_yaml(self.s, port))
-            fsm_log = open(self.log_dir / "fsm.stderr", "ab")
-            self.fsm = subprocess.Popen([str(Path(self.s.bin_dir) / FSM), "--config", str(cfg)], cwd=self.home,
-                                        env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=fsm_log, process_group=0, preexec_fn=self._preexec())
-            fsm_log.close()
-            why = self._wait_listening(port)
+            why = self._start_session_manager(port, cfg)
             if why is None:
                 break
-            self._end(self.fsm)
-            self.fsm = None
             if attempt + 1 == attempts:
                 raise ClusterError(f"the session manager did not start on port {port}: {why}; "
                                    f"logs in {self.log_dir}:\n{self.log_tail('fsm')}")
             log.warning("session manager on port %d: %s; trying other ports", port, why)
         self.port = port
         self.endpoint = f"http://127.0.0.1:{port}"
-        fem_log = open(self.log_dir / "fem.stderr", "ab")
-        self.fem = subprocess.Popen([str(Path(self.s.bin_dir) / FEM), "--config", str(self.workdir / "cluster.yaml")],
-                                    cwd=self.workdir / "fem", env=self._env(), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=fem_log, process_group=self.fsm.pid,
-                                    preexec_fn=self._preexec())
-        fem_log.close()
+        if self.fence is None:
+            log.warning(EXPOSED_WARNING, self.isolation["reason"], port, port + 1)
+        self.fem = self._popen([str(Path(self.s.bin_dir) / FEM), "--config", str(cfg)], "fem", self.workdir / "fem",
+                               process_group=self.fsm.pid)
+
+    def _start_session_manager(self, port: int, cfg: Path) -> Optional[str]:
+        """Start the session manager on ``port`` (and, in a namespace, the forwarder from this host's
+        127.0.0.1:port); None once it listens, else why not (then nothing of this attempt runs)."""
+        listener = None
+        if self.fence is not None:
+            try:  # taken first: the port is ours on this host before the session manager starts
+                listener = loopback_listener(port)
+            except OSError as e:
+                return f"127.0.0.1:{port}: {e.strerror or e}"
+        try:
+            self.fsm = self._popen([str(Path(self.s.bin_dir) / FSM), "--config", str(cfg)], "fsm", self.home,
+                                   process_group=0)
+            why = self._wait_listening(port)
+            if why is None and listener is not None:
+                self.forwarder = self._popen(self.fence.forward_command(listener.fileno(), port, self.fsm.pid),
+                                             "forwarder", self.workdir, pass_fds=(listener.fileno(), self.fence.fd),
+                                             inside=False, process_group=self.fsm.pid)
+        finally:
+            if listener is not None:
+                listener.close()  # the forwarder holds it now (or nobody: the attempt failed)
+        if why is not None:
+            self._end(self.fsm)
+            self.fsm = None
+        return why
 
     def _wait_listening(self, port: int) -> Optional[str]:
-        """None once *our* session manager listens on port and port + 1, else why not."""
-        import psutil
-
+        """None once *our* session manager listens on port and port + 1 (in its own network namespace), else why
+        not."""
         deadline = time.monotonic() + self.s.start_timeout_s
-        proc = psutil.Process(self.fsm.pid)
         while time.monotonic() < deadline:
             if self.fsm.poll() is not None:
                 return f"it exited with code {self.fsm.returncode}"
-            try:
-                mine = {c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-            except psutil.Error as e:
-                return str(e)
+            mine = {p for _, p in listeners(self.fsm.pid)}
             if {port, port + 1} <= mine:
                 return None
             time.sleep(0.05)
@@ -208,7 +263,7 @@ class RealCluster:
 
     def service_processes(self) -> list:
         """The live processes started by the executor manager (services, engine workers)."""
-        managers = {p.pid for p in (self.fsm, self.fem) if p is not None}
+        managers = {p.pid for p in (self.fsm, self.fem, self.forwarder) if p is not None}
         return [p for p in self.processes() if p.pid not in managers]
 
     def _conn(self):
@@ -257,9 +312,12 @@ class RealCluster:
         return bool(predicate())
 
     def kill_session_manager(self, sig: int = signal.SIGKILL) -> None:
-        """Fault injection: signal the session manager process only."""
+        """Fault injection: signal the session manager process only (the forwarder, if any, ends with it and its
+        port refuses connections once this returns)."""
         self.fsm.send_signal(sig)
         self.fsm.wait(10)
+        if self.forwarder is not None:
+            self._end(self.forwarder)
 
     def kill_executor_manager(self, sig: int = signal.SIGKILL) -> None:
         """Fault injection: signal the executor manager process only (its services live on)."""
@@ -268,7 +326,8 @@ class RealCluster:
 
     # ------------------------------------------------------------------ stop
     def stop(self) -> None:
-        """End the managers, then every process that still carries this cluster's mark; idempotent."""
+        """End the managers (and the forwarder: their process group), then every process that still carries this
+        cluster's mark, then let go of the network namespace; idempotent."""
         if self._stopped:
             return
         self._stopped = True
@@ -279,10 +338,12 @@ class RealCluster:
                     os.killpg(p.pid if p is self.fsm else os.getpgid(p.pid), signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     pass
-        for p in (self.fem, self.fsm):
+        for p in (self.fem, self.fsm, self.forwarder):
             if p is not None:
                 self._end(p)
         self._end_marked(others)
+        if self.fence is not None:
+            self.fence.close()
         if self.sock_dir is not None:
             shutil.rmtree(self.sock_dir, ignore_errors=True)
         log.info("flame cluster %s stopped; logs in %s", self.mark, self.log_dir)
@@ -397,8 +458,8 @@ def main(argv: list[str]) -> int:
     print(f"FLAME_ENDPOINT={cluster.endpoint}", flush=True)
     try:
         while not done.wait(0.5):
-            if cluster.fsm.poll() is not None or cluster.fem.poll() is not None:
-                log.error("a Flame manager exited; stopping (logs in %s)", cluster.log_dir)
+            if any(p is not None and p.poll() is not None for p in (cluster.fsm, cluster.fem, cluster.forwarder)):
+                log.error("a Flame manager (or the forwarder to it) exited; stopping (logs in %s)", cluster.log_dir)
                 return 1
     finally:
         cluster.stop()

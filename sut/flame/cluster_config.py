@@ -58,6 +58,7 @@ class ClusterSettings:
     start_timeout_s: float = 30.0
     stop_grace_s: float = 5.0
     env: tuple = ()  # extra (key, value) pairs for both managers (the services inherit them)
+    isolate: bool = True  # a network namespace of its own (sut.flame.netns) where this process may make one
 
 
 def _port_free(port: int) -> bool:

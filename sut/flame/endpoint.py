@@ -1,7 +1,8 @@
 """Where the Flame control plane is and whether it answers: ``resolve_endpoint`` (option, else ``FLAME_ENDPOINT``,
 else ``~/.flame/flame.yaml``), ``connect`` (a flamepy connection), ``reachable`` / ``check_control_plane`` (the
 session manager's frontend port accepts a TCP connection; the preflight before a run) and ``lost_cause`` (a lost
-task's message, naming an unreachable session manager)."""
+task's message, naming an unreachable session manager) and ``endpoint_exposure`` (the endpoint is not loopback and
+has no TLS: a warning for the console and run.json)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from sut.errors import RunFailed
 
 #: Seconds Flame's session manager has to accept a TCP connection before a run starts (``check_control_plane``).
 PREFLIGHT_TIMEOUT_S = 3.0
+#: What whoever reaches a Flame v0.6.0 frontend can do (docs/flame.md, Security).
+FLAME_RISK = ("Flame v0.6.0 authenticates no client: whoever reaches its session manager (this port and the next) can "
+              "run commands on its executor hosts; https (cluster.tls) would encrypt the traffic, not keep others out")
 
 
 def resolve_endpoint(endpoint: Optional[str] = None) -> str:
@@ -83,3 +87,16 @@ def lost_cause(endpoint: Optional[str], msg: str) -> str:
         return (f"the Flame session manager at {endpoint} is unreachable (it stopped, or the network failed); "
                 f"with storage none its sessions are lost: {msg}")
     return msg
+
+
+def endpoint_exposure(endpoint: str) -> dict:
+    """``sut.core.exposure.exposure`` of a Flame endpoint: ``{"url", "loopback", "tls", "warning"}``, with a warning
+    when the endpoint is not loopback and not https; the warning is also logged."""
+    import logging
+
+    from sut.core.exposure import exposure
+
+    rec = exposure(endpoint, "Flame endpoint", FLAME_RISK)
+    if rec["warning"]:
+        logging.getLogger("sut.flame").warning("%s", rec["warning"])
+    return rec

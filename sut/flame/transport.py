@@ -3,9 +3,10 @@
 Algorithm
 ---------
 ``start`` connects to Flame (option ``endpoint``, else ``FLAME_ENDPOINT``, else
-``~/.flame/flame.yaml``), registers the application if it is missing, and opens **one session per
-replica** (``replicas`` = option ``engines``), as the study did ("two persistent worker sessions",
-../shared/research/study.md §2): session r has ``min_instances = max_instances`` = the executors of one
+``~/.flame/flame.yaml``; one that is not loopback and not https is warned about and recorded in the
+run's ``flame.exposure``: ``sut.flame.endpoint.endpoint_exposure``), registers the application if it
+is missing, and opens **one session per replica** (``replicas`` = option ``engines``), as the study
+did ("two persistent worker sessions", ../shared/research/study.md §2): session r has ``min_instances = max_instances`` = the executors of one
 engine (``executors_per_engine``), and its common data (``sut.flame.service_config``) carries the
 engine and sampling settings and names **engine slot r**, so its services build the engine of slot r
 of ``sut.engine.plan_engines`` on their host (the same GPU UUID that serves replica r on the local
@@ -40,7 +41,7 @@ from sut.core.transport import Transport, TransportSpec, register_transport
 from sut.errors import RunFailed, TransportError
 from sut.exits import stopped_again
 from sut.flame.batcher import Batcher, check_fits
-from sut.flame.endpoint import connect
+from sut.flame.endpoint import connect, endpoint_exposure
 from sut.flame.health import ExecutorHealth, executors_of, stuck_after_close
 from sut.flame.options import FlameOptions
 from sut.flame.service_config import make_common_data
@@ -68,6 +69,7 @@ class FlameTransport(Transport):
         self.counters = FlameStats(self.o.record_tasks)
         self.conn = None
         self.endpoint: Optional[str] = None
+        self.exposure: Optional[dict] = None  # sut.flame.endpoint.endpoint_exposure, once connected
         self.watcher = None
         self.sessions: list[ReplicaSession] = []
         self.batchers: list[Batcher] = []
@@ -130,6 +132,7 @@ class FlameTransport(Transport):
     def _connect(self) -> None:
         self.conn, self.endpoint = connect(self.o.endpoint)
         log.info("flame: connected to %s", self.endpoint)
+        self.exposure = endpoint_exposure(self.endpoint)
         ensure_app(self.conn, self.endpoint, self.o, self.spec.run_dir)
         if self.o.aio_watch:
             import flamepy
@@ -296,7 +299,7 @@ class FlameTransport(Transport):
             err = next((c["error"] for c in closes if c.get("error")), None)
             if err:
                 close["error"] = err
-        rec = {"endpoint": self.endpoint, "application": o.app,
+        rec = {"endpoint": self.endpoint, "exposure": self.exposure, "application": o.app,
                "session_id": self.sessions[0].id if self.sessions else None,
                "session_ids": [rs.id for rs in self.sessions], "options": o.asdict(), "batch_size": o.batch_size,
                "batch_window_ms": o.batch_window_ms, "engines": o.engines, "executors_per_engine": self.per_engine,

@@ -30,6 +30,9 @@ fails the run within seconds even while nothing is in flight); a watcher thread 
 reports its exit at once. ``stop`` cancels every request, closes the session and ends every server's
 process group.
 
+A URL whose host is not this host's loopback is warned about at ``start`` (console) and recorded per replica in
+``stats()["http"]["exposure"]`` (``server_exposure``): the harness cannot see how such a server is fenced.
+
 Errors: a URL that does not answer or serves another model is the user's input:
 ``ServerInputError`` (an ``InputError`` and a ``TransportError``: the CLI exits 2); a server that
 cannot start, returns text instead of ids, or dies is a ``TransportError`` (exit 1).
@@ -47,6 +50,7 @@ from typing import Optional, Sequence
 import aiohttp
 import numpy as np
 
+from sut.core.exposure import exposure
 from sut.core.transport import Transport, TransportSpec, register_transport
 from sut.core.transports import http_api as api
 from sut.core.transports import http_readback as readback
@@ -67,6 +71,19 @@ _JSON = {"Content-Type": "application/json"}
 def _describe(e: BaseException) -> str:
     text = str(e) or type(e).__name__
     return text if isinstance(e, api.ReplyError) else f"{type(e).__name__}: {text}"
+
+
+#: What whoever reaches a ``vllm serve`` server can do (``sut.core.exposure``).
+SERVER_RISK = "a vLLM server serves whoever reaches it unless it was started with --api-key"
+
+
+def server_exposure(url: str) -> dict:
+    """``sut.core.exposure.exposure`` of a server URL (a warning, also logged, when its host is not loopback,
+    https or not: TLS does not keep others out of a vLLM server)."""
+    rec = exposure(url, "vllm-http server", SERVER_RISK, tls_fences=False)
+    if rec["warning"]:
+        log.warning("%s", rec["warning"])
+    return rec
 
 
 @register_transport("http")
@@ -100,6 +117,7 @@ class HttpTransport(Transport):
         self._queues: list[asyncio.Queue] = []
         self._tasks: list[asyncio.Task] = []
         self._bases: list[dict] = [{} for _ in self.urls]  # per replica: model + sampling fields
+        self.exposure: list[dict] = []  # per replica: server_exposure of its URL (set by start)
 
     @property
     def replicas(self) -> int:
@@ -120,6 +138,7 @@ class HttpTransport(Transport):
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-http-client", daemon=True)
             self._thread.start()
+            self.exposure = [server_exposure(u) for u in self.urls]
             infos = self._call(self._connect_all())
             self.records = [ReplicaRecord(r, info) for r, info in enumerate(infos)]
             self._call(self._start_workers())
@@ -362,7 +381,7 @@ class HttpTransport(Transport):
             counts, retries = list(self.samples), self.retries
         return {"engines": [dict(r.info, samples=n) for r, n in zip(self.records, counts)],
                 "http": {"max_inflight_per_replica": self.inflight, "stream": self.stream, "retried_sends": retries,
-                         "urls": list(self.urls)},
+                         "urls": list(self.urls), "exposure": list(self.exposure)},
                 "dispatch_chunk": self.options.dispatch_chunk}
 
     async def _close(self) -> None:
