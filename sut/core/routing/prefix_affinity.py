@@ -20,7 +20,17 @@
        the best choice it counts as an affinity hit.
     5. Seed the map. Every block hash of the key not yet in the map is assigned to the chosen
        replica (so the first request of a document makes its replica the owner; a release does not
-       move an existing owner). The map is an LRU bounded by ``max_entries``.
+       move an existing owner).
+
+    Memory bound and eviction: the map holds at most ``max_entries`` entries (16-byte hash -> replica
+    index). A lookup hit moves the entry it hit to the most recent end; a new entry goes there too,
+    and when the map then holds more than ``max_entries`` the least recently used entry is dropped
+    (LRU; counted in ``evictions``). Each entry costs at most ``MAP_ENTRY_BYTES`` (280) bytes on
+    CPython 3.11 (the 49-byte hash object, plus the ordered dict's table slot, entry and list node:
+    up to ~210 bytes when its table has just grown; measured by ``map_bytes`` and by
+    ``scripts/bench/bench_routing.py``), so the default map stays under 65,536 x 280 B = 18.4 MB
+    (measured: ~12.6 MB, 193 B an entry, filled past its bound). Nothing else of the router grows
+    with the run: the per-request costs it books live only while the request is in flight.
 
     Load accounting: routing adds the request's estimated uncached prompt tokens (prompt minus the
     tokens the chosen replica is expected to hold) plus ``decode_weight x max_tokens`` to the
@@ -53,11 +63,15 @@ requests and estimated load per replica.
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections import OrderedDict
 
 import numpy as np
 
 from sut.core.routing.base import AffinitySettings, Router
+
+#: Upper bound of one map entry's memory in bytes (CPython 3.11; module docstring, "Memory bound").
+MAP_ENTRY_BYTES = 280
 
 
 class PrefixAffinityRouter(Router):
@@ -121,6 +135,13 @@ class PrefixAffinityRouter(Router):
                     self.map.popitem(last=False)
                     self.evictions += 1
         return r, len(prompt) - (matched if r == owner else 0)
+
+    def map_bytes(self) -> int:
+        """Bytes the affinity map holds now: the ordered dict (table, entries, list nodes) and its hash
+        objects, and replica indexes above 256 (CPython shares the smaller ones). O(entries): for reports."""
+        m = self.map
+        big = sum(sys.getsizeof(v) for v in m.values() if v > 256)
+        return sys.getsizeof(m) + sum(sys.getsizeof(k) for k in m) + big
 
     def stats(self) -> dict:
         return dict(super().stats(), affinity_hits=self.hits, releases=self.releases, new_prefixes=self.new_prefixes,
