@@ -437,8 +437,12 @@ def line(r: dict) -> str:
 def machine() -> dict:
     """Date, commit and machine of a run (for the record)."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+        git = ["git", "-C", str(REPO)]
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
+        changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                 text=True, timeout=10).stdout.strip()
+        commit = commit and commit + ("+changes" if changed else "")
     except (OSError, subprocess.SubprocessError):
         commit = None
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
