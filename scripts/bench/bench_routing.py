@@ -24,8 +24,9 @@ and ``least_loaded`` for comparison): documents of CNN length (782 ± 50 %) each
 have seen (``SimOptions.cache_docs``). The ``prefix_affinity`` map's memory is also measured at its bound
 (filled past ``max_entries`` with distinct prefixes).
 
-Per case: exactly-once (every sample answered once, every first token once, no failure), balance
-(``max/mean`` and ``max/min`` of outstanding tokens across replicas; ``routed`` request counts), harness
+First, per fleet size, the routing policy alone (``router_cost``: µs a request). Per case: exactly-once
+(every sample answered once, every first token once, no failure), balance (``max/mean`` and
+``max/min`` of outstanding tokens across replicas; ``routed`` request counts), harness
 CPU µs per sample (process CPU less the simulated replicas' own, ``SimTransport.sim_cpu_s``), and for
 ``prefix_affinity`` the map's entries, bytes and evictions. Verdicts: exactly-once; every replica used
 in the step cases and their ``max/mean`` within ``BALANCE_BOUND`` (a policy that sends everything to one
@@ -368,6 +369,22 @@ def map_at_bound(replicas: int, max_entries: int, fills: float = 2.0) -> dict:
     return out
 
 
+def router_cost(policy: str, replicas: int, prompts: list, repeats: int = 3) -> float:
+    """The routing policy alone: CPU µs per request for ``route`` + ``first`` + ``done`` (about ``2 x replicas``
+    requests in flight), the best of ``repeats`` passes over ``prompts``."""
+    best = math.inf
+    for _ in range(repeats):
+        r = make_router(policy, replicas, MAX_NEW_TOKENS)
+        c0 = time.process_time()
+        for i, p in enumerate(prompts):
+            r.route(i, p)
+            r.first(i)
+            if i >= 2 * replicas:
+                r.done(i - 2 * replicas)
+        best = min(best, (time.process_time() - c0) / len(prompts) * 1e6)
+    return best
+
+
 def cases_for(policies: list, fleets: list) -> list:
     """Every policy on the cnn mix in all four (mode, scenario) pairs; ``prefix_affinity`` and ``least_loaded``
     also on the shared mix (instant/Offline for cost, step/Server for balance), ``prefix_affinity`` there once more
@@ -482,8 +499,13 @@ def run(args: argparse.Namespace) -> dict:
     per case."""
     sizes = QUICK if args.quick else FULL
     fleets = args.fleet or ([(64, 8)] if args.quick else [(64, 8), (256, 32)])
-    out = {"machine": machine(), "sizes": sizes.__dict__, "cases": [], "map_at_bound": None}
+    out = {"machine": machine(), "sizes": sizes.__dict__, "cases": [], "map_at_bound": None, "router_us": {}}
     mixes = {"cnn": cnn_mix(sizes.pool)}
+    for replicas, _ in fleets:
+        costs = {p: router_cost(p, replicas, mixes["cnn"].prompts[:2000]) for p in args.policies}
+        out["router_us"][str(replicas)] = costs
+        print(f"routing alone, {replicas} replicas (µs a request: route + first + done): "
+              + ", ".join(f"{p} {c:.1f}" for p, c in costs.items()), flush=True)
     for case in cases_for(args.policies, fleets):
         if case.mix == "shared":
             key = f"shared-{case.replicas}"
