@@ -36,7 +36,7 @@
     and when the map then holds more than ``max_entries`` the least recently used entry is dropped
     (LRU; counted in ``evictions``). Each entry costs at most ``MAP_ENTRY_BYTES`` (280) bytes on
     CPython 3.11 (the 49-byte hash object, plus the ordered dict's table slot, entry and list node:
-    up to ~210 bytes when its table has just grown; measured by ``map_bytes`` and by
+    up to ~200 bytes when its table has just grown; measured by ``map_bytes`` and by
     ``scripts/bench/bench_routing.py``), so the default map stays under 65,536 x 280 B = 18.4 MB
     (measured: ~12.6 MB, 193 B an entry, filled past its bound). Nothing else of the router grows
     with the run: the per-request costs it books live only while the request is in flight.
