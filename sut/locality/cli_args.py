@@ -51,10 +51,10 @@ _ROUTER = {
     "block_tokens": (int, "prefix_affinity: tokens per hashed block of the prompt"),
     "prefix_blocks": (int, "prefix_affinity: blocks hashed per prompt (the key covers the first "
                            "block_tokens x prefix_blocks tokens; shorter prompts go least-loaded)"),
-    "release_tokens": (int, "prefix_affinity: estimated uncached prefill tokens in flight beyond which an owner's "
-                            "request may go elsewhere (see --release-gate); about peak prefill tokens/s x the extra "
-                            "TTFT you accept"),
-    "release_gate": ({"choices": RELEASE_GATES}, "prefix_affinity: excess = release when the owner's uncached work "
+    "release_tokens": (int, "prefix_affinity: estimated tokens of work in flight (uncached prefill + decode) beyond "
+                            "which an owner's request may go elsewhere (see --release-gate); about peak tokens/s x "
+                            "the extra latency you accept"),
+    "release_gate": ({"choices": RELEASE_GATES}, "prefix_affinity: excess = release when the owner's estimated work "
                      "exceeds the least busy replica's by --release-tokens (a burst that loads every replica alike "
                      "keeps affinity); absolute = when it exceeds --release-tokens by itself (a TTFT bound per owner); never = no "
                      "release (the study's router; default of the study trace presets, else excess)"),

@@ -3,7 +3,8 @@
 ``round_robin`` (``round_robin.py``), ``least_loaded`` (``least_loaded.py``: tokens in flight, the
 MLPerf Offline dispatcher), ``least_pending`` (``least_pending.py``: Server/Interactive),
 ``prefix_affinity`` (``prefix_affinity.py``: the study's sticky prefix map). The interface and the
-load accounting are in ``base.py``. Any transport takes any policy.
+load accounting are in ``base.py``; ``argmin.py`` keeps the least-loaded replica current in O(log
+replicas), so no policy scans every replica per request. Any transport takes any policy.
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ books ``uncached + decode_weight x max_tokens`` estimated tokens of work on its 
 ``uncached`` is the policy's estimate of its prompt tokens the replica does not hold yet (the whole
 prompt for cache-blind policies); ``done`` takes the same amount off. ``inflight`` and ``routed``
 count requests.
+
+Cost: a policy that asks for the least-loaded replica (``tracks_load = True``) gets it from an
+``ArgMin`` tree (``sut.core.routing.argmin``) over ``(load, inflight, index)``, kept current by
+``route`` and ``done`` in O(log replicas): no per-request scan over the replicas (at 256 replicas
+the scan cost ~100 µs a request, ``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
+
+from sut.core.routing.argmin import ArgMin
 
 RELEASE_GATES = ("excess", "absolute", "never")
 
@@ -61,6 +67,8 @@ class Router(ABC):
     """Routes requests to one of ``replicas`` engine replicas (see the module docstring)."""
 
     name = "router"
+    #: keep the ``ArgMin`` of ``(load, inflight, index)`` current (``least_loaded``): policies that never ask skip it
+    tracks_load = True
 
     def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
         if replicas < 1:
@@ -71,6 +79,7 @@ class Router(ABC):
         self.inflight = [0] * replicas
         self.routed = [0] * replicas
         self._cost: dict[int, tuple[int, float, int]] = {}
+        self._by_load = ArgMin([(0.0, 0, r) for r in range(replicas)]) if self.tracks_load else None
 
     @abstractmethod
     def _choose(self, rid: int, prompt: np.ndarray) -> tuple[int, int]:
@@ -85,6 +94,8 @@ class Router(ABC):
         self.uncached[r] += uncached
         self.inflight[r] += 1
         self.routed[r] += 1
+        if self._by_load is not None:
+            self._by_load.update(r, (self.load[r], self.inflight[r], r))
         return r
 
     def first(self, rid: int) -> None:
@@ -96,13 +107,29 @@ class Router(ABC):
         self.load[r] -= cost
         self.uncached[r] -= uncached
         self.inflight[r] -= 1
+        if self._by_load is not None:
+            self._by_load.update(r, (self.load[r], self.inflight[r], r))
 
     def replica_of(self, rid: int) -> int:
         """The replica ``rid`` was routed to (``KeyError`` once it is done)."""
         return self._cost[rid][0]
 
-    def _least(self, extra: Callable[[int], float]) -> int:
-        return min(range(self.replicas), key=lambda r: (self.load[r] + extra(r), self.inflight[r], r))
+    def least_loaded(self) -> int:
+        """The replica with the least estimated work in flight; ties: fewer requests in flight, then the
+        lower index. O(1) (``tracks_load`` policies only)."""
+        return self._by_load.best
+
+    def least_loaded_for(self, owner: int, held: int) -> int:
+        """The replica with the least estimated work after taking a request whose prompt replica ``owner``
+        already holds ``held`` tokens of (-1: no owner): the owner when ``(load[owner] - held, inflight,
+        owner)`` is no more than the least-loaded replica's ``(load, inflight, index)``, else that replica.
+        The same choice as a scan of ``load[r] + uncached(r)`` over every replica, since only the owner's
+        uncached work differs from the others'. O(1) (``tracks_load`` policies only)."""
+        best = self._by_load.best
+        if owner < 0 or owner == best:
+            return best
+        mine = (self.load[owner] - held, self.inflight[owner], owner)
+        return owner if mine <= (self.load[best], self.inflight[best], best) else best
 
     def stats(self) -> dict:
         return {"policy": self.name, "routed": list(self.routed)}

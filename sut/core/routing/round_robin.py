@@ -1,12 +1,19 @@
-"""``round_robin``: replica ``i mod n`` for the i-th routed request. Cache-blind baseline; no knobs."""
+"""``round_robin``: replica ``i mod n`` for the i-th routed request. Cache-blind baseline; no knobs. O(1)."""
 
 from __future__ import annotations
 
-from sut.core.routing.base import Router
+from sut.core.routing.base import AffinitySettings, Router
 
 
 class RoundRobinRouter(Router):
     name = "round_robin"
+    tracks_load = False
+
+    def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
+        super().__init__(replicas, max_tokens, settings)
+        self._next = 0
 
     def _choose(self, rid, prompt):
-        return sum(self.routed) % self.replicas, len(prompt)
+        r = self._next
+        self._next = r + 1 if r + 1 < self.replicas else 0
+        return r, len(prompt)
