@@ -258,6 +258,7 @@ def cmd_test06_verify(a) -> int:
 def cmd_package(a) -> int:
     from sut.package_tree import TreeSettings, package_new_tree
 
+    stop_on_sigterm_like_ctrl_c()  # SIGTERM stops it as Ctrl-C does: exit 130, nothing left at --out
     try:
         PackageSettings(out=a.out, system=a.system, submitter=a.submitter, performance_run="-", accuracy_run="-",
                         division=a.division)  # name checks

@@ -23,10 +23,16 @@ passes the v6.1 submission checker (``--version v6.1``) and fails v6.0's seed ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
+import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -236,10 +242,14 @@ def _lay_out_scenarios(ts: TreeSettings, perf: dict, acc: dict, t06: dict) -> li
     return problems
 
 
-def package_tree(ts: TreeSettings) -> Path:
+def package_tree(ts: TreeSettings, build_in: Optional[str] = None) -> Path:
     """Lay the runs out as one tree and return ``<out>/<division>/<submitter>``. A rehearsal
     (``allow_noncompliant``) gets one ``NOT-COMPLIANT.txt`` there, listing the tree's problems and every
     scenario's (``<scenario>: <role> run: <reason>``); scenario folders get none.
+
+    Args:
+        build_in: write the tree under this folder instead of ``ts.out`` (checks such as "``--out`` already
+            holds this scenario" still look at ``ts.out``; :func:`package_new_tree` moves it there).
 
     Raises:
         ComplianceError: a run is unusable (see ``sut.package_scenario.check_scenario``), two runs claim
@@ -260,8 +270,9 @@ def package_tree(ts: TreeSettings) -> Path:
         if problems:
             raise ComplianceError("not a compliant submission (pass --allow-noncompliant only to rehearse the "
                                   "layout):\n  " + "\n  ".join(problems))
-    root = Path(ts.out) / ts.division / ts.submitter
-    problems += _lay_out_scenarios(ts, perf, acc, t06)
+    build = dataclasses.replace(ts, out=build_in) if build_in is not None else ts
+    root = Path(build.out) / ts.division / ts.submitter
+    problems += _lay_out_scenarios(build, perf, acc, t06)
     runs = [(scen, role, group[scen][1]) for scen in perf
             for role, group in (("performance", perf), ("accuracy", acc), ("TEST06", t06)) if scen in group]
     write_src(root / "src", runs, Path(ts.repo))
@@ -271,25 +282,93 @@ def package_tree(ts: TreeSettings) -> Path:
                                                + "\n")
     if problems:
         write_not_compliant(root, problems)
-    log.info("submission tree written: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
-    return root
+    log.info("submission tree laid out: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
+    return Path(ts.out) / ts.division / ts.submitter
+
+
+#: Prefix of the folder beside ``--out`` that :func:`package_new_tree` builds the tree in (``.<out name>`` + this).
+STAGING_SUFFIX = ".package-partial-"
 
 
 def package_new_tree(ts: TreeSettings) -> Path:
-    """:func:`package_tree` for ``python -m sut package``: the run folder arguments are checked first
-    (``ValueError``, :meth:`TreeSettings.check_run_folders`), then ``ts.out`` is created (``OSError`` if it
-    cannot be); when anything fails after that, the folders this call created are removed again (a
-    failed command leaves no empty or partial ``--out`` behind)."""
+    """:func:`package_tree` for ``python -m sut package``: nothing partial is ever left at ``--out``.
+
+    The run folder arguments are checked first (``ValueError``, :meth:`TreeSettings.check_run_folders`);
+    the tree is then built in a new folder beside ``--out`` (``<parent>/.<out name>.package-partial-XXXX``,
+    same file system) and moved into place only once it is complete: renamed to ``--out`` when that does
+    not exist (or is an empty folder), else merged into it entry by entry (each a rename). Ctrl-C or SIGTERM
+    (``KeyboardInterrupt``) or any failure before that removes the build folder and the parents of
+    ``--out`` this call created; a stop signal during the move (milliseconds) is held until the move is
+    done, then raised (exit 130, the tree complete).
+
+    Raises:
+        ValueError: a bad run folder argument, or ``--out`` is an existing file.
+        OSError: the build folder cannot be created (an unwritable parent of ``--out``).
+        ComplianceError, KeyboardInterrupt: as :func:`package_tree`; a stop signal.
+    """
     ts.check_run_folders()
     out = Path(ts.out).absolute()
-    made = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)  # what mkdir creates
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {ts.out} is a file, not a folder")
+    made = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)  # what mkdir makes
     try:
-        return package_tree(ts)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING_SUFFIX}", dir=out.parent))
     except BaseException:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    try:
+        package_tree(ts, build_in=str(stage))
+        with _stop_signals_held() as held:
+            _move_into_place(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
         if made is not None:  # every file under it is this call's
             shutil.rmtree(made, ignore_errors=True)
         raise
+    shutil.rmtree(stage, ignore_errors=True)  # what a merge left: folders whose entries moved
+    root = out / ts.division / ts.submitter
+    if held:
+        log.warning("%s arrived while the finished tree was moved into place: the tree is complete (%s)",
+                    held[0], root)
+        raise KeyboardInterrupt(held[0])
+    return root
+
+
+@contextmanager
+def _stop_signals_held():
+    """Within the block, SIGINT and SIGTERM are only noted (``yield``-ed list of their names: ``"SIGINT, Ctrl-C"``,
+    ``"SIGTERM"``); the previous handlers come back after it. Outside the main thread it holds nothing."""
+    held: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def note(signum, _frame):
+        held.append("SIGINT, Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
+
+    before = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield held
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _move_into_place(stage: Path, out: Path) -> None:
+    """Move the tree built in ``stage`` to ``out``: one rename when ``out`` is absent or an empty folder; else
+    each entry of ``stage`` whose path ``out`` lacks is renamed there, folders both hold are merged the same way
+    and a file both hold is replaced (``src/README.md`` of an earlier package into the same ``--out``)."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        os.replace(stage, out)  # a directory onto an empty directory: replaced
+        return
+    for entry in stage.iterdir():
+        dest = out / entry.name
+        if entry.is_dir() and dest.is_dir():
+            _move_into_place(entry, dest)
+        else:
+            os.replace(entry, dest)
 
 
 def _git(repo: Path, *args: str) -> Optional[str]:

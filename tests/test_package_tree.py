@@ -170,3 +170,57 @@ def test_package_names_a_locality_folder_as_not_mlperf_and_exits_2(tmp_path):
         assert run.returncode == 2 and "synthetic-locality" in run.stderr and "NOT an MLPerf run" in run.stderr
         assert not (tmp_path / "t").exists()
         (loc / "run.json").write_text((loc / "locality.json").read_text())  # then: renamed by hand
+
+
+_STOP_MIDWAY = """
+import os, signal, sys
+import sut.package_scenario as ps
+from sut.cli import main
+copy2, calls = ps.shutil.copy2, []
+def copy_then_stop(*a, **k):
+    calls.append(a)
+    if len(calls) == 3:  # a few files of the first scenario copied
+        os.kill(os.getpid(), signal.SIGTERM)
+    return copy2(*a, **k)
+ps.shutil.copy2 = copy_then_stop
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_package_exits_130_and_leaves_nothing_then_the_same_command_works(tmp_path):
+    """Before: rc 143 (-15 here) with a partial tree at --out and no NOT-COMPLIANT.txt; the same command then
+    refused the folder ("already holds")."""
+    base = tmp_path / "demo"
+    perf = make_run(base, "performance-NOT-COMPLIANT", "performance",
+                    compliance={"compliant": False, "reasons": [RUN_REASON]})
+    acc = make_run(base, "accuracy", "accuracy")
+    t06 = make_test06_run(base)
+    out = tmp_path / "new" / "submission"
+    args = ["package", "--allow-noncompliant", "--out", str(out), "--system", "s", "--submitter", "o",
+            "--performance", str(perf), "--accuracy", str(acc), "--test06", str(t06)]
+    stopped = subprocess.run([sys.executable, "-c", _STOP_MIDWAY, *args], env=sut_env(), cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 130 and "interrupted (SIGTERM)" in stopped.stderr, stopped.stderr[-2000:]
+    assert not (tmp_path / "new").exists(), sorted(map(str, (tmp_path / "new").rglob("*")))
+    again = subprocess.run([sys.executable, "-m", "sut", *args], env=sut_env(), cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "closed" / "o" / "NOT-COMPLIANT.txt").is_file()
+    assert [p.name for p in out.parent.iterdir()] == ["submission"]  # no build folder left beside it
+
+
+def test_package_into_an_existing_out_merges_and_leaves_no_build_folder(tmp_path):
+    from sut.package_tree import TreeSettings, package_new_tree
+
+    base = tmp_path / "runs"
+    perf = make_run(base, "perf", "performance", compliance={"compliant": False, "reasons": [RUN_REASON]})
+    acc = make_run(base, "acc", "accuracy")
+    out = tmp_path / "sub"
+    (out / "closed" / "other").mkdir(parents=True)
+    (out / "closed" / "other" / "keep.txt").write_text("x")
+    root = package_new_tree(TreeSettings(out=str(out), system="s", submitter="o", division="open",
+                                         performance_runs=(str(perf),), accuracy_runs=(str(acc),),
+                                         allow_noncompliant=True))
+    assert root == out / "open" / "o" and (root / "systems" / "s.json").is_file()
+    assert (out / "closed" / "other" / "keep.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "sub"]
