@@ -220,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "first-token check)")
     t.add_argument("--eos-token-ids", type=int, nargs="+",
                    help="EOS ids (default: from run.json, else Llama 3.1's 128001 128008 128009)")
+    t.add_argument("--max-tokens", type=_positive_int,
+                   help="no response may hold more ids (default: run.json generation.max_tokens, else 128)")
     k = sub.add_parser("package", help="lay out performance, accuracy and TEST06 runs as an MLPerf submission tree",
                        description="Copy finished runs of one system (Offline plus Server and/or Interactive; each run's "
                                    "run.json says its scenario) into <out>/<division>/<submitter>/results/<system>/"
@@ -242,9 +244,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_test06_verify(a) -> int:
+def _positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
     try:
-        res, d, eos = verify_run_folder(a.run_dir, a.out, a.scenario, a.eos_token_ids)  # ComplianceError: exit 2
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def cmd_test06_verify(a) -> int:
+    try:  # ComplianceError: exit 2
+        res, d, eos = verify_run_folder(a.run_dir, a.out, a.scenario, a.eos_token_ids, a.max_tokens)
     except OSError as e:
         raise InputError(f"cannot write the TEST06 result: {e}") from None
     sys.stdout.write(res.verify_accuracy_txt())

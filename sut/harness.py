@@ -290,7 +290,7 @@ def _finish(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_di
     if error:
         raise _fail(run_dir, record, error, error)
     if rs.compliance_test == "TEST06":
-        t06 = record["test06"] = test06_record(rs, model, run_dir)
+        t06 = record["test06"] = test06_record(rs, model, run_dir, record["generation"]["max_tokens"])
         if not t06["passed"]:
             raise _fail(run_dir, record, f"TEST06 failed: {t06}",
                         f"TEST06 verification failed: {t06['verify_accuracy']!r} {t06.get('failures')}")

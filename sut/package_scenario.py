@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 from accuracy.reference import gen_len_reason
 from sut.compliance import Test06Result, verify_test06, write_test06
-from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
+from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY, MAX_NEW_TOKENS
 from sut.package_logs import check_accuracy_log_complete, check_logs_agree, gate_input_problems
 from sut.package_same_system import check_same_system, check_same_user_conf, kept_user_conf
 from sut.records import ComplianceError, check_record, invalid_why, locality_folder_why, read_json, vocab_size
@@ -260,7 +260,8 @@ def _check_test06(folder: str) -> tuple[Run, Test06Result, list[str]]:
     if not eos:
         raise ComplianceError(f"TEST06 run {tdir}: run.json has no model eos_token_ids for the EOS check")
     result = verify_test06(tdir / "mlperf_log_accuracy.json", rec.get("scenario") or "Offline", eos,
-                           vocab_size(rec), f"TEST06 run {tdir}: run.json eos_token_ids")
+                           vocab_size(rec), f"TEST06 run {tdir}: run.json eos_token_ids",
+                           (rec.get("generation") or {}).get("max_tokens") or MAX_NEW_TOKENS)
     if not result.passed:
         raise ComplianceError(f"TEST06 run {tdir}: verification fails on its mlperf_log_accuracy.json: "
                               + result.verify_accuracy_txt().replace("\n", "; ") + " ".join(result.failures[:3]))

@@ -147,11 +147,12 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test06_record(rs, model, run_dir: Path) -> dict:
-    """TEST06 checks on this run's sampled accuracy log; writes ``<run>/TEST06/``."""
+def test06_record(rs, model, run_dir: Path, max_tokens: int) -> dict:
+    """TEST06 checks on this run's sampled accuracy log (``max_tokens``: the run's, no answer may be longer);
+    writes ``<run>/TEST06/``."""
     acc_log = run_dir / "mlperf_log_accuracy.json"
     try:
-        res = verify_test06(acc_log, rs.scenario, model.eos_token_ids)
+        res = verify_test06(acc_log, rs.scenario, model.eos_token_ids, max_tokens=max_tokens)
     except ComplianceError as e:
         return {"passed": False, "error": str(e), "verify_accuracy": None}
     write_test06(res, acc_log, run_dir)
