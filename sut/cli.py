@@ -227,8 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "run.json says its scenario) into <out>/<division>/<submitter>/results/<system>/"
                                    "<benchmark>/<scenario>/ (performance/run_1, accuracy, TEST06, user.conf, "
                                    "measurements.json, README.md), with src/README.md (harness commit and commands) and "
-                                   "systems/<system>.json (a template: FILL-IN fields are yours), after checking that "
-                                   "they are compliant and describe the same system. " + CHECKER_NOTE)
+                                   "systems/<system>.json (from run.json and --system-json; a field left FILL-IN is refused "
+                                   "unless --allow-noncompliant), after checking that they are compliant and "
+                                   "describe the same system. " + CHECKER_NOTE)
     k.add_argument("--out", dest="out", required=True, help="root folder of the submission tree")
     k.add_argument("--system", required=True, help="system name, e.g. 1xH200_vllm")
     k.add_argument("--submitter", required=True, help="organisation name")
@@ -239,8 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--test06", dest="test06_runs", nargs="+", default=[],
                    help="run folder(s) of the TEST06 runs, one per scenario (closed llama3.1-8b needs them)")
     k.add_argument("--division", default="closed", choices=["closed", "open"])
+    k.add_argument("--system-json", dest="system_desc", metavar="FILE",
+                   help="JSON object of the systems/<system>.json fields run.json cannot tell (status, memory, "
+                        "storage, cooling, ...); a field left FILL-IN is refused unless --allow-noncompliant")
     k.add_argument("--allow-noncompliant", action="store_true",
-                   help="rehearse the layout with dev runs; the tree gets NOT-COMPLIANT.txt with every reason")
+                   help="rehearse the layout with dev runs (and FILL-IN fields in systems/<system>.json); "
+                        "the tree gets NOT-COMPLIANT.txt with every reason")
     return p
 
 
@@ -277,7 +282,7 @@ def cmd_package(a) -> int:
                         division=a.division)  # name checks
         ts = TreeSettings(out=a.out, system=a.system, submitter=a.submitter, performance_runs=tuple(a.performance_runs),
                           accuracy_runs=tuple(a.accuracy_runs), test06_runs=tuple(a.test06_runs),
-                          division=a.division, allow_noncompliant=a.allow_noncompliant)
+                          division=a.division, allow_noncompliant=a.allow_noncompliant, system_desc=a.system_desc)
         root = package_new_tree(ts)  # a missing run folder, an unwritable --out: exit 2, nothing written
     except ValueError as e:
         raise InputError(str(e)) from None

@@ -12,7 +12,8 @@ settings), and writes::
     <out>/<division>/<submitter>/
         results/<system>/llama3.1-8b/{Offline,Server,Interactive}/...   (sut.package_scenario)
         src/README.md                    harness commit, how to get the code, the exact commands
-        systems/<system>.json            template filled from run.json; FILL-IN fields are the user's
+        systems/<system>.json            filled from run.json and --system-json; a field neither tells
+                                         reads FILL-IN (refused unless --allow-noncompliant)
         NOT-COMPLIANT.txt                only a rehearsal (--allow-noncompliant): every reason, of
                                          every scenario and of the tree, in this one file
 
@@ -52,8 +53,12 @@ CHECKER_VERSION = "v6.1"
 CHECKER_NOTE = ("The tree targets the v6.1 submission checker (mlcommons/inference tools/submission/"
                 "submission_checker, --version v6.1): mlcommons-loadgen 6.0.17 embeds the v6.1 mlperf.conf RNG seeds, "
                 "so the tree passes v6.1's seed check and fails v6.0's.")
-#: Marker of a ``systems/<system>.json`` field that ``run.json`` cannot tell (the checker then fails on it).
+#: Marker of a ``systems/<system>.json`` field that neither ``run.json`` nor ``--system-json`` tells. The v6.1
+#: checker passes it in every field but ``status`` (it checks presence, non-empty values, ``status``, ``system_type``,
+#: the division's network mode, division and submitter), so :func:`package_tree` refuses it itself.
 FILL_IN = "FILL-IN"
+#: ``status`` values the submission checker takes (``constants.py`` ``VALID_AVAILABILITIES``).
+VALID_STATUSES = ("available", "preview", "rdi")
 #: Required fields of ``systems/<system>.json`` (submission checker ``constants.py``
 #: ``SYSTEM_DESC_REQUIRED_FIELDS``, v6.0 and v6.1).
 SYSTEM_FIELDS = (
@@ -74,6 +79,8 @@ class TreeSettings:
 
     Attributes:
         out, system, submitter, division, allow_noncompliant: as in ``PackageSettings``.
+        system_desc: a JSON file (``--system-json``) of ``systems/<system>.json`` fields that ``run.json``
+            cannot tell (``status``, memory, storage, cooling, ...); its values replace the template's.
         performance_runs / accuracy_runs / test06_runs: run folders, any order; each run's
             ``run.json`` says its scenario. Every scenario needs one performance and one accuracy
             run (and, closed division, one TEST06 run).
@@ -87,6 +94,7 @@ class TreeSettings:
     test06_runs: tuple = ()
     division: str = "closed"
     allow_noncompliant: bool = False
+    system_desc: Optional[str] = None
     repo: str = field(default=str(REPO), repr=False)
 
     def __post_init__(self):
@@ -264,7 +272,8 @@ def package_tree(ts: TreeSettings, build_in: Optional[str] = None) -> Path:
     _check_roles(perf, acc, t06)
     ref = _check_one_system(perf)
     _check_out_is_free(ts, perf)
-    problems = _tree_problems(ts, set(perf), ref["benchmark"])
+    system = system_json(ts, next(iter(perf.values()))[1], read_system_desc(ts))
+    problems = _tree_problems(ts, set(perf), ref["benchmark"]) + system_desc_problems(ts.system, system)
     if not ts.allow_noncompliant:
         problems += _scenario_problems(ts, perf, acc, t06)  # every reason at once, not one scenario's at a time
         if problems:
@@ -278,8 +287,7 @@ def package_tree(ts: TreeSettings, build_in: Optional[str] = None) -> Path:
     write_src(root / "src", runs, Path(ts.repo))
     systems = root / "systems"
     systems.mkdir(parents=True, exist_ok=True)
-    (systems / f"{ts.system}.json").write_text(json.dumps(system_json(ts, next(iter(perf.values()))[1]), indent=2)
-                                               + "\n")
+    (systems / f"{ts.system}.json").write_text(json.dumps(system, indent=2) + "\n")
     if problems:
         write_not_compliant(root, problems)
     log.info("submission tree laid out: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
@@ -302,11 +310,12 @@ def package_new_tree(ts: TreeSettings) -> Path:
     done, then raised (exit 130, the tree complete).
 
     Raises:
-        ValueError: a bad run folder argument, or ``--out`` is an existing file.
+        ValueError: a bad run folder argument or ``--system-json`` file, or ``--out`` is an existing file.
         OSError: the build folder cannot be created (an unwritable parent of ``--out``).
         ComplianceError, KeyboardInterrupt: as :func:`package_tree`; a stop signal.
     """
     ts.check_run_folders()
+    read_system_desc(ts)  # a bad --system-json: exit 2 before anything is written
     out = Path(ts.out).absolute()
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {ts.out} is a file, not a folder")
@@ -428,9 +437,51 @@ def untracked_inputs(commands: list[str], repo: Path) -> list[str]:
     return [x for x in found if not any(t == x or t.startswith(x.rstrip("/") + "/") for t in tracked)]
 
 
-def system_json(ts: TreeSettings, rec: dict) -> dict:
-    """``systems/<system>.json``: every required field; what ``run.json`` tells is filled in, the rest
-    is ``FILL-IN: ...`` (the checker rejects those until the user replaces them)."""
+def read_system_desc(ts: TreeSettings) -> dict:
+    """The fields of ``ts.system_desc`` (``--system-json``; ``{}`` when none is given).
+
+    Raises:
+        ValueError: the file cannot be read, is not a UTF-8 JSON object of plain values (string, number,
+            boolean, null), or gives ``division``, ``submitter`` or ``system_name`` other than the command's.
+    """
+    if ts.system_desc is None:
+        return {}
+    where = f"--system-json {ts.system_desc}"
+    try:
+        desc = parse_json(Path(ts.system_desc).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: cannot be read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: malformed JSON: {e}") from None
+    if not isinstance(desc, dict):
+        raise ValueError(f"{where}: must be a JSON object of systems/<system>.json fields, got {type(desc).__name__}")
+    for k, v in desc.items():
+        if isinstance(v, (dict, list)):
+            raise ValueError(f"{where}: field {k!r} must be a plain value (text, number, true/false), got "
+                             f"{type(v).__name__}")
+    for k, want in (("division", ts.division), ("submitter", ts.submitter), ("system_name", ts.system)):
+        if k in desc and desc[k] != want:
+            raise ValueError(f"{where}: field {k!r} is {desc[k]!r}, the command's is {want!r}")
+    return desc
+
+
+def system_desc_problems(system: str, desc: dict) -> list[str]:
+    """Why ``desc`` (``systems/<system>.json``) cannot go into a submission: one line per field that holds a
+    ``FILL-IN`` placeholder (any case) and for a ``status`` the checker refuses (not one of
+    :data:`VALID_STATUSES`)."""
+    where = f"systems/{system}.json"
+    out = [f"{where}: field {k!r} is still {FILL_IN} (--system-json FILE gives it)"
+           for k, v in desc.items() if isinstance(v, str) and FILL_IN.lower() in v.lower()]
+    status = desc.get("status")
+    if isinstance(status, str) and FILL_IN.lower() not in status.lower() and status.lower() not in VALID_STATUSES:
+        out.append(f"{where}: field 'status' is {status!r}, the checker takes {' | '.join(VALID_STATUSES)}")
+    return out
+
+
+def system_json(ts: TreeSettings, rec: dict, given: Optional[dict] = None) -> dict:
+    """``systems/<system>.json``: every required field; what ``run.json`` tells is filled in, then the
+    ``given`` fields (``--system-json``) replace theirs; the rest is ``FILL-IN: ...``
+    (:func:`system_desc_problems` lists them)."""
     devices = rec.get("devices") or [e.get("device") or {} for e in rec.get("engines") or []]
     gpus = {d.get("uuid") or d.get("slot") for d in devices if d.get("kind") == "cuda"}
     names = sorted({d.get("name") for d in devices if d.get("kind") == "cuda" and d.get("name")})
@@ -459,4 +510,5 @@ def system_json(ts: TreeSettings, rec: dict) -> dict:
                   "accelerator_interconnect", "accelerator_interconnect_topology",
                   "accelerator_memory_configuration", "accelerator_on-chip_memories"):
             out[k] = "N/A"
+    out.update(given or {})
     return out

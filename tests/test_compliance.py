@@ -172,6 +172,16 @@ def make_test06_run(base: Path, passed: bool = True, recorded_passed: bool | Non
     return d
 
 
+def write_system_desc(path: Path, **over) -> Path:
+    """A ``--system-json`` file that fills every ``systems/<system>.json`` field the template cannot."""
+    from sut.package_tree import SYSTEM_FIELDS
+
+    desc = {k: f"test {k}" for k in SYSTEM_FIELDS if k not in ("division", "submitter", "system_name")}
+    desc.update(status="available", system_type="datacenter", **over)
+    path.write_text(json.dumps(desc))
+    return path
+
+
 @pytest.fixture
 def runs(tmp_path):
     return (make_run(tmp_path / "runs", "perf", "performance"), make_run(tmp_path / "runs", "acc", "accuracy"),
