@@ -46,7 +46,7 @@ def write_latency_figure(path: Path, title: str, ttft: tuple[Sequence[float], Se
         return _draw(path, title, ttft, tpot, limits_ms or {}, trend)
     except Exception as e:  # noqa: BLE001 - the run's record and LoadGen's logs are what counts
         if isinstance(e, OSError):  # e.g. a full file system: no traceback, and no partial file left
-            log.warning("could not write %s: %s", path, e)
+            log.warning("could not draw %s: %s", path, e)
         else:
             log.warning("could not draw %s", path, exc_info=True)
         try:
