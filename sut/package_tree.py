@@ -290,8 +290,9 @@ def package_tree(ts: TreeSettings, build_in: Optional[str] = None) -> Path:
     (systems / f"{ts.system}.json").write_text(json.dumps(system, indent=2) + "\n")
     if problems:
         write_not_compliant(root, problems)
-    log.info("submission tree laid out: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
-    return Path(ts.out) / ts.division / ts.submitter
+    final = Path(ts.out) / ts.division / ts.submitter
+    log.info("submission tree written: %s (scenarios %s); %s", final, ", ".join(perf), CHECKER_NOTE)
+    return final
 
 
 #: Prefix of the folder beside ``--out`` that :func:`package_new_tree` builds the tree in (``.<out name>`` + this).
