@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,12 @@ from accuracy.jsontext import parse_json
 
 #: What :func:`read_dataset_json` accepts, for messages and docs.
 ACCEPTED_ENCODING = "UTF-8 (with or without a byte-order mark)"
+#: Largest dataset file read, in bytes (1 GiB). The official 13,368-sample ``cnn_eval.json`` as
+#: ``download_cnndm.py`` writes it (``json.dump(..., indent=4)``) is about 266 MB: the 1,020 public rows
+#: of ``cnn_eval_public.json`` re-written with ``indent=4`` take 19.6 MB (19.2 KB a row), scaled to 13,368
+#: rows and the full set's ~4% longer prompts. The limit leaves about 4x room and bounds the memory a
+#: read can take (the bytes, their text and the parsed lists: a few GB at the limit).
+MAX_DATASET_BYTES = 1 << 30
 _WIDE_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\xfe\xff", "UTF-16"),
               (b"\xff\xfe", "UTF-16"))
 
@@ -72,24 +79,49 @@ def _wide_encoding(head: bytes) -> str | None:
     return None
 
 
-def read_dataset_json(path: str | os.PathLike) -> list:
-    """The records of a cnn_eval-format file: a non-empty JSON list, ``ACCEPTED_ENCODING`` only.
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes, checked before anything is read.
+
+    A FIFO, device (``/dev/zero``), socket or directory is refused from its ``stat`` (never opened, so a
+    FIFO cannot block); the size is checked on the ``stat`` and again on the opened file, and at most
+    ``limit + 1`` bytes are read, so a file that grows meanwhile cannot take more memory either.
 
     Raises:
-        DatasetFileError: missing, a directory, unreadable, a pickle, UTF-16/UTF-32 or otherwise
-            not UTF-8 (naming the byte offset), malformed JSON, or not a non-empty JSON list.
+        DatasetFileError: missing, not a regular file, larger than ``limit``, or unreadable.
     """
-    path = Path(path)
     try:
-        raw = path.read_bytes()
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise DatasetFileError(path, "is a directory, not a cnn_eval JSON file")
+        if not stat.S_ISREG(st.st_mode):
+            raise DatasetFileError(path, "is not a regular file (a device, FIFO or socket); "
+                                         "only a cnn_eval JSON file is read")
+        if st.st_size > limit:
+            raise DatasetFileError(path, f"is {st.st_size:,} bytes, more than the {limit:,}-byte limit "
+                                         "of a dataset file (the official cnn_eval.json is about 266 MB)")
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
     except FileNotFoundError:
         raise DatasetFileError(path, NOT_FOUND) from None
-    except IsADirectoryError:
-        raise DatasetFileError(path, "is a directory, not a cnn_eval JSON file") from None
     except PermissionError:
         raise DatasetFileError(path, "permission denied") from None
     except OSError as e:
         raise DatasetFileError(path, f"cannot be read: {e.strerror or e}") from None
+    if len(raw) > limit:
+        raise DatasetFileError(path, f"grew past the {limit:,}-byte limit of a dataset file while it was read")
+    return raw
+
+
+def read_dataset_json(path: str | os.PathLike) -> list:
+    """The records of a cnn_eval-format file: a non-empty JSON list, ``ACCEPTED_ENCODING`` only.
+
+    Raises:
+        DatasetFileError: missing, a directory or other non-regular file, larger than
+            ``MAX_DATASET_BYTES`` (checked before reading), unreadable, a pickle, UTF-16/UTF-32 or
+            otherwise not UTF-8 (naming the byte offset), malformed JSON, or not a non-empty JSON list.
+    """
+    path = Path(path)
+    raw = _read_bounded(path, MAX_DATASET_BYTES)
     if raw[:1] == b"\x80":
         raise DatasetFileError(path, "looks like a pickle; only the JSON cnn_eval format is read (never unpickled)")
     wide = _wide_encoding(raw[:4])

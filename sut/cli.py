@@ -147,13 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "first-token check)")
     t.add_argument("--eos-token-ids", type=int, nargs="+",
                    help="EOS ids (default: from run.json, else Llama 3.1's 128001 128008 128009)")
+    t.add_argument("--max-tokens", type=_positive_int,
+                   help="no response may hold more ids (default: run.json generation.max_tokens, else 128)")
     k = sub.add_parser("package", help="lay out performance, accuracy and TEST06 runs as an MLPerf submission tree",
                        description="Copy finished runs of one system (Offline plus Server and/or Interactive; each run's "
                                    "run.json says its scenario) into <out>/<division>/<submitter>/results/<system>/"
                                    "<benchmark>/<scenario>/ (performance/run_1, accuracy, TEST06, user.conf, "
                                    "measurements.json, README.md), with src/README.md (harness commit and commands) and "
-                                   "systems/<system>.json (a template: FILL-IN fields are yours), after checking that "
-                                   "they are compliant and describe the same system. " + CHECKER_NOTE)
+                                   "systems/<system>.json (from run.json and --system-json; a field left FILL-IN is refused "
+                                   "unless --allow-noncompliant), after checking that they are compliant and "
+                                   "describe the same system. " + CHECKER_NOTE)
     k.add_argument("--out", dest="out", required=True, help="root folder of the submission tree")
     k.add_argument("--system", required=True, help="system name, e.g. 1xH200_vllm")
     k.add_argument("--submitter", required=True, help="organisation name")
@@ -164,14 +167,29 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--test06", dest="test06_runs", nargs="+", default=[],
                    help="run folder(s) of the TEST06 runs, one per scenario (closed llama3.1-8b needs them)")
     k.add_argument("--division", default="closed", choices=["closed", "open"])
+    k.add_argument("--system-json", dest="system_desc", metavar="FILE",
+                   help="JSON object of the systems/<system>.json fields run.json cannot tell (status, memory, "
+                        "storage, cooling, ...); a field left FILL-IN is refused unless --allow-noncompliant")
     k.add_argument("--allow-noncompliant", action="store_true",
-                   help="rehearse the layout with dev runs; the tree gets NOT-COMPLIANT.txt with every reason")
+                   help="rehearse the layout with dev runs (and FILL-IN fields in systems/<system>.json); "
+                        "the tree gets NOT-COMPLIANT.txt with every reason")
     return p
 
 
-def cmd_test06_verify(a) -> int:
+def _positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
     try:
-        res, d, eos = verify_run_folder(a.run_dir, a.out, a.scenario, a.eos_token_ids)  # ComplianceError: exit 2
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def cmd_test06_verify(a) -> int:
+    try:  # ComplianceError: exit 2
+        res, d, eos = verify_run_folder(a.run_dir, a.out, a.scenario, a.eos_token_ids, a.max_tokens)
     except OSError as e:
         raise InputError(f"cannot write the TEST06 result: {e}") from None
     sys.stdout.write(res.verify_accuracy_txt())
@@ -185,12 +203,13 @@ def cmd_test06_verify(a) -> int:
 def cmd_package(a) -> int:
     from sut.submission.tree import TreeSettings, package_new_tree
 
+    stop_on_sigterm_like_ctrl_c()  # SIGTERM stops it as Ctrl-C does: exit 130, nothing left at --out
     try:
         PackageSettings(out=a.out, system=a.system, submitter=a.submitter, performance_run="-", accuracy_run="-",
                         division=a.division)  # name checks
         ts = TreeSettings(out=a.out, system=a.system, submitter=a.submitter, performance_runs=tuple(a.performance_runs),
                           accuracy_runs=tuple(a.accuracy_runs), test06_runs=tuple(a.test06_runs),
-                          division=a.division, allow_noncompliant=a.allow_noncompliant)
+                          division=a.division, allow_noncompliant=a.allow_noncompliant, system_desc=a.system_desc)
         root = package_new_tree(ts)  # a missing run folder, an unwritable --out: exit 2, nothing written
     except ValueError as e:
         raise InputError(str(e)) from None

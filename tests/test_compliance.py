@@ -185,6 +185,16 @@ def make_test06_run(base: Path, passed: bool = True, recorded_passed: bool | Non
     return d
 
 
+def write_system_desc(path: Path, **over) -> Path:
+    """A ``--system-json`` file that fills every ``systems/<system>.json`` field the template cannot."""
+    from sut.submission.tree import SYSTEM_FIELDS
+
+    desc = {k: f"test {k}" for k in SYSTEM_FIELDS if k not in ("division", "submitter", "system_name")}
+    desc.update(status="available", system_type="datacenter", **over)
+    path.write_text(json.dumps(desc))
+    return path
+
+
 @pytest.fixture
 def runs(tmp_path):
     return (make_run(tmp_path / "runs", "perf", "performance"), make_run(tmp_path / "runs", "acc", "accuracy"),
@@ -508,3 +518,47 @@ def test_generated_folders_are_ignored_by_git():
     for path in ("submission/closed/Org/README.md", "results/demo/x/run.json", "gpu_out/x.json", "models/m/config.json"):
         out = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=REPO)
         assert out.returncode == 0, f"{path} is not ignored by .gitignore"
+
+
+# ------------------------------------------------------------------- TEST06: no answer longer than max_tokens
+def test_an_answer_longer_than_max_tokens_fails_the_sample_length_check(tmp_path):
+    """Before: 129 ids with token_count 129 passed (the reference and the checker do not look at the length)."""
+    log = write_log(tmp_path / "a.json", [make_log_entry(0, [7] * 128), make_log_entry(1, [7] * 129)])
+    res = verify_test06(log, "Offline", EOS)  # the reference's 128
+    assert not res.passed and res.sample_length is False and res.eos is True
+    assert res.failures == ("qsl_idx 1: 129 ids, more than the run's max_tokens 128",)
+    assert res.verify_accuracy_txt().splitlines()[2:] == ["Sample length check pass: False", "TEST06 verification failed"]
+    assert verify_test06(log, "Offline", EOS, max_tokens=129).passed
+
+
+def test_test06_verify_takes_max_tokens_from_run_json(tmp_path):
+    from sut.record.test06 import verify_run_folder
+
+    run = _t06_folder(tmp_path / "run", dict(T06_SETTINGS, generation={"max_tokens": 64}), ids=[5] * 65)
+    res, _, _ = verify_run_folder(run)
+    assert not res.passed and "65 ids, more than the run's max_tokens 64" in res.failures[0]
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "Sample length check pass: False" in out.stdout, out.stderr[-1000:]
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run), "--max-tokens", "65"],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-1000:]
+
+
+def test_package_refuses_a_test06_run_with_an_answer_longer_than_max_tokens(tmp_path, runs):
+    perf, acc, _ = runs
+    t06 = make_test06_run(tmp_path / "t")
+    write_log(t06 / "mlperf_log_accuracy.json", [make_log_entry(0, [1]), make_log_entry(1, [5] * 129)])
+    with pytest.raises(ComplianceError, match="129 ids, more than the run's max_tokens 128"):
+        package(settings(tmp_path, perf, acc, t06))
+
+
+def test_a_test06_run_records_failed_for_an_answer_longer_than_its_max_tokens(tmp_path):
+    """The check at the end of a TEST06 run (``sut.run.harness`` passes run.json ``generation.max_tokens``)."""
+    from types import SimpleNamespace
+
+    from sut.record.test06 import test06_record
+
+    write_log(tmp_path / "mlperf_log_accuracy.json", [make_log_entry(0, [5] * 33)])
+    t06 = test06_record(SimpleNamespace(scenario="Offline"), SimpleNamespace(eos_token_ids=EOS), tmp_path, 32)
+    assert t06["passed"] is False and t06["failures"] == ["qsl_idx 0: 33 ids, more than the run's max_tokens 32"]

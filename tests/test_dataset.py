@@ -227,3 +227,69 @@ def test_synthetic_tokenizer_folder_carries_the_models_eos_ids(tmp_path):
     model_eos = json.loads((Path(__file__).resolve().parent.parent / "sut/models/tiny-llama3/generation_config.json")
                            .read_text())["eos_token_id"]
     assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == model_eos
+
+
+# ------------------------------------------------------------------------- bounded reads: regular files up to a size
+def test_a_device_is_refused_from_its_stat_before_reading(tmp_path):
+    """Before: /dev/null was read (and /dev/zero read until the OOM killer came); the error was about JSON."""
+    with pytest.raises(DatasetError, match=r"/dev/null: is not a regular file \(a device, FIFO or socket\)"):
+        load_dataset("/dev/null", VOCAB, 300)
+
+
+def test_a_fifo_is_refused_without_opening_it(tmp_path):
+    """Before: opening the FIFO blocked for ever (no writer)."""
+    import os
+    import threading
+
+    fifo = tmp_path / "cnn_eval.json"
+    os.mkfifo(fifo)
+    got = []
+
+    def read():
+        try:
+            load_dataset(fifo, VOCAB, 300)
+        except DatasetError as e:
+            got.append(str(e))
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # unblock the reader so that the thread ends, then fail
+        with open(fifo, "wb"):
+            pass
+        t.join(10)
+        pytest.fail("reading a FIFO blocked")
+    assert got and "is not a regular file" in got[0] and str(fifo) in got[0]
+
+
+def test_a_file_above_the_size_limit_is_refused_before_reading(tmp_path, write_json, monkeypatch):
+    import accuracy.dataset as ad
+
+    # the limit covers the official file (about 266 MB as download_cnndm.py writes it) about 4 times
+    assert getattr(ad, "MAX_DATASET_BYTES", 0) >= 4 * 266_000_000
+    p = write_json(good())
+    size = p.stat().st_size
+    monkeypatch.setattr(ad, "MAX_DATASET_BYTES", size - 1, raising=False)
+    with pytest.raises(DatasetError, match=rf"is {size:,} bytes, more than the {size - 1:,}-byte limit"):
+        load_dataset(p, VOCAB, 300)
+    monkeypatch.setattr(ad, "MAX_DATASET_BYTES", size, raising=False)
+    assert len(load_dataset(p, VOCAB, 300)) == 3
+
+
+def test_run_with_dev_zero_as_dataset_exits_2_before_reading(tmp_path):
+    """Before: the reader read /dev/zero until memory ran out (here: capped at 6 GiB of address space)."""
+    import resource
+    import subprocess
+    import sys
+
+    from conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, sut_env
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    out_dir = tmp_path / "results"
+    out = subprocess.run([sys.executable, "-m", "sut", "run", "--no-progress", *TINY_ENGINE_ARGS, "--dataset", "/dev/zero",
+                          "--user-conf", str(CPU_CONF), "--output-dir", str(out_dir)],
+                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120, preexec_fn=cap)
+    assert out.returncode == 2 and "/dev/zero: is not a regular file" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and not (out_dir.exists() and any(out_dir.iterdir()))

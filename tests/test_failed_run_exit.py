@@ -294,7 +294,7 @@ def test_a_stop_signal_during_the_accuracy_gate_leaves_a_complete_run_to_score_n
 
     import sut.run.harness as harness
     from sut.engine import EngineSettings
-    from sut.run.harness import RunSettings
+    from sut.settings.run import RunSettings
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt("SIGTERM")
@@ -311,3 +311,108 @@ def test_a_stop_signal_during_the_accuracy_gate_leaves_a_complete_run_to_score_n
     assert on_disk["accuracy"]["skipped"] == (
         "interrupted (SIGTERM) during the accuracy gate; the LoadGen run is complete: score it with python -m accuracy "
         f"--accuracy-log {tmp_path / 'mlperf_log_accuracy.json'} --dataset data.json --tokenizer {tok} --max-samples 8")
+
+
+# ----------------------------------------------------------------------------- a full file system
+# One write of run.json fails as on a full disk: an empty run.json.tmp is left and ENOSPC raised (the last
+# record, status "ok"; every later write finds room again).
+NO_SPACE_AT_LAST_RECORD = """
+import errno, pathlib
+write_text = pathlib.Path.write_text
+def full_once(self, data, *a, **k):
+    if self.name == "run.json.tmp" and '"status": "ok"' in data and not getattr(full_once, "done", False):
+        full_once.done = True
+        open(self, "w").close()
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    return write_text(self, data, *a, **k)
+pathlib.Path.write_text = full_once
+"""
+
+
+def _no_leftovers(out):
+    return sorted(str(p) for p in out.rglob("*") if p.name.endswith(".tmp") or p.name == ".run.json.reserve")
+
+
+def test_a_full_disk_at_the_last_record_is_recorded_failed_with_the_cause(tmp_path, fake_server, dataset):
+    """Before: a traceback, rc 1, run.json still "running" and a 0-byte run.json.tmp left."""
+    url, _ = fake_server
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-c", NO_SPACE_AT_LAST_RECORD + RUN.lstrip("; "), "run", *_run_args(url, dataset, out, "--quick")]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in text, text[-3000:]
+    assert "no space left on device writing" in text
+    rec = json.loads(next(out.glob("*/run.json")).read_text())
+    assert rec["status"] == "failed" and rec["error"].startswith("no space left on device writing "), rec.get("error")
+    assert rec["error"].endswith("run.json.tmp (the run folder's file system is full)")
+    assert _no_leftovers(out) == []
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 6 MiB tmpfs (root only; skipped elsewhere), unmounted after the test."""
+    import os
+
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _fill(mnt):
+    """Write zeros into ``mnt/filler`` until the file system is full."""
+    import errno
+
+    with open(mnt / "filler", "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    for size in (4096, 512, 1):  # the last partial blocks
+        try:
+            with open(mnt / "filler", "ab", buffering=0) as f:
+                while True:
+                    f.write(b"\0" * size)
+        except OSError:
+            pass
+
+
+def test_a_disk_that_fills_during_a_run_ends_it_failed_and_a_full_one_refuses_to_start(tmp_path, fake_server,
+                                                                                      dataset, small_tmpfs):
+    """Before: the run that filled its disk ended with a traceback, run.json "running" and a 0-byte run.json.tmp;
+    a run on a full disk failed with a traceback after making its folder."""
+    url, _ = fake_server
+    out = small_tmpfs / "runs"
+    log = tmp_path / "console.txt"
+    cmd = [sys.executable, "-c", PROMPT + RUN, "run", *_run_args(url, dataset, out, "--scenario", "Server",
+           "--target-qps", "20", "--min-duration-s", "6", "--min-query-count", "20")]
+    with open(log, "w") as fh:
+        run = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "LoadGen Server" not in log.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        _fill(small_tmpfs)
+        rc = run.wait(timeout=90)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    text = log.read_text()
+    assert rc == 1 and "Traceback" not in text and "no space left on device writing" in text, text[-3000:]
+    rec = json.loads(next(out.glob("*/run.json")).read_text())
+    assert rec["status"] == "failed" and "the run folder's file system is full" in rec["error"], rec.get("error")
+    assert _no_leftovers(out) == []
+    _fill(small_tmpfs)  # what the removed temporary files freed
+    again = subprocess.run([sys.executable, "-m", "sut", "run", *_run_args(url, dataset, small_tmpfs / "more", "--quick")],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "No space left on device; a run needs 1 MiB free" in again.stderr, \
+        again.stderr[-2000:]
+    assert "Traceback" not in again.stderr and not list((small_tmpfs / "more").glob("*"))

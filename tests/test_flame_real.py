@@ -151,3 +151,43 @@ def test_lost_session_fails_the_run(real_flame_factory, dataset, lock_dir, aio_w
     assert err and f"session {sid} (replica 0) is gone: Flame no longer lists it" in err, err
     assert t_failed < 15 and t_stop < 15, (t_failed, t_stop)
     _assert_exactly_once(samples, answers)
+
+
+def test_a_restarted_session_manager_ends_the_lost_sessions_services_and_the_next_run_starts(  # noqa: F811
+        real_flame_factory, dataset, lock_dir):  # noqa: F811
+    """Before: after a kill -9 and restart of the session manager (storage none: every session lost) the run failed
+    at once, but its services (engine host included) served on for good, and the next run's services waited for the
+    engine slot (slot_wait_s) and failed. Now every service sees that Flame no longer knows its session and stops
+    within GONE_BOUND_S, and the next run gets the slot."""
+    from sut.flame.enter_watch import GONE_BOUND_S
+
+    cluster = real_flame_factory()
+    sut, answers = _sut(cluster, dataset, lock_dir, step_s=1.0, close_timeout_s=30, unreachable_timeout_s=5)
+    try:
+        sut.start()
+        sid = sut.transport.sessions[0].id
+        samples = _issue(sut, dataset, 40)
+        time.sleep(1.5)
+        assert len(cluster.service_processes()) >= 2
+        cluster.kill_session_manager()
+        cluster.restart_session_manager()
+        t_restart = time.monotonic()
+        assert sut.ledger.idle.wait(30), "every issued sample answered (empty) once the run failed"
+    finally:
+        sut.stop()
+    err = sut.ledger.error
+    assert err and f"no longer knows session {sid} (it was restarted" in err, err
+    _assert_exactly_once(samples, answers)
+    assert cluster.wait_until(lambda: not cluster.service_processes(), GONE_BOUND_S + 5), \
+        [p.pid for p in cluster.service_processes()]
+    assert time.monotonic() - t_restart < GONE_BOUND_S + 5
+    nxt, nxt_answers = _sut(cluster, dataset, lock_dir, slot_wait_s=20, warmup_timeout_s=60)
+    try:
+        nxt.start()  # its engine host takes the slot the lost session's host held
+        more = _issue(nxt, dataset, 8)
+        nxt.flush_queries()
+        assert nxt.ledger.idle.wait(60)
+    finally:
+        nxt.stop()
+    assert nxt.ledger.error is None
+    _assert_exactly_once(more, nxt_answers)

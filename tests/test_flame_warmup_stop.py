@@ -9,7 +9,6 @@ import threading
 import time
 from types import SimpleNamespace
 
-import flamepy
 import pytest
 
 from sut.errors import RunFailed
@@ -85,31 +84,78 @@ def test_a_stalled_warm_up_names_the_other_sessions_that_hold_the_executors():
         w._progress(progress, 10.0)
 
 
+def _watch(states, entered=False, unreachable_s=60.0):
+    """A ``SessionWatch`` over the answers ``states`` (then the last again): ``(closed, gone, entry calls, gone
+    reasons)`` after 0.3 s of 0.01 s polls."""
+    from sut.flame.enter_watch import SessionWatch
+
+    calls, reasons, it = [], [], iter(states)
+    w = SessionWatch("s1", lambda: calls.append(1), endpoint="http://x:1", poll_s=0.01, on_gone=reasons.append,
+                     unreachable_s=unreachable_s)
+    w.state = lambda: next(it, states[-1])
+    if entered:
+        w.entered()
+    w.start()
+    time.sleep(0.3)
+    w.stop()
+    return w.closed.is_set(), w.gone.is_set(), calls, reasons
+
+
 def test_enter_watch_calls_back_once_when_the_session_closes_or_is_unknown_and_never_when_unreachable():
-    from sut.flame.enter_watch import EnterWatch
+    from sut.flame.enter_watch import CLOSED, GONE, OPEN
 
-    def watch(states):
-        calls, it = [], iter(states)
+    assert _watch([OPEN, OPEN, CLOSED])[::2] == (True, [1])
+    assert _watch([GONE])[::2] == (True, [1])
+    assert _watch([None])[::2] == (False, [])  # cannot ask: keep entering
+    assert _watch([OPEN])[::2] == (False, [])
+    from sut.flame.enter_watch import SessionWatch
 
-        def get_session(sid):
-            v = next(it, states[-1])
-            if isinstance(v, Exception):
-                raise v
-            return SimpleNamespace(state=v)
+    assert SessionWatch("s1", lambda: None, endpoint=None).start().closed.is_set() is False  # no FLAME_ENDPOINT
 
-        w = EnterWatch("s1", lambda: calls.append(1), endpoint="http://x:1", poll_s=0.01)
-        w._conn = SimpleNamespace(get_session=get_session)
-        w.start()
-        time.sleep(0.3)
-        w.done()
-        return w.closed.is_set(), calls
 
-    OPEN, CLOSED = flamepy.SessionState.OPEN, flamepy.SessionState.CLOSED
-    assert watch([OPEN, OPEN, CLOSED]) == (True, [1])
-    assert watch([flamepy.FlameError(5, "session s1 not found")]) == (True, [1])
-    assert watch([RuntimeError("unreachable")]) == (False, [])  # cannot ask: keep entering
-    assert watch([OPEN]) == (False, [])
-    assert EnterWatch("s1", lambda: None, endpoint=None).start().closed.is_set() is False  # no FLAME_ENDPOINT
+def test_after_entering_a_session_flame_no_longer_knows_stops_the_service_once():
+    """Before: the watch ended with the entry, so a service whose session a restarted session manager lost (storage
+    none) served on for good, its engine host holding the engine slot against every later run."""
+    from sut.flame.enter_watch import CLOSED, GONE, OPEN
+
+    closed, gone, calls, reasons = _watch([OPEN, OPEN, GONE], entered=True)
+    assert gone and not closed and calls == [] and len(reasons) == 1
+    assert reasons[0] == "the Flame session manager at http://x:1 no longer knows session s1"
+    # a session manager that cannot be asked for unreachable_s in a row: gone too, once
+    _, gone, _, reasons = _watch([OPEN, None], entered=True, unreachable_s=0.1)
+    assert gone and len(reasons) == 1 and "has not answered for" in reasons[0]
+    # Closed is Flame's to end (it unbinds the executor); open, or not answering for a while, is no reason
+    assert _watch([CLOSED], entered=True)[1:] == (False, [], [])
+    assert _watch([OPEN, None, OPEN], entered=True, unreachable_s=0.1)[1:] == (False, [], [])
+
+
+def test_session_state_reads_not_found_as_gone_and_other_errors_as_unknown():
+    """Flame v0.6.0 answers GetSession of an unknown session with NOT_FOUND and the bare id as details (flamepy's
+    get_session turns that into 'failed to get session: <id>', which the former check, 'not found' in the message,
+    never matched)."""
+    import grpc
+
+    from sut.flame.enter_watch import CLOSED, GONE, OPEN, session_state
+
+    class Err(grpc.RpcError):
+        def __init__(self, code):
+            self._code = code
+
+        def code(self):
+            return self._code
+
+    def stub(result):
+        def get_session(req, timeout):
+            assert req.session_id == "s1" and timeout > 0
+            if isinstance(result, Exception):
+                raise result
+            return SimpleNamespace(status=SimpleNamespace(state=result))
+        return SimpleNamespace(GetSession=get_session)
+
+    assert session_state(stub(Err(grpc.StatusCode.NOT_FOUND)), "s1") == GONE
+    assert session_state(stub(Err(grpc.StatusCode.UNAVAILABLE)), "s1") is None
+    assert session_state(stub(Err(grpc.StatusCode.DEADLINE_EXCEEDED)), "s1") is None
+    assert session_state(stub(0), "s1") == OPEN and session_state(stub(1), "s1") == CLOSED
 
 
 def test_a_warm_up_past_its_time_limit_names_the_other_sessions_and_how_to_close_them(monkeypatch):

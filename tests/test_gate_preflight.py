@@ -80,7 +80,8 @@ def test_a_given_or_model_tokenizer_is_used_and_a_wrong_flag_is_named(tmp_path, 
 
 def _prepare(tmp_path, data, **run):
     from sut.engine import EngineSettings, GenerationSettings
-    from sut.run.harness import RunSettings, prepare_run
+    from sut.run.harness import prepare_run
+    from sut.settings.run import RunSettings
 
     rs = RunSettings(sut="vllm", dataset=str(data), output_dir=str(tmp_path / "out"), user_conf=str(CPU_CONF), **run)
     es = EngineSettings(model=str(TINY_MODEL), load_format="dummy", dtype="float32", enforce_eager=True,

@@ -22,8 +22,9 @@ REAL = REPO / "tests" / "data" / "locality_h200_cut_off"
 
 
 def case(pair, system, rps, policy="prefix_affinity"):
-    """A finished case as ``cases.jsonl`` holds it (the fields the report reads)."""
-    lat = {"p50": 1.0, "p90": 1.5, "p99": 2.0}
+    """A finished case as ``cases.jsonl`` holds it (the fields the report reads); its latencies differ by pair, as
+    those of two real cases do (equal timings would make one a copy of the other)."""
+    lat = {"p50": 1.0 + pair / 10, "p90": 1.5 + pair / 10, "p99": 2.0 + pair / 10}
     timed = {"requests": 12, "wall_s": 12 / rps, "requests_per_s": rps, "output_tokens_per_s": 16 * rps,
              "cached_share": 0.7, "ttft_s": lat, "e2e_s": lat, "completion_s": lat,
              "per_replica": [{"replica": 0, "requests": 6}, {"replica": 1, "requests": 6}]}
@@ -356,3 +357,57 @@ def test_deviation_note_names_every_device_of_a_merge_from_two_hosts():
     two = deviation_notes([placed("cuda:GPU-b", "cuda:GPU-b"), placed("cuda:GPU-a", "cuda:GPU-a")])
     assert len(two) == 1 and "(cuda:GPU-a, cuda:GPU-b)" in two[0] and "2 different placements" in two[0]
     assert deviation_notes([placed("cuda:GPU-a", "cuda:GPU-b")]) == []
+
+
+# ----------------------------------------------------------------- cached share above its bound, nudged copies
+def test_a_cached_share_above_the_traces_bound_exits_2(tmp_path, capsys):
+    """Before: a case with cached share 1.0 on a trace whose reusable share is at most 0.7 was reported."""
+    hdr = header(trace={"requests": 12, "reusable_share_upper_bound": 0.7})
+    bad = dict(GOOD[0], timed=_timed(cached_share=1.0))
+    d = make_run(tmp_path, "r", [bad, GOOD[1]], hdr)
+    assert report(tmp_path, d) == (2, None) and not (tmp_path / "out").exists()
+    err = capsys.readouterr().err
+    assert (f"error: run {d}: cases.jsonl case pair 0, standalone, prefix_affinity: timed.cached_share 1.0 is above "
+            "its trace's reusable_share_upper_bound 0.7") in err
+    from sut.locality.merge import CACHED_SHARE_SLACK
+
+    at_bound = dict(GOOD[0], timed=_timed(cached_share=0.7 + CACHED_SHARE_SLACK))  # block rounding, 4-decimal figures
+    ok = make_run(tmp_path, "ok", [at_bound, GOOD[1]], hdr)
+    assert report(tmp_path, ok, name="ok")[0] == 0
+
+
+def _real_cases():
+    return [json.loads(line) for line in (REAL / "cases.jsonl").read_text().splitlines()]
+
+
+def _nudged(c, everything):
+    """``c`` with wall_s x 1.0001 (and, ``everything``: every timing x 1.0001, start_s and the engines' pids
+    changed too: only the timings tell it is a copy)."""
+    c = json.loads(json.dumps(c))
+    t = c["timed"]
+    t["wall_s"] = round(t["wall_s"] * 1.0001, 4)
+    if everything:
+        for k in ("ttft_s", "e2e_s", "completion_s"):
+            t[k] = {p: round(v * 1.0001, 4) for p, v in t[k].items()}
+        c["start_s"] += 1.0
+        for r in c["replicas"]:
+            r["pid"] += 7
+    return c
+
+
+@pytest.mark.parametrize("everything", [False, True], ids=["wall_s-only", "every-timing-and-identity"])
+def test_a_nudged_copy_of_a_run_is_refused_and_real_distinct_runs_merge(tmp_path, capsys, everything):
+    """Before: a copy of the real run with every wall_s x 1.0001 merged as a second run (its pairs counted twice)."""
+    cases = _real_cases()
+    hdr = header(trace={"requests": 256}, pair_settings=dict(header()["pair_settings"], pairs=5))
+    a = make_run(tmp_path, "a", cases, hdr)
+    copy = make_run(tmp_path, "copy", [_nudged(c, everything) for c in cases], hdr)
+    assert report(tmp_path, a, copy) == (2, None) and not (tmp_path / "out").exists()
+    err = capsys.readouterr().err
+    assert f"error: run {copy} holds the same case as run {a} (pair 0, standalone, prefix_affinity; " in err
+    assert ("all 10 timings within 0.1% of its" if everything else "the same start_s 55.197") in err
+    # the real cases split into two runs (pairs 0-1, pairs 2-4): distinct cases, 0.38 % apart or more
+    first = make_run(tmp_path, "first", [c for c in cases if c["pair"] < 2], hdr)
+    second = make_run(tmp_path, "second", [c for c in cases if c["pair"] >= 2], hdr)
+    rc, rec = report(tmp_path, first, second, name="split")
+    assert rc == 0 and rec["report"]["pair_ratios"]["prefix_affinity"]["n"] == 4

@@ -4,6 +4,7 @@ dev runs: the rehearsal tree holds exactly one NOT-COMPLIANT.txt, with every rea
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, sut_env
 from test_compliance import make_run, make_test06_run
 
@@ -44,11 +45,13 @@ def test_compliant_tree_has_no_note(tmp_path):
     perf = [make_run(base / s, "perf", "performance", scenario=s, model_key=k)
             for s, k in (("Offline", "llama3_1-8b"), ("Server", "llama3_1-8b"))]
     acc = [make_run(base / s, "acc", "accuracy", scenario=s) for s in ("Offline", "Server")]
+    from test_compliance import write_system_desc
+
     from sut.submission.tree import TreeSettings, package_tree
 
     root = package_tree(TreeSettings(out=str(tmp_path / "sub"), system="s", submitter="o", division="open",
                                      performance_runs=tuple(map(str, perf)), accuracy_runs=tuple(map(str, acc)),
-                                     allow_noncompliant=True))
+                                     allow_noncompliant=True, system_desc=str(write_system_desc(tmp_path / "d.json"))))
     assert not list((tmp_path / "sub").rglob("NOT-COMPLIANT.txt"))
     assert {p.name for p in (root / "results" / "s" / "llama3.1-8b").iterdir()} == {"Offline", "Server"}
 
@@ -170,3 +173,118 @@ def test_package_names_a_locality_folder_as_not_mlperf_and_exits_2(tmp_path):
         assert run.returncode == 2 and "synthetic-locality" in run.stderr and "NOT an MLPerf run" in run.stderr
         assert not (tmp_path / "t").exists()
         (loc / "run.json").write_text((loc / "locality.json").read_text())  # then: renamed by hand
+
+
+_STOP_MIDWAY = """
+import os, signal, sys
+import sut.submission.scenario as ps
+from sut.cli import main
+copy2, calls = ps.shutil.copy2, []
+def copy_then_stop(*a, **k):
+    calls.append(a)
+    if len(calls) == 3:  # a few files of the first scenario copied
+        os.kill(os.getpid(), signal.SIGTERM)
+    return copy2(*a, **k)
+ps.shutil.copy2 = copy_then_stop
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_package_exits_130_and_leaves_nothing_then_the_same_command_works(tmp_path):
+    """Before: rc 143 (-15 here) with a partial tree at --out and no NOT-COMPLIANT.txt; the same command then
+    refused the folder ("already holds")."""
+    base = tmp_path / "demo"
+    perf = make_run(base, "performance-NOT-COMPLIANT", "performance",
+                    compliance={"compliant": False, "reasons": [RUN_REASON]})
+    acc = make_run(base, "accuracy", "accuracy")
+    t06 = make_test06_run(base)
+    out = tmp_path / "new" / "submission"
+    args = ["package", "--allow-noncompliant", "--out", str(out), "--system", "s", "--submitter", "o",
+            "--performance", str(perf), "--accuracy", str(acc), "--test06", str(t06)]
+    stopped = subprocess.run([sys.executable, "-c", _STOP_MIDWAY, *args], env=sut_env(), cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 130 and "interrupted (SIGTERM)" in stopped.stderr, stopped.stderr[-2000:]
+    assert not (tmp_path / "new").exists(), sorted(map(str, (tmp_path / "new").rglob("*")))
+    again = subprocess.run([sys.executable, "-m", "sut", *args], env=sut_env(), cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "closed" / "o" / "NOT-COMPLIANT.txt").is_file()
+    assert [p.name for p in out.parent.iterdir()] == ["submission"]  # no build folder left beside it
+
+
+def test_package_into_an_existing_out_merges_and_leaves_no_build_folder(tmp_path):
+    from sut.submission.tree import TreeSettings, package_new_tree
+
+    base = tmp_path / "runs"
+    perf = make_run(base, "perf", "performance", compliance={"compliant": False, "reasons": [RUN_REASON]})
+    acc = make_run(base, "acc", "accuracy")
+    out = tmp_path / "sub"
+    (out / "closed" / "other").mkdir(parents=True)
+    (out / "closed" / "other" / "keep.txt").write_text("x")
+    root = package_new_tree(TreeSettings(out=str(out), system="s", submitter="o", division="open",
+                                         performance_runs=(str(perf),), accuracy_runs=(str(acc),),
+                                         allow_noncompliant=True))
+    assert root == out / "open" / "o" and (root / "systems" / "s.json").is_file()
+    assert (out / "closed" / "other" / "keep.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "sub"]
+
+
+def _offline_server_runs(base):
+    perf = [make_run(base / s, "perf", "performance", scenario=s) for s in ("Offline", "Server")]
+    acc = [make_run(base / s, "acc", "accuracy", scenario=s) for s in ("Offline", "Server")]
+    return perf, acc
+
+
+def test_package_refuses_fill_in_placeholders_naming_each_field(tmp_path):
+    """Before: a compliant tree was written with 16 FILL-IN fields in systems/<system>.json (the v6.1 checker
+    refuses only a FILL-IN status)."""
+    import json
+
+    from test_compliance import write_system_desc
+
+    from sut.submission.tree import FILL_IN, TreeSettings, package_tree
+
+    perf, acc = _offline_server_runs(tmp_path / "runs")
+    kw = dict(system="s", submitter="o", division="open", performance_runs=tuple(map(str, perf)),
+              accuracy_runs=tuple(map(str, acc)))
+    from sut.errors import ComplianceError
+
+    with pytest.raises(ComplianceError, match="field 'status' is still FILL-IN") as ei:  # the template alone
+        package_tree(TreeSettings(out=str(tmp_path / "none"), **kw))
+    assert str(ei.value).count("is still FILL-IN (--system-json FILE gives it)") >= 16
+    partial = write_system_desc(tmp_path / "partial.json", cooling=f"{FILL_IN}: cooling")
+    del_field = json.loads(partial.read_text())
+    del del_field["host_storage_type"], del_field["status"]
+    partial.write_text(json.dumps(del_field))
+
+    with pytest.raises(ComplianceError) as ei:
+        package_tree(TreeSettings(out=str(tmp_path / "sub"), system_desc=str(partial), **kw))
+    lines = str(ei.value).splitlines()[1:]
+    assert sorted(ln.strip() for ln in lines) == sorted(
+        f"systems/s.json: field {k!r} is still FILL-IN (--system-json FILE gives it)"
+        for k in ("status", "host_storage_type", "cooling"))
+    assert not (tmp_path / "sub").exists()
+    rehearsal = package_tree(TreeSettings(out=str(tmp_path / "reh"), system_desc=str(partial),
+                                          allow_noncompliant=True, **kw))
+    note = (rehearsal / "NOT-COMPLIANT.txt").read_text()
+    assert "field 'cooling' is still FILL-IN" in note and "field 'status' is still FILL-IN" in note
+    full = package_tree(TreeSettings(out=str(tmp_path / "full"), system_desc=str(write_system_desc(tmp_path / "f.json")),
+                                     **kw))
+    assert not (full / "NOT-COMPLIANT.txt").exists()
+    assert FILL_IN not in (full / "systems" / "s.json").read_text()
+
+
+@pytest.mark.parametrize("content, why", [
+    ("[1]", "must be a JSON object"), ('{"cooling": {"a": 1}}', "field 'cooling' must be a plain value"),
+    ('{"submitter": "other"}', "field 'submitter' is 'other', the command's is 'o'"), ("{", "malformed JSON"),
+])
+def test_package_refuses_a_bad_system_json_with_exit_2_before_writing(tmp_path, content, why):
+    perf, acc = _offline_server_runs(tmp_path / "runs")
+    desc = tmp_path / "d.json"
+    desc.write_text(content)
+    r = subprocess.run([sys.executable, "-m", "sut", "package", "--out", str(tmp_path / "sub"), "--system", "s",
+                        "--submitter", "o", "--division", "open", "--system-json", str(desc),
+                        "--performance", *map(str, perf), "--accuracy", *map(str, acc)],
+                       env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--system-json {desc}: {why}" in r.stderr, r.stderr[-1500:]
+    assert not (tmp_path / "sub").exists()

@@ -24,7 +24,8 @@ from sut.settings.run import QUICK_PERFORMANCE_SAMPLES, RunSettings
 SNIPPET = """
 import json, sys, tempfile
 import mlperf_loadgen as lg
-from sut.run.harness import RunSettings, loadgen_test_settings
+from sut.settings.run import RunSettings
+from sut.settings.loadgen import loadgen_test_settings
 kw, size = json.loads(sys.argv[1])
 ts, reasons = loadgen_test_settings(RunSettings(**kw), size)
 sizes = []

@@ -64,7 +64,8 @@ def test_wrong_scenario_or_model_key_is_refused(scenario, key, message):
 
 SERVER_SNIPPET = """
 import json, sys
-from sut.run.harness import RunSettings, loadgen_test_settings
+from sut.settings.run import RunSettings
+from sut.settings.loadgen import loadgen_test_settings
 kw = json.loads(sys.argv[1])
 ts, reasons = loadgen_test_settings(RunSettings(**kw), 13368)
 print(json.dumps({"qps": ts.server_target_qps, "ttft": ts.ttft_latency, "tpot": ts.tpot_latency, "scenario": int(ts.scenario),
@@ -263,13 +264,16 @@ def _tree_runs(base: Path):
 
 
 def test_package_tree_lays_out_offline_and_interactive_with_src_and_systems(tmp_path):
-    from sut.submission.tree import FILL_IN, SYSTEM_FIELDS, TreeSettings, package_tree
+    from test_compliance import write_system_desc
+
+    from sut.submission.tree import SYSTEM_FIELDS, TreeSettings, package_tree
 
     runs = _tree_runs(tmp_path / "runs")
     ts = TreeSettings(out=str(tmp_path / "sub"), system="1xH200_vllm", submitter="Org",
                       performance_runs=(str(runs["Interactive"][0]), str(runs["Offline"][0])),
                       accuracy_runs=(str(runs["Offline"][1]), str(runs["Interactive"][1])),
-                      test06_runs=(str(runs["Offline"][2]), str(runs["Interactive"][2])))
+                      test06_runs=(str(runs["Offline"][2]), str(runs["Interactive"][2])),
+                      system_desc=str(write_system_desc(tmp_path / "system.json", framework="given")))
     root = package_tree(ts)
     assert root == tmp_path / "sub" / "closed" / "Org"
     for scen in ("Offline", "Interactive"):
@@ -279,8 +283,8 @@ def test_package_tree_lays_out_offline_and_interactive_with_src_and_systems(tmp_
     assert "commit: `" in readme and "v6.1" in readme and "Interactive performance:" in readme
     system = json.loads((root / "systems" / "1xH200_vllm.json").read_text())
     assert set(SYSTEM_FIELDS) <= set(system)
-    assert system["submitter"] == "Org" and system["status"].startswith(FILL_IN)
-    assert "vLLM 0.26.0" in system["framework"]
+    assert system["submitter"] == "Org" and system["status"] == "available"
+    assert system["framework"] == "given"  # --system-json replaces what run.json tells
     assert not (root / "NOT-COMPLIANT.txt").exists()
 
 

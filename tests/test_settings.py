@@ -8,12 +8,14 @@ from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
 from sut.base import get_sut, sut_names
 from sut.engine import EngineSettings, GenerationSettings, plan_engines, read_model_info
 from sut.errors import EngineError, RunFailed
-from sut.run.harness import RunSettings, loadgen_test_settings
 from sut.settings import loadgen as loadgen_settings
+from sut.settings.loadgen import loadgen_test_settings
+from sut.settings.run import RunSettings
 
 SNIPPET = """
 import json, sys
-from sut.run.harness import RunSettings, loadgen_test_settings
+from sut.settings.run import RunSettings
+from sut.settings.loadgen import loadgen_test_settings
 kw, size = json.loads(sys.argv[1])
 ts, reasons = loadgen_test_settings(RunSettings(**kw), size)
 fields = ["min_duration_ms", "min_query_count", "performance_sample_count_override", "sample_concatenate_permutation",

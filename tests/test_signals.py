@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, sut_env
 
 from sut import exits
-from sut.run.harness import interrupt_reason
+from sut.run.loadgen_watch import interrupt_reason
 
 #: Starts ``argv[1:]`` with SIGINT ignored, as a non-interactive shell does for ``cmd &`` (SIG_IGN survives exec;
 #: SIGINT unblocked, whatever mask this process has), in the same process. No ``preexec_fn``: forking a process that
@@ -81,15 +81,34 @@ def _open_once_read(fifo, p, log, timeout_s=120.0) -> int:
         time.sleep(0.05)
 
 
+#: ``python -m sut run`` whose dataset parse first reads the FIFO ``argv[1]`` (blocking while the test holds its write
+#: end): a run stopped while it checks the dataset (a dataset file is read only if regular, so the FIFO is not it).
+_SLOW_DATASET = """
+import sys
+import accuracy.dataset as d
+fifo, parse = sys.argv.pop(1), d.parse_json
+def slow_parse(text):
+    with open(fifo) as f:
+        f.read()
+    return parse(text)
+d.parse_json = slow_parse
+from sut.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_sut_run_stopped_while_checking_the_dataset_exits_130(tmp_path):
-    """A stop before LoadGen (here: while the dataset file is being read) exits 130 too, no traceback. The dataset
-    is a FIFO whose write end the test holds, so reading it blocks; SIGINT is sent once the run has opened it (its
+    """A stop before LoadGen (here: while the dataset file is being parsed) exits 130 too, no traceback. The parse
+    first reads a FIFO whose write end the test holds, so it blocks; SIGINT is sent once the run has opened it (its
     handlers are installed by then), and the write end is closed if the run is still there 5 s later (the read
     then ends, should the signal have gone to another thread than the blocked one)."""
-    fifo, log = tmp_path / "data.json", tmp_path / "out.log"
+    import json
+
+    fifo, log, data = tmp_path / "slow", tmp_path / "out.log", tmp_path / "data.json"
     os.mkfifo(fifo)
-    argv = [sys.executable, "-m", "sut", "run", "--dataset", str(fifo), "--output-dir", str(tmp_path / "o"),
-            "--model", str(REPO / "sut" / "models" / "tiny-llama3"), "--user-conf",
+    data.write_text(json.dumps([{"instruction": "x", "input": "y", "tok_input": [1, 2, 3], "output": "z"}]))
+    argv = [sys.executable, "-c", _SLOW_DATASET, str(fifo), "run", "--dataset", str(data), "--output-dir",
+            str(tmp_path / "o"), "--model", str(REPO / "sut" / "models" / "tiny-llama3"), "--user-conf",
             str(REPO / "loadgen_configs" / "cpu_tiny.user.conf"), "--load-format", "dummy"]
     with open(log, "w") as out:
         p = subprocess.Popen([sys.executable, "-c", _SIGINT_IGNORED, *argv], cwd=REPO, env=sut_env(), stdout=out,

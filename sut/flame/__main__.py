@@ -72,8 +72,7 @@ def _main(argv: list[str]) -> int:
 def _connect_checked(endpoint_arg):
     """``(connection, endpoint)``; ``BadInput`` for a malformed endpoint or one where nothing answers."""
     from sut.errors import RunFailed
-    from sut.flame.client import connect
-    from sut.flame.endpoint import check_control_plane
+    from sut.flame.endpoint import check_control_plane, connect
 
     try:
         check_control_plane(endpoint_arg)

@@ -11,7 +11,6 @@ Before anything starts (``preflight``, exit 2 and no run folder): a Flame endpoi
 ``endpoint`` / ``--flame-endpoint``, ``FLAME_ENDPOINT`` or ``~/.flame/flame.yaml``) and its session manager
 must accept a connection within ``sut.flame.endpoint.PREFLIGHT_TIMEOUT_S`` seconds.
 
-``connect`` and ``executors_per_engine`` are re-exported here for the entry points that import them.
 """
 
 from __future__ import annotations

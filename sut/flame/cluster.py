@@ -319,6 +319,18 @@ class RealCluster:
         if self.forwarder is not None:
             self._end(self.forwarder)
 
+    def restart_session_manager(self) -> None:
+        """Fault injection: start the session manager again (after ``kill_session_manager``) on the same ports
+        and config; returns once it listens. With ``storage: none`` it knows no session of before. ``ClusterError``."""
+        fsm_log = open(self.log_dir / "fsm.stderr", "ab")
+        self.fsm = subprocess.Popen([str(Path(self.s.bin_dir) / FSM), "--config", str(self.workdir / "cluster.yaml")],
+                                    cwd=self.home, env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=fsm_log, process_group=0, preexec_fn=self._preexec())
+        fsm_log.close()
+        why = self._wait_listening(self.port)
+        if why is not None:
+            raise ClusterError(f"the session manager did not start again on port {self.port}: {why}")
+
     def kill_executor_manager(self, sig: int = signal.SIGKILL) -> None:
         """Fault injection: signal the executor manager process only (its services live on)."""
         self.fem.send_signal(sig)

@@ -1,8 +1,8 @@
 """Where the Flame control plane is and whether it answers: ``resolve_endpoint`` (option, else ``FLAME_ENDPOINT``,
 else ``~/.flame/flame.yaml``), ``connect`` (a flamepy connection), ``reachable`` / ``check_control_plane`` (the
 session manager's frontend port accepts a TCP connection; the preflight before a run) and ``lost_cause`` (a lost
-task's message, naming an unreachable session manager) and ``endpoint_exposure`` (the endpoint is not loopback and
-has no TLS: a warning for the console and run.json)."""
+task's message, naming an unreachable session manager or one that no longer knows the session) and
+``endpoint_exposure`` (the endpoint is not loopback and has no TLS: a warning for the console and run.json)."""
 
 from __future__ import annotations
 
@@ -81,11 +81,19 @@ def check_control_plane(endpoint: Optional[str] = None, timeout: float = PREFLIG
     return ep
 
 
-def lost_cause(endpoint: Optional[str], msg: str) -> str:
-    """``msg``, prefixed with the likely cause when the session manager is unreachable."""
+def lost_cause(endpoint: Optional[str], msg: str, session_id: Optional[str] = None) -> str:
+    """``msg``, prefixed with the likely cause when the session manager is unreachable, or (``session_id`` given)
+    answers that it does not know the session (a restarted one: ``storage: none`` loses every session)."""
     if endpoint and not reachable(endpoint):
         return (f"the Flame session manager at {endpoint} is unreachable (it stopped, or the network failed); "
                 f"with storage none its sessions are lost: {msg}")
+    if endpoint and session_id and _unknown_session(endpoint, session_id):
+        from sut.flame.enter_watch import GONE_BOUND_S
+
+        return (f"the Flame session manager at {endpoint} no longer knows session {session_id} (it was restarted, "
+                f"and with storage none a restart loses every session): the session's services end by themselves "
+                f"within {GONE_BOUND_S:.0f} s, engines included; Flame's executor manager keeps retrying the lost "
+                f"executors (an error line for each, many a second) until it is restarted: {msg}")
     return msg
 
 
@@ -100,3 +108,13 @@ def endpoint_exposure(endpoint: str) -> dict:
     if rec["warning"]:
         logging.getLogger("sut.flame").warning("%s", rec["warning"])
     return rec
+
+
+def _unknown_session(endpoint: str, session_id: str) -> bool:
+    """True when the session manager at ``endpoint`` answers ``NOT_FOUND`` for ``session_id``."""
+    from sut.flame.enter_watch import GONE, frontend_stub, session_state
+
+    try:
+        return session_state(frontend_stub(endpoint), session_id) == GONE
+    except Exception:  # noqa: BLE001 - a message helper: no answer, no claim
+        return False

@@ -26,8 +26,9 @@ engine nearly idle, so several executors share one engine:
 The engine host dies with its executor (Flame ends the process group at unbind, at session close or
 after ``delay_release`` without tasks); its forwarders then fail their tasks with a clear message,
 and the transport treats that as a dead service. A service whose executor manager (its parent) dies stops
-by itself within ``PARENT_POLL_S`` (engine included): Flame v0.6.0 never ends such orphans, and an orphaned
-engine host would hold its engine slot against every later run on the host.
+by itself within ``PARENT_POLL_S`` (engine included), and so does one whose session the session manager no longer
+knows (restarted with ``storage: none``), within ``sut.flame.enter_watch.GONE_BOUND_S``: Flame v0.6.0 never ends
+such orphans, and an orphaned engine host would hold its engine slot against every later run on the host.
 
 Extension points (tests; never set by a benchmark): the session's ``engine_factory`` replaces the
 engine, its ``service_hooks`` object is called at ``on_enter(service)`` and ``on_task(service,
@@ -51,7 +52,7 @@ from sut.engine import GcPauseMonitor, plan_engines
 from sut.errors import EngineError
 from sut.flame import payload as pl
 from sut.flame.engine_host import EngineHost
-from sut.flame.enter_watch import EnterWatch
+from sut.flame.enter_watch import SessionWatch
 from sut.flame.hostlink import EngineClient, HostMismatch
 from sut.flame.seats import slot_keys, take_seat, try_flock
 from sut.flame.service_config import ServiceConfig, load_callable
@@ -92,7 +93,8 @@ class VllmBatchService(_base_service_class()):
         self.session_id: Optional[str] = None
         self.gcmon = GcPauseMonitor("service").install()
         self._frozen = False
-        self._enter_watch: Optional[EnterWatch] = None
+        self._enter_watch: Optional[SessionWatch] = None
+        self.on_session_gone = None  # called with the reason once Flame no longer knows the session (``main``: stop)
         self.tasks_done = 0
         endpoint = os.environ.get("FLAME_INSTANCE_ENDPOINT", "")
         self.executor_id = Path(endpoint).name.removesuffix(".sock") if endpoint else f"pid{os.getpid()}"
@@ -113,15 +115,20 @@ class VllmBatchService(_base_service_class()):
             raise RuntimeError(f"this service process already entered session {self.session_id}")
         self.cfg = cfg = ServiceConfig.from_bytes(context.common_data())
         self.session_id = context.session_id
-        self._enter_watch = EnterWatch(self.session_id, self._end_entry).start()
+        self._enter_watch = SessionWatch(self.session_id, self._end_entry, on_gone=self._session_gone).start()
         try:
             self._enter(cfg, t0)
         finally:
-            self._enter_watch.done()
+            self._enter_watch.entered()
         return True
 
+    def _session_gone(self, why: str) -> None:
+        """Flame no longer knows this service's session (``SessionWatch``): stop the process (``on_session_gone``)."""
+        if self.on_session_gone is not None:
+            self.on_session_gone(why)
+
     def _end_entry(self) -> None:
-        """The session closed while this service entered it (``EnterWatch``): end an engine start now (a slot
+        """The session closed while this service entered it (``SessionWatch``): end an engine start now (a slot
         wait or a forwarder's wait sees ``closed`` itself)."""
         if self.host is not None:
             self.host.abort_start()
@@ -270,6 +277,8 @@ class VllmBatchService(_base_service_class()):
 
     # -- process end -------------------------------------------------------------------------
     def shutdown(self) -> None:
+        if self._enter_watch is not None:
+            self._enter_watch.stop()
         if self._frozen:
             self.gcmon.unfreeze()  # before the engine shuts down
             self._frozen = False
@@ -353,8 +362,9 @@ def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S,
 
 
 def main(argv: Optional[list[str]] = None, parent: Optional[int] = None) -> int:
-    """Serve the Flame instance socket named by ``FLAME_INSTANCE_ENDPOINT`` until SIGTERM / SIGINT or the death of
-    the executor manager (``watch_parent``), then shut down and end the process (``os._exit(0)``); 2 without it.
+    """Serve the Flame instance socket named by ``FLAME_INSTANCE_ENDPOINT`` until SIGTERM / SIGINT, the death of
+    the executor manager (``watch_parent``) or the loss of the session (``SessionWatch``), then shut down and end the
+    process (``os._exit(0)``); 2 without it.
     ``parent``: the executor manager's pid as the entry point (``sut.flame.serve``) read it before the slow imports
     (``None``: the parent now); when that process is already gone, the socket is never published."""
     logging.basicConfig(level=os.environ.get("SUT_FLAME_LOG", "INFO"), stream=sys.stderr,
@@ -369,6 +379,7 @@ def main(argv: Optional[list[str]] = None, parent: Optional[int] = None) -> int:
 
     service = VllmBatchService()
     stop = threading.Event()
+    service.on_session_gone = lambda _why: stop.set()  # the watch logged why
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     # Our own server (not flamepy.run): the socket exists at once and the main thread stays free

@@ -94,7 +94,7 @@ class TaskTracker:
             tb.task_id = self.rs.create_task(tb.data)
         except Exception as e:  # noqa: BLE001 - any RPC failure here means the session is unusable
             self.owner.fatal(self.replica, f"cannot create a Flame task for batch {tb.batch_id} of replica {self.replica} "
-                                           f"in session {self.rs.id}: {lost_cause(self.rs.endpoint, str(e))}")
+                                           f"in session {self.rs.id}: {lost_cause(self.rs.endpoint, str(e), self.rs.id)}")
             return False
         self.stats.note_sent(tb.raw_bytes, len(tb.data), tb.t_create)
         return True
@@ -128,7 +128,7 @@ class TaskTracker:
             if not self.owner.halted:
                 self.owner.fatal(self.replica, f"{where} was cancelled: session {self.rs.id} was closed by someone else")
         elif state == LOST:
-            self.owner.fatal(self.replica, f"lost {where}: {lost_cause(self.rs.endpoint, msg)}")
+            self.owner.fatal(self.replica, f"lost {where}: {lost_cause(self.rs.endpoint, msg, self.rs.id)}")
         else:
             return self._failed(tb, msg)
         return True

@@ -116,7 +116,7 @@ class Warmup:
             self.pending.pop(tid, None)
             if state != SUCCEED:
                 raise RunFailed(f"warm-up task {tid} of session {self.rs.id} {state}: "
-                                f"{lost_cause(self.rs.endpoint, msg) if state == LOST else msg}")
+                                f"{lost_cause(self.rs.endpoint, msg, self.rs.id) if state == LOST else msg}")
             meta = pl.decode_result(out).meta
             ex = meta.get("executor") or {}
             key = f"{ex.get('node')}/{ex.get('id')}"

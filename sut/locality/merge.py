@@ -13,8 +13,15 @@ too. This module reads those files and builds one record from them:
   and the record says so;
 * **cases**: every ``cases.jsonl`` line must be a finished case of the shape ``case_schema`` checks
   (``BadInput`` naming run, line and field); a last line without its newline that is no JSON (the run
-  stopped while appending it) is skipped and noted. A folder given twice, or a copy of another run
-  (an identical case record), is refused naming both runs;
+  stopped while appending it) is skipped and noted. A case whose ``timed.cached_share`` exceeds its
+  trace's ``reusable_share_upper_bound`` (in the header's ``trace``) by more than
+  :data:`CACHED_SHARE_SLACK` is refused: no cache can skip more than the shared prefixes. A folder given
+  twice, or a copy of another run, is refused naming both runs: a case of one folder counts as a copy of
+  a case of another (the same system and policy) when it is the same record, when it has the same
+  identity (``start_s`` and its engines' process ids, which no two runs share), or when every timing
+  (``timed.wall_s`` and the p50/p90/p99 of ``ttft_s``, ``e2e_s``, ``completion_s``, at least
+  :data:`MIN_TIMINGS` of them) is within :data:`NEAR_REL` of the other's (genuine repeats on one H200
+  differ by 0.4 % or more in at least one of them);
 * **pairs**: renumbered in run order, then by the run's own pair number; every case keeps its
   ``source`` (run folder, pair, position in that run);
 * **complete pairs only**: a pair counts for a policy when every system of the merged runs finished
@@ -45,6 +52,16 @@ from sut.locality.study import pair_report
 #: Header fields that must be equal in every merged run (dotted paths into the header).
 COMPARED = ("trace_hash", "trace_preset", "model.revision", "engine_settings", "generation", "router_settings",
             "pair_settings.warmups", "pair_settings.rate", "pair_settings.arrival_seed")
+#: How far a case's ``timed.cached_share`` may exceed its trace's ``reusable_share_upper_bound``: the bound counts
+#: whole shared prefixes (``trace.describe``), the engines count cached tokens in whole blocks, which can add the
+#: few leading ids that the questions of one document share (``"\n\nQuestion"``: a few ids of ~8,000-id
+#: prompts), and both are rounded to 4 decimals.
+CACHED_SHARE_SLACK = 0.005
+#: Two cases' timings closer than this (relative, every one of them) make one a copy of the other: the real
+#: H200 cases of ``tests/data/locality_h200_cut_off`` differ by 0.38 % to 1.5 % in their most distant timing.
+NEAR_REL = 1e-3
+#: Fewest timings both cases must have for :data:`NEAR_REL` to judge (a case records 10).
+MIN_TIMINGS = 4
 #: Fields of a host, not of the experiment: left out of the comparison.
 HOST_FIELDS = {"engine_settings": ("model",),
                "options": ("endpoint", "urls", "app_workdir", "service_log_dir", "lock_dir", "session_id")}
@@ -177,6 +194,7 @@ def _check_cases_against_header(run: Path, header: dict, cases: Sequence[dict]) 
     policies, pairs = ps.get("policies"), ps.get("pairs")
     trace = header.get("trace") if isinstance(header.get("trace"), dict) else {}
     requests = trace.get("requests")
+    bound = trace.get("reusable_share_upper_bound")
     for c in cases:
         where = f"error: run {run}: cases.jsonl case pair {c['pair']}, {c['system']}, {c['policy']}"
         if isinstance(requests, int) and not isinstance(requests, bool) and c["timed"]["requests"] != requests:
@@ -188,6 +206,14 @@ def _check_cases_against_header(run: Path, header: dict, cases: Sequence[dict]) 
             raise BadInput(f"{where}: policy {c['policy']!r} is not one of the run's policies {policies}")
         if isinstance(pairs, int) and not isinstance(pairs, bool) and c["pair"] >= pairs:
             raise BadInput(f"{where}: pair {c['pair']} is past the run's {pairs} pair(s)")
+        share = c["timed"].get("cached_share")
+        if _is_number(bound) and share is not None and share > bound + CACHED_SHARE_SLACK:
+            raise BadInput(f"{where}: timed.cached_share {share} is above its trace's reusable_share_upper_bound "
+                           f"{bound} (no prefix cache skips more than the shared prefixes)")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _get(header: dict, dotted: str):
@@ -227,20 +253,59 @@ def check_compatible(runs: Sequence[SourceRun]) -> None:
 
 def check_distinct(runs: Sequence[SourceRun]) -> None:
     """``BadInput`` for a folder given twice (by any path: each is resolved once) or a copy of another
-    run (``cp -r``, the same run fetched twice): a case record identical to one of another run. Two
-    runs never finish a case alike (its timings, hashes and replica records differ), and a copy
-    merged would count its pairs twice."""
+    run (``cp -r``, the same run fetched twice, its numbers nudged): a case that :func:`copy_of` finds to be
+    a copy of a case of another run. A copy merged would count its pairs twice."""
     resolved = [r.path.resolve() for r in runs]
     twice = sorted(str(p) for p, count in Counter(resolved).items() if count > 1)
     if twice:
         raise BadInput(f"error: run {twice[0]} is given twice")
-    seen: dict = {}
-    for r in runs:
-        for c in r.cases:
-            first = seen.setdefault(json.dumps(c, sort_keys=True), r)
-            if first is not r:
-                raise BadInput(f"error: run {r.path} holds the same case as run {first.path} (pair {c['pair']}, "
-                               f"{c['system']}, {c['policy']}): a copy of that run; give each run once")
+    for i, r in enumerate(runs):
+        for earlier in runs[:i]:
+            for c in r.cases:
+                for e in earlier.cases:
+                    why = copy_of(c, e)
+                    if why:
+                        raise BadInput(f"error: run {r.path} holds the same case as run {earlier.path} (pair "
+                                       f"{c['pair']}, {c['system']}, {c['policy']}; {why}): a copy of that run; "
+                                       "give each run once")
+
+
+def _timings(case: dict) -> dict:
+    """``{name: seconds}``: ``timed.wall_s`` and the p50/p90/p99 of ``ttft_s``, ``e2e_s``, ``completion_s`` present."""
+    t = case["timed"]
+    out = {"wall_s": t["wall_s"]}
+    for k in ("ttft_s", "e2e_s", "completion_s"):
+        for p, v in (t.get(k) or {}).items():
+            if _is_number(v):
+                out[f"{k}.{p}"] = v
+    return out
+
+
+def _identity(case: dict):
+    """``(start_s, engine pids)`` of a case, or None when it lacks either."""
+    pids = [x.get("pid") for x in case.get("replicas") or []]
+    if case.get("start_s") is None or not pids or not all(_is_number(p) for p in pids):
+        return None
+    return case["start_s"], tuple(pids)
+
+
+def copy_of(a: dict, b: dict) -> Optional[str]:
+    """Why case ``a`` is a copy of case ``b`` (module docstring; both of one system and policy), or None."""
+    if (a["system"], a["policy"]) != (b["system"], b["policy"]):
+        return None
+    if json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True):
+        return "an identical record"
+    ident = _identity(a)
+    if ident is not None and ident == _identity(b):
+        return f"the same start_s {ident[0]} and engine pids {list(ident[1])}"
+    ta, tb = _timings(a), _timings(b)
+    both = sorted(set(ta) & set(tb))
+    if a["timed"]["requests"] != b["timed"]["requests"] or len(both) < MIN_TIMINGS:
+        return None
+    if all(abs(ta[k] - tb[k]) <= NEAR_REL * max(abs(ta[k]), abs(tb[k])) for k in both):
+        return (f"all {len(both)} timings within {NEAR_REL:.1%} of its, e.g. wall_s {ta['wall_s']} vs "
+                f"{tb['wall_s']}")
+    return None
 
 
 def renumber(runs: Sequence[SourceRun]) -> list[dict]:

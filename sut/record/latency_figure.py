@@ -31,7 +31,8 @@ def write_latency_figure(path: Path, title: str, ttft: tuple[Sequence[float], Se
                          tpot: tuple[Sequence[float], Sequence[float]], limits_ms: Optional[dict],
                          trend: Optional[dict]) -> Optional[Path]:
     """Write the figure (module docstring) to ``path``; returns ``path``, or None when there is nothing to draw
-    (no sample with a TTFT) or matplotlib failed (logged: a figure never fails a run).
+    (no sample with a TTFT) or matplotlib or the write failed (logged, the partial file removed: a figure never
+    fails a run).
 
     Args:
         title: the figure's title (scenario, target, LoadGen's verdict).
@@ -43,8 +44,15 @@ def write_latency_figure(path: Path, title: str, ttft: tuple[Sequence[float], Se
         return None
     try:
         return _draw(path, title, ttft, tpot, limits_ms or {}, trend)
-    except Exception:  # noqa: BLE001 - the run's record and LoadGen's logs are what counts
-        log.warning("could not draw %s", path, exc_info=True)
+    except Exception as e:  # noqa: BLE001 - the run's record and LoadGen's logs are what counts
+        if isinstance(e, OSError):  # e.g. a full file system: no traceback, and no partial file left
+            log.warning("could not draw %s: %s", path, e)
+        else:
+            log.warning("could not draw %s", path, exc_info=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
         return None
 
 

@@ -40,7 +40,7 @@ RECORD_FIELDS = {
     ("model", "path"): _STR, ("model", "config_sha256"): _STR, ("model", "vocab_size"): _INT,
     ("model", "eos_token_ids"): _INTS,
     ("engine_settings", "model"): _STR, ("engine_settings", "device"): _STR,
-    ("loadgen", "errors"): _INT, ("test06", "passed"): _BOOL, ("test06", "eos_token_ids"): _INTS,
+    ("loadgen", "errors"): _INT, ("generation", "max_tokens"): _INT, ("test06", "passed"): _BOOL, ("test06", "eos_token_ids"): _INTS,
     ("accuracy", "passed"): _BOOL, ("accuracy", "skipped"): _STR,
     ("versions", "vllm"): _STR, ("versions", "torch"): _STR, ("versions", "mlcommons-loadgen"): _STR,
 }
@@ -100,6 +100,8 @@ def check_record(rec: object, path: str | Path) -> dict:
         raise ComplianceError(f"{path}: unknown scenario {rec['scenario']!r} (known: {', '.join(MLPERF_SCENARIOS)})")
     if (rec.get("loadgen") or {}).get("errors", 0) < 0:
         raise ComplianceError(f"{path}: field 'loadgen.errors' must not be negative")
+    if (rec.get("generation") or {}).get("max_tokens", 1) < 1:
+        raise ComplianceError(f"{path}: field 'generation.max_tokens' must be at least 1")
     vocab = (rec.get("model") or {}).get("vocab_size")
     if vocab is not None and vocab < 1:
         raise ComplianceError(f"{path}: field 'model.vocab_size' must be positive, got {vocab}")

@@ -9,7 +9,10 @@ off). Its verification reads that log and checks, for every logged response:
 1. first token (not in Offline, where it prints ``Skipped``): the ``token_data`` ids are a prefix
    of ``data``;
 2. EOS: the response ends with at most one EOS id (two or more trailing EOS ids fail);
-3. sample length: the number of int32 ids in ``data`` equals ``token_count``.
+3. sample length: the number of int32 ids in ``data`` equals ``token_count``; here also: no response holds
+   more ids than the run's ``max_tokens`` (``run.json`` ``generation.max_tokens``; 128, the reference's, when
+   there is no record). Neither the reference ``run_verification.py`` nor the submission checker looks at
+   that; a longer answer is no answer the benchmark's generation settings can give, so it fails this line.
 
 ``write_test06`` writes ``<out>/TEST06/verify_accuracy.txt`` with the same lines the reference
 ``run_verification.py`` writes (the submission checker greps them) and copies the log to
@@ -32,7 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from accuracy.loadgen_log import hex_bytes
-from sut.constants import DEFAULT_MODEL_KEY, LLAMA31_EOS
+from sut.constants import DEFAULT_MODEL_KEY, LLAMA31_EOS, MAX_NEW_TOKENS
 from sut.errors import ComplianceError
 from sut.record.read import MLPERF_SCENARIOS, check_record, eos_ids, read_json, vocab_size
 
@@ -53,7 +56,8 @@ class Test06Result:
         samples: logged responses checked.
         first_token: ``"True"``, ``"False"`` or ``"Skipped"`` (the reference's words).
         eos: no response ends with two or more EOS ids.
-        sample_length: ``token_count`` equals the int32 id count of every response.
+        sample_length: ``token_count`` equals the int32 id count of every response, and none holds more
+            ids than the run's ``max_tokens``.
         failures: one line per failing response (``qsl_idx`` and what failed), at most 20.
     """
 
@@ -116,10 +120,11 @@ def _trailing_eos(data: np.ndarray, eos: set[int]) -> int:
     return trailing
 
 
-def _response_failures(path: Path, i: int, rec: object, eos: set[int], check_first: bool) -> list[tuple[str, str]]:
+def _response_failures(path: Path, i: int, rec: object, eos: set[int], check_first: bool,
+                       max_tokens: Optional[int] = None) -> list[tuple[str, str]]:
     """The TEST06 checks on record ``i`` of the log: one ``(check, message)`` per failed check, check
-    ``"length"``, ``"eos"`` or ``"first"``. ``ComplianceError`` for a record without ``data`` or an
-    integer ``token_count``, or with undecodable bytes."""
+    ``"length"`` (also for more ids than ``max_tokens``, when given), ``"eos"`` or ``"first"``.
+    ``ComplianceError`` for a record without ``data`` or an integer ``token_count``, or with undecodable bytes."""
     if not isinstance(rec, dict) or "data" not in rec:
         raise ComplianceError(f"{path}: record {i} has no 'data' field")
     qsl = rec.get("qsl_idx")
@@ -134,6 +139,8 @@ def _response_failures(path: Path, i: int, rec: object, eos: set[int], check_fir
     out = []
     if count != len(data):
         out.append(("length", f"qsl_idx {qsl}: token_count {count} != {len(data)} ids"))
+    if max_tokens is not None and len(data) > max_tokens:
+        out.append(("length", f"qsl_idx {qsl}: {len(data)} ids, more than the run's max_tokens {max_tokens}"))
     trailing = _trailing_eos(data, eos)
     if trailing >= 2:
         out.append(("eos", f"qsl_idx {qsl}: ends with {trailing} EOS ids"))
@@ -148,7 +155,8 @@ def _response_failures(path: Path, i: int, rec: object, eos: set[int], check_fir
 
 
 def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequence[int],
-                  vocab: Optional[int] = None, eos_source: str = "EOS token ids") -> Test06Result:
+                  vocab: Optional[int] = None, eos_source: str = "EOS token ids",
+                  max_tokens: Optional[int] = MAX_NEW_TOKENS) -> Test06Result:
     """Run the three TEST06 checks on a LoadGen ``mlperf_log_accuracy.json``.
 
     Args:
@@ -157,6 +165,8 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
         eos_token_ids: the model's EOS ids (Llama 3.1: 128001, 128008, 128009), a list or tuple of ints.
         vocab: vocabulary size the EOS ids must be below (None: only int32 range).
         eos_source: where the EOS ids came from, for messages.
+        max_tokens: the run's ``generation.max_tokens``: a response with more ids fails the sample length
+            check (default 128, the reference's; None: not checked).
 
     Raises:
         ComplianceError: the file is missing, not JSON, not a list of LoadGen records, empty, or a
@@ -167,7 +177,8 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
     records = _log_records(path, scenario)
     eos = set(eos_ids(eos_token_ids, vocab if vocab is not None else 2**31, eos_source))
     check_first = scenario != "Offline"
-    found = [f for i, rec in enumerate(records) for f in _response_failures(path, i, rec, eos, check_first)]
+    found = [f for i, rec in enumerate(records)
+             for f in _response_failures(path, i, rec, eos, check_first, max_tokens)]
     failed = {check for check, _ in found}
     return Test06Result(scenario=scenario, samples=len(records),
                         first_token=str("first" not in failed) if check_first else "Skipped",
@@ -176,11 +187,12 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
 
 
 def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, scenario: Optional[str] = None,
-                      eos_token_ids: Optional[Sequence[int]] = None) -> tuple[Test06Result, Optional[Path], tuple]:
+                      eos_token_ids: Optional[Sequence[int]] = None,
+                      max_tokens: Optional[int] = None) -> tuple[Test06Result, Optional[Path], tuple]:
     """``python -m sut test06-verify``: the TEST06 checks on a folder's ``mlperf_log_accuracy.json``.
 
-    Scenario, EOS ids and vocabulary size come from the folder's ``run.json`` (type-checked) unless
-    given; without a record, Offline and Llama 3.1's EOS ids and vocabulary. The result is written
+    Scenario, EOS ids, vocabulary size and ``max_tokens`` come from the folder's ``run.json`` (type-checked)
+    unless given; without a record, Offline and Llama 3.1's EOS ids, vocabulary and the reference's 128. The result is written
     to ``<out>/TEST06/`` when ``out`` is given, else into the folder itself only if it is a TEST06
     run (``run.json`` says so) or has no ``run.json``: an accuracy or performance run folder never
     gets a ``TEST06/`` folder.
@@ -204,8 +216,10 @@ def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, sce
     else:
         eos_token_ids, source = list(LLAMA31_EOS), "Llama 3.1's default"
     eos = eos_ids(eos_token_ids, vocab, source)
+    if max_tokens is None:
+        max_tokens = (rec.get("generation") or {}).get("max_tokens") or MAX_NEW_TOKENS
     res = verify_test06(run_dir / "mlperf_log_accuracy.json", scenario or rec.get("scenario") or "Offline", eos, vocab,
-                        source)
+                        source, max_tokens)
     is_test06 = (rec.get("run_settings") or {}).get("compliance_test") == "TEST06"
     if out is None and has_record and not is_test06:
         log.warning("%s is not a TEST06 run (run.json has no compliance_test TEST06): TEST06/verify_accuracy.txt is "
@@ -226,11 +240,12 @@ def write_test06(result: Test06Result, accuracy_log: str | Path, out_dir: str | 
     return d
 
 
-def test06_record(rs, model, run_dir: Path) -> dict:
-    """TEST06 checks on this run's sampled accuracy log; writes ``<run>/TEST06/``."""
+def test06_record(rs, model, run_dir: Path, max_tokens: int) -> dict:
+    """TEST06 checks on this run's sampled accuracy log (``max_tokens``: the run's, no answer may be longer);
+    writes ``<run>/TEST06/``."""
     acc_log = run_dir / "mlperf_log_accuracy.json"
     try:
-        res = verify_test06(acc_log, rs.scenario, model.eos_token_ids)
+        res = verify_test06(acc_log, rs.scenario, model.eos_token_ids, max_tokens=max_tokens)
     except ComplianceError as e:
         return {"passed": False, "error": str(e), "verify_accuracy": None}
     write_test06(res, acc_log, run_dir)

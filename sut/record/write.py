@@ -2,7 +2,11 @@
 
 ``initial_record`` is what is on disk before any engine starts (settings, options, model, dataset,
 versions, host); ``streaming_latency_record`` adds the harness's own TTFT/TPOT, trend and ``latency.png``
-to LoadGen's results (``sut.record.loadgen_log``); ``write_record`` replaces ``run.json`` atomically. The checks
+to LoadGen's results (``sut.record.loadgen_log``); ``write_record`` replaces ``run.json`` atomically
+(``run.json.tmp``, then a rename; the temporary file is removed when the write fails). A full file system must
+not leave a run "running": ``reserve_record_space`` sets :data:`RECORD_RESERVE_BYTES` aside in the run folder
+when it is made, and ``write_final_record`` frees them to write the record again when a write fails for want of
+space (``ENOSPC``, ``EDQUOT``). The checks
 after a finished run write their own parts: ``sut.record.test06.test06_record``, ``sut.record.gate``.
 """
 
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import hashlib
 import importlib.metadata as md
 import json
@@ -125,10 +130,74 @@ def file_sha256(path: Path) -> str:
 
 
 
+#: Bytes set aside in each run folder (:data:`RESERVE_NAME`) from its start until the run's last record is
+#: written, freed to write that record when the file system is full. The largest ``run.json`` seen is ~49 KB
+#: (a Flame run on one H200); the write needs it twice over for a moment (``run.json.tmp`` beside
+#: ``run.json``): 1 MiB leaves ten times that.
+RECORD_RESERVE_BYTES = 1 << 20
+#: The reserve file in the run folder.
+RESERVE_NAME = ".run.json.reserve"
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space(e: BaseException) -> bool:
+    """Whether ``e`` is a write that failed for want of space (``ENOSPC``, ``EDQUOT``)."""
+    return isinstance(e, OSError) and e.errno in _NO_SPACE
+
+
 def write_record(run_dir: Path, record: dict) -> None:
+    """Replace ``<run_dir>/run.json`` with ``record`` (JSON) atomically: written to ``run.json.tmp``, then
+    renamed. ``OSError`` when the write fails (the old ``run.json`` stays; ``run.json.tmp`` is removed)."""
     tmp = run_dir / "run.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp, run_dir / "run.json")
+    try:
+        tmp.write_text(json.dumps(record, indent=2, default=str))
+        os.replace(tmp, run_dir / "run.json")
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+
+
+def reserve_record_space(run_dir: Path) -> None:
+    """Allocate :data:`RECORD_RESERVE_BYTES` in ``<run_dir>/.run.json.reserve`` (real blocks, not a sparse file).
+    ``OSError`` (the partial file removed) when the file system has not that much free."""
+    path = run_dir / RESERVE_NAME
+    try:
+        with open(path, "wb") as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, RECORD_RESERVE_BYTES)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                f.write(b"\0" * RECORD_RESERVE_BYTES)  # a file system without fallocate
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def release_record_space(run_dir: Path) -> None:
+    """Remove the run folder's reserve (nothing when there is none)."""
+    try:
+        (run_dir / RESERVE_NAME).unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("cannot remove %s: %s", run_dir / RESERVE_NAME, e)
+
+
+def write_final_record(run_dir: Path, record: dict) -> None:
+    """:func:`write_record`; when it fails for want of space, the reserve is freed and it is written again.
+    ``OSError`` when that fails too."""
+    try:
+        write_record(run_dir, record)
+    except OSError as e:
+        if not no_space(e):
+            raise
+        log.warning("no space left writing %s; freeing the space set aside for it", run_dir / "run.json")
+        release_record_space(run_dir)
+        write_record(run_dir, record)
 
 
 def options_record(options) -> dict:

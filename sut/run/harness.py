@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import logging
 import shlex
 import shutil
@@ -33,11 +34,23 @@ from sut.errors import EngineError, InputError, RunFailed, ScenarioError
 from sut.record.gate import accuracy_gate_record, gate_preflight, rescore_command
 from sut.record.loadgen_log import parse_loadgen_detail
 from sut.record.test06 import test06_record
-from sut.record.write import initial_record, now_iso, other_card, streaming_latency_record, untested_vllm, write_record
+from sut.record.write import (
+    RECORD_RESERVE_BYTES,
+    initial_record,
+    no_space,
+    now_iso,
+    other_card,
+    release_record_space,
+    reserve_record_space,
+    streaming_latency_record,
+    untested_vllm,
+    write_final_record,
+    write_record,
+)
 from sut.run.loadgen_watch import LoadGenObjects, interrupt_reason, run_loadgen
 from sut.scenarios import check_backend, resolve_scenario
-from sut.settings.loadgen import loadgen_test_settings, mlperf_conf_settings  # noqa: F401 - re-exported
-from sut.settings.run import MODES, RunSettings  # noqa: F401 - re-exported
+from sut.settings.loadgen import loadgen_test_settings
+from sut.settings.run import RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -136,18 +149,26 @@ def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, op
 def open_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any, model, dataset: Dataset,
              reasons: list[str], command: Optional[str], audit_config: Optional[str]) -> tuple[Path, dict]:
     """Make the run folder (``-NOT-COMPLIANT`` when ``reasons``), copy user.conf (and the preset, as
-    ``preset.toml``) there and write the first ``run.json`` (status ``running``); returns ``(run folder,
-    record)``. ``InputError`` if the folder exists."""
+    ``preset.toml``) there and write the first ``run.json`` (status ``running``), with the space its failed
+    record may need set aside (``sut.record.write.reserve_record_space``); returns ``(run folder, record)``.
+    ``InputError`` if the folder exists or cannot be written (the folder is removed again)."""
     run_dir = _run_dir(rs, not reasons)
     if reasons:
         log.warning("THIS RUN IS NOT COMPLIANT: %s", "; ".join(reasons))
     if Path("audit.config").exists() and not rs.audit_config:
         log.warning("./audit.config exists but is ignored (pass --audit-config to use it)")
-    record = initial_record(rs, es, gen, options, model, dataset, reasons, command, audit_config, run_dir)
-    shutil.copy2(rs.user_conf, run_dir / "user.conf")
-    if rs.preset:
-        shutil.copy2(rs.preset, run_dir / "preset.toml")
-    write_record(run_dir, record)
+    try:
+        reserve_record_space(run_dir)  # for the failed record, should the file system fill up
+        record = initial_record(rs, es, gen, options, model, dataset, reasons, command, audit_config, run_dir)
+        shutil.copy2(rs.user_conf, run_dir / "user.conf")
+        if rs.preset:
+            shutil.copy2(rs.preset, run_dir / "preset.toml")
+        write_record(run_dir, record)
+    except OSError as e:  # nothing started yet: no run folder left behind
+        shutil.rmtree(run_dir, ignore_errors=True)
+        full = (f"; a run needs {RECORD_RESERVE_BYTES >> 20} MiB free for its record, plus its logs"
+                if no_space(e) else "")
+        raise InputError(f"cannot write the run folder {run_dir}: {e.strerror or e}{full}") from None
     return run_dir, record
 
 
@@ -163,13 +184,46 @@ def mark_failed(record: dict, error: str) -> None:
             record[key] = None
 
 
+def failure_cause(e: BaseException) -> str:
+    """What ``run.json`` ``error`` says of an exception that ended a run."""
+    if isinstance(e, KeyboardInterrupt):
+        return interrupt_reason(e)
+    if no_space(e):
+        return f"no space left on device writing {e.filename or 'a file'} (the run folder's file system is full)"
+    return f"{type(e).__name__}: {e}"
+
+
+def _status_on_disk(run_dir: Path) -> Optional[str]:
+    """``status`` of ``<run_dir>/run.json`` as written ("running" when it cannot be read)."""
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return "running"
+
+
 def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
-    """A run still ``running`` when ``e`` ended it is recorded ``failed`` with the cause."""
-    if record.get("status") == "running":
-        mark_failed(record, record.get("error") or (interrupt_reason(e) if isinstance(e, KeyboardInterrupt)
-                                                    else f"{type(e).__name__}: {e}"))
-        record["finished"] = now_iso()
-        write_record(run_dir, record)
+    """A run whose ``run.json`` does not yet say how it ended when ``e`` ended it (still ``running``, in
+    ``record`` or on disk: a last write that failed) is recorded ``failed`` with the cause; on a full file
+    system with the space set aside for it. The reserve is freed in any case; a record that cannot be written
+    even so is logged, and ``e`` goes on."""
+    try:
+        if record.get("status") == "running" or _status_on_disk(run_dir) == "running":
+            mark_failed(record, record.get("error") or failure_cause(e))
+            record["finished"] = now_iso()
+            try:
+                write_final_record(run_dir, record)
+            except OSError as w:
+                log.error("cannot record the failure in %s: %s", run_dir / "run.json", w)
+    finally:
+        release_record_space(run_dir)
+
+
+def failed_run_error(run_dir: Path, e: BaseException) -> Optional[RunFailed]:
+    """The ``RunFailed`` (exit 1, no traceback) to raise instead of ``e`` when a write failed for want of space,
+    else None (``e`` is raised as it is)."""
+    if not no_space(e):
+        return None
+    return RunFailed(f"{failure_cause(e)} (record: {run_dir / 'run.json'})")
 
 
 def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None,
@@ -194,7 +248,12 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
         return _execute(rs, es, gen, backend, options, model, dataset, ts, audit_config, run_dir, record)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
         record_failure(run_dir, record, e)
+        full = failed_run_error(run_dir, e)
+        if full is not None:
+            raise full from e
         raise
+    finally:
+        release_record_space(run_dir)
 
 
 def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backend: type[SystemUnderTest],
@@ -297,7 +356,7 @@ def _finish(rs: RunSettings, es: EngineSettings, model, dataset: Dataset, run_di
     if error:
         raise _fail(run_dir, record, error, error)
     if rs.compliance_test == "TEST06":
-        t06 = record["test06"] = test06_record(rs, model, run_dir)
+        t06 = record["test06"] = test06_record(rs, model, run_dir, record["generation"]["max_tokens"])
         if not t06["passed"]:
             raise _fail(run_dir, record, f"TEST06 failed: {t06}",
                         f"TEST06 verification failed: {t06['verify_accuracy']!r} {t06.get('failures')}")

@@ -41,7 +41,16 @@ from typing import Any, Optional
 from sut.core.loadgen_sut import TransportSUT
 from sut.engine import EngineSettings, GenerationSettings
 from sut.errors import InputError, RunFailed
-from sut.run.harness import _audit_config, _execute, _noncompliance_reasons, open_run, prepare_run, record_failure
+from sut.run.harness import (
+    _audit_config,
+    _execute,
+    _noncompliance_reasons,
+    failed_run_error,
+    open_run,
+    prepare_run,
+    record_failure,
+    release_record_space,
+)
 from sut.scenarios import STREAMING_SCENARIOS
 from sut.settings.loadgen import check_target_qps, copy_test_settings, loadgen_test_settings
 from sut.settings.run import RunSettings
@@ -141,8 +150,12 @@ class SUTSeries:
         except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
             self._failed = f"test {n} ({run_dir.name}) failed: {type(e).__name__}: {e}"
             record_failure(run_dir, record, e)
+            full = failed_run_error(run_dir, e)
+            if full is not None:
+                raise full from e
             raise
         finally:
+            release_record_space(run_dir)
             if self._sut is not None:
                 self._next_rid += self._sut.ledger.issued
 

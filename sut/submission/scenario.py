@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 from accuracy.loadgen_log import locality_folder_why
 from accuracy.reference import gen_len_reason
-from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
+from sut.constants import DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY, MAX_NEW_TOKENS
 from sut.errors import ComplianceError
 from sut.record.read import check_record, invalid_why, read_json, vocab_size
 from sut.record.test06 import Test06Result, verify_test06, write_test06
@@ -262,7 +262,8 @@ def _check_test06(folder: str) -> tuple[Run, Test06Result, list[str]]:
     if not eos:
         raise ComplianceError(f"TEST06 run {tdir}: run.json has no model eos_token_ids for the EOS check")
     result = verify_test06(tdir / "mlperf_log_accuracy.json", rec.get("scenario") or "Offline", eos,
-                           vocab_size(rec), f"TEST06 run {tdir}: run.json eos_token_ids")
+                           vocab_size(rec), f"TEST06 run {tdir}: run.json eos_token_ids",
+                           (rec.get("generation") or {}).get("max_tokens") or MAX_NEW_TOKENS)
     if not result.passed:
         raise ComplianceError(f"TEST06 run {tdir}: verification fails on its mlperf_log_accuracy.json: "
                               + result.verify_accuracy_txt().replace("\n", "; ") + " ".join(result.failures[:3]))

@@ -12,7 +12,8 @@ settings), and writes::
     <out>/<division>/<submitter>/
         results/<system>/llama3.1-8b/{Offline,Server,Interactive}/...   (sut.package_scenario)
         src/README.md                    harness commit, how to get the code, the exact commands
-        systems/<system>.json            template filled from run.json; FILL-IN fields are the user's
+        systems/<system>.json            filled from run.json and --system-json; a field neither tells
+                                         reads FILL-IN (refused unless --allow-noncompliant)
         NOT-COMPLIANT.txt                only a rehearsal (--allow-noncompliant): every reason, of
                                          every scenario and of the tree, in this one file
 
@@ -23,10 +24,16 @@ passes the v6.1 submission checker (``--version v6.1``) and fails v6.0's seed ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
+import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -54,8 +61,12 @@ CHECKER_VERSION = "v6.1"
 CHECKER_NOTE = ("The tree targets the v6.1 submission checker (mlcommons/inference tools/submission/"
                 "submission_checker, --version v6.1): mlcommons-loadgen 6.0.17 embeds the v6.1 mlperf.conf RNG seeds, "
                 "so the tree passes v6.1's seed check and fails v6.0's.")
-#: Marker of a ``systems/<system>.json`` field that ``run.json`` cannot tell (the checker then fails on it).
+#: Marker of a ``systems/<system>.json`` field that neither ``run.json`` nor ``--system-json`` tells. The v6.1
+#: checker passes it in every field but ``status`` (it checks presence, non-empty values, ``status``, ``system_type``,
+#: the division's network mode, division and submitter), so :func:`package_tree` refuses it itself.
 FILL_IN = "FILL-IN"
+#: ``status`` values the submission checker takes (``constants.py`` ``VALID_AVAILABILITIES``).
+VALID_STATUSES = ("available", "preview", "rdi")
 #: Required fields of ``systems/<system>.json`` (submission checker ``constants.py``
 #: ``SYSTEM_DESC_REQUIRED_FIELDS``, v6.0 and v6.1).
 SYSTEM_FIELDS = (
@@ -76,6 +87,8 @@ class TreeSettings:
 
     Attributes:
         out, system, submitter, division, allow_noncompliant: as in ``PackageSettings``.
+        system_desc: a JSON file (``--system-json``) of ``systems/<system>.json`` fields that ``run.json``
+            cannot tell (``status``, memory, storage, cooling, ...); its values replace the template's.
         performance_runs / accuracy_runs / test06_runs: run folders, any order; each run's
             ``run.json`` says its scenario. Every scenario needs one performance and one accuracy
             run (and, closed division, one TEST06 run).
@@ -89,6 +102,7 @@ class TreeSettings:
     test06_runs: tuple = ()
     division: str = "closed"
     allow_noncompliant: bool = False
+    system_desc: Optional[str] = None
     repo: str = field(default=str(REPO), repr=False)
 
     def __post_init__(self):
@@ -244,10 +258,14 @@ def _lay_out_scenarios(ts: TreeSettings, perf: dict, acc: dict, t06: dict) -> li
     return problems
 
 
-def package_tree(ts: TreeSettings) -> Path:
+def package_tree(ts: TreeSettings, build_in: Optional[str] = None) -> Path:
     """Lay the runs out as one tree and return ``<out>/<division>/<submitter>``. A rehearsal
     (``allow_noncompliant``) gets one ``NOT-COMPLIANT.txt`` there, listing the tree's problems and every
     scenario's (``<scenario>: <role> run: <reason>``); scenario folders get none.
+
+    Args:
+        build_in: write the tree under this folder instead of ``ts.out`` (checks such as "``--out`` already
+            holds this scenario" still look at ``ts.out``; :func:`package_new_tree` moves it there).
 
     Raises:
         ComplianceError: a run is unusable (see ``sut.submission.scenario.check_scenario``), two runs claim
@@ -262,42 +280,113 @@ def package_tree(ts: TreeSettings) -> Path:
     _check_roles(perf, acc, t06)
     ref = _check_one_system(perf)
     _check_out_is_free(ts, perf)
-    problems = _tree_problems(ts, set(perf), ref["benchmark"])
+    system = system_json(ts, next(iter(perf.values()))[1], read_system_desc(ts))
+    problems = _tree_problems(ts, set(perf), ref["benchmark"]) + system_desc_problems(ts.system, system)
     if not ts.allow_noncompliant:
         problems += _scenario_problems(ts, perf, acc, t06)  # every reason at once, not one scenario's at a time
         if problems:
             raise ComplianceError("not a compliant submission (pass --allow-noncompliant only to rehearse the "
                                   "layout):\n  " + "\n  ".join(problems))
-    root = Path(ts.out) / ts.division / ts.submitter
-    problems += _lay_out_scenarios(ts, perf, acc, t06)
+    build = dataclasses.replace(ts, out=build_in) if build_in is not None else ts
+    root = Path(build.out) / ts.division / ts.submitter
+    problems += _lay_out_scenarios(build, perf, acc, t06)
     runs = [(scen, role, group[scen][1]) for scen in perf
             for role, group in (("performance", perf), ("accuracy", acc), ("TEST06", t06)) if scen in group]
     write_src(root / "src", runs, Path(ts.repo))
     systems = root / "systems"
     systems.mkdir(parents=True, exist_ok=True)
-    (systems / f"{ts.system}.json").write_text(json.dumps(system_json(ts, next(iter(perf.values()))[1]), indent=2)
-                                               + "\n")
+    (systems / f"{ts.system}.json").write_text(json.dumps(system, indent=2) + "\n")
     if problems:
         write_not_compliant(root, problems)
-    log.info("submission tree written: %s (scenarios %s); %s", root, ", ".join(perf), CHECKER_NOTE)
-    return root
+    final = Path(ts.out) / ts.division / ts.submitter
+    log.info("submission tree written: %s (scenarios %s); %s", final, ", ".join(perf), CHECKER_NOTE)
+    return final
+
+
+#: Prefix of the folder beside ``--out`` that :func:`package_new_tree` builds the tree in (``.<out name>`` + this).
+STAGING_SUFFIX = ".package-partial-"
 
 
 def package_new_tree(ts: TreeSettings) -> Path:
-    """:func:`package_tree` for ``python -m sut package``: the run folder arguments are checked first
-    (``ValueError``, :meth:`TreeSettings.check_run_folders`), then ``ts.out`` is created (``OSError`` if it
-    cannot be); when anything fails after that, the folders this call created are removed again (a
-    failed command leaves no empty or partial ``--out`` behind)."""
+    """:func:`package_tree` for ``python -m sut package``: nothing partial is ever left at ``--out``.
+
+    The run folder arguments are checked first (``ValueError``, :meth:`TreeSettings.check_run_folders`);
+    the tree is then built in a new folder beside ``--out`` (``<parent>/.<out name>.package-partial-XXXX``,
+    same file system) and moved into place only once it is complete: renamed to ``--out`` when that does
+    not exist (or is an empty folder), else merged into it entry by entry (each a rename). Ctrl-C or SIGTERM
+    (``KeyboardInterrupt``) or any failure before that removes the build folder and the parents of
+    ``--out`` this call created; a stop signal during the move (milliseconds) is held until the move is
+    done, then raised (exit 130, the tree complete).
+
+    Raises:
+        ValueError: a bad run folder argument or ``--system-json`` file, or ``--out`` is an existing file.
+        OSError: the build folder cannot be created (an unwritable parent of ``--out``).
+        ComplianceError, KeyboardInterrupt: as :func:`package_tree`; a stop signal.
+    """
     ts.check_run_folders()
+    read_system_desc(ts)  # a bad --system-json: exit 2 before anything is written
     out = Path(ts.out).absolute()
-    made = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)  # what mkdir creates
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {ts.out} is a file, not a folder")
+    made = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)  # what mkdir makes
     try:
-        return package_tree(ts)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING_SUFFIX}", dir=out.parent))
     except BaseException:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    try:
+        package_tree(ts, build_in=str(stage))
+        with _stop_signals_held() as held:
+            _move_into_place(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
         if made is not None:  # every file under it is this call's
             shutil.rmtree(made, ignore_errors=True)
         raise
+    shutil.rmtree(stage, ignore_errors=True)  # what a merge left: folders whose entries moved
+    root = out / ts.division / ts.submitter
+    if held:
+        log.warning("%s arrived while the finished tree was moved into place: the tree is complete (%s)",
+                    held[0], root)
+        raise KeyboardInterrupt(held[0])
+    return root
+
+
+@contextmanager
+def _stop_signals_held():
+    """Within the block, SIGINT and SIGTERM are only noted (``yield``-ed list of their names: ``"SIGINT, Ctrl-C"``,
+    ``"SIGTERM"``); the previous handlers come back after it. Outside the main thread it holds nothing."""
+    held: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def note(signum, _frame):
+        held.append("SIGINT, Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
+
+    before = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield held
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _move_into_place(stage: Path, out: Path) -> None:
+    """Move the tree built in ``stage`` to ``out``: one rename when ``out`` is absent or an empty folder; else
+    each entry of ``stage`` whose path ``out`` lacks is renamed there, folders both hold are merged the same way
+    and a file both hold is replaced (``src/README.md`` of an earlier package into the same ``--out``)."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        os.replace(stage, out)  # a directory onto an empty directory: replaced
+        return
+    for entry in stage.iterdir():
+        dest = out / entry.name
+        if entry.is_dir() and dest.is_dir():
+            _move_into_place(entry, dest)
+        else:
+            os.replace(entry, dest)
 
 
 def _git(repo: Path, *args: str) -> Optional[str]:
@@ -357,9 +446,51 @@ def untracked_inputs(commands: list[str], repo: Path) -> list[str]:
     return [x for x in found if not any(t == x or t.startswith(x.rstrip("/") + "/") for t in tracked)]
 
 
-def system_json(ts: TreeSettings, rec: dict) -> dict:
-    """``systems/<system>.json``: every required field; what ``run.json`` tells is filled in, the rest
-    is ``FILL-IN: ...`` (the checker rejects those until the user replaces them)."""
+def read_system_desc(ts: TreeSettings) -> dict:
+    """The fields of ``ts.system_desc`` (``--system-json``; ``{}`` when none is given).
+
+    Raises:
+        ValueError: the file cannot be read, is not a UTF-8 JSON object of plain values (string, number,
+            boolean, null), or gives ``division``, ``submitter`` or ``system_name`` other than the command's.
+    """
+    if ts.system_desc is None:
+        return {}
+    where = f"--system-json {ts.system_desc}"
+    try:
+        desc = parse_json(Path(ts.system_desc).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: cannot be read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: malformed JSON: {e}") from None
+    if not isinstance(desc, dict):
+        raise ValueError(f"{where}: must be a JSON object of systems/<system>.json fields, got {type(desc).__name__}")
+    for k, v in desc.items():
+        if isinstance(v, (dict, list)):
+            raise ValueError(f"{where}: field {k!r} must be a plain value (text, number, true/false), got "
+                             f"{type(v).__name__}")
+    for k, want in (("division", ts.division), ("submitter", ts.submitter), ("system_name", ts.system)):
+        if k in desc and desc[k] != want:
+            raise ValueError(f"{where}: field {k!r} is {desc[k]!r}, the command's is {want!r}")
+    return desc
+
+
+def system_desc_problems(system: str, desc: dict) -> list[str]:
+    """Why ``desc`` (``systems/<system>.json``) cannot go into a submission: one line per field that holds a
+    ``FILL-IN`` placeholder (any case) and for a ``status`` the checker refuses (not one of
+    :data:`VALID_STATUSES`)."""
+    where = f"systems/{system}.json"
+    out = [f"{where}: field {k!r} is still {FILL_IN} (--system-json FILE gives it)"
+           for k, v in desc.items() if isinstance(v, str) and FILL_IN.lower() in v.lower()]
+    status = desc.get("status")
+    if isinstance(status, str) and FILL_IN.lower() not in status.lower() and status.lower() not in VALID_STATUSES:
+        out.append(f"{where}: field 'status' is {status!r}, the checker takes {' | '.join(VALID_STATUSES)}")
+    return out
+
+
+def system_json(ts: TreeSettings, rec: dict, given: Optional[dict] = None) -> dict:
+    """``systems/<system>.json``: every required field; what ``run.json`` tells is filled in, then the
+    ``given`` fields (``--system-json``) replace theirs; the rest is ``FILL-IN: ...``
+    (:func:`system_desc_problems` lists them)."""
     devices = rec.get("devices") or [e.get("device") or {} for e in rec.get("engines") or []]
     gpus = {d.get("uuid") or d.get("slot") for d in devices if d.get("kind") == "cuda"}
     names = sorted({d.get("name") for d in devices if d.get("kind") == "cuda" and d.get("name")})
@@ -388,4 +519,5 @@ def system_json(ts: TreeSettings, rec: dict) -> dict:
                   "accelerator_interconnect", "accelerator_interconnect_topology",
                   "accelerator_memory_configuration", "accelerator_on-chip_memories"):
             out[k] = "N/A"
+    out.update(given or {})
     return out
