@@ -19,10 +19,10 @@ from sut.base import SUTContext, register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.engine import EngineSettings
 from sut.errors import InputError, RunFailed
-from sut.flame.endpoint import check_control_plane, connect, resolve_endpoint
-from sut.flame.options import FlameOptions, executors_per_engine
+from sut.flame.endpoint import check_control_plane
+from sut.flame.options import FlameOptions
 
-__all__ = ["FlameOptions", "FlameSUT", "connect", "executors_per_engine", "resolve_endpoint"]
+__all__ = ["FlameSUT"]
 
 
 @register_sut("flame")
