@@ -9,6 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
+if [ -L "$VENV" ]; then  # pip install -e would re-point the linked environment's harness to this checkout
+  echo "setup: $VENV is a link to $(readlink -f "$VENV"): setting it up here would make that environment import this" \
+       "checkout's code; give this checkout an environment of its own (rm $VENV; bash scripts/setup.sh)" >&2
+  exit 2
+fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 . "$VENV/bin/activate"
 # Already set up with these exact install files? Then only re-check the imports.

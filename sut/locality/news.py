@@ -119,7 +119,12 @@ def _tokenized(path: str, records: list, tokenizer: str, id_limit: int, template
             raise DatasetError(path, "must be a non-empty string (the article text)", i, "input")
         arts.append(_ids(tok.encode(text), id_limit, f"{path}: record {i}, field 'input'"))
     for t in templates:
-        _ids(tok.encode(t.format(n=1)), id_limit, f"question template {t!r}")
+        try:
+            _ids(tok.encode(t.format(n=1)), id_limit, f"question template {t!r}")
+        except ValueError as e:
+            raise ValueError(f"{e}: the tokenizer {tokenizer} cannot encode the question templates as plain text ids "
+                             "(it adds special tokens of its own, as the demo's synthetic tokenizer does); omit "
+                             "--tokenizer to use the dataset's own tok_input ids, or pass a Llama 3 tokenizer") from None
     sep = _ids(tok.encode(SEPARATOR), id_limit, "article separator")
     return NewsCorpus(f"{path} tokenized with {tok.description}", tuple(arts), sep, tok.encode, templates=templates)
 

@@ -129,5 +129,5 @@ def _summary(out: Path, data: Path, runs: dict[str, Path], recs: dict[str, dict]
         "    " + shlex.join(_rescore_command(runs["accuracy"], data, acc)),
         "  lay the three runs out as a rehearsal submission tree:",
         "    " + shlex.join(package_command(out, runs)),
-        "  next: python -m sut run --help   (real model: README 'Real input')",
+        "  next: python -m sut run --help   (real inputs and models: docs/inputs.md)",
     ]
