@@ -6,7 +6,7 @@ thread that answers every submitted request after ``step_s`` seconds with ``out_
 per-replica set of seen prompt prefixes (the first ``cache_block`` tokens), and monotonic timestamps.
 Faults: ``die_after`` (replica -> number of completions after which it reports a ``FatalEvent``),
 ``duplicate`` (answer a request twice), ``wrong_replica`` (report a completion as another
-replica's), ``short_output`` (rid -> length). ``starts`` counts ``start`` calls across instances
+replica's), ``short_output`` (rid -> length), ``answers`` (rid -> the generated ids to answer instead). ``starts`` counts ``start`` calls across instances
 sharing one ``log`` list (pair-protocol tests check fresh starts).
 """
 
@@ -37,6 +37,7 @@ class FakeOptions:
     duplicate: Optional[int] = None
     wrong_replica: Optional[int] = None
     short_output: Optional[dict] = None
+    answers: Optional[dict] = None
     log: Optional[list] = field(default=None, hash=False, compare=False)
 
 
@@ -83,6 +84,8 @@ class FakeTransport(Transport):
         self._seen[r].add(key)
         n = (self.o.short_output or {}).get(req.rid, self.o.out_len)
         ids = ((int(req.prompt[0]) + np.arange(n)) % 1000 + 10).astype(np.int32)
+        if req.rid in (self.o.answers or {}):
+            ids = np.asarray(self.o.answers[req.rid], dtype=np.int32)
         return Completion(req.rid, ids, cached, t0, t0, time.monotonic())
 
     def _loop(self, r: int) -> None:

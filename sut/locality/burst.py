@@ -180,7 +180,8 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
         raise ValueError("trace rids must be 0..n-1 in arrival order")
     col = _Collector(bs.first_id)
     rec = _Recording(transport)
-    ledger = SampleLedger((), progress=bs.progress, complete_fn=col.complete, first_id=bs.first_id)
+    ledger = SampleLedger((), progress=bs.progress, complete_fn=col.complete, first_id=bs.first_id,
+                          label=lambda _sid, index: f"trace request {index}")
     disp = Dispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe)
     disp.replicas = transport.attach(disp)
     t0 = _send(trace, bs, ledger, disp)
