@@ -8,6 +8,7 @@ import re
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -720,6 +721,63 @@ def test_cli_unreachable_url_exits_2_before_a_run_folder(tmp_path, synthetic_sma
     out = _run(tmp_path, synthetic_small, "--server-url", url)
     assert out.returncode == 2 and f"server {url} does not answer" in out.stderr, out.stderr[-2000:]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def not_http():
+    """The URL of a loopback port that answers every connection with bytes that are not HTTP (an SSH banner)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    done = threading.Event()
+
+    def serve():
+        while not done.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\x00\x01not http\r\n\r\n")
+                conn.settimeout(1.0)
+                try:
+                    conn.recv(4096)
+                except OSError:
+                    pass
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    done.set()
+    th.join(5)
+    srv.close()
+
+
+def test_cli_a_port_that_answers_other_bytes_exits_2_naming_it(tmp_path, synthetic_small, not_http):
+    out = _run(tmp_path, synthetic_small, "--server-url", not_http)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"server {not_http} does not answer HTTP ({not_http}/health: not an HTTP reply (BadStatusLine: " \
+           "'SSH-2.0-OpenSSH_9.6" in out.stderr, out.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(InputError, match=f"server {not_http}: {not_http}/v1/models: not an HTTP reply"):
+        HttpSUT.preflight(HttpOptions(urls=not_http), EngineSettings(model=MODEL))  # the locality study's check
+
+
+def test_cli_one_server_given_twice_under_two_host_names_exits_2_naming_both(tmp_path, synthetic_small, fake_server):
+    url, _ = fake_server()
+    twin = url.replace("127.0.0.1", "localhost")
+    out = _run(tmp_path, synthetic_small, "--server-url", f"{url},{twin}")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"--server-url gives one server twice: {url} and {twin} both reach 127.0.0.1:{url.rsplit(':', 1)[1]}" \
+        in out.stderr, out.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+
+
+def test_urls_of_distinct_servers_pass_the_check():
+    from sut.http_sut import check_distinct
+
+    check_distinct(["http://127.0.0.1:8000", "http://localhost:8001", "http://127.0.0.1:8000/proxy/b"])
+    with pytest.raises(InputError, match="http://localhost:80 and http://127.0.0.1 both reach 127.0.0.1:80"):
+        check_distinct(["http://localhost:80", "http://127.0.0.1"])
 
 
 def test_cli_server_scenario_streams_the_first_token_of_every_sample(tmp_path, synthetic_small, fake_server):
