@@ -270,6 +270,11 @@ def test_cli_runs_fake_systems_and_a_failed_check_exits_1_naming_the_request(sys
         captured.out + captured.err)  # the dispatcher's check, before the burst's own validation
     rec = json.loads((tmp_path / "out" / ("bad" + RUN_SUFFIX) / "locality.json").read_text())
     assert rec["status"] == "failed" and "request 2 (trace request 2): replica 0 answered 1 generated ids" in rec["error"]
+    SYSTEMS["flame"] = fake(answers={2: [11, 200000, 12, 13]})  # the model's vocabulary: 128,256 ids
+    assert cli(tmp_path, "--systems", "flame", "--policies", "round_robin", "--pairs", "1", "--run-name", "oov") == 1
+    rec = json.loads((tmp_path / "out" / ("oov" + RUN_SUFFIX) / "locality.json").read_text())
+    assert "request 2 (trace request 2): replica 0 answered id 200000 at position 1 of 4, outside the model's " \
+           "vocabulary [0, 128256)" in rec["error"]
 
 
 @pytest.mark.parametrize("args, message", [
