@@ -34,7 +34,8 @@ class SUTContext:
     options object (its ``options_cls`` instance, parsed once by ``check_options``; None for a backend
     without options), ``engine_log_dir``: where local engine workers write vLLM's own output
     (``engine-N.log``; None = the console), and ``scenario`` (``Offline``, ``Server``,
-    ``Interactive``: the last two stream first tokens)."""
+    ``Interactive``: the last two stream first tokens). Every answer is checked against ``generation`` (EOS ids,
+    lengths) and ``vocab_size`` before the ledger gets it (``sut.core.answers``)."""
 
     dataset: Dataset
     engine: EngineSettings
@@ -45,6 +46,8 @@ class SUTContext:
     engine_log_dir: Optional[str] = None
     scenario: str = "Offline"
     first_request_id: int = 0  # the ledger's first request id (tests that follow each other over one transport)
+    #: the model's vocabulary size (``config.json`` ``vocab_size``): every generated id must be below it (0: not checked)
+    vocab_size: int = 0
 
 
 class SystemUnderTest(abc.ABC):

@@ -18,8 +18,10 @@ stops the run before LoadGen starts, unless the option ``allow_unconfirmed_prefi
 given, and then the run is not compliant (``noncompliance_reasons``).
 
 Input checks before anything starts (exit 2 naming the URL, no run folder): every given URL must
-answer ``/health`` (``check_options``) and serve ``--model`` (or the option ``model_name``) with a
-context of at least ``--max-model-len`` (``preflight``); without URLs the servers' devices must exist
+answer ``/health`` over HTTP (``check_options``; a port that answers other bytes is named too), reach a
+server no other given URL reaches (host names resolved: ``127.0.0.1:P`` and ``localhost:P`` are one
+server, ``check_distinct``) and serve ``--model`` (or the option ``model_name``) with a context of at
+least ``--max-model-len`` (``preflight``); without URLs the servers' devices must exist
 (``--device cuda`` without a GPU) and ``server_args`` / ``server_command`` may not give a flag the
 harness sets (an engine setting's, also abbreviated: vLLM's parser takes unique prefixes). The
 transport checks the same again when it connects.
@@ -28,10 +30,13 @@ transport checks the same again when it connects.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import logging
+import socket
 from typing import Any
 from urllib.error import URLError
+from urllib.parse import urlsplit
 
 from sut.base import register_sut
 from sut.core.loadgen_sut import TransportSUT
@@ -50,14 +55,23 @@ UNCONFIRMED_REASON = ("option allow_unconfirmed_prefix_caching=true: prefix cach
                       "every server (cross-query KV reuse must be off in MLPerf)")
 
 
+def _not_http(e: http.client.HTTPException) -> str:
+    """What a port that does not speak HTTP answered (``http.client``'s error; its text is the bytes, cut)."""
+    return f"not an HTTP reply ({type(e).__name__}: {str(e)[:120]!r})"
+
+
 def check_reachable(urls, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """``InputError`` naming the first URL whose ``/health`` does not answer 200 within ``timeout_s``."""
+    """``InputError`` naming the first URL whose ``/health`` does not answer 200 within ``timeout_s``
+    (also a port that answers bytes other than HTTP)."""
     for url in urls:
         try:
             status = health_status(url, timeout_s)
         except (URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
             raise InputError(f"--sut vllm-http: server {url} does not answer ({url}/health: {reason})") from None
+        except http.client.HTTPException as e:
+            raise InputError(f"--sut vllm-http: server {url} does not answer HTTP ({url}/health: {_not_http(e)}); "
+                             "is it the port of a vLLM server?") from None
         if status != 200:
             raise InputError(f"--sut vllm-http: server {url} is not healthy ({url}/health: HTTP {status})")
 
@@ -71,10 +85,39 @@ def check_served_model(url: str, engine: EngineSettings, model_name, timeout_s: 
         served = next(m for m in listed if str(m.get("id")) == pick_model(listed, engine.model, model_name))
     except (URLError, OSError, ValueError, AttributeError, StopIteration) as e:
         raise InputError(f"--sut vllm-http: server {url}: {getattr(e, 'reason', e)}") from None
+    except http.client.HTTPException as e:
+        raise InputError(f"--sut vllm-http: server {url}: {url}/v1/models: {_not_http(e)}") from None
     max_len = served.get("max_model_len")
     if isinstance(max_len, int) and max_len < engine.max_model_len:
         raise InputError(f"--sut vllm-http: server {url} serves max_model_len {max_len} < --max-model-len "
                          f"{engine.max_model_len} (pass --max-model-len {max_len})")
+
+
+def _addresses(url: str) -> set[tuple[str, int]]:
+    """The ``(IP address, port)`` pairs ``url``'s host resolves to (``getaddrinfo``; the scheme's port if none);
+    ``InputError`` when the host does not resolve."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise InputError(f"--sut vllm-http: server {url}: host {parts.hostname!r} does not resolve: {e}") from None
+    return {(info[4][0], port) for info in infos}
+
+
+def check_distinct(urls) -> None:
+    """``InputError`` naming both URLs when two given URLs reach one server: their hosts resolve to a common
+    address, with the same port and path (each URL is one replica; one server twice would double its load)."""
+    seen: list[tuple[str, set, str]] = []
+    for url in urls:
+        addrs, path = _addresses(url), urlsplit(url).path.rstrip("/")
+        for other, other_addrs, other_path in seen:
+            common = addrs & other_addrs
+            if common and path == other_path:
+                ip, port = sorted(common)[0]
+                raise InputError(f"--sut vllm-http: --server-url gives one server twice: {other} and {url} both reach "
+                                 f"{ip}:{port} (each URL is one replica; give each server once)")
+        seen.append((url, addrs, path))
 
 
 #: Engine settings that only a server's launch sets (``vllm serve`` flags); the harness itself uses the others
@@ -107,7 +150,8 @@ class HttpSUT(TransportSUT):
 
     @classmethod
     def preflight(cls, options: HttpOptions, engine: EngineSettings) -> None:
-        """``InputError`` when a given URL serves another model or a shorter context, or, without URLs,
+        """``InputError`` when two given URLs reach one server (``check_distinct``), a given URL serves another
+        model or a shorter context, or, without URLs,
         when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
         the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``)."""
         if not options.urls:
@@ -117,6 +161,7 @@ class HttpSUT(TransportSUT):
             except (EngineError, ValueError) as e:
                 raise InputError(f"--sut vllm-http: {e}") from None
             return
+        check_distinct(options.urls)
         for url in options.urls:
             check_served_model(url, engine, options.model_name)
         ignored = server_side_settings(engine)
@@ -131,4 +176,4 @@ class HttpSUT(TransportSUT):
         return [UNCONFIRMED_REASON] if getattr(options, "allow_unconfirmed_prefix_caching", False) else []
 
 
-__all__ = ["HttpOptions", "HttpSUT", "ServerInputError", "check_reachable"]
+__all__ = ["HttpOptions", "HttpSUT", "ServerInputError", "check_distinct", "check_reachable"]

@@ -8,16 +8,36 @@ Run as a script: ``python tests/fake_vllm_server.py --model M --port P [--host H
 request bodies, the most completions in flight at once, the client ports seen on ``/health`` and on
 completions).
 
-Output ids are deterministic: the k-th generated id is ``(prompt[0] + k) % 1000 + 10`` for
-k < ``max_tokens``; ``usage.prompt_tokens_details.cached_tokens`` is ``--cached``.
+The "model" (deterministic): its k-th generated id is ``(prompt[0] + k) % 1000 + 10``, except that for a
+prompt whose ids have an even sum it generates its EOS id ``--eos-id`` (128009) at position ``--eos-at``
+(3; -1: never).
+The server then behaves as ``vllm serve`` (vLLM 0.32, ``vllm/entrypoints/openai/completion/serving.py``,
+``vllm/v1/core/sched/utils.py::check_stop``) for what the harness relies on:
+
+* a sequence ends at its EOS id (unless ``ignore_eos``, or the server was started with
+  ``--skip-tokenizer-init`` and so knows no EOS id) or at an id of the request's ``stop_token_ids``,
+  that id included, with ``finish_reason`` ``stop`` (``stop_reason``: the stop id; None for the EOS);
+  else at ``max_tokens`` with ``length``; no stop id ends a sequence before ``min_tokens`` ids (the EOS is
+  masked there: the model generates its regular id instead);
+* ``token_ids`` (and ``prompt_token_ids``) only with ``return_token_ids``, else ``null``;
+* ``usage.prompt_tokens_details.cached_tokens`` (``--cached``, default 0) only with
+  ``--enable-prompt-tokens-details``; streamed, ``usage`` only with ``stream_options.include_usage``;
+* streamed: the first id at once, then chunks of ``stream_interval`` ids (the request's, default 1),
+  ``finish_reason`` on the last chunk with ids; an error during generation is the chunk
+  ``{"error": {"message", "type", "param", "code"}}`` then ``[DONE]``; non-streamed, HTTP 500 with that body.
 
 ``--disable-log-stats`` leaves ``vllm:cache_config_info`` out of ``/metrics`` (as vLLM 0.32 does).
 
-Faults: ``--text-only`` (no ``token_ids``: a server that returns text), ``--no-metrics`` (no
+Faults: ``--text-only`` (no ``token_ids`` even when asked: a server that returns text), ``--no-metrics`` (no
 ``/metrics``), ``--metrics-prefix-caching True|False`` (what ``/metrics`` reports, whatever the flags),
 ``--fail-start`` (exit 3 at once with a message), ``--delay S`` (seconds per completion),
 ``--served-model-name`` (serve another id); ``--server-info`` (answer ``/server_info`` as vLLM's dev
-mode does, with ``max_num_seqs`` 64).
+mode does, with ``max_num_seqs`` 64); ``--max-new-tokens`` (the server's own lower token limit);
+``--finish R`` (every answer ends with finish_reason R; ``none``: a stream of the first chunk, then
+``[DONE]``); ``--error-after N`` (the error above after N generated ids: streamed, after the chunks of the
+first N ids, or of all when N is at least the answer's length; non-streamed, when the answer has more); ``--truncate N`` (a broken server or proxy: ``stop`` after N
+ids, no EOS, ``usage.completion_tokens`` still the full length); ``--bad-id ID`` (the id at position 1
+of every answer is ID, e.g. one outside the vocabulary).
 """
 
 from __future__ import annotations
@@ -48,8 +68,15 @@ def parse(argv):
     p.add_argument("--server-info", action="store_true")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="the server's own token limit (as vLLM's --override-generation-config max_new_tokens)")
-    p.add_argument("--finish", default="length",
-                   help="finish_reason of the last chunk / reply; 'none': a stream of the first chunk, then [DONE]")
+    p.add_argument("--finish", default=None,
+                   help="finish_reason of every answer; 'none': a stream of the first chunk, then [DONE]")
+    p.add_argument("--eos-id", type=int, default=128009)
+    p.add_argument("--eos-at", type=int, default=3)
+    p.add_argument("--skip-tokenizer-init", action="store_true")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--error-after", type=int, default=None)
+    p.add_argument("--truncate", type=int, default=None)
+    p.add_argument("--bad-id", type=int, default=None)
     a, _unknown = p.parse_known_args(argv)
     return a
 
@@ -105,47 +132,96 @@ class Fake:
                                   "health_ports": sorted(self.health_ports),
                                   "completion_ports": sorted(self.completion_ports)})
 
-    @property
-    def _finish(self):
-        return None if self.a.finish == "none" else self.a.finish
+    def generate(self, prompt: list, body: dict) -> tuple[list, str, object]:
+        """``(generated ids, finish_reason, stop_reason)`` as ``vllm serve`` ends a sequence (module docstring)."""
+        a = self.a
+        most = min(int(body.get("max_tokens", 16)), a.max_new_tokens or 1 << 30)
+        least = int(body.get("min_tokens") or 0)
+        stops = set(body.get("stop_token_ids") or ())
+        eos = None if (body.get("ignore_eos") or a.skip_tokenizer_init) else a.eos_id
+        ids = []
+        for k in range(most):
+            tok = (prompt[0] + k) % 1000 + 10
+            if a.eos_at >= 0 and sum(prompt) % 2 == 0 and k == a.eos_at and k >= least:  # min_tokens masks stop ids
+                tok = a.eos_id
+            if k == 1 and a.bad_id is not None:
+                tok = a.bad_id
+            ids.append(tok)
+            if k >= least and (tok == eos or tok in stops):  # vLLM: its EOS first (stop_reason None), then a stop id
+                return ids, "stop", (None if tok == eos else tok)
+            if a.truncate is not None and len(ids) >= a.truncate:
+                return ids, "stop", None
+        return ids, "length", None
 
-    def _choice(self, ids, finish):
-        ch = {"index": 0, "text": "", "finish_reason": finish}
-        if not self.a.text_only:
-            ch["token_ids"] = ids
+    def _choice(self, ids, finish, body, stop_reason=None, prompt=None):
+        wanted = bool(body.get("return_token_ids")) and not self.a.text_only
+        ch = {"index": 0, "text": "", "finish_reason": finish, "stop_reason": stop_reason,
+              "token_ids": ids if wanted else None}
+        if prompt is not None:
+            ch["prompt_token_ids"] = prompt if wanted else None
         return ch
+
+    def _usage(self, prompt, ids, body) -> dict:
+        n = max(len(ids), int(body.get("max_tokens", 16))) if self.a.truncate is not None else len(ids)  # the lie
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+        if self.a.enable_prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.a.cached}
+        return usage
+
+    @staticmethod
+    def _error_body() -> dict:
+        return {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None,
+                          "code": 500}}
 
     async def completions(self, request):
         body = await request.json()
         if body.get("model") != self.model_id:
             return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
-                                                "code": 404}}, status=404)
+                                                "type": "NotFoundError", "param": None, "code": 404}}, status=404)
         self.completion_ports.add(self._port(request))
         self.bodies.append(body)
         self.inflight += 1
         self.max_inflight = max(self.max_inflight, self.inflight)
         try:
             prompt = body["prompt"]
-            n = min(body.get("max_tokens", 16), self.a.max_new_tokens or 1 << 30)
-            ids = [(prompt[0] + k) % 1000 + 10 for k in range(n)]
-            usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                     "prompt_tokens_details": {"cached_tokens": self.a.cached}}
+            ids, finish, stop_reason = self.generate(prompt, body)
+            finish = finish if self.a.finish is None else (None if self.a.finish == "none" else self.a.finish)
             if not body.get("stream"):
                 await asyncio.sleep(self.a.delay)
+                if self.a.error_after is not None and len(ids) > self.a.error_after:
+                    return web.json_response(self._error_body(), status=500)
                 return web.json_response({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
-                                          "choices": [self._choice(ids, self._finish)], "usage": usage})
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            await resp.write(b"data: " + json.dumps({"choices": [self._choice(ids[:1], None)]}).encode() + b"\n\n")
-            await asyncio.sleep(self.a.delay)
-            if self._finish is not None:
-                await resp.write(b"data: " + json.dumps({"choices": [self._choice(ids[1:], self._finish)]}).encode()
-                                 + b"\n\n")
-            await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
+                                          "choices": [self._choice(ids, finish, body, stop_reason, prompt)],
+                                          "usage": self._usage(prompt, ids, body)})
+            return await self._stream(request, body, prompt, ids, finish, stop_reason)
         finally:
             self.inflight -= 1
+
+    async def _stream(self, request, body, prompt, ids, finish, stop_reason):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+
+        async def send(data) -> None:
+            await resp.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+
+        step = max(1, int(body.get("stream_interval") or 1))
+        bounds = [0, 1] if self.a.finish == "none" else sorted({0, min(1, len(ids)), len(ids), *range(1, len(ids), step)})
+        for n, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            if self.a.error_after is not None and lo >= self.a.error_after:
+                break
+            last = hi == len(ids) and self.a.finish != "none"
+            await send({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
+                        "choices": [self._choice(ids[lo:hi], finish if last else None, body,
+                                                 stop_reason if last else None, prompt if n == 0 else None)]})
+            if n == 0:
+                await asyncio.sleep(self.a.delay)
+        if self.a.error_after is not None:
+            await send(self._error_body())
+        elif (body.get("stream_options") or {}).get("include_usage"):
+            await send({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id, "choices": [],
+                        "usage": self._usage(prompt, ids, body)})
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
 
 def main(argv=None) -> None:

@@ -52,13 +52,13 @@ def fake_options(step_s: float = 0.05, start_s: float = 0.0, block: int = 16, fa
 
 
 def fake_generate(prompt: np.ndarray, max_tokens: int = 128, eos_id: Optional[int] = None) -> np.ndarray:
-    """Deterministic "generation": 2..max_tokens ids derived from the prompt; ends with ``eos_id``
-    for one prompt in three when it is given."""
+    """Deterministic "generation": 2..max_tokens ids derived from the prompt; when ``eos_id`` is given, an
+    answer shorter than ``max_tokens`` ends with it (an engine ends a sequence early only at its EOS)."""
     p = np.asarray(prompt, dtype=np.int64)
     h = int((p * np.arange(1, len(p) + 1)).sum() % 1_000_003)
     n = 2 + h % max(1, max_tokens - 1)
     ids = (FAKE_TOKEN_BASE + (h + 7919 * np.arange(n)) % 1000).astype(np.int32)
-    if eos_id is not None and h % 3 == 0:
+    if eos_id is not None and n < max_tokens:
         ids[-1] = eos_id
     return ids
 

@@ -24,7 +24,7 @@ class Sink(list):
         self.extend((sid, np.atleast_1d(np.asarray(ids)).tolist()) for sid, ids in results)
 
 
-def _setup(policy="least_loaded", stream=False, chunk=3, gen=None, **opts):
+def _setup(policy="least_loaded", stream=False, chunk=3, gen=None, vocab_size=0, **opts):
     sink, firsts = Sink(), Sink()
     if stream:
         led = StreamingLedger((), progress=False, complete_fn=sink, first_fn=firsts)
@@ -32,7 +32,7 @@ def _setup(policy="least_loaded", stream=False, chunk=3, gen=None, **opts):
         led = SampleLedger((), progress=False, complete_fn=sink)
     tr = make_transport("fake", TransportSpec(engine=None, generation=gen or GenerationSettings(max_tokens=opts.get("out_len", 4)),
                                               options=FakeOptions(**opts), stream=stream))
-    d = Dispatcher(tr, make_router(policy, tr.replicas, 4), led, chunk=chunk)
+    d = Dispatcher(tr, make_router(policy, tr.replicas, 4), led, chunk=chunk, vocab_size=vocab_size)
     d.start()
     return led, d, tr, sink, firsts
 
@@ -71,7 +71,8 @@ def test_a_duplicate_answer_fails_the_run_naming_the_request():
 
 @pytest.mark.parametrize("gen, opts, error", [
     (GenerationSettings(max_tokens=4, ignore_eos=True), {"short_output": {2: 2}},
-     "request 2: replica {r} answered 2 generated ids, the generation settings ask for exactly 4"),
+     "request 2 (QSL index 2, LoadGen sample 1002): replica {r} answered 2 generated ids, the generation settings "
+     "ask for exactly 4 (not a complete answer): [24, 25]"),
     (GenerationSettings(max_tokens=4), {"out_len": 5}, "answered 5 generated ids, the generation settings ask for 1 to 4"),
     (GenerationSettings(max_tokens=4, min_tokens=3), {"short_output": {2: 2}}, "ask for 3 to 4"),
     (GenerationSettings(max_tokens=4), {"short_output": {2: 2}}, None),  # stopped at EOS: a complete answer
@@ -88,6 +89,68 @@ def test_an_answer_of_the_wrong_length_fails_the_run_naming_the_request(gen, opt
             assert error.format(r=2 % tr.replicas) in led.error
     finally:
         tr.stop()
+
+
+EOS, VOCAB = (128001, 128008, 128009), 128256
+CUT = "request 2 (QSL index 2, LoadGen sample 1002): replica 0 answered"
+
+
+@pytest.mark.parametrize("gen, answer, error", [
+    (GenerationSettings(max_tokens=8, eos_token_ids=EOS), [11, 12, 13],
+     f"{CUT} 3 ids, fewer than max_tokens 8, ending in 13, not an EOS id [128001, 128008, 128009] (an answer cut "
+     "short): [11, 12, 13]"),
+    (GenerationSettings(max_tokens=8, eos_token_ids=EOS), [11, 128009, 13], "ending in 13, not an EOS id"),
+    (GenerationSettings(max_tokens=4, eos_token_ids=EOS), [11, 200000, 13, 14],
+     f"{CUT} id 200000 at position 1 of 4, outside the model's vocabulary [0, 128256): [11, 200000, 13, 14]"),
+    (GenerationSettings(max_tokens=8, eos_token_ids=EOS), [11, 12, VOCAB, 128009], f"{CUT} id 128256 at position 2"),
+    (GenerationSettings(max_tokens=4, eos_token_ids=EOS), [11, -5, 13, 14], f"{CUT} id -5 at position 1 of 4"),
+    (GenerationSettings(max_tokens=4, eos_token_ids=EOS), [11, 2 ** 31 - 1, 13, 14], "id 2147483647 at position 1"),
+    (GenerationSettings(max_tokens=8, eos_token_ids=EOS), [11, 128008], None),  # stopped at EOS
+    (GenerationSettings(max_tokens=4, eos_token_ids=EOS), [11, 12, 13, VOCAB - 1], None),  # max_tokens: no EOS needed
+    (GenerationSettings(max_tokens=4, ignore_eos=True, eos_token_ids=EOS), [11, 128009, 13, 14], None),
+])
+def test_an_answer_cut_short_or_outside_the_vocabulary_fails_the_run_naming_request_sample_and_replica(gen, answer,
+                                                                                                      error):
+    """The one answer check of every transport: before the ledger, so nothing of it reaches LoadGen."""
+    led, d, tr, sink, _ = _setup("round_robin", gen=gen, vocab_size=VOCAB, out_len=gen.max_tokens,
+                                 answers={2: answer})
+    try:
+        _issue(led, d, 4)
+        assert led.idle.wait(10) and led.wait_sent(10) and sorted(s for s, _ in sink) == [1000, 1001, 1002, 1003]
+        if error is None:
+            assert led.error is None and dict(sink)[1002] == answer
+        else:
+            assert error in led.error and dict(sink)[1002] == []  # answered empty by the failure, never with the ids
+    finally:
+        tr.stop()
+
+
+def test_a_streamed_first_token_outside_the_vocabulary_never_reaches_the_ledger():
+    led, d, tr, sink, firsts = _setup("round_robin", stream=True, vocab_size=VOCAB, answers={1: [VOCAB + 5, 11, 12, 13]})
+    try:
+        _issue(led, d, 2)
+        assert led.idle.wait(10) and led.wait_sent(10)
+        assert led.error == ("request 1 (QSL index 1, LoadGen sample 1001): replica 1 streamed first token 128261, "
+                             "outside the model's vocabulary [0, 128256)")
+        assert (1001, [VOCAB + 5]) not in firsts and (1001, [None]) in firsts
+    finally:
+        tr.stop()
+
+
+def test_the_answer_check_finds_the_bad_answer_and_position_in_a_batch():
+    from sut.core.answers import AnswerCheck
+
+    check = AnswerCheck(GenerationSettings(max_tokens=6, eos_token_ids=EOS), VOCAB)
+    good = [np.array([5, 6, 128001], np.int32), np.arange(10, 16, dtype=np.int32)]
+    assert check.fault([Completion(i, a) for i, a in enumerate(good)]) is None
+    bad = np.array([7, 8, 9, 131072, 128009], np.int32)
+    assert check.fault([Completion(i, a) for i, a in enumerate(good + [bad] + good)]) == (
+        2, "answered id 131072 at position 3 of 5, outside the model's vocabulary [0, 128256): [7, 8, 9, 131072, 128009]")
+    as_lists = [Completion(0, [5, 128009]), Completion(1, [1, 2, 3, 4, 5, -1])]  # not int32 arrays: checked the same
+    assert check.fault(as_lists)[0] == 1
+    long = np.r_[np.arange(20, 33), 128009].astype(np.int32)
+    why = AnswerCheck(GenerationSettings(max_tokens=20, eos_token_ids=(2,)), VOCAB).fault([Completion(0, long)])[1]
+    assert why.endswith("not an EOS id [2] (an answer cut short): [20, 21, 22, 23, 24, ... (4 more), 29, 30, 31, 32, 128009]")
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "least_loaded"])
@@ -124,7 +187,7 @@ def test_an_answer_from_another_replica_fails_the_run_naming_both():
     try:
         _issue(led, d, 4)
         assert led.idle.wait(10)
-        assert led.error == "request 2 was routed to replica 0 but answered by replica 1"
+        assert led.error == "request 2 (QSL index 2, LoadGen sample 1002) was routed to replica 0 but answered by replica 1"
         assert led.wait_sent(10) and sorted(s for s, _ in sink) == [1000, 1001, 1002, 1003]
     finally:
         tr.stop()
@@ -323,7 +386,8 @@ def test_a_first_token_from_another_replica_fails_the_run():
         from sut.messages import FirstToken
 
         d.on_first(1, [FirstToken(items[0][0], 5)])
-        assert led.error == "first token of request 0 was routed to replica 0 but came from replica 1"
+        assert led.error == ("first token of request 0 (QSL index 0, LoadGen sample 1) was routed to replica 0 but "
+                             "came from replica 1")
         assert led.wait_sent(10) and firsts == [(1, [None])]  # not 5: only the empty first token of the failure answer
     finally:
         tr.stop()
@@ -340,3 +404,22 @@ def test_transport_sut_refuses_a_second_start_and_answers_samples_issued_after_s
     sut.issue_queries([QS(id=7, index=0)])
     assert "issue_queries after stop" in sut.ledger.error
     assert sut.ledger.wait_sent(10) and [s for s, _ in sink] == [7] and sut.ledger.outstanding == 0
+
+
+@pytest.mark.parametrize("name", ["vllm", "vllm-http", "flame"])
+def test_every_backend_checks_answers_with_the_models_eos_ids_and_vocabulary(name):
+    """In-process engines, HTTP and Flame share the dispatcher's one answer check, fed from the run's context."""
+    from types import SimpleNamespace as NS
+
+    from sut.base import SUTContext, get_sut
+    from sut.engine import EngineSettings
+
+    ds = NS(prompts=[np.arange(20, dtype=np.int32)], path="/nonexistent.json")
+    ctx = SUTContext(dataset=ds, engine=EngineSettings(model="m", device="cpu"), progress=False, vocab_size=VOCAB,
+                     generation=GenerationSettings(max_tokens=7, eos_token_ids=EOS))
+    sut = get_sut(name)(ctx)
+    try:
+        check = sut.dispatcher.check
+        assert (check.vocab_size, check.max_tokens, check._eos_set) == (VOCAB, 7, frozenset(EOS))
+    finally:
+        sut.stop()

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -109,6 +110,13 @@ def transport(options: HttpOptions, stream=False, gen=None, log_dir=None, **engi
 
 def requests(n, start=0):
     return [Request(i, np.array([i, 7, 8, 9], dtype=np.int32)) for i in range(start, start + n)]
+
+
+def answer(first: int, max_tokens: int = 6) -> list[int]:
+    """What the fake server answers prompt ``[first, 7, 8, 9]`` (``requests``): an even sum (an even ``first``)
+    stops at its EOS at position 3."""
+    ids = [(first + k) % 1000 + 10 for k in range(max_tokens)]
+    return ids[:3] + [128009] if first % 2 == 0 and max_tokens > 3 else ids
 
 
 def stats_of(url):
@@ -337,7 +345,9 @@ def test_prefix_caching_from_launch_args_and_contradicting_sources():
 
 # -- requests and results --------------------------------------------------------------------------
 def test_token_ids_cached_tokens_and_sampling_on_two_replicas(fake_server, started):
-    (u0, _), (u1, _) = fake_server("--cached", "3"), fake_server("--cached", "3")
+    """Answers that stop at EOS ('stop') and at max_tokens ('length'); cached tokens only where the server reports
+    them (vLLM: only with --enable-prompt-tokens-details)."""
+    (u0, _), (u1, _) = fake_server("--cached", "3", "--enable-prompt-tokens-details"), fake_server("--cached", "3")
     t = transport(HttpOptions(urls=[u0, u1], max_inflight_per_replica=4))
     started.append(t)
     sink = Sink()
@@ -349,8 +359,8 @@ def test_token_ids_cached_tokens_and_sampling_on_two_replicas(fake_server, start
     sink.wait(lambda: len(sink.results) == 20)
     for rid, (replica, c) in sink.results.items():
         assert replica == (0 if rid < 10 else 1)
-        assert c.token_ids.dtype == np.int32 and list(c.token_ids) == [(rid + k) % 1000 + 10 for k in range(6)]
-        assert c.cached_tokens == 3 and c.t_queued <= c.t_done and c.t_first is None
+        assert c.token_ids.dtype == np.int32 and list(c.token_ids) == answer(rid)
+        assert c.cached_tokens == (3 if rid < 10 else None) and c.t_queued <= c.t_done and c.t_first is None
     body = [b for b in stats_of(u0)["bodies"] if b["prompt"] == [3, 7, 8, 9]][0]
     assert body["model"] == MODEL and body["return_token_ids"] is True and "stream" not in body
     assert (body["max_tokens"], body["min_tokens"], body["ignore_eos"]) == (6, 1, False)
@@ -370,6 +380,38 @@ def test_ignore_eos_asks_for_fixed_length_outputs(fake_server, started):
     sink.wait(lambda: len(sink.results) == 1)
     body = stats_of(url)["bodies"][-1]
     assert (body["max_tokens"], body["min_tokens"], body["ignore_eos"]) == (5, 5, True)
+    assert list(sink.results[0][1].token_ids) == [10, 11, 12, 13, 14]  # the EOS at position 3 masked: 5 ids
+
+
+@pytest.mark.parametrize("eos, expected", [(EOS, [10, 11, 12, 128009]), ((128001,), [10, 11, 12, 128009, 14, 15])])
+def test_a_server_that_knows_no_eos_stops_at_the_requests_stop_token_ids(fake_server, started, eos, expected):
+    """Servers started here get --skip-tokenizer-init: they know no EOS id, only the request's stop_token_ids
+    (the model's EOS ids) end an answer early."""
+    url, _ = fake_server("--skip-tokenizer-init")
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=2), gen=GenerationSettings(max_tokens=6,
+                                                                                          eos_token_ids=eos))
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    t.submit(0, requests(1))
+    sink.wait(lambda: len(sink.results) == 1)
+    assert list(sink.results[0][1].token_ids) == expected and not sink.fatal
+
+
+@pytest.mark.parametrize("after, said", [
+    (2, "request 0 failed: server error: Internal server error"),  # mid-answer: no finish_reason would say it too
+    (1000, "request 0 failed: server error: Internal server error"),  # after the last ids: they looked complete
+])
+def test_an_error_chunk_in_the_stream_is_fatal_naming_the_servers_message(fake_server, started, after, said):
+    """vLLM streams an exception during generation as a chunk {"error": {...}}, then [DONE]."""
+    url, _ = fake_server("--error-after", str(after))
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=1), stream=True)
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    t.submit(0, requests(1))
+    sink.wait(lambda: sink.fatal or sink.results)
+    assert sink.fatal and said in sink.fatal[0].message and not sink.results
 
 
 def test_streaming_reports_each_first_token_before_its_completion(fake_server, started):
@@ -382,16 +424,16 @@ def test_streaming_reports_each_first_token_before_its_completion(fake_server, s
     sink.wait(lambda: len(sink.results) == 12)
     for rid, (_, c) in sink.results.items():
         assert sink.events.index(("first", rid)) < sink.events.index(("done", rid))
-        assert sink.firsts[rid] == c.token_ids[0] and len(c.token_ids) == 6
-        assert c.t_queued <= c.t_first <= c.t_done and c.cached_tokens == 0
+        assert sink.firsts[rid] == c.token_ids[0] and list(c.token_ids) == answer(rid)
+        assert c.t_queued <= c.t_first <= c.t_done and c.cached_tokens is None  # not sent without prompt-tokens details
     body = stats_of(url)["bodies"][-1]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
 @pytest.mark.parametrize("stream, flags, said", [
     (True, ["--finish", "none"], "the answer ended with no finish_reason after 1 ids"),
-    (True, ["--finish", "abort"], "the answer ended with finish_reason 'abort' after 6 ids"),
-    (False, ["--finish", "abort"], "the answer ended with finish_reason 'abort' after 6 ids"),
+    (True, ["--finish", "abort", "--eos-at", "-1"], "the answer ended with finish_reason 'abort' after 6 ids"),
+    (False, ["--finish", "abort", "--eos-at", "-1"], "the answer ended with finish_reason 'abort' after 6 ids"),
     (True, ["--max-new-tokens", "3"], "finish_reason 'length' after 3 ids, but max_tokens is 6"),
     (False, ["--max-new-tokens", "3"], "finish_reason 'length' after 3 ids, but max_tokens is 6"),
 ])
@@ -625,6 +667,40 @@ def test_cli_accuracy_run_over_a_given_server(tmp_path, synthetic_small, fake_se
     assert rec["http"]["exposure"] == [{"url": url, "loopback": True, "tls": False, "warning": None}]
     log = json.loads((run / "mlperf_log_accuracy.json").read_text())
     assert sorted(r["qsl_idx"] for r in log) == list(range(8))
+    lengths = {len(logged_ids(r["data"])) for r in log}
+    assert lengths == {4, 128}  # answers that stopped at EOS ('stop') and at max_tokens ('length')
+    assert all(logged_ids(r["data"])[-1] == 128009 for r in log if len(logged_ids(r["data"])) == 4)
+
+
+def logged_ids(hexdata: str) -> list[int]:
+    return np.frombuffer(bytes.fromhex(hexdata), "<i4").tolist()
+
+
+SERVER = ["--scenario", "Server", "--target-qps", "20"]
+
+
+@pytest.mark.parametrize("scenario, flags, said", [
+    ([], ["--truncate", "5"], "answered 5 ids, fewer than max_tokens 128, ending in 14, not an EOS id "
+                              "[128001, 128008, 128009] (an answer cut short): [10, 11, 12, 13, 14]"),
+    (SERVER, ["--truncate", "3"], "answered 3 ids, fewer than max_tokens 128, ending in 12, not an EOS id"),
+    ([], ["--bad-id", "200000"], "answered id 200000 at position 1 of "),
+    (SERVER, ["--bad-id", "200000"], "answered id 200000 at position 1 of "),
+])
+def test_cli_an_answer_cut_short_or_outside_the_vocabulary_fails_the_run(tmp_path, synthetic_small, fake_server,
+                                                                         scenario, flags, said):
+    """A server (or proxy) that says 'stop' after a few ids without an EOS, or sends an id outside the model's
+    vocabulary (128,256): exit 1, run.json failed naming request, sample, replica and the ids; none reaches LoadGen."""
+    url, _ = fake_server(*flags)
+    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "failed", rec.get("error")
+    assert re.search(rf"request \d+ \(QSL index \d+, LoadGen sample \d+\): replica 0 \({re.escape(url)}\) "
+                     rf"{re.escape(said)}", rec["error"]), rec["error"]
+    for r in json.loads((run / "mlperf_log_accuracy.json").read_text()):
+        ids = logged_ids(r["data"])
+        assert 200000 not in ids and (not ids or len(ids) == 128 or ids[-1] == 128009), ids
 
 
 def test_cli_unconfirmed_prefix_caching_fails_unless_allowed_then_not_compliant(tmp_path, synthetic_small, fake_server):
@@ -644,6 +720,63 @@ def test_cli_unreachable_url_exits_2_before_a_run_folder(tmp_path, synthetic_sma
     out = _run(tmp_path, synthetic_small, "--server-url", url)
     assert out.returncode == 2 and f"server {url} does not answer" in out.stderr, out.stderr[-2000:]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def not_http():
+    """The URL of a loopback port that answers every connection with bytes that are not HTTP (an SSH banner)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    done = threading.Event()
+
+    def serve():
+        while not done.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\x00\x01not http\r\n\r\n")
+                conn.settimeout(1.0)
+                try:
+                    conn.recv(4096)
+                except OSError:
+                    pass
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    done.set()
+    th.join(5)
+    srv.close()
+
+
+def test_cli_a_port_that_answers_other_bytes_exits_2_naming_it(tmp_path, synthetic_small, not_http):
+    out = _run(tmp_path, synthetic_small, "--server-url", not_http)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"server {not_http} does not answer HTTP ({not_http}/health: not an HTTP reply (BadStatusLine: " \
+           "'SSH-2.0-OpenSSH_9.6" in out.stderr, out.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(InputError, match=f"server {not_http}: {not_http}/v1/models: not an HTTP reply"):
+        HttpSUT.preflight(HttpOptions(urls=not_http), EngineSettings(model=MODEL))  # the locality study's check
+
+
+def test_cli_one_server_given_twice_under_two_host_names_exits_2_naming_both(tmp_path, synthetic_small, fake_server):
+    url, _ = fake_server()
+    twin = url.replace("127.0.0.1", "localhost")
+    out = _run(tmp_path, synthetic_small, "--server-url", f"{url},{twin}")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"--server-url gives one server twice: {url} and {twin} both reach 127.0.0.1:{url.rsplit(':', 1)[1]}" \
+        in out.stderr, out.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+
+
+def test_urls_of_distinct_servers_pass_the_check():
+    from sut.http_sut import check_distinct
+
+    check_distinct(["http://127.0.0.1:8000", "http://localhost:8001", "http://127.0.0.1:8000/proxy/b"])
+    with pytest.raises(InputError, match="http://localhost:80 and http://127.0.0.1 both reach 127.0.0.1:80"):
+        check_distinct(["http://localhost:80", "http://127.0.0.1"])
 
 
 def test_cli_server_scenario_streams_the_first_token_of_every_sample(tmp_path, synthetic_small, fake_server):
@@ -670,6 +803,21 @@ def test_cli_server_accuracy_run_with_an_answer_cut_short_fails_with_exit_1_not_
     (run,) = tmp_path.iterdir()
     rec = json.loads((run / "run.json").read_text())
     assert rec["status"] == "failed" and "the answer ended with no finish_reason after 1 ids" in rec["error"]
+
+
+@pytest.mark.parametrize("scenario, after, said", [
+    (SERVER, 200, "failed: server error: Internal server error"),  # the error chunk after an answer's last ids
+    ([], 100, 'failed: HTTP 500: {"error": {"message": "Internal server error"'),  # answers of 128 ids
+])
+def test_cli_a_server_error_during_generation_fails_the_run(tmp_path, synthetic_small, fake_server, scenario, after,
+                                                             said):
+    url, _ = fake_server("--error-after", str(after))
+    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "failed" and f"vllm-http replica 0 ({url}) request " in rec["error"], rec["error"]
+    assert said in rec["error"], rec["error"]
 
 
 def test_cli_server_of_another_model_exits_2_naming_it(tmp_path, synthetic_small, fake_server):

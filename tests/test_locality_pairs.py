@@ -158,9 +158,9 @@ def test_warmups_use_shifted_ids_and_their_own_request_ids(systems, tmp_path):
 
 # ------------------------------------------------------------------------------------------ failures
 @pytest.mark.parametrize("opts, message", [
-    ({"short_output": {5: 3}}, "request 5: replica 1 answered 3 generated ids, the generation settings ask for exactly 4"),
+    ({"short_output": {5: 3}}, "request 5 (trace request 5): replica 1 answered 3 generated ids, the generation settings ask for exactly 4"),
     ({"duplicate": 7}, "request 7 was answered twice or never issued"),
-    ({"wrong_replica": 2}, "request 2 was routed to replica"),
+    ({"wrong_replica": 2}, "request 2 (trace request 2) was routed to replica"),
     ({"die_after": {1: 2}}, "fake replica 1 died"),
     ({"step_s": 1.5}, "no request completed for 1 s with"),
 ])
@@ -266,10 +266,15 @@ def test_cli_runs_fake_systems_and_a_failed_check_exits_1_naming_the_request(sys
     assert cli(tmp_path, "--systems", "standalone", "flame", "--policies", "round_robin", "--pairs", "1",
                "--run-name", "bad") == 1
     captured = capsys.readouterr()
-    assert "request 2: replica 0 answered 1 generated ids, the generation settings ask for exactly 4" in (
+    assert "request 2 (trace request 2): replica 0 answered 1 generated ids, the generation settings ask for exactly 4" in (
         captured.out + captured.err)  # the dispatcher's check, before the burst's own validation
     rec = json.loads((tmp_path / "out" / ("bad" + RUN_SUFFIX) / "locality.json").read_text())
-    assert rec["status"] == "failed" and "request 2: replica 0 answered 1 generated ids" in rec["error"]
+    assert rec["status"] == "failed" and "request 2 (trace request 2): replica 0 answered 1 generated ids" in rec["error"]
+    SYSTEMS["flame"] = fake(answers={2: [11, 200000, 12, 13]})  # the model's vocabulary: 128,256 ids
+    assert cli(tmp_path, "--systems", "flame", "--policies", "round_robin", "--pairs", "1", "--run-name", "oov") == 1
+    rec = json.loads((tmp_path / "out" / ("oov" + RUN_SUFFIX) / "locality.json").read_text())
+    assert "request 2 (trace request 2): replica 0 answered id 200000 at position 1 of 4, outside the model's " \
+           "vocabulary [0, 128256)" in rec["error"]
 
 
 @pytest.mark.parametrize("args, message", [

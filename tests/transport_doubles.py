@@ -2,11 +2,13 @@
 
 ``FakeTransport``: a ``sut.core.transport.Transport`` without engines. Each replica is one worker
 thread that answers every submitted request after ``step_s`` seconds with ``out_len`` generated ids
-(deterministic: ``(prompt[0] + k) % 1000 + 10`` for k = 0..out_len-1), ``cached_tokens`` from a
+(deterministic: ``(prompt[0] + k) % 1000 + 10`` for k = 0..out_len-1; an answer shorter than ``max_tokens`` ends
+in the first EOS id of the generation settings instead, as an engine's does, unless they ignore EOS or have none),
+``cached_tokens`` from a
 per-replica set of seen prompt prefixes (the first ``cache_block`` tokens), and monotonic timestamps.
 Faults: ``die_after`` (replica -> number of completions after which it reports a ``FatalEvent``),
 ``duplicate`` (answer a request twice), ``wrong_replica`` (report a completion as another
-replica's), ``short_output`` (rid -> length). ``starts`` counts ``start`` calls across instances
+replica's), ``short_output`` (rid -> length), ``answers`` (rid -> the generated ids to answer instead). ``starts`` counts ``start`` calls across instances
 sharing one ``log`` list (pair-protocol tests check fresh starts). What the replicas report about
 themselves: ``prefix_caching_on``, or a whole read-back record (``engine_info``, e.g. one that
 ``sut.engine.readback.read_back`` made from vLLM's own config objects).
@@ -41,6 +43,7 @@ class FakeOptions:
     duplicate: Optional[int] = None
     wrong_replica: Optional[int] = None
     short_output: Optional[dict] = None
+    answers: Optional[dict] = None
     log: Optional[list] = field(default=None, hash=False, compare=False)
 
 
@@ -88,6 +91,11 @@ class FakeTransport(Transport):
         self._seen[r].add(key)
         n = (self.o.short_output or {}).get(req.rid, self.o.out_len)
         ids = ((int(req.prompt[0]) + np.arange(n)) % 1000 + 10).astype(np.int32)
+        gen = self.spec.generation
+        if gen is not None and 0 < n < gen.max_tokens and gen.eos_token_ids and not gen.ignore_eos:
+            ids[-1] = gen.eos_token_ids[0]
+        if req.rid in (self.o.answers or {}):
+            ids = np.asarray(self.o.answers[req.rid], dtype=np.int32)
         return Completion(req.rid, ids, cached, t0, t0, time.monotonic())
 
     def _loop(self, r: int) -> None:

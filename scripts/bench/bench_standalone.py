@@ -164,7 +164,7 @@ def main() -> int:
     records = transport.start(_LogFailures())
     try:
         raw_round(transport, ds.prompts[: min(16, n)], gen.eos_token_ids)  # warm-up
-        ctx = SUTContext(dataset=ds, engine=es, generation=gen, progress=False)
+        ctx = SUTContext(dataset=ds, engine=es, generation=gen, progress=False, vocab_size=model.vocab_size)
         rows = []
         with tempfile.TemporaryDirectory() as td:
             for r in range(a.repeats):

@@ -12,13 +12,14 @@ transport's ``ResultSink``:
 * ``on_first``: the policy learns the first token (``least_pending``), then the ledger
   (``first_tokens``: LoadGen's ``FirstTokenComplete``).
 * ``on_results``: each completion must come from the replica its request was routed to (else the
-  run fails naming the request and both replicas) and hold as many ids as the generation settings
-  allow (``GenerationSettings.output_lengths``: exactly ``max_tokens`` with ``ignore_eos``, else ``min_tokens`` (at
-  least 1) to ``max_tokens``; else the run fails naming the request, its length and the range: a
-  server or engine that ended a sequence early must not pass for a complete answer); the policy
-  takes its load off; the optional
-  ``observer(replica, completion)`` sees it (the locality runner records cached tokens and times);
-  then the ledger answers it (an unknown or duplicate request id fails the run there).
+  run fails naming the request and both replicas), then pass the one answer check of every transport
+  (``sut.core.answers.AnswerCheck``: a length the generation settings allow, every id inside the
+  model's vocabulary, an answer shorter than ``max_tokens`` ending in an EOS id unless the run ignores
+  EOS; else the run fails naming the request, its QSL index and LoadGen sample, the replica and what
+  came back); the policy takes its load off; the optional ``observer(replica, completion)`` sees it
+  (the locality runner records cached tokens and times); then the ledger answers it (an unknown or
+  duplicate request id fails the run there). A streamed first token outside the vocabulary fails
+  the run before it reaches the ledger.
 * ``on_fatal``: the ledger fails the run with the event's message (every outstanding sample is
   answered exactly once, empty).
 
@@ -27,7 +28,8 @@ transport's own ``FatalEvent``, which says how the replica ended, before failing
 submit's error.
 
 The ledger is duck-typed: ``complete(results)``, ``fail(message)``, ``first_tokens(results)``
-(streaming only) and ``error`` (``sut.ledger.sample.SampleLedger``, ``sut.ledger.streaming.StreamingLedger``).
+(streaming only), ``error`` and, optionally, ``describe(request id)`` (the sample it answers, for messages)
+(``sut.ledger.sample.SampleLedger``, ``sut.ledger.streaming.StreamingLedger``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
+from sut.core.answers import AnswerCheck
 from sut.core.routing import Router
 from sut.core.transport import Transport
 from sut.errors import TransportError
@@ -57,10 +60,13 @@ class Dispatcher:
         ledger: ``SampleLedger``-like (module docstring).
         chunk: requests per ``submit`` call (>= 1).
         observer: called with ``(replica, Completion)`` for every valid completion, before the ledger.
+        vocab_size: the model's vocabulary size (``config.json`` ``vocab_size``): every generated id must be
+            below it (0: not checked). EOS ids and lengths come from ``transport.spec.generation``.
     """
 
     def __init__(self, transport: Transport, router: Router, ledger, chunk: int = 512,
-                 observer: Optional[Callable[[int, Completion], None]] = None, death_report_s: float = DEATH_REPORT_S):
+                 observer: Optional[Callable[[int, Completion], None]] = None, death_report_s: float = DEATH_REPORT_S,
+                 vocab_size: int = 0):
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         if router.replicas != transport.replicas:
@@ -71,7 +77,7 @@ class Dispatcher:
         self._where: dict[int, int] = {}  # request id -> replica, until answered
         self.replicas: list[ReplicaRecord] = []
         self.answered = [0] * transport.replicas
-        self._lengths = transport.spec.generation.output_lengths
+        self.check = AnswerCheck(transport.spec.generation, vocab_size)
 
     def start(self) -> list[ReplicaRecord]:
         """Start the transport with this dispatcher as its sink (blocks; ``TransportError``)."""
@@ -123,23 +129,27 @@ class Dispatcher:
 
     # -- results in (ResultSink, on the transport's threads) -------------------------------------
     def on_first(self, replica: int, firsts: list[FirstToken]) -> None:
-        wrong = None
+        wrong = bad = None
         with self._lock:
             for f in firsts:
                 r = self._where.get(f.rid)
                 if r == replica:
                     self.router.first(f.rid)
+                    why = None if bad else self.check.first_fault(f.token_id)
+                    bad = (f.rid, why) if why else bad
                 elif r is not None:
                     wrong = wrong or (f.rid, r)
         if wrong is not None:
-            self.ledger.fail(f"first token of request {wrong[0]} was routed to replica {wrong[1]} but came from "
-                             f"replica {replica}")
+            self.ledger.fail(f"first token of request {wrong[0]}{self._sample(wrong[0])} was routed to replica "
+                             f"{wrong[1]} but came from {self._replica(replica)}")
+            return
+        if bad is not None:
+            self.ledger.fail(f"request {bad[0]}{self._sample(bad[0])}: {self._replica(replica)} {bad[1]}")
             return
         self.ledger.first_tokens(firsts)
 
     def on_results(self, replica: int, results: list[Completion]) -> None:
-        wrong, short, ok = None, None, []
-        lo, hi = self._lengths
+        wrong, ok = None, []
         with self._lock:
             for c in results:
                 r = self._where.get(c.rid)
@@ -148,24 +158,34 @@ class Dispatcher:
                 if r != replica:
                     wrong = wrong or (c.rid, r)
                     continue
-                if not lo <= len(c.token_ids) <= hi:
-                    short = short or c
                 del self._where[c.rid]
                 self.router.done(c.rid)
                 self.answered[replica] += 1
                 ok.append(c)
         if wrong is not None:
-            self.ledger.fail(f"request {wrong[0]} was routed to replica {wrong[1]} but answered by replica {replica}")
+            self.ledger.fail(f"request {wrong[0]}{self._sample(wrong[0])} was routed to replica {wrong[1]} but "
+                             f"answered by {self._replica(replica)}")
             return
-        if short is not None:
-            span = f"exactly {hi}" if lo == hi else f"{lo} to {hi}"
-            self.ledger.fail(f"request {short.rid}: replica {replica} answered {len(short.token_ids)} generated ids, "
-                             f"the generation settings ask for {span} (not a complete answer)")
+        fault = self.check.fault(ok)
+        if fault is not None:
+            rid = ok[fault[0]].rid
+            self.ledger.fail(f"request {rid}{self._sample(rid)}: {self._replica(replica)} {fault[1]}")
             return
         if self.observer is not None:
             for c in ok:
                 self.observer(replica, c)
         self.ledger.complete(results)
+
+    def _replica(self, replica: int) -> str:
+        """``replica R``, with its server URL where it has one (``http`` transport)."""
+        url = next((r.info.get("url") for r in self.replicas if r.index == replica), None)
+        return f"replica {replica} ({url})" if url else f"replica {replica}"
+
+    def _sample(self, rid: int) -> str:
+        """`` (QSL index I, LoadGen sample S)`` of request ``rid`` where the ledger can tell, else ``""``."""
+        describe = getattr(self.ledger, "describe", None)
+        what = describe(rid) if describe is not None else None
+        return f" ({what})" if what else ""
 
     def on_fatal(self, event: FatalEvent) -> None:
         self.ledger.fail(event.message)

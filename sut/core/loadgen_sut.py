@@ -75,7 +75,8 @@ class TransportSUT(SystemUnderTest):
         self.policy = self.policy_for(ctx.scenario)
         router = make_router(self.policy, self.transport.replicas, MAX_NEW_TOKENS,
                              AffinitySettings(first_token_weight=float(getattr(o, "first_token_weight", 8.0))))
-        self.dispatcher = Dispatcher(self.transport, router, self.ledger, chunk=int(getattr(o, "dispatch_chunk", 512)))
+        self.dispatcher = Dispatcher(self.transport, router, self.ledger, chunk=int(getattr(o, "dispatch_chunk", 512)),
+                                     vocab_size=ctx.vocab_size)
         self._inbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)
         self._stopped = False

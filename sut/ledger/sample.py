@@ -52,6 +52,10 @@ def _bar_interval() -> float:
     except (AttributeError, ValueError):  # replaced or closed stderr
         return BAR_INTERVAL_LOG_S
 
+def _loadgen_label(sample_id: int, index: int) -> str:
+    return f"QSL index {index}, LoadGen sample {sample_id}"
+
+
 #: Empty failure answers per ``QuerySamplesComplete`` call (a full Offline query has 13,368+ samples).
 FAIL_CHUNK = 1024
 
@@ -115,14 +119,17 @@ class SampleLedger:
         fail_chunk: empty failure answers per ``complete_fn`` call.
         first_id: the first request id ``issue`` hands out (then +1 per sample): ledgers that follow
             each other over one transport keep their request ids apart.
+        label: ``(sample id, index) -> text`` naming an issued sample in messages (``describe``); default
+            ``"QSL index I, LoadGen sample S"``.
     """
 
     def __init__(self, eos_ids: Iterable[int], progress: bool = True, complete_fn: Callable = complete_samples,
-                 fail_chunk: int = FAIL_CHUNK, first_id: int = 0):
+                 fail_chunk: int = FAIL_CHUNK, first_id: int = 0, label: Optional[Callable[[int, int], str]] = None):
         if fail_chunk < 1:
             raise ValueError(f"fail_chunk must be >= 1, got {fail_chunk}")
         self.eos_ids = tuple(eos_ids)
         self._complete_fn = complete_fn
+        self._label = label or _loadgen_label
         self._fail_chunk = fail_chunk
         self._ids = itertools.count(first_id)
         self._lock = threading.Lock()
@@ -277,6 +284,13 @@ class SampleLedger:
     def outstanding(self) -> int:
         with self._lock:
             return len(self._outstanding)
+
+    def describe(self, rid: int) -> Optional[str]:
+        """The outstanding request ``rid``'s sample for messages (``label``: ``"QSL index I, LoadGen sample S"``),
+        else None."""
+        with self._lock:
+            entry = self._outstanding.get(rid)
+        return None if entry is None else self._label(*entry)
 
     def check_stall(self, stall_timeout_s: float, now: Optional[float] = None) -> bool:
         """Stall watchdog step: fail the run when samples are outstanding and none completed for

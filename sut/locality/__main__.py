@@ -143,7 +143,7 @@ def cmd_run(a) -> int:
     stop_on_sigterm_like_ctrl_c()  # SIGTERM: engines shut down, finished cases kept (run_study)
     ctx = StudyContext(trace=prepared.trace, warmups=prepared.warmups, expected_hashes=prepared.input_hashes,
                        engine=es, generation=gen, affinity=affinity, run_dir=d, max_tokens=prepared.settings.max_tokens,
-                       log_to_console=a.verbose)
+                       log_to_console=a.verbose, vocab_size=model.vocab_size)
     base = {"command": command_line(), "trace_preset": a.trace_preset, "runtime": runtime_versions(),
             "model": {"path": es.model, "config_sha256": model.config_sha256, "revision": affinity.model_revision},
             "engine_settings": es, "generation": gen, "router_settings": affinity, "notes": _preset_overrides(a)}

@@ -86,7 +86,8 @@ class _Recording(Transport):
 class BurstSettings:
     """``max_tokens``: output tokens asked per request; ``rate``: arrivals/s (Poisson, ``arrival_seed``;
     0 = one burst); ``stall_timeout_s``; ``chunk``: requests per submit; ``first_id``: request id of
-    the trace's first request; ``progress``: a progress bar."""
+    the trace's first request; ``progress``: a progress bar; ``vocab_size``: the model's (every generated id must
+    be below it, ``sut.core.answers``; 0: not checked)."""
 
     max_tokens: int
     rate: float = 0.0
@@ -95,6 +96,7 @@ class BurstSettings:
     chunk: int = 512
     first_id: int = 0
     progress: bool = False
+    vocab_size: int = 0
 
 
 @dataclass
@@ -180,8 +182,9 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
         raise ValueError("trace rids must be 0..n-1 in arrival order")
     col = _Collector(bs.first_id)
     rec = _Recording(transport)
-    ledger = SampleLedger((), progress=bs.progress, complete_fn=col.complete, first_id=bs.first_id)
-    disp = Dispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe)
+    ledger = SampleLedger((), progress=bs.progress, complete_fn=col.complete, first_id=bs.first_id,
+                          label=lambda _sid, index: f"trace request {index}")
+    disp = Dispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe, vocab_size=bs.vocab_size)
     disp.replicas = transport.attach(disp)
     t0 = _send(trace, bs, ledger, disp)
     error = ledger.wait_idle(bs.stall_timeout_s)

@@ -121,7 +121,8 @@ class StudyContext:
     """What every case shares: the trace (``expected_hashes`` recorded when it was built), its
     warm-ups, engine and generation settings, routing knobs (with the model revision), the run
     folder (each case logs into ``run_dir/<case name>/``; ``log_to_console``: engines log to the
-    console instead), and ``max_tokens`` (output tokens asked per request)."""
+    console instead), ``max_tokens`` (output tokens asked per request) and ``vocab_size`` (the model's: every
+    generated id must be below it; 0: not checked)."""
 
     trace: Sequence[TraceRequest]
     warmups: Sequence[Sequence[TraceRequest]]
@@ -135,6 +136,7 @@ class StudyContext:
     chunk: int = 512
     placement: dict = field(default_factory=dict)  # replica -> (key, case name) of its first record
     replica_count: Optional[tuple] = None  # (replicas, case name) of the first case
+    vocab_size: int = 0
 
 
 def _rotate(seq: Sequence, k: int) -> list:
@@ -270,7 +272,7 @@ def _burst(t: Transport, ctx: StudyContext, policy: str, trace, first_id: int, p
     router = make_router(policy, t.replicas, ctx.max_tokens, ctx.affinity)
     chunk = int(getattr(t.spec.options, "dispatch_chunk", None) or ctx.chunk)
     bs = BurstSettings(max_tokens=ctx.max_tokens, rate=rate, arrival_seed=seed, stall_timeout_s=stall_s,
-                       chunk=chunk, first_id=first_id, progress=progress)
+                       chunk=chunk, first_id=first_id, progress=progress, vocab_size=ctx.vocab_size)
     return run_burst(t, router, trace, bs, expected)
 
 
