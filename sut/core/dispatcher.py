@@ -14,7 +14,8 @@ transport's ``ResultSink``:
 * ``on_results``: each completion must come from the replica its request was routed to (else the
   run fails naming the request and both replicas) and hold as many ids as the generation settings
   allow (``GenerationSettings.output_lengths``: exactly ``max_tokens`` with ``ignore_eos``, else ``min_tokens`` (at
-  least 1) to ``max_tokens``; else the run fails naming the request, its length and the range: a
+  least 1) to ``max_tokens``; a request that asks its own ``Request.max_tokens``: that many instead,
+  ``GenerationSettings.lengths_for``; else the run fails naming the request, its length and the range: a
   server or engine that ended a sequence early must not pass for a complete answer); the policy
   takes its load off; the optional
   ``observer(replica, completion)`` sees it (the locality runner records cached tokens and times);
@@ -69,9 +70,11 @@ class Dispatcher:
         self.chunk, self.observer, self.death_report_s = chunk, observer, death_report_s
         self._lock = threading.Lock()
         self._where: dict[int, int] = {}  # request id -> replica, until answered
+        self._asked: dict[int, int] = {}  # request id -> its own max_tokens (requests that ask one), until answered
         self.replicas: list[ReplicaRecord] = []
         self.answered = [0] * transport.replicas
-        self._lengths = transport.spec.generation.output_lengths
+        self._generation = transport.spec.generation
+        self._lengths = self._generation.output_lengths
 
     def start(self) -> list[ReplicaRecord]:
         """Start the transport with this dispatcher as its sink (blocks; ``TransportError``)."""
@@ -93,6 +96,8 @@ class Dispatcher:
                 with self._lock:
                     r = self.router.route(req.rid, req.prompt)
                     self._where[req.rid] = r
+                    if len(req) > 3 and req.max_tokens:
+                        self._asked[req.rid] = req.max_tokens
                 batch = per.setdefault(r, [])
                 batch.append(req)
                 if len(batch) >= self.chunk:
@@ -139,7 +144,6 @@ class Dispatcher:
 
     def on_results(self, replica: int, results: list[Completion]) -> None:
         wrong, short, ok = None, None, []
-        lo, hi = self._lengths
         with self._lock:
             for c in results:
                 r = self._where.get(c.rid)
@@ -148,8 +152,10 @@ class Dispatcher:
                 if r != replica:
                     wrong = wrong or (c.rid, r)
                     continue
+                asked = self._asked.pop(c.rid, 0)
+                lo, hi = self._generation.lengths_for(asked) if asked else self._lengths
                 if not lo <= len(c.token_ids) <= hi:
-                    short = short or c
+                    short = short or (c, lo, hi)
                 del self._where[c.rid]
                 self.router.done(c.rid)
                 self.answered[replica] += 1
@@ -158,8 +164,9 @@ class Dispatcher:
             self.ledger.fail(f"request {wrong[0]} was routed to replica {wrong[1]} but answered by replica {replica}")
             return
         if short is not None:
+            c, lo, hi = short
             span = f"exactly {hi}" if lo == hi else f"{lo} to {hi}"
-            self.ledger.fail(f"request {short.rid}: replica {replica} answered {len(short.token_ids)} generated ids, "
+            self.ledger.fail(f"request {c.rid}: replica {replica} answered {len(c.token_ids)} generated ids, "
                              f"the generation settings ask for {span} (not a complete answer)")
             return
         if self.observer is not None:
