@@ -9,7 +9,13 @@ Load accounting (shared by every policy, kept here and not in the transport): a 
 books ``uncached + decode_weight x max_tokens`` estimated tokens of work on its replica, where
 ``uncached`` is the policy's estimate of its prompt tokens the replica does not hold yet (the whole
 prompt for cache-blind policies); ``done`` takes the same amount off. ``inflight`` and ``routed``
-count requests.
+count requests; ``estimated_uncached`` sums the uncached estimates of every routed request (what the
+policy expected the engines to prefill: compared with the engines' own cached-token counts).
+
+Lost replicas: ``mark_down(r)`` (the caller saw replica ``r`` fail) takes ``r`` out of every later
+choice: ``live()`` lists the others, ``_least`` chooses among them, and a policy's choice of a replica
+that is down goes to the least-loaded live one instead. Requests already booked on ``r`` stay booked
+until their ``done``. ``route`` raises ``ValueError`` once every replica is down.
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ class Router(ABC):
         self.uncached = [0.0] * replicas  # of which: estimated uncached prefill tokens
         self.inflight = [0] * replicas
         self.routed = [0] * replicas
+        self.estimated_uncached = 0
+        self.down: set[int] = set()
         self._cost: dict[int, tuple[int, float, int]] = {}
 
     @abstractmethod
@@ -78,7 +86,12 @@ class Router(ABC):
 
     def route(self, rid: int, prompt: np.ndarray) -> int:
         """Replica for request ``rid`` with int32 ``prompt``; books its estimated work."""
+        if len(self.down) >= self.replicas:
+            raise ValueError(f"every replica is down ({sorted(self.down)}): request {rid} has nowhere to go")
         r, uncached = self._choose(rid, prompt)
+        if r in self.down:  # a policy that does not know about lost replicas
+            r, uncached = self._least(lambda x: len(prompt)), len(prompt)
+        self.estimated_uncached += uncached
         cost = uncached + self.settings.decode_weight * self.max_tokens
         self._cost[rid] = (r, cost, uncached)
         self.load[r] += cost
@@ -101,8 +114,22 @@ class Router(ABC):
         """The replica ``rid`` was routed to (``KeyError`` once it is done)."""
         return self._cost[rid][0]
 
+    def mark_down(self, replica: int) -> None:
+        """Replica ``replica`` is lost: no later request goes there (``ValueError`` for no such replica)."""
+        if not 0 <= replica < self.replicas:
+            raise ValueError(f"no replica {replica} (replicas 0..{self.replicas - 1})")
+        self.down.add(replica)
+
+    def live(self) -> list[int]:
+        """The replicas not marked down, in index order."""
+        return [r for r in range(self.replicas) if r not in self.down]
+
     def _least(self, extra: Callable[[int], float]) -> int:
-        return min(range(self.replicas), key=lambda r: (self.load[r] + extra(r), self.inflight[r], r))
+        return min(self.live() or range(self.replicas),
+                   key=lambda r: (self.load[r] + extra(r), self.inflight[r], r))
 
     def stats(self) -> dict:
-        return {"policy": self.name, "routed": list(self.routed)}
+        out = {"policy": self.name, "routed": list(self.routed), "estimated_uncached_tokens": int(self.estimated_uncached)}
+        if self.down:
+            out["down"] = sorted(self.down)
+        return out

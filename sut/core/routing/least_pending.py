@@ -25,7 +25,7 @@ class LeastPendingRouter(Router):
         return self.inflight[e] + self.weight * self.waiting_first[e]
 
     def _choose(self, rid, prompt):
-        return min(range(self.replicas), key=lambda i: (self.score(i), i)), len(prompt)
+        return min(self.live(), key=lambda i: (self.score(i), i)), len(prompt)
 
     def route(self, rid, prompt) -> int:
         r = super().route(rid, prompt)

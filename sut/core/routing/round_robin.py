@@ -1,4 +1,5 @@
-"""``round_robin``: replica ``i mod n`` for the i-th routed request. Cache-blind baseline; no knobs."""
+"""``round_robin``: replica ``i mod n`` for the i-th routed request (after a replica is lost, ``mark_down``:
+the i-th live replica ``mod`` the live count). Cache-blind baseline; no knobs."""
 
 from __future__ import annotations
 
@@ -9,4 +10,5 @@ class RoundRobinRouter(Router):
     name = "round_robin"
 
     def _choose(self, rid, prompt):
-        return sum(self.routed) % self.replicas, len(prompt)
+        live = self.live()
+        return live[sum(self.routed) % len(live)], len(prompt)
