@@ -100,7 +100,7 @@ def test_describe_states_levels_targets_zipf_sizing_and_the_kill(capsys):
     assert ev["documents"] == math.ceil(3 * 200 / 101) and ev["workload"]["eviction"]["ratio"] == pytest.approx(
         ev["document_tokens"] / 200)
     main(["describe", "--trace-preset", "replica-loss", *SHAPE, "--json"])
-    assert json.loads(capsys.readouterr().out)["workload"]["replica_loss"]["after_answers"] == 12  # half of 6 x 4
+    assert json.loads(capsys.readouterr().out)["workload"]["replica_loss"]["kill_after"] == 0.5
 
 
 # ------------------------------------------------------------------------------------------- arrivals
@@ -185,7 +185,8 @@ def test_answer_lengths_keep_the_prompts_and_fixed_traces_hash_as_before():
     from sut.locality.trace import input_hash
     h = hashlib.sha256()
     for r in fixed:  # the study's hash: no length in it
-        h.update(struct.pack("<4q", r.rid, r.document, r.question, r.prefix_tokens) + bytes.fromhex(input_hash(r.prompt)))
+        h.update(struct.pack("<4q", r.rid, r.document, r.question, r.prefix_tokens))
+        h.update(bytes.fromhex(input_hash(r.prompt)))
     assert trace_hash(fixed) == h.hexdigest()
     many = make_trace(TraceSettings(documents=50, doc_tokens=10, questions=40, max_tokens=512, answers="log_uniform"))
     lengths = np.array([r.max_tokens for r in many])
@@ -240,7 +241,9 @@ def test_replica_loss_reroutes_or_fails_every_request_of_the_lost_replica(system
         f, t = c["failover"], c["timed"]
         assert f["answered"] + f["rerouted"] + f["failed"] == f["requests"] == t["requests"] == 40
         assert t["answered"] == f["answered"] + f["rerouted"] and t["failed"] == f["failed"]
-        assert f["killed"]["replica"] == 0 and f["killed"]["after_answers"] == 20 and "killed" in f["detected_how"]
+        k = f["killed"]
+        assert k["replica"] == 0 and k["replica_answered"] == math.ceil(k["replica_routed"] / 2) > 1
+        assert k["burst_answered"] >= k["replica_answered"] and "killed" in f["detected_how"]
         assert len(f["requests_failed"]) == f["failed"] and all(f["requests_failed"].values())
         assert t["requests_per_s"] == pytest.approx(t["answered"] / t["wall_s"], rel=1e-2)  # wall_s rounded
         assert sum(p["requests"] for p in t["per_replica"]) == t["answered"]
@@ -415,7 +418,8 @@ def test_goodput_counts_requests_within_both_targets():
     assert m["client_ttft_s"]["p50"] == 0.75 and m["goodput_targets"]["ttft_from"].startswith("client")
     times[0]["client_ttft"] = -0.1  # clocks of two hosts: the engine-side TTFT counts instead, and the record says so
     m = latency_metrics(times, wall_s=2.0, requests=5, targets=(1.0, 0.1))
-    assert m["client_ttft_s"] is None and m["good_requests"] == 3 and m["goodput_targets"]["ttft_from"].startswith("engine")
+    assert m["client_ttft_s"] is None and m["good_requests"] == 3
+    assert m["goodput_targets"]["ttft_from"].startswith("engine")
 
 
 def test_every_request_needs_exactly_one_outcome():

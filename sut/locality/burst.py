@@ -142,7 +142,7 @@ class _Collector:
             self.last = time.monotonic()
             self.seen[c.rid - self.first_id] = (replica, c, self.last)
         if self.killer is not None:
-            self.killer.on_answer()
+            self.killer.on_answer(replica)
 
     def complete(self, batch) -> None:
         with self.lock:
@@ -202,7 +202,7 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     killer = None
     if bs.kill:
         disp = FailoverDispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe, retries=bs.kill.retries)
-        killer = col.killer = Killer(bs.kill, transport, len(trace), arm=disp.arm)
+        killer = col.killer = Killer(bs.kill, transport, lambda: disp.router.routed[bs.kill.replica], arm=disp.arm)
     else:
         disp = Dispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe)
     disp.replicas = transport.attach(disp)
@@ -261,10 +261,12 @@ def failover_record(disp: FailoverDispatcher, killer: Killer, col: _Collector, n
 
     loss = disp.losses[0] if disp.losses else None
     rerouted = sorted(disp.rerouted_done.values())
-    return {"killed": {"replica": killer.plan.replica, "after_answers": killer.at, "at_s": after_t0(k0, t0),
+    return {"killed": {"replica": killer.plan.replica, **(killer.at or {}), "at_s": after_t0(k0, t0),
                        "how": killer.how}, **kinds, "requests": n,
-            "detected_after_s": after(loss["detected"]) if loss else None, "detected_how": loss["how"] if loss else None,
-            "losses": [{"replica": x["replica"], "after_s": after(x["detected"]), "how": x["how"]} for x in disp.losses],
+            "detected_after_s": after(loss["detected"]) if loss else None,
+            "detected_how": loss["how"] if loss else None,
+            "losses": [{"replica": x["replica"], "after_s": after(x["detected"]), "how": x["how"]}
+                       for x in disp.losses],
             "recovery_s": after(rerouted[0]) if rerouted else None,
             "drained_s": after(rerouted[-1]) if rerouted else None, "late_answers_dropped": disp.late,
             "retries": killer.plan.retries, "loss_timeout_s": killer.plan.loss_timeout_s,

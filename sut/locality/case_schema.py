@@ -126,7 +126,8 @@ def _counts_problem(record: dict) -> Optional[str]:
     n, wall, rate = t["requests"], t["wall_s"], t["requests_per_s"]
     served, what = (t["answered"], "answered") if "answered" in t else (n, "requests")
     if "answered" in t and not (_int(served) and _int(t.get("failed")) and served + t["failed"] == n):
-        return f"fields timed.answered {_short(served)} + timed.failed {_short(t.get('failed'))} are not timed.requests {n}"
+        return (f"fields timed.answered {_short(served)} + timed.failed {_short(t.get('failed'))} are not "
+                f"timed.requests {n}")
     if abs(served / wall - rate) > 0.01 * rate + 1e-3:
         return (f"field timed.requests_per_s is {_short(rate)}, but its {what} / wall_s is {served} / {wall} = "
                 f"{served / wall:.4f}")
@@ -135,7 +136,8 @@ def _counts_problem(record: dict) -> Optional[str]:
         return f"field validation.requests_checked is {checked}, but timed.requests is {n}"
     per = t.get("per_replica")
     if per and sum(x["requests"] for x in per) != served:
-        return f"field timed.per_replica counts {sum(x['requests'] for x in per)} requests, but timed.{what} is {served}"
+        return (f"field timed.per_replica counts {sum(x['requests'] for x in per)} requests, but timed.{what} is "
+                f"{served}")
     return None
 
 

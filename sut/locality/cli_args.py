@@ -124,7 +124,8 @@ def _add_run_flags(s) -> None:
                    help="an option of a system's transport (JSON value, else a string), e.g. flame.batch_size=64 or "
                         "standalone.dispatch_chunk=64; repeatable")
     r = s.add_argument_group("routing (sut/core/routing AffinitySettings)")
-    r.add_argument("--policies", nargs="+", help=f"routing policies, each run per system and pair: {', '.join(POLICIES)} "
+    r.add_argument("--policies", nargs="+", help="routing policies, each run per system and pair: "
+                   f"{', '.join(POLICIES)} "
                    "(prefix_affinity_never: prefix_affinity with release gate never; default round_robin least_loaded "
                    "prefix_affinity, or the preset's)")
     _add(r, _ROUTER, _AD)
@@ -153,7 +154,8 @@ def add_commands(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         t = s.add_argument_group("trace (sut/locality/trace.py TraceSettings)")
         _add(t, _TRACE, _TD)
         t.add_argument("--trace-preset", choices=sorted(TRACE_PRESETS), help=_PRESET_HELP)
-        _add(s.add_argument_group("workloads beyond the study (sut/locality/workloads WorkloadSettings)"), _WORKLOAD, _WD)
+        w = s.add_argument_group("workloads beyond the study (sut/locality/workloads WorkloadSettings)")
+        _add(w, _WORKLOAD, _WD)
         if name == "describe":
             s.add_argument("--json", action="store_true", help="print the shape as JSON instead of a table")
         else:

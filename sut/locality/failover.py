@@ -2,8 +2,9 @@
 
 Algorithm (the ``replica-loss`` workload, ``sut/locality/workloads/replica_loss.py``)
 ---------
-1. **Kill.** ``KillPlan(replica, after)``: once ``ceil(after x requests)`` requests of the timed burst are
-   answered, the harness kills replica ``replica`` once (``kill_replica``): through the transport's own
+1. **Kill.** ``KillPlan(replica, after)``: once replica ``replica`` has answered ``ceil(after x n)`` of the ``n``
+   requests routed to it so far (in a burst: all of its share), so that it still holds some, the harness
+   kills it once (``kill_replica``): through the transport's own
    ``kill_replica(r)`` where it has one (test doubles), else ``SIGKILL`` to the pid the replica's own record
    reports (``ReplicaRecord.info["pid"]``: its engine process, which this harness or the Flame service
    started; what that process started is left to the transport's ``stop``).
@@ -49,7 +50,7 @@ from sut.messages import Completion, FatalEvent, Request
 
 @dataclass(frozen=True)
 class KillPlan:
-    """Kill replica ``replica`` once ``after`` (in (0, 1)) of the burst's requests are answered; a lost
+    """Kill replica ``replica`` once it has answered ``after`` (in (0, 1)) of the requests routed to it; a lost
     replica's requests get ``retries`` re-routes each; ``loss_timeout_s`` (module docstring, step 5)."""
 
     replica: int
@@ -57,9 +58,9 @@ class KillPlan:
     retries: int = 1
     loss_timeout_s: float = 60.0
 
-    def threshold(self, requests: int) -> int:
-        """Answered requests that trigger the kill (at least 1)."""
-        return max(1, math.ceil(self.after * requests))
+    def threshold(self, routed: int) -> int:
+        """Answers of the replica that trigger the kill when ``routed`` requests went to it (at least 1)."""
+        return max(1, math.ceil(self.after * routed))
 
 
 def kill_replica(transport, replica: int) -> str:
@@ -83,23 +84,28 @@ def kill_replica(transport, replica: int) -> str:
 
 
 class Killer:
-    """Counts answers and fires the plan's kill once, on its own thread (never a transport's);
-    ``arm`` is called just before the kill (the dispatcher takes losses from then on)."""
+    """Counts the answers of the plan's replica against ``routed()`` (requests routed to it so far) and fires
+    the kill once, on its own thread (never a transport's); ``arm`` is called just before the kill (the
+    dispatcher takes losses from then on). ``answered``: the burst's answers, ``at``: the replica's, at the kill."""
 
-    def __init__(self, plan: KillPlan, transport, requests: int, arm=None):
-        self.plan, self.transport, self.at, self.arm = plan, transport, plan.threshold(requests), arm
-        self.answered = 0
+    def __init__(self, plan: KillPlan, transport, routed, arm=None):
+        self.plan, self.transport, self.routed, self.arm = plan, transport, routed, arm
+        self.answered = self.mine = 0
+        self.at: Optional[dict] = None
         self.killed_at: Optional[float] = None
         self.how: Optional[str] = None
         self.error: Optional[str] = None
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
 
-    def on_answer(self) -> None:
+    def on_answer(self, replica: int) -> None:
         with self._lock:
             self.answered += 1
-            if self.answered != self.at or self._thread is not None:
+            self.mine += replica == self.plan.replica
+            routed = self.routed()
+            if self._thread is not None or replica != self.plan.replica or self.mine < self.plan.threshold(routed):
                 return
+            self.at = {"replica_answered": self.mine, "replica_routed": routed, "burst_answered": self.answered}
             self.killed_at = time.monotonic()
             self._thread = threading.Thread(target=self._kill, name="replica-loss-kill", daemon=True)
         self._thread.start()

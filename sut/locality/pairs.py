@@ -336,7 +336,7 @@ def _timed(t: Transport, ctx: StudyContext, ps: PairSettings, case: Case, rec: d
     if kill is not None:
         check_killable(t, kill.replica)
     log.info("%s: timed burst of %d requests%s", case.name, len(ctx.trace),
-             f" (replica {kill.replica} killed once {kill.threshold(len(ctx.trace))} are answered)" if kill else "")
+             f" (replica {kill.replica} killed once it answered {kill.after:.0%} of its requests)" if kill else "")
     res = _burst(t, ctx, case.policy, ctx.trace, 0, ps.progress, ps.rate, ps.arrival_seed, ps.stall_timeout_s,
                  ctx.expected_hashes, kill=kill)
     if kill is None:  # a transport that lost a replica takes no new sink: nothing more is sent to it

@@ -38,11 +38,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sut.constants import REPO
+from sut.errors import EngineError, RunFailed
 from sut.locality import NOTICE, RUN_SUFFIX
 from sut.locality.pairs import PairSettings, StudyContext, run_pairs, run_records
 from sut.locality.study import pair_report, plot_pair_report
 from sut.locality.systems import System
-from sut.errors import EngineError, RunFailed
 from sut.locality.trace import (
     TraceRequest,
     TraceSettings,
@@ -99,7 +99,8 @@ def prepare_trace(ts: TraceSettings, warmups: int, trace: Optional[Sequence[Trac
 
         shape["popularity"] = popularity(trace)
     return PreparedTrace(ts, trace, copies[:warmups], shifts[:warmups], [input_hash(r.prompt) for r in trace], shape,
-                         [(s, c, [input_hash(r.prompt) for r in c]) for s, c in zip(shifts[warmups:], copies[warmups:])])
+                         [(s, c, [input_hash(r.prompt) for r in c])
+                          for s, c in zip(shifts[warmups:], copies[warmups:])])
 
 
 def make_run_dir(output_dir: str, run_name: Optional[str], label: str) -> Path:

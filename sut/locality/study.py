@@ -199,7 +199,8 @@ def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num:
             report["pair_ratios"][po] = dict(
                 stats(list(by_pair.values())), name=f"{num} / {den}",
                 per_pair=[{"pair": p, "ratio": v} for p, v in by_pair.items()],
-                below_floor=[p for p, v in by_pair.items() if v < floor], **({"undefined": undefined} if undefined else {}))
+                below_floor=[p for p, v in by_pair.items() if v < floor],
+                **({"undefined": undefined} if undefined else {}))
     for s in systems:
         for suffix in sorted({po[len("prefix_affinity"):] for po in runs[s] if po.startswith("prefix_affinity")}):
             aff, rr = "prefix_affinity" + suffix, "round_robin" + suffix  # suffix "" or a load level ("@80%")
@@ -316,6 +317,13 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
             ax.set_xlim(pairs[0] - 0.5, pairs[-1] + 0.5)  # whole pairs, also for one pair
             if len(pairs) <= 20:
                 ax.set_xticks(pairs)
+    _cached_panel(ax3, report, policies)
+    fig.suptitle(title or "synthetic-locality pairs (NOT an MLPerf result)")
+    return fig
+
+
+def _cached_panel(ax, report: dict, policies: Sequence[str]) -> None:
+    """The figure's third panel: median cached share per policy and system, min-max whiskers."""
     systems = list(report["runs"])
     width = 0.8 / max(1, len(systems))
     for i, s in enumerate(systems):
@@ -324,11 +332,9 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
         st = [report["runs"][s][po]["cached_share"] for po in have]
         med = [100 * x["median"] for x in st]
         err = [[m - 100 * x["min"] for m, x in zip(med, st)], [100 * x["max"] - m for m, x in zip(med, st)]]
-        ax3.bar(xs, med, width, yerr=err, capsize=3, label=s, color=f"C{i}")
+        ax.bar(xs, med, width, yerr=err, capsize=3, label=s, color=f"C{i}")
     many = len(policies) > 3  # e.g. a policy per load level: slanted names stay apart
-    ax3.set_xticks(range(len(policies)), policies, rotation=30 if many else 0, ha="right" if many else "center",
-                   fontsize=8 if many else None)
-    ax3.set(ylabel="cached share of input tokens, %", title="cached share per policy (median, min-max)")
-    ax3.legend(fontsize=8)
-    fig.suptitle(title or "synthetic-locality pairs (NOT an MLPerf result)")
-    return fig
+    ax.set_xticks(range(len(policies)), policies, rotation=30 if many else 0, ha="right" if many else "center",
+                  fontsize=8 if many else None)
+    ax.set(ylabel="cached share of input tokens, %", title="cached share per policy (median, min-max)")
+    ax.legend(fontsize=8)

@@ -147,7 +147,8 @@ class TraceSettings:
         if self.answers not in ANSWERS:
             raise ValueError(f"answers must be one of {ANSWERS}, got {self.answers!r}")
         if self.answers != "fixed" and not 1 <= self.min_answer_tokens <= self.max_tokens:
-            raise ValueError(f"min_answer_tokens must be in [1, max_tokens={self.max_tokens}], got {self.min_answer_tokens}")
+            raise ValueError(f"min_answer_tokens must be in [1, max_tokens={self.max_tokens}], got "
+                             f"{self.min_answer_tokens}")
         if self.text == "random" and (self.dataset or self.tokenizer):
             raise ValueError("--dataset and --tokenizer apply to --text news only")
 

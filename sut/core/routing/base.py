@@ -129,7 +129,8 @@ class Router(ABC):
                    key=lambda r: (self.load[r] + extra(r), self.inflight[r], r))
 
     def stats(self) -> dict:
-        out = {"policy": self.name, "routed": list(self.routed), "estimated_uncached_tokens": int(self.estimated_uncached)}
+        out = {"policy": self.name, "routed": list(self.routed),
+               "estimated_uncached_tokens": int(self.estimated_uncached)}
         if self.down:
             out["down"] = sorted(self.down)
         return out

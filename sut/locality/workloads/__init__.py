@@ -52,8 +52,8 @@ class WorkloadSettings:
         kv_tokens: eviction: one replica's KV-cache tokens to size against (0 = start the first system's
             replicas once and read what they report).
         kv_blocks: every engine's KV-cache blocks (vLLM ``num_gpu_blocks_override``; 0 = what memory allows).
-        kill_after: replica-loss: kill a replica once this fraction of the timed requests is answered,
-            in (0, 1) (0 = off).
+        kill_after: replica-loss: kill the replica once it has answered this fraction of the timed
+            requests routed to it, in (0, 1) (0 = off).
         kill_replica: replica-loss: which replica.
         retries: replica-loss: re-routes a lost replica's request gets (0 = it fails at once).
         loss_timeout_s: replica-loss: after the kill, this long without an answer fails what is left.
@@ -76,8 +76,8 @@ class WorkloadSettings:
                              "system's replicas once and read the KV blocks they report")
     kv_blocks: int = knob(0, "every engine's KV-cache blocks instead of what memory allows (vLLM "
                              "num_gpu_blocks_override): a small cache on a CPU, or the same capacity on any GPU")
-    kill_after: float = knob(0.0, "replica-loss: kill --kill-replica once this fraction of the timed requests is "
-                                  "answered, in (0, 1); 0 = off")
+    kill_after: float = knob(0.0, "replica-loss: kill --kill-replica once it has answered this fraction of the "
+                                  "timed requests routed to it, in (0, 1); 0 = off")
     kill_replica: int = knob(0, "replica-loss: the replica to kill")
     retries: int = knob(1, "replica-loss: re-routes of a lost replica's request (0 = it fails at once)")
     loss_timeout_s: float = knob(60.0, "replica-loss: after the kill, this many seconds without an answer fail the "

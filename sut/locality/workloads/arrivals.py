@@ -93,7 +93,8 @@ def level_records(case: dict) -> list[dict]:
     for lv in case["levels"]:
         t = lv["timed"]
         out.append({"system": case["system"], "policy": f"{case['policy']}@{lv['level']:.0%}", "pair": case["pair"],
-                    **{m: t.get(m) for m in ("requests_per_s", "output_tokens_per_s", "cached_share", "goodput_per_s")}})
+                    **{m: t.get(m) for m in ("requests_per_s", "output_tokens_per_s", "cached_share",
+                                             "goodput_per_s")}})
     return out
 
 

@@ -54,7 +54,8 @@ def report_lines(record: dict) -> list[str]:
     pop = (record.get("trace") or {}).get("popularity") or {}
     hot = ", ".join(f"{x['share']:.1%}" for x in pop.get("hottest", []))
     lines = [f"hot prefixes: Zipf s = {ts.get('zipf_s')}; the hottest documents' shares of requests: {hot}",
-             f"{'pair':>4}  {'system':<11} {'policy':<22} {'requests per replica':>21} {'uncached tokens per replica':>28}"
+             f"{'pair':>4}  {'system':<11} {'policy':<22} {'requests per replica':>21} "
+             f"{'uncached tokens per replica':>28}"
              f" {'done s per replica':>19} {'max/min req':>11} {'max/min uncached':>16} {'released':>8}"]
     for c in record.get("cases", []):
         t = c.get("timed")

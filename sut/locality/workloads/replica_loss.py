@@ -3,8 +3,9 @@ re-routed, recovery time); nothing lost silently, and the run says what happened
 
 Algorithm (``sut.locality.failover``)
 ---------
-1. **Kill.** In the timed burst of every case (not in the warm-ups), once ``--kill-after`` (0.5) of its
-   requests are answered, replica ``--kill-replica`` (0) is killed: ``SIGKILL`` to the engine process its
+1. **Kill.** In the timed burst of every case (not in the warm-ups), once replica ``--kill-replica`` (0) has
+   answered ``--kill-after`` (0.5) of the requests routed to it (so that it still holds the rest), it is
+   killed: ``SIGKILL`` to the engine process its
    own record names (standalone: the vLLM worker this harness started; Flame: the engine process of that
    replica's service). Both systems lose the same replica at the same point of the same trace.
 2. **Detection** only as a client would see it: the system's transport reports the replica failed, or a
@@ -14,7 +15,8 @@ Algorithm (``sut.locality.failover``)
 3. **Settling.** The trace ends when every request is answered or failed: ``--loss-timeout-s`` (60) after
    the kill without any answer fails what is still outstanding (a system that stops serving altogether
    after one loss ends the trace that way, never with a hang).
-4. **Record** (``failover`` of every case): the kill (replica, after how many answers, when, how), when the
+4. **Record** (``failover`` of every case): the kill (replica, its answers and requests then, the burst's
+   answers then, when, how), when the
    loss was detected and how (the transport's own words), counts of requests ``answered`` (by the replica
    first chosen), ``rerouted`` (answered by another after the loss) and ``failed`` (each with its reason),
    ``recovery_s`` (kill to the first re-routed answer), ``drained_s`` (to the last), late answers of the lost

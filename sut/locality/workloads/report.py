@@ -9,7 +9,6 @@ workload its cases show (levels, variable answers, Zipf popularity, working set,
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 from sut.locality.workloads import WorkloadSettings, answers, arrivals, eviction, hot_prefixes, replica_loss
@@ -35,9 +34,7 @@ def workload_shape(ts, ws: WorkloadSettings, shape: dict) -> dict:
                               {"documents": f"sized at run time: ceil({ws.working_set:g} x one replica's KV tokens / "
                                             f"{ts.doc_tokens + 1})"})}
     if ws.kill_after:
-        n = shape["requests"]
-        out["replica_loss"] = {"kill_replica": ws.kill_replica, "kill_after": ws.kill_after,
-                               "after_answers": max(1, math.ceil(ws.kill_after * n)), "retries": ws.retries,
+        out["replica_loss"] = {"kill_replica": ws.kill_replica, "kill_after": ws.kill_after, "retries": ws.retries,
                                "loss_timeout_s": ws.loss_timeout_s}
     return out
 
@@ -68,8 +65,9 @@ def workload_rows(ts, ws: WorkloadSettings, shape: dict) -> list[tuple[str, str,
                      + (f"; every engine capped at {ws.kv_blocks:,} KV blocks" if ws.kv_blocks else "")))
     if "replica_loss" in w:
         r = w["replica_loss"]
-        rows.append(("replica loss", f"replica {r['kill_replica']}", f"killed once {r['after_answers']} requests are "
-                     f"answered; {r['retries']} re-route(s) each; {r['loss_timeout_s']:g} s without an answer fail the rest"))
+        rows.append(("replica loss", f"replica {r['kill_replica']}", f"killed once it answered {r['kill_after']:.0%} "
+                     f"of the requests routed to it; {r['retries']} re-route(s) each; {r['loss_timeout_s']:g} s "
+                     "without an answer fail the rest"))
     return rows
 
 
