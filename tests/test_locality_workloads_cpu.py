@@ -96,7 +96,7 @@ def test_eviction_on_cpu_engines(tmp_path):
 @pytest.mark.timeout(1800)
 def test_replica_loss_on_cpu_engines(tmp_path):
     rec, out = run(tmp_path, "--trace-preset", "replica-loss", "--policies", "round_robin", "--documents", "6",
-                   "--max-tokens", "16")
+                   "--max-tokens", "16", "--max-num-seqs", "2")  # requests wait in the engine: killed, it holds some
     (case,) = rec["cases"]
     f, t = case["failover"], case["timed"]
     assert f["answered"] + f["rerouted"] + f["failed"] == 24 and f["killed"]["how"].startswith("SIGKILL to pid")
