@@ -250,8 +250,12 @@ def test_replica_loss_reroutes_or_fails_every_request_of_the_lost_replica(system
         if c["system"] == "standalone":  # the other replica serves on: re-routed, nothing failed
             assert f["rerouted"] > 0 and f["failed"] == 0 and f["recovery_s"] <= f["drained_s"]
             assert len(f["requests_rerouted"]) == f["rerouted"]
-        else:  # a transport that halts on any loss: what was left fails, with its reason
+        else:  # a transport that halts on any loss: its re-routes are refused, what replica 1 held times out
             assert f["failed"] > 0 and f["recovery_s"] is None
+            assert [x["kind"] for x in f["losses"]] == ["fatal event", "submit refused"]
+            why = set(f["requests_failed"].values())
+            assert any(w.startswith("replica 1 refused it (submit to replica 1 failed") for w in why), why
+            assert any(w.startswith("no answer within 0.5 s after replica 0 was killed") for w in why), why
     assert rec["report"]["pair_ratios"]["prefix_affinity"]["n"] == 1
     assert "how detected" in capsys.readouterr().out
 

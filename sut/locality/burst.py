@@ -265,7 +265,8 @@ def failover_record(disp: FailoverDispatcher, killer: Killer, col: _Collector, n
                        "how": killer.how}, **kinds, "requests": n,
             "detected_after_s": after(loss["detected"]) if loss else None,
             "detected_how": loss["how"] if loss else None,
-            "losses": [{"replica": x["replica"], "after_s": after(x["detected"]), "how": x["how"]}
+            "losses": [{"replica": x["replica"], "kind": x["kind"], "after_s": after(x["detected"]),
+                        "how": x["how"]}
                        for x in disp.losses],
             "recovery_s": after(rerouted[0]) if rerouted else None,
             "drained_s": after(rerouted[-1]) if rerouted else None, "late_answers_dropped": disp.late,

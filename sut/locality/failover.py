@@ -14,8 +14,9 @@ Algorithm (the ``replica-loss`` workload, ``sut/locality/workloads/replica_loss.
    run (``RunFailed``, exit 1) as in any other burst.
 3. **Re-route.** On the loss of replica r: ``Router.mark_down(r)``; every request outstanding on r (routed,
    not answered) is taken off it (``Router.done``) and, while it has re-routes left (``retries``), routed
-   again among the live replicas and submitted; otherwise, when no replica is live, or when that submit
-   fails as well, it is **failed** with the reason.
+   again among the live replicas and submitted; otherwise, when no replica is live, it is **failed** with
+   the reason. A replica that refuses a submit is marked down too and the refused requests go elsewhere
+   (or fail) the same way, but what it already holds stays outstanding: it may still answer.
 4. **Late answers** of a lost replica for a request already re-routed or failed are dropped and counted.
 5. **Settling.** The burst ends when every request is answered or failed. After the kill, when no request
    completes for ``loss_timeout_s``, every request still outstanding is failed ("no answer within ...
@@ -145,6 +146,7 @@ class FailoverDispatcher(Dispatcher):
         self.losses: list[dict] = []
         self.late = 0
         self.armed = False  # set when the planned kill fires: a loss before it is a failure of the run
+        self.lost: set[int] = set()  # replicas whose fatal event came (a refused submit only marks one down)
         self._unanswered: list[int] = []  # failed, not yet answered to the ledger
 
     def dispatch(self, items: Sequence[Request]) -> None:
@@ -176,9 +178,9 @@ class FailoverDispatcher(Dispatcher):
             for i in range(0, len(batch), self.chunk):
                 try:
                     self.transport.submit(r, batch[i:i + self.chunk])
-                except TransportError as e:
-                    self.lose(r, f"submit to replica {r} failed: {e}")
-                    break  # lose() moved the rest of this batch (still routed to r) elsewhere
+                except TransportError as e:  # this and the later chunks go elsewhere
+                    self.lose(r, f"submit to replica {r} failed: {e}", [req.rid for req in batch[i:]])
+                    break
         self._answer_failed()
 
     def _fail_locked(self, rid: int, reason: str) -> None:
@@ -192,26 +194,34 @@ class FailoverDispatcher(Dispatcher):
         if pending:
             self.ledger.complete([(rid, np.zeros(0, np.int32)) for rid in pending])
 
-    def lose(self, replica: Optional[int], how: str) -> None:
-        """Replica ``replica`` (None: every replica) is lost: re-route or fail its outstanding requests."""
+    def lose(self, replica: Optional[int], how: str, rids: Optional[Sequence[int]] = None) -> None:
+        """Replica ``replica`` (None: every replica) is lost (a fatal event: every request outstanding there is
+        re-routed or failed), or refused a submit (``rids``: those requests only; the ones it already holds stay
+        outstanding, to be answered or failed by the loss timeout). Either way no later request goes there."""
         if not self.armed:
             self.ledger.fail(f"replica {replica} failed before the planned kill: {how}")
             return
         again = []
         with self._lock:
-            lost = [r for r in (range(self.router.replicas) if replica is None else [replica])
-                    if r not in self.router.down]
-            if not lost:
+            targets = list(range(self.router.replicas)) if replica is None else [replica]
+            new = [r for r in targets if r not in self.lost]
+            if rids is None and not new:
                 return
-            for r in lost:
-                self.router.mark_down(r)
-            self.losses.append({"replica": replica, "detected": time.monotonic(), "how": how[:1000]})
-            for rid in [rid for rid, r in self._where.items() if r in lost]:
+            if rids is None:
+                self.lost.update(new)
+            for r in targets:
+                if r not in self.router.down:
+                    self.router.mark_down(r)
+            self.losses.append({"replica": replica, "detected": time.monotonic(), "how": how[:1000],
+                                "kind": "fatal event" if rids is None else "submit refused"})
+            moving = [rid for rid, r in self._where.items() if r in new] if rids is None else rids
+            for rid in [rid for rid in moving if self._where.get(rid) in targets]:
                 r = self._where.pop(rid)
                 self.router.done(rid)
                 self._asked.pop(rid, None)
                 if self.reroutes[rid] >= self.retries:
-                    self._fail_locked(rid, f"replica {r} lost ({how[:200]}); no re-route left")
+                    what = "lost" if rids is None else "refused it"
+                    self._fail_locked(rid, f"replica {r} {what} ({how[:200]}); no re-route left")
                 else:
                     self.reroutes[rid] += 1
                     again.append(self.requests[rid])
