@@ -437,3 +437,45 @@ def test_every_request_needs_exactly_one_outcome():
         d.outcome([1, 2, 3, 4], [1, 2])
     with pytest.raises(RunFailed, match="request 3: answered and failed"):
         d.outcome([1, 2, 3], [1, 2, 3])
+
+
+# ------------------------------------------------------------------------------------------ the GPU step
+STANDIN = """#!/usr/bin/env bash
+# python3 of scripts/bench/gpu_runs.sh's workloads step: a Flame cluster that only prints its endpoint, locality runs
+# that record their flags and leave a locality.json; anything else runs for real
+case "$*" in
+  "-m sut.flame cluster"*) echo "FLAME_ENDPOINT=http://127.0.0.1:9"; exec sleep 60 ;;
+  "-m sut.locality run"*) echo "$*" >> "$CALLS"; n=; for a in "$@"; do [ "$n" = 1 ] && name=$a; n=; [ "$a" = --run-name ] && n=1; done
+    d="$JOB/workloads/$name-SYNTHETIC-LOCALITY-NOT-MLPERF"; mkdir -p "$d"; echo '{}' > "$d/locality.json"
+    [ "$name" = "${FAIL:-}" ] && exit 1; exit 0 ;;
+esac
+exec {real} "$@"
+"""
+
+
+def test_the_gpu_step_runs_every_preset_with_three_pairs_on_one_card(tmp_path):
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "python3"
+    fake.write_text(STANDIN.replace("{real}", shlex.quote(sys.executable)))
+    fake.chmod(0o755)
+    (tmp_path / "job").mkdir()
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
+               JOB=str(tmp_path / "job"), OUT=str(tmp_path / "out"), FAIL="hot-prefixes", WL_ARGS="--warmups 2")
+    out = subprocess.run(["bash", "scripts/bench/gpu_runs.sh", "workloads"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    calls = [c.split() for c in (tmp_path / "calls").read_text().splitlines()]
+    assert [c[c.index("--trace-preset") + 1] for c in calls] == list(PRESETS)
+    for c in calls:
+        assert c[c.index("--pairs") + 1] == "3" and c[c.index("--engines-per-device") + 1] == "2"
+        assert c[c.index("--systems") + 1: c.index("--systems") + 3] == ["standalone", "flame"]
+        assert c[-2:] == ["--warmups", "2"] and ("--kv-blocks" in c) == (c[c.index("--trace-preset") + 1] == "eviction")
+    assert calls[3][calls[3].index("--kv-blocks") + 1] == "4096"
+    assert out.returncode == 1 and "workloads hot-prefixes: rc=1" in out.stdout  # the other presets still ran
+    assert all((tmp_path / "job" / f"locality_{p}.json").is_file() for p in PRESETS)
