@@ -113,8 +113,11 @@ def _preflight_servers(systems, es: EngineSettings) -> None:
                 raise BadInput(f"error: system {system.name}: {e}") from None
 
 
-def _check_workload(ts, ws, systems, replicas: int) -> None:
+def _check_workload(ts, ws, systems, replicas: int, rate: float) -> None:
     """The workloads' own checks before anything starts (``ValueError`` naming the flag)."""
+    if ws.load_levels and rate:
+        raise ValueError(f"--rate {rate:g} and --load-levels: the levels set the arrival rates (level x capacity); "
+                         "give one of them")
     if ts.answers != "fixed":
         for s in systems:
             if not transport_class(s.transport).per_request_max_tokens:
@@ -151,7 +154,7 @@ def _prepare(a):
     if urls:
         replicas = len(urls)
     systems = resolve_systems(a.systems, replicas, parse_system_options(a.system_option), http=a.http, urls=urls)
-    _check_workload(ts, ws, systems, replicas)
+    _check_workload(ts, ws, systems, replicas, ps.rate)
     _preflight_servers(systems, es)
     affinity = _routing(a, model_revision(es.model))
     prepared = prepare_trace(ts, ps.warmups, extra=max(0, len(ws.load_levels) - 1))
