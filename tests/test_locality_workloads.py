@@ -446,7 +446,8 @@ STANDIN = """#!/usr/bin/env bash
 # that record their flags and leave a locality.json; anything else runs for real
 case "$*" in
   "-m sut.flame cluster"*) echo "FLAME_ENDPOINT=http://127.0.0.1:9"; exec sleep 60 ;;
-  "-m sut.locality run"*) echo "$*" >> "$CALLS"; n=; for a in "$@"; do [ "$n" = 1 ] && name=$a; n=; [ "$a" = --run-name ] && n=1; done
+  "-m sut.locality run"*) echo "$*" >> "$CALLS"; n=
+    for a in "$@"; do [ "$n" = 1 ] && name=$a; n=; [ "$a" = --run-name ] && n=1; done
     d="$JOB/workloads/$name-SYNTHETIC-LOCALITY-NOT-MLPERF"; mkdir -p "$d"; echo '{}' > "$d/locality.json"
     [ "$name" = "${FAIL:-}" ] && exit 1; exit 0 ;;
 esac

@@ -106,8 +106,8 @@ class Killer:
             routed = self.routed()
             if self._thread is not None or replica != self.plan.replica or self.mine < self.plan.threshold(routed):
                 return
-            self.at = {"replica_answered": self.mine, "replica_routed": routed, "replica_outstanding": routed - self.mine,
-                       "burst_answered": self.answered}
+            self.at = {"replica_answered": self.mine, "replica_routed": routed,
+                       "replica_outstanding": routed - self.mine, "burst_answered": self.answered}
             self.killed_at = time.monotonic()
             self._thread = threading.Thread(target=self._kill, name="replica-loss-kill", daemon=True)
         self._thread.start()
