@@ -2,9 +2,11 @@
 
 Shapes and units:
 
-* ``Request(rid, prompt, index)``: ``rid`` a request id unique within a run (int); ``prompt`` the
-  prompt token ids, a 1-D ``np.int32`` array; ``index`` the QSL index where there is one (-1: none;
-  a transport whose remote side loads prompts by index uses it).
+* ``Request(rid, prompt, index, max_tokens)``: ``rid`` a request id unique within a run (int); ``prompt``
+  the prompt token ids, a 1-D ``np.int32`` array; ``index`` the QSL index where there is one (-1: none;
+  a transport whose remote side loads prompts by index uses it); ``max_tokens`` this request's own
+  output length (0: the generation settings'; only transports with ``per_request_max_tokens`` honour
+  it, and it must not exceed the generation settings' ``max_tokens``).
 * ``Completion(rid, token_ids, cached_tokens, t_queued, t_first, t_done)``: ``token_ids`` the
   generated ids (1-D ``np.int32``, not yet cut at EOS: the ledger does that); ``cached_tokens``
   prompt tokens the engine served from its prefix cache (None: the transport cannot tell);
@@ -35,6 +37,7 @@ class Request(NamedTuple):
     rid: int
     prompt: np.ndarray
     index: int = -1
+    max_tokens: int = 0
 
 
 class Completion(NamedTuple):

@@ -117,13 +117,13 @@ class FakeEngineHandle:
         self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
         self._thread.start()
 
-    def _answer(self, rid: int, prompt: np.ndarray, eos: Optional[int], t_queued: float) -> Completion:
+    def _answer(self, rid: int, prompt: np.ndarray, eos: Optional[int], t_queued: float, asked: int = 0) -> Completion:
         hashes = block_hashes(prompt, self.block)
         hit = 0
         while hit < len(hashes) and hashes[hit] in self._cache:
             hit += 1
         self._cache.update(hashes)
-        ids = fake_generate(prompt, self.gen.max_tokens, eos)
+        ids = fake_generate(prompt, asked or self.gen.max_tokens, eos)
         t = time.monotonic()
         return Completion(int(rid), ids, hit * self.block, t_queued, t, t)
 
@@ -135,7 +135,7 @@ class FakeEngineHandle:
                 return
             t_queued, batch = item
             time.sleep(self.step_s)
-            out = [self._answer(r[0], r[1], eos, t_queued) for r in batch]
+            out = [self._answer(r[0], r[1], eos, t_queued, r[3] if len(r) > 3 else 0) for r in batch]
             self.samples_done += len(out)
             self._on_done(self.slot.index, out)
 

@@ -6,6 +6,10 @@ thread that answers every submitted request after ``step_s`` seconds with ``out_
 in the first EOS id of the generation settings instead, as an engine's does, unless they ignore EOS or have none),
 ``cached_tokens`` from a
 per-replica set of seen prompt prefixes (the first ``cache_block`` tokens), and monotonic timestamps.
+A request's own ``max_tokens`` (``Request.max_tokens`` > 0) replaces ``out_len`` (``per_request_max_tokens``).
+``kill_replica(r)`` (the replica-loss workload's kill): replica r stops at once, drops what it holds and
+reports a ``FatalEvent`` (``silent_kill``: reports nothing; ``halt_on_kill``: every replica stops answering
+and submits are refused, as a transport that halts on any fatal event).
 Faults: ``die_after`` (replica -> number of completions after which it reports a ``FatalEvent``),
 ``duplicate`` (answer a request twice), ``wrong_replica`` (report a completion as another
 replica's), ``short_output`` (rid -> length), ``answers`` (rid -> the generated ids to answer instead). ``starts`` counts ``start`` calls across instances
@@ -44,12 +48,16 @@ class FakeOptions:
     wrong_replica: Optional[int] = None
     short_output: Optional[dict] = None
     answers: Optional[dict] = None
+    silent_kill: bool = False
+    halt_on_kill: bool = False
+    kv_tokens: Optional[int] = None  # the KV cache every replica reports (kv_cache.tokens)
     log: Optional[list] = field(default=None, hash=False, compare=False)
 
 
 @register_transport("fake")
 class FakeTransport(Transport):
     options_cls = FakeOptions
+    per_request_max_tokens = True
 
     def __init__(self, spec: TransportSpec):
         super().__init__(spec)
@@ -73,8 +81,10 @@ class FakeTransport(Transport):
             th = threading.Thread(target=self._loop, args=(r,), daemon=True, name=f"fake-replica-{r}")
             th.start()
             self._threads.append(th)
+        kv = {"kv_cache": {"tokens": self.o.kv_tokens, "blocks": self.o.kv_tokens // 16, "block_size": 16}} \
+            if self.o.kv_tokens else {}
         own = [{"engine": r, "enable_prefix_caching": self.o.prefix_caching_on,
-                "device": {"kind": "fake", "name": "fake", "uuid": f"FAKE-{r}"}} for r in range(self.o.replicas)]
+                "device": {"kind": "fake", "name": "fake", "uuid": f"FAKE-{r}"}, **kv} for r in range(self.o.replicas)]
         self.records = [ReplicaRecord(r, own[r] if self.o.engine_info is None else dict(self.o.engine_info, engine=r))
                         for r in range(self.o.replicas)]
         return self.records
@@ -84,12 +94,22 @@ class FakeTransport(Transport):
             raise TransportError(f"fake replica {replica} is gone")
         self._queues[replica].put(list(requests))
 
+    def kill_replica(self, replica: int) -> None:
+        """The replica-loss workload's kill (module docstring)."""
+        dead = range(self.o.replicas) if self.o.halt_on_kill else [replica]
+        for r in dead:
+            self._dead[r] = True
+        if self.o.log is not None:
+            self.o.log.append(("kill", replica))
+        if not self.o.silent_kill:
+            self._report_fatal(replica, f"fake replica {replica} was killed")
+
     def _answer(self, r: int, req) -> Completion:
         t0 = time.monotonic()
         key = bytes(np.asarray(req.prompt[: self.o.cache_block], dtype=np.int32))
         cached = self.o.cache_block if (key in self._seen[r] and len(req.prompt) >= self.o.cache_block) else 0
         self._seen[r].add(key)
-        n = (self.o.short_output or {}).get(req.rid, self.o.out_len)
+        n = (self.o.short_output or {}).get(req.rid, req.max_tokens or self.o.out_len)
         ids = ((int(req.prompt[0]) + np.arange(n)) % 1000 + 10).astype(np.int32)
         gen = self.spec.generation
         if gen is not None and 0 < n < gen.max_tokens and gen.eos_token_ids and not gen.ignore_eos:
@@ -105,6 +125,8 @@ class FakeTransport(Transport):
                 return
             for req in batch:
                 time.sleep(self.o.step_s)
+                if self._dead[r]:  # killed: what it held is lost
+                    break
                 limit = (self.o.die_after or {}).get(r)
                 if limit is not None and self._done[r] >= limit:
                     self._dead[r] = True

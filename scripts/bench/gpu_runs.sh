@@ -28,6 +28,9 @@
 #   bash scripts/bench/gpu_runs.sh start core      # issue 12: --sut vllm vs raw generate; --sut vllm-http vs --sut vllm
 #   bash scripts/bench/gpu_runs.sh start study     # issue 13: Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES,
 #                                             # STUDY_POLICIES: a subset of prefix_affinity round_robin)
+#   bash scripts/bench/gpu_runs.sh start workloads # the five locality workloads beyond the study, Flame vs standalone
+#                                             # (WL_PRESETS, default all five; WL_PAIRS, default 3; WL_KV_BLOCKS,
+#                                             # eviction's KV blocks per engine, default 4096; WL_ARGS: more flags)
 #   bash scripts/bench/gpu_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS;
 #                                             # SERVER_ARGS, INTERACTIVE_ARGS: extra engine flags per scenario;
 #                                             # SCENARIOS, SCEN_S, SCEN_TRIES, SCEN_BUDGET_S, SCEN_FACTOR, SCEN_SUT,
@@ -110,7 +113,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # The steps run in order in one detached job; DONE is written when the last one ends, and each
     # step's exit code is logged in batch.console (batch-wait prints it).
     shift
-    [ $# -gt 0 ] || { echo "start: name at least one step (batch, x2, scale, locality, flame-real, core, study, server, confirm, perf)"; exit 2; }
+    [ $# -gt 0 ] || { echo "start: name at least one step (batch, x2, scale, locality, flame-real, core, study, workloads, server, confirm, perf)"; exit 2; }
     if [ -d "$JOB" ] && [ ! -f "$JOB/DONE" ]; then
       echo "start: a job is still running in $JOB (no DONE yet); wait for it with batch-wait"; exit 2
     fi
@@ -213,6 +216,35 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 --device cuda --engines-per-device 2 \
       --dataset "$REAL" --question-tokens 16 --no-progress > "$JOB/study.console" 2>&1
     kill $cpid; wait $cpid
+    ;;
+  workloads)
+    # The five synthetic-locality workloads beyond the study (NOT MLPerf; docs/locality.md, "Beyond the study"): each
+    # preset of WL_PRESETS one run of WL_PAIRS fresh pairs (default 3), Flame vs standalone, on one GPU shared by two
+    # engines, with the study step's engine settings and text (bf16 eager, max_num_seqs 64, 8,192 batched tokens,
+    # the file's own Llama 3 ids with ~16-id questions). The presets are the shrunk GPU shapes (32 documents of ~8K
+    # tokens: a case takes 1.5-3 min); eviction caps every engine's KV cache at WL_KV_BLOCKS blocks (default 4096 =
+    # 65,536 tokens), so its 3x working set is 24 documents on any card. WL_ARGS: flags for every run (e.g. a resumed
+    # arrivals run's --capacity). One run per preset in $JOB/workloads/<preset>-SYNTHETIC-LOCALITY-NOT-MLPERF.
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    FB=${FLAME_BIN:-/root/gpu/flame/bin}
+    python3 -m sut.flame cluster --flame-bin "$FB" --workdir "$JOB/workloads-cluster" > "$JOB/workloads-cluster.console" 2>&1 &
+    cpid=$!
+    until grep -q FLAME_ENDPOINT "$JOB/workloads-cluster.console"; do kill -0 $cpid || { cat "$JOB/workloads-cluster.console"; exit 2; }; sleep 0.5; done
+    export "$(grep -m1 ^FLAME_ENDPOINT= "$JOB/workloads-cluster.console")"
+    worst=0
+    for p in ${WL_PRESETS:-arrivals variable-answers hot-prefixes eviction replica-loss}; do
+      extra=(); [ "$p" = eviction ] && extra=(--kv-blocks "${WL_KV_BLOCKS:-4096}")
+      # shellcheck disable=SC2086
+      python3 -m sut.locality run --trace-preset "$p" --systems standalone flame --pairs "${WL_PAIRS:-3}" \
+        --model "$MODEL" --load-format dummy --dtype bfloat16 --enforce-eager --max-num-seqs 64 \
+        --max-num-batched-tokens 8192 --gpu-memory-utilization 0.90 --device cuda --engines-per-device 2 \
+        --dataset "$REAL" --question-tokens 16 "${extra[@]}" --output-dir "$JOB/workloads" --run-name "$p" \
+        --no-progress ${WL_ARGS:-} > "$JOB/workload_$p.console" 2>&1
+      rc=$?; [ $rc -eq 0 ] || { worst=$rc; echo "workloads $p: rc=$rc ($JOB/workload_$p.console)"; }
+      cp "$JOB/workloads/$p-SYNTHETIC-LOCALITY-NOT-MLPERF/locality.json" "$JOB/locality_$p.json" 2>/dev/null
+    done
+    kill $cpid; wait $cpid
+    exit $worst
     ;;
   perf)
     # Issue 15: engine levers side by side with the shipped fp8 preset, then the torch-profiler map
@@ -327,10 +359,11 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console "$JOB"/confirm-*.console 2>/dev/null
     grep -E "^round|^config|^standalone|^flame|target" "$JOB"/flame*.console 2>/dev/null
     grep -E "median|worst|round_robin|cached share|FAILED|note:" "$JOB/study.console" 2>/dev/null
+    for f in "$JOB"/workload_*.console; do [ -f "$f" ] && { echo "== $f"; grep -E "median|FAILED|capacity|eviction:|hot prefixes:" "$f"; }; done
     for f in "$JOB"/scen/*.jsonl; do [ -f "$f" ] && cut -c1-200 "$f"; done
     cat "$JOB/tune.tsv" 2>/dev/null
     grep -E "^\[|^lever|^ +[a-z_]+ +[a-z_]+ +[0-9]" "$JOB/perf.console" 2>/dev/null | tail -30
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
     ;;
-  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds] (steps: batch x2 scale locality flame-real core study server confirm perf)"; exit 2;;
+  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds] (steps: batch x2 scale locality flame-real core study workloads server confirm perf)"; exit 2;;
 esac

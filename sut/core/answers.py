@@ -6,7 +6,8 @@ checked that each came from the replica its request was routed to. An answer (``
 the generated ids, 1-D, not yet cut at EOS) is refused when:
 
 1. its length is outside ``GenerationSettings.output_lengths`` (exactly ``max_tokens`` with
-   ``ignore_eos``, else ``max(1, min_tokens)`` to ``max_tokens``);
+   ``ignore_eos``, else ``max(1, min_tokens)`` to ``max_tokens``; a request that asked its own
+   ``Request.max_tokens``: ``GenerationSettings.lengths_for`` that many, and rule 3 against it);
 2. an id is outside the model's vocabulary ``[0, vocab_size)`` (``config.json`` ``vocab_size``, read by
    ``sut.engine.read_model_info``; 0: unknown, not checked);
 3. it is shorter than ``max_tokens`` and its last id is not one of the model's EOS ids
@@ -50,6 +51,7 @@ class AnswerCheck:
     def __init__(self, generation: GenerationSettings, vocab_size: int = 0):
         if vocab_size < 0:
             raise ValueError(f"vocab_size must be >= 0, got {vocab_size}")
+        self.generation = generation
         self.lo, self.hi = generation.output_lengths
         self.max_tokens = generation.max_tokens
         self.vocab_size = int(vocab_size)
@@ -62,23 +64,26 @@ class AnswerCheck:
             return f"streamed first token {token_id}, outside the model's vocabulary [0, {self.vocab_size})"
         return None
 
-    def fault(self, results: Sequence) -> Optional[tuple[int, str]]:
+    def fault(self, results: Sequence, asked: Optional[Sequence[int]] = None) -> Optional[tuple[int, str]]:
         """The first refused answer of ``results`` (``Completion``-likes with ``token_ids``) as
-        ``(its index in results, why)``, else None; ``why`` names what came back. A wrong length is
-        named first, then an id outside the vocabulary, then a missing EOS."""
+        ``(its index in results, why)``, else None; ``why`` names what came back. ``asked``: per result, the
+        ``max_tokens`` its request asked for itself (0 or None: the run's). A wrong length is named first, then
+        an id outside the vocabulary, then a missing EOS."""
         if not results:
             return None
         arrays = [r.token_ids for r in results]
-        lo, hi, most, eos = self.lo, self.hi, self.max_tokens, self._eos_set
         bad_len = no_eos = None
         for i, a in enumerate(arrays):  # per answer, O(1) each: its length and last id
-            n = len(a)
+            n, own = len(a), asked[i] if asked else 0
+            lo, hi = self.generation.lengths_for(own) if own else (self.lo, self.hi)
             if not lo <= n <= hi:
                 bad_len = i
                 break
-            if no_eos is None and eos and n < most and a[-1] not in eos:
+            if no_eos is None and self._eos_set and n < (own or self.max_tokens) and a[-1] not in self._eos_set:
                 no_eos = i
         if bad_len is not None:
+            own = asked[bad_len] if asked else 0
+            lo, hi = self.generation.lengths_for(own) if own else (self.lo, self.hi)
             span = f"exactly {hi}" if lo == hi else f"{lo} to {hi}"
             return bad_len, (f"answered {len(arrays[bad_len])} generated ids, the generation settings ask for {span} "
                              f"(not a complete answer): {show_ids(arrays[bad_len])}")
@@ -92,7 +97,8 @@ class AnswerCheck:
                 return i, (f"answered id {int(flat[hit])} at position {pos} of {len(arrays[i])}, outside the model's "
                            f"vocabulary [0, {self.vocab_size}): {show_ids(arrays[i])}")
         if no_eos is not None:
-            a = arrays[no_eos]
+            a, eos = arrays[no_eos], self._eos_set
+            most = (asked[no_eos] if asked else 0) or self.max_tokens
             return no_eos, (f"answered {len(a)} ids, fewer than max_tokens {most}, ending in {int(a[-1])}, not an EOS "
                             f"id {sorted(eos)} (an answer cut short): {show_ids(a)}")
         return None

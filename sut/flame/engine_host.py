@@ -213,19 +213,20 @@ class EngineHost:
         return self.call(ask(), timeout + 1.0)
 
     # -- the async engine ------------------------------------------------------------------
-    async def generate(self, prompts: list[np.ndarray]) -> list[Completion]:
-        """Submit all prompts at once; their ``Completion``s in input order (request ids are the host's own)."""
+    async def generate(self, prompts: list[np.ndarray], asked: Optional[list] = None) -> list[Completion]:
+        """Submit all prompts at once; their ``Completion``s in input order (request ids are the host's own).
+        ``asked``: each prompt's own output length (``Request.max_tokens``; 0 = the session's)."""
         if self._fatal:
             raise EngineError(self._fatal)
         if not prompts:
             return []
         batch, futs = [], []
-        for p in prompts:
+        for i, p in enumerate(prompts):
             rid = next(self._rid)
             fut = self.loop.create_future()
             self._futures[rid] = fut
             futs.append(fut)
-            batch.append(Request(rid, np.asarray(p, dtype=np.int32)))
+            batch.append(Request(rid, np.asarray(p, dtype=np.int32), -1, int(asked[i]) if asked else 0))
         try:
             await self.loop.run_in_executor(self._submit_pool, self.handle.submit, batch)
         except Exception:
@@ -246,8 +247,9 @@ class EngineHost:
             return pl.encode_result(task.batch_id, [], meta=meta).data
         prompts, errors = self._resolve_prompts(task)
         valid = [i for i in range(len(task)) if errors[i] is None]
+        asked = task.meta.get("max_tokens")  # per-request output lengths (the batcher's meta), else None
         t0 = time.monotonic()
-        outs = await self.generate([prompts[i] for i in valid])
+        outs = await self.generate([prompts[i] for i in valid], [asked[i] for i in valid] if asked else None)
         engine_s = time.monotonic() - t0
         by_pos = dict(zip(valid, outs))
         samples = []

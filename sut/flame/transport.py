@@ -59,6 +59,7 @@ class FlameTransport(Transport):
     """Replicas = Flame sessions pinned to engine slots (see the module docstring)."""
 
     options_cls = FlameOptions
+    per_request_max_tokens = True  # a task's meta carries them to the service's engine (sut.flame.batcher)
 
     def __init__(self, spec: TransportSpec):
         super().__init__(spec)

@@ -8,7 +8,9 @@ burst; every request validated. It writes ``<output-dir>/<name>-SYNTHETIC-LOCALI
 prints the report. ``report RUN...`` merges the finished cases of several runs (device sessions) into
 one new run folder with the same report (``sut/locality/merge.py``). ``describe`` prints the trace's shape without starting engines. Traces are random
 token ids or, with ``--text news --dataset FILE [--tokenizer PATH]``, real CNN/DailyMail text;
-``--trace-preset study-no-reuse|study-reuse`` sets the study's shape (explicit flags override it).
+``--trace-preset study-no-reuse|study-reuse`` sets the study's shape, ``--trace-preset arrivals|variable-answers|
+hot-prefixes|eviction|replica-loss`` one of the workloads beyond it (``sut/locality/workloads``; explicit flags
+override a preset).
 
 Exit codes: 0 done; 1 a case failed (engine or session death, stall, a request that fails validation:
 ``locality.json`` says ``failed`` with the cause); 2 bad input, before the run folder is made and any
@@ -31,12 +33,22 @@ import shutil
 from pathlib import Path
 
 from sut.core.routing import model_revision
+from sut.core.transport import transport_class
 from sut.core.transports.http_options import url_list
 from sut.engine import EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
 from sut.errors import BadInput, EngineError, InputError, RunFailed
 from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
-from sut.locality.cli_args import _engine, _preset_overrides, _protocol, _routing, _trace_settings, add_commands
+from sut.locality.cli_args import (
+    POLICIES,
+    _engine,
+    _preset_overrides,
+    _protocol,
+    _routing,
+    _trace_settings,
+    _workload,
+    add_commands,
+)
 from sut.locality.merge import build, write_merged
 from sut.locality.own_flags import in_own_flags
 from sut.locality.pairs import StudyContext
@@ -44,6 +56,9 @@ from sut.locality.report import describe_table, study_tables
 from sut.locality.runner import command_line, make_run_dir, prepare_trace, run_study, runtime_versions
 from sut.locality.systems import parse_system_options, resolve_systems
 from sut.locality.trace import describe, make_trace, trace_hash
+from sut.locality.workloads.eviction import size_documents
+from sut.locality.workloads.hot_prefixes import popularity
+from sut.locality.workloads.report import workload_shape
 
 log = logging.getLogger("sut.locality")
 
@@ -55,14 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_describe(a) -> int:
-    ts = _trace_settings(a)
+    ts, ws = _trace_settings(a), _workload(a)
+    if ws.working_set and ws.kv_tokens:  # eviction sized against a given capacity: the run's very trace
+        ts = size_documents(ts, ws.working_set, ws.kv_tokens)
     trace = make_trace(ts)
     shape = describe(trace)
+    if ts.zipf_s > 0:
+        shape["popularity"] = popularity(trace)
     if a.json:
         print(json.dumps(dict(shape, trace_hash=trace_hash(trace), max_prompt_tokens_possible=ts.max_prompt_tokens,
-                              max_model_len_needed=ts.max_prompt_tokens + ts.max_tokens), indent=2))
+                              max_model_len_needed=ts.max_prompt_tokens + ts.max_tokens,
+                              preset=a.trace_preset, workload=workload_shape(ts, ws, shape)), indent=2, default=list))
     else:
-        print(describe_table(ts, shape))
+        print(describe_table(ts, shape, ws, a.trace_preset))
     return 0
 
 
@@ -93,10 +113,32 @@ def _preflight_servers(systems, es: EngineSettings) -> None:
                 raise BadInput(f"error: system {system.name}: {e}") from None
 
 
+def _check_workload(ts, ws, systems, replicas: int, rate: float) -> None:
+    """The workloads' own checks before anything starts (``ValueError`` naming the flag)."""
+    if ws.load_levels and rate:
+        raise ValueError(f"--rate {rate:g} and --load-levels: the levels set the arrival rates (level x capacity); "
+                         "give one of them")
+    if ts.answers != "fixed":
+        for s in systems:
+            if not transport_class(s.transport).per_request_max_tokens:
+                raise ValueError(f"--answers {ts.answers}: system {s.name}'s transport ({s.transport}) cannot ask each "
+                                 "request its own answer length; use the in-process engines (leave out --http and "
+                                 "--server-url) or --answers fixed")
+    if ws.kill_after and replicas < 2:
+        raise ValueError(f"--kill-after: replica-loss needs at least 2 replicas, the systems have {replicas} "
+                         "(--engines-per-device 2 on one device)")
+    if ws.kill_after and ws.kill_replica >= replicas:
+        raise ValueError(f"--kill-replica {ws.kill_replica}: the systems have replicas 0..{replicas - 1}")
+    if ws.load_levels and ws.capacity_policy not in POLICIES:
+        raise ValueError(f"--capacity-policy {ws.capacity_policy!r}: unknown policy; known: {', '.join(POLICIES)}")
+
+
 def _prepare(a):
     """Every check before anything starts: settings, model, engine plan, systems, trace, warm-ups."""
-    ts = _trace_settings(a)
-    es = _engine(a, ts)
+    ts, ws = _trace_settings(a), _workload(a)
+    if ws.working_set and ws.kv_tokens:
+        ts = size_documents(ts, ws.working_set, ws.kv_tokens)
+    es = _engine(a, ts, ws)
     ps = _protocol(a)
     model = _model(es)
     try:  # the replicas every system gets; refuses --device cuda without a GPU, too many CPU engines
@@ -112,14 +154,15 @@ def _prepare(a):
     if urls:
         replicas = len(urls)
     systems = resolve_systems(a.systems, replicas, parse_system_options(a.system_option), http=a.http, urls=urls)
+    _check_workload(ts, ws, systems, replicas, ps.rate)
     _preflight_servers(systems, es)
     affinity = _routing(a, model_revision(es.model))
-    prepared = prepare_trace(ts, ps.warmups)
+    prepared = prepare_trace(ts, ps.warmups, extra=max(0, len(ws.load_levels) - 1))
     if affinity.block_tokens > prepared.shape["prompt_max"] and "prefix_affinity" in ps.policies:
         log.warning("--block-tokens %d is longer than every prompt (max %d): prefix_affinity has no key and "
                     "routes every request least-loaded", affinity.block_tokens, prepared.shape["prompt_max"])
     gen = GenerationSettings(max_tokens=ts.max_tokens, ignore_eos=True, eos_token_ids=model.eos_token_ids)
-    return es, gen, ps, model, systems, affinity, prepared
+    return es, gen, ps, model, systems, affinity, prepared, ws
 
 
 def _run_dir(a, systems) -> Path:
@@ -133,7 +176,7 @@ def _run_dir(a, systems) -> Path:
 
 def cmd_run(a) -> int:
     try:
-        es, gen, ps, model, systems, affinity, prepared = _prepare(a)
+        es, gen, ps, model, systems, affinity, prepared, ws = _prepare(a)
     except ValueError as e:
         raise BadInput(f"error: {e}") from None
     made_from = _first_missing(Path(a.output_dir))
@@ -143,10 +186,12 @@ def cmd_run(a) -> int:
     stop_on_sigterm_like_ctrl_c()  # SIGTERM: engines shut down, finished cases kept (run_study)
     ctx = StudyContext(trace=prepared.trace, warmups=prepared.warmups, expected_hashes=prepared.input_hashes,
                        engine=es, generation=gen, affinity=affinity, run_dir=d, max_tokens=prepared.settings.max_tokens,
-                       log_to_console=a.verbose, vocab_size=model.vocab_size)
+                       log_to_console=a.verbose, workload=ws, vocab_size=model.vocab_size)
     base = {"command": command_line(), "trace_preset": a.trace_preset, "runtime": runtime_versions(),
             "model": {"path": es.model, "config_sha256": model.config_sha256, "revision": affinity.model_revision},
             "engine_settings": es, "generation": gen, "router_settings": affinity, "notes": _preset_overrides(a)}
+    if ws.load_levels:  # the pair report compares goodput per load level
+        base["report_metric"] = "goodput_per_s"
     for note in base["notes"]:
         log.warning("%s", note)
     try:

@@ -19,9 +19,19 @@ Algorithm
    ``max_tokens``, served replica == routed replica. A failure -> ``RunFailed`` naming the requests.
 
 Metrics (``BurstResult.metrics``): requests/s and output tokens/s over the wall time, cached share
-of input tokens (the engines' cached-token counts; None when the transport cannot tell), engine-side
+of input tokens (the engines' cached-token counts; None when the transport cannot tell) and the share
+the router expected (``router_cached_share``: 1 - its uncached estimates / prompt tokens), engine-side
 TTFT and end-to-end percentiles where the transport reports timestamps, and the client-side
-completion time from ``t0`` (what the study's standalone client timed).
+completion time from ``t0`` (what the study's standalone client timed); per request, client-side TTFT,
+TPOT and latency percentiles, goodput against ``targets``, per-replica load and its balance
+(``sut.locality.latency``).
+
+A replica lost mid-burst (``kill``: the ``replica-loss`` workload, ``sut.locality.failover``): the kill
+fires once enough requests are answered, the dispatcher re-routes or fails the lost replica's requests
+instead of failing the run, step 3 waits until every request is answered or failed (``loss_timeout_s``
+after the kill without an answer fails the rest), the validation accepts a failed request only empty and
+with its reason, and ``metrics["failover"]`` records what happened to each request. Then
+``requests_per_s`` counts the answered requests only (``answered``, ``failed``).
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ from sut.core.routing import Router
 from sut.core.transport import Transport
 from sut.errors import RunFailed
 from sut.ledger.sample import SampleLedger
+from sut.locality.failover import FailoverDispatcher, Killer, KillPlan
+from sut.locality.latency import balance, latency_metrics, replica_load, request_times, spread
 from sut.locality.study import RequestResult, raise_for_failures, validate_results
 from sut.locality.trace import TraceRequest, input_hash
 from sut.messages import Completion, Request
@@ -84,10 +96,11 @@ class _Recording(Transport):
 
 @dataclass(frozen=True)
 class BurstSettings:
-    """``max_tokens``: output tokens asked per request; ``rate``: arrivals/s (Poisson, ``arrival_seed``;
-    0 = one burst); ``stall_timeout_s``; ``chunk``: requests per submit; ``first_id``: request id of
-    the trace's first request; ``progress``: a progress bar; ``vocab_size``: the model's (every generated id must
-    be below it, ``sut.core.answers``; 0: not checked)."""
+    """``max_tokens``: output tokens asked per request (a request's own ``TraceRequest.max_tokens`` wins);
+    ``rate``: arrivals/s (Poisson, ``arrival_seed``; 0 = one burst); ``stall_timeout_s``; ``chunk``: requests
+    per submit; ``first_id``: request id of the trace's first request; ``progress``: a progress bar;
+    ``targets``: ``(ttft_s, tpot_s)`` of goodput (None: no goodput); ``kill``: a replica lost mid-burst; ``vocab_size``: the model's (every generated id must be
+    below it, ``sut.core.answers``; 0: not checked)."""
 
     max_tokens: int
     rate: float = 0.0
@@ -96,6 +109,8 @@ class BurstSettings:
     chunk: int = 512
     first_id: int = 0
     progress: bool = False
+    targets: Optional[tuple] = None
+    kill: Optional[KillPlan] = None
     vocab_size: int = 0
 
 
@@ -111,27 +126,25 @@ class BurstResult:
     routing: dict = field(default_factory=dict)
 
 
-def _pct(values: Sequence[float], q: float) -> Optional[float]:
-    return round(float(np.percentile(values, q)), 4) if len(values) else None
-
-
-def _latency(values: Sequence[float]) -> Optional[dict]:
-    return {"p50": _pct(values, 50), "p90": _pct(values, 90), "p99": _pct(values, 99)} if len(values) else None
-
-
 class _Collector:
     """The dispatcher's observer and the ledger's ``complete_fn``: what came back, by trace rid
-    (request id - ``first_id``)."""
+    (request id - ``first_id``); ``sent``: when each request was handed to the dispatcher; ``killer``: told
+    of every answer (a replica lost mid-burst)."""
 
-    def __init__(self, first_id: int):
-        self.first_id = first_id
+    def __init__(self, first_id: int, killer: Optional[Killer] = None):
+        self.first_id, self.killer = first_id, killer
         self.lock = threading.Lock()
         self.seen: dict[int, tuple[int, Completion, float]] = {}  # trace rid -> (replica, completion, arrival)
         self.outputs: dict[int, list] = {}  # trace rid -> every output the ledger sent for it
+        self.sent: dict[int, float] = {}  # trace rid -> monotonic time it was dispatched
+        self.last: Optional[float] = None  # monotonic time of the latest answer
 
     def observe(self, replica: int, c: Completion) -> None:
         with self.lock:
-            self.seen[c.rid - self.first_id] = (replica, c, time.monotonic())
+            self.last = time.monotonic()
+            self.seen[c.rid - self.first_id] = (replica, c, self.last)
+        if self.killer is not None:
+            self.killer.on_answer(replica)
 
     def complete(self, batch) -> None:
         with self.lock:
@@ -145,7 +158,7 @@ def _arrivals(n: int, rate: float, seed: int) -> np.ndarray:
     return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=n))
 
 
-def _send(trace, bs: BurstSettings, ledger: SampleLedger, disp: Dispatcher) -> float:
+def _send(trace, bs: BurstSettings, ledger: SampleLedger, disp: Dispatcher, col: _Collector) -> float:
     """Issue and dispatch every request at its arrival time; returns ``t0`` (monotonic s)."""
     arrivals = _arrivals(len(trace), bs.rate, bs.arrival_seed)
     t0 = time.monotonic()
@@ -162,7 +175,11 @@ def _send(trace, bs: BurstSettings, ledger: SampleLedger, disp: Dispatcher) -> f
         for rid, idx in ledger.issue([_Sample(r.rid, r.rid) for r in trace[i:j]]):
             if rid != bs.first_id + idx:
                 raise RuntimeError(f"ledger gave request id {rid} to trace request {idx} (expected {bs.first_id + idx})")
-            batch.append(Request(rid, trace[idx].prompt, idx))
+            batch.append(Request(rid, trace[idx].prompt, idx, trace[idx].max_tokens))
+        now = time.monotonic()
+        with col.lock:
+            for req in batch:
+                col.sent[req.index] = now
         disp.dispatch(batch)
         i = j
     disp.flush()
@@ -176,7 +193,8 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     hashes as recorded when it was built (default: computed from ``trace`` now).
 
     Raises:
-        RunFailed: a transport failure, stall, unknown/duplicate/misrouted answer or failed validation.
+        RunFailed: a transport failure (with ``kill``: one that is no replica loss), stall, unknown /
+            duplicate / misrouted answer, a request without an outcome, or failed validation.
     """
     if [r.rid for r in trace] != list(range(len(trace))):
         raise ValueError("trace rids must be 0..n-1 in arrival order")
@@ -184,11 +202,20 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     rec = _Recording(transport)
     ledger = SampleLedger((), progress=bs.progress, complete_fn=col.complete, first_id=bs.first_id,
                           label=lambda _sid, index: f"trace request {index}")
-    disp = Dispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe, vocab_size=bs.vocab_size)
+    killer = None
+    if bs.kill:
+        disp = FailoverDispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe, retries=bs.kill.retries,
+                                  vocab_size=bs.vocab_size)
+        killer = col.killer = Killer(bs.kill, transport, lambda: disp.router.routed[bs.kill.replica], arm=disp.arm)
+    else:
+        disp = Dispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe, vocab_size=bs.vocab_size)
     disp.replicas = transport.attach(disp)
-    t0 = _send(trace, bs, ledger, disp)
-    error = ledger.wait_idle(bs.stall_timeout_s)
+    t0 = _send(trace, bs, ledger, disp, col)
+    error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
     ledger.close(timeout=10.0)
+    if killer is not None:
+        killer.join()
+        error = error or killer.error
     if error is not None:
         raise RunFailed(error)
     results, hashes = [], {}
@@ -198,36 +225,87 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
         for ids in outs:
             results.append(RequestResult(rid, served, routed, ids, sent_hash))
             hashes[rid] = hashlib.sha256(ids.astype("<i4").tobytes()).hexdigest()
-    failures = validate_results(trace, results, bs.max_tokens, expected_hashes)
+    failed = {rid - bs.first_id: why for rid, why in disp.failed.items()} if killer else None
+    failures = validate_results(trace, results, bs.max_tokens, expected_hashes, failed)
     raise_for_failures(failures, "validation of the burst's requests")
-    return BurstResult(_metrics(trace, col.seen, t0), results, hashes, disp.stats())
+    metrics = _metrics(trace, col, t0, bs, disp.stats())
+    if killer is not None:
+        metrics.update(answered=len(col.seen), failed=len(failed),
+                       failover=failover_record(disp, killer, col, len(trace), t0))
+    return BurstResult(metrics, results, hashes, disp.stats())
 
 
-def _metrics(trace: Sequence[TraceRequest], seen: dict, t0: float) -> dict:
-    """Throughput, cached share, per-replica counts and latencies of a validated burst (module docstring)."""
+def _wait_failover(ledger: SampleLedger, disp: FailoverDispatcher, col: _Collector, killer: Killer,
+                   bs: BurstSettings) -> Optional[str]:
+    """``wait_idle`` of a burst with a kill: after the kill, ``loss_timeout_s`` without an answer fails what is
+    still outstanding (``failover`` step 5) instead of stalling; before it, the usual stall watchdog."""
+    while not ledger.idle.wait(0.2):
+        if killer.killed_at is None:
+            ledger.check_stall(bs.stall_timeout_s)
+        else:
+            marks = [killer.killed_at, col.last or 0.0, *(x["detected"] for x in disp.losses)]
+            if time.monotonic() - max(marks) > bs.kill.loss_timeout_s:
+                disp.fail_outstanding(f"no answer within {bs.kill.loss_timeout_s:g} s after replica "
+                                      f"{bs.kill.replica} was killed (the transport served no more)")
+        if ledger.error is not None:
+            break
+    return ledger.error
+
+
+def failover_record(disp: FailoverDispatcher, killer: Killer, col: _Collector, n: int, t0: float) -> dict:
+    """What happened to each request of a burst with a kill (``sut.locality.failover``): counts per outcome,
+    the kill and its detection, recovery times (seconds from the kill), failures with their reasons."""
+    first = col.first_id
+    outcome = disp.outcome([first + i for i in range(n)], [first + rid for rid, (_, c, _) in col.seen.items()])
+    kinds = {k: sum(1 for v in outcome.values() if v == k) for k in ("answered", "rerouted", "failed")}
+    k0 = killer.killed_at
+
+    def after(t: Optional[float]) -> Optional[float]:
+        return None if t is None or k0 is None else round(t - k0, 4)
+
+    loss = disp.losses[0] if disp.losses else None
+    rerouted = sorted(disp.rerouted_done.values())
+    return {"killed": {"replica": killer.plan.replica, **(killer.at or {}), "at_s": after_t0(k0, t0),
+                       "how": killer.how}, **kinds, "requests": n,
+            "detected_after_s": after(loss["detected"]) if loss else None,
+            "detected_how": loss["how"] if loss else None,
+            "losses": [{"replica": x["replica"], "kind": x["kind"], "after_s": after(x["detected"]),
+                        "how": x["how"]}
+                       for x in disp.losses],
+            "recovery_s": after(rerouted[0]) if rerouted else None,
+            "drained_s": after(rerouted[-1]) if rerouted else None, "late_answers_dropped": disp.late,
+            "retries": killer.plan.retries, "loss_timeout_s": killer.plan.loss_timeout_s,
+            "requests_rerouted": sorted(rid - first for rid, v in outcome.items() if v == "rerouted"),
+            "requests_failed": {str(rid - first): why for rid, why in sorted(disp.failed.items())}}
+
+
+def after_t0(t: Optional[float], t0: float) -> Optional[float]:
+    return None if t is None else round(t - t0, 4)
+
+
+def _metrics(trace: Sequence[TraceRequest], col: _Collector, t0: float, bs: BurstSettings, routing: dict) -> dict:
+    """Throughput, cached share, per-replica load and latencies of a validated burst (module docstring)."""
+    seen = col.seen
     wall = max(t for _, _, t in seen.values()) - t0
     out_tokens = sum(len(c.token_ids) for _, c, _ in seen.values())
-    prompt = sum(len(r.prompt) for r in trace)
+    prompt = sum(len(trace[rid].prompt) for rid in seen)  # every request, but a failed one (replica loss)
     cached = [c.cached_tokens for _, c, _ in seen.values()]
     cached_total = None if any(x is None for x in cached) else int(sum(cached))
-    per: dict[int, dict] = {}
-    for rid, (rep, c, _) in sorted(seen.items()):
-        p = per.setdefault(rep, {"replica": rep, "requests": 0, "prompt_tokens": 0, "cached_tokens": 0})
-        p["requests"] += 1
-        p["prompt_tokens"] += len(trace[rid].prompt)
-        p["cached_tokens"] = None if c.cached_tokens is None or p["cached_tokens"] is None else \
-            p["cached_tokens"] + int(c.cached_tokens)
+    per = replica_load(trace, seen, t0)
     done = [c for _, c, _ in seen.values()]
     ttft = [c.t_first - c.t_queued for c in done if c.t_first is not None and c.t_queued is not None]
     e2e = [c.t_done - c.t_queued for c in done if c.t_done is not None and c.t_queued is not None]
+    est = routing.get("estimated_uncached_tokens")
     return {
         "requests": len(trace), "wall_s": round(wall, 4),
-        "requests_per_s": round(len(trace) / wall, 4), "output_tokens": out_tokens,
+        "requests_per_s": round(len(seen) / wall, 4), "output_tokens": out_tokens,
         "output_tokens_per_s": round(out_tokens / wall, 2), "prompt_tokens": prompt,
         "cached_tokens": cached_total,
         "cached_share": None if cached_total is None else round(cached_total / max(1, prompt), 4),
-        "ttft_s": _latency(ttft) if len(ttft) == len(done) else None,
-        "e2e_s": _latency(e2e) if len(e2e) == len(done) else None,
-        "completion_s": _latency([t - t0 for _, _, t in seen.values()]),
-        "per_replica": [per[r] for r in sorted(per)],
+        "router_cached_share": None if est is None else round(1 - est / max(1, prompt), 4),
+        "ttft_s": spread(ttft) if len(ttft) == len(done) else None,
+        "e2e_s": spread(e2e) if len(e2e) == len(done) else None,
+        "completion_s": spread([t - t0 for _, _, t in seen.values()]),
+        **latency_metrics(request_times(seen, col.sent), wall, len(trace), bs.targets),
+        "per_replica": per, "balance": balance(per),
     }

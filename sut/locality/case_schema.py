@@ -119,18 +119,25 @@ def problem(record, checks=CASE_CHECKS) -> Optional[str]:
 
 def _counts_problem(record: dict) -> Optional[str]:
     """Counts of one timed burst that contradict each other: ``requests_per_s`` against ``requests / wall_s``
-    (beyond their rounding), the requests validated and each replica's requests against ``requests``."""
+    (beyond their rounding), the requests validated and each replica's requests against ``requests``. A burst
+    that lost a replica (``timed.answered``, the replica-loss workload) counts its answered requests in
+    ``requests_per_s`` and per replica, and ``answered + failed`` must be ``requests``."""
     t = record["timed"]
     n, wall, rate = t["requests"], t["wall_s"], t["requests_per_s"]
-    if abs(n / wall - rate) > 0.01 * rate + 1e-3:
-        return (f"field timed.requests_per_s is {_short(rate)}, but its requests / wall_s is {n} / {wall} = "
-                f"{n / wall:.4f}")
+    served, what = (t["answered"], "answered") if "answered" in t else (n, "requests")
+    if "answered" in t and not (_int(served) and _int(t.get("failed")) and served + t["failed"] == n):
+        return (f"fields timed.answered {_short(served)} + timed.failed {_short(t.get('failed'))} are not "
+                f"timed.requests {n}")
+    if abs(served / wall - rate) > 0.01 * rate + 1e-3:
+        return (f"field timed.requests_per_s is {_short(rate)}, but its {what} / wall_s is {served} / {wall} = "
+                f"{served / wall:.4f}")
     checked = record["validation"]["requests_checked"]
     if checked != n:
         return f"field validation.requests_checked is {checked}, but timed.requests is {n}"
     per = t.get("per_replica")
-    if per and sum(x["requests"] for x in per) != n:
-        return f"field timed.per_replica counts {sum(x['requests'] for x in per)} requests, but timed.requests is {n}"
+    if per and sum(x["requests"] for x in per) != served:
+        return (f"field timed.per_replica counts {sum(x['requests'] for x in per)} requests, but timed.{what} is "
+                f"{served}")
     return None
 
 

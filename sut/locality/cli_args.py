@@ -15,8 +15,16 @@ from sut.engine.settings import MAX_SEED
 from sut.errors import BadInput
 from sut.locality.pairs import PairSettings
 from sut.locality.systems import SYSTEMS
-from sut.locality.trace import TRACE_PRESETS, TraceSettings
+from sut.locality.trace import TRACE_PRESETS as STUDY_PRESETS
+from sut.locality.trace import TraceSettings
+from sut.locality.workloads import POLICY_VARIANTS, WORKLOAD_PRESETS, WorkloadSettings
 from sut.settings.flags import add_engine_flags, engine_defaults, engine_settings_from_args
+
+#: Every ``--trace-preset``: the study's two (``sut.locality.trace``) and the five workloads
+#: (``sut.locality.workloads``).
+TRACE_PRESETS = {**STUDY_PRESETS, **WORKLOAD_PRESETS}
+#: Policy names ``--policies`` takes: the routing policies and their locality variants.
+POLICIES = (*ROUTERS, *POLICY_VARIANTS)
 
 _VERBOSE_HELP = ("debug logging, and vLLM's own output (its logs, warnings and the harmless 'Chat template warmup "
                  "failed' traceback) on the console instead of RUN/<case>/engine-N.log")
@@ -29,6 +37,7 @@ def _defaults(cls) -> dict:
 
 
 _TD, _AD, _PD = _defaults(TraceSettings), _defaults(AffinitySettings), _defaults(PairSettings)
+_WD = _defaults(WorkloadSettings)
 
 
 def _flags(cls) -> dict:
@@ -39,6 +48,8 @@ def _flags(cls) -> dict:
     for f in dataclasses.fields(cls):
         if "help" in f.metadata:
             kind = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+            if "nargs" in f.metadata:  # a list of values: its item type and count in the metadata
+                kind = [{"type": f.metadata["type"], "nargs": f.metadata["nargs"]}]
             out[f.name] = ({"choices": f.metadata["choices"]} if "choices" in f.metadata else kind[0],
                            f.metadata["help"].replace("%", "%%"))
     return out
@@ -47,6 +58,7 @@ def _flags(cls) -> dict:
 # name -> (argparse keywords, help); "(default ...)" is appended from the settings dataclass
 _TRACE = _flags(TraceSettings)
 _PROTOCOL = _flags(PairSettings)
+_WORKLOAD = _flags(WorkloadSettings)
 _ROUTER = {
     "block_tokens": (int, "prefix_affinity: tokens per hashed block of the prompt"),
     "prefix_blocks": (int, "prefix_affinity: blocks hashed per prompt (the key covers the first "
@@ -75,13 +87,18 @@ _ENGINE_HELP = {
 }
 _PRESET_HELP = ("the study's traces (../shared/research/study.md): study-no-reuse = 64 news documents x 1 question, "
                 "study-reuse = 64 x 4 = 256 requests; ~8K-token documents, one shuffled burst (--rate 0), exactly 16 "
-                "new tokens each (--max-tokens 16), --text news (needs --dataset); explicit flags override the preset")
+                "new tokens each (--max-tokens 16), --text news (needs --dataset). Beyond the study "
+                "(sut/locality/workloads, docs/locality.md): arrivals (Poisson at 50/80/95%% of the burst capacity, "
+                "TTFT/TPOT and goodput), variable-answers (16-512 new tokens, log-uniform), hot-prefixes (Zipf s 1.1, "
+                "per-replica load, affinity with and without release), eviction (working set 3x one replica's KV "
+                "cache), replica-loss (replica 0 killed mid-trace); `describe --trace-preset NAME` shows one. "
+                "Explicit flags override the preset")
 
 
 def _add(group, fields: dict, defaults: dict) -> None:
     for name, (kind, help_) in fields.items():
         kw = dict(kind) if isinstance(kind, dict) else {"type": kind}
-        if defaults.get(name) is not None:
+        if defaults.get(name) not in (None, ()):
             help_ += f" (default {defaults[name]})"
         group.add_argument("--" + name.replace("_", "-"), dest=name, help=help_, **kw)
 
@@ -107,8 +124,10 @@ def _add_run_flags(s) -> None:
                    help="an option of a system's transport (JSON value, else a string), e.g. flame.batch_size=64 or "
                         "standalone.dispatch_chunk=64; repeatable")
     r = s.add_argument_group("routing (sut/core/routing AffinitySettings)")
-    r.add_argument("--policies", nargs="+", help=f"routing policies, each run per system and pair: {', '.join(ROUTERS)} "
-                   "(default round_robin least_loaded prefix_affinity)")
+    r.add_argument("--policies", nargs="+", help="routing policies, each run per system and pair: "
+                   f"{', '.join(POLICIES)} "
+                   "(prefix_affinity_never: prefix_affinity with release gate never; default round_robin least_loaded "
+                   "prefix_affinity, or the preset's)")
     _add(r, _ROUTER, _AD)
     g = s.add_argument_group("protocol (sut/locality/pairs.py PairSettings)")
     _add(g, _PROTOCOL, _PD)
@@ -135,6 +154,8 @@ def add_commands(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         t = s.add_argument_group("trace (sut/locality/trace.py TraceSettings)")
         _add(t, _TRACE, _TD)
         t.add_argument("--trace-preset", choices=sorted(TRACE_PRESETS), help=_PRESET_HELP)
+        w = s.add_argument_group("workloads beyond the study (sut/locality/workloads WorkloadSettings)")
+        _add(w, _WORKLOAD, _WD)
         if name == "describe":
             s.add_argument("--json", action="store_true", help="print the shape as JSON instead of a table")
         else:
@@ -160,14 +181,24 @@ def _preset_overrides(a) -> list[str]:
     preset = TRACE_PRESETS.get(a.trace_preset)
     if not preset:
         return []
-    given = {**_pick(a, _TRACE), **_pick(a, _PROTOCOL), **_pick(a, _ROUTER)}
+    given = {**_pick(a, _TRACE), **_pick(a, _PROTOCOL), **_pick(a, _ROUTER), **_pick(a, _WORKLOAD)}
+    if getattr(a, "policies", None):
+        given["policies"] = tuple(a.policies)
     return [f"--trace-preset {a.trace_preset}: {k} {given[k]!r} given instead of the preset's {v!r}"
             for part in preset.values() for k, v in part.items() if k in given and given[k] != v]
 
 
-def _engine(a, ts: TraceSettings) -> EngineSettings:
-    """Engine settings (prefix caching on); ``BadInput`` for a context too short for the trace."""
+def _workload(a) -> WorkloadSettings:
+    """The preset's ``workload`` knobs, overridden by the flags given (``ValueError`` for a bad value)."""
+    return WorkloadSettings(**{**TRACE_PRESETS.get(a.trace_preset, {}).get("workload", {}), **_pick(a, _WORKLOAD)})
+
+
+def _engine(a, ts: TraceSettings, ws: WorkloadSettings = WorkloadSettings()) -> EngineSettings:
+    """Engine settings (prefix caching on; ``--kv-blocks``: every engine's KV-cache blocks); ``BadInput`` for a
+    context too short for the trace."""
     base = {"max_model_len": ts.max_prompt_tokens + ts.max_tokens}
+    if ws.kv_blocks:
+        base["num_gpu_blocks_override"] = ws.kv_blocks
     if a.engine_seed is not None and not 0 <= a.engine_seed <= MAX_SEED:
         raise BadInput(f"error: --engine-seed must be in [0, {MAX_SEED}] (vLLM's range), got {a.engine_seed}")
     # the namespace's `seed` is the trace's (--seed): the engine's comes from --engine-seed alone
@@ -184,9 +215,9 @@ def _protocol(a) -> PairSettings:
     if a.policies:
         run["policies"] = tuple(a.policies)
     ps = PairSettings(progress=not a.no_progress, **run)
-    unknown = [x for x in ps.policies if x not in ROUTERS]
+    unknown = [x for x in ps.policies if x not in POLICIES]
     if unknown:
-        raise BadInput(f"error: unknown policy {unknown}; known: {', '.join(ROUTERS)}")
+        raise BadInput(f"error: unknown policy {unknown}; known: {', '.join(POLICIES)}")
     return ps
 
 

@@ -7,7 +7,9 @@ too. This module reads those files and builds one record from them:
 
 * **settings**: each run's header (``locality.json``, else ``run_header.json``). Runs whose trace hash,
   trace preset, model revision, engine settings (the model's path aside: the revision names the model),
-  generation, router settings, protocol (warm-ups, rate, arrival seed) or the settings of a system they
+  generation, router settings, protocol (warm-ups, rate, arrival seed), report metric, the workloads' knobs
+  and what was measured before the pairs (``arrivals``' capacity and levels, ``eviction``'s KV tokens: a run
+  that resumes another passes them as ``--capacity`` / ``--kv-tokens``) or the settings of a system they
   both ran differ are refused (``BadInput``, exit 2, naming the run and the field). A run without a
   header (cut off by a version that wrote none) can only be reported alone: its settings are unknown
   and the record says so;
@@ -51,7 +53,9 @@ from sut.locality.study import pair_report
 
 #: Header fields that must be equal in every merged run (dotted paths into the header).
 COMPARED = ("trace_hash", "trace_preset", "model.revision", "engine_settings", "generation", "router_settings",
-            "pair_settings.warmups", "pair_settings.rate", "pair_settings.arrival_seed")
+            "pair_settings.warmups", "pair_settings.rate", "pair_settings.arrival_seed", "report_metric",
+            "workload.settings", "workload.capacity.requests_per_s", "workload.levels",
+            "workload.working_set.replica_kv_tokens")
 #: How far a case's ``timed.cached_share`` may exceed its trace's ``reusable_share_upper_bound``: the bound counts
 #: whole shared prefixes (``trace.describe``), the engines count cached tokens in whole blocks, which can add the
 #: few leading ids that the questions of one document share (``"\n\nQuestion"``: a few ids of ~8,000-id
@@ -64,6 +68,8 @@ NEAR_REL = 1e-3
 MIN_TIMINGS = 4
 #: Fields of a host, not of the experiment: left out of the comparison.
 HOST_FIELDS = {"engine_settings": ("model",),
+               # measured by the first run, given to the next one (--capacity, --kv-tokens): their values are compared
+               "workload.settings": ("capacity", "kv_tokens"),
                "options": ("endpoint", "urls", "app_workdir", "service_log_dir", "lock_dir", "session_id")}
 
 
@@ -378,7 +384,8 @@ def _placement(cases: Sequence[dict]) -> list[dict]:
     return out
 
 
-def _report(kept: Sequence[dict], runs: Sequence[SourceRun], dropped: Sequence[dict]) -> tuple[list, dict]:
+def _report(kept: Sequence[dict], runs: Sequence[SourceRun], dropped: Sequence[dict],
+            metric: str = "requests_per_s") -> tuple[list, dict]:
     """The per-run records of the complete pairs and their pair report; ``BadInput`` when no pair is
     complete or the report cannot be made."""
     names = ", ".join(str(r.path) for r in runs)
@@ -389,7 +396,7 @@ def _report(kept: Sequence[dict], runs: Sequence[SourceRun], dropped: Sequence[d
                        f"in it): {lacks}")
     records = run_records(kept)
     try:
-        return records, pair_report(records)
+        return records, pair_report(records, metric)
     except ValueError as e:
         raise BadInput(f"error: runs {names}: no report from their cases: {e}") from None
 
@@ -419,7 +426,7 @@ def build(paths: Sequence[str | Path], command: str = "") -> Merged:
         notes = [f"settings unknown: run {runs[0].path} has no header (locality.json or {HEADER}); the trace, engine "
                  "and system settings are not recorded (each case's replicas record their engine arguments)"]
     kept, dropped = complete_pairs(cases, systems)
-    records, report = _report(kept, runs, dropped)
+    records, report = _report(kept, runs, dropped, record.get("report_metric") or "requests_per_s")
     record.update(command=command, status="ok", error=None, merged=True, settings_known=known,
                   sources=[{"run": str(r.path), "header": r.header_file, "status": r.status, "error": r.error,
                             "cases": len(r.cases), "runtime": (r.header or {}).get("runtime"),

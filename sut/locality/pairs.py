@@ -44,6 +44,7 @@ from sut.locality import knob
 from sut.locality.burst import BurstSettings, run_burst
 from sut.locality.systems import System, build_transport
 from sut.locality.trace import TraceRequest
+from sut.locality.workloads import POLICY_VARIANTS, WorkloadSettings
 from sut.messages import FatalEvent, ReplicaRecord
 
 log = logging.getLogger(__name__)
@@ -104,16 +105,18 @@ class PairSettings:
 
 @dataclass(frozen=True)
 class Case:
-    """One system x policy in one pair; ``order`` is its position in the whole run."""
+    """One system x policy in one pair; ``order`` is its position in the whole run; ``label``: the folder
+    name of a case outside the pairs (the ``arrivals`` calibration)."""
 
     pair: int
     system: str
     policy: str
     order: int
+    label: Optional[str] = None
 
     @property
     def name(self) -> str:
-        return f"pair{self.pair}-{self.system}-{self.policy}"
+        return self.label or f"pair{self.pair}-{self.system}-{self.policy}"
 
 
 @dataclass
@@ -121,8 +124,10 @@ class StudyContext:
     """What every case shares: the trace (``expected_hashes`` recorded when it was built), its
     warm-ups, engine and generation settings, routing knobs (with the model revision), the run
     folder (each case logs into ``run_dir/<case name>/``; ``log_to_console``: engines log to the
-    console instead), ``max_tokens`` (output tokens asked per request) and ``vocab_size`` (the model's: every
-    generated id must be below it; 0: not checked)."""
+    console instead), and ``max_tokens`` (output tokens asked per request); the workloads' knobs
+    (``sut.locality.workloads``), the ``arrivals`` load levels (``workloads.arrivals.Level``; empty: one
+    timed burst), the ``eviction`` sizing record and ``vocab_size`` (the model's: every generated id must
+    be below it; 0: not checked)."""
 
     trace: Sequence[TraceRequest]
     warmups: Sequence[Sequence[TraceRequest]]
@@ -137,6 +142,9 @@ class StudyContext:
     placement: dict = field(default_factory=dict)  # replica -> (key, case name) of its first record
     replica_count: Optional[tuple] = None  # (replicas, case name) of the first case
     vocab_size: int = 0
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    levels: Sequence = ()
+    sizing: Optional[dict] = None
 
 
 def _rotate(seq: Sequence, k: int) -> list:
@@ -267,18 +275,25 @@ def _stop(t: Transport, before: dict, wait_s: float = 10.0) -> dict:
             "processes_left": [{"pid": pid, "cmdline": cmd} for pid, cmd in sorted(left.items())]}
 
 
+def make_policy_router(policy: str, replicas: int, ctx: StudyContext):
+    """The router of ``policy``: a routing policy of ``sut.core.routing`` or a ``POLICY_VARIANTS`` name (the
+    base policy with its router settings over the run's)."""
+    base, over = POLICY_VARIANTS.get(policy, (policy, {}))
+    return make_router(base, replicas, ctx.max_tokens, dataclasses.replace(ctx.affinity, **over))
+
+
 def _burst(t: Transport, ctx: StudyContext, policy: str, trace, first_id: int, progress: bool, rate: float,
-           seed: int, stall_s: float, expected=None):
-    router = make_router(policy, t.replicas, ctx.max_tokens, ctx.affinity)
+           seed: int, stall_s: float, expected=None, targets=None, kill=None):
+    router = make_policy_router(policy, t.replicas, ctx)
     chunk = int(getattr(t.spec.options, "dispatch_chunk", None) or ctx.chunk)
     bs = BurstSettings(max_tokens=ctx.max_tokens, rate=rate, arrival_seed=seed, stall_timeout_s=stall_s,
-                       chunk=chunk, first_id=first_id, progress=progress, vocab_size=ctx.vocab_size)
+                       chunk=chunk, first_id=first_id, progress=progress, targets=targets, kill=kill,
+                       vocab_size=ctx.vocab_size)
     return run_burst(t, router, trace, bs, expected)
 
 
-def _measure(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, case: Case, rec: dict) -> None:
-    """Start, check, warm up and time one case into ``rec`` (the transport is stopped by the caller)."""
-    idle = _IdleSink()
+def _start(t: Transport, system: System, ctx: StudyContext, case: Case, rec: dict, idle: "_IdleSink") -> None:
+    """Start the case's transport (not timed) and check its replicas: prefix caching, placement, KV sizing."""
     t0 = time.monotonic()
     log.info("%s: starting %d replica(s)%s%s", case.name, t.replicas, " (fresh engines)" if system.spec.fresh else "",
              " and a Flame session" if system.name == "flame" else "")
@@ -289,24 +304,69 @@ def _measure(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, 
     _check_prefix_caching(records, system)
     rec["placement"] = placement(records, t.replicas, required=system.spec.fresh)
     check_placement(ctx, case, rec["placement"])
+    if ctx.sizing:
+        from sut.locality.workloads.eviction import case_record
+
+        rec["working_set"] = case_record(rec["replicas"], ctx.sizing)
+
+
+def _measure(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, case: Case, rec: dict) -> None:
+    """Start, check, warm up and time one case into ``rec`` (the transport is stopped by the caller)."""
+    idle = _IdleSink()
+    _start(t, system, ctx, case, rec, idle)
+    warm_rate = 0.0 if ctx.levels else ps.rate  # arrivals: the warm-ups are bursts; the levels have their rates
     for k, warm in enumerate(ctx.warmups):
         idle.check()
         log.info("%s: warm-up %d of %d (%d requests, not timed)", case.name, k + 1, len(ctx.warmups), len(warm))
-        res = _burst(t, ctx, case.policy, warm, (k + 1) * WARMUP_ID_STRIDE, False, ps.rate, ps.arrival_seed,
+        res = _burst(t, ctx, case.policy, warm, (k + 1) * WARMUP_ID_STRIDE, False, warm_rate, ps.arrival_seed,
                      ps.stall_timeout_s)
         t.attach(idle)
         rec["warmups"].append({k2: res.metrics[k2] for k2 in ("requests", "wall_s", "requests_per_s", "cached_share")})
     idle.check()
     t.mark_timed()
-    log.info("%s: timed burst of %d requests", case.name, len(ctx.trace))
+    if ctx.levels:
+        _timed_levels(t, ctx, ps, case, rec, idle)
+    else:
+        _timed(t, ctx, ps, case, rec, idle)
+    rec["transport_stats"] = t.stats()
+
+
+def _timed(t: Transport, ctx: StudyContext, ps: PairSettings, case: Case, rec: dict, idle: "_IdleSink") -> None:
+    """The timed burst (with a kill: the ``replica-loss`` workload, whose transport has a lost replica after)."""
+    from sut.locality.workloads.replica_loss import check_killable, kill_plan
+
+    kill = kill_plan(ctx.workload)
+    if kill is not None:
+        check_killable(t, kill.replica)
+    log.info("%s: timed burst of %d requests%s", case.name, len(ctx.trace),
+             f" (replica {kill.replica} killed once it answered {kill.after:.0%} of its requests)" if kill else "")
     res = _burst(t, ctx, case.policy, ctx.trace, 0, ps.progress, ps.rate, ps.arrival_seed, ps.stall_timeout_s,
-                 ctx.expected_hashes)
-    t.attach(idle)
+                 ctx.expected_hashes, kill=kill)
+    if kill is None:  # a transport that lost a replica takes no new sink: nothing more is sent to it
+        t.attach(idle)
     rec["timed"], rec["routing"] = res.metrics, res.routing
+    if kill is not None:
+        rec["failover"] = rec["timed"].pop("failover")
     rec["validation"] = {"requests_checked": len(res.results), "failures": 0}
     rec["output_hashes"] = [res.output_hashes[i] for i in range(len(ctx.trace))]
-    rec["transport_stats"] = t.stats()
-    idle.check()
+    if kill is None:
+        idle.check()
+
+
+def _timed_levels(t: Transport, ctx: StudyContext, ps: PairSettings, case: Case, rec: dict, idle: "_IdleSink") -> None:
+    """The ``arrivals`` levels in increasing order, each a validated timed burst (``workloads.arrivals``)."""
+    rec["levels"] = []
+    for lv in ctx.levels:
+        log.info("%s: level %s, %d requests at %.3f/s (Poisson)", case.name, lv.label, len(lv.trace), lv.rate)
+        res = _burst(t, ctx, case.policy, lv.trace, lv.first_id, ps.progress, lv.rate, ps.arrival_seed,
+                     ps.stall_timeout_s, lv.hashes, targets=ctx.workload.targets)
+        t.attach(idle)
+        idle.check()
+        rec["levels"].append({"level": lv.level, "rate": lv.rate, "timed": res.metrics, "routing": res.routing,
+                              "validation": {"requests_checked": len(res.results), "failures": 0},
+                              "output_hashes": [res.output_hashes[i] for i in range(len(lv.trace))]})
+    top = rec["levels"][-1]
+    rec["timed"], rec["routing"], rec["validation"] = top["timed"], top["routing"], top["validation"]
 
 
 def run_case(system: System, ctx: StudyContext, ps: PairSettings, case: Case) -> dict:
@@ -352,7 +412,17 @@ def run_pairs(systems: Sequence[System], ctx: StudyContext, ps: PairSettings,
 
 
 def run_records(cases: Sequence[dict]) -> list[dict]:
-    """The per-run records ``sut.locality.study.pair_report`` reads, from finished case records."""
-    return [{"system": c["system"], "policy": c["policy"], "pair": c["pair"],
-             **{m: c["timed"][m] for m in ("requests_per_s", "output_tokens_per_s", "cached_share")}}
-            for c in cases if "timed" in c and "error" not in c]
+    """The per-run records ``sut.locality.study.pair_report`` reads, from finished case records: one per case,
+    or one per case and load level (``arrivals``: ``workloads.arrivals.level_records``)."""
+    from sut.locality.workloads.arrivals import level_records
+
+    out = []
+    for c in cases:
+        if "timed" not in c or "error" in c:
+            continue
+        if c.get("levels"):
+            out += level_records(c)
+            continue
+        out.append({"system": c["system"], "policy": c["policy"], "pair": c["pair"],
+                    **{m: c["timed"][m] for m in ("requests_per_s", "output_tokens_per_s", "cached_share")}})
+    return out

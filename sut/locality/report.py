@@ -24,8 +24,12 @@ def _f(v, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def describe_table(ts: TraceSettings, shape: dict) -> str:
-    """The trace's settings and shape (``trace.describe``) as labelled rows; lengths in tokens."""
+def describe_table(ts: TraceSettings, shape: dict, ws=None, preset: Optional[str] = None) -> str:
+    """The trace's settings and shape (``trace.describe``) as labelled rows, then the workload's
+    (``workloads.report.workload_rows``: ``ws``, a ``WorkloadSettings``); lengths in tokens."""
+    from sut.locality.workloads import WorkloadSettings
+    from sut.locality.workloads.report import workload_rows
+
     popularity = ("uniform (--zipf-s 0)" if ts.zipf_s == 0 else
                   f"Zipf s = {ts.zipf_s}: the hottest document gets {shape['hot_document_share']:.1%} of requests")
     news = ts.text == "news"
@@ -52,9 +56,11 @@ def describe_table(ts: TraceSettings, shape: dict) -> str:
         ("reusable prompt share", f"{shape['reusable_share_upper_bound']:.1%}",
          "upper bound on the prefix-cache hit rate (perfect cache, perfect routing)"),
     ]
+    rows += workload_rows(ts, ws or WorkloadSettings(), shape)
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
-    lines = ["synthetic-locality trace (NOT an MLPerf benchmark; nothing started)"]
+    lines = ["synthetic-locality trace (NOT an MLPerf benchmark; nothing started)"
+             + (f": preset {preset}" if preset else "")]
     lines += [f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
     return "\n".join(lines)
 
@@ -104,8 +110,10 @@ def case_rows(cases: Sequence[dict]) -> list[str]:
 
 
 def study_tables(record: dict) -> str:
-    """The console report of a locality run from its ``locality.json`` record (``runner.run_study``)."""
+    """The console report of a locality run from its ``locality.json`` record (``runner.run_study``), with the
+    sections of the workloads beyond the study (``workloads.report.workload_lines``)."""
     from sut.locality.study import report_lines
+    from sut.locality.workloads.report import calibration_line, workload_lines
 
     lines = [NOTICE, *[f"note: {n}" for n in record.get("notes", [])]]
     if record.get("placement"):
@@ -118,6 +126,10 @@ def study_tables(record: dict) -> str:
         lines.append(f"KV cache per replica as vLLM reports it: {cells} tokens; the trace's distinct documents "
                      f"need {_n(kv.get('trace_document_tokens'))}")
     lines += ["", *case_rows(record.get("cases", []))]
+    lines += workload_lines(record)
+    cal = calibration_line(record)
+    if cal:
+        lines.append(cal)
     if record.get("report"):
         lines += ["", *report_lines(record["report"])]
     lines += ["", "cached = prompt tokens the engines served from their prefix caches / all prompt tokens; TTFT and "

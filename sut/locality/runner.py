@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sut.constants import REPO
+from sut.errors import EngineError, RunFailed
 from sut.locality import NOTICE, RUN_SUFFIX
 from sut.locality.pairs import PairSettings, StudyContext, run_pairs, run_records
 from sut.locality.study import pair_report, plot_pair_report
@@ -52,6 +53,7 @@ from sut.locality.trace import (
     trace_hash,
     warmup_shifts,
 )
+from sut.locality.workloads.prepare import prepare_workload, workload_record
 from sut.record.write import version
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,9 @@ HEADER = "run_header.json"
 
 @dataclass
 class PreparedTrace:
-    """The measured trace, its warm-ups (``shifts``) and hashes (``input_hashes[rid]``)."""
+    """The measured trace, its warm-ups (``shifts``) and hashes (``input_hashes[rid]``); ``extra``: more
+    shifted copies measured apart from it (the ``arrivals`` levels after the first), each ``(shift, trace,
+    input hashes)``."""
 
     settings: TraceSettings
     trace: list
@@ -70,20 +74,33 @@ class PreparedTrace:
     shifts: list
     input_hashes: list
     shape: dict
+    extra: list = dataclasses.field(default_factory=list)
 
     def record(self) -> dict:
-        return {"trace_settings": self.settings, "trace": self.shape, "trace_hash": trace_hash(self.trace),
-                "input_hashes": self.input_hashes,
-                "warmups": [{"shift": s, "trace_hash": trace_hash(w)} for s, w in zip(self.shifts, self.warmups)]}
+        out = {"trace_settings": self.settings, "trace": self.shape, "trace_hash": trace_hash(self.trace),
+               "input_hashes": self.input_hashes,
+               "warmups": [{"shift": s, "trace_hash": trace_hash(w)} for s, w in zip(self.shifts, self.warmups)]}
+        if self.extra:
+            out["level_copies"] = [{"shift": s, "trace_hash": trace_hash(t)} for s, t, _ in self.extra]
+        return out
 
 
-def prepare_trace(ts: TraceSettings, warmups: int, trace: Optional[Sequence[TraceRequest]] = None) -> PreparedTrace:
-    """Build (or take) the trace and its ``warmups`` shifted copies. ``ValueError`` as ``make_trace`` /
-    ``warmup_shifts`` raise it (bad news input, ids that cannot be shifted)."""
+def prepare_trace(ts: TraceSettings, warmups: int, trace: Optional[Sequence[TraceRequest]] = None,
+                  extra: int = 0) -> PreparedTrace:
+    """Build (or take) the trace, its ``warmups`` shifted copies and ``extra`` more (shifts that keep every
+    copy apart from the trace and from each other). ``ValueError`` as ``make_trace`` / ``warmup_shifts`` raise
+    it (bad news input, ids that cannot be shifted)."""
     trace = list(trace if trace is not None else make_trace(ts))
-    shifts = warmup_shifts(trace, warmups, ts.id_limit) if warmups else []
-    warm = [shift_trace(trace, s, ts.id_limit) for s in shifts]
-    return PreparedTrace(ts, trace, warm, shifts, [input_hash(r.prompt) for r in trace], describe(trace))
+    shifts = warmup_shifts(trace, warmups + extra, ts.id_limit) if warmups + extra else []
+    copies = [shift_trace(trace, s, ts.id_limit) for s in shifts]
+    shape = describe(trace)
+    if ts.zipf_s > 0:
+        from sut.locality.workloads.hot_prefixes import popularity
+
+        shape["popularity"] = popularity(trace)
+    return PreparedTrace(ts, trace, copies[:warmups], shifts[:warmups], [input_hash(r.prompt) for r in trace], shape,
+                         [(s, c, [input_hash(r.prompt) for r in c])
+                          for s, c in zip(shifts[warmups:], copies[warmups:])])
 
 
 def make_run_dir(output_dir: str, run_name: Optional[str], label: str) -> Path:
@@ -186,8 +203,9 @@ def finish_record(d: Path, record: dict, cases: Sequence[dict], runs: Sequence[d
     if first:
         record["kv_cache"] = kv_cache_summary(first["replicas"], shape or {})
     if runs and not record.get("error"):
-        record["report"] = report if report is not None else pair_report(runs)
-        record["figure"] = plot_pair_report(runs, d / "locality.png").name
+        metric = record.get("report_metric") or "requests_per_s"
+        record["report"] = report if report is not None else pair_report(runs, metric)
+        record["figure"] = plot_pair_report(runs, d / "locality.png", metric).name
     record["record_path"] = str(write_record(d, record))
     return record
 
@@ -197,6 +215,16 @@ def run_study(systems: Sequence[System], prepared: PreparedTrace, ctx: StudyCont
     """Write ``run_header.json``, run every case; write ``locality.json`` (and, with results,
     ``locality.png``) into ``ctx.run_dir``. Returns ``(record, error)``; ``error`` None when every
     case passed."""
+    if ctx.workload.active:
+        try:
+            ctx, prepared, wrec = prepare_workload(systems, ctx, ps, prepared)
+        except (RunFailed, EngineError, ValueError) as e:
+            error = f"preparing the workload failed: {e}"
+            log.error("%s", error)
+            header = run_header(systems, prepared, ps, dict(base_record, workload=workload_record(ctx.workload)))
+            return finish_record(ctx.run_dir, dict(header, status="failed", error=error), [], [], prepared.shape,
+                                 _placement(ctx)), error
+        base_record = dict(base_record, workload=wrec)
     header = run_header(systems, prepared, ps, base_record)
     write_record(ctx.run_dir, header, HEADER)
     finished: list[dict] = []

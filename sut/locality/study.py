@@ -54,22 +54,28 @@ class RequestResult:
 
 
 def validate_results(trace: Sequence[TraceRequest], results: Sequence[RequestResult], max_tokens: int,
-                     expected_hashes: Optional[Sequence[str]] = None) -> list[str]:
+                     expected_hashes: Optional[Sequence[str]] = None,
+                     failed: Optional[Mapping[int, str]] = None) -> list[str]:
     """Check the results of one timed burst against its trace.
 
     Args:
+        max_tokens: output tokens asked per request (a request's own ``TraceRequest.max_tokens`` wins).
         expected_hashes: the trace's input hashes in trace order, as recorded when it was built
             (default: ``input_hash`` of each prompt now).
+        failed: requests the run gave up on, with the reason it recorded (a lost replica: the
+            ``replica-loss`` workload); each must have been answered exactly once, empty.
 
     Returns:
         one line per failure, each starting ``request RID:`` (empty list: all good): unknown id, input
-        hash mismatch, output length != ``max_tokens``, served replica != routed replica, answered more
-        than once, never answered.
+        hash mismatch, output length != the asked length, served replica != routed replica, answered more
+        than once, never answered, a failed request without a reason or with output.
     """
     if expected_hashes is not None and len(expected_hashes) != len(trace):
         raise ValueError(f"{len(expected_hashes)} expected input hashes for a trace of {len(trace)} requests")
     want = {r.rid: (expected_hashes[i] if expected_hashes is not None else input_hash(r.prompt))
             for i, r in enumerate(trace)}
+    asked = {r.rid: r.max_tokens or max_tokens for r in trace}
+    failed = failed or {}
     seen: Counter = Counter()
     failures = []
     for res in results:
@@ -79,10 +85,15 @@ def validate_results(trace: Sequence[TraceRequest], results: Sequence[RequestRes
             continue
         if seen[res.rid] > 1:
             continue  # counted below
+        if res.rid in failed:
+            if not failed[res.rid] or len(res.output_ids):
+                failures.append(f"request {res.rid}: recorded as failed, but with {len(res.output_ids)} output tokens "
+                                f"and reason {failed[res.rid]!r}")
+            continue
         if res.input_hash != want[res.rid]:
             failures.append(f"request {res.rid}: input hash {res.input_hash[:12]} != the trace's {want[res.rid][:12]}")
-        if len(res.output_ids) != max_tokens:
-            failures.append(f"request {res.rid}: {len(res.output_ids)} output tokens, {max_tokens} asked")
+        if len(res.output_ids) != asked[res.rid]:
+            failures.append(f"request {res.rid}: {len(res.output_ids)} output tokens, {asked[res.rid]} asked")
         if res.served != res.routed:
             failures.append(f"request {res.rid}: served by replica {res.served}, routed to replica {res.routed}")
     failures += [f"request {rid}: answered {n} times (exactly once required)"
@@ -106,17 +117,22 @@ def stats(values: Sequence[float]) -> dict:
     return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _index(records: Sequence[Mapping]) -> dict:
+def _metrics(metric: str) -> tuple:
+    """The metrics a report summarises: ``METRICS`` and the report's own ``metric`` (e.g. ``goodput_per_s``)."""
+    return METRICS if metric in METRICS else (*METRICS, metric)
+
+
+def _index(records: Sequence[Mapping], metric: str = "requests_per_s") -> dict:
     """``{(system, policy, pair): record}``; ``ValueError`` naming a bad or repeated record."""
     out = {}
     for i, r in enumerate(records):
-        missing = [k for k in ("system", "policy", "pair", *METRICS) if k not in r]
+        missing = [k for k in ("system", "policy", "pair", *_metrics(metric)) if k not in r]
         if missing:
             raise ValueError(f"run record {i}: missing {missing}")
         key = (r["system"], r["policy"], int(r["pair"]))
         if key in out:
             raise ValueError(f"run record {i}: system {key[0]}, policy {key[1]}, pair {key[2]} appears twice")
-        for m in METRICS:
+        for m in _metrics(metric):
             if m == "cached_share" and r[m] is None:
                 continue
             if not (isinstance(r[m], (int, float)) and r[m] >= 0):
@@ -125,10 +141,12 @@ def _index(records: Sequence[Mapping]) -> dict:
     return out
 
 
-def ratios_by_pair(records: Sequence[Mapping], num: tuple, den: tuple, metric: str = "requests_per_s") -> dict:
+def ratios_by_pair(records: Sequence[Mapping], num: tuple, den: tuple, metric: str = "requests_per_s",
+                   skip_zero: bool = False) -> dict:
     """``{pair: num / den}`` where ``num``, ``den`` are ``(system, policy)``; every pair that has either
-    must have both (``ValueError`` naming the pair), and ``den`` must be > 0."""
-    idx = _index(records)
+    must have both (``ValueError`` naming the pair), and ``den`` must be > 0 (``skip_zero``: a pair whose
+    ``den`` is 0, e.g. no request met the goodput targets, is left out instead)."""
+    idx = _index(records, metric)
     pairs = sorted({p for (s, po, p) in idx if (s, po) in (num, den)})
     out = {}
     for p in pairs:
@@ -136,6 +154,8 @@ def ratios_by_pair(records: Sequence[Mapping], num: tuple, den: tuple, metric: s
         if a is None or b is None:
             lack = num if a is None else den
             raise ValueError(f"pair {p}: no run of system {lack[0]} with policy {lack[1]}")
+        if b[metric] <= 0 and skip_zero:
+            continue
         if b[metric] <= 0:
             raise ValueError(f"pair {p}: {den[0]} / {den[1]} has {metric} 0; no ratio")
         out[p] = a[metric] / b[metric]
@@ -156,7 +176,7 @@ def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num:
     Raises:
         ValueError: a bad or repeated record, a pair missing one side (named).
     """
-    idx = _index(records)
+    idx = _index(records, metric)
     systems = sorted({s for s, _, _ in idx})
     runs = {}
     for s in systems:
@@ -164,25 +184,36 @@ def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num:
         for po in sorted({po for s2, po, _ in idx if s2 == s}):
             rs = [r for (s2, po2, _), r in sorted(idx.items()) if (s2, po2) == (s, po)]
             runs[s][po] = {m: (None if any(r[m] is None for r in rs) else stats([float(r[m]) for r in rs]))
-                           for m in METRICS}
+                           for m in _metrics(metric)}
     report = {"metric": metric, "floor": floor, "runs": runs, "pair_ratios": {}, "policy_ratios": {}}
+    zero_ok = metric not in METRICS  # a metric that may be 0 in a pair (goodput): that pair has no ratio
     if num in runs and den in runs:
         for po in sorted(set(runs[num]) & set(runs[den])):
-            by_pair = ratios_by_pair(records, (num, po), (den, po), metric)
+            by_pair = ratios_by_pair(records, (num, po), (den, po), metric, skip_zero=zero_ok)
+            pairs = sorted({p for (s2, po2, p) in idx if (s2, po2) == (den, po)})
+            undefined = [p for p in pairs if p not in by_pair]
+            if not by_pair:
+                report["pair_ratios"][po] = {"name": f"{num} / {den}", "n": 0, "per_pair": [], "below_floor": [],
+                                             "undefined": undefined}
+                continue
             report["pair_ratios"][po] = dict(
                 stats(list(by_pair.values())), name=f"{num} / {den}",
                 per_pair=[{"pair": p, "ratio": v} for p, v in by_pair.items()],
-                below_floor=[p for p, v in by_pair.items() if v < floor])
+                below_floor=[p for p, v in by_pair.items() if v < floor],
+                **({"undefined": undefined} if undefined else {}))
     for s in systems:
-        if {"prefix_affinity", "round_robin"} <= set(runs[s]):
+        for suffix in sorted({po[len("prefix_affinity"):] for po in runs[s] if po.startswith("prefix_affinity")}):
+            aff, rr = "prefix_affinity" + suffix, "round_robin" + suffix  # suffix "" or a load level ("@80%")
+            if suffix[:1] not in ("", "@") or rr not in runs[s]:
+                continue
             med = runs[s]
-            both = {p for (s2, po, p) in idx if s2 == s and po == "prefix_affinity"} & \
-                {p for (s2, po, p) in idx if s2 == s and po == "round_robin"}
-            by_pair = ratios_by_pair([r for r in records if int(r["pair"]) in both], (s, "prefix_affinity"),
-                                     (s, "round_robin"), metric)
-            report["policy_ratios"][s] = {
-                "name": "prefix_affinity / round_robin",
-                "ratio_of_medians": med["prefix_affinity"][metric]["median"] / med["round_robin"][metric]["median"],
+            both = {p for (s2, po, p) in idx if s2 == s and po == aff} & \
+                {p for (s2, po, p) in idx if s2 == s and po == rr}
+            by_pair = ratios_by_pair([r for r in records if int(r["pair"]) in both], (s, aff), (s, rr), metric,
+                                     skip_zero=zero_ok)
+            base = med[rr][metric]["median"]
+            report["policy_ratios"][s + suffix] = {
+                "name": f"{aff} / {rr}", "ratio_of_medians": med[aff][metric]["median"] / base if base else None,
                 "per_pair": [{"pair": p, "ratio": v} for p, v in by_pair.items()]}
     return report
 
@@ -199,13 +230,17 @@ def _pct_down(x: float) -> str:
 def report_lines(report: dict) -> list[str]:
     """The report as console lines (medians with min-max, ratios as percentages)."""
     m = report["metric"]
-    lines = [f"{'system':<12} {'policy':<16} {'pairs':>5} {m + ' median (min-max)':>34} {'cached share':>13}"]
+    w = max([16, *(len(po) for pols in report["runs"].values() for po in pols)])
+    lines = [f"{'system':<12} {'policy':<{w}} {'pairs':>5} {m + ' median (min-max)':>34} {'cached share':>13}"]
     for s, pols in report["runs"].items():
         for po, st in pols.items():
             x = st[m]
-            lines.append(f"{s:<12} {po:<16} {x['n']:>5} {x['median']:>14.3f} ({x['min']:.3f}-{x['max']:.3f})"
+            lines.append(f"{s:<12} {po:<{w}} {x['n']:>5} {x['median']:>14.3f} ({x['min']:.3f}-{x['max']:.3f})"
                          f"{'':>2} {_share(st['cached_share'])}")
     for po, r in report["pair_ratios"].items():
+        if not r["per_pair"]:
+            lines.append(f"{r['name']}, {po}: no ratio ({m} of {r['name'].split(' / ')[1]} is 0 in every pair)")
+            continue
         ratio = {x["pair"]: x["ratio"] for x in r["per_pair"]}
         below = r["below_floor"]
         which = f"{len(below)} (" + ", ".join(f"pair {p}: {_pct_down(ratio[p])}" for p in below) + ")" if below \
@@ -213,7 +248,8 @@ def report_lines(report: dict) -> list[str]:
         lines.append(f"{r['name']}, {po}: median {r['median']:.2%}, pairs {_pct_down(r['min'])}-{r['max']:.2%}; "
                      f"pairs below {report['floor']:.0%}: {which}")
     for s, r in report["policy_ratios"].items():
-        lines.append(f"{s}: {r['name']} = {r['ratio_of_medians']:.3f}x (ratio of medians)")
+        if r["ratio_of_medians"] is not None:
+            lines.append(f"{s}: {r['name']} = {r['ratio_of_medians']:.3f}x (ratio of medians)")
     return lines
 
 
@@ -242,7 +278,7 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
     from matplotlib.ticker import MaxNLocator
 
     report = pair_report(records, metric, num, den, floor)
-    idx = _index(records)
+    idx = _index(records, metric)
     fig = Figure(figsize=(15, 4.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax1, ax2, ax3 = fig.subplots(1, 3)
@@ -261,8 +297,10 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
     # from 0, so that levels compare by eye (ratios are the second panel's), with room above the highest point
     ax1.set_ylim(0, top * 1.12 if top > 0 else 1)
     ax1.legend(fontsize=8)
-    if report["pair_ratios"]:
+    if any(r["per_pair"] for r in report["pair_ratios"].values()):
         for po, r in report["pair_ratios"].items():
+            if not r["per_pair"]:
+                continue
             ax2.plot([x["pair"] for x in r["per_pair"]], [100 * x["ratio"] for x in r["per_pair"]], marker="o",
                      label=f"{po}: median {r['median']:.2%}")
         ax2.axhline(100 * floor, color="red", linestyle=":", label=f"{floor:.0%}")
@@ -279,6 +317,13 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
             ax.set_xlim(pairs[0] - 0.5, pairs[-1] + 0.5)  # whole pairs, also for one pair
             if len(pairs) <= 20:
                 ax.set_xticks(pairs)
+    _cached_panel(ax3, report, policies)
+    fig.suptitle(title or "synthetic-locality pairs (NOT an MLPerf result)")
+    return fig
+
+
+def _cached_panel(ax, report: dict, policies: Sequence[str]) -> None:
+    """The figure's third panel: median cached share per policy and system, min-max whiskers."""
     systems = list(report["runs"])
     width = 0.8 / max(1, len(systems))
     for i, s in enumerate(systems):
@@ -287,9 +332,9 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
         st = [report["runs"][s][po]["cached_share"] for po in have]
         med = [100 * x["median"] for x in st]
         err = [[m - 100 * x["min"] for m, x in zip(med, st)], [100 * x["max"] - m for m, x in zip(med, st)]]
-        ax3.bar(xs, med, width, yerr=err, capsize=3, label=s, color=f"C{i}")
-    ax3.set_xticks(range(len(policies)), policies)
-    ax3.set(ylabel="cached share of input tokens, %", title="cached share per policy (median, min-max)")
-    ax3.legend(fontsize=8)
-    fig.suptitle(title or "synthetic-locality pairs (NOT an MLPerf result)")
-    return fig
+        ax.bar(xs, med, width, yerr=err, capsize=3, label=s, color=f"C{i}")
+    many = len(policies) > 3  # e.g. a policy per load level: slanted names stay apart
+    ax.set_xticks(range(len(policies)), policies, rotation=30 if many else 0, ha="right" if many else "center",
+                  fontsize=8 if many else None)
+    ax.set(ylabel="cached share of input tokens, %", title="cached share per policy (median, min-max)")
+    ax.legend(fontsize=8)

@@ -16,6 +16,11 @@ Arrival order (``order``): ``shuffled`` (random permutation of all requests), ``
 (all questions of document 0, then document 1, ...), ``round_robin`` (question 0 of every
 document, then question 1, ...: the longest reuse distance).
 
+Answer lengths (``answers``): ``fixed`` (every request asks exactly ``max_tokens`` new tokens, the
+study's) or ``log_uniform``: request ``i`` asks ``round(exp(U(ln min_answer_tokens, ln max_tokens)))``
+tokens, drawn from a generator of its own (``seed``, stream 1), so the prompts are those of the same
+trace with fixed answers; ``max_tokens`` stays the bound that sizes the engines' context.
+
 Text (``text``): ``random`` (the above) or ``news``: documents concatenated from CNN/DailyMail
 articles of a cnn_eval-format file and question templates, tokenized with the model's tokenizer
 (``sut/locality/news.py``); lengths, popularity and order work the same way. ``TRACE_PRESETS`` holds
@@ -41,6 +46,7 @@ from sut.locality import knob
 
 ORDERS = ("shuffled", "by_document", "round_robin")
 TEXTS = ("random", "news")
+ANSWERS = ("fixed", "log_uniform")
 #: The study's traces (``../shared/research/study.md`` §3): ~8K-token news documents, one shuffled burst,
 #: 16 new tokens per request (exactly: locality runs always ignore EOS). ``trace``: TraceSettings fields;
 #: ``run``: ``sut.locality.pairs.PairSettings`` fields; ``routing``: ``AffinitySettings`` fields (the study's
@@ -72,7 +78,10 @@ class TraceSettings:
         questions: questions per document (mean, when ``zipf_s > 0``).
         question_tokens: mean question length; uniform ±50 % (``text='news'``: questions come from
             templates, and ``1.5 x question_tokens`` is only a bound they must fit, else ``ValueError``).
-        max_tokens: output tokens per request (generation; fixed with ``ignore_eos``).
+        max_tokens: output tokens per request (generation; fixed with ``ignore_eos``); with variable
+            answers the longest a request may ask.
+        answers: ``fixed`` or ``log_uniform`` answer lengths (module docstring); ``min_answer_tokens``:
+            the shortest of ``log_uniform``.
         zipf_s: document popularity skew (0 = uniform).
         order: arrival order, one of ``ORDERS``.
         seed: RNG seed; the same settings always give the same trace.
@@ -101,6 +110,9 @@ class TraceSettings:
     text: str = knob("random", "random token ids, or news: documents concatenated from the CNN/DailyMail articles of "
                                "--dataset, each followed by a question from a few templates (sut/locality/news.py)",
                      choices=TEXTS)
+    answers: str = knob("fixed", "answer lengths: fixed (exactly --max-tokens each) or log_uniform (each request asks "
+                                 "round(exp(U(ln --min-answer-tokens, ln --max-tokens))) tokens)", choices=ANSWERS)
+    min_answer_tokens: int = knob(16, "--answers log_uniform: the shortest answer, tokens")
     dataset: Optional[str] = knob(None, "--text news: a cnn_eval-format JSON file (a list of records with input, "
                                         "tok_input)")
     tokenizer: Optional[str] = knob(None, "--text news: the model's tokenizer (HF folder or tokenizer.json, or a "
@@ -132,6 +144,11 @@ class TraceSettings:
             raise ValueError(f"text must be one of {TEXTS}, got {self.text!r}")
         if self.text == "news" and not self.dataset:
             raise ValueError("text 'news' needs a dataset: pass --dataset FILE (cnn_eval format), or --text random")
+        if self.answers not in ANSWERS:
+            raise ValueError(f"answers must be one of {ANSWERS}, got {self.answers!r}")
+        if self.answers != "fixed" and not 1 <= self.min_answer_tokens <= self.max_tokens:
+            raise ValueError(f"min_answer_tokens must be in [1, max_tokens={self.max_tokens}], got "
+                             f"{self.min_answer_tokens}")
         if self.text == "random" and (self.dataset or self.tokenizer):
             raise ValueError("--dataset and --tokenizer apply to --text news only")
 
@@ -144,14 +161,16 @@ class TraceSettings:
 @dataclass(frozen=True)
 class TraceRequest:
     """One request: ``rid`` (position in arrival order), its ``document`` and ``question`` index,
-    the int32 ``prompt`` (shape ``(n,)``) and ``prefix_tokens`` (BOS + document: the part shared with
-    the document's other questions)."""
+    the int32 ``prompt`` (shape ``(n,)``), ``prefix_tokens`` (BOS + document: the part shared with
+    the document's other questions) and ``max_tokens`` (its own answer length; 0 = the trace's fixed
+    ``max_tokens``)."""
 
     rid: int
     document: int
     question: int
     prompt: np.ndarray
     prefix_tokens: int
+    max_tokens: int = 0
 
 
 def questions_per_document(ts: TraceSettings) -> list[int]:
@@ -205,7 +224,20 @@ def make_trace(ts: TraceSettings, corpus=None) -> list[TraceRequest]:
         pairs = [pairs[i] for i in rng.permutation(len(pairs))]
     elif ts.order == "round_robin":
         pairs.sort(key=lambda x: (x[1], x[0]))
-    return [TraceRequest(rid=i, document=d, question=q, prompt=p, prefix_tokens=n) for i, (d, q, p, n) in enumerate(pairs)]
+    asked = answer_lengths(ts, len(pairs))
+    return [TraceRequest(rid=i, document=d, question=q, prompt=p, prefix_tokens=n, max_tokens=asked[i])
+            for i, (d, q, p, n) in enumerate(pairs)]
+
+
+def answer_lengths(ts: TraceSettings, n: int) -> list[int]:
+    """Each request's own answer length in arrival order (``answers="log_uniform"``: module docstring), or
+    zeros (``fixed``: every request asks ``max_tokens``). Drawn from ``default_rng([seed, 1])``, apart from the
+    prompts' generator."""
+    if ts.answers == "fixed":
+        return [0] * n
+    lo, hi = math.log(ts.min_answer_tokens), math.log(ts.max_tokens)
+    draws = np.exp(np.random.default_rng([ts.seed, 1]).uniform(lo, hi, size=n))
+    return [int(min(ts.max_tokens, max(ts.min_answer_tokens, round(x)))) for x in draws]
 
 
 def describe(trace: list[TraceRequest]) -> dict:
@@ -221,7 +253,13 @@ def describe(trace: list[TraceRequest]) -> dict:
         prefix[r.document] = r.prefix_tokens
     reusable = sum((n - 1) * prefix[d] for d, n in count.items())
     qlens = np.array([len(r.prompt) - r.prefix_tokens for r in trace])
-    return {"requests": len(trace), "documents": len(count), "prompt_tokens": int(lens.sum()),
+    answers = {}
+    if any(r.max_tokens for r in trace):
+        a = np.array([r.max_tokens for r in trace])
+        answers = {"answer_tokens": {"total": int(a.sum()), "mean": round(float(a.mean()), 1), "min": int(a.min()),
+                                     "p50": int(np.percentile(a, 50)), "p99": int(np.percentile(a, 99)),
+                                     "max": int(a.max())}}
+    return {**answers,"requests": len(trace), "documents": len(count), "prompt_tokens": int(lens.sum()),
             "prompt_mean": round(float(lens.mean()), 1), "prompt_max": int(lens.max()),
             "question_mean": round(float(qlens.mean()), 1), "question_max": int(qlens.max()),
             "document_tokens": int(sum(prefix.values())),
@@ -352,9 +390,12 @@ def input_hash(prompt: np.ndarray) -> str:
 
 def trace_hash(trace: Sequence[TraceRequest]) -> str:
     """Hex sha256 over the requests in arrival order: ``rid, document, question, prefix_tokens`` (int64
-    little-endian) and the 32-byte :func:`input_hash` of each; ``max_tokens`` is recorded separately."""
+    little-endian) and the 32-byte :func:`input_hash` of each, then a request's own ``max_tokens`` (int64) where
+    it asks one; the trace's fixed ``max_tokens`` is recorded separately."""
     h = hashlib.sha256()
     for r in trace:
         h.update(struct.pack("<4q", r.rid, r.document, r.question, r.prefix_tokens))
         h.update(bytes.fromhex(input_hash(r.prompt)))
+        if r.max_tokens:  # a request's own answer length (fixed-length traces hash as before)
+            h.update(struct.pack("<q", r.max_tokens))
     return h.hexdigest()

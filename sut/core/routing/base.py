@@ -9,12 +9,19 @@ Load accounting (shared by every policy, kept here and not in the transport): a 
 books ``uncached + decode_weight x max_tokens`` estimated tokens of work on its replica, where
 ``uncached`` is the policy's estimate of its prompt tokens the replica does not hold yet (the whole
 prompt for cache-blind policies); ``done`` takes the same amount off. ``inflight`` and ``routed``
-count requests.
+count requests; ``estimated_uncached`` sums the uncached estimates of every routed request (what the
+policy expected the engines to prefill: compared with the engines' own cached-token counts).
 
 Cost: a policy that asks for the least-loaded replica (``tracks_load = True``) gets it from an
 ``ArgMin`` tree (``sut.core.routing.argmin``) over ``(load, inflight, index)``, kept current by
 ``route`` and ``done`` in O(log replicas): no per-request scan over the replicas (at 256 replicas
 the scan cost ~100 µs a request, ``docs/benchmarks.md``).
+
+Lost replicas: ``mark_down(r)`` (the caller saw replica ``r`` fail) takes ``r`` out of every later
+choice: ``live()`` lists the others, ``_least`` chooses among them (a scan, only after a loss), the
+least-loaded tree puts a lost replica last, and a policy's choice of a replica that is down goes to the
+least-loaded live one instead. Requests already booked on ``r`` stay booked
+until their ``done``. ``route`` raises ``ValueError`` once every replica is down.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -78,6 +86,8 @@ class Router(ABC):
         self.uncached = [0.0] * replicas  # of which: estimated uncached prefill tokens
         self.inflight = [0] * replicas
         self.routed = [0] * replicas
+        self.estimated_uncached = 0
+        self.down: set[int] = set()
         self._cost: dict[int, tuple[int, float, int]] = {}
         self._by_load = ArgMin([(0.0, 0, r) for r in range(replicas)]) if self.tracks_load else None
 
@@ -87,15 +97,19 @@ class Router(ABC):
 
     def route(self, rid: int, prompt: np.ndarray) -> int:
         """Replica for request ``rid`` with int32 ``prompt``; books its estimated work."""
+        if len(self.down) >= self.replicas:
+            raise ValueError(f"every replica is down ({sorted(self.down)}): request {rid} has nowhere to go")
         r, uncached = self._choose(rid, prompt)
+        if r in self.down:  # a policy that does not know about lost replicas
+            r, uncached = self._least(lambda x: len(prompt)), len(prompt)
+        self.estimated_uncached += uncached
         cost = uncached + self.settings.decode_weight * self.max_tokens
         self._cost[rid] = (r, cost, uncached)
         self.load[r] += cost
         self.uncached[r] += uncached
         self.inflight[r] += 1
         self.routed[r] += 1
-        if self._by_load is not None:
-            self._by_load.update(r, (self.load[r], self.inflight[r], r))
+        self._rekey(r)
         return r
 
     def first(self, rid: int) -> None:
@@ -107,8 +121,13 @@ class Router(ABC):
         self.load[r] -= cost
         self.uncached[r] -= uncached
         self.inflight[r] -= 1
+        self._rekey(r)
+
+    def _rekey(self, r: int) -> None:
+        """Replica ``r``'s place in the least-loaded tree: ``(load, inflight, index)``, or last of all once it is
+        marked down (``mark_down``); policies with trees of their own extend it."""
         if self._by_load is not None:
-            self._by_load.update(r, (self.load[r], self.inflight[r], r))
+            self._by_load.update(r, (float("inf"), 0, r) if r in self.down else (self.load[r], self.inflight[r], r))
 
     def replica_of(self, rid: int) -> int:
         """The replica ``rid`` was routed to (``KeyError`` once it is done)."""
@@ -126,10 +145,29 @@ class Router(ABC):
         The same choice as a scan of ``load[r] + uncached(r)`` over every replica, since only the owner's
         uncached work differs from the others'. O(1) (``tracks_load`` policies only)."""
         best = self._by_load.best
-        if owner < 0 or owner == best:
+        if owner < 0 or owner == best or owner in self.down:
             return best
         mine = (self.load[owner] - held, self.inflight[owner], owner)
         return owner if mine <= (self.load[best], self.inflight[best], best) else best
 
+    def mark_down(self, replica: int) -> None:
+        """Replica ``replica`` is lost: no later request goes there (``ValueError`` for no such replica)."""
+        if not 0 <= replica < self.replicas:
+            raise ValueError(f"no replica {replica} (replicas 0..{self.replicas - 1})")
+        self.down.add(replica)
+        self._rekey(replica)
+
+    def live(self) -> list[int]:
+        """The replicas not marked down, in index order."""
+        return [r for r in range(self.replicas) if r not in self.down]
+
+    def _least(self, extra: Callable[[int], float]) -> int:
+        return min(self.live() or range(self.replicas),
+                   key=lambda r: (self.load[r] + extra(r), self.inflight[r], r))
+
     def stats(self) -> dict:
-        return {"policy": self.name, "routed": list(self.routed)}
+        out = {"policy": self.name, "routed": list(self.routed),
+               "estimated_uncached_tokens": int(self.estimated_uncached)}
+        if self.down:
+            out["down"] = sorted(self.down)
+        return out

@@ -29,7 +29,11 @@ class LeastPendingRouter(Router):
         return self.inflight[e] + self.weight * self.waiting_first[e]
 
     def _rescore(self, e: int) -> None:
-        self._by_score.update(e, (self.score(e), e))
+        self._by_score.update(e, (float("inf") if e in self.down else self.score(e), e))
+
+    def _rekey(self, r: int) -> None:
+        super()._rekey(r)
+        self._rescore(r)
 
     def _choose(self, rid, prompt):
         return self._by_score.best, len(prompt)

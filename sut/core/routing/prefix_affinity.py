@@ -30,6 +30,9 @@
     5. Seed the map. Every block hash of the key not yet in the map is assigned to the chosen
        replica (so the first request of a document makes its replica the owner; a release does not
        move an existing owner).
+    6. Lost owners. An owner marked down (``Router.mark_down``) counts as no owner: the request is
+       a new prefix for the live replicas (step 4), and the chosen replica takes over every block
+       hash of the key that the lost replica held (counted as ``reowned``).
 
     Memory bound and eviction: the map holds at most ``max_entries`` entries (16-byte hash -> replica
     index). A lookup hit moves the entry it hit to the most recent end; a new entry goes there too,
@@ -89,7 +92,7 @@ class PrefixAffinityRouter(Router):
     def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
         super().__init__(replicas, max_tokens, settings)
         self.map: "OrderedDict[bytes, int]" = OrderedDict()
-        self.hits = self.releases = self.new_prefixes = self.no_key = self.evictions = 0
+        self.hits = self.releases = self.new_prefixes = self.no_key = self.evictions = self.reowned = 0
         rev = settings.model_revision
         self._seed = hashlib.blake2b(rev.encode(), digest_size=16).digest() if rev else b""
 
@@ -125,6 +128,9 @@ class PrefixAffinityRouter(Router):
                 owner, depth = self.map[keys[i]], i + 1
                 self.map.move_to_end(keys[i])
                 break
+        if owner in self.down:
+            owner, depth = None, 0
+            self.reowned += 1
         matched = depth * self.settings.block_tokens
         if owner is not None and self.pressure(owner) <= self.settings.release_tokens:
             self.hits += 1
@@ -138,7 +144,7 @@ class PrefixAffinityRouter(Router):
             else:
                 self.releases += 1
         for k in keys:
-            if k not in self.map:
+            if k not in self.map or self.map[k] in self.down:
                 self.map[k] = r
                 if len(self.map) > self.settings.max_entries:
                     self.map.popitem(last=False)
@@ -154,4 +160,5 @@ class PrefixAffinityRouter(Router):
 
     def stats(self) -> dict:
         return dict(super().stats(), affinity_hits=self.hits, releases=self.releases, new_prefixes=self.new_prefixes,
-                    no_key=self.no_key, map_entries=len(self.map), evictions=self.evictions)
+                    no_key=self.no_key, map_entries=len(self.map), evictions=self.evictions,
+                    **({"reowned": self.reowned} if self.down else {}))

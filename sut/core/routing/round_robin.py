@@ -1,4 +1,5 @@
-"""``round_robin``: replica ``i mod n`` for the i-th routed request. Cache-blind baseline; no knobs. O(1)."""
+"""``round_robin``: replica ``i mod n`` for the i-th routed request, O(1) (after a replica is lost, ``mark_down``:
+the i-th live replica ``mod`` the live count, a scan of the replicas). Cache-blind baseline; no knobs."""
 
 from __future__ import annotations
 
@@ -16,4 +17,7 @@ class RoundRobinRouter(Router):
     def _choose(self, rid, prompt):
         r = self._next
         self._next = r + 1 if r + 1 < self.replicas else 0
+        if self.down:
+            live = self.live()
+            r = live[sum(self.routed) % len(live)]
         return r, len(prompt)

@@ -58,6 +58,7 @@ class LocalTransport(Transport):
     """
 
     options_cls = LocalOptions
+    per_request_max_tokens = True  # the worker asks each request's own length (sut.engine.worker)
 
     def __init__(self, spec: TransportSpec):
         super().__init__(spec)

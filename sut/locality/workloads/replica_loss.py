@@ -1,0 +1,90 @@
+"""``replica-loss``: one replica killed mid-trace; each system's outcome recorded (answered, failed,
+re-routed, recovery time); nothing lost silently, and the run says what happened.
+
+Algorithm (``sut.locality.failover``)
+---------
+1. **Kill.** In the timed burst of every case (not in the warm-ups), once replica ``--kill-replica`` (0) has
+   answered ``--kill-after`` (0.5) of the requests routed to it (so that it still holds the rest), it is
+   killed: ``SIGKILL`` to the engine process its
+   own record names (standalone: the vLLM worker this harness started; Flame: the engine process of that
+   replica's service). Both systems lose the same replica at the same point of the same trace.
+2. **Detection** only as a client would see it: the system's transport reports the replica failed, or a
+   request sent to it is refused. **Re-route**: the router marks the replica down (``Router.mark_down``:
+   no later request goes there; ``prefix_affinity`` gives its documents new owners), and each request that
+   was outstanding on it is sent again among the others, ``--retries`` times at most (1); else it fails.
+3. **Settling.** The trace ends when every request is answered or failed: ``--loss-timeout-s`` (60) after
+   the kill without any answer fails what is still outstanding (a system that stops serving altogether
+   after one loss ends the trace that way, never with a hang).
+4. **Record** (``failover`` of every case): the kill (replica, its answers and requests then, the burst's
+   answers then, when, how), when the
+   loss was detected and how (the transport's own words), counts of requests ``answered`` (by the replica
+   first chosen), ``rerouted`` (answered by another after the loss) and ``failed`` (each with its reason),
+   ``recovery_s`` (kill to the first re-routed answer), ``drained_s`` (to the last), late answers of the lost
+   replica dropped. Every request has exactly one outcome, or the case fails. Throughput counts answered
+   requests only; answered requests are validated like any other (input hash, length, replica that
+   answered = the one routed to last), a failed one must have been answered empty with its reason.
+
+What to expect: the standalone system's other engine keeps serving, so its requests are answered or
+re-routed; Flame 0.6's transport halts on any fatal event of a session (``sut.flame.transport``), so its
+re-routes are refused and the rest fails after the timeout: the record says which happened.
+
+Knobs: ``--kill-after`` (0.5), ``--kill-replica`` (0), ``--retries`` (1), ``--loss-timeout-s`` (60); the
+trace's. At least two replicas.
+
+Shape on a GPU (preset): 32 news documents of ~8K tokens x 4 questions = 128 requests of 64 new tokens, one
+shuffled burst; about 2 minutes a case on one H100/H200 with two engines (plus up to ``--loss-timeout-s``
+for a system that stops serving).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+NAME = "replica-loss"
+_TRACE = {"doc_tokens": 8192, "documents": 32, "questions": 4, "max_tokens": 64, "zipf_s": 0.0, "order": "shuffled",
+          "text": "news"}
+PRESET = {"trace": _TRACE, "run": {"rate": 0.0, "policies": ("prefix_affinity", "round_robin")},
+          "routing": {"release_gate": "never"}, "workload": {"kill_after": 0.5}}
+
+
+def kill_plan(ws) -> Optional[object]:
+    """The ``failover.KillPlan`` of the settings (None: no kill)."""
+    from sut.locality.failover import KillPlan
+
+    if not ws.kill_after:
+        return None
+    return KillPlan(ws.kill_replica, ws.kill_after, ws.retries, ws.loss_timeout_s)
+
+
+def check_killable(transport, replica: int) -> None:
+    """Before a case's timed burst: ``RunFailed`` when its replica cannot be killed (no such replica, no pid
+    and no ``kill_replica`` of the transport)."""
+    from sut.errors import RunFailed
+
+    if not 0 <= replica < transport.replicas:
+        raise RunFailed(f"--kill-replica {replica}: the system has replicas 0..{transport.replicas - 1}")
+    if callable(getattr(transport, "kill_replica", None)):
+        return
+    pid = (transport.records[replica].info or {}).get("pid")
+    if not isinstance(pid, int) or pid <= 1:
+        raise RunFailed(f"replica {replica} reported no engine pid: it cannot be killed")
+
+
+def _s(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def report_lines(record: dict) -> list[str]:
+    """Per case: the kill, its detection, the outcome counts, recovery times and the first failure reason."""
+    lines = [f"{'pair':>4}  {'system':<11} {'policy':<22} {'killed at s':>11} {'detected s':>10} {'answered':>8} "
+             f"{'rerouted':>8} {'failed':>6} {'recovery s':>10} {'drained s':>9}  how detected / first failure"]
+    for c in record.get("cases", []):
+        f = c.get("failover")
+        if not f:
+            continue
+        why = next(iter((f.get("requests_failed") or {}).values()), None)
+        lines.append(f"{c['pair']:>4}  {c['system']:<11} {c['policy']:<22} {_s(f['killed'].get('at_s')):>11} "
+                     f"{_s(f.get('detected_after_s')):>10} {f['answered']:>8} {f['rerouted']:>8} {f['failed']:>6} "
+                     f"{_s(f.get('recovery_s')):>10} {_s(f.get('drained_s')):>9}  "
+                     f"{(f.get('detected_how') or 'not detected')[:80]}" + (f" / {why[:80]}" if why else ""))
+    return lines

@@ -1,0 +1,483 @@
+"""The workloads beyond the study (``sut/locality/workloads``), without engines: each preset through ``describe`` and
+through the whole pair protocol over the fake transport of ``tests/transport_doubles.py`` (calibration, load
+levels and goodput; per-request answer lengths; Zipf popularity, per-replica load and the router's release;
+working set sized from the KV cache the replicas report; a replica killed mid-trace, every request accounted
+for), the report's new fields, merging such runs, and bad workload input that exits 2 before anything starts.
+The same presets on real CPU engines: ``tests/test_locality_workloads_cpu.py`` (slow)."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import transport_doubles  # noqa: F401 - registers the "fake" transport
+from conftest import TINY_MODEL
+from transport_doubles import FakeTransport
+
+from sut.core.transport import register_transport
+from sut.locality.__main__ import main
+from sut.locality.systems import SYSTEMS, SystemSpec
+from sut.locality.trace import TraceSettings, make_trace, trace_hash
+from sut.locality.workloads import WORKLOAD_PRESETS
+
+PRESETS = ("arrivals", "variable-answers", "hot-prefixes", "eviction", "replica-loss")
+SHAPE = ["--text", "random", "--documents", "6", "--doc-tokens", "100"]
+SMALL = [*SHAPE, "--max-tokens", "4"]
+
+
+@register_transport("fake-fixed-length")
+class FixedLengthTransport(FakeTransport):
+    """A transport that cannot ask a request its own length (``vllm serve`` over HTTP here)."""
+
+    per_request_max_tokens = False
+
+
+@register_transport("fake-ignores-length")
+class IgnoresLengthTransport(FakeTransport):
+    """Claims per-request lengths but answers every request ``out_len`` ids."""
+
+    def submit(self, replica, requests):
+        super().submit(replica, [r._replace(max_tokens=0) for r in requests])
+
+
+def fake(transport="fake", **opts):
+    return SystemSpec(transport, dict({"out_len": 4, "prefix_caching_on": True, "kv_tokens": 400}, **opts),
+                      replicas_field="replicas")
+
+
+@pytest.fixture
+def systems(monkeypatch):
+    """'standalone' as the fake transport; 'flame' as one that stops serving everything when a replica is killed."""
+    log = []
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(log=log))
+    monkeypatch.setitem(SYSTEMS, "flame", fake(log=log, step_s=0.002, halt_on_kill=True))
+    return log
+
+
+def run(tmp_path, *args, name="w"):
+    """``python -m sut.locality run`` in-process on the fake systems; returns (exit code, locality.json or None)."""
+    rc = main(["run", "--model", str(TINY_MODEL), "--device", "cpu", "--engines-per-device", "2", *SMALL,
+               "--output-dir", str(tmp_path / "out"), "--no-progress", "--block-tokens", "16", "--systems",
+               "standalone", "flame", "--pairs", "1", "--warmups", "1", "--run-name", name, *args])
+    rec = tmp_path / "out" / f"{name}-SYNTHETIC-LOCALITY-NOT-MLPERF" / "locality.json"
+    return rc, (json.loads(rec.read_text()) if rec.is_file() else None)
+
+
+def cases_of(rec, system=None):
+    return [c for c in rec["cases"] if system is None or c["system"] == system]
+
+
+# ------------------------------------------------------------------------------------------- describe
+@pytest.mark.parametrize("preset, row, field", [
+    ("arrivals", "load levels", "arrivals"), ("variable-answers", "answer tokens", "answers"),
+    ("hot-prefixes", "Zipf popularity", "popularity"), ("eviction", "working set", "eviction"),
+    ("replica-loss", "replica loss", "replica_loss")])
+def test_every_preset_is_described_with_its_workload(preset, row, field, capsys):
+    assert main(["describe", "--trace-preset", preset, *SHAPE]) == 0
+    table = capsys.readouterr().out
+    assert f"preset {preset}" in table and row in table
+    assert main(["describe", "--trace-preset", preset, *SHAPE, "--json"]) == 0
+    shape = json.loads(capsys.readouterr().out)
+    assert shape["preset"] == preset and field in shape["workload"]
+    assert set(WORKLOAD_PRESETS) == set(PRESETS)
+    with pytest.raises(SystemExit):  # `run --help` names every preset
+        main(["run", "--help"])
+    text = re.sub(r"-\s+", "-", capsys.readouterr().out)  # argparse wraps lines after a hyphen
+    assert all(p in text for p in PRESETS)
+
+
+def test_describe_states_levels_targets_zipf_sizing_and_the_kill(capsys):
+    main(["describe", "--trace-preset", "arrivals", *SHAPE, "--json"])
+    a = json.loads(capsys.readouterr().out)["workload"]["arrivals"]
+    assert a["load_levels"] == [0.5, 0.8, 0.95] and a["goodput_targets"] == {"ttft_s": 5.0, "tpot_s": 0.1}
+    main(["describe", "--trace-preset", "hot-prefixes", *SHAPE, "--json"])
+    shape = json.loads(capsys.readouterr().out)
+    hot = shape["workload"]["popularity"]
+    assert hot["zipf_s"] == 1.1 and hot["hottest"][0]["share"] == shape["hot_document_share"] > 1 / 6
+    main(["describe", "--trace-preset", "eviction", *SHAPE, "--kv-tokens", "200", "--json"])
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["documents"] == math.ceil(3 * 200 / 101) and ev["workload"]["eviction"]["ratio"] == pytest.approx(
+        ev["document_tokens"] / 200)
+    main(["describe", "--trace-preset", "replica-loss", *SHAPE, "--json"])
+    assert json.loads(capsys.readouterr().out)["workload"]["replica_loss"]["kill_after"] == 0.5
+
+
+# ------------------------------------------------------------------------------------------- arrivals
+def test_arrivals_measure_capacity_then_run_each_level_on_its_own_copy(systems, tmp_path, capsys):
+    rc, rec = run(tmp_path, "--trace-preset", "arrivals", "--policies", "prefix_affinity", "round_robin")
+    assert rc == 0 and rec["report_metric"] == "goodput_per_s"
+    w = rec["workload"]
+    cal = w["calibration"]
+    assert (cal["system"], cal["policy"]) == ("standalone", "round_robin") and cal["case"]["timed"]["requests"] == 24
+    cap = w["capacity"]["requests_per_s"]
+    assert cap == cal["requests_per_s"] > 0 and w["capacity"]["source"].startswith("measured")
+    assert [lv["rate"] for lv in w["levels"]] == [round(x * cap, 4) for x in (0.5, 0.8, 0.95)]
+    copies = [c["shift"] for c in rec["level_copies"]]  # levels 1, 2: their own shifted copies of the trace
+    assert [lv["shift"] for lv in w["levels"]] == [None, *copies] and not set(copies) & {
+        x["shift"] for x in rec["warmups"]}
+    assert len({c["trace_hash"] for c in rec["level_copies"]} | {rec["trace_hash"]}) == 3
+    for c in cases_of(rec):
+        levels = c["levels"]
+        assert [lv["level"] for lv in levels] == [0.5, 0.8, 0.95] and c["timed"] == levels[-1]["timed"]
+        for lv in levels:
+            t = lv["timed"]
+            assert t["goodput_targets"]["ttft_s"] == 5.0 and t["goodput_targets"]["ttft_from"].startswith("client")
+            assert t["good_requests"] == 24 and t["goodput_share"] == 1.0  # the fake answers in milliseconds
+            assert t["goodput_per_s"] == pytest.approx(t["requests_per_s"], rel=1e-3)  # all 24 good
+            assert set(t["client_ttft_s"]) == {"p50", "p90", "p99"} and t["tpot_s"]["p99"] is not None
+    ratios = rec["report"]["pair_ratios"]
+    assert rec["report"]["metric"] == "goodput_per_s" and set(ratios) == {
+        f"{p}@{x}%" for p in ("prefix_affinity", "round_robin") for x in (50, 80, 95)}
+    assert "standalone@95%" in rec["report"]["policy_ratios"]
+    out = capsys.readouterr().out
+    assert "arrivals: capacity" in out and "TTFT p99" in out and "calibration: standalone, round_robin" in out
+    assert (tmp_path / "out" / "w-SYNTHETIC-LOCALITY-NOT-MLPERF" / "calibration-standalone-round_robin").is_dir()
+
+
+def test_arrivals_goodput_counts_only_requests_within_both_targets(systems, tmp_path):
+    rc, rec = run(tmp_path, "--trace-preset", "arrivals", "--policies", "round_robin", "--capacity", "500",
+                  "--load-levels", "0.5", "--ttft-target-s", "1e-9")
+    assert rc == 0 and rec["workload"]["capacity"] == {"requests_per_s": 500.0, "source": "--capacity"}
+    assert "calibration" not in rec["workload"]
+    for c in cases_of(rec):
+        t = c["levels"][0]["timed"]
+        assert c["levels"][0]["rate"] == 250.0 and t["good_requests"] == 0 and t["goodput_per_s"] == 0
+    assert rec["report"]["pair_ratios"]["round_robin@50%"]["per_pair"] == []  # no ratio of two zeros
+
+
+# ------------------------------------------------------------------------------------ variable answers
+def test_variable_answers_ask_and_check_each_requests_own_length(systems, tmp_path, capsys):
+    rc, rec = run(tmp_path, "--trace-preset", "variable-answers", "--max-tokens", "40", "--min-answer-tokens", "2")
+    assert rc == 0
+    asked = make_trace(TraceSettings(**{k: v for k, v in rec["trace_settings"].items()}))
+    lengths = [r.max_tokens for r in asked]
+    assert min(lengths) >= 2 and max(lengths) <= 40 and len(set(lengths)) > 5
+    assert rec["trace"]["answer_tokens"]["total"] == sum(lengths)
+    for c in cases_of(rec):
+        assert c["timed"]["output_tokens"] == sum(lengths) and c["validation"]["requests_checked"] == 24
+        assert c["timed"]["tpot_s"] is not None
+    assert "variable answers: " in capsys.readouterr().out
+
+
+def test_a_transport_without_per_request_lengths_is_refused_and_one_that_ignores_them_fails(monkeypatch, tmp_path,
+                                                                                          capsys):
+    monkeypatch.setitem(SYSTEMS, "standalone", fake("fake-fixed-length"))
+    monkeypatch.setitem(SYSTEMS, "flame", fake())
+    rc, _ = run(tmp_path, "--trace-preset", "variable-answers", "--max-tokens", "40")
+    assert rc == 2 and "system standalone's transport (fake-fixed-length) cannot ask each request" in \
+        capsys.readouterr().err and not (tmp_path / "out").exists()
+    monkeypatch.setitem(SYSTEMS, "standalone", fake("fake-ignores-length"))
+    rc, rec = run(tmp_path, "--trace-preset", "variable-answers", "--max-tokens", "40", "--systems", "standalone")
+    assert rc == 1 and "generated ids, the generation settings ask for exactly" in rec["error"]
+
+
+def test_answer_lengths_keep_the_prompts_and_fixed_traces_hash_as_before():
+    fixed = make_trace(TraceSettings(documents=5, doc_tokens=50, questions=3, max_tokens=512, seed=4))
+    varied = make_trace(TraceSettings(documents=5, doc_tokens=50, questions=3, max_tokens=512, seed=4,
+                                      answers="log_uniform", min_answer_tokens=16))
+    assert all(np.array_equal(a.prompt, b.prompt) for a, b in zip(fixed, varied))
+    assert all(r.max_tokens == 0 for r in fixed) and all(16 <= r.max_tokens <= 512 for r in varied)
+    assert trace_hash(fixed) != trace_hash(varied)
+    import hashlib
+    import struct
+
+    from sut.locality.trace import input_hash
+    h = hashlib.sha256()
+    for r in fixed:  # the study's hash: no length in it
+        h.update(struct.pack("<4q", r.rid, r.document, r.question, r.prefix_tokens))
+        h.update(bytes.fromhex(input_hash(r.prompt)))
+    assert trace_hash(fixed) == h.hexdigest()
+    many = make_trace(TraceSettings(documents=50, doc_tokens=10, questions=40, max_tokens=512, answers="log_uniform"))
+    lengths = np.array([r.max_tokens for r in many])
+    assert 80 < np.median(lengths) < 100  # log-uniform on [16, 512]: median sqrt(16 x 512) = 90.5
+    assert np.mean(lengths < 32) == pytest.approx(0.2, abs=0.04)  # each doubling draws 1/5 of the requests
+
+
+# -------------------------------------------------------------------------------------- hot prefixes
+def test_hot_prefixes_record_zipf_per_replica_load_and_the_release(systems, tmp_path, capsys):
+    rc, rec = run(tmp_path, "--trace-preset", "hot-prefixes", "--release-tokens", "20", "--systems", "standalone",
+                  "--documents", "8")
+    assert rc == 0 and rec["trace_settings"]["zipf_s"] == 1.1 and rec["router_settings"]["release_gate"] == "excess"
+    hot = rec["trace"]["popularity"]["hottest"]
+    assert hot[0]["share"] > hot[-1]["share"] and hot[0]["share"] == rec["trace"]["hot_document_share"]
+    by = {c["policy"]: c for c in cases_of(rec)}
+    assert set(by) == {"prefix_affinity", "prefix_affinity_never", "round_robin"}
+    assert by["prefix_affinity"]["routing"]["releases"] > 0 == by["prefix_affinity_never"]["routing"]["releases"]
+    for c in by.values():
+        per, bal = c["timed"]["per_replica"], c["timed"]["balance"]
+        assert sum(p["requests"] for p in per) == 32 and all(p["done_s"] > 0 for p in per)
+        assert all(p["uncached_tokens"] == p["prompt_tokens"] - p["cached_tokens"] for p in per)
+        assert bal["requests_max_over_min"] == pytest.approx(max(p["requests"] for p in per) /
+                                                              min(p["requests"] for p in per), abs=1e-4)
+    out = capsys.readouterr().out
+    assert "hot prefixes: Zipf s = 1.1" in out and "max/min req" in out
+
+
+# ------------------------------------------------------------------------------------------- eviction
+def test_eviction_sizes_the_working_set_from_the_reported_kv_cache(systems, tmp_path, capsys):
+    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-blocks", "25")
+    assert rc == 0 and rec["engine_settings"]["num_gpu_blocks_override"] == 25
+    ws = rec["workload"]["working_set"]
+    assert ws["replica_kv_tokens"] == 400 and "reported" in ws["kv_tokens_from"] and ws["probe"]["cleanup"]["stopped"]
+    assert ws["documents"] == rec["trace"]["documents"] == math.ceil(3 * 400 / 101)
+    assert ws["ratio"] == pytest.approx(rec["trace"]["document_tokens"] / 400, abs=1e-4) and 2.5 < ws["ratio"] < 3.5
+    assert (tmp_path / "out" / "w-SYNTHETIC-LOCALITY-NOT-MLPERF" / "kv-probe").is_dir()
+    for c in cases_of(rec):
+        assert c["working_set"]["replica_kv_tokens"] == [400, 400] and "note" not in c["working_set"]
+        assert c["timed"]["router_cached_share"] is not None and c["timed"]["cached_share"] is not None
+    assert "eviction: 12 documents" in capsys.readouterr().out
+    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-tokens", "200", name="given")
+    assert rc == 0 and rec["workload"]["working_set"]["kv_tokens_from"] == "--kv-tokens"
+    assert rec["trace"]["documents"] == 6 and "probe" not in rec["workload"]["working_set"]
+    assert "note" in cases_of(rec)[0]["working_set"]  # the replicas report 400, the trace was sized for 200
+
+
+# --------------------------------------------------------------------------------------- replica loss
+def test_replica_loss_reroutes_or_fails_every_request_of_the_lost_replica(systems, tmp_path, capsys):
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--documents", "10", "--loss-timeout-s", "0.5")
+    assert rc == 0 and ("kill", 0) in systems
+    for c in cases_of(rec):
+        f, t = c["failover"], c["timed"]
+        assert f["answered"] + f["rerouted"] + f["failed"] == f["requests"] == t["requests"] == 40
+        assert t["answered"] == f["answered"] + f["rerouted"] and t["failed"] == f["failed"]
+        k = f["killed"]
+        assert k["replica"] == 0 and k["replica_answered"] == math.ceil(k["replica_routed"] / 2) > 1
+        assert k["burst_answered"] >= k["replica_answered"] and "killed" in f["detected_how"]
+        assert len(f["requests_failed"]) == f["failed"] and all(f["requests_failed"].values())
+        assert t["requests_per_s"] == pytest.approx(t["answered"] / t["wall_s"], rel=1e-2)  # wall_s rounded
+        assert sum(p["requests"] for p in t["per_replica"]) == t["answered"]
+        if c["system"] == "standalone":  # the other replica serves on: re-routed, nothing failed
+            assert f["rerouted"] > 0 and f["failed"] == 0 and f["recovery_s"] <= f["drained_s"]
+            assert len(f["requests_rerouted"]) == f["rerouted"]
+        else:  # a transport that halts on any loss: its re-routes are refused, what replica 1 held times out
+            assert f["failed"] > 0 and f["recovery_s"] is None
+            assert [x["kind"] for x in f["losses"]] == ["fatal event", "submit refused"]
+            why = set(f["requests_failed"].values())
+            assert any(w.startswith("replica 1 refused it (submit to replica 1 failed") for w in why), why
+            assert any(w.startswith("no answer within 0.5 s after replica 0 was killed") for w in why), why
+    assert rec["report"]["pair_ratios"]["prefix_affinity"]["n"] == 1
+    assert "how detected" in capsys.readouterr().out
+
+
+def test_a_kill_nobody_reports_ends_by_the_loss_timeout(monkeypatch, tmp_path):
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(silent_kill=True))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--loss-timeout-s", "0.3")
+    f = cases_of(rec)[0]["failover"]
+    assert rc == 0 and f["detected_after_s"] is None and f["failed"] > 0 and f["answered"] + f["failed"] == 40
+    assert all("no answer within 0.3 s after replica 0 was killed" in why for why in f["requests_failed"].values())
+
+
+def test_a_replica_lost_before_the_kill_fails_the_run(monkeypatch, tmp_path):
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(die_after={1: 2}))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--kill-after", "0.9", "--warmups", "0")
+    assert rc == 1 and "replica 1 failed before the planned kill: fake replica 1 died" in rec["error"]
+
+
+def test_workload_runs_merge_with_their_metric_and_measured_values(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(SYSTEMS, "standalone", fake())  # no log in the options: the runs' settings are equal
+    monkeypatch.setitem(SYSTEMS, "flame", fake(step_s=0.002, halt_on_kill=True))
+    assert run(tmp_path, "--trace-preset", "replica-loss", "--documents", "10", "--loss-timeout-s", "0.3",
+               name="a")[0] == 0
+    assert run(tmp_path, "--trace-preset", "replica-loss", "--documents", "10", "--loss-timeout-s", "0.3",
+               name="b")[0] == 0
+    out = tmp_path / "out"
+    runs = [str(out / f"{n}-SYNTHETIC-LOCALITY-NOT-MLPERF") for n in "ab"]
+    assert main(["report", *runs, "--output-dir", str(out), "--run-name", "m"]) == 0
+    merged = json.loads((out / "m-SYNTHETIC-LOCALITY-NOT-MLPERF" / "locality.json").read_text())
+    assert merged["report"]["pair_ratios"]["prefix_affinity"]["n"] == 2 and "rerouted" in capsys.readouterr().out
+    rc, _ = run(tmp_path, "--trace-preset", "arrivals", "--policies", "round_robin", "--capacity", "400",
+                "--load-levels", "0.5", name="c")
+    rc2, _ = run(tmp_path, "--trace-preset", "arrivals", "--policies", "round_robin", "--capacity", "300",
+                 "--load-levels", "0.5", name="d")
+    assert rc == rc2 == 0
+    runs = [str(out / f"{n}-SYNTHETIC-LOCALITY-NOT-MLPERF") for n in "cd"]
+    assert main(["report", *runs, "--output-dir", str(out), "--run-name", "n"]) == 2
+    assert "workload.capacity.requests_per_s differs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trace-preset", "arrivals", "--load-levels", "0"], "load_levels must be distinct fractions in (0, 2]"),
+    (["--trace-preset", "arrivals", "--load-levels", "0.5", "0.5"], "load_levels must be distinct"),
+    (["--trace-preset", "arrivals", "--capacity-policy", "nope"], "--capacity-policy 'nope': unknown policy"),
+    (["--trace-preset", "arrivals", "--rate", "3"], "--rate 3 and --load-levels: the levels set the arrival rates"),
+    (["--trace-preset", "replica-loss", "--kill-after", "1.5"], "kill_after must be 0 (off) or in (0, 1)"),
+    (["--trace-preset", "replica-loss", "--kill-replica", "2"], "--kill-replica 2: the systems have replicas 0..1"),
+    (["--trace-preset", "replica-loss", "--engines-per-device", "1"], "replica-loss needs at least 2 replicas"),
+    (["--trace-preset", "eviction", "--working-set", "0.5"], "working_set must be 0 (off) or >= 1"),
+    (["--policies", "prefix_affinity_sometimes"], "unknown policy"),
+    (["--answers", "log_uniform", "--min-answer-tokens", "0"], "min_answer_tokens must be in [1, max_tokens=4]"),
+    (["--ttft-target-s", "0"], "ttft_target_s must be a finite number > 0"),
+])
+def test_bad_workload_input_exits_2_before_anything_starts(systems, tmp_path, capsys, args, message):
+    rc, _ = run(tmp_path, *args)
+    assert rc == 2 and message in capsys.readouterr().err
+    assert systems == [] and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------ units
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "least_pending", "prefix_affinity"])
+def test_a_replica_marked_down_gets_no_request_and_all_down_is_an_error(policy):
+    from sut.core.routing import AffinitySettings, make_router
+
+    r = make_router(policy, 3, 4, AffinitySettings(block_tokens=4, prefix_blocks=1))
+    doc = np.arange(8, dtype=np.int32)
+    first = [r.route(i, doc + 100 * i) for i in range(6)]
+    assert set(first) == {0, 1, 2}
+    r.mark_down(1)
+    later = [r.route(10 + i, doc + 100 * (i % 6)) for i in range(12)]
+    assert 1 not in later and set(later) == {0, 2} and r.stats()["down"] == [1]
+    r.mark_down(0)
+    r.mark_down(2)
+    with pytest.raises(ValueError, match="every replica is down"):
+        r.route(99, doc)
+    with pytest.raises(ValueError, match="no replica 3"):
+        r.mark_down(3)
+
+
+def test_prefix_affinity_gives_a_lost_owners_documents_one_new_owner():
+    from sut.core.routing import AffinitySettings, make_router
+
+    r = make_router("prefix_affinity", 3, 4, AffinitySettings(block_tokens=4, prefix_blocks=1, release_gate="never"))
+    doc = np.arange(8, dtype=np.int32)
+    owner = r.route(0, doc)
+    r.mark_down(owner)
+    moved = {r.route(i, doc) for i in range(1, 6)}
+    assert len(moved) == 1 and owner not in moved and r.stats()["reowned"] == 1
+    assert r.stats()["estimated_uncached_tokens"] == 8 * 2 + 4 * 4  # two misses, four hits of 4 matched tokens
+
+
+def test_the_dispatcher_checks_each_requests_own_length():
+    from sut.core.dispatcher import Dispatcher
+    from sut.core.routing import make_router
+    from sut.core.transport import TransportSpec
+    from sut.engine import EngineSettings, GenerationSettings
+    from sut.messages import Completion, Request
+
+    gen = GenerationSettings(max_tokens=8, ignore_eos=True)
+    assert gen.lengths_for(3) == (3, 3) and gen.lengths_for(0) == (8, 8)
+    assert GenerationSettings(max_tokens=8, min_tokens=5).lengths_for(3) == (3, 3)
+
+    class Ledger:
+        error = None
+
+        def __init__(self):
+            self.done, self.failed = [], []
+
+        def complete(self, results):
+            self.done += results
+
+        def fail(self, message):
+            self.failed.append(message)
+
+    spec = TransportSpec(engine=EngineSettings(model=str(TINY_MODEL)), generation=gen)
+    t = FakeTransport(dataclass_replace_spec(spec))
+    led = Ledger()
+    d = Dispatcher(t, make_router("round_robin", 2, 8), led)
+    d.dispatch([Request(1, np.arange(4, dtype=np.int32), 1, 3), Request(2, np.arange(4, dtype=np.int32), 2)])
+    d.on_results(0, [Completion(1, np.zeros(3, np.int32))])
+    d.on_results(1, [Completion(2, np.zeros(3, np.int32))])
+    assert [c.rid for c in led.done] == [1] and "request 2: replica 1 answered 3 generated ids" in led.failed[0]
+    assert "exactly 8" in led.failed[0]
+
+
+def dataclass_replace_spec(spec):
+    """The spec with fake options that start no thread (the dispatcher test drives the sink by hand)."""
+    import dataclasses
+
+    from transport_doubles import FakeOptions
+    return dataclasses.replace(spec, options=FakeOptions())
+
+
+def test_the_engine_worker_asks_a_request_its_own_length():
+    from sut.engine.worker import _params_for
+    from sut.messages import Request
+
+    class Params:  # the fields of vLLM's SamplingParams that _params_for reads and sets
+        def __init__(self, max_tokens, min_tokens, ignore_eos):
+            self.max_tokens, self.min_tokens, self.ignore_eos = max_tokens, min_tokens, ignore_eos
+
+        def clone(self):
+            return Params(self.max_tokens, self.min_tokens, self.ignore_eos)
+
+    fixed = Params(512, 512, True)
+    prompt = np.arange(3, dtype=np.int32)
+    assert _params_for(fixed, Request(1, prompt)) is fixed and _params_for(fixed, (1, prompt)) is fixed
+    p = _params_for(fixed, Request(2, prompt, -1, 40))
+    assert (p.max_tokens, p.min_tokens) == (40, 40) and _params_for(fixed, Request(3, prompt, -1, 40)) is p
+    free = _params_for(Params(512, 1, False), Request(4, prompt, -1, 40))
+    assert (free.max_tokens, free.min_tokens) == (40, 1)
+
+
+def test_goodput_counts_requests_within_both_targets():
+    from sut.locality.latency import latency_metrics
+
+    times = {0: {"client_ttft": 0.5, "ttft": 0.1, "tpot": 0.05, "latency": 1.0},
+             1: {"client_ttft": 2.0, "ttft": 0.1, "tpot": 0.05, "latency": 3.0},  # TTFT over
+             2: {"client_ttft": 0.5, "ttft": 0.1, "tpot": 0.2, "latency": 9.0},  # TPOT over
+             3: {"client_ttft": 1.0, "ttft": 0.1, "tpot": None, "latency": 1.0}}  # one token: no TPOT
+    m = latency_metrics(times, wall_s=2.0, requests=5, targets=(1.0, 0.1))
+    assert m["good_requests"] == 2 and m["goodput_per_s"] == 1.0 and m["goodput_share"] == 0.4
+    assert m["client_ttft_s"]["p50"] == 0.75 and m["goodput_targets"]["ttft_from"].startswith("client")
+    times[0]["client_ttft"] = -0.1  # clocks of two hosts: the engine-side TTFT counts instead, and the record says so
+    m = latency_metrics(times, wall_s=2.0, requests=5, targets=(1.0, 0.1))
+    assert m["client_ttft_s"] is None and m["good_requests"] == 3
+    assert m["goodput_targets"]["ttft_from"].startswith("engine")
+
+
+def test_every_request_needs_exactly_one_outcome():
+    from sut.errors import RunFailed
+    from sut.locality.failover import FailoverDispatcher
+
+    d = FailoverDispatcher.__new__(FailoverDispatcher)
+    d.failed, d.reroutes = {3: "lost"}, {2: 1}
+    assert d.outcome([1, 2, 3], [1, 2]) == {1: "answered", 2: "rerouted", 3: "failed"}
+    with pytest.raises(RunFailed, match="request 4: no outcome"):
+        d.outcome([1, 2, 3, 4], [1, 2])
+    with pytest.raises(RunFailed, match="request 3: answered and failed"):
+        d.outcome([1, 2, 3], [1, 2, 3])
+
+
+# ------------------------------------------------------------------------------------------ the GPU step
+STANDIN = """#!/usr/bin/env bash
+# python3 of scripts/bench/gpu_runs.sh's workloads step: a Flame cluster that only prints its endpoint, locality runs
+# that record their flags and leave a locality.json; anything else runs for real
+case "$*" in
+  "-m sut.flame cluster"*) echo "FLAME_ENDPOINT=http://127.0.0.1:9"; exec sleep 60 ;;
+  "-m sut.locality run"*) echo "$*" >> "$CALLS"; n=
+    for a in "$@"; do [ "$n" = 1 ] && name=$a; n=; [ "$a" = --run-name ] && n=1; done
+    d="$JOB/workloads/$name-SYNTHETIC-LOCALITY-NOT-MLPERF"; mkdir -p "$d"; echo '{}' > "$d/locality.json"
+    [ "$name" = "${FAIL:-}" ] && exit 1; exit 0 ;;
+esac
+exec {real} "$@"
+"""
+
+
+def test_the_gpu_step_runs_every_preset_with_three_pairs_on_one_card(tmp_path):
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "python3"
+    fake.write_text(STANDIN.replace("{real}", shlex.quote(sys.executable)))
+    fake.chmod(0o755)
+    (tmp_path / "job").mkdir()
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
+               JOB=str(tmp_path / "job"), OUT=str(tmp_path / "out"), FAIL="hot-prefixes", WL_ARGS="--warmups 2")
+    out = subprocess.run(["bash", "scripts/bench/gpu_runs.sh", "workloads"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    calls = [c.split() for c in (tmp_path / "calls").read_text().splitlines()]
+    assert [c[c.index("--trace-preset") + 1] for c in calls] == list(PRESETS)
+    for c in calls:
+        assert c[c.index("--pairs") + 1] == "3" and c[c.index("--engines-per-device") + 1] == "2"
+        assert c[c.index("--systems") + 1: c.index("--systems") + 3] == ["standalone", "flame"]
+        assert c[-2:] == ["--warmups", "2"] and ("--kv-blocks" in c) == (c[c.index("--trace-preset") + 1] == "eviction")
+    assert calls[3][calls[3].index("--kv-blocks") + 1] == "4096"
+    assert out.returncode == 1 and "workloads hot-prefixes: rc=1" in out.stdout  # the other presets still ran
+    assert all((tmp_path / "job" / f"locality_{p}.json").is_file() for p in PRESETS)
