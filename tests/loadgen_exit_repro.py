@@ -1,4 +1,4 @@
-"""LoadGen-only reproduction of the early-failure crash (issue 16, must-fix 1): no engine, no model.
+"""LoadGen-only reproduction of the early-failure crash: no engine, no model.
 
 Each round runs one LoadGen Offline performance test (mlperf.conf's settings for ``llama3_1-8b``:
 equal issue, token latencies, ``min_query_count`` 13,368 by default) over a QSL of ``--samples``
@@ -12,7 +12,7 @@ when that thread exits while LoadGen's IO thread is still swapping its buffer, L
 buffer while a swap of it is still pending, and the IO thread then works on freed memory (gdb:
 SIGSEGV in ``TlsLogger::SwapBuffers`` called from ``Logger::IOThread``, ``this`` = the exited
 thread's logger): exit 139, in about one round of ten on a 2-core host (so nearly every 20-round
-run), 5 of 6 single runs on the host of issue 16. A helper that sleeps 2 ms before it ends, or
+run), 5 of 6 single runs on the host. A helper that sleeps 2 ms before it ends, or
 never ends, does not crash.
 
 ``--via ledger-fail`` / ``--via ledger-complete``: the helper calls ``SampleLedger.fail`` /

@@ -177,7 +177,7 @@ def test_dataset_without_tokenizer_names_the_tokenizer_the_runs_record_gives(tmp
 @pytest.mark.parametrize("value", [-1, 0, "16", True, 2.0])
 def test_a_hand_edited_max_samples_in_run_json_is_refused_before_anything_is_written(tmp_path, inputs, caplog, capsys,
                                                                                      value):
-    """A breaker's find: max_samples -1 suggested `--max-samples -1` (which argparse refuses), and "16" was dropped
+    """A max_samples of -1 suggested `--max-samples -1` (which argparse refuses), and "16" was dropped
     silently, so the re-score replaced the run's own accuracy.json with a coverage failure."""
     tok, data = inputs
     log = _run_folder(tmp_path, [0, 1, 2, 3])

@@ -1,4 +1,4 @@
-"""Bad input exits 2 before anything starts (session 5 breaker findings): engine settings vLLM would refuse,
+"""Bad input exits 2 before anything starts: engine settings vLLM would refuse,
 JSON nested deeper than Python's recursion limit, a preset section that is not a table, and a
 ``python -m sut package`` run folder that does not exist. No test here starts an engine."""
 
@@ -230,7 +230,7 @@ def test_a_preset_too_deep_or_unreadable_is_bad_input(tmp_path, text):
     p = tmp_path / "p.toml"
     if text is None:
         p.mkdir()  # a folder: open() raises IsADirectoryError
-    elif isinstance(text, bytes):  # a breaker's find: tomllib's UnicodeDecodeError was a traceback, exit 1
+    elif isinstance(text, bytes):  # found by a fault test: tomllib's UnicodeDecodeError was a traceback, exit 1
         p.write_bytes(text)
     else:
         p.write_text(text)
@@ -292,7 +292,7 @@ def test_check_run_folders_names_the_flag(tmp_path):
     ("--performance", None, "given twice (also --performance "),
 ])
 def test_package_refuses_a_run_given_for_the_wrong_flag_or_twice_with_exit_2(tmp_path, flag, record, why):
-    """A breaker's find: these were exit 1 after the checks began, not bad input (exit 2) before anything."""
+    """These were exit 1 after the checks began, not bad input (exit 2) before anything."""
     runs = {}
     for f, rec in (("--performance", {"mode": "performance"}), ("--accuracy", {"mode": "accuracy"}),
                    ("--test06", {"mode": "performance", "run_settings": {"compliance_test": "TEST06"}})):
@@ -332,7 +332,7 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
      "engine setting max_num_batched_tokens must be >= max_num_seqs (64)"),
 ])
 def test_a_bad_preset_value_names_the_preset_file_and_table(tmp_path, table, flags, message):
-    """A breaker's find: type errors of a preset named neither file nor table; a per-scenario table's hint named
+    """Type errors of a preset named neither file nor table; a per-scenario table's hint named
     [engine]. A value given by flag is not blamed on the preset."""
     from sut import cli
 
@@ -346,7 +346,7 @@ def test_a_bad_preset_value_names_the_preset_file_and_table(tmp_path, table, fla
 
 
 def test_max_model_len_past_the_models_positions_is_bad_input_before_a_run_folder(tmp_path, dataset):
-    """A breaker's find: vLLM refused it only at engine start (exit 1, a failed run folder). Rope-scaled configs
+    """vLLM refused it only at engine start (exit 1, a failed run folder). Rope-scaled configs
     other than Llama 3's are left to vLLM (it scales their limit)."""
     import json
 

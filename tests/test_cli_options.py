@@ -1,4 +1,4 @@
-"""Backend options parsed once (issue 12): flags from the options dataclasses' metadata, a flag of another
+"""Backend options parsed once: flags from the options dataclasses' metadata, a flag of another
 backend refused by name, the parsed object reaching the backend and run.json, and the one exit-code map
 (``sut.exits``) of every entry point.
 
@@ -146,7 +146,7 @@ def test_run_help_has_one_group_per_backend_with_its_flags(capsys):
 
 
 def test_flame_flags_come_from_the_flame_options_dataclass():
-    """--batch-size and friends are declared by the flame SUT's options dataclass (helper H2's metadata)."""
+    """--batch-size and friends are declared by the flame SUT's options dataclass (its fields' metadata)."""
     import flamepy  # noqa: F401 (a required dependency: missing, the test fails)
     classes = backend_options_classes()
     flags = {flag: name for flag, name, _ in option_flags(classes["flame"])}

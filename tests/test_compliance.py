@@ -94,7 +94,7 @@ def test_first_token_check_compares_every_id_of_token_data(tmp_path, first, pass
     ('[{"qsl_idx": 0, "data": "01000000", "token_count": null}]', "'token_count' must be an integer"),
     ('[{"seq_id": 7, "qsl_idx": 0, "data": "01000000", "token_count": 1}, {"seq_id": 8, "qsl_idx": 0, "data": '
      '"01000000", "token_count": 1}, {"seq_id": 7, "qsl_idx": 0, "data": "01000000", "token_count": 1}]',
-     r"record 2 repeats seq_id 7 of record 0 \(LoadGen logs each response once"),  # a breaker's find
+     r"record 2 repeats seq_id 7 of record 0 \(LoadGen logs each response once"),  # found by a fault test
 ])
 def test_bad_logs_raise_naming_the_problem(tmp_path, content, message):
     f = tmp_path / "mlperf_log_accuracy.json"

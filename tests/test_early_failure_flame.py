@@ -1,4 +1,4 @@
-"""Issue 16 through the Flame SUT: a full-size Offline query (mlperf.conf's 13,368 samples, equal
+"""Through the Flame SUT: a full-size Offline query (mlperf.conf's 13,368 samples, equal
 issue) fails before any sample completes. ``python -m sut run --sut flame`` against the stand-in
 control plane with the fake engine and the fault hooks (tests/flame_doubles.py, through the transport's
 extension points); batch 0's task fails on every attempt, so its task thread

@@ -1,6 +1,6 @@
 """A failed or stopped Server run whose LoadGen schedule runs on (LoadGen 6.0.17 has no abort) exits promptly
 with its own code (1 failed, 130 stopped), never "terminate called without an active exception" (134) or a
-segfault; `--target-qps` values LoadGen cannot run sensibly are refused with exit 2 (breaker, session 5).
+segfault; `--target-qps` values LoadGen cannot run sensibly are refused with exit 2.
 
 The runs use the fake vLLM server (tests/fake_vllm_server.py) behind --sut vllm-http, min duration 300 s
 (longer than the drain limit) and the streaming drain grace lowered to 2 s
@@ -24,7 +24,7 @@ from sut.settings.run import RunSettings
 
 # STREAMING_DRAIN_S lowered: without the fix the run waits LOADGEN_DRAIN_S (120 s) and the test times out.
 PROMPT = "import sut.run.loadgen_watch as w; w.STREAMING_DRAIN_S = 2.0"
-# the breaker's set-up: a 5 s drain limit that the run reaches with LoadGen's thread still running
+# the set-up: a 5 s drain limit that the run reaches with LoadGen's thread still running
 DRAIN_5 = "import sut.run.loadgen_watch as w; w.LOADGEN_DRAIN_S = 5.0"
 RUN = "; import sys; from sut.cli import main; sys.exit(main(sys.argv[1:]))"
 FIND_QPS = "; import sys; from sut.cli import main; sys.exit(main(['find-qps', *sys.argv[1:]]))"
@@ -106,7 +106,7 @@ def test_a_stopped_or_failed_server_run_exits_promptly_with_its_own_code(tmp_pat
     assert took < 30 and "still runs (it cannot be stopped); exiting with code" in text
 
 
-def test_the_breakers_drain_limit_reached_exits_1_not_134(tmp_path, fake_server, dataset):
+def test_the_drain_limit_reached_exits_1_not_134(tmp_path, fake_server, dataset):
     url, server = fake_server
     out = tmp_path / "runs"
     cmd = [sys.executable, "-c", DRAIN_5 + RUN, "run", *_run_args(url, dataset, out, "--scenario", "Server",
@@ -180,7 +180,7 @@ def test_an_offline_query_over_100_times_the_dataset_is_refused():
 
 
 def test_a_server_schedule_over_100_times_the_dataset_is_refused_and_a_long_one_warned(caplog):
-    """A breaker's find: Server target_qps 1e9 in user.conf (1e7 on the command line) was accepted, and LoadGen, which
+    """Server target_qps 1e9 in user.conf (1e7 on the command line) was accepted, and LoadGen, which
     builds the whole schedule first, grew the harness past 6 GB in 20 s with nothing issued."""
     assert SERVER_MAX_QUERIES == 1_336_800
     with pytest.raises(InputError, match=r"^user.conf: target_qps 1e\+09 queries/s x min duration 10 s makes about "
@@ -287,7 +287,7 @@ def test_a_failed_run_has_no_validity_and_keeps_loadgens_word_apart():
 
 
 def test_a_stop_signal_during_the_accuracy_gate_leaves_a_complete_run_to_score_not_a_running_one(tmp_path, monkeypatch):
-    """A breaker's find: SIGTERM while the gate scored 13,368 samples exited 130 with run.json still "running"; a
+    """SIGTERM while the gate scored 13,368 samples exited 130 with run.json still "running"; a
     recheck's: marked "failed", the run could never be packaged even after the re-score it suggested. The LoadGen
     run is complete: status ok, accuracy skipped with the exact re-score command (the run's tokenizer)."""
     import json

@@ -118,7 +118,7 @@ def test_budget_starts_no_try_that_would_end_after_it():
 
 
 def test_budget_scales_a_try_to_a_lower_rate_while_the_search_brackets_downward():
-    """A new user's CPU search (session 8): tries of 480 queries at 4 and 2 q/s, then one at 1 q/s took 498 s
+    """A new user's CPU search: tries of 480 queries at 4 and 2 q/s, then one at 1 q/s took 498 s
     against an estimate of 379 s (the longest so far) and ended 96 s past --budget-s."""
     now = [0.0]
     b = Budget(1150, clock=lambda: now[0])
@@ -142,7 +142,7 @@ def test_budget_scales_a_try_to_a_lower_rate_while_the_search_brackets_downward(
 
 
 def test_budget_counts_the_engine_start_of_a_one_process_search_only_until_a_try_without_it():
-    """Session 7 on the H200: the first try took 134 s with the engine start, the next ones 23-40 s; the
+    """On one H200: the first try took 134 s with the engine start, the next ones 23-40 s; the
     estimate stayed at 134 s and cut the search short."""
     now = [0.0]
     b = Budget(300, earlier=[Try(48, "VALID", wall_s=134.0)], clock=lambda: now[0])

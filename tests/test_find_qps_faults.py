@@ -1,4 +1,4 @@
-"""python -m sut find-qps when a try goes wrong (breaker, session 7): a ``--fresh-process`` try past ``--timeout-s``
+"""python -m sut find-qps when a try goes wrong: a ``--fresh-process`` try past ``--timeout-s``
 is stopped with the server it started (``sut_runs.run_with_timeout``); a failed try is no verdict (it bounds
 nothing, carries no p99s, a resumed search makes it again); accuracy / compliance tries are refused before any
 try; ``--resume A --log B`` keeps A's tries in B.
@@ -139,7 +139,7 @@ def test_run_with_timeout_stops_with_sigterm_first():
 
 
 def test_a_long_run_says_every_heartbeat_that_it_still_runs_with_its_last_line(caplog):
-    """bench_suts / find_qps --fresh-process were silent for the minutes a run takes (a new user's find)."""
+    """bench_suts / find_qps --fresh-process were silent for the minutes a run takes."""
     caplog.set_level("INFO", logger="sut.run.child")
     rc, err = sut_runs.run_with_timeout(["bash", "-c", "sleep 0.6; echo 'engine 0 ready' >&2; sleep 1.6"], 30,
                                         heartbeat_s=0.4, label="r1")
@@ -225,7 +225,7 @@ def test_run_once_records_a_run_killed_while_running_as_failed(tmp_path, monkeyp
 
 
 def test_run_once_records_a_run_killed_after_ctrl_c_as_interrupted(tmp_path, monkeypatch):
-    """A breaker's find: Ctrl-C of a --fresh-process search while the try waited for LoadGen's Server schedule;
+    """Ctrl-C of a --fresh-process search while the try waited for LoadGen's Server schedule;
     the try was killed after the grace and its run.json stayed "running". A run that recorded itself is left alone."""
     for name, rec in (("r-killed", {"status": "running"}), ("r-recorded", {"status": "failed", "error": "its own"})):
         def stopped(cmd, timeout_s, name=name, rec=rec, **_):

@@ -102,7 +102,7 @@ def test_help_shows_every_default_and_no_issue_number(monkeypatch):
     text = " ".join(p.format_help().split())
     assert "issue 14" not in text
     assert "--output-dir OUTPUT_DIR where the tries' run folders go (default: results/find_qps)" in text
-    # --timeout-s is for --fresh-process only (breaker, session 7: the help did not say what one-process mode does)
+    # --timeout-s is for --fresh-process only (the help did not say what one-process mode does)
     assert "--timeout-s TIMEOUT_S --fresh-process only: stop a try after this many seconds (SIGTERM; SIGKILL of " \
            "its process group 60 s later); one-process mode ignores it (there a try fails when no sample completes " \
            "for the run's stall timeout, RunSettings.stall_timeout_s) (default: 3600.0)" in text

@@ -150,7 +150,7 @@ def test_app_render_carries_this_process_pythonpath(monkeypatch, tmp_path):
 
 
 def test_service_logs_go_to_the_run_folder(tmp_path):
-    """Issue 16: the services' output of a run lands in that run's folder (not <repo>/results/flame-service),
+    """The services' output of a run lands in that run's folder (not <repo>/results/flame-service),
     and only services on the client's host write there."""
     t = FlameSUT(_ctx(run_dir=str(tmp_path / "run1"))).transport
     assert t.service_log_dir() == str(tmp_path / "run1" / "flame-service")
@@ -215,7 +215,7 @@ def test_bind_failures_that_flame_retries_do_not_fail_the_start():
     assert len(rs.bind_warnings) == 1  # logged once
     events.append(NS(code=1002, message="Session retry limit reached"))
     with pytest.raises(RunFailed, match=r"retry limit reached The last attempt failed with: .*shim creation failed"):
-        rs.check_bind_failures()  # why the attempts failed (a breaker's missing python said only "5/5 failed")
+        rs.check_bind_failures()  # why the attempts failed (a missing python said only "5/5 failed")
     events[1:] = [NS(code=1001, message="... return_code <12>: on_session_enter failed: model files missing")]
     with pytest.raises(RunFailed, match="model files missing"):
         rs.check_bind_failures()
@@ -286,7 +286,7 @@ def test_preflight_refuses_an_endpoint_where_nothing_answers_within_seconds(no_f
 @pytest.mark.parametrize("endpoint", ["127.0.0.1:8080", "http://127.0.0.1:99999", "http://127.0.0.1:80x",
                                       "http://127.0.0.1:8080/extra", "grpc://127.0.0.1:8080", "http://127.0.0.1:"])
 def test_preflight_names_a_malformed_endpoint_as_such(no_flame_config, endpoint):
-    """A breaker's endpoints without http://, with port 99999 or trailing text were refused as "nothing accepts a
+    """A user's endpoints without http://, with port 99999 or trailing text were refused as "nothing accepts a
     connection there"; the message now says what is wrong with them."""
     with pytest.raises(InputError, match=f"malformed Flame endpoint '{re.escape(endpoint)}': expected http://HOST:PORT"):
         _preflight(endpoint=endpoint)
@@ -314,7 +314,7 @@ def test_a_flame_replica_failure_is_one_fatal_event_and_attach_then_refuses():
 
 
 def test_an_application_read_failing_without_a_cause_points_at_the_backend_port():
-    """A breaker gave the executor managers' backend port (frontend + 1): it accepts the TCP preflight, then
+    """A user gave the executor managers' backend port (frontend + 1): it accepts the TCP preflight, then
     get_application failed with an empty cause."""
     from types import SimpleNamespace
 

@@ -64,7 +64,7 @@ def test_session_that_does_not_fit_fails_the_warm_up_with_the_count(real_flame_f
         with pytest.raises(RunFailed, match=r"only [01] of 2 Flame executors answered, and Flame has given session \S+ "
                                             r"1 executor\(s\) \(1 \w+\), none new for 3 s; check the cluster's capacity") as ei:
             sut.start()
-        # the way out, named (a breaker's --batch-size 1 asked a 24-executor node for 512)
+        # the way out, named (a --batch-size 1 asked a 24-executor node for 512)
         assert "--option executors_per_engine=1 " in str(ei.value) and "--option min_executors=1" in str(ei.value)
     finally:
         sut.stop()
@@ -74,7 +74,7 @@ def test_session_that_does_not_fit_fails_the_warm_up_with_the_count(real_flame_f
 
 @pytest.mark.slow  # ~45 s: the session manager notices a dead executor manager after its 30 s heartbeat timeout
 def test_executor_manager_killed_mid_run_fails_within_bounded_time(real_flame_factory, dataset, lock_dir):  # noqa: F811
-    """A breaker's find: Flame v0.6.0 keeps the tasks of a dead executor manager Running for good, so the run
+    """Flame v0.6.0 keeps the tasks of a dead executor manager Running for good, so the run
     waited for its 30-min stall limit and its stop for close_timeout_s. Now the executor health check fails it
     once Flame lists the node NotReady, and the stop does not wait for the lost tasks."""
     cluster = real_flame_factory()
@@ -90,7 +90,7 @@ def test_executor_manager_killed_mid_run_fails_within_bounded_time(real_flame_fa
 
 def test_a_session_closed_during_the_engine_start_ends_its_services_within_seconds(  # noqa: F811
         real_flame_factory, dataset, lock_dir):  # noqa: F811
-    """A breaker's find (session 10): after a run stopped in its warm-up, Flame could end the services only once
+    """After a run stopped in its warm-up, Flame could end the services only once
     their OnSessionEnter returned, so an engine host finished its engine start (here 60 s) and slot waiters waited
     slot_wait_s. The services now see the close (EnterWatch) and end the entry at once."""
     import threading

@@ -87,7 +87,7 @@ def test_two_clusters_at_once_never_talk_to_each_other(real_flame_factory, tmp_p
 
 @pytest.mark.parametrize("taken", [0, 1], ids=["frontend", "backend"])
 def test_taken_port_is_refused_with_the_reason(tmp_path, taken):
-    """A breaker's `cluster --port <taken>` said only "it exited with code 0": the port in use is named now."""
+    """A user's `cluster --port <taken>` said only "it exited with code 0": the port in use is named now."""
     bin_dir = flame_bin_dir()
     port = pick_ports()
     with socket.socket() as s:
@@ -234,7 +234,7 @@ def test_close_cli_closes_a_session_left_open_and_fails_on_an_unknown_one(real_f
 
 
 def test_cluster_cli_killed_with_sigkill_leaves_no_manager(tmp_path):
-    """A breaker's find: SIGKILL of `python -m sut.flame cluster` left both managers running with their ports."""
+    """SIGKILL of `python -m sut.flame cluster` left both managers running with their ports."""
     bin_dir = flame_bin_dir()
     p = subprocess.Popen([sys.executable, "-m", "sut.flame", "cluster", "--flame-bin", str(bin_dir), "--workdir",
                           str(tmp_path / "c")], cwd=REPO, env=sut_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -43,7 +43,7 @@ def _enter_in_background(endpoint: Path, common: bytes) -> threading.Thread:
 @pytest.mark.parametrize("while_entering", [False, True], ids=["idle", "entering"])
 def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path, while_entering):
     """Flame v0.6.0 never ends the services of a dead executor manager; an orphaned engine host would hold its
-    engine slot against every later run (breaker, session 10). The service watches its parent and stops, also
+    engine slot against every later run. The service watches its parent and stops, also
     while a gRPC thread is still inside on_session_enter (a slow engine start, a slot wait): the process ends
     without joining it."""
     endpoint = tmp_path / "exec-1.sock"

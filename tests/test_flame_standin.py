@@ -453,7 +453,7 @@ def test_overflow_task_does_not_wait_behind_a_full_one(tmp_path, lock_dir, contr
 
 
 def test_a_service_that_dies_between_tasks_fails_the_run_at_the_close(tmp_path, dataset, lock_dir, control_plane):
-    """A breaker's find (session 10): a service killed while its executor waited for a task fails no task, the run
+    """A service killed while its executor waited for a task fails no task, the run
     completed on the others and said VALID, and the next run found the cluster starved (Flame v0.6.0 keeps such an
     executor Unbinding for good). The close now finds it and fails the run, naming it."""
     with control_plane(tmp_path) as cluster:

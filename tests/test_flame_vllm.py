@@ -81,10 +81,10 @@ def test_flame_outputs_identical_to_standalone(plane, request, tmp_path, synthet
             assert rec["engines"][0]["engine_args"]["max_num_seqs"] == 64
             st = cluster.session_state(fl["session_id"])
             assert st["state"] == "Closed" and st["counts"]["Running"] == 0
-            # Service output of this session is in the run folder (issue 16), one log per executor.
+            # Service output of this session is in the run folder, one log per executor.
             logs = sorted((run / "flame-service").glob("*.log"))
             assert len(logs) == fl["executors"] and any("engine ready" in p.read_text() for p in logs)
-        # The client registered the application next to the run folders, not under <repo>/results (issue 16).
+        # The client registered the application next to the run folders, not under <repo>/results.
         import flamepy
 
         conn = flamepy.connect(cluster.endpoint)

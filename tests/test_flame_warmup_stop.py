@@ -1,4 +1,4 @@
-"""Ctrl-C / SIGTERM during the Flame warm-up (a breaker's find): the KeyboardInterrupt raised in the main
+"""Ctrl-C / SIGTERM during the Flame warm-up (found by a fault test): the KeyboardInterrupt raised in the main
 thread's wait left the warm-up pool, whose exit joined the warm-up threads, and they ran on until every
 executor answered or the stall limit (111 s on a dead executor manager). Now they are told to stop."""
 
@@ -45,7 +45,7 @@ def test_ctrl_c_during_the_warm_up_stops_the_warm_up_threads_at_once(monkeypatch
 
 
 def test_the_warm_up_line_says_when_services_wait_for_a_slot(tmp_path):
-    """A breaker's run after a stopped one spent 80 s of its slot wait while its log said only "16 Binding": the
+    """A user's run after a stopped one spent 80 s of its slot wait while its log said only "16 Binding": the
     services' own logs (this host's, in the run folder) said why."""
     import os
 
@@ -62,7 +62,7 @@ def test_the_warm_up_line_says_when_services_wait_for_a_slot(tmp_path):
 
 
 def test_a_stalled_warm_up_names_the_other_sessions_that_hold_the_executors():
-    """A breaker killed a run with SIGKILL; the next run's stall advice (executors_per_engine, min_executors)
+    """A user killed a run with SIGKILL; the next run's stall advice (executors_per_engine, min_executors)
     could not help: the killed run's session still held the executors. It is named now, with how to close it."""
     from sut.flame.options import FlameOptions
     from sut.flame.warmup import Warmup, _Progress
@@ -159,7 +159,7 @@ def test_session_state_reads_not_found_as_gone_and_other_errors_as_unknown():
 
 
 def test_a_warm_up_past_its_time_limit_names_the_other_sessions_and_how_to_close_them(monkeypatch):
-    """A breaker's find: a locality run whose executors another (SIGKILLed) run's session held failed after its
+    """A locality run whose executors another (SIGKILLed) run's session held failed after its
     warm-up limit without the `python -m sut.flame close` advice the stall path gives."""
     from sut.flame.options import FlameOptions
     from sut.flame.warmup import Warmup

@@ -101,7 +101,7 @@ def test_prepare_run_checks_the_gate_tokenizer_only_when_the_gate_runs(tmp_path,
 
 
 def test_prepare_run_refuses_what_the_gate_could_not_use_after_the_run(tmp_path, synthetic):
-    """A breaker's find: an accuracy run with a record lacking ``output``, or a --tokenizer file that is no
+    """An accuracy run with a record lacking ``output``, or a --tokenizer file that is no
     tokenizer, ran to the end and said "accuracy gate: not run" with exit 0."""
     from sut.errors import InputError
 

@@ -1,4 +1,4 @@
-"""scripts/bench/gpu_scaling.py: the issue-6 scaling verdict from run records (no GPU needed)."""
+"""scripts/bench/gpu_scaling.py: the GPU scaling verdict from run records (no GPU needed)."""
 
 import json
 import subprocess

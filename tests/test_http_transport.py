@@ -824,7 +824,7 @@ def test_cli_server_of_another_model_exits_2_naming_it(tmp_path, synthetic_small
     url, _ = fake_server(model="/models/Other-Model-7B")
     out = _run(tmp_path, synthetic_small, "--server-url", url)
     assert out.returncode == 2 and f"server {url}: serves another model" in out.stderr, out.stderr[-2000:]
-    assert "pass --served-model-name ID" in out.stderr  # the flag first (a breaker's find: only the option was named)
+    assert "pass --served-model-name ID" in out.stderr  # the flag first (found by a fault test: only the option was named)
     assert "Traceback" not in out.stderr
     assert not list(tmp_path.iterdir())  # refused before the run folder is made (HttpSUT.preflight)
 
@@ -913,7 +913,7 @@ def test_server_side_engine_settings_that_cannot_reach_running_servers_are_named
 
 
 def test_a_server_still_starting_is_killed_after_2_s_not_the_ready_grace(tmp_path, caplog):
-    """A breaker's find: SIGTERM during a harness-started `vllm serve`'s start-up took ~18 s (the 15 s grace of a
+    """SIGTERM during a harness-started `vllm serve`'s start-up took ~18 s (the 15 s grace of a
     running server); README promises what a starting local engine gets: SIGKILL 2 s after SIGTERM."""
     from sut.core.transports import http_servers
     from sut.engine import EngineSlot
@@ -941,7 +941,7 @@ def test_token_ids_that_are_no_token_ids_fail_the_reply(ids):
     ("length", 3, "finish_reason 'length' after 3 ids, but max_tokens is 128 (the server's own token limit is lower"),
 ])
 def test_too_many_ids_are_not_blamed_on_a_lower_server_limit(reason, n, said):
-    """A breaker's server that sent the first id twice was told "the server's own token limit is lower"."""
+    """A user's server that sent the first id twice was told "the server's own token limit is lower"."""
     from sut.core.transports.http_api import ReplyError, check_finished
 
     with pytest.raises(ReplyError, match=re.escape(said)):

@@ -205,7 +205,7 @@ def test_the_sigint_ignored_wrapper_hands_sig_ign_across_exec_in_the_same_proces
 
 @pytest.mark.slow  # 22 s; the wrapper's SIG_IGN hand-over is checked just above in the default suite
 def test_ctrl_c_works_when_started_with_sigint_ignored(tmp_path, synthetic_small):
-    """A script that starts the run in the background hands it SIGINT ignored (issue 16); the run
+    """A script that starts the run in the background hands it SIGINT ignored; the run
     must still stop on SIGINT: exit 130, run.json failed, no engine left."""
     data, _ = synthetic_small
     run, run_dir, rec = _start_and_wait_for_engines(tmp_path, data, sigint_ignored=True)
@@ -221,7 +221,7 @@ def test_ctrl_c_works_when_started_with_sigint_ignored(tmp_path, synthetic_small
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "term"])
 def test_engine_death_before_the_first_sample_of_a_full_size_query(tmp_path, synthetic_full, sig):
-    """Issue 16: mlperf.conf's own query size (min_query_count 13,368, equal issue), the engine killed
+    """mlperf.conf's own query size (min_query_count 13,368, equal issue), the engine killed
     right after LoadGen issued it. Before the ledger's completer thread, the main process died with
     SIGSEGV inside LoadGen (exit 139) and run.json stayed "running"."""
     run = Run(["--dataset", str(synthetic_full), "--output-dir", str(tmp_path)])  # no query/duration override
@@ -245,7 +245,7 @@ def test_engine_death_before_the_first_sample_of_a_full_size_query(tmp_path, syn
 # test_locality.py::test_lru_bound_and_baselines, and two replicas through the dispatcher in test_core.py.
 @pytest.mark.slow
 def test_two_cpu_engines_share_the_work_by_tokens(tmp_path, synthetic_small):
-    """The multi-engine path (issue 6 on CPU): two engines, one core each, every sample once."""
+    """The multi-engine path on CPU: two engines, one core each, every sample once."""
     data, _ = synthetic_small
     out = subprocess.run(sut_cmd("--mode", "accuracy", "--dataset", str(data), "--max-samples", "32", "--no-accuracy-gate",
                                  "--engines-per-device", "2", "--device", "cpu", "--output-dir", str(tmp_path)),

@@ -52,7 +52,7 @@ def test_a_backlog_growing_like_the_h200_server_run_at_55_is_growing_and_a_stead
 
 
 def test_a_try_shorter_than_12_end_to_end_latencies_is_not_judged_however_it_looks():
-    t = _arrivals(55, 37)  # session 7's Server tries: 2,040 queries, ~37 s, queries living ~9 s
+    t = _arrivals(55, 37)  # earlier Server tries: 2,040 queries, ~37 s, queries living ~9 s
     ttft = 0.1 + 0.05 * t  # even a steep rise
     trend = queue_trend(t, ttft, ttft + 9.0, 600, 2000)
     assert trend["judged"] is False and trend["growing"] is None and trend["slope_ms_per_s"] is None

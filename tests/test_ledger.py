@@ -185,7 +185,7 @@ def test_a_bar_written_to_a_log_file_redraws_every_30_s_not_every_second(capsys,
 
 @pytest.mark.parametrize("via", ["ledger-fail", "ledger-complete"])
 def test_full_query_answered_from_short_lived_threads_does_not_crash_loadgen(via):
-    """Real LoadGen, 13,368 samples answered from a thread that ends at once (issue 16). Before the
+    """Real LoadGen, 13,368 samples answered from a thread that ends at once. Before the
     completer thread this died with SIGSEGV (exit 139) in most 20-round runs."""
     script = REPO / "tests" / "loadgen_exit_repro.py"
     out = subprocess.run([sys.executable, str(script), "--via", via, "--rounds", "20"],

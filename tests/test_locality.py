@@ -254,7 +254,7 @@ def test_describe_prints_a_labelled_table_and_json_on_request():
 
 
 def test_the_trace_seed_is_not_the_engine_seed():
-    """A breaker's find: --seed (the trace's) overrode --engine-seed."""
+    """A user's find: --seed (the trace's) overrode --engine-seed."""
     from sut.locality.__main__ import _engine, _trace_settings, build_parser
 
     def engine_seed(*flags):

@@ -334,7 +334,7 @@ def _edited(pair=0, **fields):
     (_edited(cleanup={"processes_left": 5}), "field cleanup.processes_left is 5, not null or a list"),
 ])
 def test_a_hand_edited_case_that_contradicts_its_run_exits_2(tmp_path, capsys, bad, said):
-    """A breaker's finds: each of these was merged and reported (exit 0, no note)."""
+    """Each of these was merged and reported (exit 0, no note)."""
     hdr = header(pair_settings=dict(header()["pair_settings"], policies=["prefix_affinity"]))
     d = make_run(tmp_path, "r", [case(0, "standalone", 10.0), bad], hdr)
     assert report(tmp_path, d) == (2, None) and not (tmp_path / "out").exists()

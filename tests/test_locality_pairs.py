@@ -282,7 +282,7 @@ def test_cli_runs_fake_systems_and_a_failed_check_exits_1_naming_the_request(sys
     (["--systems", "flame", "flame"], "systems must be distinct"),
     (["--policies", "random"], "unknown policy"),
     (["--pairs", "0"], "pairs must be in [1, 1000]"),
-    (["--pairs", "1000000000000"], "pairs must be in [1, 1000]"),  # a breaker's: memory grew, nothing started
+    (["--pairs", "1000000000000"], "pairs must be in [1, 1000]"),  # memory grew, nothing started
     (["--arrival-seed", "-1", "--rate", "2"], "arrival_seed must be >= 0"),  # was a traceback after engine start
     (["--seed", "-5"], "seed must be >= 0"),
     (["--engine-seed", "-5"], "--engine-seed must be in [0, 4294967295]"),
@@ -410,7 +410,7 @@ def test_the_flame_system_needs_a_control_plane_that_answers(tmp_path, monkeypat
 @pytest.mark.parametrize("finished_before_stop", [1, 0])
 def test_a_stopped_run_keeps_its_finished_cases_or_leaves_nothing(systems, tmp_path, monkeypatch, caplog,
                                                                   finished_before_stop):
-    """A breaker's find: Ctrl-C / SIGTERM after finished cases removed the run folder, cases.jsonl included, though
+    """Ctrl-C / SIGTERM after finished cases removed the run folder, cases.jsonl included, though
     docs/locality.md promises a cut-off run keeps what it finished."""
     import sut.locality.runner as runner
 
@@ -441,7 +441,7 @@ def test_a_stopped_run_keeps_its_finished_cases_or_leaves_nothing(systems, tmp_p
 
 
 def test_an_unexpected_error_mid_run_is_recorded_as_the_runs_failure(systems, tmp_path, monkeypatch):
-    """A breaker's find: an error no check named (then: a negative --arrival-seed, after the engines started) left
+    """An error no check named (then: a negative --arrival-seed, after the engines started) left
     only run_header.json, no locality.json saying the run failed."""
     import sut.locality.runner as runner
 
@@ -462,7 +462,7 @@ def test_an_unexpected_error_mid_run_is_recorded_as_the_runs_failure(systems, tm
 
 
 def test_a_preset_whose_shape_flags_changed_says_so_in_the_record(systems, tmp_path):
-    """A breaker's find: `--trace-preset study-reuse --documents 6 ...` recorded trace_preset study-reuse with no
+    """A user's find: `--trace-preset study-reuse --documents 6...` recorded trace_preset study-reuse with no
     word that the trace was not the preset's."""
     assert cli(tmp_path, "--trace-preset", "study-reuse", "--text", "random", "--systems", "standalone",
                "--policies", "round_robin", "--pairs", "1", "--run-name", "pre") == 0

@@ -1,5 +1,5 @@
 """``python -m sut package`` checks the run folders' LoadGen logs against their run.json (``sut/submission/logs.py``):
-a breaker relabelled a Server run Interactive, marked an INVALID run VALID, and cut or padded accuracy logs, and
+a user relabelled a Server run Interactive, marked an INVALID run VALID, and cut or padded accuracy logs, and
 ``package`` laid them out."""
 
 import json
@@ -73,7 +73,7 @@ def test_an_accuracy_log_cut_padded_or_not_the_one_scored_is_refused(tmp_path, r
     (acc / "accuracy.json").write_text(json.dumps(dict(gate, scores=dict(gate["scores"], gen_num=4))))
     with pytest.raises(ComplianceError, match="mlperf_log_accuracy.json is not the log its accuracy.json scored "
                                               r"\(sha256 [0-9a-f]{12}\.\.\. recorded\): it changed after the gate"):
-        check_scenario(settings(tmp_path, perf, acc, t06))  # a breaker's find: an edited log kept an old verdict
+        check_scenario(settings(tmp_path, perf, acc, t06))  # found by a fault test: an edited log kept an old verdict
     gate = gate_result(True, log=log)
     (acc / "accuracy.json").write_text(json.dumps(dict(gate, scores=dict(gate["scores"], gen_num=4))))
     check_scenario(settings(tmp_path, perf, acc, t06))
@@ -108,7 +108,7 @@ def test_a_missing_test06_run_names_the_scenario(tmp_path, runs):
 
 
 def test_a_run_made_with_another_user_conf_is_refused_naming_the_setting(tmp_path, runs):
-    """A known gap (session 11): package laid out a scenario whose accuracy run read another user.conf than the
+    """A known gap: package laid out a scenario whose accuracy run read another user.conf than the
     performance run, and the tree holds only the performance run's."""
     perf, acc, t06 = runs
     _detail(perf, effective_scenario="Offline", result_validity="VALID")
@@ -133,7 +133,7 @@ def test_a_run_made_with_another_user_conf_is_refused_naming_the_setting(tmp_pat
 
 
 def test_a_locality_run_is_refused_as_not_mlperf_by_package_and_accuracy(tmp_path, runs):
-    """A breaker's find: package and accuracy refused a `python -m sut.locality` folder without saying it is no
+    """Package and accuracy refused a `python -m sut.locality` folder without saying it is no
     MLPerf run (one message blamed a model key, another was '[Errno 21] Is a directory')."""
     from accuracy.loadgen_log import AccuracyInputError, read_accuracy_log
 

@@ -96,7 +96,7 @@ def test_system_json_fills_what_run_json_knows_and_marks_the_rest():
 
 
 def test_measurements_and_readme_say_what_the_engines_ran_not_what_was_asked():
-    """A breaker's find: with --server-url, --quantization fp8 --kv-cache-dtype fp8 changed nothing on the running
+    """With --server-url, --quantization fp8 --kv-cache-dtype fp8 changed nothing on the running
     server, yet measurements.json said fp8 for both. Read-back values win; servers given by URL that do not report
     a setting leave it unknown; engines the harness started applied what was asked."""
     from sut.submission.files import UNKNOWN_REMOTE, measurements, readme

@@ -49,12 +49,12 @@ def kill_harness_and_check(env: dict) -> None:
 
 
 def test_a_started_server_dies_with_a_harness_killed_by_sigkill():
-    """A breaker's find: after SIGKILL of a `--http` locality run, its two `vllm serve` servers kept running."""
+    """After SIGKILL of a `--http` locality run, its two `vllm serve` servers kept running."""
     kill_harness_and_check(sut_env())
 
 
 def test_a_harness_killed_before_setpriv_armed_the_signal_leaves_no_server(tmp_path):
-    """CI's find (stop 30): killed right after ``Popen`` returned, while setpriv was still starting, the harness left
+    """Killed right after ``Popen`` returned, while setpriv was still starting, the harness left
     ``sleep 300`` running (no parent-death signal comes once the parent is gone). A slow setpriv makes that window 1 s
     wide; the server must still not start."""
     fake = tmp_path / "bin" / "setpriv"

@@ -305,7 +305,7 @@ def test_one_user_conf_may_hold_lines_for_other_runs_of_the_system(tmp_path, cap
 
 
 def test_a_line_shadowed_here_but_used_by_another_run_is_accepted_and_one_no_run_uses_is_refused(tmp_path):
-    """A breaker's find: `llama3_1-8b.Server.target_qps = 4` then `*.Server.target_qps = 3` serves both Server (4) and
+    """A user's find: `llama3_1-8b.Server.target_qps = 4` then `*.Server.target_qps = 3` serves both Server (4) and
     Interactive (3: the interactive key's Server run), yet the Server run was refused with "remove one of them"."""
     from sut.errors import InputError
     from sut.settings.userconf import check_user_conf
@@ -427,7 +427,7 @@ def test_a_run_name_must_stay_inside_the_output_dir(name):
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n\n", "\n"])
 def test_a_user_conf_without_any_setting_is_refused_unless_target_qps_is_given(tmp_path, text):
-    """A breaker's find: an empty user.conf ran at LoadGen's default target_qps 1 and exited 0."""
+    """An empty user.conf ran at LoadGen's default target_qps 1 and exited 0."""
     from sut.errors import InputError
     from sut.settings.userconf import check_user_conf
 

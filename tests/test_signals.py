@@ -1,5 +1,5 @@
 """Stop signals of ``python -m sut run`` without engines: SIGINT works even when inherited as ignored,
-a second signal does not cut the shutdown short, and the run record names the signal (issue 16)."""
+a second signal does not cut the shutdown short, and the run record names the signal."""
 
 import errno
 import os

@@ -3,7 +3,7 @@
 Runs ``python -m sut.locality run`` once per trace preset with ``--systems standalone flame`` (the
 ``study-reuse`` trace with ``prefix_affinity`` and ``round_robin``, ``study-no-reuse`` with
 ``prefix_affinity``), ``--pairs N`` fresh pairs each, then prints the pair ratios and checks the
-targets of issue 13 against the runs' ``locality.json`` (``--check`` only checks finished runs, merged
+targets against the runs' ``locality.json`` (``--check`` only checks finished runs, merged
 reports of ``python -m sut.locality report``, and runs cut off before their ``locality.json``: their
 finished cases in ``cases.jsonl``, complete pairs only):
 

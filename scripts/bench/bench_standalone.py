@@ -14,7 +14,7 @@ SUT … ``--repeats`` times:
 Prints output tokens/s of both and their ratio per repeat, overall (total tokens / total time)
 and the median of the per-round ratios (robust to the ~20 % run-to-run noise of shared CPUs);
 writes a JSON file.
-Target (issue 2): SUT ≥ 99.5 % of raw on a GPU, ≥ 98 % on CPU. Not a compliant MLPerf run.
+Target: SUT ≥ 99.5 % of raw on a GPU, ≥ 98 % on CPU. Not a compliant MLPerf run.
 
 Example (CPU, tiny model):
   python scripts/bench/bench_standalone.py --model sut/models/tiny-llama3 --load-format dummy --dtype float32 \

@@ -14,7 +14,7 @@ Example (one H200, fp8: the vllm-http figure of docs/benchmarks.md):
     python scripts/bench/bench_suts.py --suts vllm vllm-http --rounds 2 --out results/bench_suts -- \\
         --config loadgen_configs/h200_fp8.toml --model MODEL --load-format dummy --dataset cnn_eval.json \\
         --target-qps 56 --min-duration-s 40 --min-query-count 1 --benchmark-ignore-eos
-    # the same, isolating vLLM's request statistics in the servers (issue 12):
+    # the same, isolating vLLM's request statistics in the servers:
     python scripts/bench/bench_suts.py --suts vllm vllm-http vllm-http+stats \\
         --variant "vllm-http+stats=--sut vllm-http --server-log-stats" --rounds 2 --out ... -- ...
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU figures on H200 hosts (issue 5: one H200; issue 6: two). Runs on the GPU host after
+# GPU figures on H100 / H200 hosts (one GPU; two for x2). Runs on the GPU host after
 # ../shared/gpu's two-half bundle was unpacked into /tmp/site (stage2.sh). Inputs (never committed):
 # MODEL = a Llama-3.1-8B config folder (load_format dummy), REAL = the 1,020 real-length prompts
 # (cnn_eval_public.json).
@@ -20,22 +20,22 @@
 #   bash scripts/bench/gpu_runs.sh batch-start   # detached: run 3 (scripts/bench/bench_flame.py: standalone vs Flame 32/64
 #                                           # through the test stand-in, 2 rounds) then run 4 (tuning sweep)
 #   bash scripts/bench/gpu_runs.sh batch-wait [S] # wait up to S seconds, copy what is done to $OUT
-#   bash scripts/bench/gpu_runs.sh x2-start        # issue 6 on nvidia-h200-x2: 1 vs 2 GPUs, Flame 32/64 on 2 engines
+#   bash scripts/bench/gpu_runs.sh x2-start        # the GPU runs on nvidia-h200-x2: 1 vs 2 GPUs, Flame 32/64 on 2 engines
 #                                             # (step `scale`, same as x2, with GPUS="1 2 4 8" on a larger host)
 #   bash scripts/bench/gpu_runs.sh locality-start  # synthetic-locality traces (not MLPerf), one replica per GPU
-#   bash scripts/bench/gpu_runs.sh start flame-real # issue 11: run 3 again through the REAL Flame v0.6.0 control plane
+#   bash scripts/bench/gpu_runs.sh start flame-real # Run 3 again through the REAL Flame v0.6.0 control plane
 #                                             # (binaries in FLAME_BIN, default /root/gpu/flame/bin; ROUNDS, default 2)
-#   bash scripts/bench/gpu_runs.sh start core      # issue 12: --sut vllm vs raw generate; --sut vllm-http vs --sut vllm
-#   bash scripts/bench/gpu_runs.sh start study     # issue 13: Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES,
+#   bash scripts/bench/gpu_runs.sh start core      # --sut vllm vs raw generate; --sut vllm-http vs --sut vllm
+#   bash scripts/bench/gpu_runs.sh start study     # Flame vs standalone locality pairs (STUDY_PAIRS, STUDY_TRACES,
 #                                             # STUDY_POLICIES: a subset of prefix_affinity round_robin)
 #   bash scripts/bench/gpu_runs.sh start workloads # the five locality workloads beyond the study, Flame vs standalone
 #                                             # (WL_PRESETS, default all five; WL_PAIRS, default 3; WL_KV_BLOCKS,
 #                                             # eviction's KV blocks per engine, default 4096; WL_ARGS: more flags)
-#   bash scripts/bench/gpu_runs.sh start server    # issue 14: short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS;
+#   bash scripts/bench/gpu_runs.sh start server    # Short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS;
 #                                             # SERVER_ARGS, INTERACTIVE_ARGS: extra engine flags per scenario;
 #                                             # SCENARIOS, SCEN_S, SCEN_TRIES, SCEN_BUDGET_S, SCEN_FACTOR, SCEN_SUT,
 #                                             # SCEN_PRIOR)
-#   bash scripts/bench/gpu_runs.sh start confirm   # issue 14: full-length runs, CONFIRM="Server=55 Interactive=auto
+#   bash scripts/bench/gpu_runs.sh start confirm   # Full-length runs, CONFIRM="Server=55 Interactive=auto
 #                                             # Offline=56:60 Interactive=43+--max-num-batched-tokens=1024"
 #                                             # (target_qps per run, auto = the search's best VALID; ":S" a shorter
 #                                             # dev run; "+FLAG=VALUE" engine flags of that run; "40/41/39": 40,
@@ -123,7 +123,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     echo "started pid $! ($*)"
     ;;
   batch)
-    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}  # issue 5: one H200, also on a host with more
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}  # one GPU, also on a host with more
     # Run 3: standalone, flame32, flame64 in rotated order, 2 rounds, same inputs and engine preset.
     # LoadGen issues 3,060 samples per run (target_qps x min_duration x 1.1 = 2,464, rounded up to whole passes
     # over the 1,020 prompts by equal-issue mode).
@@ -149,7 +149,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     done
     ;;
   flame-real)
-    # Issue 11: run 3 (the batch step's bench_flame.py call: standalone, flame32, flame64 alternating, fp8 preset,
+    # Run 3 (the batch step's bench_flame.py call: standalone, flame32, flame64 alternating, fp8 preset,
     # the same 1,020 prompts and LoadGen load, ROUNDS rounds, default 2) through the real Flame v0.6.0 session
     # manager and executor manager, started on this host by bench_flame.py (sut.flame.cluster, loopback ports).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
@@ -168,7 +168,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     done
     ;;
   x2|scale)
-    # Issue 6: the standalone SUT on each GPU count in GPUS (default "1 2"; one engine per GPU, GPUs 0..n-1),
+    # The standalone SUT on each GPU count in GPUS (default "1 2"; one engine per GPU, GPUs 0..n-1),
     # then Flame at 32/64 with one executor set per GPU vs standalone on the largest count. Same preset and
     # inputs; LoadGen load (target_qps 56 per GPU) and so the run length per GPU stay the same.
     ns=(${GPUS:-1 2}); nmax=${ns[-1]}
@@ -199,7 +199,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     done
     ;;
   study)
-    # Issue 13: the study's locality experiment (NOT MLPerf), scripts/bench/bench_locality.py: Flame vs standalone, both
+    # The study's locality experiment (NOT MLPerf), scripts/bench/bench_locality.py: Flame vs standalone, both
     # with prefix affinity (study-reuse also round robin), STUDY_PAIRS fresh pairs (default 2; the study: 5, about
     # 2.5 min per case here), two engines sharing one H200 (the study: one B200 each), bf16 eager, max_num_seqs 64,
     # 8,192 batched tokens as the study; news text from the file's own Llama 3 ids (no tokenizer there), questions
@@ -247,7 +247,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     exit $worst
     ;;
   perf)
-    # Issue 15: engine levers side by side with the shipped fp8 preset, then the torch-profiler map
+    # Engine levers side by side with the shipped fp8 preset, then the torch-profiler map
     # (scripts/bench/perf_levers.py, scripts/bench/perf_profile.py); one GPU. LEVERS overrides the list, PERF_WARMUP the
     # warm-up prompts before each timed pass (default 64); flashinfer needs
     # FLASHINFER_SITE (a folder with flashinfer-python 0.6.14 installed with pip --target).
@@ -260,7 +260,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     exit $rc  # perf_levers.py's, not the log loop's
     ;;
   core)
-    # Issue 12 (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started
+    # (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started
     # engine; (b) --sut vllm-http (vllm serve started here) vs --sut vllm, same prompts and LoadGen load, HTTP_ROUNDS
     # rounds (default 2) alternating, MIN_S-second LoadGen windows (default 40); Flame 32/64 vs standalone is the flame-real step. CORE_OVERHEAD=0 skips (a).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
@@ -276,7 +276,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       --min-query-count 1 --benchmark-ignore-eos > "$JOB/core_http.console" 2>&1
     ;;
   server)
-    # Issue 14: target_qps search (python -m sut find-qps) for SCENARIOS (default "Server Interactive"), fp8 preset,
+    # Target_qps search (python -m sut find-qps) for SCENARIOS (default "Server Interactive"), fp8 preset,
     # --sut SCEN_SUT (default vllm), tries of 1,000 queries and >= SCEN_S s (default 120;
     # shorter tries are not judged and CONFIRM=auto skips them), at most SCEN_TRIES per
     # scenario (default 8), none started that would end > SCEN_BUDGET_S s (default 1200) after this step began;
@@ -306,7 +306,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     exit $worst
     ;;
   confirm)
-    # Issue 14: full-length confirmation runs, one per entry of CONFIRM (e.g. "Offline=56:60 Server=55
+    # Full-length confirmation runs, one per entry of CONFIRM (e.g. "Offline=56:60 Server=55
     # Interactive=auto Interactive=43+--max-num-batched-tokens=1024"): SCENARIO=QPS[:S][+FLAG=VALUE...], all entries
     # checked before the first run (exit 2). QPS "auto" takes the highest VALID try judged steady (best_valid) of the
     # search log for that scenario, its SERVER_ARGS / INTERACTIVE_ARGS and SCEN_S: this job's (the server step run

@@ -3,7 +3,7 @@
 Usage: ``python scripts/bench/gpu_scaling.py RUNS_DIR 1 N2 ...`` where ``RUNS_DIR/gpus<N>-NOT-COMPLIANT/run.json``
 (or ``gpus<N>/run.json``) is the run on N GPUs. Prints, per GPU count: tokens/s, LoadGen validity, the
 speed-up over the one-GPU run, per-engine sample counts and their spread
-((max - min) / mean), and the GPU UUIDs. Targets (issue 6): speed-up >= 0.97 x N (1.94 on two GPUs),
+((max - min) / mean), and the GPU UUIDs. Targets: speed-up >= 0.97 x N (1.94 on two GPUs),
 spread <= 0.02. Exit 1 when a record is missing or a target is missed.
 """
 
@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-EFFICIENCY_TARGET = 0.97  # issue 6: >= 1.94x on 2 GPUs
-SPREAD_TARGET = 0.02      # issue 6: per-engine sample counts within 2 %
+EFFICIENCY_TARGET = 0.97  # >= 1.94x on 2 GPUs
+SPREAD_TARGET = 0.02      # Per-engine sample counts within 2 %
 
 
 def load(runs: Path, n: int) -> dict:

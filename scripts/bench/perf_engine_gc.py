@@ -1,4 +1,4 @@
-"""Python's cyclic GC in vLLM's engine core process, seen and set from the lever process (issue 15, ``gc_off``).
+"""Python's cyclic GC in vLLM's engine core process, seen and set from the lever process (``gc_off``).
 
 Where the engine core runs: vLLM 0.26 and 0.32 (V1, ``LLM``) start the engine core in a child process
 named ``EngineCore`` (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, the default); with one GPU the model worker runs

@@ -1,4 +1,4 @@
-"""A dummy fp8 *checkpoint* for the static-activation-scale levers of scripts/bench/perf_levers.py (issue 15).
+"""A dummy fp8 *checkpoint* for the static-activation-scale levers of scripts/bench/perf_levers.py.
 
 The shipped preset quantises a bf16 model online (``quantization="fp8"`` on a config without
 ``quantization_config``): vLLM 0.26 then uses ``Fp8PerTensorOnlineLinearMethod`` with DYNAMIC per-token

@@ -1,4 +1,4 @@
-"""Engine levers for one H200, measured side by side with the shipped fp8 preset (issue 15).
+"""Engine levers for one H200, measured side by side with the shipped fp8 preset.
 
 Every lever runs in a fresh child process (a fresh engine: vLLM does not free a GPU reliably between
 ``LLM`` objects in one process) over the SAME prompts: the first ``--samples`` rows of a cnn_eval-format

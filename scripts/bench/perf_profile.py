@@ -1,4 +1,4 @@
-"""Where the time goes in one engine step on the H200 (issue 15): torch-profiler summary tables.
+"""Where the time goes in one engine step on the H200: torch-profiler summary tables.
 
 Runs the shipped fp8 preset (scripts/bench/perf_levers.py BASE) with the engine in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the caller or here) and profiles three workloads after a

@@ -79,7 +79,7 @@ class FlameOptions:
     engine_start_timeout_s: float = 1800.0
     health_check_s: float = 5.0  # how often a running transport asks Flame whether its sessions and executors still live
     # A service waits this long for an engine slot held by another session's engine host. 300 s: a closed session's
-    # executors still Binding finish starting their engine before they can leave (a breaker's run right after a
+    # executors still Binding finish starting their engine before they can leave (a run right after a
     # Ctrl-C'd warm-up waited 80 s on CPU; an 8B engine on a GPU takes 1-3 min to start).
     slot_wait_s: float = 300.0
     close_timeout_s: float = 600.0

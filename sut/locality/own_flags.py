@@ -12,7 +12,7 @@ OWN_FLAGS = (("--flame-endpoint / --option endpoint=", "--system-option flame.en
 
 
 def in_own_flags(e: Exception) -> None:
-    """Rewrite ``e``'s message in place to name this command's flags instead of `python -m sut run`'s (a breaker's
+    """Rewrite ``e``'s message in place to name this command's flags instead of `python -m sut run`'s (a
     find: "pass --flame-endpoint", a flag `sut.locality run` does not have)."""
 
     def mend(text: str) -> str:

@@ -2,7 +2,7 @@
 
 A target_qps at or just past what the SUT can serve shows up in LoadGen's TTFT p99 only once the backlog is
 long: a short run can end VALID while the queue grows by a few milliseconds each second, and the 600 s run at
-the same target then fails on TTFT. Seen on one H200 (2026-12-01, docs/benchmarks.md, session 8): Server
+the same target then fails on TTFT. Seen on one H200 (2026-12-01, docs/benchmarks.md): Server
 55.5 q/s was VALID in a short try (2,040 queries, ~37 s), 55 q/s INVALID over 600 s with TTFT rising almost
 linearly from ~0 to 4.4 s (p50 2.2 s, p99 4.1 s; limit 2 s).
 

@@ -122,13 +122,13 @@ OFFLINE_MAX_QUERY_SAMPLES = 100 * PERFORMANCE_SAMPLE_COUNT[DEFAULT_MODEL_KEY]
 
 #: The most queries a Server / Interactive performance run may ask LoadGen for: the same 1,336,800. LoadGen
 #: 6.0.17 builds the whole schedule (max(min_query_count, target_qps x min duration) queries) before it issues the
-#: first; a breaker's target_qps of 1e7 grew the harness past 6 GB in 20 s with nothing issued. At 600 s this
+#: first; a target_qps of 1e7 grew the harness past 6 GB in 20 s with nothing issued. At 600 s this
 #: allows ~2,228 queries/s (one H200 keeps ~53).
 SERVER_MAX_QUERIES = 100 * PERFORMANCE_SAMPLE_COUNT[DEFAULT_MODEL_KEY]
 
 #: Issuing longer than this (s) at a Server / Interactive target_qps gets a warning before the run starts ...
 LONG_ISSUE_S = 3600.0
-#: ... and so does issuing longer than this (s) when it is also more than twice the min duration (a breaker's
+#: ... and so does issuing longer than this (s) when it is also more than twice the min duration (a
 #: --quick Interactive run at 0.001 queries/s sat silent for 12 min waiting for its next arrival).
 LONG_DEV_ISSUE_S = 300.0
 

@@ -2,7 +2,7 @@
 # SCEN_*, SERVER_ARGS / INTERACTIVE_ARGS, CONFIRM) and their search logs (scen_log: a log's name; best_valid: what
 # CONFIRM's auto takes from one). Functions only; best_valid needs the repository on PYTHONPATH (gpu_runs.sh sets it).
 
-# Extra `sut run` flags of a scenario (issue 14: SERVER_ARGS, INTERACTIVE_ARGS; none for Offline): words split
+# Extra `sut run` flags of a scenario (SERVER_ARGS, INTERACTIVE_ARGS; none for Offline): words split
 # at spaces (no shell quoting inside them); flags the steps set themselves are refused by check_scen_args.
 scen_args() { case $1 in Server) echo "${SERVER_ARGS:-}" ;; Interactive) echo "${INTERACTIVE_ARGS:-}" ;; esac; }
 # `sut run` takes any unambiguous prefix of a flag (argparse), so a prefix of one of these is refused too.
