@@ -218,9 +218,10 @@ def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
         release_record_space(run_dir)
 
 
-def failed_run_error(run_dir: Path, e: BaseException) -> Optional[RunFailed]:
-    """The ``RunFailed`` (exit 1, no traceback) to raise instead of ``e`` when a write failed for want of space,
-    else None (``e`` is raised as it is)."""
+def failed_run_error(run_dir: Path, record: dict, e: BaseException) -> Optional[RunFailed]:
+    """Record ``e`` as the run's failure (``record_failure``), then the ``RunFailed`` (exit 1, no traceback) to
+    raise instead of ``e`` when a write failed for want of space, else None (``e`` is raised as it is)."""
+    record_failure(run_dir, record, e)
     if not no_space(e):
         return None
     return RunFailed(f"{failure_cause(e)} (record: {run_dir / 'run.json'})")
@@ -247,8 +248,7 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
     try:
         return _execute(rs, es, gen, backend, options, model, dataset, ts, audit_config, run_dir, record)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
-        record_failure(run_dir, record, e)
-        full = failed_run_error(run_dir, e)
+        full = failed_run_error(run_dir, record, e)
         if full is not None:
             raise full from e
         raise

@@ -48,7 +48,6 @@ from sut.run.harness import (
     failed_run_error,
     open_run,
     prepare_run,
-    record_failure,
     release_record_space,
 )
 from sut.scenarios import STREAMING_SCENARIOS
@@ -149,8 +148,7 @@ class SUTSeries:
                             first_request_id=self._next_rid)
         except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
             self._failed = f"test {n} ({run_dir.name}) failed: {type(e).__name__}: {e}"
-            record_failure(run_dir, record, e)
-            full = failed_run_error(run_dir, e)
+            full = failed_run_error(run_dir, record, e)
             if full is not None:
                 raise full from e
             raise
