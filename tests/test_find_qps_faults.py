@@ -195,7 +195,7 @@ def test_sigterm_of_a_fresh_process_search_stops_its_run_and_the_server_it_start
     server = tmp_path / "stalling_server.py"
     server.write_text((REPO / "tests" / "fake_vllm_server.py").read_text())
     runs = tmp_path / "runs"
-    cmd = ["timeout", "12", sys.executable, "python -m sut find-qps", "--fresh-process", "--scenario", "Server",
+    cmd = ["timeout", "12", sys.executable, "-m", "sut", "find-qps", "--fresh-process", "--scenario", "Server",
            "--start", "20", "--min-duration-s", "2", "--min-query-count", "40", "--max-runs", "1", "--output-dir",
            str(runs), "--", "--sut", "vllm-http", "--option", f"server_command={sys.executable} {server} --delay 3000",
            "--user-conf", str(CPU_CONF), "--model", str(TINY_MODEL), "--max-model-len", "4096",

@@ -255,7 +255,7 @@ def test_real_engine_starts_once_for_a_three_try_search(tmp_path, synthetic_smal
     data, _ = synthetic_small
     # far above what the tiny CPU engine keeps (latency INVALID, a verdict): 8 queries at a rate it could keep would
     # be INVALID on early stopping alone, no verdict, and the search would stop after one try
-    out = subprocess.run([sys.executable, "python -m sut find-qps", "--scenario", "Interactive", "--start", "40",
+    out = subprocess.run([sys.executable, "-m", "sut", "find-qps", "--scenario", "Interactive", "--start", "40",
                           "--max-runs", "3", "--min-duration-s", "3", "--min-query-count", "8",
                           "--output-dir", str(tmp_path), "--", "--user-conf", str(CPU_CONF), *TINY_ENGINE_ARGS,
                           "--dataset", str(data), "--max-samples", "16"],
