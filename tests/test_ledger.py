@@ -158,7 +158,7 @@ def test_offline_bar_keeps_its_elapsed_time_moving_and_shows_no_time_left(capsys
 def test_a_bar_written_to_a_log_file_redraws_every_30_s_not_every_second(capsys, monkeypatch):
     """A new user's redirected console held one bar frame per second of the run ('\\r'-separated in one line):
     when stderr is not a terminal the bar redraws every 30 s."""
-    from sut.ledger.sample import sample as ledger
+    from sut.ledger import sample as ledger
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     led = SampleLedger(EOS, progress=True, complete_fn=lambda r: None)

@@ -38,7 +38,7 @@ def test_int64_input_is_converted_not_reinterpreted():
 def test_complete_samples_sends_n_tokens_and_byte_size(monkeypatch):
     import mlperf_loadgen as lg
 
-    from sut.ledger.sample import response
+    from sut.ledger import response
 
     seen = []
 
