@@ -107,12 +107,15 @@ def test_nltk_split_equals_punkt_on_real_summaries(records):
 def test_hf_tokenizer_json_folder_decodes_like_tiktoken(tmp_path, records, llama3):
     """A model folder carrying only an HF tokenizer.json (+ config) of Llama 3 decodes exactly like
     the tiktoken loader, clean-up included (tokenizer.json converted here from tokenizer.model)."""
-    import transformers.convert_slow_tokenizer as converter
+    import importlib
+
     from tokenizers import AddedToken
 
     from accuracy.constants import LLAMA3_PATTERN
     from accuracy.tokenizer import _llama3_special_tokens
 
+    # the module itself (transformers also exports a function of that name, which `import ... as` would give)
+    converter = importlib.import_module("transformers.convert_slow_tokenizer")
     tk = converter.TikTokenConverter(vocab_file=str(TOKENIZER), pattern=LLAMA3_PATTERN).converted()
     specials = sorted(_llama3_special_tokens(128000).items(), key=lambda kv: kv[1])
     tk.add_special_tokens([AddedToken(name, special=True, normalized=False) for name, _ in specials])

@@ -13,6 +13,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +91,9 @@ def two_namespaces():
         pytest.skip("no `ip` (iproute2) to join two network namespaces")
     host, peer = _fence_or_skip(), _fence_or_skip()
     holder = subprocess.Popen(peer.command([shutil.which("sleep"), "600"]), pass_fds=peer.pass_fds)
+    deadline = time.monotonic() + 30  # the veth end goes to the holder's namespace: wait until it runs in it
+    while Path(f"/proc/{holder.pid}/comm").read_text().strip() != "sleep" and time.monotonic() < deadline:
+        time.sleep(0.05)
 
     def ip(ns, *args):
         subprocess.run(ns.command([IP, *args]), pass_fds=ns.pass_fds, check=True, capture_output=True, timeout=30)
