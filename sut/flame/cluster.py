@@ -321,15 +321,16 @@ class RealCluster:
 
     def restart_session_manager(self) -> None:
         """Fault injection: start the session manager again (after ``kill_session_manager``) on the same ports
-        and config; returns once it listens. With ``storage: none`` it knows no session of before. ``ClusterError``."""
-        fsm_log = open(self.log_dir / "fsm.stderr", "ab")
-        self.fsm = subprocess.Popen([str(Path(self.s.bin_dir) / FSM), "--config", str(self.workdir / "cluster.yaml")],
-                                    cwd=self.home, env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=fsm_log, process_group=0, preexec_fn=self._preexec())
-        fsm_log.close()
-        why = self._wait_listening(self.port)
-        if why is not None:
-            raise ClusterError(f"the session manager did not start again on port {self.port}: {why}")
+        and config, in the cluster's network namespace with a new forwarder when it has one (the old forwarder
+        ended with the old manager); returns once it listens. With ``storage: none`` it knows no session of before.
+        ``ClusterError``."""
+        deadline, why = time.monotonic() + 10, None
+        while time.monotonic() < deadline:  # the old forwarder lets go of 127.0.0.1:port as it ends
+            why = self._start_session_manager(self.port, self.workdir / "cluster.yaml")
+            if why is None:
+                return
+            time.sleep(0.2)
+        raise ClusterError(f"the session manager did not start again on port {self.port}: {why}")
 
     def kill_executor_manager(self, sig: int = signal.SIGKILL) -> None:
         """Fault injection: signal the executor manager process only (its services live on)."""
