@@ -42,13 +42,30 @@ class JSONTooDeepError(json.JSONDecodeError):
         return self.__class__, (self.doc,)
 
 
+class JSONNumberTooLongError(json.JSONDecodeError):
+    """A JSON integer longer than Python converts (``sys.get_int_max_str_digits``, 4,300 digits by default)."""
+
+    def __init__(self, reason: str):
+        msg = f"a number too long to read ({reason})"
+        super().__init__(msg, "", 0)
+        self.args = (msg,)
+
+    def __reduce__(self):
+        return self.__class__, (self.args[0],)
+
+
 def parse_json(text: str | bytes | bytearray):
-    """``json.loads(text)``; raises ``json.JSONDecodeError`` for malformed JSON and
-    :class:`JSONTooDeepError` (a ``json.JSONDecodeError``) for a text nested too deeply."""
+    """``json.loads(text)``; raises ``json.JSONDecodeError`` for malformed JSON, :class:`JSONTooDeepError` for a
+    text nested too deeply and :class:`JSONNumberTooLongError` for an integer of more digits than Python converts
+    (both ``json.JSONDecodeError`` subclasses, so every caller's bad-input path takes them)."""
     try:
         return json.loads(text)
     except RecursionError:
         raise JSONTooDeepError(text if isinstance(text, str) else "") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # int('1' * 5000): "Exceeds the limit (4300 digits) for integer string conversion"
+        raise JSONNumberTooLongError(str(e)) from None
 
 
 class JSONLinesError(ValueError):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,10 @@ def locality_folder_why(folder: Path) -> Optional[str]:
 
 
 log = logging.getLogger(__name__)
+
+#: Largest accuracy log read: a full accuracy run (13,368 answers of at most 128 ids, 8 hex digits an id) is about
+#: 16 MB; 1 GiB leaves room for any query size and refuses ``/dev/zero``-like inputs before they fill memory.
+MAX_LOG_BYTES = 1 << 30
 
 _LE_INT32 = np.dtype("<i4")
 
@@ -131,8 +136,13 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
         raise AccuracyInputError(f"accuracy log {path} is a folder: pass --accuracy-log "
                                  f"{path / 'mlperf_log_accuracy.json'}")
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_LOG_BYTES:
+            raise AccuracyInputError(f"accuracy log {path} is not a regular file of at most {MAX_LOG_BYTES:,} bytes "
+                                     "(a FIFO, device or larger file is never read): pass LoadGen's "
+                                     "mlperf_log_accuracy.json")
         with open(path, encoding="utf-8") as f:
-            records = parse_json(f.read())  # too deep: a JSONDecodeError
+            records = parse_json(f.read(MAX_LOG_BYTES + 1))  # too deep, a number too long: a JSONDecodeError
     except FileNotFoundError:
         raise AccuracyInputError(f"accuracy log {path} not found: pass --accuracy-log RUN_DIR/mlperf_log_accuracy.json") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

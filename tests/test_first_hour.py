@@ -66,3 +66,25 @@ def test_ratios_measured_on_a_cpu_carry_the_noise_note():
     assert cpu_noise_note([gpu, None, {}]) is None
     note = cpu_noise_note([gpu, cpu])
     assert note.startswith("note: measured on a CPU") and "quote ratios measured on one GPU" in note
+
+
+def test_inputs_that_would_fill_memory_or_overflow_are_refused_before_anything(tmp_path):
+    """An integer longer than Python converts, an accuracy log that is a device or FIFO, a query count past LoadGen's
+    64-bit fields: bad input (a JSONDecodeError / AccuracyInputError / ValueError), never a traceback or a hang."""
+    import os
+
+    from accuracy.errors import AccuracyInputError
+    from accuracy.jsontext import JSONNumberTooLongError, parse_json
+    from accuracy.loadgen_log import read_accuracy_log
+    from sut.settings.run import RunSettings
+
+    with pytest.raises(JSONNumberTooLongError, match="a number too long to read"):
+        parse_json("[" + "7" * 5000 + "]")
+    with pytest.raises(AccuracyInputError, match="not a regular file"):
+        read_accuracy_log("/dev/zero")
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(AccuracyInputError, match="not a regular file"):  # never opened: a FIFO would block
+        read_accuracy_log(fifo)
+    with pytest.raises(ValueError, match="min_query_count must be in"):
+        RunSettings(sut="vllm", dataset="d.json", min_query_count=10**20)

@@ -14,6 +14,9 @@ MODES = ("performance", "accuracy")
 
 #: ``--quick`` (``RunSettings.quick``): LoadGen's min duration (s) and min query count unless set, and the
 #: most performance samples a quick performance run loads (``performance_sample_cap``). LoadGen 6.0.17's
+#: Largest ``--min-query-count``: LoadGen keeps it in a 64-bit count; beyond the Server schedule cap
+#: (``sut.settings.loadgen.SERVER_MAX_QUERIES``) a run could never finish its queries anyway.
+MAX_QUERY_COUNT = 10**9
 #: Offline query holds max(min_query_count, 1.1 x min duration x target_qps) samples rounded UP to a
 #: multiple of the performance sample count (mlperf.conf's equal issue, ``sample_concatenate_permutation``;
 #: Server's query count likewise), so without a cap a quick run issued the whole dataset at least (64 samples
@@ -116,8 +119,8 @@ class RunSettings:
                              f"leading or trailing spaces), got {self.run_name!r}")
         if self.max_samples is not None and self.max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
-        if self.min_query_count is not None and self.min_query_count < 1:
-            raise ValueError(f"min_query_count must be >= 1, got {self.min_query_count}")
+        if self.min_query_count is not None and not 1 <= self.min_query_count <= MAX_QUERY_COUNT:
+            raise ValueError(f"min_query_count must be in [1, {MAX_QUERY_COUNT:,}], got {self.min_query_count}")
         for name in ("min_duration_s", "target_qps"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and 0 < v <= 1e7):

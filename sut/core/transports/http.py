@@ -193,8 +193,9 @@ class HttpTransport(Transport):
             if resp.status == 404:
                 return None
             if resp.status != 200:
-                raise api.ReplyError(f"GET {url}: HTTP {resp.status}: {(await resp.text())[:300]}")
-            return await resp.json(content_type=None) if as_json else await resp.text()
+                raise api.ReplyError(f"GET {url}: HTTP {resp.status}: {await _text_capped(resp, 300)}")
+            text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
+            return json.loads(text) if as_json else text
 
     async def _connect(self, r: int) -> dict:
         url = self.urls[r]
@@ -231,7 +232,7 @@ class HttpTransport(Transport):
         try:
             async with self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=_JSON,
                                           timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-                text = await resp.text()
+                text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
                 if resp.status != 200:
                     raise api.ReplyError(f"HTTP {resp.status}: {text[:300]}")
             ids, _, _ = api.parse_completion(json.loads(text))
@@ -258,7 +259,7 @@ class HttpTransport(Transport):
 
     async def _ping(self, url: str) -> None:
         async with self._session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-            await resp.read()
+            await _read_capped(resp, api.MAX_REPLY_BYTES)
 
     async def _start_workers(self) -> None:
         self._queues = [asyncio.Queue() for _ in range(self.replicas)]
@@ -309,11 +310,11 @@ class HttpTransport(Transport):
         resp = await self._send(r, api.request_body(self._bases[r], req.prompt, self.stream))
         try:
             if resp.status != 200:
-                raise api.ReplyError(f"HTTP {resp.status}: {(await resp.text())[:500]}")
+                raise api.ReplyError(f"HTTP {resp.status}: {await _text_capped(resp, 500)}")
             if self.stream:
                 ids, cached, t_first = await self._read_stream(r, req, resp)
             else:
-                ids, cached, reason = api.parse_completion(json.loads(await resp.read()))
+                ids, cached, reason = api.parse_completion(json.loads(await _read_capped(resp, api.MAX_REPLY_BYTES)))
                 api.check_finished(reason, len(ids), self.spec.generation.max_tokens)
                 t_first = None
         finally:
@@ -323,6 +324,7 @@ class HttpTransport(Transport):
     async def _read_stream(self, r: int, req: Request, resp: aiohttp.ClientResponse):
         ids: list[int] = []
         cached = t_first = reason = None
+        most = getattr(req, "max_tokens", 0) or self.spec.generation.max_tokens
         async for line in resp.content:
             if not line.startswith(b"data:"):
                 continue
@@ -331,6 +333,8 @@ class HttpTransport(Transport):
                 api.check_finished(reason, len(ids), self.spec.generation.max_tokens)
                 return ids, cached, t_first
             new, c, why = api.parse_chunk(json.loads(payload))
+            if new and reason is not None:
+                raise api.ReplyError(f"ids after the answer ended (finish_reason {reason!r}): {new[:8]}")
             cached = c if c is not None else cached
             reason = why or reason
             if new and t_first is None:
@@ -338,6 +342,8 @@ class HttpTransport(Transport):
                 if self.spec.stream:
                     self.sink.on_first(r, [FirstToken(req.rid, int(new[0]))])
             ids += new
+            if len(ids) > most:  # refused as they come: a server that streams for ever fails at once
+                raise api.ReplyError(f"the stream sent {len(ids)} ids, more than max_tokens {most}")
         raise api.ReplyError(f"the stream ended before [DONE] after {len(ids)} ids")
 
     # -- failures -------------------------------------------------------------------------------
@@ -410,3 +416,22 @@ class HttpTransport(Transport):
             th.start()
         for th in enders:
             th.join(30)
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of ``resp``, at most ``limit`` bytes (``ReplyError`` past it: a server that never ends its reply
+    must not fill the harness's memory)."""
+    declared = resp.content_length
+    if declared is not None and declared > limit:
+        raise api.ReplyError(f"reply of {declared:,} bytes, more than the {limit:,} an answer can need")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            raise api.ReplyError(f"reply longer than the {limit:,} bytes an answer can need (the server kept sending)")
+    return bytes(body)
+
+
+async def _text_capped(resp: aiohttp.ClientResponse, chars: int) -> str:
+    """The first ``chars`` characters of an error reply's body (read no further than that needs)."""
+    return (await resp.content.read(4 * chars)).decode("utf-8", "replace")[:chars]

@@ -68,7 +68,14 @@ def _cached(usage) -> Optional[int]:
     return None if val is None else int(val)
 
 
+#: Bytes a non-streamed reply may hold: one answer of a few hundred ids (``return_token_ids``) and its text is a few
+#: KB; 16 MiB leaves room for any ``max_tokens`` this harness asks and stops a server that never ends its body.
+MAX_REPLY_BYTES = 16 << 20
+
+
 def _choice_ids(choice: dict, streamed: bool) -> list[int]:
+    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        raise ReplyError(f"a choice other than the one answer asked for (n=1): {str(choice)[:200]}")
     ids = choice.get("token_ids")
     if ids is None:
         if streamed and not choice.get("text"):
@@ -133,6 +140,9 @@ def parse_chunk(data) -> tuple[list[int], Optional[int], Optional[str]]:
         raise ReplyError(f"server error: {err}")
     ids: list[int] = []
     reason = None
+    if len(data.get("choices") or []) > 1:
+        raise ReplyError(f"stream chunk with {len(data['choices'])} choices, one answer was asked for (n=1): "
+                         f"{str(data)[:200]}")
     for choice in data.get("choices") or []:
         ids += _choice_ids(choice, streamed=True)
         reason = _finish(choice) or reason
