@@ -1,4 +1,5 @@
-"""Command line: ``python -m sut {run,synthetic,retokenize,convert-smollm2,find-qps,demo,test06-verify,package}``.
+"""Command line: ``python -m sut {run,synthetic,retokenize,convert-smollm2,find-qps,demo,test06-verify,package,
+bench-harness}``.
 
 Every ``run`` flag maps to one field of ``RunSettings``, ``EngineSettings``, ``GenerationSettings``
 or the chosen backend's options dataclass (its flags are built from that dataclass's field
@@ -116,6 +117,13 @@ def cmd_demo(a) -> int:
     return run_demo(Path(a.output_dir))
 
 
+def cmd_bench_harness(a) -> int:
+    from sut.run.bench_harness import main as bench_main
+
+    stop_on_sigterm_like_ctrl_c()
+    return bench_main(a.quick, a.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sut", description="MLPerf Inference Llama 3.1 8B on vLLM: LoadGen harness")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -149,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="EOS ids (default: from run.json, else Llama 3.1's 128001 128008 128009)")
     t.add_argument("--max-tokens", type=_positive_int,
                    help="no response may hold more ids (default: run.json generation.max_tokens, else 128)")
+    b = sub.add_parser("bench-harness", help="the harness's own CPU cost per sample under real LoadGen over "
+                       "engine-free replicas, next to a bare LoadGen SUT (Offline, Server with first tokens, fixed "
+                       "Server rates)")
+    b.add_argument("--quick", action="store_true", help="one round of smaller cases (well under a minute on 2 cores)")
+    b.add_argument("--json", metavar="FILE", help="also write the figures as JSON here")
     k = sub.add_parser("package", help="lay out performance, accuracy and TEST06 runs as an MLPerf submission tree",
                        description="Copy finished runs of one system (Offline plus Server and/or Interactive; each run's "
                                    "run.json says its scenario) into <out>/<division>/<submitter>/results/<system>/"
@@ -243,5 +256,5 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     cmd = {"run": cmd_run, "synthetic": cmd_synthetic, "retokenize": cmd_retokenize,
            "convert-smollm2": cmd_convert_smollm2, "demo": cmd_demo, "test06-verify": cmd_test06_verify,
-           "package": cmd_package}[a.cmd]
+           "package": cmd_package, "bench-harness": cmd_bench_harness}[a.cmd]
     return run_main(cmd, a, messages=_RUN_MESSAGES if a.cmd == "run" else None)

@@ -2,7 +2,7 @@
 
 Drives the real ``Dispatcher`` (``sut.core.dispatcher``), every routing policy (``sut.core.routing``) and
 the real ledgers (``SampleLedger``; ``StreamingLedger`` with first tokens in the Server cases) over
-``SimTransport`` replicas (``scripts/bench/sim_fleet.py``: no model; ``replicas`` spread over ``nodes``
+``SimTransport`` replicas (``sut/core/transports/sim.py``: no model; ``replicas`` spread over ``nodes``
 emulated nodes, one delivery thread per node). LoadGen is not involved: a recorder stands in for
 ``QuerySamplesComplete`` / ``FirstTokenComplete`` and counts every answer (``python -m sut`` runs LoadGen).
 
@@ -12,7 +12,7 @@ Cases (per policy, per fleet size):
   ``offline``: one query of every sample (LoadGen's Offline); ``server``: one sample per query, first
   tokens streamed.
 * ``step`` replicas emulate continuous-batching engines in lock-step ticks (engine-step-sized result
-  batches; ``sim_fleet``): ``offline`` dispatches one burst and reports the outstanding tokens per
+  batches; ``sut.core.transports.sim``): ``offline`` dispatches one burst and reports the outstanding tokens per
   replica at its end; ``server`` dispatches Poisson arrivals each tick at ``LOAD`` (80 %) of the
   fleet's capacity and reports outstanding tokens per replica after every tick's dispatch (past the
   first ``out_len`` ticks of warm-up).
@@ -67,13 +67,12 @@ for _p in (REPO, Path(__file__).resolve().parent):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from sim_fleet import SimOptions, SimTransport  # noqa: E402
-
 from sut.constants import LLAMA31_EOS, MAX_NEW_TOKENS  # noqa: E402
 from sut.core.dispatcher import Dispatcher  # noqa: E402
 from sut.core.routing import ROUTERS, AffinitySettings, make_router  # noqa: E402
 from sut.core.routing.prefix_affinity import MAP_ENTRY_BYTES  # noqa: E402
 from sut.core.transport import TransportSpec  # noqa: E402
+from sut.core.transports.sim import SimOptions, SimTransport  # noqa: E402
 from sut.data.synthetic import SyntheticSettings, make_lengths  # noqa: E402
 from sut.engine import GenerationSettings  # noqa: E402
 from sut.ledger.sample import SampleLedger  # noqa: E402

@@ -1,4 +1,5 @@
-"""Engine-free replicas for routing and ledger measurements at fleet scale (``bench_routing.py``).
+"""Engine-free replicas: the ``sim`` transport of the harness's own measurements (``python -m sut
+bench-harness``: ``sut.run.bench_harness``; ``scripts/bench/bench_routing.py`` at fleet scale).
 
 ``SimTransport`` is a ``sut.core.transport.Transport`` whose replicas run no model. ``replicas``
 replicas are spread over ``nodes`` emulated nodes in contiguous blocks (replica ``r`` on node
@@ -14,7 +15,12 @@ results of all its replicas, as one host's client loop would. Two modes:
   step and finishes ``out_len - 1`` steps later. Each step's first tokens and completions of a replica
   go out as one ``on_first`` and one ``on_results`` call (engine-step-sized batches). Ticks are
   lock-step: ``tick()`` returns once every node has stepped all its replicas, so the routing decisions,
-  and therefore the balance figures, do not depend on thread timing.
+  and therefore the balance figures, do not depend on thread timing. The caller ticks (``tick_s`` 0), or
+  the transport's own ticker thread does, every ``tick_s`` seconds of wall time (a real-time engine for
+  LoadGen; a tick that comes late is not made up for).
+
+Answers: ``answer_len`` generated ids (``out_len`` when 0), all below any EOS id; the first token is the
+first of them.
 
 Work (tokens): a request costs ``prefill + out_len - 1`` tokens, ``prefill`` = prompt length less the
 prefix the replica already holds (``cache_docs``: a per-replica set of the documents it has seen, blocks
@@ -22,8 +28,8 @@ of ``CACHE_BLOCK`` tokens; at least one token is always computed). ``outstanding
 submitted minus work done, per replica (read between ticks, it is exact).
 
 CPU accounting: ``sim_cpu_s()`` is the CPU time the simulated replicas used (node threads outside the
-sink calls, and the work bookkeeping in ``submit``), so a caller can take it off the process's CPU time
-to get the harness's own.
+sink calls, the ticker thread, and the work bookkeeping in ``submit``), so a caller can take it off the
+process's CPU time to get the harness's own.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sut.core.transport import Transport, TransportSpec
+from sut.core.transport import Transport, TransportSpec, register_transport
 from sut.errors import TransportError
 from sut.messages import Completion, FirstToken, ReplicaRecord
 
@@ -51,7 +57,8 @@ _TICK = object()
 class SimOptions:
     """Shape of the simulated fleet (module docstring). ``doc_of`` / ``prefix_tokens``: per QSL index,
     the document whose prefix the prompt carries (-1: none) and that prefix's length in tokens (used
-    when ``cache_docs``)."""
+    when ``cache_docs``). ``tick_s``: seconds between the ticker thread's ticks (step mode; 0: the caller
+    ticks). ``answer_len``: generated ids per answer (0: ``out_len``)."""
 
     replicas: int = 64
     nodes: int = 8
@@ -62,6 +69,8 @@ class SimOptions:
     cache_docs: bool = False
     doc_of: Optional[np.ndarray] = None
     prefix_tokens: Optional[np.ndarray] = None
+    tick_s: float = 0.0
+    answer_len: int = 0
 
     def __post_init__(self):
         if not 1 <= self.nodes <= self.replicas:
@@ -72,6 +81,8 @@ class SimOptions:
             raise ValueError("step_tokens >= 1, max_seqs >= 1 and out_len >= 2 are required")
         if self.cache_docs and (self.doc_of is None or self.prefix_tokens is None):
             raise ValueError("cache_docs needs doc_of and prefix_tokens")
+        if self.tick_s < 0 or self.answer_len < 0:
+            raise ValueError("tick_s >= 0 and answer_len >= 0 are required")
 
 
 class _Replica:
@@ -104,10 +115,10 @@ class _Replica:
         return used, firsts, done
 
 
+@register_transport("sim")
 class SimTransport(Transport):
     """Engine-free replicas over emulated nodes (module docstring). Options: ``SimOptions``."""
 
-    name = "sim"
     options_cls = SimOptions
 
     def __init__(self, spec: TransportSpec):
@@ -123,10 +134,11 @@ class SimTransport(Transport):
         self.consumed = [0] * n  # tokens of work each replica has done
         self._node_cpu = [0.0] * k  # node threads' CPU seconds outside the sink calls
         self._submit_cpu = 0.0
+        self._ticker_cpu = 0.0
         self._barrier = threading.Barrier(k + 1)
         self._threads: list[threading.Thread] = []
         self.t = 0  # ticks so far
-        ids = np.arange(self.o.out_len, dtype=np.int32) % 1000 + 10  # below any EOS id
+        ids = np.arange(self.o.answer_len or self.o.out_len, dtype=np.int32) % 1000 + 10  # below any EOS id
         self._ids, self._first_id = ids, int(ids[0])
 
     @property
@@ -137,6 +149,10 @@ class SimTransport(Transport):
         self.sink = sink
         for j in range(self.o.nodes):
             th = threading.Thread(target=self._node_loop, args=(j,), daemon=True, name=f"sim-node-{j}")
+            th.start()
+            self._threads.append(th)
+        if self.o.mode == "step" and self.o.tick_s > 0:
+            th = threading.Thread(target=self._ticker, daemon=True, name="sim-ticker")
             th.start()
             self._threads.append(th)
         self.records = [ReplicaRecord(r, {"engine": r, "node": f"node-{self.node_of[r]:02d}",
@@ -178,7 +194,23 @@ class SimTransport(Transport):
 
     def sim_cpu_s(self) -> float:
         """CPU seconds the simulated replicas used so far (exact after a ``tick()``)."""
-        return sum(self._node_cpu) + self._submit_cpu
+        return sum(self._node_cpu) + self._submit_cpu + self._ticker_cpu
+
+    def _ticker(self) -> None:
+        """Tick every ``tick_s`` seconds until ``stop`` (a late tick moves the schedule, no burst after it)."""
+        c0, due = time.thread_time(), time.monotonic()
+        while not self._stopped:
+            due += self.o.tick_s
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                due = time.monotonic()
+            try:
+                self.tick()
+            except threading.BrokenBarrierError:
+                return
+            self._ticker_cpu = time.thread_time() - c0
 
     # -- node threads --------------------------------------------------------------------------
     def _node_loop(self, j: int) -> None:
