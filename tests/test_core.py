@@ -423,3 +423,42 @@ def test_every_backend_checks_answers_with_the_models_eos_ids_and_vocabulary(nam
         assert (check.vocab_size, check.max_tokens, check._eos_set) == (VOCAB, 7, frozenset(EOS))
     finally:
         sut.stop()
+
+
+def test_the_answer_check_over_a_batch_names_the_first_fault_of_each_rule_as_a_scan_would():
+    """The batch form of the answer check (numpy passes over one Answers) against the rules applied one answer at a
+    time, over random batches with per-request max_tokens: same answer refused, for the same rule."""
+    from sut.core.answers import AnswerCheck
+
+    rng = np.random.default_rng(5)
+    gen = GenerationSettings(max_tokens=6, min_tokens=2, eos_token_ids=EOS)
+    check = AnswerCheck(gen, VOCAB)
+
+    def scan(arrays, asked):
+        for i, a in enumerate(arrays):
+            lo, hi = gen.lengths_for(asked[i])
+            if not lo <= len(a) <= hi:
+                return i, "generated ids, the generation settings ask for"
+        for i, a in enumerate(arrays):
+            if (a >= VOCAB).any():
+                return i, "outside the model's vocabulary"
+        for i, a in enumerate(arrays):
+            if len(a) < (asked[i] or 6) and a[-1] not in EOS:
+                return i, "an answer cut short"
+        return None
+
+    for _ in range(400):
+        n = int(rng.integers(1, 6))
+        asked = [int(rng.choice([0, 0, 3, 6])) for _ in range(n)]
+        arrays = []
+        for own in asked:
+            a = rng.integers(10, 20, int(rng.integers(1, 8))).astype(np.int32)
+            if rng.random() < 0.5:
+                a[-1] = EOS[0]
+            if rng.random() < 0.05:
+                a[0] = VOCAB + 1
+            arrays.append(a)
+        got = check.fault([Completion(i, a) for i, a in enumerate(arrays)], asked)
+        want = scan(arrays, asked)
+        assert (got is None) == (want is None) and (got is None or (got[0] == want[0] and want[1] in got[1])), \
+            (arrays, asked, got, want)

@@ -50,3 +50,32 @@ def test_complete_samples_sends_n_tokens_and_byte_size(monkeypatch):
     monkeypatch.setattr(lg, "QuerySamplesComplete", fake_complete)
     response.complete_samples([(11, cut_at_first_eos([9, 8, 128009, 128009], EOS)), (12, np.array([4, 5], np.int32))])
     assert seen == [(11, 12, 3, [9, 8, 128009]), (12, 8, 2, [4, 5])]
+
+
+def test_a_delivery_is_cut_at_each_answers_first_eos_as_one_answer_at_a_time_would_be():
+    """Answers.cut_lengths over a whole batch (empty answers, several EOS ids, EOS first, last, twice, none) gives
+    exactly cut_at_first_eos of each answer."""
+    from sut.ledger.response import Answers, EosIds
+
+    rng = np.random.default_rng(3)
+    for eos in (EOS, (2,), (0, 2), ()):
+        arrays = []
+        for _ in range(300):
+            a = rng.integers(0, 5, int(rng.integers(0, 9))).astype(np.int32)  # small ids: 0 and 2 are EOS ids too
+            for _ in range(int(rng.integers(0, 3))):
+                if len(a):
+                    a[rng.integers(0, len(a))] = rng.choice(EOS)
+            arrays.append(a)
+        answers, bad = Answers.of(arrays)
+        cut = answers.cut_lengths(EosIds(eos))
+        assert not bad and answers.le_int32().dtype == np.dtype("<i4")
+        for i, a in enumerate(arrays):
+            want = cut_at_first_eos(a, eos).tolist()
+            assert answers.flat[answers.starts[i]:answers.starts[i] + cut[i]].tolist() == want, (eos, a)
+
+
+def test_what_is_not_a_row_of_ids_is_named_and_left_out():
+    from sut.ledger.response import Answers
+
+    answers, bad = Answers.of([np.array([1, 2], np.int32), "abc", [[1, 2]], [3, 4], [], np.array([1.5])])
+    assert bad == [1, 2, 5] and answers.lengths == [2, 2, 0] and answers.flat.tolist() == [1, 2, 3, 4]

@@ -16,17 +16,21 @@ the generated ids, 1-D, not yet cut at EOS) is refused when:
    last id of the output; anything else is an answer cut short (a server or proxy that says
    ``finish_reason: "stop"`` after a few ids).
 
-Cost: the ids are checked by numpy on the whole batch (one concatenation, one reduction); Python touches
-only each answer's length and last id (O(1) per answer), never a loop over ids.
+Cost: the batch becomes one :class:`~sut.ledger.response.Answers` (one concatenation; the ledger cuts the
+same arrays at EOS, so it is made once per delivery: :meth:`AnswerCheck.check`); ids are checked by one
+numpy reduction over all of them; Python touches only each answer's length and last id (O(1) per answer),
+never a loop over ids. An answer that is not a row of ids at all is refused first.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Optional, Sequence
 
 import numpy as np
 
 from sut.engine import GenerationSettings
+from sut.ledger.response import Answers, unusable
 
 #: Ids shown in full in a message; longer answers show their first and last ``SHOW_EDGE``.
 SHOW_ALL, SHOW_EDGE = 12, 5
@@ -67,40 +71,50 @@ class AnswerCheck:
     def fault(self, results: Sequence, asked: Optional[Sequence[int]] = None) -> Optional[tuple[int, str]]:
         """The first refused answer of ``results`` (``Completion``-likes with ``token_ids``) as
         ``(its index in results, why)``, else None; ``why`` names what came back. ``asked``: per result, the
-        ``max_tokens`` its request asked for itself (0 or None: the run's). A wrong length is named first, then
-        an id outside the vocabulary, then a missing EOS."""
+        ``max_tokens`` its request asked for itself (0 or None: the run's). An answer that is not ids is named
+        first, then a wrong length, then an id outside the vocabulary, then a missing EOS."""
+        return self.check(results, asked)[0]
+
+    def check(self, results: Sequence, asked: Optional[Sequence[int]] = None
+              ) -> tuple[Optional[tuple[int, str]], Optional[Answers]]:
+        """``(fault(results, asked), the results' answers)``: the ``Answers`` (one per result, in order) for the
+        ledger to cut; None when an answer is not ids (that is the fault)."""
         if not results:
-            return None
-        arrays = [r.token_ids for r in results]
-        bad_len = no_eos = None
-        for i, a in enumerate(arrays):  # per answer, O(1) each: its length and last id
-            n, own = len(a), asked[i] if asked else 0
-            lo, hi = self.generation.lengths_for(own) if own else (self.lo, self.hi)
+            return None, None
+        answers, bad = Answers.of([r.token_ids for r in results])
+        if bad:
+            why = unusable(results[bad[0]].token_ids)
+            return (bad[0], f"answered something that is not a row of token ids: {why!r}"), None
+        return self._fault(answers, asked), answers
+
+    def _fault(self, answers: Answers, asked: Optional[Sequence[int]]) -> Optional[tuple[int, str]]:
+        """:meth:`fault` over one delivery's ``Answers`` (module docstring): per answer its length and last id,
+        one numpy reduction over every id."""
+        lengths, starts, flat = answers.lengths, answers.starts, answers.flat
+        asked = asked if asked and any(asked) else None
+        spans = [self.generation.lengths_for(own) for own in asked] if asked else None
+        lo, hi = self.lo, self.hi
+        for i, n in enumerate(lengths):
+            if spans:
+                lo, hi = spans[i]
             if not lo <= n <= hi:
-                bad_len = i
-                break
-            if no_eos is None and self._eos_set and n < (own or self.max_tokens) and a[-1] not in self._eos_set:
-                no_eos = i
-        if bad_len is not None:
-            own = asked[bad_len] if asked else 0
-            lo, hi = self.generation.lengths_for(own) if own else (self.lo, self.hi)
-            span = f"exactly {hi}" if lo == hi else f"{lo} to {hi}"
-            return bad_len, (f"answered {len(arrays[bad_len])} generated ids, the generation settings ask for {span} "
-                             f"(not a complete answer): {show_ids(arrays[bad_len])}")
-        if self.vocab_size:
-            flat = np.asarray(arrays[0]) if len(arrays) == 1 else np.concatenate(arrays)
+                span = f"exactly {hi}" if lo == hi else f"{lo} to {hi}"
+                return i, (f"answered {n} generated ids, the generation settings ask for {span} "
+                           f"(not a complete answer): {show_ids(answers.row(i))}")
+        if self.vocab_size and flat.size:
             hit = self._out_of_vocab(flat)
             if hit is not None:
-                ends = np.cumsum([len(a) for a in arrays])
-                i = int(np.searchsorted(ends, hit, side="right"))
-                pos = hit - (int(ends[i - 1]) if i else 0)
-                return i, (f"answered id {int(flat[hit])} at position {pos} of {len(arrays[i])}, outside the model's "
-                           f"vocabulary [0, {self.vocab_size}): {show_ids(arrays[i])}")
-        if no_eos is not None:
-            a, eos = arrays[no_eos], self._eos_set
-            most = (asked[no_eos] if asked else 0) or self.max_tokens
-            return no_eos, (f"answered {len(a)} ids, fewer than max_tokens {most}, ending in {int(a[-1])}, not an EOS "
-                            f"id {sorted(eos)} (an answer cut short): {show_ids(a)}")
+                i = bisect.bisect_right(starts, hit) - 1
+                return i, (f"answered id {int(flat[hit])} at position {hit - starts[i]} of {lengths[i]}, "
+                           f"outside the model's vocabulary [0, {self.vocab_size}): {show_ids(answers.row(i))}")
+        eos, most = self._eos_set, self.max_tokens
+        if eos:
+            for i, n in enumerate(lengths):
+                top = (asked[i] or most) if asked else most
+                if 0 < n < top and flat[starts[i] + n - 1] not in eos:
+                    a = answers.row(i)
+                    return i, (f"answered {n} ids, fewer than max_tokens {top}, ending in {int(a[-1])}, not an EOS "
+                               f"id {sorted(eos)} (an answer cut short): {show_ids(a)}")
         return None
 
     def _out_of_vocab(self, flat: np.ndarray) -> Optional[int]:

@@ -27,13 +27,16 @@ A submit that raises ``TransportError`` (a dead replica) waits up to ``death_rep
 transport's own ``FatalEvent``, which says how the replica ended, before failing the run with the
 submit's error.
 
-The ledger is duck-typed: ``complete(results)``, ``fail(message)``, ``first_tokens(results)``
+The ledger is duck-typed: ``complete(results)`` (one that also takes ``answers=`` gets the checked
+delivery's ``sut.ledger.response.Answers``, made once for the check and the EOS cut), ``fail(message)``,
+``first_tokens(results)``
 (streaming only), ``error`` and, optionally, ``describe(request id)`` (the sample it answers, for messages)
 (``sut.ledger.sample.SampleLedger``, ``sut.ledger.streaming.StreamingLedger``).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -79,6 +82,7 @@ class Dispatcher:
         self.replicas: list[ReplicaRecord] = []
         self.answered = [0] * transport.replicas
         self.check = AnswerCheck(transport.spec.generation, vocab_size)
+        self._takes_answers = "answers" in inspect.signature(ledger.complete).parameters
 
     def start(self) -> list[ReplicaRecord]:
         """Start the transport with this dispatcher as its sink (blocks; ``TransportError``)."""
@@ -170,7 +174,7 @@ class Dispatcher:
             self.ledger.fail(f"request {wrong[0]}{self._sample(wrong[0])} was routed to replica {wrong[1]} but "
                              f"answered by {self._replica(replica)}")
             return
-        fault = self.check.fault(ok, asked)
+        fault, answers = self.check.check(ok, asked)
         if fault is not None:
             rid = ok[fault[0]].rid
             self.ledger.fail(f"request {rid}{self._sample(rid)}: {self._replica(replica)} {fault[1]}")
@@ -178,7 +182,10 @@ class Dispatcher:
         if self.observer is not None:
             for c in ok:
                 self.observer(replica, c)
-        self.ledger.complete(results)
+        if answers is not None and len(ok) == len(results) and self._takes_answers:  # checked arrays: cut once
+            self.ledger.complete(results, answers=answers)
+        else:
+            self.ledger.complete(results)
 
     def _replica(self, replica: int) -> str:
         """``replica R``, with its server URL where it has one (``http`` transport)."""

@@ -4,16 +4,137 @@ Rules (mlcommons/inference llama3.1-8b README, TEST06, LoadGen logging.cc):
 - the response is the generated ids up to and including the first EOS, never padded;
 - bytes are little-endian int32; ``size`` is in bytes; ``n_tokens`` is the number of ids;
 - the buffer must stay alive until ``QuerySamplesComplete`` returns.
+
+Per engine step, not per sample: :class:`Answers` holds one delivery's answers back to back in one
+array (``flat``, with each answer's ``starts`` and ``lengths``), and :meth:`Answers.cut_lengths` finds
+every answer's first EOS with one numpy pass over that array (:class:`EosIds`, made once per ledger), so
+the cost of a sample is a few list operations, not numpy calls. Checks of a whole delivery (ids inside the
+vocabulary, where an answer ends: ``sut.core.answers``) read the same arrays.
+``cut_at_first_eos`` is the one-answer form.
 """
 
 from __future__ import annotations
 
 import array
+import bisect
+import itertools
 from typing import Iterable, Sequence
 
 import numpy as np
 
 _LE_INT32 = np.dtype("<i4")
+
+
+class EosIds:
+    """A model's EOS ids, prepared once for :meth:`Answers.cut_lengths`.
+
+    ``ids``: the sorted distinct ids; ``hits(flat)`` gives the positions of ``flat`` (1-D int array) that hold one
+    of them, ascending, as a list: one range test over ``[min, max]`` of the ids (Llama 3.1's 128001..128009: ids
+    up there are special tokens, rare in an answer but for its final EOS) finds the few candidates, which Python
+    then tests exactly.
+    """
+
+    __slots__ = ("ids", "_set", "_low", "_span", "_low32", "_span32", "_whole")
+
+    def __init__(self, eos_ids: Iterable[int]):
+        self.ids = tuple(sorted({int(i) for i in eos_ids}))
+        self._set = frozenset(self.ids)
+        self._low, self._span = (self.ids[0], self.ids[-1] - self.ids[0]) if self.ids else (0, -1)
+        self._whole = len(self.ids) == self._span + 1  # every id of the range is an EOS id
+        fits = self.ids and 0 <= self._low and self.ids[-1] < 2 ** 32
+        self._low32, self._span32 = (np.uint32(self._low), np.uint32(self._span)) if fits else (None, None)
+
+    def hits(self, flat: np.ndarray) -> list[int]:
+        if not self.ids or not flat.size:
+            return []
+        if flat.dtype == np.int32 and self._low32 is not None:  # one unsigned compare: below low wraps above span
+            cand = (flat.view(np.uint32) - self._low32 <= self._span32).nonzero()[0]
+        else:
+            cand = ((flat >= self._low) & (flat <= self._low + self._span)).nonzero()[0]
+        if not cand.size:
+            return []
+        cand = cand.tolist()
+        if self._whole:
+            return cand
+        eos = self._set
+        return [p for p, v in zip(cand, flat[cand].tolist()) if v in eos]
+
+
+class Answers:
+    """One delivery's answers back to back (module docstring): ``flat`` (every answer's ids in order, the arrays'
+    integer type: int32 from every transport), and per answer its ``starts`` and ``lengths`` (lists of ints).
+
+    Build with :meth:`of`. Answer ``i`` cut at its first EOS is ``flat[starts[i]:starts[i] + cut_lengths(eos)[i]]``;
+    ``le_int32()`` is the response buffer of every answer. Per answer, Python touches only its length and the ids it
+    is asked for (O(1)); whole-delivery passes over ids are numpy's.
+    """
+
+    __slots__ = ("flat", "starts", "lengths")
+
+    def __init__(self, flat: np.ndarray, starts: list, lengths: list):
+        self.flat, self.starts, self.lengths = flat, starts, lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @classmethod
+    def of(cls, arrays: Sequence) -> tuple["Answers", list[int]]:
+        """``(answers, unusable)``: the usable ones of ``arrays`` (1-D integer arrays, or sequences of ints)
+        back to back, and the positions in ``arrays`` of those that are not ids (left out of ``answers``). A wider
+        integer type than int32 is not narrowed here, so an id too large for int32 stays itself for the
+        vocabulary check (``le_int32`` gives LoadGen's type)."""
+        good, bad = [], []
+        for i, a in enumerate(arrays):
+            if type(a) is not np.ndarray or a.ndim != 1 or a.dtype.kind not in "iu":
+                try:
+                    a = np.asarray(a)
+                except Exception:  # noqa: BLE001 - whatever it is, it is not ids
+                    a = None
+                if a is None or a.ndim != 1 or (a.dtype.kind not in "iu" and a.size):
+                    bad.append(i)
+                    continue
+                a = a if a.size else a.astype(_LE_INT32)
+            good.append(a)
+        lengths = list(map(len, good))
+        starts = [0, *itertools.accumulate(lengths)][:-1]
+        if len(good) == 1:
+            flat = good[0]
+        else:
+            flat = np.concatenate(good) if good else np.zeros(0, _LE_INT32)
+        return cls(flat, starts, lengths), bad
+
+    def le_int32(self) -> np.ndarray:
+        """``flat`` as contiguous little-endian int32 (LoadGen's response bytes; no copy when it is that already)."""
+        return np.ascontiguousarray(self.flat, dtype=_LE_INT32)
+
+    def row(self, i: int) -> np.ndarray:
+        """Answer ``i``'s ids (a view of ``flat``)."""
+        a = self.starts[i]
+        return self.flat[a:a + self.lengths[i]]
+
+    def cut_lengths(self, eos: EosIds) -> list[int]:
+        """Each answer's length once cut right after its first EOS id (the EOS kept; no EOS: its whole length):
+        one numpy pass for the delivery, then a step per answer that holds an EOS id."""
+        hits = eos.hits(self.flat)
+        if not hits:
+            return self.lengths
+        starts, cut = self.starts, list(self.lengths)
+        j, n_hits = 0, len(hits)
+        while j < n_hits:
+            h = hits[j]
+            i = bisect.bisect_right(starts, h) - 1  # the answer that holds position h (empty ones hold none)
+            cut[i] = h - starts[i] + 1
+            j = bisect.bisect_left(hits, starts[i] + self.lengths[i], j + 1)  # its later hits do not count
+        return cut
+
+
+def unusable(ids) -> BaseException:
+    """Why ``ids`` cannot be read as one answer's ids (the error converting it, or its shape)."""
+    try:
+        arr = np.asarray(ids, dtype=np.int32)
+    except Exception as e:  # noqa: BLE001
+        return e
+    return ValueError(f"ids of shape {arr.shape}, not one row of ids")
 
 
 def cut_at_first_eos(ids: Sequence[int] | np.ndarray, eos_ids: Iterable[int]) -> np.ndarray:

@@ -34,7 +34,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from sut.ledger.response import complete_samples, cut_at_first_eos
+from sut.ledger.response import Answers, EosIds, complete_samples, unusable
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,11 @@ class SampleLedger:
     is made on the completer thread (module doc); ``complete`` and ``fail`` never block on LoadGen
     and may be called from threads that end right after.
 
+    Per outstanding request one entry (a list: LoadGen sample id, QSL index, then what a subclass keeps:
+    ``_new_entry``). ``complete`` takes a whole delivery (an engine step's results) at once: one
+    :class:`~sut.ledger.response.Answers` of its answers, cut at the first EOS in a few numpy passes
+    (``_check_answers_locked``: where a subclass checks a whole delivery).
+
     Counters: ``issued``; ``completed`` (samples LoadGen has with their output); ``answered_empty``
     (samples answered empty after a failure); ``output_tokens`` (after the EOS cut). ``idle`` is set
     when nothing is outstanding and every queued answer has been sent.
@@ -128,13 +133,14 @@ class SampleLedger:
         if fail_chunk < 1:
             raise ValueError(f"fail_chunk must be >= 1, got {fail_chunk}")
         self.eos_ids = tuple(eos_ids)
+        self._eos = EosIds(self.eos_ids)
         self._complete_fn = complete_fn
         self._label = label or _loadgen_label
         self._fail_chunk = fail_chunk
         self._ids = itertools.count(first_id)
         self._lock = threading.Lock()
         self._sent = threading.Condition(self._lock)
-        self._outstanding: dict[int, tuple[int, int]] = {}  # request id -> (loadgen sample id, qsl index)
+        self._outstanding: dict[int, list] = {}  # request id -> [loadgen sample id, qsl index, ...] (_new_entry)
         self._queued = 0  # batches handed to the completer thread, not yet sent
         self.issued = 0
         self.completed = 0
@@ -168,51 +174,84 @@ class SampleLedger:
         if self.first_issue_t is None:
             self.first_issue_t = now
         out = []
+        outstanding, ids, new = self._outstanding, self._ids, self._new_entry
         for s in samples:
-            rid = next(self._ids)
-            self._outstanding[rid] = (s.id, s.index)
-            self._on_issued_locked(rid, now)
-            out.append((rid, s.index))
+            rid, index = next(ids), s.index
+            outstanding[rid] = new(s.id, index, now)
+            out.append((rid, index))
         self.issued += len(out)
         if out:
             self.idle.clear()
             self._bar_total()
         return out
 
-    def _on_issued_locked(self, rid: int, now: float) -> None:
-        """Hook for subclasses: request ``rid`` was issued at ``now`` (lock held)."""
+    def _new_entry(self, sample_id: int, index: int, now: float) -> list:
+        """The entry of a request just issued at ``now`` (lock held); subclasses append their own fields."""
+        return [sample_id, index]
 
-    def complete(self, results: Sequence[tuple[int, np.ndarray]]) -> None:
-        """Queue ``(request id, generated ids)`` results for LoadGen (cut at the first EOS).
+    def complete(self, results: Sequence[tuple[int, np.ndarray]], answers: Optional[Answers] = None) -> None:
+        """Queue ``(request id, generated ids, ...)`` results (``Completion``s or pairs) for LoadGen, cut at the
+        first EOS, all of one call in one ``QuerySamplesComplete``. ``answers``: the results' ids as one
+        ``Answers`` (one per result, in order), when the caller has made it already (the dispatcher's answer check).
 
         Results that arrive after a failure are dropped (their samples were answered empty). A
         request id that is unknown or already answered fails the run; the other results of the
-        call are still sent.
+        call are still sent. A result that is not ids fails the run (its sample is answered empty).
+        A subclass's ``_check_answers_locked`` may refuse the whole call (the run fails, nothing of it is sent).
         """
         with self._lock:
             if self.error is not None:
                 return
-            send, unknown, broken = [], [], None
-            for rid, ids, *_ in results:
-                entry = self._outstanding.get(rid)
+            rids, entries, arrays, unknown = [], [], [], []
+            pop = self._outstanding.pop
+            for r in results:
+                entry = pop(r[0], None)
                 if entry is None:
-                    unknown.append(rid)
+                    unknown.append(r[0])
                     continue
-                try:
-                    cut = cut_at_first_eos(ids, self.eos_ids)
-                except Exception as e:  # noqa: BLE001 - the sample stays outstanding and is answered by the failure
-                    broken = broken or f"the result of request {rid} is unusable: {e!r}"
-                    continue
-                del self._outstanding[rid]
-                send.append((entry[0], cut))
-                self.output_tokens += len(cut)
-            if send:
-                self._queue_locked(send, real=True)
+                rids.append(r[0])
+                entries.append(entry)
+                arrays.append(r[1])
+            if answers is not None and (unknown or len(answers) != len(rids)):
+                answers = None  # not one per result taken: made again from the arrays taken
+            broken = self._complete_locked(rids, entries, arrays, answers) if rids else None
             if unknown:
                 self._fail_locked(f"request {unknown[0]} was answered twice or never issued"
                                   + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
             if broken:
                 self._fail_locked(broken)
+
+    def _complete_locked(self, rids: list, entries: list, arrays: list, answers: Optional[Answers]) -> Optional[str]:
+        """Cut and queue the answers of requests ``rids`` (their entries already taken out; ``answers`` of
+        ``arrays``, or None: made here; lock held); returns why the run must fail, with every entry not sent put
+        back (the failure answers those)."""
+        bad = []
+        if answers is None:
+            answers, bad = Answers.of(arrays)
+        broken = None
+        if bad:
+            e = unusable(arrays[bad[0]])
+            broken = f"the result of request {rids[bad[0]]} is unusable: {e!r}"
+            for i in bad:
+                self._outstanding[rids[i]] = entries[i]
+            keep = sorted(set(range(len(rids))) - set(bad))
+            rids, entries = [rids[i] for i in keep], [entries[i] for i in keep]
+        cut = answers.cut_lengths(self._eos)
+        refused = self._check_answers_locked(rids, entries, answers, cut) if rids else None
+        if refused:
+            self._outstanding.update(zip(rids, entries))
+            return refused
+        if rids:
+            flat = answers.flat
+            send = [(e[0], flat[a:a + n]) for e, a, n in zip(entries, answers.starts, cut)]
+            self.output_tokens += sum(cut)
+            self._queue_locked(send, real=True)
+        return broken
+
+    def _check_answers_locked(self, rids: list, entries: list, answers: Answers, cut: list) -> Optional[str]:
+        """Hook for subclasses: a whole delivery before it is queued (``cut``: each answer's length after the EOS
+        cut); a message refuses it (the run fails). Lock held."""
+        return None
 
     def fail(self, message: str) -> None:
         """Record a fatal error (the first one wins) and answer every outstanding sample empty."""
@@ -225,17 +264,22 @@ class SampleLedger:
             self.error = message
             self._bar_close()  # the bar's last line comes before the error
             log.error("RUN FAILED: %s", message)
-        pending = [sid for sid, _ in self._outstanding.values()]
+        pending = list(self._outstanding.values())
         self._outstanding.clear()
         if pending:
             log.error("answering %d outstanding sample(s) with empty responses so LoadGen can stop; "
                       "the run is marked failed", len(pending))
-            self._answer_empty_locked(pending)
+            self._answer_empty_locked([e[0] for e in pending], self._firstless(pending))
         elif not self._queued:
             self.idle.set()
 
-    def _answer_empty_locked(self, sample_ids: list) -> None:
-        """Queue empty responses for LoadGen sample ids, in chunks of ``fail_chunk`` (lock held)."""
+    def _firstless(self, entries: list) -> Optional[list]:
+        """LoadGen sample ids of ``entries`` that had no first token (a subclass's; here None: not tracked)."""
+        return None
+
+    def _answer_empty_locked(self, sample_ids: list, firstless: Optional[list] = None) -> None:
+        """Queue empty responses for LoadGen sample ids, in chunks of ``fail_chunk`` (lock held). ``firstless``:
+        those of them that had no first token (None: all of them; used by a subclass)."""
         for i in range(0, len(sample_ids), self._fail_chunk):
             self._queue_locked([(sid, np.zeros(0, np.int32)) for sid in sample_ids[i:i + self._fail_chunk]],
                                real=False)
@@ -290,7 +334,7 @@ class SampleLedger:
         else None."""
         with self._lock:
             entry = self._outstanding.get(rid)
-        return None if entry is None else self._label(*entry)
+        return None if entry is None else self._label(entry[0], entry[1])
 
     def check_stall(self, stall_timeout_s: float, now: Optional[float] = None) -> bool:
         """Stall watchdog step: fail the run when samples are outstanding and none completed for

@@ -34,7 +34,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from sut.ledger.response import complete_samples, cut_at_first_eos, response_buffer
+from sut.ledger.response import Answers, complete_samples, response_buffer
 from sut.ledger.sample import FAIL_CHUNK, SampleLedger, _Completer
 from sut.record.latency_trend import queue_trend
 
@@ -70,6 +70,7 @@ class StreamingLedger(SampleLedger):
     Extra counters: ``first_sent`` (samples whose ``FirstTokenComplete`` call returned), and the
     harness's per-sample ``timings``: ``(issued, first token, done)`` times (``time.monotonic``) and output ids,
     one tuple per answered sample (:meth:`latency_arrays` turns them into TTFT / TPOT / end-to-end seconds).
+    An outstanding request's entry: ``[sample id, QSL index, issued, first id or None, first token time]``.
 
     Args:
         first_fn: sends ``[(loadgen sample id, first id)]`` to LoadGen (tests pass a recorder);
@@ -80,15 +81,11 @@ class StreamingLedger(SampleLedger):
                  fail_chunk: int = FAIL_CHUNK, first_fn: Callable = first_token_complete, first_id: int = 0):
         super().__init__(eos_ids, progress=progress, complete_fn=complete_fn, fail_chunk=fail_chunk, first_id=first_id)
         self._first_fn = first_fn
-        self._first: dict[int, int] = {}  # request id -> first id reported
-        self._first_sids: set[int] = set()  # LoadGen sample ids with a FirstTokenComplete queued, until answered
-        self._t_issue: dict[int, float] = {}
-        self._t_first: dict[int, float] = {}
         self.first_sent = 0
         self.timings: list[tuple[float, float, float, int]] = []
 
-    def _on_issued_locked(self, rid: int, now: float) -> None:
-        self._t_issue[rid] = now
+    def _new_entry(self, sample_id: int, index: int, now: float) -> list:
+        return [sample_id, index, now, None, None]
 
     def first_tokens(self, results: Sequence[tuple[int, int]]) -> None:
         """Queue ``(request id, first generated id)`` pairs for ``FirstTokenComplete``.
@@ -101,15 +98,15 @@ class StreamingLedger(SampleLedger):
             if self.error is not None:
                 return
             send, bad = [], []
-            for rid, first in results:
-                entry = self._outstanding.get(rid)
-                if entry is None or rid in self._first:
-                    bad.append(rid)
+            get = self._outstanding.get
+            for r in results:
+                entry = get(r[0])
+                if entry is None or entry[3] is not None:
+                    bad.append(r[0])
                     continue
-                self._first[rid] = int(first)
-                self._t_first[rid] = now
-                self._first_sids.add(entry[0])
-                send.append((entry[0], int(first)))
+                first = entry[3] = int(r[1])
+                entry[4] = now
+                send.append((entry[0], first))
             if send:
                 self._queued += 1
                 _Completer.submit(functools.partial(self._send_first, send))
@@ -130,11 +127,14 @@ class StreamingLedger(SampleLedger):
                 self.first_sent += len(batch)
                 self._batch_sent_locked()
 
-    def _answer_empty_locked(self, sample_ids: list) -> None:
-        """An empty first token for each sample that has had none, then the empty responses (one FIFO
-        queue: LoadGen gets them in that order)."""
-        firstless = [sid for sid in sample_ids if sid not in self._first_sids]
-        self._first_sids.difference_update(sample_ids)
+    def _firstless(self, entries: list) -> list:
+        return [e[0] for e in entries if e[3] is None]
+
+    def _answer_empty_locked(self, sample_ids: list, firstless: Optional[list] = None) -> None:
+        """An empty first token for each sample that has had none (``firstless``; None: all of ``sample_ids``,
+        samples issued after a failure), then the empty responses (one FIFO queue: LoadGen gets them in that
+        order)."""
+        firstless = sample_ids if firstless is None else firstless
         for i in range(0, len(firstless), self._fail_chunk):
             self._queued += 1
             _Completer.submit(functools.partial(self._send_empty_first, firstless[i:i + self._fail_chunk]))
@@ -151,31 +151,21 @@ class StreamingLedger(SampleLedger):
             with self._lock:
                 self._batch_sent_locked()
 
-    def complete(self, results: Sequence[tuple[int, np.ndarray]]) -> None:
-        """As :meth:`SampleLedger.complete`, after checking each response against its first token:
-        none reported, or a response that does not start with it, fails the run."""
+    def _check_answers_locked(self, rids: list, entries: list, answers: Answers, cut: list) -> Optional[str]:
+        """Every answer of the delivery must start with its reported first token (none reported, or another
+        id, refuses the delivery: the run fails); then its ``timings`` are kept."""
+        flat, starts = answers.flat, answers.starts
+        for i, e in enumerate(entries):
+            first = e[3]
+            if first is None:
+                return (f"request {rids[i]} finished without a first token (Server/Interactive need "
+                        "FirstTokenComplete before the response)")
+            if not cut[i] or flat[starts[i]] != first:
+                got = [int(flat[starts[i]])] if cut[i] else []
+                return f"request {rids[i]}: first token {first} was reported, but the response starts with {got}"
         now = time.monotonic()
-        with self._lock:
-            if self.error is not None:
-                return
-            for rid, ids, *_ in results:
-                if rid not in self._outstanding:
-                    continue  # the base class names it
-                first = self._first.pop(rid, None)
-                cut = cut_at_first_eos(ids, self.eos_ids)
-                if first is None:
-                    self._fail_locked(f"request {rid} finished without a first token (Server/Interactive need "
-                                      "FirstTokenComplete before the response)")
-                    return
-                if not len(cut) or int(cut[0]) != first:
-                    self._fail_locked(f"request {rid}: first token {first} was reported, but the response starts "
-                                      f"with {cut[:1].tolist()}")
-                    return
-                self._first_sids.discard(self._outstanding[rid][0])
-                t0, t1 = self._t_issue.pop(rid, None), self._t_first.pop(rid, None)
-                if t0 is not None and t1 is not None:
-                    self.timings.append((t0, t1, now, len(cut)))
-        super().complete(results)
+        self.timings.extend((e[2], e[4], now, n) for e, n in zip(entries, cut))
+        return None
 
     def latency_arrays(self) -> dict[str, np.ndarray]:
         """Per answered sample (seconds; one array each, same order): ``issued`` (monotonic time), ``ttft``,
