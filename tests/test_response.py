@@ -78,4 +78,41 @@ def test_what_is_not_a_row_of_ids_is_named_and_left_out():
     from sut.ledger.response import Answers
 
     answers, bad = Answers.of([np.array([1, 2], np.int32), "abc", [[1, 2]], [3, 4], [], np.array([1.5])])
-    assert bad == [1, 2, 5] and answers.lengths == [2, 2, 0] and answers.flat.tolist() == [1, 2, 3, 4]
+    assert bad == [1, 2, 5] and answers.lengths == [2, 2, 0]
+    assert answers.flat.tolist() == [1, 2, 3, 4]
+
+
+def _read(r):
+    """A LoadGen response's bytes as ids, read where it points."""
+    if not r.size:
+        return []
+    return np.frombuffer(bytes((np.ctypeslib.ctypes.c_ubyte * r.size).from_address(r.data)), "<i4").tolist()
+
+
+def test_a_response_batch_goes_to_loadgen_as_one_buffer_each_response_pointing_at_its_cut_ids(monkeypatch):
+    import mlperf_loadgen as lg
+
+    from sut.ledger import response
+    from sut.ledger.response import Answers, EosIds, ResponseBatch
+
+    seen = []
+    monkeypatch.setattr(lg, "QuerySamplesComplete",
+                        lambda rs: seen.extend((r.id, r.size, r.n_tokens, _read(r)) for r in rs))
+    answers, _ = Answers.of([np.array([9, 8, 128009, 128009], np.int32), np.array([4, 5], np.int64),
+                             np.zeros(0, np.int32)])
+    batch = ResponseBatch([11, 12, 13], answers.le_int32(), answers.starts, answers.cut_lengths(EosIds(EOS)))
+    assert [(sid, ids.tolist()) for sid, ids in batch] == [(11, [9, 8, 128009]), (12, [4, 5]), (13, [])]
+    response.complete_samples(batch)
+    assert seen == [(11, 12, 3, [9, 8, 128009]), (12, 8, 2, [4, 5]), (13, 0, 0, [])]
+
+
+def test_first_tokens_go_to_loadgen_in_one_buffer_an_empty_one_with_no_bytes(monkeypatch):
+    import mlperf_loadgen as lg
+
+    from sut.ledger import response
+
+    seen = []
+    monkeypatch.setattr(lg, "FirstTokenComplete",
+                        lambda rs: seen.extend((r.id, r.size, r.n_tokens, _read(r)) for r in rs))
+    response.first_token_complete([(11, 128000), (12, None), (13, 7)])
+    assert seen == [(11, 4, 1, [128000]), (12, 0, 0, []), (13, 4, 1, [7])]

@@ -9,7 +9,8 @@ Per engine step, not per sample: :class:`Answers` holds one delivery's answers b
 array (``flat``, with each answer's ``starts`` and ``lengths``), and :meth:`Answers.cut_lengths` finds
 every answer's first EOS with one numpy pass over that array (:class:`EosIds`, made once per ledger), so
 the cost of a sample is a few list operations, not numpy calls. Checks of a whole delivery (ids inside the
-vocabulary, where an answer ends: ``sut.core.answers``) read the same arrays.
+vocabulary, where an answer ends: ``sut.core.answers``) read the same arrays, and the answers of one
+``QuerySamplesComplete`` call travel in one buffer (:class:`ResponseBatch`); so do a call's first tokens.
 ``cut_at_first_eos`` is the one-answer form.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import array
 import bisect
 import itertools
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -161,20 +162,71 @@ def response_buffer(ids: np.ndarray) -> array.array:
     return array.array("B", np.ascontiguousarray(ids, dtype=_LE_INT32).tobytes())
 
 
-def complete_samples(results: Sequence[tuple[int, np.ndarray]]) -> None:
+class ResponseBatch:
+    """The answers of one ``QuerySamplesComplete`` call in one buffer: ``sample_ids`` (LoadGen's), ``buf`` (contiguous
+    little-endian int32, every answer's ids), per answer ``starts`` and ``lengths`` (ids, already cut at EOS).
+
+    Iterates as ``(sample id, ids)`` pairs (views of ``buf``), as a list of pairs would, for recorders that stand in
+    for LoadGen; :func:`complete_samples` sends it without a copy per answer. Holding the batch keeps ``buf`` alive.
+    """
+
+    __slots__ = ("sample_ids", "buf", "starts", "lengths")
+
+    def __init__(self, sample_ids: list, buf: np.ndarray, starts: list, lengths: list):
+        if buf.dtype != _LE_INT32 or not buf.flags.c_contiguous:
+            raise ValueError("ResponseBatch needs a contiguous little-endian int32 buffer")
+        self.sample_ids, self.buf, self.starts, self.lengths = sample_ids, buf, starts, lengths
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def __iter__(self):
+        buf = self.buf
+        return ((sid, buf[a:a + n]) for sid, a, n in zip(self.sample_ids, self.starts, self.lengths))
+
+
+def _address(buf: np.ndarray) -> int:
+    return buf.__array_interface__["data"][0]
+
+
+def complete_samples(results) -> None:
     """Send finished samples to LoadGen in one ``QuerySamplesComplete`` call.
 
     Args:
-        results: ``(loadgen sample id, int32 token ids)`` pairs; ids already cut at EOS.
+        results: a :class:`ResponseBatch` (every response points into its one buffer), or ``(loadgen sample id,
+            int32 token ids)`` pairs (ids already cut at EOS; each copied into a buffer of its own).
     """
     import mlperf_loadgen as lg
 
+    qsr = lg.QuerySampleResponse
+    if isinstance(results, ResponseBatch):
+        base = _address(results.buf)
+        lg.QuerySamplesComplete([qsr(sid, base + 4 * a, 4 * n, n)
+                                 for sid, a, n in zip(results.sample_ids, results.starts, results.lengths)])
+        return
     buffers = []  # keeps every buffer alive until QuerySamplesComplete returns
     responses = []
     for sample_id, ids in results:
         buf = response_buffer(ids)
         buffers.append(buf)
         addr, nbytes = buf.buffer_info()
-        responses.append(lg.QuerySampleResponse(sample_id, addr, nbytes, int(len(ids))))
+        responses.append(qsr(sample_id, addr, nbytes, int(len(ids))))
     lg.QuerySamplesComplete(responses)
     del buffers
+
+
+def first_token_complete(results: Sequence[tuple[int, Optional[int]]]) -> None:
+    """Send first tokens to LoadGen in one ``FirstTokenComplete`` call, every response pointing into one buffer.
+
+    Args:
+        results: ``(loadgen sample id, first generated id)`` pairs; ``None``: an empty first token
+            (0 bytes, ``n_tokens`` 0) for a sample answered empty after a failure.
+    """
+    import mlperf_loadgen as lg
+
+    qsr = lg.QuerySampleResponse
+    buf = np.fromiter((0 if f is None else f for _, f in results), dtype=_LE_INT32, count=len(results))
+    base = _address(buf)
+    lg.FirstTokenComplete([qsr(sid, base + 4 * i, 0, 0) if f is None else qsr(sid, base + 4 * i, 4, 1)
+                           for i, (sid, f) in enumerate(results)])
+    del buf  # alive until FirstTokenComplete returned

@@ -34,7 +34,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from sut.ledger.response import Answers, EosIds, complete_samples, unusable
+from sut.ledger.response import Answers, EosIds, ResponseBatch, complete_samples, unusable
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,8 @@ class SampleLedger:
     Args:
         eos_ids: the model's EOS token ids.
         progress: show a tqdm bar of completed / issued samples and output tokens/s.
-        complete_fn: sends ``[(loadgen sample id, int32 ids)]`` to LoadGen (tests pass a recorder; the
+        complete_fn: sends a batch of ``(loadgen sample id, int32 ids)`` to LoadGen (``ResponseBatch``, or a list
+            of pairs for failure answers; both iterate as pairs; tests pass a recorder; the
             synthetic-locality runner passes one that records the outputs, with ``eos_ids=()``).
         fail_chunk: empty failure answers per ``complete_fn`` call.
         first_id: the first request id ``issue`` hands out (then +1 per sample): ledgers that follow
@@ -242,10 +243,9 @@ class SampleLedger:
             self._outstanding.update(zip(rids, entries))
             return refused
         if rids:
-            flat = answers.flat
-            send = [(e[0], flat[a:a + n]) for e, a, n in zip(entries, answers.starts, cut)]
             self.output_tokens += sum(cut)
-            self._queue_locked(send, real=True)
+            self._queue_locked(ResponseBatch([e[0] for e in entries], answers.le_int32(), answers.starts, cut),
+                               real=True)
         return broken
 
     def _check_answers_locked(self, rids: list, entries: list, answers: Answers, cut: list) -> Optional[str]:

@@ -34,30 +34,11 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from sut.ledger.response import Answers, complete_samples, response_buffer
+from sut.ledger.response import Answers, complete_samples, first_token_complete
 from sut.ledger.sample import FAIL_CHUNK, SampleLedger, _Completer
 from sut.record.latency_trend import queue_trend
 
 log = logging.getLogger(__name__)
-
-
-def first_token_complete(results: Sequence[tuple[int, Optional[int]]]) -> None:
-    """Send first tokens to LoadGen in one ``FirstTokenComplete`` call.
-
-    Args:
-        results: ``(loadgen sample id, first generated id)`` pairs; ``None``: an empty first token
-            (0 bytes, ``n_tokens`` 0) for a sample answered empty after a failure.
-    """
-    import mlperf_loadgen as lg
-
-    buffers, responses = [], []  # buffers alive until FirstTokenComplete returns
-    for sample_id, first in results:
-        buf = response_buffer(np.asarray([] if first is None else [first], dtype=np.int32))
-        buffers.append(buf)
-        addr, nbytes = buf.buffer_info()
-        responses.append(lg.QuerySampleResponse(sample_id, addr, nbytes, 0 if first is None else 1))
-    lg.FirstTokenComplete(responses)
-    del buffers
 
 
 def _pct(values: list, q: float) -> Optional[float]:
