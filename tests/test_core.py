@@ -462,3 +462,18 @@ def test_the_answer_check_over_a_batch_names_the_first_fault_of_each_rule_as_a_s
         want = scan(arrays, asked)
         assert (got is None) == (want is None) and (got is None or (got[0] == want[0] and want[1] in got[1])), \
             (arrays, asked, got, want)
+
+
+def test_the_dispatch_thread_sends_what_waits_in_its_inbox_as_one_dispatch_in_order():
+    """Queries LoadGen issued while the last dispatch ran go out together (one routing pass, one submit per replica);
+    a flush still comes after the requests queued before it."""
+    from sut.core.loadgen_sut import _FLUSH
+
+    sut = FakeSUT(_ctx())
+    calls = []
+    sut.dispatcher.dispatch = lambda items: calls.append([r.rid for r in items])
+    sut.dispatcher.flush = lambda: calls.append("flush")
+    for item in ([Request(1, None)], [Request(2, None)], [Request(3, None)], _FLUSH, [Request(4, None)], None):
+        sut._inbox.put(item)
+    sut._dispatch_loop()  # returns at the None
+    assert calls == [[1, 2, 3], "flush", [4]]

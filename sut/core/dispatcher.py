@@ -100,17 +100,9 @@ class Dispatcher:
             return
         per: dict[int, list] = {}
         try:
-            for req in items:
-                with self._lock:
-                    r = self.router.route(req.rid, req.prompt)
-                    self._where[req.rid] = r
-                    if len(req) > 3 and req.max_tokens:
-                        self._asked[req.rid] = req.max_tokens
-                batch = per.setdefault(r, [])
-                batch.append(req)
-                if len(batch) >= self.chunk:
+            for lo in range(0, len(items), self.chunk):  # one lock hold per chunk of requests, full chunks sent at once
+                for r, batch in self._route_locked(items[lo:lo + self.chunk], per):
                     self.transport.submit(r, batch)
-                    per[r] = []
             for r, batch in per.items():
                 if batch:
                     self.transport.submit(r, batch)
@@ -119,6 +111,25 @@ class Dispatcher:
             while self.ledger.error is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.ledger.fail(f"dispatch failed: {e}")
+
+    def _route_locked(self, part: Sequence[Request], per: dict) -> list:
+        """Route ``part`` under the lock into ``per`` (replica -> requests not sent yet); returns the
+        ``(replica, requests)`` that reached ``chunk`` (taken out of ``per``), to be sent."""
+        full = []
+        route, where, asked, chunk = self.router.route, self._where, self._asked, self.chunk
+        with self._lock:
+            for req in part:
+                r = where[req.rid] = route(req.rid, req.prompt)
+                if len(req) > 3 and req.max_tokens:
+                    asked[req.rid] = req.max_tokens
+                batch = per.get(r)
+                if batch is None:
+                    batch = per[r] = []
+                batch.append(req)
+                if len(batch) >= chunk:
+                    full.append((r, batch))
+                    per[r] = []
+        return full
 
     def _reused_id(self, items: Sequence[Request]) -> Optional[str]:
         """Why ``items`` cannot be dispatched (a request id used twice), or None."""

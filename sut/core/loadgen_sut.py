@@ -4,7 +4,8 @@ Algorithm
 ---------
 ``issue_queries`` registers the samples with the ledger (each issued sample gets its own request
 id; ``sut.ledger.sample``) and puts ``Request``s on the dispatch thread's inbox; it returns at once. The
-dispatch thread hands them to the ``Dispatcher`` (routing policy x transport; ``sut.core.dispatcher``);
+dispatch thread hands them to the ``Dispatcher`` (all that waits in its inbox in one call: a busy Server
+run's queries travel together) (routing policy x transport; ``sut.core.dispatcher``);
 ``flush_queries`` queues a flush behind them (a batching transport sends its partial batches). The
 transport's threads deliver results to the dispatcher, which answers each sample exactly once
 through the ledger. A fatal event from the transport fails the run at once.
@@ -130,18 +131,35 @@ class TransportSUT(SystemUnderTest):
         self._inbox.put(_FLUSH)
 
     def _dispatch_loop(self) -> None:
+        """The dispatch thread: everything waiting in the inbox at once (Server: the queries LoadGen issued while
+        the last dispatch ran) goes out as one ``dispatch``, in order; a flush after the requests before it."""
+        inbox = self._inbox
         while True:
-            items = self._inbox.get()
-            if items is None:
-                return
-            try:
-                if items is _FLUSH:
-                    self.dispatcher.flush()
-                elif items:
-                    self.dispatcher.dispatch(items)
-            except Exception as e:  # noqa: BLE001 - never lose a sample silently
-                log.exception("dispatch failed")
-                self.ledger.fail(f"dispatch failed: {e!r}")
+            got = [inbox.get()]
+            while not inbox.empty():
+                got.append(inbox.get())
+            items = []
+            for one in got:
+                if one is None or one is _FLUSH:
+                    self._dispatch(items)
+                    items = []
+                    if one is None:
+                        return
+                    self._dispatch(_FLUSH)
+                else:
+                    items += one
+            self._dispatch(items)
+
+    def _dispatch(self, items) -> None:
+        """Dispatch ``items`` (a list of ``Request``s) or flush (``_FLUSH``); an error fails the run."""
+        try:
+            if items is _FLUSH:
+                self.dispatcher.flush()
+            elif items:
+                self.dispatcher.dispatch(items)
+        except Exception as e:  # noqa: BLE001 - never lose a sample silently
+            log.exception("dispatch failed")
+            self.ledger.fail(f"dispatch failed: {e!r}")
 
     def record(self) -> dict:
         out = {"routing": self.dispatcher.stats(), "transport": self.transport.name}
