@@ -107,8 +107,9 @@ class SampleLedger:
     is made on the completer thread (module doc); ``complete`` and ``fail`` never block on LoadGen
     and may be called from threads that end right after.
 
-    Per outstanding request one entry (a list: LoadGen sample id, QSL index, then what a subclass keeps:
-    ``_new_entry``). ``complete`` takes a whole delivery (an engine step's results) at once: one
+    Per outstanding request one entry (a tuple, replaced rather than changed, so that the collector stops
+    tracking it: LoadGen sample id, QSL index, then what a subclass keeps: ``_new_entry``). ``complete``
+    takes a whole delivery (an engine step's results) at once: one
     :class:`~sut.ledger.response.Answers` of its answers, cut at the first EOS in a few numpy passes
     (``_check_answers_locked``: where a subclass checks a whole delivery).
 
@@ -141,7 +142,7 @@ class SampleLedger:
         self._ids = itertools.count(first_id)
         self._lock = threading.Lock()
         self._sent = threading.Condition(self._lock)
-        self._outstanding: dict[int, list] = {}  # request id -> [loadgen sample id, qsl index, ...] (_new_entry)
+        self._outstanding: dict[int, tuple] = {}  # request id -> (loadgen sample id, qsl index, ...) (_new_entry)
         self._queued = 0  # batches handed to the completer thread, not yet sent
         self.issued = 0
         self.completed = 0
@@ -182,13 +183,14 @@ class SampleLedger:
             out.append((rid, index))
         self.issued += len(out)
         if out:
-            self.idle.clear()
+            if self.idle.is_set():  # set and cleared under the lock only: no need to take the Event's own lock
+                self.idle.clear()
             self._bar_total()
         return out
 
-    def _new_entry(self, sample_id: int, index: int, now: float) -> list:
-        """The entry of a request just issued at ``now`` (lock held); subclasses append their own fields."""
-        return [sample_id, index]
+    def _new_entry(self, sample_id: int, index: int, now: float) -> tuple:
+        """The entry of a request just issued at ``now`` (lock held); subclasses add their own fields."""
+        return sample_id, index
 
     def complete(self, results: Sequence[tuple[int, np.ndarray]], answers: Optional[Answers] = None) -> None:
         """Queue ``(request id, generated ids, ...)`` results (``Completion``s or pairs) for LoadGen, cut at the

@@ -51,7 +51,7 @@ class StreamingLedger(SampleLedger):
     Extra counters: ``first_sent`` (samples whose ``FirstTokenComplete`` call returned), and the
     harness's per-sample ``timings``: ``(issued, first token, done)`` times (``time.monotonic``) and output ids,
     one tuple per answered sample (:meth:`latency_arrays` turns them into TTFT / TPOT / end-to-end seconds).
-    An outstanding request's entry: ``[sample id, QSL index, issued, first id or None, first token time]``.
+    An outstanding request's entry: ``(sample id, QSL index, issued, first id or None, first token time)``.
 
     Args:
         first_fn: sends ``[(loadgen sample id, first id)]`` to LoadGen (tests pass a recorder);
@@ -65,8 +65,8 @@ class StreamingLedger(SampleLedger):
         self.first_sent = 0
         self.timings: list[tuple[float, float, float, int]] = []
 
-    def _new_entry(self, sample_id: int, index: int, now: float) -> list:
-        return [sample_id, index, now, None, None]
+    def _new_entry(self, sample_id: int, index: int, now: float) -> tuple:
+        return sample_id, index, now, None, None
 
     def first_tokens(self, results: Sequence[tuple[int, int]]) -> None:
         """Queue ``(request id, first generated id)`` pairs for ``FirstTokenComplete``.
@@ -79,14 +79,15 @@ class StreamingLedger(SampleLedger):
             if self.error is not None:
                 return
             send, bad = [], []
-            get = self._outstanding.get
+            outstanding = self._outstanding
+            get = outstanding.get
             for r in results:
                 entry = get(r[0])
                 if entry is None or entry[3] is not None:
                     bad.append(r[0])
                     continue
-                first = entry[3] = int(r[1])
-                entry[4] = now
+                first = int(r[1])
+                outstanding[r[0]] = (entry[0], entry[1], entry[2], first, now)
                 send.append((entry[0], first))
             if send:
                 self._queued += 1

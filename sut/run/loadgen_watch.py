@@ -5,11 +5,13 @@
 Ctrl-C / SIGTERM, a stall (no sample completed for ``stall_timeout_s``) and any failure; after one it waits at
 most ``drain_limit_s`` for LoadGen to return (``LOADGEN_DRAIN_S``, ``STREAMING_DRAIN_S``). ``interrupt_reason``
 words a stop for the run record. ``LoadGenObjects`` holds the LoadGen objects, destroyed only once StartTest
-has returned.
+has returned. The heap that start-up made (engines' clients, the dataset, the ledger) is frozen out of the
+garbage collector (``gc.freeze``) while the test runs, so a full collection does not walk it mid-test.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -114,6 +116,8 @@ def start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
             done.set()
 
     t = threading.Thread(target=target, name="loadgen", daemon=True)
+    gc.collect()
+    gc.freeze()  # what start-up made stays out of every collection during the test (unfrozen at its end)
     t_start = time.monotonic()
     t.start()
     led = sut.ledger
@@ -148,6 +152,7 @@ def start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
                 led.fail(error)
             else:
                 log.warning("already stopping (%s); waiting for LoadGen to return", error or led.error)
+    gc.unfreeze()
     if exc:
         error = error or f"LoadGen raised: {exc[0]!r}"
     return error, done.is_set()
