@@ -19,6 +19,7 @@ class LeastPendingRouter(Router):
     tracks_load = False
 
     def __init__(self, replicas: int, max_tokens: int, settings: AffinitySettings = AffinitySettings()):
+        self._routing = False  # inside route (its booking's _rekey leaves the rescore to route)
         super().__init__(replicas, max_tokens, settings)
         self.weight = settings.first_token_weight
         self.waiting_first = [0] * replicas
@@ -33,13 +34,18 @@ class LeastPendingRouter(Router):
 
     def _rekey(self, r: int) -> None:
         super()._rekey(r)
-        self._rescore(r)
+        if not self._routing:
+            self._rescore(r)
 
     def _choose(self, rid, prompt):
         return self._by_score.best, len(prompt)
 
     def route(self, rid, prompt) -> int:
-        r = super().route(rid, prompt)
+        self._routing = True  # the booking's _rekey leaves the score to this method (one tree update, not two)
+        try:
+            r = super().route(rid, prompt)
+        finally:
+            self._routing = False
         self.waiting_first[r] += 1
         self._waiting.add(rid)
         self._rescore(r)
@@ -57,8 +63,7 @@ class LeastPendingRouter(Router):
         if rid in self._waiting:
             self._waiting.discard(rid)
             self.waiting_first[r] -= 1
-        super().done(rid)
-        self._rescore(r)
+        super().done(rid)  # its _rekey rescores r, the waiting count already taken off
 
     def stats(self) -> dict:
         return dict(super().stats(), first_token_weight=self.weight)
