@@ -72,11 +72,15 @@ class _Completer:
 
     @classmethod
     def submit(cls, job: Callable[[], None]) -> None:
-        with cls._lock:
-            if cls._queue is None:
-                cls._queue = queue.SimpleQueue()
-                threading.Thread(target=cls._loop, args=(cls._queue,), name="loadgen-completer", daemon=True).start()
-            cls._queue.put(job)
+        q = cls._queue
+        if q is None:
+            with cls._lock:
+                if cls._queue is None:
+                    cls._queue = queue.SimpleQueue()
+                    threading.Thread(target=cls._loop, args=(cls._queue,), name="loadgen-completer",
+                                     daemon=True).start()
+                q = cls._queue
+        q.put(job)
 
     @staticmethod
     def _loop(jobs: queue.SimpleQueue) -> None:
@@ -292,8 +296,8 @@ class SampleLedger:
 
     def _send(self, batch: list, real: bool) -> None:
         """On the completer thread: one ``QuerySamplesComplete`` call for ``batch``."""
-        with self._lock:
-            if real:
+        if real and self._progress:
+            with self._lock:
                 last = not self._outstanding and self._queued == 1
                 self._bar_advance(len(batch), close=last)  # before LoadGen can print its summary
         try:
