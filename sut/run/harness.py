@@ -22,7 +22,7 @@ import shlex
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from sut import exits
 from sut.base import SUTContext, SystemUnderTest, get_sut
@@ -218,13 +218,13 @@ def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
         release_record_space(run_dir)
 
 
-def failed_run_error(run_dir: Path, record: dict, e: BaseException) -> Optional[RunFailed]:
-    """Record ``e`` as the run's failure (``record_failure``), then the ``RunFailed`` (exit 1, no traceback) to
-    raise instead of ``e`` when a write failed for want of space, else None (``e`` is raised as it is)."""
+def raise_recorded(run_dir: Path, record: dict, e: BaseException) -> NoReturn:
+    """Record ``e`` as the run's failure (``record_failure``), then raise it again, or a ``RunFailed`` (exit 1, no
+    traceback) in its place when a write failed for want of space."""
     record_failure(run_dir, record, e)
-    if not no_space(e):
-        return None
-    return RunFailed(f"{failure_cause(e)} (record: {run_dir / 'run.json'})")
+    if no_space(e):
+        raise RunFailed(f"{failure_cause(e)} (record: {run_dir / 'run.json'})") from e
+    raise e
 
 
 def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None,
@@ -248,10 +248,7 @@ def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, 
     try:
         return _execute(rs, es, gen, backend, options, model, dataset, ts, audit_config, run_dir, record)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
-        full = failed_run_error(run_dir, record, e)
-        if full is not None:
-            raise full from e
-        raise
+        raise_recorded(run_dir, record, e)
     finally:
         release_record_space(run_dir)
 

@@ -45,9 +45,9 @@ from sut.run.harness import (
     _audit_config,
     _execute,
     _noncompliance_reasons,
-    failed_run_error,
     open_run,
     prepare_run,
+    raise_recorded,
     release_record_space,
 )
 from sut.scenarios import STREAMING_SCENARIOS
@@ -148,10 +148,7 @@ class SUTSeries:
                             first_request_id=self._next_rid)
         except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
             self._failed = f"test {n} ({run_dir.name}) failed: {type(e).__name__}: {e}"
-            full = failed_run_error(run_dir, record, e)
-            if full is not None:
-                raise full from e
-            raise
+            raise_recorded(run_dir, record, e)
         finally:
             release_record_space(run_dir)
             if self._sut is not None:
