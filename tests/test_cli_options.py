@@ -363,15 +363,21 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
     (["cluster", "--workdir", "{tmp}/c", "--port", "70000"], "--port 70000: expected 0 (two free ports) or a port in"),
     (["cluster", "--workdir", "{tmp}/c", "--port", "-5"], "--port -5: expected 0"),
     (["cluster", "--workdir", "{tmp}/c", "--resreq", "garbage"], "--resreq 'garbage': invalid resource requirement"),
-    (["cluster", "--workdir", "/proc/nope/c"], "--workdir /proc/nope/c: cannot create it"),
+    (["cluster", "--workdir", "/proc/nope/c", "--flame-bin", "{bins}"], "--workdir /proc/nope/c: cannot create it"),
     (["cluster", "--workdir", "{tmp}/c", "--flame-bin", "{tmp}"], "no flame-session-manager and flame-executor-manager"),
     (["register", "--endpoint", "127.0.0.1:39241"], "malformed Flame endpoint '127.0.0.1:39241'"),
     (["register", "--endpoint", "http://127.0.0.1:1"], "no Flame session manager answers at http://127.0.0.1:1"),
 ])
 def test_sut_flame_commands_exit_2_on_bad_input_without_a_traceback(tmp_path, capsys, argv, message):
     import sut.flame.__main__ as flame_main
+    from sut.flame.cluster_config import FEM, FSM
 
-    assert flame_main.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    bins = tmp_path / "bins"  # stand-ins that are never run: the binaries are checked before the work folder
+    bins.mkdir()
+    for name in (FSM, FEM):
+        (bins / name).write_text("#!/bin/sh\nexit 1\n")
+        (bins / name).chmod(0o755)
+    assert flame_main.main([a.replace("{tmp}", str(tmp_path)).replace("{bins}", str(bins)) for a in argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
 
