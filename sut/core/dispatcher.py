@@ -169,6 +169,7 @@ class Dispatcher:
     def on_results(self, replica: int, results: list[Completion]) -> None:
         wrong, ok, asked = None, [], []
         with self._lock:
+            own = self._asked.pop if self._asked else None  # MLPerf runs: no request asks its own length
             for c in results:
                 r = self._where.get(c.rid)
                 if r is None:
@@ -180,12 +181,13 @@ class Dispatcher:
                 self.router.done(c.rid)
                 self.answered[replica] += 1
                 ok.append(c)
-                asked.append(self._asked.pop(c.rid, 0))
+                if own is not None:
+                    asked.append(own(c.rid, 0))
         if wrong is not None:
             self.ledger.fail(f"request {wrong[0]}{self._sample(wrong[0])} was routed to replica {wrong[1]} but "
                              f"answered by {self._replica(replica)}")
             return
-        fault, answers = self.check.check(ok, asked)
+        fault, answers = self.check.check(ok, asked or None)
         if fault is not None:
             rid = ok[fault[0]].rid
             self.ledger.fail(f"request {rid}{self._sample(rid)}: {self._replica(replica)} {fault[1]}")
