@@ -1,8 +1,9 @@
 """``--sut vllm-http``: the LoadGen SUT over the ``http`` transport (vLLM OpenAI-compatible servers).
 
 It is ``TransportSUT`` (``sut.core.loadgen_sut``) with ``transport_name = "http"``
-(``sut.core.transports.http``): servers given with ``--server-url URL[,URL...]`` (one replica each),
-or, without URLs, one ``vllm serve`` per GPU (one on a CPU host) started on 127.0.0.1 and ended with
+(``sut.core.transports.http``): servers given with ``--server-url URL[,URL...]`` or ``--fleet FILE``
+(``sut.core.transports.http_fleet``: per server URL, node, GPU, API-key variable; one replica each),
+or, without either, one ``vllm serve`` per GPU (one on a CPU host) started on 127.0.0.1 and ended with
 the run. Routing as ``--sut vllm``: ``least_loaded`` (Offline), ``least_pending`` with streamed first
 tokens (Server, Interactive).
 
@@ -21,7 +22,11 @@ Input checks before anything starts (exit 2 naming the URL, no run folder): ever
 answer ``/health`` over HTTP (``check_options``; a port that answers other bytes is named too), reach a
 server no other given URL reaches (host names resolved: ``127.0.0.1:P`` and ``localhost:P`` are one
 server, ``check_distinct``) and serve ``--model`` (or the option ``model_name``) with a context of at
-least ``--max-model-len`` (``preflight``); without URLs the servers' devices must exist
+least ``--max-model-len``, accept its API key (401 / 403: "API key refused or missing"), and every given
+server is read back as the transport reads it (``read_back_server``): servers that differ in model,
+max_model_len, dtype, quantization, kv-cache dtype, vLLM version, prefix caching or block size stop the
+run naming the field and the servers (``check_fleet_agrees``; a field a server does not report is not
+compared) (``preflight``); without URLs the servers' devices must exist
 (``--device cuda`` without a GPU) and ``server_args`` / ``server_command`` may not give a flag the
 harness sets (an engine setting's, also abbreviated: vLLM's parser takes unique prefixes). The
 transport checks the same again when it connects.
@@ -35,13 +40,16 @@ import json
 import logging
 import socket
 from typing import Any
-from urllib.error import URLError
+from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
+from urllib.request import Request
 
 from sut.base import register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.core.transports.http import HttpOptions
-from sut.core.transports.http_readback import pick_model
+from sut.core.transports.http_api import MAX_REPLY_BYTES, ReplyError
+from sut.core.transports.http_fleet import FleetServer, api_key, auth_headers, fleet_agreement, status_text
+from sut.core.transports.http_readback import pick_model, replica_record
 from sut.core.transports.http_servers import _OPENER, check_server_args, health_status
 from sut.engine import EngineSettings, plan_engines
 from sut.errors import EngineError, InputError, ServerInputError
@@ -60,12 +68,21 @@ def _not_http(e: http.client.HTTPException) -> str:
     return f"not an HTTP reply ({type(e).__name__}: {str(e)[:120]!r})"
 
 
-def check_reachable(urls, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """``InputError`` naming the first URL whose ``/health`` does not answer 200 within ``timeout_s``
-    (also a port that answers bytes other than HTTP)."""
-    for url in urls:
+def _headers(server: FleetServer) -> dict:
+    """The ``Authorization`` header of ``server`` (``{}`` without a key); ``InputError`` when its variable is unset."""
+    try:
+        return auth_headers(api_key(server))
+    except ValueError as e:
+        raise InputError(f"--sut vllm-http: {e}") from None
+
+
+def check_reachable(servers, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """``InputError`` naming the first server (``http_fleet.FleetServer``) whose ``/health`` does not answer 200
+    within ``timeout_s`` (also a port that answers bytes other than HTTP)."""
+    for server in servers:
+        url = server.url
         try:
-            status = health_status(url, timeout_s)
+            status = health_status(url, timeout_s, _headers(server))
         except (URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
             raise InputError(f"--sut vllm-http: server {url} does not answer ({url}/health: {reason})") from None
@@ -73,24 +90,72 @@ def check_reachable(urls, timeout_s: float = REACH_TIMEOUT_S) -> None:
             raise InputError(f"--sut vllm-http: server {url} does not answer HTTP ({url}/health: {_not_http(e)}); "
                              "is it the port of a vLLM server?") from None
         if status != 200:
-            raise InputError(f"--sut vllm-http: server {url} is not healthy ({url}/health: HTTP {status})")
+            raise InputError(f"--sut vllm-http: server {url} is not healthy ({url}/health: {status_text(status)})")
 
 
-def check_served_model(url: str, engine: EngineSettings, model_name, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """``InputError`` unless ``url/v1/models`` lists ``engine.model`` (``http_readback.pick_model``) with a
-    ``max_model_len`` (where listed) of at least ``engine.max_model_len``."""
+def _fetch(url: str, path: str, headers: dict, timeout_s: float, as_json: bool = True):
+    """``GET url+path``: the decoded body, None on 404. ``InputError`` naming the URL otherwise (a 401 / 403:
+    ``http_fleet.KEY_REFUSED``)."""
     try:
-        with _OPENER.open(f"{url}/v1/models", timeout=timeout_s) as resp:
-            listed = (json.loads(resp.read()) or {}).get("data") or []
-        served = next(m for m in listed if str(m.get("id")) == pick_model(listed, engine.model, model_name))
-    except (URLError, OSError, ValueError, AttributeError, StopIteration) as e:
+        with _OPENER.open(Request(f"{url}{path}", headers=headers), timeout=timeout_s) as resp:
+            body = resp.read(MAX_REPLY_BYTES + 1)
+    except HTTPError as e:
+        if e.code == 404:
+            return None
+        raise InputError(f"--sut vllm-http: server {url}: {url}{path}: {status_text(e.code)}") from None
+    except (URLError, OSError, ValueError) as e:
         raise InputError(f"--sut vllm-http: server {url}: {getattr(e, 'reason', e)}") from None
     except http.client.HTTPException as e:
-        raise InputError(f"--sut vllm-http: server {url}: {url}/v1/models: {_not_http(e)}") from None
+        raise InputError(f"--sut vllm-http: server {url}: {url}{path}: {_not_http(e)}") from None
+    if len(body) > MAX_REPLY_BYTES:
+        raise InputError(f"--sut vllm-http: server {url}: {url}{path}: a reply longer than {MAX_REPLY_BYTES:,} bytes")
+    text = body.decode("utf-8", "replace")
+    try:
+        return json.loads(text) if as_json else text
+    except ValueError as e:
+        raise InputError(f"--sut vllm-http: server {url}: {url}{path}: not JSON ({e})") from None
+
+
+def _optional(url: str, path: str, headers: dict, timeout_s: float, as_json: bool):
+    """``_fetch`` of a source the server may lack: None on any failure."""
+    try:
+        return _fetch(url, path, headers, timeout_s, as_json)
+    except InputError:
+        return None
+
+
+def read_back_server(r: int, server: FleetServer, engine: EngineSettings, model_name,
+                     timeout_s: float = REACH_TIMEOUT_S) -> dict:
+    """Replica ``r``'s record as the transport builds it (``http_readback.replica_record``, from ``/version``,
+    ``/v1/models``, ``/metrics`` and ``/server_info`` where offered). ``InputError`` naming the URL unless
+    ``/v1/models`` lists ``engine.model`` (``http_readback.pick_model``) with a ``max_model_len`` (where listed)
+    of at least ``engine.max_model_len``, or when its key is refused."""
+    url, headers = server.url, _headers(server)
+    try:
+        listed = (_fetch(url, "/v1/models", headers, timeout_s) or {}).get("data") or []
+        served = next(m for m in listed if str(m.get("id")) == pick_model(listed, engine.model, model_name))
+    except (ValueError, AttributeError, StopIteration) as e:
+        raise InputError(f"--sut vllm-http: server {url}: {e}") from None
+    version = _fetch(url, "/version", headers, timeout_s)
     max_len = served.get("max_model_len")
     if isinstance(max_len, int) and max_len < engine.max_model_len:
         raise InputError(f"--sut vllm-http: server {url} serves max_model_len {max_len} < --max-model-len "
                          f"{engine.max_model_len} (pass --max-model-len {max_len})")
+    metrics = _optional(url, "/metrics", headers, timeout_s, as_json=False)
+    info = _optional(url, "/server_info?config_format=json", headers, timeout_s, as_json=True)
+    try:
+        return replica_record(r, url, served, version, metrics, info, engine)
+    except ReplyError as e:
+        raise InputError(f"--sut vllm-http: server {url}: read-back failed: {e}") from None
+
+
+def check_fleet_agrees(records: list[dict]) -> dict:
+    """``http_fleet.fleet_agreement`` of the replicas' records; ``InputError`` naming the field and the servers
+    when they differ."""
+    try:
+        return fleet_agreement(records)
+    except ValueError as e:
+        raise InputError(f"--sut vllm-http: {e}") from None
 
 
 def _addresses(url: str) -> set[tuple[str, int]]:
@@ -144,26 +209,26 @@ class HttpSUT(TransportSUT):
         (an ``HttpOptions`` instance is taken as already checked)."""
         checked = isinstance(options, HttpOptions)
         opts = super().check_options(options)
-        if not checked and opts.urls:
-            check_reachable(opts.urls)
+        if not checked and opts.servers:
+            check_reachable(opts.servers)
         return opts
 
     @classmethod
     def preflight(cls, options: HttpOptions, engine: EngineSettings) -> None:
-        """``InputError`` when two given URLs reach one server (``check_distinct``), a given URL serves another
-        model or a shorter context, or, without URLs,
+        """``InputError`` when two given URLs reach one server (``check_distinct``), a given server serves another
+        model or a shorter context, refuses its API key, or the given servers differ in a field that changes
+        results (``read_back_server``, ``check_fleet_agrees``), or, without URLs,
         when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
         the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``)."""
-        if not options.urls:
+        if not options.servers:
             try:
                 check_server_args(options.server_args, engine, options.server_command)
                 plan_engines(engine)
             except (EngineError, ValueError) as e:
                 raise InputError(f"--sut vllm-http: {e}") from None
             return
-        check_distinct(options.urls)
-        for url in options.urls:
-            check_served_model(url, engine, options.model_name)
+        check_distinct(options.server_urls)
+        check_fleet_agrees([read_back_server(r, s, engine, options.model_name) for r, s in enumerate(options.servers)])
         ignored = server_side_settings(engine)
         if ignored:
             log.warning("--sut vllm-http with server URLs: %s never reach servers that are already running (they keep "

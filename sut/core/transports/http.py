@@ -30,10 +30,18 @@ fails the run within seconds even while nothing is in flight); a watcher thread 
 reports its exit at once. ``stop`` cancels every request, closes the session and ends every server's
 process group.
 
+A server of ``--fleet`` with an ``api_key_env`` gets ``Authorization: Bearer <key>`` on every request
+(``http_fleet``: read-back, probe, completions, ``/health``, ``/metrics``); the key is never recorded or
+logged (``run.json`` ``engines[]``: ``node``, ``gpu``, ``api_key_env``, ``api_key: "set"``). Once every replica
+is read back, their records must agree on the fields that change results (``http_fleet.fleet_agreement``:
+model, max_model_len, dtype, quantization, kv-cache dtype, vLLM version, prefix caching, block size; unknown
+where a server does not report one), recorded in ``stats()["http"]["agreement"]``.
+
 A URL whose host is not this host's loopback is warned about at ``start`` (console) and recorded per replica in
 ``stats()["http"]["exposure"]`` (``server_exposure``): the harness cannot see how such a server is fenced.
 
-Errors: a URL that does not answer or serves another model is the user's input:
+Errors: a URL that does not answer, refuses its key, serves another model or another engine than the
+other servers is the user's input:
 ``ServerInputError`` (an ``InputError`` and a ``TransportError``: the CLI exits 2); a server that
 cannot start, returns text instead of ids, or dies is a ``TransportError`` (exit 1).
 """
@@ -53,6 +61,7 @@ import numpy as np
 from sut.core.exposure import exposure
 from sut.core.transport import Transport, TransportSpec, register_transport
 from sut.core.transports import http_api as api
+from sut.core.transports import http_fleet as fleet
 from sut.core.transports import http_readback as readback
 from sut.core.transports import http_servers as servers
 from sut.core.transports.http_options import HttpOptions
@@ -101,10 +110,14 @@ class HttpTransport(Transport):
         self.options: HttpOptions = spec.options or HttpOptions()
         try:
             servers.check_server_args(self.options.server_args, spec.engine, self.options.server_command)
-            self.slots = [] if self.options.urls else plan_engines(spec.engine)
+            self.slots = [] if self.options.servers else plan_engines(spec.engine)
+            keys = [fleet.api_key(s) for s in self.options.servers] or [None] * len(self.slots)
         except (EngineError, ValueError) as e:
             raise ServerInputError(str(e)) from None
-        self.urls = list(self.options.urls) or [""] * len(self.slots)
+        self.urls = list(self.options.server_urls) or [""] * len(self.slots)
+        self._auth = [fleet.auth_headers(k) for k in keys]  # per replica; a key is sent, never recorded
+        self._post_headers = [{**_JSON, **a} for a in self._auth]
+        self.agreement: dict = {}  # http_fleet.fleet_agreement of the replicas (set by start)
         self.inflight = self.options.max_inflight_per_replica or 2 * spec.engine.max_num_seqs
         self.stream = spec.stream or spec.detail
         self.servers: list[servers.ServerProcess] = []
@@ -140,6 +153,7 @@ class HttpTransport(Transport):
             self._thread.start()
             self.exposure = [server_exposure(u) for u in self.urls]
             infos = self._call(self._connect_all())
+            self.agreement = self._agree(infos)
             self.records = [ReplicaRecord(r, info) for r, info in enumerate(infos)]
             self._call(self._start_workers())
         except BaseException:
@@ -161,6 +175,15 @@ class HttpTransport(Transport):
             raise TransportError(f"vllm-http server {len(self.servers)} could not be started: {e}") from None
         except (RuntimeError, EngineError) as e:
             raise TransportError(str(e)) from None
+
+    def _agree(self, infos: list[dict]) -> dict:
+        """``http_fleet.fleet_agreement`` of the replicas' records; servers that differ: ``ServerInputError``
+        (given servers) or ``TransportError`` (started here)."""
+        try:
+            return fleet.fleet_agreement(infos)
+        except ValueError as e:
+            cls = ServerInputError if self.options.servers else TransportError
+            raise cls(f"vllm-http: {e}") from None
 
     def _on_server_exit(self, server: servers.ServerProcess) -> None:
         if self.records:  # during start-up, wait_ready reports it
@@ -184,24 +207,26 @@ class HttpTransport(Transport):
         return [t.result() for t in tasks]
 
     def _error(self, r: int, what: str, user_input: bool) -> TransportError:
-        cls = ServerInputError if user_input and self.options.urls else TransportError
+        cls = ServerInputError if user_input and self.options.servers else TransportError
         return cls(f"{self._name(r)} {what}")
 
-    async def _get(self, url: str, as_json: bool = True):
-        """GET ``url``: the decoded body, or None on 404 (the server has no such endpoint)."""
-        async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+    async def _get(self, r: int, path: str, as_json: bool = True):
+        """GET ``path`` of replica ``r`` (with its key): the decoded body, or None on 404 (no such endpoint)."""
+        url = f"{self.urls[r]}{path}"
+        async with self._session.get(url, headers=self._auth[r],
+                                     timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
             if resp.status == 404:
                 return None
             if resp.status != 200:
-                raise api.ReplyError(f"GET {url}: HTTP {resp.status}: {await _text_capped(resp, 300)}")
+                raise api.ReplyError(f"GET {url}: {fleet.status_text(resp.status)}: {await _text_capped(resp, 300)}")
             text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
             return json.loads(text) if as_json else text
 
     async def _connect(self, r: int) -> dict:
         url = self.urls[r]
         try:
-            version = await self._get(f"{url}/version")
-            models = await self._get(f"{url}/v1/models")
+            version = await self._get(r, "/version")
+            models = await self._get(r, "/v1/models")
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
             raise self._error(r, f"does not answer: {_describe(e)}", user_input=True) from None
         listed = (models or {}).get("data") if isinstance(models, dict) else None
@@ -221,7 +246,7 @@ class HttpTransport(Transport):
         await self._probe(r)
         info = await self._read_back(r, served, version)
         try:  # open the pool's connections now, not on the first timed request
-            await asyncio.gather(*(self._ping(url) for _ in range(self.inflight)))
+            await asyncio.gather(*(self._ping(r) for _ in range(self.inflight)))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise self._error(r, f"cannot open {self.inflight} connections: {_describe(e)}", user_input=False) from None
         return info
@@ -230,11 +255,11 @@ class HttpTransport(Transport):
         """One 1-token completion: the server must answer with token ids."""
         body = json.dumps(dict(self._bases[r], prompt=[0], max_tokens=1, min_tokens=1)).encode()
         try:
-            async with self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=_JSON,
+            async with self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r],
                                           timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
                 if resp.status != 200:
-                    raise api.ReplyError(f"HTTP {resp.status}: {text[:300]}")
+                    raise api.ReplyError(f"{fleet.status_text(resp.status)}: {text[:300]}")
             ids, _, _ = api.parse_completion(json.loads(text))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
             raise self._error(r, f"probe completion failed: {_describe(e)}", user_input=False) from None
@@ -243,22 +268,25 @@ class HttpTransport(Transport):
 
     async def _read_back(self, r: int, served: dict, version) -> dict:
         """The replica's record (``http_readback.replica_record``) from ``/metrics`` and ``/server_info``
-        where the server offers them."""
+        where the server offers them, with where it runs (``http_fleet.placement``: node, GPU, key variable)."""
         url = self.urls[r]
         got = []
         for path, as_json in (("/metrics", False), ("/server_info?config_format=json", True)):
             try:
-                got.append(await self._get(f"{url}{path}", as_json=as_json))
+                got.append(await self._get(r, path, as_json=as_json))
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError):
                 got.append(None)
         try:
-            return readback.replica_record(r, url, served, version, got[0], got[1], self.spec.engine,
+            info = readback.replica_record(r, url, served, version, got[0], got[1], self.spec.engine,
                                            self.servers[r] if self.servers else None)
         except api.ReplyError as e:
             raise self._error(r, f"read-back failed: {e}", user_input=False) from None
+        given = self.options.servers[r] if self.options.servers else None
+        return dict(info, **fleet.placement(given, url))
 
-    async def _ping(self, url: str) -> None:
-        async with self._session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+    async def _ping(self, r: int) -> None:
+        async with self._session.get(f"{self.urls[r]}/health", headers=self._auth[r],
+                                     timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
             await _read_capped(resp, api.MAX_REPLY_BYTES)
 
     async def _start_workers(self) -> None:
@@ -299,18 +327,18 @@ class HttpTransport(Transport):
         """POST a completion, once more if no connection could be used at all (a keep-alive
         connection the server had closed)."""
         try:
-            return await self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=_JSON)
+            return await self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r])
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
             with self._lock:
                 self.retries += 1
-            return await self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=_JSON)
+            return await self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r])
 
     async def _complete(self, r: int, req: Request) -> Completion:
         t0 = time.monotonic()
         resp = await self._send(r, api.request_body(self._bases[r], req.prompt, self.stream))
         try:
             if resp.status != 200:
-                raise api.ReplyError(f"HTTP {resp.status}: {await _text_capped(resp, 500)}")
+                raise api.ReplyError(f"{fleet.status_text(resp.status)}: {await _text_capped(resp, 500)}")
             if self.stream:
                 ids, cached, t_first = await self._read_stream(r, req, resp)
             else:
@@ -355,10 +383,10 @@ class HttpTransport(Transport):
                 if self._dead[r]:
                     continue
                 try:
-                    async with self._session.get(f"{url}/health",
+                    async with self._session.get(f"{url}/health", headers=self._auth[r],
                                                  timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as resp:
                         if resp.status != 200:
-                            raise api.ReplyError(f"HTTP {resp.status}")
+                            raise api.ReplyError(fleet.status_text(resp.status))
                 except (aiohttp.ClientError, asyncio.TimeoutError, api.ReplyError) as e:
                     await self._failed(r, f"failed its health check ({url}/health): {_describe(e)}", e)
 
@@ -387,7 +415,8 @@ class HttpTransport(Transport):
             counts, retries = list(self.samples), self.retries
         return {"engines": [dict(r.info, samples=n) for r, n in zip(self.records, counts)],
                 "http": {"max_inflight_per_replica": self.inflight, "stream": self.stream, "retried_sends": retries,
-                         "urls": list(self.urls), "exposure": list(self.exposure)},
+                         "urls": list(self.urls), "exposure": list(self.exposure), "fleet": self.options.fleet,
+                         "agreement": self.agreement},
                 "dispatch_chunk": self.options.dispatch_chunk}
 
     async def _close(self) -> None:

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 from urllib.parse import urlsplit
 
+from sut.core.transports.http_fleet import load_fleet, servers_from_urls
+
 _PLACED = ("the harness's placement: one server per engine slot (one GPU or a share of one), one engine each; "
            "for more replicas use --engines-per-device or more GPUs")
 #: ``vllm serve`` flags that spread a server over several GPUs or engines (module docstring): refused.
@@ -214,6 +216,10 @@ class HttpOptions:
     as a flag the harness owns (``owned_flag``: ``RESERVED_SERVER_FLAGS`` with the placement flags
     ``-tp``/``-pp``/``-dp`` ..., the engine settings' flags, also abbreviated or as a short alias) or as
     a positional (the model, ``positional_word``) is refused; with ``urls`` refused.
+    ``fleet``: a fleet file (TOML, ``http_fleet``: per server its URL, node, GPU and the name of the
+    environment variable holding its API key), instead of ``urls``: giving both is refused. ``servers``
+    (derived, not an input): one ``http_fleet.FleetServer`` per given server, from ``fleet`` or ``urls``
+    (node: the URL's host); empty when servers are started here. ``server_urls``: their URLs.
     ``health_interval_s``: seconds between ``/health`` checks of every replica during the run.
     ``allow_unconfirmed_prefix_caching``: run even where a server's prefix-caching setting cannot be
     read back (the run is then not compliant). ``allow_prefix_caching``, ``dispatch_chunk``,
@@ -229,6 +235,11 @@ class HttpOptions:
     max_inflight_per_replica: Optional[int] = field(default=None, metadata={
         "flag": "--max-inflight-per-replica", "help": "requests in flight per server; the rest wait in the client "
                                                      "(default 2 x --max-num-seqs)"})
+    fleet: Optional[str] = field(default=None, metadata={
+        "flag": "--fleet", "metavar": "FILE",
+        "help": "a fleet file (TOML): one [[server]] table per running vLLM server (url, node, gpu, api_key_env: the "
+                "NAME of the variable holding its API key); instead of --server-url"})
+    servers: tuple = field(default=(), init=False)
     server_start_timeout_s: float = field(default=900.0, metadata={
         "flag": "--server-start-timeout-s", "help": "seconds a server started here may take to answer /health"})
     server_command: str = ""
@@ -247,12 +258,17 @@ class HttpOptions:
 
     def __post_init__(self):
         object.__setattr__(self, "urls", url_list(self.urls))
+        if self.fleet is not None and self.urls:
+            raise ValueError("--fleet and --server-url (option urls) both given: give the servers one way")
+        servers = load_fleet(self.fleet, url_list) if self.fleet is not None else servers_from_urls(self.urls)
+        object.__setattr__(self, "servers", servers)
         object.__setattr__(self, "server_args", _server_args(self.server_args))
         command = shlex.split(self.server_command or "")
         refuse_positional(vllm_args(command), "server_command")
         refuse_owned(launcher_args(command), RESERVED_SERVER_FLAGS, "server_command")
-        if self.urls and self.server_args:
-            raise ValueError("HttpOptions.server_args: only for servers started here, not with urls (--server-url)")
+        if self.servers and self.server_args:
+            raise ValueError("HttpOptions.server_args: only for servers started here, not with urls (--server-url) "
+                             "or --fleet")
         if self.max_inflight_per_replica is not None and self.max_inflight_per_replica < 1:
             raise ValueError(f"max_inflight_per_replica must be >= 1, got {self.max_inflight_per_replica}")
         for name in ("server_start_timeout_s", "health_interval_s"):
@@ -262,3 +278,8 @@ class HttpOptions:
             raise ValueError(f"dispatch_chunk must be >= 1, got {self.dispatch_chunk}")
         if not 0 <= self.first_token_weight <= 1e6:
             raise ValueError(f"first_token_weight must be in [0, 1e6], got {self.first_token_weight}")
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        """The URLs of the given servers (``--server-url`` or ``--fleet``); empty: servers are started here."""
+        return tuple(s.url for s in self.servers)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 from urllib.error import HTTPError, URLError
-from urllib.request import ProxyHandler, build_opener
+from urllib.request import ProxyHandler, Request, build_opener
 
 from sut.core.transports.http_options import RESERVED_SERVER_FLAGS, launcher_args, refuse_owned
 from sut.engine import EngineSettings, EngineSlot
@@ -244,11 +244,11 @@ def watch(server: ServerProcess, on_exit: Callable[[ServerProcess], None]) -> th
 _OPENER = build_opener(ProxyHandler({}))
 
 
-def health_status(url: str, timeout: float) -> int:
-    """The HTTP status of ``GET url/health``. ``URLError`` / ``OSError`` / ``ValueError`` when it cannot
-    be reached."""
+def health_status(url: str, timeout: float, headers: Optional[dict] = None) -> int:
+    """The HTTP status of ``GET url/health`` (``headers``: e.g. the server's ``Authorization``). ``URLError`` /
+    ``OSError`` / ``ValueError`` when it cannot be reached."""
     try:
-        with _OPENER.open(f"{url}/health", timeout=timeout) as resp:
+        with _OPENER.open(Request(f"{url}/health", headers=headers or {}), timeout=timeout) as resp:
             return resp.status
     except HTTPError as e:
         return e.code
