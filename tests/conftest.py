@@ -190,3 +190,54 @@ def _restore_stop_signals():
     signal.signal(signal.SIGINT, handlers[0])
     signal.signal(signal.SIGTERM, handlers[1])
     exits._interrupted.clear()
+
+
+FAKE_VLLM_SERVER = Path(__file__).resolve().parent / "fake_vllm_server.py"
+
+
+def _fake_healthy(url: str) -> bool:
+    from sut.core.transports import http_servers
+
+    try:
+        return http_servers.health_status(url, timeout=1) == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def fake_server():
+    """``start(*flags, model=TINY_MODEL) -> (url, Popen)``: a stand-in ``vllm serve`` (``fake_vllm_server.py``)
+    on a free loopback port, killed at the end."""
+    import subprocess
+    import time
+
+    from sut.core.transports.http_servers import free_port
+
+    procs = []
+
+    def start(*flags, model=str(TINY_MODEL)):
+        port = free_port()
+        p = subprocess.Popen([sys.executable, str(FAKE_VLLM_SERVER), "--model", model, "--port", str(port), *flags],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        procs.append(p)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 15
+        while not _fake_healthy(url):
+            assert p.poll() is None and time.monotonic() < deadline, "fake server did not start"
+            time.sleep(0.05)
+        return url, p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+@pytest.fixture
+def started():
+    """Stops every transport a test started (append each to the list)."""
+    made = []
+    yield made
+    for t in made:
+        t.stop()

@@ -26,6 +26,12 @@ The server then behaves as ``vllm serve`` (vLLM 0.32, ``vllm/entrypoints/openai/
   ``finish_reason`` on the last chunk with ids; an error during generation is the chunk
   ``{"error": {"message", "type", "param", "code"}}`` then ``[DONE]``; non-streamed, HTTP 500 with that body.
 
+``--api-key KEY`` (as ``vllm serve --api-key``): every ``/v1/*`` request without ``Authorization: Bearer KEY``
+gets HTTP 401 ``{"error": "Unauthorized"}``; ``/_stats`` counts, per path, the requests that carried the key
+and those that did not (``auth``). ``--version V`` (``/version``), ``--dtype``, ``--quantization`` (in
+``/server_info``), ``--kv-cache-dtype`` and ``--block-size`` (in ``/metrics`` and ``/server_info``) set what
+the server reports about its engine.
+
 ``--disable-log-stats`` leaves ``vllm:cache_config_info`` out of ``/metrics`` (as vLLM 0.32 does).
 
 Faults: ``--text-only`` (no ``token_ids`` even when asked: a server that returns text), ``--no-metrics`` (no
@@ -77,6 +83,12 @@ def parse(argv):
     p.add_argument("--error-after", type=int, default=None)
     p.add_argument("--truncate", type=int, default=None)
     p.add_argument("--bad-id", type=int, default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--version", default="0.0.0-fake")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--quantization", default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--block-size", type=int, default=16)
     a, _unknown = p.parse_known_args(argv)
     return a
 
@@ -89,6 +101,17 @@ class Fake:
         self.inflight = self.max_inflight = 0
         self.health_ports: set[int] = set()
         self.completion_ports: set[int] = set()
+        self.auth: dict[str, list[int]] = {}  # path -> [requests with the key, requests without]
+
+    @web.middleware
+    async def check_key(self, request, handler):
+        """Count whether each request carried the key; refuse ``/v1/*`` without it (as ``vllm serve --api-key``)."""
+        carried = self.a.api_key is not None and request.headers.get("Authorization") == f"Bearer {self.a.api_key}"
+        if request.path != "/_stats":
+            self.auth.setdefault(request.path, [0, 0])[0 if carried else 1] += 1
+        if self.a.api_key is not None and request.path.startswith("/v1") and not carried:
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
 
     @staticmethod
     def _port(request) -> int:
@@ -99,7 +122,7 @@ class Fake:
         return web.Response(status=200)
 
     async def version(self, request):
-        return web.json_response({"version": "0.0.0-fake"})
+        return web.json_response({"version": self.a.version})
 
     async def models(self, request):
         return web.json_response({"object": "list", "data": [
@@ -113,24 +136,26 @@ class Fake:
         epc = self.a.metrics_prefix_caching or ("True" if self.a.enable_prefix_caching else "False")
         text = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
                 "# TYPE vllm:cache_config_info gauge\n"
-                f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="{epc}",engine="0",'
+                f'vllm:cache_config_info{{block_size="{self.a.block_size}",cache_dtype="{self.a.kv_cache_dtype}",'
+                f'enable_prefix_caching="{epc}",engine="0",'
                 'gpu_memory_utilization="0.9",kv_cache_size_tokens="8192",num_gpu_blocks="512"} 1.0\n')
         return web.Response(text=text, content_type="text/plain")
 
     async def server_info(self, request):
         if not self.a.server_info:
             return web.Response(status=404)
-        cfg = {"model_config": {"model": self.a.model, "dtype": "torch.float32", "max_model_len": self.a.max_model_len,
-                                "enforce_eager": True, "seed": 0},
-               "cache_config": {"enable_prefix_caching": self.a.enable_prefix_caching, "block_size": 16,
-                                "num_gpu_blocks": 512},
+        cfg = {"model_config": {"model": self.a.model, "dtype": f"torch.{self.a.dtype}",
+                                "max_model_len": self.a.max_model_len, "enforce_eager": True, "seed": 0,
+                                "quantization": self.a.quantization},
+               "cache_config": {"enable_prefix_caching": self.a.enable_prefix_caching, "block_size": self.a.block_size,
+                                "num_gpu_blocks": 512, "cache_dtype": self.a.kv_cache_dtype},
                "scheduler_config": {"max_num_seqs": 64, "max_num_batched_tokens": 2048}, "load_config": {}}
         return web.json_response({"vllm_config": cfg, "vllm_env": {}, "system_env": {}})
 
     async def stats(self, request):
         return web.json_response({"bodies": self.bodies, "max_inflight": self.max_inflight,
                                   "health_ports": sorted(self.health_ports),
-                                  "completion_ports": sorted(self.completion_ports)})
+                                  "completion_ports": sorted(self.completion_ports), "auth": self.auth})
 
     def generate(self, prompt: list, body: dict) -> tuple[list, str, object]:
         """``(generated ids, finish_reason, stop_reason)`` as ``vllm serve`` ends a sequence (module docstring)."""
@@ -230,7 +255,7 @@ def main(argv=None) -> None:
         print("fake server: refusing to start (--fail-start)", flush=True)
         sys.exit(3)
     f = Fake(a)
-    app = web.Application()
+    app = web.Application(middlewares=[f.check_key])
     app.add_routes([web.get("/health", f.health), web.get("/version", f.version), web.get("/v1/models", f.models),
                     web.get("/metrics", f.metrics), web.get("/_stats", f.stats),
                     web.get("/server_info", f.server_info),

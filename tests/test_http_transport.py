@@ -38,37 +38,6 @@ MODEL = str(TINY_MODEL)
 EOS = (128001, 128008, 128009)
 
 
-def _health(url: str) -> bool:
-    try:
-        return servers.health_status(url, timeout=1) == 200
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def fake_server():
-    """``start(*flags, model=MODEL) -> (url, Popen)``: a fake server on a free port, killed at the end."""
-    procs = []
-
-    def start(*flags, model=MODEL):
-        port = servers.free_port()
-        p = subprocess.Popen([sys.executable, str(FAKE), "--model", model, "--port", str(port), *flags],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        procs.append(p)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 15
-        while not _health(url):
-            assert p.poll() is None and time.monotonic() < deadline, "fake server did not start"
-            time.sleep(0.05)
-        return url, p
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
-
-
 class Sink:
     """Records what the transport delivers, in order."""
 
@@ -123,15 +92,6 @@ def stats_of(url):
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(f"{url}/_stats", timeout=5) as r:
         return json.loads(r.read())
-
-
-@pytest.fixture
-def started():
-    """Stops every transport a test started."""
-    made = []
-    yield made
-    for t in made:
-        t.stop()
 
 
 # -- options ---------------------------------------------------------------------------------------

@@ -1,0 +1,225 @@
+"""``--sut vllm-http --fleet FILE``: the fleet file's checks, API keys (sent on every request, never written),
+the servers compared with each other before the run, and node / GPU / key variable per replica in ``run.json``.
+
+Fast: stand-in servers (``fake_vllm_server.py``), the tiny model's config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CPU_CONF, REPO, TINY_MODEL, sut_env
+from test_http_transport import Sink, stats_of, transport
+
+from sut.core.transports.http_fleet import KEY_REFUSED, FleetServer, fleet_agreement
+from sut.core.transports.http_options import HttpOptions
+from sut.engine import EngineSettings
+from sut.errors import InputError, ServerInputError
+from sut.http_sut import HttpSUT
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = str(TINY_MODEL)
+ENGINE = EngineSettings(model=MODEL, max_model_len=4096)
+
+
+def _fleet(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _run(tmp_path: Path, data, *args, env=None):
+    out_dir = tmp_path / "runs"
+    out_dir.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "sut", "run", "--no-progress", "--sut", "vllm-http", "--user-conf",
+                           str(CPU_CONF), "--model", MODEL, "--max-model-len", "4096", "--dataset", str(data),
+                           "--mode", "accuracy", "--max-samples", "8", "--no-accuracy-gate",
+                           "--output-dir", str(out_dir), *args],
+                          env=env or sut_env(), cwd=REPO, capture_output=True, text=True, timeout=90), out_dir
+
+
+# -- the file ----------------------------------------------------------------------------------------
+def test_a_fleet_file_gives_one_server_per_table_with_node_gpu_and_key_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEET_DEFAULT_KEY", "k1-value")
+    monkeypatch.setenv("GPU_B_KEY", "k2-value")
+    path = _fleet(tmp_path, 'api_key_env = "FLEET_DEFAULT_KEY"\n'
+                            '[[server]]\nurl = "http://10.0.0.5:8000/v1"\nnode = "gpu-a"\ngpu = "GPU-5c2a0f1e"\n'
+                            '[[server]]\nurl = "https://10.0.0.6:8001"\nnode = "gpu-b"\ngpu = "1"\n'
+                            'api_key_env = "GPU_B_KEY"\n')
+    opts = HttpOptions(fleet=path)
+    assert opts.servers == (FleetServer("http://10.0.0.5:8000", "gpu-a", "GPU-5c2a0f1e", "FLEET_DEFAULT_KEY"),
+                            FleetServer("https://10.0.0.6:8001", "gpu-b", "1", "GPU_B_KEY"))
+    assert opts.server_urls == ("http://10.0.0.5:8000", "https://10.0.0.6:8001") and opts.urls == ()
+    recorded = json.dumps(dataclasses.asdict(opts))  # what run.json's "options" holds
+    assert "FLEET_DEFAULT_KEY" in recorded and "k1-value" not in recorded and "k2-value" not in recorded
+    by_url = HttpOptions(urls="http://10.0.0.7:8000,http://gpu-c.lan:8000")
+    assert [(s.node, s.gpu, s.api_key_env) for s in by_url.servers] == [("10.0.0.7", None, None),
+                                                                        ("gpu-c.lan", None, None)]
+
+
+OK_SERVER = '[[server]]\nurl = "http://10.0.0.5:8000"\nnode = "gpu-a"\n'
+
+
+@pytest.mark.parametrize("text, said", [
+    (OK_SERVER + 'port = 8000\n', "server 0 (http://10.0.0.5:8000): field 'port': unknown key"),
+    ('servers = 1\n' + OK_SERVER, "field 'servers': unknown top-level key"),
+    ('[[server]]\nnode = "gpu-a"\n', "server 0: field 'url': missing (required)"),
+    ('[[server]]\nurl = 8000\nnode = "gpu-a"\n', "server 0: field 'url': must be a string, got int"),
+    ('[[server]]\nurl = "ftp://10.0.0.5:8000"\nnode = "a"\n',
+     "server 0 (ftp://10.0.0.5:8000): field 'url': 'ftp://10.0.0.5:8000' is not an http(s)://host:port URL"),
+    ('[[server]]\nurl = "http://10.0.0.5:8000"\n', "server 0 (http://10.0.0.5:8000): field 'node': missing"),
+    ('[[server]]\nurl = "http://10.0.0.5:8000"\nnode = 3\n', "field 'node': must be a string, got int"),
+    (OK_SERVER + 'gpu = 0\n', "server 0 (http://10.0.0.5:8000): field 'gpu': must be a string, got int"),
+    (OK_SERVER + '[[server]]\nurl = "http://10.0.0.5:8000/"\nnode = "gpu-b"\n',
+     "server 1 (http://10.0.0.5:8000): field 'url': the same URL as server 0"),
+    (OK_SERVER + 'api_key_env = "FLEET_TEST_UNSET_VAR"\n',
+     "server 0 (http://10.0.0.5:8000): field 'api_key_env': environment variable FLEET_TEST_UNSET_VAR is not set"),
+    (OK_SERVER + 'api_key_env = "FLEET_TEST_EMPTY_VAR"\n', "variable FLEET_TEST_EMPTY_VAR is not set or empty"),
+    ('api_key_env = "FLEET_TEST_UNSET_VAR"\n' + OK_SERVER, "server 0 (http://10.0.0.5:8000): field 'api_key_env'"),
+    (OK_SERVER + 'api_key_env = 5\n', "field 'api_key_env': must be a string"),
+    ('[server]\nurl = "http://10.0.0.5:8000"\nnode = "a"\n', "field 'server': no [[server]] table"),
+    ('[[server]\n', "not valid TOML"),
+])
+def test_a_bad_fleet_file_is_an_input_error_naming_the_file_the_server_and_the_field(tmp_path, monkeypatch, text,
+                                                                                      said):
+    monkeypatch.delenv("FLEET_TEST_UNSET_VAR", raising=False)
+    monkeypatch.setenv("FLEET_TEST_EMPTY_VAR", "")
+    path = _fleet(tmp_path, text)
+    with pytest.raises(InputError) as e:
+        HttpSUT.check_options({"fleet": path})
+    assert f"fleet file {path}: " in str(e.value) and said in str(e.value), str(e.value)
+
+
+def test_a_key_pasted_as_the_variable_name_is_refused_without_echoing_it(tmp_path):
+    key = "sk-" + secrets.token_hex(8)
+    path = _fleet(tmp_path, OK_SERVER + f'api_key_env = "{key}"\n')
+    with pytest.raises(InputError, match="field 'api_key_env': not an environment variable name") as e:
+        HttpSUT.check_options({"fleet": path})
+    assert key not in str(e.value)
+
+
+def test_cli_fleet_and_server_url_together_or_a_bad_fleet_exit_2_before_a_run_folder(tmp_path, synthetic_small):
+    data, _ = synthetic_small
+    path = _fleet(tmp_path, OK_SERVER)
+    out, runs = _run(tmp_path, data, "--fleet", path, "--server-url", "http://10.0.0.9:8000")
+    assert out.returncode == 2 and "--fleet and --server-url" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and not list(runs.iterdir())
+    bad = _fleet(tmp_path, OK_SERVER + "gpu = 0\n")
+    out, runs = _run(tmp_path, data, "--fleet", bad)
+    assert out.returncode == 2 and f"fleet file {bad}: server 0 (http://10.0.0.5:8000): field 'gpu'" in out.stderr
+    assert not list(runs.iterdir())
+
+
+# -- API keys ----------------------------------------------------------------------------------------
+def test_the_key_is_sent_on_every_request_and_never_written(tmp_path, synthetic_small, fake_server):
+    data, _ = synthetic_small
+    key = "fleet-secret-" + secrets.token_hex(16)
+    keyed, _ = fake_server("--api-key", key)
+    plain, _ = fake_server()
+    path = _fleet(tmp_path, f'[[server]]\nurl = "{keyed}"\nnode = "gpu-a"\ngpu = "GPU-0a1b"\napi_key_env = "FLEET_KEY"\n'
+                            f'[[server]]\nurl = "{plain}"\nnode = "gpu-b"\ngpu = "0"\n')
+    before = stats_of(keyed)["auth"]  # the fixture's own /health poll
+    out, runs = _run(tmp_path, data, "--fleet", path, "-v", env=dict(sut_env(), FLEET_KEY=key))
+    assert out.returncode == 0, out.stderr[-3000:]
+    auth = stats_of(keyed)["auth"]
+    for p in ("/v1/models", "/v1/completions", "/version", "/metrics", "/health", "/server_info"):
+        without = auth[p][1] - before.get(p, [0, 0])[1]
+        assert auth[p][0] > 0 and without == 0, (p, auth)  # every request to that server carried the key
+    (run,) = runs.iterdir()
+    for f in [p for p in run.rglob("*") if p.is_file()]:
+        assert key.encode() not in f.read_bytes(), f
+    assert key not in out.stdout and key not in out.stderr
+    rec = json.loads((run / "run.json").read_text())
+    placed = [{k: e[k] for k in ("url", "node", "gpu", "api_key_env", "api_key")} for e in rec["engines"]]
+    assert placed == [{"url": keyed, "node": "gpu-a", "gpu": "GPU-0a1b", "api_key_env": "FLEET_KEY", "api_key": "set"},
+                      {"url": plain, "node": "gpu-b", "gpu": "0", "api_key_env": None, "api_key": None}]
+    assert rec["options"]["fleet"] == path and rec["options"]["servers"][0]["api_key_env"] == "FLEET_KEY"
+    assert rec["http"]["agreement"]["agreed"]["vllm_version"] == "0.0.0-fake"
+
+
+def test_cli_a_refused_or_missing_key_exits_2_naming_the_server(tmp_path, synthetic_small, fake_server):
+    data, _ = synthetic_small
+    keyed, _ = fake_server("--api-key", "right-key")
+    path = _fleet(tmp_path, f'[[server]]\nurl = "{keyed}"\nnode = "gpu-a"\napi_key_env = "FLEET_KEY"\n')
+    out, runs = _run(tmp_path, data, "--fleet", path, env=dict(sut_env(), FLEET_KEY="wrong-key-1234"))
+    said = f"server {keyed}: {keyed}/v1/models: HTTP 401: {KEY_REFUSED}"
+    assert out.returncode == 2 and said in out.stderr, out.stderr[-2000:]
+    assert "wrong-key-1234" not in out.stderr + out.stdout and not list(runs.iterdir())
+    out, runs = _run(tmp_path, data, "--server-url", keyed)  # no key at all
+    assert out.returncode == 2 and said in out.stderr, out.stderr[-2000:]
+
+
+def test_the_transport_names_a_server_that_refuses_its_key(fake_server, started):
+    keyed, _ = fake_server("--api-key", "right-key")
+    t = transport(HttpOptions(urls=keyed))
+    started.append(t)
+    with pytest.raises(ServerInputError, match=f"\\({keyed}\\) does not answer: .*HTTP 401: {KEY_REFUSED}"):
+        t.start(Sink())
+
+
+# -- the servers compared ------------------------------------------------------------------------------
+@pytest.mark.parametrize("a, b, field, values", [
+    (["--server-info", "--dtype", "bfloat16"], ["--server-info", "--dtype", "float16"], "dtype",
+     ("bfloat16", "float16")),
+    (["--version", "0.10.1"], ["--version", "0.10.2"], "vllm_version", ("0.10.1", "0.10.2")),
+    (["--server-info"], ["--server-info", "--quantization", "fp8"], "quantization", ("none", "fp8")),
+    ([], ["--kv-cache-dtype", "fp8"], "kv_cache_dtype", ("auto", "fp8")),
+    ([], ["--block-size", "32"], "block_size", ("16", "32")),
+    ([], ["--max-model-len", "8192"], "max_model_len", ("4096", "8192")),
+])
+def test_servers_that_differ_are_refused_naming_both_urls_and_the_field(fake_server, a, b, field, values):
+    one, _ = fake_server(*a)
+    two, _ = fake_server(*b)
+    with pytest.raises(InputError) as e:
+        HttpSUT.preflight(HttpOptions(urls=[one, two]), ENGINE)
+    said = str(e.value)
+    assert f"differ in {field}: {one} ({field} {values[0]}), {two} ({field} {values[1]})" in said, said
+
+
+def test_the_transport_refuses_servers_that_differ_too(fake_server, started):
+    one, _ = fake_server("--version", "0.10.1")
+    two, _ = fake_server("--version", "0.10.2")
+    t = transport(HttpOptions(urls=[one, two]))
+    started.append(t)
+    with pytest.raises(ServerInputError, match=f"differ in vllm_version: {one} .*, {two} "):
+        t.start(Sink())
+
+
+def test_cli_servers_that_differ_exit_2_before_a_run_folder(tmp_path, synthetic_small, fake_server):
+    data, _ = synthetic_small
+    one, _ = fake_server("--server-info", "--dtype", "bfloat16")
+    two, _ = fake_server("--server-info", "--dtype", "float16")
+    out, runs = _run(tmp_path, data, "--server-url", f"{one},{two}")
+    assert out.returncode == 2 and f"differ in dtype: {one} (dtype bfloat16), {two} (dtype float16)" in out.stderr, \
+        out.stderr[-2000:]
+    assert not list(runs.iterdir())
+
+
+def test_a_field_one_server_does_not_report_is_unknown_not_a_difference(fake_server, started):
+    one, _ = fake_server("--server-info", "--dtype", "bfloat16")
+    two, _ = fake_server()  # no /server_info: dtype and quantization unknown
+    HttpSUT.preflight(HttpOptions(urls=[one, two]), ENGINE)
+    t = transport(HttpOptions(urls=[one, two]))
+    started.append(t)
+    records = t.start(Sink())
+    agreement = t.stats()["http"]["agreement"]
+    assert agreement["agreed"]["dtype"] == "bfloat16" and agreement["unknown"]["dtype"] == [two]
+    assert agreement["agreed"]["quantization"] == "none" and agreement["unknown"]["quantization"] == [two]
+    assert [(r.info["node"], r.info["gpu"], r.info["api_key"]) for r in records] == [("127.0.0.1", None, None)] * 2
+
+
+def test_agreement_reads_unknown_as_unknown_and_a_quantization_source_as_none():
+    told = {"url": "a", "engine_args": {"model": "/m/Llama", "dtype": "bfloat16"}, "engine_args_from": ["/server_info"]}
+    silent = {"url": "b", "engine_args": {"model": "/other/Llama"}, "engine_args_from": ["/v1/models"]}
+    got = fleet_agreement([told, silent])
+    assert got["agreed"]["model"] == "Llama" and got["agreed"]["quantization"] == "none"
+    assert got["unknown"]["dtype"] == ["b"] and got["unknown"]["quantization"] == ["b"]
+    with pytest.raises(ValueError, match=r"differ in enable_prefix_caching: a \(enable_prefix_caching False\), "
+                                         r"b \(enable_prefix_caching True\)"):
+        fleet_agreement([dict(told, enable_prefix_caching=False), dict(silent, enable_prefix_caching=True)])
