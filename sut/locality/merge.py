@@ -70,7 +70,8 @@ MIN_TIMINGS = 4
 HOST_FIELDS = {"engine_settings": ("model",),
                # measured by the first run, given to the next one (--capacity, --kv-tokens): their values are compared
                "workload.settings": ("capacity", "kv_tokens"),
-               "options": ("endpoint", "urls", "app_workdir", "service_log_dir", "lock_dir", "session_id")}
+               "options": ("endpoint", "urls", "fleet", "servers", "app_workdir", "service_log_dir", "lock_dir",
+                           "session_id")}
 
 
 @dataclass
