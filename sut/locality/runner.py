@@ -29,7 +29,6 @@ import datetime as _dt
 import json
 import logging
 import platform
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sut.constants import REPO
 from sut.errors import EngineError, RunFailed
 from sut.locality import NOTICE, RUN_SUFFIX
 from sut.locality.pairs import PairSettings, StudyContext, run_pairs, run_records
@@ -115,17 +113,11 @@ def make_run_dir(output_dir: str, run_name: Optional[str], label: str) -> Path:
 
 
 def runtime_versions() -> dict:
-    """Python, the packages that run the experiment, and this repository's commit (None outside git)."""
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
+    """Python, the packages that run the experiment, and this repository's commit (``sut.record.provenance``)."""
+    from sut.record.provenance import harness_commit
+
     return {"python": platform.python_version(), "platform": platform.platform(),
-            **{d: version(d) for d in ("vllm", "torch", "transformers", "flamepy", "numpy")},
-            "harness_commit": commit, "harness_uncommitted_changes": dirty}
+            **{d: version(d) for d in ("vllm", "torch", "transformers", "flamepy", "numpy")}, **harness_commit()}
 
 
 def write_record(d: Path, record: dict, name: str = "locality.json") -> Path:

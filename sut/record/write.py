@@ -32,6 +32,7 @@ from sut.constants import MIN_DURATION_MS, TESTED_VLLM
 from sut.data.dataset import Dataset
 from sut.record.latency_figure import write_latency_figure
 from sut.record.loadgen_log import token_latencies
+from sut.record.provenance import harness_commit
 from sut.scenarios import LATENCY_LIMITS_MS, resolve_scenario
 
 log = logging.getLogger("sut.run.harness")
@@ -235,7 +236,7 @@ def initial_record(rs, es, gen, options, model, dataset: Dataset, reasons: list,
         "dataset": {"path": str(Path(rs.dataset).resolve()), "sha256": dataset.sha256, "samples": len(dataset),
                     "records_in_file": dataset.total_in_file, "prompt_tokens": dataset.length_stats()},
         "versions": {"project": __version__, "mlcommons-loadgen": version("mlcommons-loadgen"),
-                     "python": platform.python_version(), "flamepy": version("flamepy")},
+                     "python": platform.python_version(), "flamepy": version("flamepy"), **harness_commit()},
         "host": platform.node(),
         "host_info": host_info(),
         "command": command,
