@@ -100,7 +100,9 @@ def test_describe_states_levels_targets_zipf_sizing_and_the_kill(capsys):
     assert ev["documents"] == math.ceil(3 * 200 / 101) and ev["workload"]["eviction"]["ratio"] == pytest.approx(
         ev["document_tokens"] / 200)
     main(["describe", "--trace-preset", "replica-loss", *SHAPE, "--json"])
-    assert json.loads(capsys.readouterr().out)["workload"]["replica_loss"]["kill_after"] == 0.5
+    assert json.loads(capsys.readouterr().out)["workload"]["replica_loss"]["kill_when"] == "time"
+    main(["describe", "--trace-preset", "replica-loss", *SHAPE])
+    assert "killed 50% of the last warm-up's wall time into the burst" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------- arrivals
@@ -235,13 +237,15 @@ def test_eviction_sizes_the_working_set_from_the_reported_kv_cache(systems, tmp_
 
 # --------------------------------------------------------------------------------------- replica loss
 def test_replica_loss_reroutes_or_fails_every_request_of_the_lost_replica(systems, tmp_path, capsys):
-    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--documents", "10", "--loss-timeout-s", "0.5")
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--documents", "10", "--loss-timeout-s", "0.5",
+                  "--kill-when", "answers")
     assert rc == 0 and ("kill", 0) in systems
     for c in cases_of(rec):
         f, t = c["failover"], c["timed"]
         assert f["answered"] + f["rerouted"] + f["failed"] == f["requests"] == t["requests"] == 40
         assert t["answered"] == f["answered"] + f["rerouted"] and t["failed"] == f["failed"]
         k = f["killed"]
+        assert k["trigger"] == {"when": "answers", "after": 0.5} and k["fired"] and f["loss_seen"]
         assert k["replica"] == 0 and k["replica_answered"] == math.ceil(k["replica_routed"] / 2) > 1
         assert k["burst_answered"] >= k["replica_answered"] and "killed" in f["detected_how"]
         assert len(f["requests_failed"]) == f["failed"] and all(f["requests_failed"].values())
@@ -263,7 +267,7 @@ def test_replica_loss_reroutes_or_fails_every_request_of_the_lost_replica(system
 def test_a_kill_nobody_reports_ends_by_the_loss_timeout(monkeypatch, tmp_path):
     monkeypatch.setitem(SYSTEMS, "standalone", fake(silent_kill=True))
     rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
-                  "--documents", "10", "--loss-timeout-s", "0.3")
+                  "--documents", "10", "--loss-timeout-s", "0.3", "--kill-when", "answers")
     f = cases_of(rec)[0]["failover"]
     assert rc == 0 and f["detected_after_s"] is None and f["failed"] > 0 and f["answered"] + f["failed"] == 40
     assert all("no answer within 0.3 s after replica 0 was killed" in why for why in f["requests_failed"].values())
@@ -272,17 +276,43 @@ def test_a_kill_nobody_reports_ends_by_the_loss_timeout(monkeypatch, tmp_path):
 def test_a_replica_lost_before_the_kill_fails_the_run(monkeypatch, tmp_path):
     monkeypatch.setitem(SYSTEMS, "standalone", fake(die_after={1: 2}))
     rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
-                  "--kill-after", "0.9", "--warmups", "0")
+                  "--kill-after", "0.9", "--warmups", "0", "--kill-when", "answers")
     assert rc == 1 and "replica 1 failed before the planned kill: fake replica 1 died" in rec["error"]
+
+
+def test_the_kill_fires_mid_work_at_a_share_of_the_warm_up_time(monkeypatch, tmp_path):
+    """The default trigger: --kill-after x the last warm-up's wall time into the timed burst, while the replica
+    still holds work (a system that returns a batch's answers together is still killed mid-work)."""
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.01))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--loss-timeout-s", "0.5")
+    assert rc == 0
+    c = cases_of(rec)[0]
+    f, k = c["failover"], c["failover"]["killed"]
+    planned = 0.5 * c["warmups"][-1]["wall_s"]
+    assert k["trigger"] == {"when": "time", "at_s": pytest.approx(planned, abs=1e-3)} and k["fired"]
+    assert planned - 0.01 <= k["at_s"] <= planned + 0.5 and k["replica_outstanding"] > 0
+    assert f["loss_seen"] and f["rerouted"] > 0 and f["answered"] + f["rerouted"] + f["failed"] == 40
+
+
+def test_a_kill_that_lands_after_the_work_is_reported_as_measuring_no_loss(monkeypatch, tmp_path, capsys):
+    """--kill-when answers on a system that answers a replica's share in one piece: the kill fires once half
+    is back, when nothing is left to lose; the report says so instead of passing it off as a recovery."""
+    monkeypatch.setitem(SYSTEMS, "standalone", fake())
+    monkeypatch.setattr("sut.locality.failover.kill_replica", lambda transport, replica: "nothing (test)")
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--kill-when", "answers")
+    f = cases_of(rec)[0]["failover"]
+    assert rc == 0 and f["killed"]["fired"] and not f["loss_seen"] and f["answered"] == 40
+    assert "note: 1 case(s) killed the replica after it had done its work" in capsys.readouterr().out
 
 
 def test_workload_runs_merge_with_their_metric_and_measured_values(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(SYSTEMS, "standalone", fake())  # no log in the options: the runs' settings are equal
     monkeypatch.setitem(SYSTEMS, "flame", fake(step_s=0.002, halt_on_kill=True))
-    assert run(tmp_path, "--trace-preset", "replica-loss", "--documents", "10", "--loss-timeout-s", "0.3",
-               name="a")[0] == 0
-    assert run(tmp_path, "--trace-preset", "replica-loss", "--documents", "10", "--loss-timeout-s", "0.3",
-               name="b")[0] == 0
+    for name in "ab":  # the answers trigger: these instant fakes may finish a burst before a time trigger fires
+        assert run(tmp_path, "--trace-preset", "replica-loss", "--documents", "10", "--loss-timeout-s", "0.3",
+                   "--kill-when", "answers", name=name)[0] == 0
     out = tmp_path / "out"
     runs = [str(out / f"{n}-SYNTHETIC-LOCALITY-NOT-MLPERF") for n in "ab"]
     assert main(["report", *runs, "--output-dir", str(out), "--run-name", "m"]) == 0
@@ -305,6 +335,7 @@ def test_workload_runs_merge_with_their_metric_and_measured_values(monkeypatch, 
     (["--trace-preset", "arrivals", "--rate", "3"], "--rate 3 and --load-levels: the levels set the arrival rates"),
     (["--trace-preset", "replica-loss", "--kill-after", "1.5"], "kill_after must be 0 (off) or in (0, 1)"),
     (["--trace-preset", "replica-loss", "--kill-replica", "2"], "--kill-replica 2: the systems have replicas 0..1"),
+    (["--trace-preset", "replica-loss", "--warmups", "0"], "--kill-when time fires the kill at --kill-after x the last"),
     (["--trace-preset", "replica-loss", "--engines-per-device", "1"], "replica-loss needs at least 2 replicas"),
     (["--trace-preset", "eviction", "--working-set", "0.5"], "working_set must be 0 (off) or >= 1"),
     (["--policies", "prefix_affinity_sometimes"], "unknown policy"),

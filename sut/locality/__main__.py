@@ -113,7 +113,7 @@ def _preflight_servers(systems, es: EngineSettings) -> None:
                 raise BadInput(f"error: system {system.name}: {e}") from None
 
 
-def _check_workload(ts, ws, systems, replicas: int, rate: float) -> None:
+def _check_workload(ts, ws, systems, replicas: int, rate: float, warmups: int) -> None:
     """The workloads' own checks before anything starts (``ValueError`` naming the flag)."""
     if ws.load_levels and rate:
         raise ValueError(f"--rate {rate:g} and --load-levels: the levels set the arrival rates (level x capacity); "
@@ -127,6 +127,9 @@ def _check_workload(ts, ws, systems, replicas: int, rate: float) -> None:
     if ws.kill_after and replicas < 2:
         raise ValueError(f"--kill-after: replica-loss needs at least 2 replicas, the systems have {replicas} "
                          "(--engines-per-device 2 on one device)")
+    if ws.kill_after and ws.kill_when == "time" and not warmups:
+        raise ValueError("--kill-when time fires the kill at --kill-after x the last warm-up's wall time: give "
+                         "--warmups 1 or more, or --kill-when answers")
     if ws.kill_after and ws.kill_replica >= replicas:
         raise ValueError(f"--kill-replica {ws.kill_replica}: the systems have replicas 0..{replicas - 1}")
     if ws.load_levels and ws.capacity_policy not in POLICIES:
@@ -154,7 +157,7 @@ def _prepare(a):
     if urls:
         replicas = len(urls)
     systems = resolve_systems(a.systems, replicas, parse_system_options(a.system_option), http=a.http, urls=urls)
-    _check_workload(ts, ws, systems, replicas, ps.rate)
+    _check_workload(ts, ws, systems, replicas, ps.rate, ps.warmups)
     _preflight_servers(systems, es)
     affinity = _routing(a, model_revision(es.model))
     prepared = prepare_trace(ts, ps.warmups, extra=max(0, len(ws.load_levels) - 1))

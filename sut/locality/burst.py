@@ -210,10 +210,13 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     else:
         disp = Dispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe, vocab_size=bs.vocab_size)
     disp.replicas = transport.attach(disp)
+    if killer is not None:
+        killer.start()
     t0 = _send(trace, bs, ledger, disp, col)
     error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
     ledger.close(timeout=10.0)
     if killer is not None:
+        killer.stop()
         killer.join()
         error = error or killer.error
     if error is not None:
@@ -265,8 +268,9 @@ def failover_record(disp: FailoverDispatcher, killer: Killer, col: _Collector, n
 
     loss = disp.losses[0] if disp.losses else None
     rerouted = sorted(disp.rerouted_done.values())
-    return {"killed": {"replica": killer.plan.replica, **(killer.at or {}), "at_s": after_t0(k0, t0),
-                       "how": killer.how}, **kinds, "requests": n,
+    return {"killed": {"replica": killer.plan.replica, "trigger": killer.plan.trigger, "fired": k0 is not None,
+                       **(killer.at or {}), "at_s": after_t0(k0, t0), "how": killer.how},
+            "loss_seen": bool(disp.losses), **kinds, "requests": n,
             "detected_after_s": after(loss["detected"]) if loss else None,
             "detected_how": loss["how"] if loss else None,
             "losses": [{"replica": x["replica"], "kind": x["kind"], "after_s": after(x["detected"]),

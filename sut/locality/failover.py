@@ -2,8 +2,11 @@
 
 Algorithm (the ``replica-loss`` workload, ``sut/locality/workloads/replica_loss.py``)
 ---------
-1. **Kill.** ``KillPlan(replica, after)``: once replica ``replica`` has answered ``ceil(after x n)`` of the ``n``
-   requests routed to it so far (in a burst: all of its share), so that it still holds some, the harness
+1. **Kill.** ``KillPlan(replica, after, at_s=T)``: ``T`` seconds after the burst starts (the caller sets
+   ``T`` = ``after`` x the last warm-up's wall time, so that the kill lands mid-work on every system, however
+   it delivers its answers). Without ``at_s``: once replica ``replica`` has answered ``ceil(after x n)`` of
+   the ``n`` requests routed to it so far (in a burst: all of its share), so that it still holds some (a
+   system that returns a batch's answers together has done the rest of its work by then). The harness
    kills it once (``kill_replica``): through the transport's own
    ``kill_replica(r)`` where it has one (test doubles), else ``SIGKILL`` to the pid the replica's own record
    reports (``ReplicaRecord.info["pid"]``: its engine process, which this harness or the Flame service
@@ -58,6 +61,15 @@ class KillPlan:
     after: float
     retries: int = 1
     loss_timeout_s: float = 60.0
+    at_s: Optional[float] = None  # seconds after the burst starts (None: the answers trigger)
+
+    @property
+    def trigger(self) -> dict:
+        """How the kill fires, as recorded: ``{"when": "time", "at_s": T}`` or ``{"when": "answers",
+        "after": f}``."""
+        if self.at_s is not None:
+            return {"when": "time", "at_s": round(self.at_s, 4)}
+        return {"when": "answers", "after": self.after}
 
     def threshold(self, routed: int) -> int:
         """Answers of the replica that trigger the kill when ``routed`` requests went to it (at least 1)."""
@@ -98,19 +110,46 @@ class Killer:
         self.error: Optional[str] = None
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        self._timer: Optional[threading.Timer] = None
+
+    def start(self) -> None:
+        """The burst starts now: with a time trigger, the kill fires ``plan.at_s`` seconds from here (unless
+        ``stop`` comes first: the burst ended before it)."""
+        if self.plan.at_s is None:
+            return
+        self._timer = threading.Timer(self.plan.at_s, self._on_time)
+        self._timer.name, self._timer.daemon = "replica-loss-timer", True
+        self._timer.start()
+
+    def stop(self) -> None:
+        """The burst is over: a kill that has not fired never will (``at`` stays None)."""
+        if self._timer is not None:
+            self._timer.cancel()
 
     def on_answer(self, replica: int) -> None:
         with self._lock:
             self.answered += 1
             self.mine += replica == self.plan.replica
-            routed = self.routed()
-            if self._thread is not None or replica != self.plan.replica or self.mine < self.plan.threshold(routed):
+            fire = (self.plan.at_s is None and replica == self.plan.replica and self._thread is None
+                    and self.mine >= self.plan.threshold(self.routed()))
+            if fire:
+                self._fire_locked()
+        if fire:
+            self._thread.start()
+
+    def _on_time(self) -> None:
+        with self._lock:
+            if self._thread is not None:
                 return
-            self.at = {"replica_answered": self.mine, "replica_routed": routed,
-                       "replica_outstanding": routed - self.mine, "burst_answered": self.answered}
-            self.killed_at = time.monotonic()
-            self._thread = threading.Thread(target=self._kill, name="replica-loss-kill", daemon=True)
+            self._fire_locked()
         self._thread.start()
+
+    def _fire_locked(self) -> None:
+        routed = self.routed()
+        self.at = {"replica_answered": self.mine, "replica_routed": routed,
+                   "replica_outstanding": routed - self.mine, "burst_answered": self.answered}
+        self.killed_at = time.monotonic()
+        self._thread = threading.Thread(target=self._kill, name="replica-loss-kill", daemon=True)
 
     def _kill(self) -> None:
         if self.arm is not None:

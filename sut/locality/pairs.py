@@ -333,13 +333,12 @@ def _measure(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, 
 
 def _timed(t: Transport, ctx: StudyContext, ps: PairSettings, case: Case, rec: dict, idle: "_IdleSink") -> None:
     """The timed burst (with a kill: the ``replica-loss`` workload, whose transport has a lost replica after)."""
-    from sut.locality.workloads.replica_loss import check_killable, kill_plan
+    from sut.locality.workloads.replica_loss import check_killable, kill_plan, kill_words
 
-    kill = kill_plan(ctx.workload)
+    kill = kill_plan(ctx.workload, rec["warmups"])
     if kill is not None:
         check_killable(t, kill.replica)
-    log.info("%s: timed burst of %d requests%s", case.name, len(ctx.trace),
-             f" (replica {kill.replica} killed once it answered {kill.after:.0%} of its requests)" if kill else "")
+    log.info("%s: timed burst of %d requests%s", case.name, len(ctx.trace), kill_words(kill) if kill else "")
     res = _burst(t, ctx, case.policy, ctx.trace, 0, ps.progress, ps.rate, ps.arrival_seed, ps.stall_timeout_s,
                  ctx.expected_hashes, kill=kill)
     if kill is None:  # a transport that lost a replica takes no new sink: nothing more is sent to it

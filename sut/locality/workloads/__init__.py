@@ -54,6 +54,9 @@ class WorkloadSettings:
         kv_blocks: every engine's KV-cache blocks (vLLM ``num_gpu_blocks_override``; 0 = what memory allows).
         kill_after: replica-loss: kill the replica once it has answered this fraction of the timed
             requests routed to it, in (0, 1) (0 = off).
+        kill_when: replica-loss: what fires the kill: ``time`` (``kill_after`` x the case's last warm-up wall
+            time after the timed burst starts) or ``answers`` (the replica has answered ``kill_after`` of its
+            requests).
         kill_replica: replica-loss: which replica.
         retries: replica-loss: re-routes a lost replica's request gets (0 = it fails at once).
         loss_timeout_s: replica-loss: after the kill, this long without an answer fails what is left.
@@ -78,6 +81,10 @@ class WorkloadSettings:
                              "num_gpu_blocks_override): a small cache on a CPU, or the same capacity on any GPU")
     kill_after: float = knob(0.0, "replica-loss: kill --kill-replica once it has answered this fraction of the "
                                   "timed requests routed to it, in (0, 1); 0 = off")
+    kill_when: str = knob("time", "replica-loss: what fires the kill: time (--kill-after x the case's last warm-up "
+                                  "wall time after the timed burst starts: mid-work on every system, however it "
+                                  "delivers answers) or answers (once the replica has answered --kill-after of the "
+                                  "requests routed to it)", choices=("time", "answers"))
     kill_replica: int = knob(0, "replica-loss: the replica to kill")
     retries: int = knob(1, "replica-loss: re-routes of a lost replica's request (0 = it fails at once)")
     loss_timeout_s: float = knob(60.0, "replica-loss: after the kill, this many seconds without an answer fail the "
@@ -100,6 +107,8 @@ class WorkloadSettings:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (math.isfinite(self.kill_after) and (self.kill_after == 0 or 0 < self.kill_after < 1)):
             raise ValueError(f"kill_after must be 0 (off) or in (0, 1), got {self.kill_after}")
+        if self.kill_when not in ("time", "answers"):
+            raise ValueError(f"kill_when must be time or answers, got {self.kill_when!r}")
 
     @property
     def active(self) -> list[str]:

@@ -3,9 +3,12 @@ re-routed, recovery time); nothing lost silently, and the run says what happened
 
 Algorithm (``sut.locality.failover``)
 ---------
-1. **Kill.** In the timed burst of every case (not in the warm-ups), once replica ``--kill-replica`` (0) has
-   answered ``--kill-after`` (0.5) of the requests routed to it (so that it still holds the rest), it is
-   killed: ``SIGKILL`` to the engine process its
+1. **Kill.** In the timed burst of every case (not in the warm-ups), replica ``--kill-replica`` (0) is killed
+   ``--kill-after`` (0.5) x the case's last warm-up wall time after the burst starts (``--kill-when time``, the
+   default): mid-work on every system, whatever it does with answers. (``--kill-when answers``: once the
+   replica has answered ``--kill-after`` of the requests routed to it. On one H100 this missed Flame: a Flame
+   task returns its batch's answers together, so when half of them were back its engine had generated the
+   rest, and the kill cost nothing.) ``SIGKILL`` to the engine process its
    own record names (standalone: the vLLM worker this harness started; Flame: the engine process of that
    replica's service). Both systems lose the same replica at the same point of the same trace.
 2. **Detection** only as a client would see it: the system's transport reports the replica failed, or a
@@ -28,7 +31,8 @@ What to expect: the standalone system's other engine keeps serving, so its reque
 re-routed; Flame 0.6's transport halts on any fatal event of a session (``sut.flame.transport``), so its
 re-routes are refused and the rest fails after the timeout: the record says which happened.
 
-Knobs: ``--kill-after`` (0.5), ``--kill-replica`` (0), ``--retries`` (1), ``--loss-timeout-s`` (60); the
+Knobs: ``--kill-after`` (0.5), ``--kill-when`` (time), ``--kill-replica`` (0), ``--retries`` (1),
+``--loss-timeout-s`` (60); the
 trace's. At least two replicas.
 
 Shape on a GPU (preset): 32 news documents of ~8K tokens x 4 questions = 128 requests of 64 new tokens, one
@@ -38,7 +42,9 @@ for a system that stops serving).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
+
+from sut.errors import RunFailed
 
 NAME = "replica-loss"
 _TRACE = {"doc_tokens": 8192, "documents": 32, "questions": 4, "max_tokens": 64, "zipf_s": 0.0, "order": "shuffled",
@@ -47,19 +53,36 @@ PRESET = {"trace": _TRACE, "run": {"rate": 0.0, "policies": ("prefix_affinity", 
           "routing": {"release_gate": "never"}, "workload": {"kill_after": 0.5}}
 
 
-def kill_plan(ws) -> Optional[object]:
-    """The ``failover.KillPlan`` of the settings (None: no kill)."""
+def kill_plan(ws, warmups: Sequence[dict] = ()) -> Optional[object]:
+    """The ``failover.KillPlan`` of the settings (None: no kill). ``warmups``: the case's warm-up records
+    (``wall_s`` each); with ``kill_when`` time the kill fires ``kill_after`` x the last one's wall time after
+    the timed burst starts.
+
+    Raises:
+        RunFailed: a time trigger without a warm-up to time it by.
+    """
     from sut.locality.failover import KillPlan
 
     if not ws.kill_after:
         return None
-    return KillPlan(ws.kill_replica, ws.kill_after, ws.retries, ws.loss_timeout_s)
+    at_s = None
+    if ws.kill_when == "time":
+        if not warmups:
+            raise RunFailed("--kill-when time needs a warm-up burst to time the kill by (--warmups 1 or more)")
+        at_s = ws.kill_after * float(warmups[-1]["wall_s"])
+    return KillPlan(ws.kill_replica, ws.kill_after, ws.retries, ws.loss_timeout_s, at_s)
+
+
+def kill_words(kill) -> str:
+    """How the kill of ``kill`` (a ``KillPlan``) fires, for the console."""
+    if kill.at_s is not None:
+        return f" (replica {kill.replica} killed {kill.at_s:.2f} s in: {kill.after:.0%} of the last warm-up's time)"
+    return f" (replica {kill.replica} killed once it answered {kill.after:.0%} of its requests)"
 
 
 def check_killable(transport, replica: int) -> None:
     """Before a case's timed burst: ``RunFailed`` when its replica cannot be killed (no such replica, no pid
     and no ``kill_replica`` of the transport)."""
-    from sut.errors import RunFailed
 
     if not 0 <= replica < transport.replicas:
         raise RunFailed(f"--kill-replica {replica}: the system has replicas 0..{transport.replicas - 1}")
@@ -87,4 +110,22 @@ def report_lines(record: dict) -> list[str]:
                      f"{_s(f.get('detected_after_s')):>10} {f['answered']:>8} {f['rerouted']:>8} {f['failed']:>6} "
                      f"{_s(f.get('recovery_s')):>10} {_s(f.get('drained_s')):>9}  "
                      f"{(f.get('detected_how') or 'not detected')[:80]}" + (f" / {why[:80]}" if why else ""))
-    return lines
+    return lines + _unmeasured(record.get("cases", []))
+
+
+def _unmeasured(cases: Sequence[dict]) -> list[str]:
+    """Notes on cases whose kill measured no loss: it never fired (the burst ended first), or it fired and
+    nothing was lost (no loss reached the harness, nothing re-routed or failed: the replica had done its work)."""
+    fo = [(c, c["failover"]) for c in cases if c.get("failover")]
+    unfired = [c for c, f in fo if f["killed"].get("fired") is False]
+    unfelt = [c for c, f in fo if f["killed"].get("fired") is not False and not f.get("losses")
+              and not f["rerouted"] and not f["failed"]]
+    out = []
+    if unfired:
+        out.append(f"note: {len(unfired)} case(s) ended before the kill time; they measure no loss "
+                   f"({', '.join(sorted({c['system'] for c in unfired}))})")
+    if unfelt:
+        out.append(f"note: {len(unfelt)} case(s) killed the replica after it had done its work (no loss reached the "
+                   f"harness, nothing re-routed or failed): they measure no loss "
+                   f"({', '.join(sorted({c['system'] for c in unfelt}))})")
+    return out

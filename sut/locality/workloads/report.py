@@ -34,7 +34,8 @@ def workload_shape(ts, ws: WorkloadSettings, shape: dict) -> dict:
                               {"documents": f"sized at run time: ceil({ws.working_set:g} x one replica's KV tokens / "
                                             f"{ts.doc_tokens + 1})"})}
     if ws.kill_after:
-        out["replica_loss"] = {"kill_replica": ws.kill_replica, "kill_after": ws.kill_after, "retries": ws.retries,
+        out["replica_loss"] = {"kill_replica": ws.kill_replica, "kill_after": ws.kill_after,
+                               "kill_when": ws.kill_when, "retries": ws.retries,
                                "loss_timeout_s": ws.loss_timeout_s}
     return out
 
@@ -65,9 +66,11 @@ def workload_rows(ts, ws: WorkloadSettings, shape: dict) -> list[tuple[str, str,
                      + (f"; every engine capped at {ws.kv_blocks:,} KV blocks" if ws.kv_blocks else "")))
     if "replica_loss" in w:
         r = w["replica_loss"]
-        rows.append(("replica loss", f"replica {r['kill_replica']}", f"killed once it answered {r['kill_after']:.0%} "
-                     f"of the requests routed to it; {r['retries']} re-route(s) each; {r['loss_timeout_s']:g} s "
-                     "without an answer fail the rest"))
+        when = (f"killed {r['kill_after']:.0%} of the last warm-up's wall time into the burst"
+                if r.get("kill_when", "answers") == "time" else
+                f"killed once it answered {r['kill_after']:.0%} of the requests routed to it")
+        rows.append(("replica loss", f"replica {r['kill_replica']}", f"{when}; {r['retries']} re-route(s) each; "
+                     f"{r['loss_timeout_s']:g} s without an answer fail the rest"))
     return rows
 
 
