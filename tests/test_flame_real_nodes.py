@@ -58,8 +58,10 @@ def _gone(pids, within_s: float) -> list:
 
 
 def _start_cli(workdir, *extra):
-    p = subprocess.Popen([sys.executable, "-m", "sut.flame", "cluster", "--nodes", "2", "--workdir", str(workdir),
-                          "--flame-bin", str(flame_bin_dir()), *extra], cwd=REPO, env=sut_env(),
+    """``python -m sut.flame cluster --nodes 2 --policies priority,drf,gang`` as docs/multinode.md runs it: the process
+    and its ``FLAME_*=`` lines."""
+    p = subprocess.Popen([sys.executable, "-m", "sut.flame", "cluster", "--nodes", "2", "--policies", ",".join(DRF),
+                          "--flame-bin", str(flame_bin_dir()), "--workdir", str(workdir), *extra], cwd=REPO, env=sut_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = {}
     while len(lines) < 3:
@@ -88,9 +90,14 @@ def test_cluster_cli_two_nodes_ready_then_stop_leaves_nothing(uts, tmp_path):
         for n in nodes["nodes"]:  # logs per node, named by the node
             assert list((tmp_path / "c" / "nodes" / n["name"] / "home" / "logs").glob(f"fem-{n['name']}*"))
         conn.register_application("echo", echo_app_attributes(working_directory=str(tmp_path / "echo")))
-        ssn = conn.create_session(flamepy.SessionAttributes(application="echo", min_instances=2, max_instances=2))
+        ssn = conn.create_session(flamepy.SessionAttributes(  # a whole node per executor (drf): one on each node
+            application="echo", min_instances=2, max_instances=2, resreq=flamepy.ResourceRequirement.from_string(WHOLE_NODE)))
         info = json.loads(ssn.invoke(b"info"))
         assert os.readlink(f"/proc/{info['pid']}/ns/uts") in {n["uts"] for n in nodes["nodes"]}
+        deadline = time.monotonic() + 20
+        while sorted(e.spec.node for e in conn.list_executors()) != ["node-0", "node-1"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(e.spec.node for e in conn.list_executors()) == ["node-0", "node-1"]
         tree = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
         assert {n["pid"] for n in nodes["nodes"]} | {info["pid"]} <= set(tree)
         conn.close()
@@ -109,7 +116,7 @@ def test_cluster_cli_without_uts_namespaces_exits_2_with_the_reason(tmp_path):
     p = subprocess.run(cmd, cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stdout + p.stderr
     assert "--nodes 2: each node needs a UTS namespace" in p.stdout + p.stderr and "CAP_SYS_ADMIN" in p.stdout + p.stderr
-    assert not (tmp_path / "c" / "nodes").exists()
+    assert not (tmp_path / "c").exists()  # refused before the work folder is made
 
 
 def test_flame_sut_places_its_shards_on_both_nodes(uts, real_flame_factory, tmp_path, synthetic_small):

@@ -73,9 +73,14 @@ def test_the_page_documents_the_fleet_flags_and_what_is_not_built_yet():
                                                                   "--flame-engines"]:
         assert flag in text, flag
     not_built = text.split("## Not built yet", 1)[1]
-    for item in ("fleet file", "API key", "--nodes N"):
+    for item in ("fleet file", "API key", "node selector"):
         assert item in not_built, item
+    assert "--nodes" not in not_built
     built = text.split("## Not built yet", 1)[0]
+    # the emulated nodes' commands, as tests/test_flame_real_nodes.py runs them, and the lost-node bound it asserts
+    for item in ("python -m sut.flame cluster --nodes 2 --policies priority,drf,gang --flame-bin", "nodes.json",
+                 "--executors-per-engine 2", "--option resreq=cpu=$(nproc),mem=1g", "at most 45 s", "--node-gpus"):
+        assert item in built, item
     assert "flame.exposure" in built and "http.exposure" in built  # non-loopback endpoints: warned and recorded
 
 

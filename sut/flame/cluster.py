@@ -543,6 +543,21 @@ def _check_args(a) -> Path:
     return bin_dir
 
 
+#: Scheduler policies of Flame v0.6.0 (session_manager/src/scheduler/plugins; shim is always on).
+KNOWN_POLICIES = ("priority", "drf", "gang")
+
+
+def _check_policies(text: str) -> tuple:
+    """``--policies`` as a tuple; ``BadInput`` (exit 2) for an empty list or a policy v0.6.0 does not have."""
+    from sut.errors import BadInput
+
+    out = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in out if x not in KNOWN_POLICIES]
+    if not out or bad:
+        raise BadInput(f"error: --policies {text!r}: expected some of {', '.join(KNOWN_POLICIES)}, comma-separated")
+    return out
+
+
 def _parser():
     import argparse
 
@@ -552,6 +567,9 @@ def _parser():
                    "in home/logs), fem/; with --nodes N > 1 each node's in nodes/<name>/{home,fem}")
     p.add_argument("--port", type=int, default=0, help="frontend port (backend: port + 1; default: two free ports)")
     p.add_argument("--resreq", default=ClusterSettings.resreq, help="default session resource request")
+    p.add_argument("--policies", default=",".join(ClusterSettings.policies), help="Flame scheduler policies, comma-"
+                   "separated (default %(default)s; add drf so that a session's resource request must fit a node: the "
+                   "way to spread executors over nodes, docs/multinode.md)")
     p.add_argument("--nodes", type=int, default=1, help="executor managers, each a node of its own (more than 1: "
                    "each in a UTS namespace with host name <prefix>-<i>; needs root or CAP_SYS_ADMIN; default 1)")
     p.add_argument("--node-prefix", default=ClusterSettings.node_prefix, help="node names: <prefix>-0, <prefix>-1, ... "
@@ -587,8 +605,8 @@ def main(argv: list[str]) -> int:
     import threading
 
     a = _parser().parse_args(argv)
+    gpus, policies = _check_nodes(a), _check_policies(a.policies)  # before _check_args makes the work folder
     bin_dir = _check_args(a)
-    gpus = _check_nodes(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -596,7 +614,7 @@ def main(argv: list[str]) -> int:
     try:
         cluster = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=Path(a.workdir), port=a.port, resreq=a.resreq,
                                               die_with_parent=True, nodes=a.nodes, node_prefix=a.node_prefix,
-                                              node_gpus=gpus)).start()
+                                              node_gpus=gpus, policies=policies)).start()
     except ClusterError as e:
         print(f"error: {e}")
         return 1
