@@ -21,14 +21,15 @@ import pytest
 from sut.flame.nodes import uts_unavailable
 from tests.conftest import CPU_CONF, REPO, TINY_ENGINE_ARGS, flame_bin_dir, sut_env
 from tests.flame_doubles import fake_options
-from tests.test_flame_standin import _assert_exactly_once, _issue, _sut, dataset, lock_dir  # noqa: F401
+from tests.test_flame_real import _kill_mid_run
+from tests.test_flame_standin import _assert_exactly_once, dataset, lock_dir  # noqa: F401
 
 pytestmark = pytest.mark.realflame
 #: A session resource request of a whole node: with the drf policy each node fits exactly one such executor.
 WHOLE_NODE = f"cpu={os.cpu_count()},mem=1g"
 DRF = ("priority", "drf", "gang")
 #: Seconds from the SIGKILL of a node's executor manager until the run has failed (docs/multinode.md): the session
-#: manager's 30 s heartbeat timeout, then one health poll (health_check_s; 1 s here, 5 s by default).
+#: manager's 30 s heartbeat timeout, then one health poll (health_check_s, 5 s by default, as here).
 LOST_NODE_BOUND_S = 45.0
 
 
@@ -178,23 +179,16 @@ def test_a_node_lost_mid_run_fails_the_run_naming_it_and_leaves_no_service(uts, 
     LOST_NODE_BOUND_S naming node-1; the stop asks the survivors on node-0 to leave (Flame never closes the
     session), and node-1's services end by themselves: no service of the run is left on either node."""
     cluster = real_flame_factory(nodes=2, policies=DRF)
-    sut, answers = _sut(cluster, dataset, lock_dir, step_s=1.0, close_timeout_s=120, health_check_s=1.0,
-                        executors_per_engine=2, resreq=WHOLE_NODE)
-    try:
-        sut.start()
+    services: dict = {}  # node -> pids of its services, read just before the kill
+
+    def kill() -> None:
         assert sorted(e["node"] for e in cluster.executors()) == ["node-0", "node-1"]
-        services = {n: [q.pid for q in cluster.node_processes(n) if q.pid != cluster.fems[n].pid] for n in cluster.fems}
+        services.update({n: [q.pid for q in cluster.node_processes(n) if q.pid != p.pid] for n, p in cluster.fems.items()})
         assert all(services.values()), services
-        samples = _issue(sut, dataset, 40)
-        time.sleep(1.5)
         cluster.kill_executor_manager(node="node-1")
-        t_kill = time.monotonic()
-        assert sut.ledger.idle.wait(LOST_NODE_BOUND_S + 30), "every issued sample answered (empty) once the run failed"
-        t_failed = time.monotonic() - t_kill
-    finally:
-        t0 = time.monotonic()
-        sut.stop()
-        t_stop = time.monotonic() - t0
+
+    sut, answers, samples, t_failed, t_stop = _kill_mid_run(cluster, dataset, lock_dir, kill, LOST_NODE_BOUND_S + 30,
+                                                            executors_per_engine=2, resreq=WHOLE_NODE)
     err = sut.ledger.error
     assert err and "node(s) node-1 NotReady" in err, err
     assert t_failed < LOST_NODE_BOUND_S and t_stop < 40, (t_failed, t_stop)
