@@ -1,4 +1,4 @@
-"""A one-host real Flame v0.6.0 cluster (session manager + one executor manager) for tests and benchmarks.
+"""A one-host real Flame v0.6.0 cluster (session manager + one executor manager per node) for tests and benchmarks.
 
 ``RealCluster`` starts Flame's own binaries (``flame-session-manager``, ``flame-executor-manager``,
 built at tag v0.6.0; see ../shared/flame/README.md) on free loopback ports with their own
@@ -12,8 +12,16 @@ What the cluster needs before it starts (``ClusterSettings``, ``ClusterError``, 
 ``find_bin_dir``, the ports ``pick_ports``, ``cluster.yaml``) is in ``sut.flame.cluster_config``; this module
 imports those names, so they may be imported from here too.
 
-CLI: ``python -m sut.flame cluster --workdir DIR [--flame-bin DIR] [--port N]`` prints
-``FLAME_ENDPOINT=...`` and serves until Ctrl-C / SIGTERM.
+CLI: ``python -m sut.flame cluster --workdir DIR [--flame-bin DIR] [--port N] [--policies P,...] [--nodes N
+[--node-prefix P] [--node-gpus G:G...]]`` prints ``FLAME_ENDPOINT=...``, ``FLAME_NODES=...`` and
+``FLAME_NODES_FILE=...`` and serves until Ctrl-C / SIGTERM.
+
+Nodes (``ClusterSettings.nodes``): one executor manager, named by this host, by default; with N > 1, N executor
+managers, each a node of its own (``sut.flame.nodes``: UTS namespace and host name ``<prefix>-<i>``, its own
+``FLAME_HOME``, working and socket folders, logs in ``nodes/<name>/home/logs``), all in the cluster's network
+namespace and the session manager's process group. ``<workdir>/nodes.json`` lists each node's name, executor
+manager pid, home, logs, GPUs and UTS namespace (``kill_executor_manager(node=...)`` / ``kill -9 PID``: a lost node;
+``node_processes(node)``: what runs on it).
 
 Facts of v0.6.0 this module designs for: the frontend listens on the endpoint's port and the
 executor-manager backend on port + 1, both on **0.0.0.0** whatever host the endpoint names, and nothing in
