@@ -79,11 +79,16 @@ def test_the_page_documents_the_fleet_flags_and_what_is_not_built_yet():
                                                                   "FLAME_ENDPOINT", "--flame-engines"]:
         assert flag in text, flag
     not_built = text.split("## Not built yet", 1)[1]
-    for item in ("--nodes N", "GPU of a `vllm serve` server read back"):
+    for item in ("GPU of a `vllm serve` server read back", "node selector"):
         assert item in not_built, item
+    assert "--nodes" not in not_built
     for item in ("A fleet file for", "sends no API key", "sends no `Authorization`"):  # built now
         assert item not in text, item
     built = text.split("## Not built yet", 1)[0]
+    # the emulated nodes' commands, as tests/test_flame_real_nodes.py runs them, and the lost-node bound it asserts
+    for item in ("python -m sut.flame cluster --nodes 2 --policies priority,drf,gang --flame-bin", "nodes.json",
+                 "--executors-per-engine 2", "--option resreq=cpu=$(nproc),mem=1g", "at most 45 s", "--node-gpus"):
+        assert item in built, item
     assert "flame.exposure" in built and "http.exposure" in built  # non-loopback endpoints: warned and recorded
     assert "HTTP 401: API key refused or missing" in built and "differ in dtype" in built
 

@@ -52,8 +52,8 @@ def _main(argv: list[str]) -> int:
     c.add_argument("--endpoint", help="Flame endpoint (default: FLAME_ENDPOINT or ~/.flame/flame.yaml)")
     c.add_argument("--wait-s", type=float, default=300.0, help="how long to retry while Flame refuses because tasks "
                                                                "still run (default 300)")
-    sub.add_parser("cluster", add_help=False, help="run a one-host real Flame v0.6.0 cluster until Ctrl-C "
-                   "(python -m sut.flame cluster --help)")
+    sub.add_parser("cluster", add_help=False, help="run a one-host real Flame v0.6.0 cluster (one node, or --nodes N "
+                   "emulated nodes) until Ctrl-C (python -m sut.flame cluster --help)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if a.cmd == "close":

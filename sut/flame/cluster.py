@@ -1,4 +1,4 @@
-"""A one-host real Flame v0.6.0 cluster (session manager + one executor manager) for tests and benchmarks.
+"""A one-host real Flame v0.6.0 cluster (session manager + one executor manager per node) for tests and benchmarks.
 
 ``RealCluster`` starts Flame's own binaries (``flame-session-manager``, ``flame-executor-manager``,
 built at tag v0.6.0; see ../shared/flame/README.md) on free loopback ports with their own
@@ -12,8 +12,16 @@ What the cluster needs before it starts (``ClusterSettings``, ``ClusterError``, 
 ``find_bin_dir``, the ports ``pick_ports``, ``cluster.yaml``) is in ``sut.flame.cluster_config``; this module
 imports those names, so they may be imported from here too.
 
-CLI: ``python -m sut.flame cluster --workdir DIR [--flame-bin DIR] [--port N]`` prints
-``FLAME_ENDPOINT=...`` and serves until Ctrl-C / SIGTERM.
+CLI: ``python -m sut.flame cluster --workdir DIR [--flame-bin DIR] [--port N] [--policies P,...] [--nodes N
+[--node-prefix P] [--node-gpus G:G...]]`` prints ``FLAME_ENDPOINT=...``, ``FLAME_NODES=...`` and
+``FLAME_NODES_FILE=...`` and serves until Ctrl-C / SIGTERM.
+
+Nodes (``ClusterSettings.nodes``): one executor manager, named by this host, by default; with N > 1, N executor
+managers, each a node of its own (``sut.flame.nodes``: UTS namespace and host name ``<prefix>-<i>``, its own
+``FLAME_HOME``, working and socket folders, logs in ``nodes/<name>/home/logs``), all in the cluster's network
+namespace and the session manager's process group. ``<workdir>/nodes.json`` lists each node's name, executor
+manager pid, home, logs, GPUs and UTS namespace (``kill_executor_manager(node=...)`` / ``kill -9 PID``: a lost node;
+``node_processes(node)``: what runs on it).
 
 Facts of v0.6.0 this module designs for: the frontend listens on the endpoint's port and the
 executor-manager backend on port + 1, both on **0.0.0.0** whatever host the endpoint names, and nothing in
@@ -36,6 +44,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +59,7 @@ from sut.flame.cluster_config import (
     FSM,
     ClusterError,
     ClusterSettings,
+    NodesUnavailable,
     cluster_yaml,
     default_bin_dir,
     find_bin_dir,
@@ -57,6 +67,7 @@ from sut.flame.cluster_config import (
     taken_ports_message,
 )
 from sut.flame.netns import FenceUnavailable, NetFence, listeners, loopback_listener
+from sut.flame.nodes import NodePlan, parse_node_gpus, plan_nodes, uts_unavailable
 
 log = logging.getLogger("sut.flame.cluster")
 MARK_ENV = "SUT_FLAME_CLUSTER"
@@ -90,7 +101,10 @@ class RealCluster:
         self.port: Optional[int] = None
         self.endpoint: Optional[str] = None
         self.fsm: Optional[subprocess.Popen] = None
-        self.fem: Optional[subprocess.Popen] = None
+        self.fem: Optional[subprocess.Popen] = None  # the first node's executor manager
+        self.nodes: list[NodePlan] = []
+        self.fems: dict[str, subprocess.Popen] = {}  # node name -> its executor manager
+        self.node_uts: dict[str, Optional[str]] = {}  # node name -> "uts:[inode]" of its executor manager
         self.forwarder: Optional[subprocess.Popen] = None  # 127.0.0.1:port here -> the namespace's session manager
         self.fence: Optional[NetFence] = None
         # {"isolated": True, "netns": "net:[inode]", "how": ...} or {"isolated": False, "reason": ...}
@@ -104,24 +118,55 @@ class RealCluster:
 
     # ------------------------------------------------------------------ start
     def start(self) -> "RealCluster":
-        """Start both managers; returns once the executor manager's node is Ready. ``ClusterError``."""
+        """Start the session manager and one executor manager per node; returns once every node is Ready.
+        ``ClusterError`` (``NodesUnavailable``: several nodes asked for where UTS namespaces cannot be made)."""
         for b in (FSM, FEM):
             if not os.access(Path(self.s.bin_dir) / b, os.X_OK):
                 raise ClusterError(f"{Path(self.s.bin_dir) / b} is missing or not executable")
-        for d in (self.log_dir, self.home, self.workdir / "fem"):
-            d.mkdir(parents=True, exist_ok=True)
+        if self.s.nodes > 1:
+            why = uts_unavailable()
+            if why:
+                raise NodesUnavailable(f"{self.s.nodes} nodes need a UTS namespace (host name) each: {why}")
         # Executor sockets: <dir>/<36-char executor id>.sock must stay under the 108-byte limit.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="flsk-", dir="/tmp"))
+        self.nodes = self._plan_nodes()
+        for d in [self.log_dir, self.home] + [d for n in self.nodes for d in (n.log_dir, n.cwd, n.sock_dir)]:
+            d.mkdir(parents=True, exist_ok=True)
         try:
             self._make_fence()
             self._start_managers()
             self._wait_node_ready()
+            self._write_nodes_file()
         except BaseException:
             self.stop()
             raise
         log.info("flame cluster %s up at %s (workdir %s; %s)", self.mark, self.endpoint, self.workdir,
                  f"in {self.isolation['netns']}, loopback only" if self.fence else "NOT isolated")
         return self
+
+    def _plan_nodes(self) -> list[NodePlan]:
+        """One node named by this host (``nodes`` 1: FLAME_HOME ``home``, working folder ``fem``), else
+        ``sut.flame.nodes.plan_nodes``; ``ClusterError`` for a GPU list that does not fit."""
+        gpus = tuple(self.s.node_gpus)
+        if self.s.nodes == 1:
+            if len(gpus) > 1:
+                raise ClusterError(f"{len(gpus)} GPU lists for 1 node")
+            return [NodePlan(socket.gethostname(), self.home, self.workdir / "fem", self.sock_dir,
+                             gpus[0] if gpus else None, emulated=False)]
+        try:
+            return plan_nodes(self.workdir, self.sock_dir, self.s.node_prefix, gpus, self.s.nodes)
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+
+    def _write_nodes_file(self) -> None:
+        """``<workdir>/nodes.json``: the endpoint, the session manager's pid and each node's record
+        (``NodePlan.record``: name, executor manager pid, FLAME_HOME, logs, GPUs)."""
+        import json
+
+        self.node_uts = {n.name: _uts_of(self.fems[n.name].pid) for n in self.nodes}
+        rec = {"endpoint": self.endpoint, "session_manager_pid": self.fsm.pid,
+               "nodes": [dict(n.record(self.fems[n.name].pid), uts=self.node_uts[n.name]) for n in self.nodes]}
+        (self.workdir / "nodes.json").write_text(json.dumps(rec, indent=1) + "\n")
 
     def _make_fence(self) -> None:
         """The cluster's network namespace (``self.fence``), or, where none can be made or ``isolate`` is off, a
@@ -138,9 +183,12 @@ class RealCluster:
                           "how": "network namespace of its own (loopback only); the frontend port forwarded from "
                                  "this host's 127.0.0.1"}
 
-    def _env(self) -> dict:
+    def _env(self, node: Optional[NodePlan] = None) -> dict:
+        """The managers' environment (``node``: that node's executor manager's)."""
         env = dict(os.environ)
         env.update(FLAME_HOME=str(self.home), FLAME_SOCKET_DIR=str(self.sock_dir), RUST_LOG=self.s.rust_log)
+        if node is not None:
+            env.update(node.env())
         env[MARK_ENV] = self.mark
         env.pop("FLAME_ENDPOINT", None)
         if self.fence is not None:  # nothing to download from in there: fail at once, from the cache only
@@ -149,13 +197,16 @@ class RealCluster:
         return env
 
     def _popen(self, argv: list[str], log_name: str, cwd: Path, pass_fds: tuple = (), inside: bool = True,
-               **kw) -> subprocess.Popen:
-        """``argv`` started (``inside``: in the cluster's namespace, when there is one), stderr to
-        ``<log_dir>/<log_name>.stderr``; ``kw`` go to ``Popen``."""
+               node: Optional[NodePlan] = None, **kw) -> subprocess.Popen:
+        """``argv`` started (``inside``: in the cluster's namespace, when there is one; ``node``: as that node, its
+        stderr in the node's log folder), stderr to ``<log_dir>/<log_name>.stderr``; ``kw`` go to ``Popen``."""
+        log_dir = self.log_dir
+        if node is not None:
+            argv, log_dir = node.command(argv), node.log_dir
         if inside and self.fence is not None:
             argv, pass_fds = self.fence.command(argv), pass_fds + self.fence.pass_fds
-        with open(self.log_dir / f"{log_name}.stderr", "ab") as err:
-            return subprocess.Popen(argv, cwd=cwd, env=self._env(), stdin=subprocess.DEVNULL,
+        with open(log_dir / f"{log_name}.stderr", "ab") as err:
+            return subprocess.Popen(argv, cwd=cwd, env=self._env(node), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=err, pass_fds=pass_fds,
                                     preexec_fn=self._preexec(), **kw)
 
@@ -179,8 +230,10 @@ class RealCluster:
         self.endpoint = f"http://127.0.0.1:{port}"
         if self.fence is None:
             log.warning(EXPOSED_WARNING, self.isolation["reason"], port, port + 1)
-        self.fem = self._popen([str(Path(self.s.bin_dir) / FEM), "--config", str(cfg)], "fem", self.workdir / "fem",
-                               process_group=self.fsm.pid)
+        for node in self.nodes:  # all in the session manager's process group
+            self.fems[node.name] = self._popen([str(Path(self.s.bin_dir) / FEM), "--config", str(cfg)], "fem", node.cwd,
+                                               node=node, process_group=self.fsm.pid)
+        self.fem = self.fems[self.nodes[0].name]
 
     def _start_session_manager(self, port: int, cfg: Path) -> Optional[str]:
         """Start the session manager on ``port`` (and, in a namespace, the forwarder from this host's
@@ -221,41 +274,54 @@ class RealCluster:
         return f"not listening on {port} and {port + 1} after {self.s.start_timeout_s:.0f} s"
 
     def _wait_node_ready(self) -> None:
+        """Return once Flame lists every node Ready (one node: any Ready node); ``ClusterError`` when a manager exits
+        or ``start_timeout_s`` passes."""
         import flamepy
 
         deadline = time.monotonic() + self.s.start_timeout_s
         conn = flamepy.connect(self.endpoint)
+        want = {n.name for n in self.nodes if n.emulated}
+        ready: set = set()
         try:
             while time.monotonic() < deadline:
-                if self.fem.poll() is not None:
-                    raise ClusterError(f"the executor manager exited with code {self.fem.returncode}; logs in "
-                                       f"{self.log_dir}:\n{self.log_tail('fem')}")
+                for node in self.nodes:
+                    p = self.fems[node.name]
+                    if p.poll() is not None:
+                        raise ClusterError(f"the executor manager of node {node.name} exited with code {p.returncode}; "
+                                           f"logs in {node.log_dir}:\n{self.log_tail('fem', node=node.name)}")
                 if self.fsm.poll() is not None:
                     raise ClusterError(f"the session manager exited with code {self.fsm.returncode}:\n{self.log_tail('fsm')}")
                 try:
-                    if any(n.status.state == 1 for n in conn.list_nodes()):  # NodeState Ready
-                        return
+                    ready = {n.metadata.name for n in conn.list_nodes() if n.status.state == 1}  # NodeState Ready
                 except flamepy.FlameError:
                     pass
+                if ready and want <= ready:
+                    return
                 time.sleep(0.1)
         finally:
             conn.close()
-        raise ClusterError(f"no Ready node after {self.s.start_timeout_s:.0f} s; logs in {self.log_dir}")
+        raise ClusterError(f"nodes Ready after {self.s.start_timeout_s:.0f} s: {sorted(ready) or 'none'} (expected "
+                           f"{sorted(want) or 'one'}); logs in {self.log_dir} and nodes/*/home/logs")
 
     # ------------------------------------------------------------------ inspection
-    def log_text(self, which: str = "fsm") -> str:
-        """The log of the session manager (``fsm``) or executor manager (``fem``): its own files, then stderr."""
+    def log_text(self, which: str = "fsm", node: Optional[str] = None) -> str:
+        """The log of the session manager (``fsm``) or the executor managers (``fem``; ``node``: that node's only):
+        their own files, then stderr, node by node."""
+        dirs = [self.log_dir]
+        if which == "fem" and self.nodes:
+            dirs = [n.log_dir for n in self.nodes if node is None or n.name == node]
         out = []
-        for f in sorted(self.log_dir.glob(f"{which}-*")) + [self.log_dir / f"{which}.stderr"]:
-            try:
-                out.append(f.read_text(errors="replace"))
-            except OSError:
-                pass
+        for d in dirs:
+            for f in sorted(d.glob(f"{which}-*")) + [d / f"{which}.stderr"]:
+                try:
+                    out.append(f.read_text(errors="replace"))
+                except OSError:
+                    pass
         return "".join(out)
 
-    def log_tail(self, which: str = "fsm", n: int = 4000) -> str:
-        """The last ``n`` characters of ``log_text(which)``."""
-        return self.log_text(which)[-n:]
+    def log_tail(self, which: str = "fsm", n: int = 4000, node: Optional[str] = None) -> str:
+        """The last ``n`` characters of ``log_text(which, node)``."""
+        return self.log_text(which, node)[-n:]
 
     def processes(self) -> list:
         """Every live process of this cluster: the managers, the services and their children."""
@@ -263,7 +329,7 @@ class RealCluster:
 
     def service_processes(self) -> list:
         """The live processes started by the executor manager (services, engine workers)."""
-        managers = {p.pid for p in (self.fsm, self.fem, self.forwarder) if p is not None}
+        managers = {p.pid for p in (self.fsm, self.forwarder, *self.fems.values()) if p is not None}
         return [p for p in self.processes() if p.pid not in managers]
 
     def _conn(self):
@@ -332,10 +398,18 @@ class RealCluster:
             time.sleep(0.2)
         raise ClusterError(f"the session manager did not start again on port {self.port}: {why}")
 
-    def kill_executor_manager(self, sig: int = signal.SIGKILL) -> None:
-        """Fault injection: signal the executor manager process only (its services live on)."""
-        self.fem.send_signal(sig)
-        self.fem.wait(10)
+    def kill_executor_manager(self, sig: int = signal.SIGKILL, node: Optional[str] = None) -> None:
+        """Fault injection: signal the executor manager of ``node`` (default: the first node) only (its services
+        live on until they notice); ``KeyError`` for an unknown node."""
+        p = self.fems[node] if node is not None else self.fem
+        p.send_signal(sig)
+        p.wait(10)
+
+    def node_processes(self, node: str) -> list:
+        """Live processes of ``node``: its executor manager and every process in its UTS namespace (the services
+        and engines it started; an emulated node only, else this host's cluster processes)."""
+        p, uts = self.fems[node], self.node_uts.get(node)
+        return [q for q in self.processes() if q.pid == p.pid or (uts is not None and _uts_of(q.pid) == uts)]
 
     # ------------------------------------------------------------------ stop
     def stop(self) -> None:
@@ -345,13 +419,13 @@ class RealCluster:
             return
         self._stopped = True
         others = self.service_processes()
-        for p in (self.fem, self.fsm):
+        for p in (*self.fems.values(), self.fsm):
             if p is not None and p.poll() is None:
                 try:
                     os.killpg(p.pid if p is self.fsm else os.getpgid(p.pid), signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     pass
-        for p in (self.fem, self.fsm, self.forwarder):
+        for p in (*self.fems.values(), self.fsm, self.forwarder):
             if p is not None:
                 self._end(p)
         self._end_marked(others)
@@ -418,9 +492,40 @@ class RealCluster:
         self.stop()
 
 
+def _uts_of(pid: int) -> Optional[str]:
+    """``uts:[inode]`` of a process's UTS namespace (None when it is gone)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+def _check_nodes(a) -> tuple:
+    """``--node-gpus`` as one CUDA_VISIBLE_DEVICES value per node; ``BadInput`` (exit 2) naming a bad ``--nodes``,
+    ``--node-prefix`` or ``--node-gpus``, or why this process cannot make nodes of their own (no UTS namespaces)."""
+    import re
+
+    from sut.errors import BadInput
+
+    if a.nodes < 1:
+        raise BadInput(f"error: --nodes {a.nodes}: expected 1 or more")
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?", a.node_prefix):
+        raise BadInput(f"error: --node-prefix {a.node_prefix!r}: expected a host-name label (lower-case letters, digits, "
+                       "'-' inside; at most 42 characters)")
+    try:
+        gpus = parse_node_gpus(a.node_gpus, a.nodes)
+    except ValueError as e:
+        raise BadInput(f"error: {e}") from None
+    why = uts_unavailable() if a.nodes > 1 else None
+    if why:
+        raise BadInput(f"error: --nodes {a.nodes}: each node needs a UTS namespace (host name) of its own, and this "
+                       f"process cannot make one: {why}")
+    return gpus
+
+
 def _check_args(a) -> Path:
     """The Flame binaries' folder; ``BadInput`` (exit 2, before anything starts) naming a bad or taken ``--port``,
-    ``--resreq`` or ``--workdir``, or a folder without the binaries."""
+    ``--resreq``, ``--workdir`` or node option (``_check_nodes``), or a folder without the binaries."""
     import flamepy
 
     from sut.errors import BadInput
@@ -446,17 +551,69 @@ def _check_args(a) -> Path:
     return bin_dir
 
 
-def main(argv: list[str]) -> int:
-    """``python -m sut.flame cluster``: run a cluster in the foreground until Ctrl-C / SIGTERM."""
+#: Scheduler policies of Flame v0.6.0 (session_manager/src/scheduler/plugins; shim is always on).
+KNOWN_POLICIES = ("priority", "drf", "gang")
+
+
+def _check_policies(text: str) -> tuple:
+    """``--policies`` as a tuple; ``BadInput`` (exit 2) for an empty list or a policy v0.6.0 does not have."""
+    from sut.errors import BadInput
+
+    out = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in out if x not in KNOWN_POLICIES]
+    if not out or bad:
+        raise BadInput(f"error: --policies {text!r}: expected some of {', '.join(KNOWN_POLICIES)}, comma-separated")
+    return out
+
+
+def _parser():
     import argparse
-    import threading
 
     p = argparse.ArgumentParser(prog="python -m sut.flame cluster", description=main.__doc__)
     p.add_argument("--flame-bin", help=f"folder with {FSM} and {FEM} (default: ${BIN_ENV}, else ../shared/flame/bin)")
-    p.add_argument("--workdir", required=True, help="cluster folder: cluster.yaml, home/ (FLAME_HOME; logs in home/logs), fem/")
+    p.add_argument("--workdir", required=True, help="cluster folder: cluster.yaml, nodes.json, home/ (FLAME_HOME; logs "
+                   "in home/logs), fem/; with --nodes N > 1 each node's in nodes/<name>/{home,fem}")
     p.add_argument("--port", type=int, default=0, help="frontend port (backend: port + 1; default: two free ports)")
     p.add_argument("--resreq", default=ClusterSettings.resreq, help="default session resource request")
-    a = p.parse_args(argv)
+    p.add_argument("--policies", default=",".join(ClusterSettings.policies), help="Flame scheduler policies, comma-"
+                   "separated (default %(default)s; add drf so that a session's resource request must fit a node: the "
+                   "way to spread executors over nodes, docs/multinode.md)")
+    p.add_argument("--nodes", type=int, default=1, help="executor managers, each a node of its own (more than 1: "
+                   "each in a UTS namespace with host name <prefix>-<i>; needs root or CAP_SYS_ADMIN; default 1)")
+    p.add_argument("--node-prefix", default=ClusterSettings.node_prefix, help="node names: <prefix>-0, <prefix>-1, ... "
+                   "(default node)")
+    p.add_argument("--node-gpus", help="CUDA_VISIBLE_DEVICES per node, ':'-separated (e.g. 0:1; 0,1:2,3), or 'each' "
+                   "(node i gets GPU i); default: every node inherits this process's")
+    return p
+
+
+def _serve(cluster: RealCluster, done) -> int:
+    """Wait for ``done``; 1 once the session manager (or its forwarder) or the last executor manager exits (an
+    executor manager that exits while others run is logged: its node is lost, the cluster goes on)."""
+    lost: set = set()
+    while not done.wait(0.5):
+        if any(p is not None and p.poll() is not None for p in (cluster.fsm, cluster.forwarder)):
+            log.error("the Flame session manager (or the forwarder to it) exited; stopping (logs in %s)", cluster.log_dir)
+            return 1
+        for name, p in cluster.fems.items():
+            if p.poll() is not None and name not in lost:
+                lost.add(name)
+                log.error("the executor manager of node %s (pid %d) exited with code %s: Flame lists the node NotReady "
+                          "within ~30 s", name, p.pid, p.returncode)
+        if len(lost) == len(cluster.fems):
+            log.error("no executor manager is left; stopping (logs in %s)", cluster.workdir)
+            return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """``python -m sut.flame cluster``: run a cluster in the foreground until Ctrl-C / SIGTERM. Prints
+    ``FLAME_ENDPOINT=<url>``, ``FLAME_NODES=<name>,...`` and ``FLAME_NODES_FILE=<workdir>/nodes.json`` once every
+    node is Ready."""
+    import threading
+
+    a = _parser().parse_args(argv)
+    gpus, policies = _check_nodes(a), _check_policies(a.policies)  # before _check_args makes the work folder
     bin_dir = _check_args(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     done = threading.Event()
@@ -464,16 +621,15 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, lambda *_: done.set())
     try:
         cluster = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=Path(a.workdir), port=a.port, resreq=a.resreq,
-                                              die_with_parent=True)).start()
+                                              die_with_parent=True, nodes=a.nodes, node_prefix=a.node_prefix,
+                                              node_gpus=gpus, policies=policies)).start()
     except ClusterError as e:
         print(f"error: {e}")
         return 1
     print(f"FLAME_ENDPOINT={cluster.endpoint}", flush=True)
+    print(f"FLAME_NODES={','.join(n.name for n in cluster.nodes)}", flush=True)
+    print(f"FLAME_NODES_FILE={cluster.workdir / 'nodes.json'}", flush=True)
     try:
-        while not done.wait(0.5):
-            if any(p is not None and p.poll() is not None for p in (cluster.fsm, cluster.fem, cluster.forwarder)):
-                log.error("a Flame manager (or the forwarder to it) exited; stopping (logs in %s)", cluster.log_dir)
-                return 1
+        return _serve(cluster, done)
     finally:
         cluster.stop()
-    return 0

@@ -28,6 +28,10 @@ class ClusterError(RuntimeError):
     """The cluster could not start (binaries missing, ports taken, a manager exited)."""
 
 
+class NodesUnavailable(ClusterError):
+    """Several nodes were asked for, but this process cannot give executor managers host names of their own."""
+
+
 def default_bin_dir() -> Path:
     """``$FLAME_BIN``, else ``<repo>/../shared/flame/bin`` (this repository's development set-up)."""
     return Path(os.environ.get(BIN_ENV) or (REPO.parent / "shared" / "flame" / "bin"))
@@ -43,7 +47,8 @@ def find_bin_dir(bin_dir: Optional[str | Path] = None) -> Optional[Path]:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterSettings:
-    """One one-host cluster. ``port`` 0 = two free consecutive ports in ``PORT_RANGE``."""
+    """One one-host cluster. ``port`` 0 = two free consecutive ports in ``PORT_RANGE``; ``nodes`` executor managers
+    (more than 1: emulated nodes, ``sut.flame.nodes``)."""
 
     bin_dir: Path
     workdir: Path
@@ -59,6 +64,9 @@ class ClusterSettings:
     stop_grace_s: float = 5.0
     env: tuple = ()  # extra (key, value) pairs for both managers (the services inherit them)
     isolate: bool = True  # a network namespace of its own (sut.flame.netns) where this process may make one
+    nodes: int = 1  # executor managers; > 1: each a node of its own (sut.flame.nodes: UTS namespace, host name)
+    node_prefix: str = "node"  # nodes are named <node_prefix>-0, <node_prefix>-1, ... (nodes > 1)
+    node_gpus: tuple = ()  # one CUDA_VISIBLE_DEVICES value per node, or () to inherit this process's
 
 
 def _port_free(port: int) -> bool:

@@ -157,3 +157,51 @@ def stuck_after_close(conn, ours: dict[str, str], wait_s: float, poll_s: float =
                     "done by other executors), and Flame v0.6.0 never finishes such an unbind and gives later sessions "
                     f"no executor while it lasts; restart the executor manager of node(s) {nodes} before the next run")
         time.sleep(poll_s)
+
+
+def release_survivors(rs, wait_s: float, poll_s: float = 0.2) -> dict:
+    """Ask the live executors of ``rs`` (a ``ReplicaSession`` whose close Flame refuses for good: tasks of a lost
+    node stay Running) to end their service processes: ``leave`` pings (``sut.flame.payload.LEAVE``), one per
+    executor not yet answered, sent again while some remain, for at most ``wait_s`` seconds. Flame v0.6.0 keeps
+    such a session Open and its executors on the surviving nodes Bound, so without this their services (and
+    engines) lived until the cluster restarted. Returns ``{"released": [executor ids that answered], "left":
+    [executor ids Flame still lists live that did not], "seconds": s}``; never raises."""
+    from sut.flame import payload as pl
+
+    t0 = time.monotonic()
+    released: set = set()
+    sent: list = []
+    live: set = set()
+    while True:
+        try:
+            live = {e.metadata.id for e in rs.conn.list_executors()
+                    if e.status.session_id == rs.id and executor_state(e) in ("Bound", "Binding")}
+            if not live - released or time.monotonic() - t0 >= wait_s:
+                break
+            if not sent:
+                sent = [rs.create_task(pl.encode_ping(0, {pl.LEAVE: True}).data) for _ in live - released]
+            sent = [t for t in sent if not _answered(rs, t, released)]
+        except Exception as e:  # noqa: BLE001 - best effort: the run has failed already
+            log.warning("flame: asking the executors of session %s to leave failed: %s", rs.id, e)
+            break
+        time.sleep(poll_s)
+    out = {"released": sorted(released), "left": sorted(live - released), "seconds": round(time.monotonic() - t0, 3)}
+    log.info("flame: session %s: %d service(s) asked to leave and ended, %d left", rs.id, len(released), len(out["left"]))
+    return out
+
+
+def _answered(rs, task_id: str, released: set) -> bool:
+    """True once ``task_id`` (a leave ping) has ended; a service that answered goes into ``released``."""
+    from sut.flame import payload as pl
+
+    try:
+        t = rs.session.get_task(task_id)
+    except ValueError:  # Cancelled (flamepy 0.6.0 cannot parse state 4)
+        return True
+    state = int(t.state)
+    if state == 2 and t.output:  # Succeed
+        ident = (pl.decode_result(t.output).meta or {}).get("executor") or {}
+        if ident.get("id"):
+            released.add(ident["id"])
+    return state in (2, 3)
+

@@ -84,6 +84,9 @@ class FlameOptions:
     slot_wait_s: float = 300.0
     close_timeout_s: float = 600.0
     unbind_wait_s: float = 20.0  # after the close: an executor of the run still Unbinding this long lost its service
+    # After a lost node: how long the stop asks the session's surviving executors to end their services (a session
+    # with tasks of a dead executor manager can never be closed in Flame v0.6.0, so Flame never ends them itself).
+    leave_wait_s: float = 30.0
     unreachable_timeout_s: float = 15.0  # give up closing when the session manager stays unreachable this long
     service_log_dir: Optional[str] = None  # default: <run folder>/flame-service (services on this host); "none"
     engine_factory: Optional[str] = None  # "module:callable"; default sut.engine.EngineHandle
@@ -122,7 +125,7 @@ class FlameOptions:
         if not (math.isfinite(self.engine_fill) and self.engine_fill > 0):
             raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
         for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s", "slot_wait_s", "health_check_s",
-                     "unbind_wait_s"):
+                     "unbind_wait_s", "leave_wait_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         for name in ("engine_factory", "service_hooks"):

@@ -201,6 +201,10 @@ def encode_task(batch_id: int, request_ids: Sequence[int], prompts: Optional[Seq
     return enc
 
 
+#: A ping whose meta has ``{LEAVE: True}`` asks the service that takes it to end its process after answering.
+LEAVE = "leave"
+
+
 def encode_ping(batch_id: int = 0, meta: Optional[dict] = None) -> Encoded:
     """Encode a PING (warm-up) task."""
     return _pack(KIND_PING, 0, batch_id, 0, meta, b"", compress=False)

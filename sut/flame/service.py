@@ -54,6 +54,7 @@ from sut.flame import payload as pl
 from sut.flame.engine_host import EngineHost
 from sut.flame.enter_watch import SessionWatch
 from sut.flame.hostlink import EngineClient, HostMismatch
+from sut.flame.nodes import NODE_ENV
 from sut.flame.seats import slot_keys, take_seat, try_flock
 from sut.flame.service_config import ServiceConfig, load_callable
 
@@ -64,6 +65,8 @@ PARENT_POLL_S = 2.0
 
 DEFAULT_LOCK_DIR = "/tmp/sut-flame"
 LOCK_DIR_ENV = "SUT_FLAME_LOCK_DIR"
+#: Seconds between answering a ``leave`` ping and stopping the process (the answer goes out first).
+LEAVE_DELAY_S = 0.5
 
 
 def _base_service_class():
@@ -142,7 +145,7 @@ class VllmBatchService(_base_service_class()):
             self.hooks = load_callable(cfg.service_hooks)(**cfg.service_hooks_args)
         self._hook("on_enter")
         self._redirect_output(cfg)
-        lock_dir = Path(cfg.lock_dir or os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR)
+        lock_dir = node_lock_dir(Path(cfg.lock_dir or os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR))
         lock_dir.mkdir(parents=True, exist_ok=True)
         slot, key = self._pinned_slot(cfg, lock_dir)
         self._take_seat(slot, key, lock_dir, time.monotonic() + cfg.engine_start_timeout_s)
@@ -252,10 +255,12 @@ class VllmBatchService(_base_service_class()):
 
     def on_task_invoke(self, context) -> Optional[bytes]:
         t_recv = time.time()
-        if self.role is None:
-            raise RuntimeError("task before on_session_enter")
         data = context.input
         kind, batch_id = pl.peek(data)  # a foreign payload fails the task here
+        if kind == "ping" and pl.decode_task(data).meta.get(pl.LEAVE):
+            return self._leave(batch_id, context.task_id)
+        if self.role is None:
+            raise RuntimeError("task before on_session_enter")
         if kind == "generate":
             self._hook("on_task", batch_id)
         ident = dict(self.ident(), t_recv=t_recv, task_id=context.task_id)
@@ -265,6 +270,17 @@ class VllmBatchService(_base_service_class()):
             out = self.client.run(data, ident)
         self.tasks_done += 1
         return out
+
+    def _leave(self, batch_id: int, task_id) -> bytes:
+        """A ping with ``leave`` (sent by a client whose session Flame can never close: its executors on a lost node
+        hold Running tasks for good): answer it, then stop this process (engine included) ``LEAVE_DELAY_S`` later,
+        once the answer is out. The result's meta: ``{"executor": ident, "leaving": True}``."""
+        log.warning("session %s: task %s asks this service to end (the session cannot be closed: a node of it was "
+                    "lost); stopping in %.1f s", self.session_id, task_id, LEAVE_DELAY_S)
+        timer = threading.Timer(LEAVE_DELAY_S, self._session_gone, args=("asked to leave by the client",))
+        timer.daemon = True
+        timer.start()
+        return pl.encode_result(batch_id, [], meta={"executor": self.ident(), "leaving": True}).data
 
     def on_session_leave(self) -> bool:
         # Never raise here (Flame 0.6 retries a failed leave in a tight loop); the process ends anyway.
@@ -297,6 +313,14 @@ class VllmBatchService(_base_service_class()):
 # ---------------------------------------------------------------------------------------------
 # Process entry
 # ---------------------------------------------------------------------------------------------
+
+
+def node_lock_dir(lock_dir: Path) -> Path:
+    """The engine-slot lock folder of this service's node: ``lock_dir``, or ``lock_dir/<node>`` on a node emulated
+    on a shared host (``SUT_FLAME_NODE``, set by ``python -m sut.flame cluster --nodes N``: emulated nodes share one
+    file system, and each has engine slots of its own)."""
+    node = os.environ.get(NODE_ENV)
+    return lock_dir / node if node else lock_dir
 
 
 def _slot_held_message(key: str, lock_dir: Path, mismatch: HostMismatch, waited_s: float) -> str:

@@ -42,7 +42,7 @@ from sut.errors import RunFailed, TransportError
 from sut.exits import stopped_again
 from sut.flame.batcher import Batcher, check_fits
 from sut.flame.endpoint import connect, endpoint_exposure
-from sut.flame.health import ExecutorHealth, executors_of, stuck_after_close
+from sut.flame.health import ExecutorHealth, executors_of, release_survivors, stuck_after_close
 from sut.flame.options import FlameOptions
 from sut.flame.service_config import make_common_data
 from sut.flame.session import ReplicaSession, ensure_app
@@ -269,6 +269,10 @@ class FlameTransport(Transport):
                 ours = executors_of(self.conn, [rs.id for rs in self.sessions]) if self.fatal_event is None else {}
                 with cf.ThreadPoolExecutor(len(self.sessions), thread_name_prefix="flame-close") as pool:
                     errors = [e for e in pool.map(lambda rs: rs.close(), self.sessions) if e]
+                    abandoned = [rs for rs in self.sessions if rs.abandon_close and not rs.closed]
+                    for rs, out in zip(abandoned, pool.map(lambda rs: release_survivors(rs, self.o.leave_wait_s),
+                                                           abandoned)):
+                        rs.close_info["survivors"] = out
                 if ours and not errors and self.fatal_event is None:  # a failed run already says what died
                     stuck = stuck_after_close(self.conn, ours, self.o.unbind_wait_s)
                     errors = [stuck] if stuck else []

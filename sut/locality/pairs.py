@@ -185,7 +185,9 @@ class _IdleSink:
 
 def placement(records: Sequence[ReplicaRecord], replicas: int, required: bool = True) -> list[dict]:
     """Each replica's device as its own record reports it: ``{"replica", "key", "kind", "slot", "uuid",
-    "name", "pid"}``; ``key`` is ``kind:uuid`` (GPU) or ``kind:slot`` (CPU core group).
+    "name", "pid", "node", "gpu_uuid"}``; ``key`` is ``kind:uuid`` (GPU) or ``kind:slot`` (CPU core group);
+    ``node`` and ``gpu_uuid`` as run.json's ``flame.shards`` name them: the node the replica's engine runs on
+    (Flame: its executor manager's host name; None where the record does not say) and its GPU UUID (None on CPU).
 
     Raises:
         RunFailed: the records are not one per replica in replica order, or (``required``) a record
@@ -201,7 +203,8 @@ def placement(records: Sequence[ReplicaRecord], replicas: int, required: bool = 
         ident = dev.get("uuid") or dev.get("slot")
         out.append({"replica": r.index, "key": f"{dev.get('kind')}:{ident}" if dev else None,
                     "kind": dev.get("kind"), "slot": dev.get("slot"), "uuid": dev.get("uuid"), "name": dev.get("name"),
-                    "pid": r.info.get("pid")})
+                    "pid": r.info.get("pid"), "node": dev.get("node") or r.info.get("node"),
+                    "gpu_uuid": dev.get("uuid") if dev.get("kind") == "cuda" else None})
     return out
 
 

@@ -1,0 +1,145 @@
+"""Several Flame nodes on one host: one executor manager per node, each in a UTS namespace of its own.
+
+Flame v0.6.0 names a node by its executor manager's host name (``uname`` nodename). Executor managers on one
+host therefore make one node unless each has a host name of its own: ``node_command(name, argv)`` runs ``argv``
+in a new UTS namespace whose host name is ``name`` (this file run as a script with the standard library only:
+``python -I -S nodes.py exec NAME PROG ARG...`` unshares the UTS namespace, sets the host name and ``exec``s
+``PROG``, so the process id is the program's). Everything the executor manager starts (services, engines)
+inherits the namespace, so ``socket.gethostname()`` in a service names its node. The network namespace stays the
+cluster's (``sut.flame.netns``): the nodes reach the session manager over its loopback.
+
+What is per node (``NodePlan``): name (``<prefix>-<i>``), ``FLAME_HOME`` (logs in ``home/logs``), working folder,
+executors' socket folder, ``CUDA_VISIBLE_DEVICES`` (optional: one GPU per node on a multi-GPU host), and
+``SUT_FLAME_NODE`` (the service then keeps its engine-slot locks in a per-node subfolder: emulated nodes share
+one file system). ``uts_unavailable()`` says why this process cannot make UTS namespaces (needs root or
+``CAP_SYS_ADMIN``); None when it can.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+CLONE_NEWUTS = 0x04000000  # <linux/sched.h>
+#: Set in an emulated node's executor manager (and so its services): the node's name.
+NODE_ENV = "SUT_FLAME_NODE"
+#: Seconds the UTS probe may take.
+PROBE_TIMEOUT_S = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePlan:
+    """One node of the cluster: ``name`` (its host name), ``home`` (FLAME_HOME), ``cwd`` (the executor manager's working
+    folder), ``sock_dir`` (FLAME_SOCKET_DIR), ``gpus`` (CUDA_VISIBLE_DEVICES, or None to inherit), ``emulated``
+    (a UTS namespace of its own; False: the one node of a one-node cluster, named by this host)."""
+
+    name: str
+    home: Path
+    cwd: Path
+    sock_dir: Path
+    gpus: Optional[str] = None
+    emulated: bool = True
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    def env(self) -> dict:
+        """The executor manager's environment entries of this node."""
+        out = {"FLAME_HOME": str(self.home), "FLAME_SOCKET_DIR": str(self.sock_dir)}
+        if self.emulated:
+            out[NODE_ENV] = self.name
+        if self.gpus is not None:
+            out["CUDA_VISIBLE_DEVICES"] = self.gpus
+        return out
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` run as this node (``node_command`` when emulated, else as it is)."""
+        return node_command(self.name, argv) if self.emulated else list(argv)
+
+    def record(self, pid: Optional[int]) -> dict:
+        """``{"name", "pid", "home", "logs", "gpus", "emulated"}`` (the cluster's ``nodes.json`` entry)."""
+        return {"name": self.name, "pid": pid, "home": str(self.home), "logs": str(self.log_dir), "gpus": self.gpus,
+                "emulated": self.emulated}
+
+
+def node_names(prefix: str, n: int) -> list[str]:
+    """``["<prefix>-0", ..., "<prefix>-<n-1>"]``."""
+    return [f"{prefix}-{i}" for i in range(n)]
+
+
+def plan_nodes(workdir: Path, sock_root: Path, prefix: str, gpus: tuple = (), n: int = 2) -> list[NodePlan]:
+    """``n`` nodes under ``workdir/nodes/<name>/{home,fem}``, sockets in ``sock_root/<i>`` (short: a Unix socket
+    path has at most 108 bytes); ``gpus`` is empty or one CUDA_VISIBLE_DEVICES value per node (``ValueError``
+    otherwise)."""
+    if gpus and len(gpus) != n:
+        raise ValueError(f"{len(gpus)} GPU list(s) for {n} nodes: give one per node")
+    out = []
+    for i, name in enumerate(node_names(prefix, n)):
+        base = workdir / "nodes" / name
+        out.append(NodePlan(name, base / "home", base / "fem", sock_root / str(i), gpus[i] if gpus else None))
+    return out
+
+
+def parse_node_gpus(text: Optional[str], n: int) -> tuple:
+    """``--node-gpus``: ``"0:1"`` (node 0 gets GPU 0, node 1 GPU 1; ``"0,1:2,3"`` two each) or ``"each"`` (node i
+    gets GPU i) -> one CUDA_VISIBLE_DEVICES value per node; ``()`` for None. ``ValueError`` naming the mismatch."""
+    if not text:
+        return ()
+    if text == "each":
+        return tuple(str(i) for i in range(n))
+    parts = tuple(p.strip() for p in text.split(":"))
+    if len(parts) != n or not all(parts):
+        raise ValueError(f"--node-gpus {text!r}: expected {n} non-empty CUDA_VISIBLE_DEVICES values separated by ':' "
+                         "(one per node, e.g. 0:1), or 'each'")
+    return parts
+
+
+def node_command(name: str, argv: list[str]) -> list[str]:
+    """``argv`` (absolute program path first) run as node ``name``: a new UTS namespace with that host name."""
+    return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "exec", name, *argv]
+
+
+def uts_unavailable() -> Optional[str]:
+    """Why this process cannot run executor managers as nodes of their own (no UTS namespaces), else None."""
+    if not sys.platform.startswith("linux"):
+        return f"UTS namespaces are Linux only (this is {sys.platform})"
+    p = subprocess.run(node_command("probe", ["/bin/true"]), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    if p.returncode == 0:
+        return None
+    return (p.stderr.strip() or f"exit code {p.returncode}") + " (needs root or CAP_SYS_ADMIN)"
+
+
+# ---------------------------------------------------------------------------------------------- script side
+def _exec_as_node(name: str, argv: list[str]) -> None:
+    """Unshare the UTS namespace, set the host name to ``name``, become ``argv``; on failure exit 126 saying why."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        if libc.unshare(CLONE_NEWUTS) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"cannot make a UTS namespace: {os.strerror(e)}")
+        raw = name.encode()
+        if libc.sethostname(raw, len(raw)) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"sethostname {name}: {os.strerror(e)}")
+        os.execv(argv[0], argv)
+    except OSError as e:
+        sys.stderr.write(f"{e.strerror or e}\n")
+        os._exit(126)
+
+
+def main(argv: list[str]) -> int:
+    """``exec NAME PROG [ARG...]`` (see the module docstring)."""
+    if len(argv) >= 3 and argv[0] == "exec":
+        _exec_as_node(argv[1], argv[2:])
+    sys.stderr.write("usage: nodes.py exec NAME PROG [ARG...]\n")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,91 @@
+"""Emulated Flame nodes without Flame: node plans and ``--node-gpus``, each node's engine-slot lock folder, the
+``leave`` ping that ends a service whose session can never be closed, and the client's release of those services
+(``sut.flame.health.release_survivors``) against a scripted session manager."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sut.flame import payload as pl
+from sut.flame.health import release_survivors
+from sut.flame.nodes import NODE_ENV, parse_node_gpus, plan_nodes
+from sut.flame.service import VllmBatchService, node_lock_dir
+from tests.test_flame_service import _common, _ctx, _task, lock_dir  # noqa: F401
+
+
+def test_node_plans_and_gpu_lists(tmp_path):
+    nodes = plan_nodes(tmp_path, Path("/tmp/s"), "gpu", parse_node_gpus("0,1:2,3", 2), 2)
+    assert [n.name for n in nodes] == ["gpu-0", "gpu-1"]
+    assert nodes[1].home == tmp_path / "nodes" / "gpu-1" / "home" and nodes[1].log_dir == nodes[1].home / "logs"
+    assert nodes[0].env() == {"FLAME_HOME": str(nodes[0].home), "FLAME_SOCKET_DIR": "/tmp/s/0", NODE_ENV: "gpu-0",
+                              "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert nodes[1].command(["/bin/x", "-a"])[-4:] == ["exec", "gpu-1", "/bin/x", "-a"]
+    assert parse_node_gpus("each", 3) == ("0", "1", "2") and parse_node_gpus(None, 2) == ()
+    for bad in ("0", "0:1:2", "0:"):
+        with pytest.raises(ValueError, match="one per node"):
+            parse_node_gpus(bad, 2)
+
+
+def test_each_emulated_node_locks_its_engine_slots_in_a_folder_of_its_own(monkeypatch, tmp_path):
+    monkeypatch.delenv(NODE_ENV, raising=False)
+    assert node_lock_dir(tmp_path) == tmp_path  # a real host: the folder as given
+    monkeypatch.setenv(NODE_ENV, "node-1")
+    assert node_lock_dir(tmp_path) == tmp_path / "node-1"
+
+
+def test_a_leave_ping_is_answered_then_the_service_stops(lock_dir):  # noqa: F811
+    svc = VllmBatchService()
+    gone = threading.Event()
+    svc.on_session_gone = lambda why: gone.set()
+    try:
+        svc.on_session_enter(_ctx(_common(lock_dir)))
+        plain = pl.decode_result(svc.on_task_invoke(_task(pl.encode_ping(1).data)))
+        assert "leaving" not in plain.meta and not gone.wait(1.0)  # a warm-up ping changes nothing
+        r = pl.decode_result(svc.on_task_invoke(_task(pl.encode_ping(2, {pl.LEAVE: True}).data, tid="2")))
+        assert r.meta["leaving"] is True and r.meta["executor"]["id"] == svc.executor_id
+        assert gone.wait(5), "the service asked its process to stop"
+    finally:
+        svc.shutdown()
+
+
+class _Flame:
+    """A session manager that lists ``live`` executors of session ``s1`` Bound; each leave ping is answered by the
+    next executor that has not answered yet (``mute``: never answers)."""
+
+    def __init__(self, live: list, mute: tuple = ()):
+        self.live, self.mute, self.answered, self.tasks = live, set(mute), [], {}
+
+    def list_executors(self):
+        return [SimpleNamespace(metadata=SimpleNamespace(id=x), spec=SimpleNamespace(node="n"),
+                                status=SimpleNamespace(session_id="s1", state=4)) for x in self.live]  # 4: Bound
+
+    def create_task(self, data: bytes) -> str:
+        tid = str(len(self.tasks) + 1)
+        who = next((x for x in self.live if x not in self.answered and x not in self.mute), None)
+        if who is not None:
+            self.answered.append(who)
+        self.tasks[tid] = who
+        return tid
+
+    def get_task(self, tid: str):
+        who = self.tasks[tid]
+        if who is None:
+            return SimpleNamespace(state=0, output=None)  # Pending: nobody takes it
+        out = pl.encode_result(0, [], meta={"executor": {"id": who}, "leaving": True}).data
+        return SimpleNamespace(state=2, output=out)
+
+
+def test_release_asks_every_live_executor_once_and_reports_what_is_left():
+    flame = _Flame(["a", "b", "c"], mute=("c",))
+    rs = SimpleNamespace(id="s1", conn=flame, session=flame, create_task=flame.create_task)
+    out = release_survivors(rs, wait_s=1.0, poll_s=0.05)
+    assert out["released"] == ["a", "b"] and out["left"] == ["c"] and 1.0 <= out["seconds"] < 3
+    assert len(flame.tasks) == 3  # one ping per live executor; none again while the unanswered one is pending
+    none_left = _Flame([])
+    rs = SimpleNamespace(id="s1", conn=none_left, session=none_left, create_task=none_left.create_task)
+    assert release_survivors(rs, wait_s=5.0) == {"released": [], "left": [], "seconds": pytest.approx(0, abs=0.5)}
+    assert not none_left.tasks
