@@ -148,15 +148,17 @@ class Dispatcher:
     # -- results in (ResultSink, on the transport's threads) -------------------------------------
     def on_first(self, replica: int, firsts: list[FirstToken]) -> None:
         wrong = bad = None
+        where, mine, vocab = self._where, [], self.check.vocab_size
         with self._lock:
             for f in firsts:
-                r = self._where.get(f.rid)
+                r = where.get(f.rid)
                 if r == replica:
-                    self.router.first(f.rid)
-                    why = None if bad else self.check.first_fault(f.token_id)
-                    bad = (f.rid, why) if why else bad
+                    mine.append(f.rid)
+                    if vocab and bad is None and not 0 <= f.token_id < vocab:
+                        bad = (f.rid, self.check.first_fault(f.token_id))
                 elif r is not None:
                     wrong = wrong or (f.rid, r)
+            self.router.first_many(mine)  # the replica's score once per delivery
         if wrong is not None:
             self.ledger.fail(f"first token of request {wrong[0]}{self._sample(wrong[0])} was routed to replica "
                              f"{wrong[1]} but came from {self._replica(replica)}")
@@ -178,11 +180,11 @@ class Dispatcher:
                     wrong = wrong or (c.rid, r)
                     continue
                 del self._where[c.rid]
-                self.router.done(c.rid)
-                self.answered[replica] += 1
                 ok.append(c)
                 if own is not None:
                     asked.append(own(c.rid, 0))
+            self.router.done_many([c.rid for c in ok])  # the replica's load once per delivery
+            self.answered[replica] += len(ok)
         if wrong is not None:
             self.ledger.fail(f"request {wrong[0]}{self._sample(wrong[0])} was routed to replica {wrong[1]} but "
                              f"answered by {self._replica(replica)}")

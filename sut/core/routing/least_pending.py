@@ -56,7 +56,7 @@ class LeastPendingRouter(Router):
             self._waiting.discard(rid)
             r = self.replica_of(rid)
             self.waiting_first[r] -= 1
-            self._rescore(r)
+            self._touch(r)
 
     def done(self, rid: int) -> None:
         r = self.replica_of(rid)
