@@ -133,13 +133,13 @@ class Dispatcher:
 
     def _reused_id(self, items: Sequence[Request]) -> Optional[str]:
         """Why ``items`` cannot be dispatched (a request id used twice), or None."""
-        seen: set[int] = set()
-        for req in items:
-            if req.rid in seen:
-                return f"request id {req.rid} came twice in one dispatch (ids must be unique)"
-            seen.add(req.rid)
+        seen = {req.rid for req in items}
+        if len(seen) != len(items):
+            once: set[int] = set()
+            twice = next(req.rid for req in items if req.rid in once or once.add(req.rid))
+            return f"request id {twice} came twice in one dispatch (ids must be unique)"
         with self._lock:
-            old = next((rid for rid in seen if rid in self._where), None)
+            old = None if self._where.keys().isdisjoint(seen) else next(rid for rid in seen if rid in self._where)
         return None if old is None else f"request id {old} is still outstanding from an earlier dispatch"
 
     def flush(self) -> None:

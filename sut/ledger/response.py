@@ -98,6 +98,10 @@ class Answers:
         back to back, and the positions in ``arrays`` of those that are not ids (left out of ``answers``). A wider
         integer type than int32 is not narrowed here, so an id too large for int32 stays itself for the
         vocabulary check (``le_int32`` gives LoadGen's type)."""
+        if len(arrays) == 1:  # a Server query's delivery: one answer
+            a = arrays[0]
+            if type(a) is np.ndarray and a.ndim == 1 and a.dtype.kind in "iu":
+                return cls(a, [0], [len(a)]), []
         good, bad = [], []
         for i, a in enumerate(arrays):
             if type(a) is not np.ndarray or a.ndim != 1 or a.dtype.kind not in "iu":

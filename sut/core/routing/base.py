@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -124,17 +124,17 @@ class Router(ABC):
         self.inflight[r] -= 1
         self._touch(r)
 
-    def first_many(self, rids: Iterable[int]) -> None:
+    def first_many(self, rids: Sequence[int]) -> None:
         """``first`` for each of ``rids`` (one delivery), every replica they touch re-keyed once at the end."""
         self._deferring(self.first, rids)
 
-    def done_many(self, rids: Iterable[int]) -> None:
+    def done_many(self, rids: Sequence[int]) -> None:
         """``done`` for each of ``rids`` (one delivery), every replica they touch re-keyed once at the end
         (``KeyError`` as ``done``; the replicas touched before it are still re-keyed)."""
         self._deferring(self.done, rids)
 
-    def _deferring(self, one: Callable[[int], None], rids: Iterable[int]) -> None:
-        if self._deferred is not None:  # nested: the outer call re-keys
+    def _deferring(self, one: Callable[[int], None], rids: Sequence[int]) -> None:
+        if self._deferred is not None or len(rids) < 2:  # nested (the outer call re-keys), or nothing to save
             for rid in rids:
                 one(rid)
             return
