@@ -152,7 +152,6 @@ class SampleLedger:
         self._queued = 0  # batches handed to the completer thread, not yet sent
         self._outbox: list = []  # (kind, batch) for the completer, in order (_post_locked)
         self._flush_queued = False  # a completer job will take the outbox
-        self.first_sent = 0  # first tokens sent (streaming ledgers)
         self.issued = 0
         self.completed = 0
         self.answered_empty = 0
@@ -369,7 +368,7 @@ class SampleLedger:
                     self.last_complete_t = time.monotonic()
                 elif kind == EMPTY:
                     self.answered_empty += len(batch)
-                elif kind == FIRST:
+                elif kind == FIRST:  # a streaming ledger's
                     self.first_sent += len(batch)
             self._queued -= len(items)
             if not self._queued:

@@ -61,6 +61,7 @@ class StreamingLedger(SampleLedger):
                  fail_chunk: int = FAIL_CHUNK, first_fn: Callable = first_token_complete, first_id: int = 0):
         super().__init__(eos_ids, progress=progress, complete_fn=complete_fn, fail_chunk=fail_chunk, first_id=first_id)
         self._first_fn = first_fn
+        self.first_sent = 0
         self.timings: list[tuple[float, float, float, int]] = []
 
     def _new_entry(self, sample_id: int, index: int, now: float) -> tuple:
