@@ -9,14 +9,15 @@ being routed. A request id used twice (twice in one ``dispatch``, or again while
 fails the run naming it before anything of that dispatch is routed. The dispatcher is the
 transport's ``ResultSink``:
 
-* ``on_first``: the policy learns the first token (``least_pending``), then the ledger
+* ``on_first``: the policy learns the delivery's first tokens (``least_pending``; ``first_many``: the replica
+  re-keyed once a delivery), then the ledger
   (``first_tokens``: LoadGen's ``FirstTokenComplete``).
 * ``on_results``: each completion must come from the replica its request was routed to (else the
   run fails naming the request and both replicas), then pass the one answer check of every transport
   (``sut.core.answers.AnswerCheck``: a length the generation settings allow, every id inside the
   model's vocabulary, an answer shorter than ``max_tokens`` (a request that asks its own ``Request.max_tokens``: that
   many) ending in an EOS id unless the run ignores EOS; else the run fails naming the request, its QSL index and LoadGen sample, the replica and what
-  came back); the policy takes its load off; the optional ``observer(replica, completion)`` sees it
+  came back); the policy takes its load off (``done_many``: once a delivery); the optional ``observer(replica, completion)`` sees it
   (the locality runner records cached tokens and times); then the ledger answers it (an unknown or
   duplicate request id fails the run there). A streamed first token outside the vocabulary fails
   the run before it reaches the ledger.

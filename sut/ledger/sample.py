@@ -15,6 +15,13 @@ of responses to one completer thread per process that never exits; it calls
 that call returns), in the order the batches were queued. Failure answers (empty responses for
 every outstanding sample) go the same way, ``FAIL_CHUNK`` samples per call.
 
+The outbox: each batch goes into the ledger's outbox (``_post_locked``), and only the first batch after the
+completer took the outbox queues a completer job (``_flush``); that job sends everything gathered meanwhile, in
+order, a run of first tokens and answers in two calls at most (all its first tokens, then all its answers, in one
+buffer list: ``ResponseBatches``). Moving first tokens ahead of answers queued before them never sends an answer
+before its first token (every answer's first token was posted before it). Under load: one thread wake and two
+LoadGen calls for many engine steps; at a low rate: the same one job per step as before.
+
 Progress bar: created with the issued total (never a ``0sample`` line), advanced by the completer,
 and closed before the call that answers the last outstanding sample, so LoadGen's summary comes
 after the bar's final line; a failure closes it at once, before the error is logged.

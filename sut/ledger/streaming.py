@@ -11,7 +11,11 @@ first-token ids are a prefix of the response.
 - ``first_tokens([(request id, first id)])`` queues one ``FirstTokenComplete`` call (each response:
   one little-endian int32, ``n_tokens`` 1, its buffer alive until the call returns) on the same
   long-lived completer thread as every ``QuerySamplesComplete``, so a sample's first token always
-  reaches LoadGen before its completion (one FIFO queue, one thread);
+  reaches LoadGen before its completion (one FIFO outbox, one thread). Not from the thread that delivers
+  it, even when that call returns before the completion is queued: LoadGen 6.0.17 records both through
+  per-thread log buffers that its IO thread drains in any order, and a Server run that sent first tokens
+  from the delivering threads logged "Attempted to record a sample latency before it's first token
+  latency" for most of its samples (measured with ``python -m sut bench-harness``'s 5,000 q/s case);
 - ``complete`` refuses (the run fails, every outstanding sample answered empty) a response whose
   first id is not the reported first token, or that comes without one;
 - a sample answered empty after a failure gets an empty ``FirstTokenComplete`` first when it has
