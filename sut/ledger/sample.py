@@ -155,6 +155,7 @@ class SampleLedger:
         self._ids = itertools.count(first_id)
         self._lock = threading.Lock()
         self._sent = threading.Condition(self._lock)
+        self._sent_waiters = 0  # threads in wait_sent (none during a run: no notify per completer job then)
         self._outstanding: dict[int, tuple] = {}  # request id -> (loadgen sample id, qsl index, ...) (_new_entry)
         self._queued = 0  # batches handed to the completer thread, not yet sent
         self._outbox: list = []  # (kind, batch) for the completer, in order (_post_locked)
@@ -320,8 +321,8 @@ class SampleLedger:
         with self._lock:
             items, self._outbox = self._outbox, []
             self._flush_queued = False
-            real = sum(len(b) for k, b in items if k == DONE)
-            if real and self._progress:  # before LoadGen can print its summary
+            real = sum(len(b) for k, b in items if k == DONE) if self._progress else 0
+            if real:  # before LoadGen can print its summary
                 self._bar_advance(real, close=not self._outstanding and self._queued == len(items))
         run: list = []
         try:
@@ -379,14 +380,19 @@ class SampleLedger:
                     self.first_sent += len(batch)
             self._queued -= len(items)
             if not self._queued:
-                self._sent.notify_all()
+                if self._sent_waiters:
+                    self._sent.notify_all()
                 if not self._outstanding:
                     self.idle.set()
 
     def wait_sent(self, timeout: Optional[float] = None) -> bool:
         """Wait until every queued answer has reached ``complete_fn``; False on timeout (seconds)."""
         with self._lock:
-            return self._sent.wait_for(lambda: self._queued == 0, timeout)
+            self._sent_waiters += 1
+            try:
+                return self._sent.wait_for(lambda: self._queued == 0, timeout)
+            finally:
+                self._sent_waiters -= 1
 
     @property
     def outstanding(self) -> int:

@@ -135,13 +135,17 @@ class StreamingLedger(SampleLedger):
         """Every answer of the delivery must start with its reported first token (none reported, or another
         id, refuses the delivery: the run fails); then its ``timings`` are kept."""
         flat, starts = answers.flat, answers.starts
+        if all(cut):  # every answer has ids: their first ids in one numpy pass
+            heads = flat[starts].tolist()
+        else:
+            heads = [int(flat[a]) if n else None for a, n in zip(starts, cut)]
         for i, e in enumerate(entries):
             first = e[3]
             if first is None:
                 return (f"request {rids[i]} finished without a first token (Server/Interactive need "
                         "FirstTokenComplete before the response)")
-            if not cut[i] or flat[starts[i]] != first:
-                got = [int(flat[starts[i]])] if cut[i] else []
+            if heads[i] != first:
+                got = [] if heads[i] is None else [heads[i]]
                 return f"request {rids[i]}: first token {first} was reported, but the response starts with {got}"
         now = time.monotonic()
         self.timings.extend((e[2], e[4], now, n) for e, n in zip(entries, cut))
