@@ -278,6 +278,35 @@ def test_least_pending_scores_outstanding_plus_weighted_waiting():
     assert r.route(4, p) == 1
 
 
+@pytest.mark.parametrize("policy", sorted(ROUTERS))
+def test_a_delivery_booked_at_once_routes_as_one_by_one(policy):
+    """first_many / done_many (one re-key per replica a delivery) leave every policy where first / done one by one
+    do: the same later routes; a request finished twice still raises."""
+    rng = np.random.default_rng(3)
+    one, many = (make_router(policy, 4, 128, AffinitySettings(first_token_weight=8)) for _ in range(2))
+    prompts = [rng.integers(0, 1000, int(rng.integers(5, 300))).astype(np.int32) for _ in range(200)]
+    routed: dict[int, list] = {}
+    finished: list = []
+    for rid, p in enumerate(prompts):
+        r = one.route(rid, p)
+        assert many.route(rid, p) == r
+        routed.setdefault(r, []).append(rid)
+        if rid % 7 == 6:  # a delivery: the first tokens of some of each replica's requests, the answers of others
+            for rids in routed.values():
+                half = rids[: len(rids) // 2]
+                for x in half:
+                    one.first(x)
+                many.first_many(half)
+                done, rids[:] = rids[len(rids) // 2:], []
+                for x in done:
+                    one.done(x)
+                many.done_many(done)
+                finished += done
+    assert one.stats() == many.stats() and finished
+    with pytest.raises(KeyError):
+        many.done_many([finished[0], finished[0]])
+
+
 def test_prefix_hash_depends_on_the_model_revision():
     p = np.arange(600, dtype=np.int32)
     a = make_router("prefix_affinity", 2, 16, AffinitySettings(model_revision="a"))

@@ -135,3 +135,54 @@ print(json.dumps({"issued": led.issued, "completed": led.completed, "first": led
     detail = (tmp_path / "mlperf_log_detail.txt").read_text()
     assert '"is_error": true' not in detail
     assert '"result_first_token_99.00_percentile_latency_ns"' in detail
+
+
+def test_deliveries_queued_while_loadgen_is_busy_go_together_each_first_token_once_before_its_answer():
+    """Many engine threads deliver first tokens and answers while the LoadGen calls are slow: the completer sends
+    what gathered meanwhile in few calls, and still every sample gets one first token, its answer's first id,
+    before its answer (a doubled, late or wrong first token fails here)."""
+    import time
+
+    r = Rec()
+    calls = []
+
+    def slow_first(results):
+        calls.append("first")
+        time.sleep(0.002)  # LoadGen busy: later deliveries gather in the outbox
+        r.first(results)
+
+    def slow_complete(results):
+        calls.append("done")
+        time.sleep(0.002)
+        r.complete(results)
+
+    led = StreamingLedger(EOS, progress=False, complete_fn=slow_complete, first_fn=slow_first)
+    n_threads, per = 4, 50
+    pairs = led.issue([QS(id=1000 + i, index=i) for i in range(n_threads * per)])
+    firsts = {rid: 10 + (rid % 500) for rid, _ in pairs}
+
+    def engine(mine):
+        for k in range(0, len(mine), 2):  # engine steps of two requests: first tokens, then answers a step later
+            step = mine[k:k + 2]
+            led.first_tokens([(rid, firsts[rid]) for rid in step])
+            led.complete([(rid, np.array([firsts[rid], 7, 128009], np.int32)) for rid in step])
+
+    rids = [rid for rid, _ in pairs]
+    threads = [threading.Thread(target=engine, args=(rids[t::n_threads],)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert led.wait_sent(10) and led.error is None
+    seen_first, seen_done = {}, {}
+    for i, (kind, sid, val) in enumerate(r.events):
+        book = seen_first if kind == "first" else seen_done
+        assert sid not in book, f"{kind} of sample {sid} sent twice"
+        book[sid] = (i, val)
+    assert set(seen_first) == set(seen_done) == {1000 + i for i in range(n_threads * per)}
+    for rid, _ in pairs:
+        sid = 1000 + rid  # ledger request ids count from 0 in issue order
+        (fi, f), (di, ids) = seen_first[sid], seen_done[sid]
+        assert fi < di and f == firsts[rid] == ids[0], (sid, fi, di, f, ids)
+    assert len(calls) < 2 * len(pairs) // 2  # fewer calls than deliveries: merged
+    assert led.first_sent == led.completed == len(pairs) and led.output_tokens == 3 * len(pairs)

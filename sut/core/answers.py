@@ -102,7 +102,7 @@ class AnswerCheck:
                 return i, (f"answered {n} generated ids, the generation settings ask for {span} "
                            f"(not a complete answer): {show_ids(answers.row(i))}")
         if self.vocab_size and flat.size:
-            hit = self._out_of_vocab(flat)
+            hit = self._out_of_vocab(flat, answers.umax())
             if hit is not None:
                 i = bisect.bisect_right(starts, hit) - 1
                 return i, (f"answered id {int(flat[hit])} at position {hit - starts[i]} of {lengths[i]}, "
@@ -117,11 +117,11 @@ class AnswerCheck:
                                f"id {sorted(eos)} (an answer cut short): {show_ids(a)}")
         return None
 
-    def _out_of_vocab(self, flat: np.ndarray) -> Optional[int]:
+    def _out_of_vocab(self, flat: np.ndarray, umax: Optional[int] = None) -> Optional[int]:
         """Position in ``flat`` of the first id outside ``[0, vocab_size)``, else None (one reduction
-        for int32 ids: as unsigned, a negative id is above every vocabulary)."""
+        for int32 ids, ``umax``: :meth:`Answers.umax`, a negative id reads above every vocabulary)."""
         if flat.dtype == np.int32:
-            if int(flat.view(np.uint32).max()) < self.vocab_size:
+            if (umax if umax is not None else int(flat.view(np.uint32).max())) < self.vocab_size:
                 return None
         elif int(flat.min()) >= 0 and int(flat.max()) < self.vocab_size:
             return None

@@ -9,14 +9,15 @@ being routed. A request id used twice (twice in one ``dispatch``, or again while
 fails the run naming it before anything of that dispatch is routed. The dispatcher is the
 transport's ``ResultSink``:
 
-* ``on_first``: the policy learns the first token (``least_pending``), then the ledger
+* ``on_first``: the policy learns the delivery's first tokens (``least_pending``; ``first_many``: the replica
+  re-keyed once a delivery), then the ledger
   (``first_tokens``: LoadGen's ``FirstTokenComplete``).
 * ``on_results``: each completion must come from the replica its request was routed to (else the
   run fails naming the request and both replicas), then pass the one answer check of every transport
   (``sut.core.answers.AnswerCheck``: a length the generation settings allow, every id inside the
   model's vocabulary, an answer shorter than ``max_tokens`` (a request that asks its own ``Request.max_tokens``: that
   many) ending in an EOS id unless the run ignores EOS; else the run fails naming the request, its QSL index and LoadGen sample, the replica and what
-  came back); the policy takes its load off; the optional ``observer(replica, completion)`` sees it
+  came back); the policy takes its load off (``done_many``: once a delivery); the optional ``observer(replica, completion)`` sees it
   (the locality runner records cached tokens and times); then the ledger answers it (an unknown or
   duplicate request id fails the run there). A streamed first token outside the vocabulary fails
   the run before it reaches the ledger.
@@ -133,13 +134,13 @@ class Dispatcher:
 
     def _reused_id(self, items: Sequence[Request]) -> Optional[str]:
         """Why ``items`` cannot be dispatched (a request id used twice), or None."""
-        seen: set[int] = set()
-        for req in items:
-            if req.rid in seen:
-                return f"request id {req.rid} came twice in one dispatch (ids must be unique)"
-            seen.add(req.rid)
+        seen = {req.rid for req in items}
+        if len(seen) != len(items):
+            once: set[int] = set()
+            twice = next(req.rid for req in items if req.rid in once or once.add(req.rid))
+            return f"request id {twice} came twice in one dispatch (ids must be unique)"
         with self._lock:
-            old = next((rid for rid in seen if rid in self._where), None)
+            old = None if self._where.keys().isdisjoint(seen) else next(rid for rid in seen if rid in self._where)
         return None if old is None else f"request id {old} is still outstanding from an earlier dispatch"
 
     def flush(self) -> None:
@@ -148,15 +149,17 @@ class Dispatcher:
     # -- results in (ResultSink, on the transport's threads) -------------------------------------
     def on_first(self, replica: int, firsts: list[FirstToken]) -> None:
         wrong = bad = None
+        where, mine, vocab = self._where, [], self.check.vocab_size
         with self._lock:
             for f in firsts:
-                r = self._where.get(f.rid)
+                r = where.get(f.rid)
                 if r == replica:
-                    self.router.first(f.rid)
-                    why = None if bad else self.check.first_fault(f.token_id)
-                    bad = (f.rid, why) if why else bad
+                    mine.append(f.rid)
+                    if vocab and bad is None and not 0 <= f.token_id < vocab:
+                        bad = (f.rid, self.check.first_fault(f.token_id))
                 elif r is not None:
                     wrong = wrong or (f.rid, r)
+            self.router.first_many(mine)  # the replica's score once per delivery
         if wrong is not None:
             self.ledger.fail(f"first token of request {wrong[0]}{self._sample(wrong[0])} was routed to replica "
                              f"{wrong[1]} but came from {self._replica(replica)}")
@@ -178,11 +181,11 @@ class Dispatcher:
                     wrong = wrong or (c.rid, r)
                     continue
                 del self._where[c.rid]
-                self.router.done(c.rid)
-                self.answered[replica] += 1
                 ok.append(c)
                 if own is not None:
                     asked.append(own(c.rid, 0))
+            self.router.done_many([c.rid for c in ok])  # the replica's load once per delivery
+            self.answered[replica] += len(ok)
         if wrong is not None:
             self.ledger.fail(f"request {wrong[0]}{self._sample(wrong[0])} was routed to replica {wrong[1]} but "
                              f"answered by {self._replica(replica)}")

@@ -19,11 +19,14 @@ from __future__ import annotations
 import array
 import bisect
 import itertools
+import sys
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
 _LE_INT32 = np.dtype("<i4")
+#: ``array.array("i")`` is little-endian int32 here (every host LoadGen runs on).
+_ARRAY_IS_LE_INT32 = array.array("i").itemsize == 4 and sys.byteorder == "little"
 
 
 class EosIds:
@@ -45,8 +48,10 @@ class EosIds:
         fits = self.ids and 0 <= self._low and self.ids[-1] < 2 ** 32
         self._low32, self._span32 = (np.uint32(self._low), np.uint32(self._span)) if fits else (None, None)
 
-    def hits(self, flat: np.ndarray) -> list[int]:
-        if not self.ids or not flat.size:
+    def hits(self, flat: np.ndarray, top: Optional[int] = None) -> list[int]:
+        """``top``: ``flat``'s largest id read as unsigned 32-bit, when known (:meth:`Answers.umax`): below every EOS
+        id, there is no hit and no pass over ``flat``."""
+        if not self.ids or not flat.size or (top is not None and top < self._low):
             return []
         if flat.dtype == np.int32 and self._low32 is not None:  # one unsigned compare: below low wraps above span
             cand = (flat.view(np.uint32) - self._low32 <= self._span32).nonzero()[0]
@@ -70,10 +75,19 @@ class Answers:
     is asked for (O(1)); whole-delivery passes over ids are numpy's.
     """
 
-    __slots__ = ("flat", "starts", "lengths")
+    __slots__ = ("flat", "starts", "lengths", "_umax")
 
     def __init__(self, flat: np.ndarray, starts: list, lengths: list):
         self.flat, self.starts, self.lengths = flat, starts, lengths
+        self._umax: Optional[int] = None
+
+    def umax(self) -> Optional[int]:
+        """The largest id of an int32 ``flat`` read as unsigned (a negative id reads above every vocabulary and EOS
+        id; 0 when empty), one reduction per delivery shared by the vocabulary check and the EOS cut; None for
+        other integer types."""
+        if self._umax is None and self.flat.dtype == np.int32:
+            self._umax = int(self.flat.view(np.uint32).max()) if self.flat.size else 0
+        return self._umax
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -84,6 +98,10 @@ class Answers:
         back to back, and the positions in ``arrays`` of those that are not ids (left out of ``answers``). A wider
         integer type than int32 is not narrowed here, so an id too large for int32 stays itself for the
         vocabulary check (``le_int32`` gives LoadGen's type)."""
+        if len(arrays) == 1:  # a Server query's delivery: one answer
+            a = arrays[0]
+            if type(a) is np.ndarray and a.ndim == 1 and a.dtype.kind in "iu":
+                return cls(a, [0], [len(a)]), []
         good, bad = [], []
         for i, a in enumerate(arrays):
             if type(a) is not np.ndarray or a.ndim != 1 or a.dtype.kind not in "iu":
@@ -116,7 +134,7 @@ class Answers:
     def cut_lengths(self, eos: EosIds) -> list[int]:
         """Each answer's length once cut right after its first EOS id (the EOS kept; no EOS: its whole length):
         one numpy pass for the delivery, then a step per answer that holds an EOS id."""
-        hits = eos.hits(self.flat)
+        hits = eos.hits(self.flat, self.umax())
         if not hits:
             return self.lengths
         starts, cut = self.starts, list(self.lengths)
@@ -185,6 +203,22 @@ class ResponseBatch:
         return ((sid, buf[a:a + n]) for sid, a, n in zip(self.sample_ids, self.starts, self.lengths))
 
 
+class ResponseBatches:
+    """Several :class:`ResponseBatch` es (deliveries queued while the completer was busy) sent in one
+    ``QuerySamplesComplete`` call: iterates as ``(sample id, ids)`` pairs over all of them, in order; ``len``: samples."""
+
+    __slots__ = ("batches",)
+
+    def __init__(self, batches: list):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return sum(map(len, self.batches))
+
+    def __iter__(self):
+        return itertools.chain.from_iterable(self.batches)
+
+
 def _address(buf: np.ndarray) -> int:
     return buf.__array_interface__["data"][0]
 
@@ -193,16 +227,19 @@ def complete_samples(results) -> None:
     """Send finished samples to LoadGen in one ``QuerySamplesComplete`` call.
 
     Args:
-        results: a :class:`ResponseBatch` (every response points into its one buffer), or ``(loadgen sample id,
-            int32 token ids)`` pairs (ids already cut at EOS; each copied into a buffer of its own).
+        results: a :class:`ResponseBatch` (every response points into its one buffer), :class:`ResponseBatches`, or
+            ``(loadgen sample id, int32 token ids)`` pairs (ids already cut at EOS; each copied into a buffer of its own).
     """
     import mlperf_loadgen as lg
 
     qsr = lg.QuerySampleResponse
-    if isinstance(results, ResponseBatch):
-        base = _address(results.buf)
-        lg.QuerySamplesComplete([qsr(sid, base + 4 * a, 4 * n, n)
-                                 for sid, a, n in zip(results.sample_ids, results.starts, results.lengths)])
+    if isinstance(results, (ResponseBatch, ResponseBatches)):
+        responses = []
+        for batch in (results,) if isinstance(results, ResponseBatch) else results.batches:
+            base = _address(batch.buf)
+            responses += [qsr(sid, base + 4 * a, 4 * n, n)
+                          for sid, a, n in zip(batch.sample_ids, batch.starts, batch.lengths)]
+        lg.QuerySamplesComplete(responses)
         return
     buffers = []  # keeps every buffer alive until QuerySamplesComplete returns
     responses = []
@@ -225,8 +262,13 @@ def first_token_complete(results: Sequence[tuple[int, Optional[int]]]) -> None:
     import mlperf_loadgen as lg
 
     qsr = lg.QuerySampleResponse
-    buf = np.fromiter((0 if f is None else f for _, f in results), dtype=_LE_INT32, count=len(results))
-    base = _address(buf)
+    firsts = [0 if f is None else f for _, f in results]
+    if _ARRAY_IS_LE_INT32:  # a buffer and its address without numpy's per-call cost (a Server query: one token)
+        buf = array.array("i", firsts)
+        base = buf.buffer_info()[0]
+    else:
+        buf = np.array(firsts, dtype=_LE_INT32)
+        base = _address(buf)
     lg.FirstTokenComplete([qsr(sid, base + 4 * i, 0, 0) if f is None else qsr(sid, base + 4 * i, 4, 1)
                            for i, (sid, f) in enumerate(results)])
     del buf  # alive until FirstTokenComplete returned

@@ -15,6 +15,13 @@ of responses to one completer thread per process that never exits; it calls
 that call returns), in the order the batches were queued. Failure answers (empty responses for
 every outstanding sample) go the same way, ``FAIL_CHUNK`` samples per call.
 
+The outbox: each batch goes into the ledger's outbox (``_post_locked``), and only the first batch after the
+completer took the outbox queues a completer job (``_flush``); that job sends everything gathered meanwhile, in
+order, a run of first tokens and answers in two calls at most (all its first tokens, then all its answers, in one
+buffer list: ``ResponseBatches``). Moving first tokens ahead of answers queued before them never sends an answer
+before its first token (every answer's first token was posted before it). Under load: one thread wake and two
+LoadGen calls for many engine steps; at a low rate: the same one job per step as before.
+
 Progress bar: created with the issued total (never a ``0sample`` line), advanced by the completer,
 and closed before the call that answers the last outstanding sample, so LoadGen's summary comes
 after the bar's final line; a failure closes it at once, before the error is logged.
@@ -22,7 +29,6 @@ after the bar's final line; a failure closes it at once, before the error is log
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import os
@@ -34,7 +40,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from sut.ledger.response import Answers, EosIds, ResponseBatch, complete_samples, unusable
+from sut.ledger.response import Answers, EosIds, ResponseBatch, ResponseBatches, complete_samples, unusable
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,9 @@ def _loadgen_label(sample_id: int, index: int) -> str:
 
 #: Empty failure answers per ``QuerySamplesComplete`` call (a full Offline query has 13,368+ samples).
 FAIL_CHUNK = 1024
+#: What the ledger hands LoadGen, in the completer's outbox: first tokens, a delivery's answers (these two are
+#: "real"), empty first tokens and empty answers after a failure.
+FIRST, DONE, EMPTY_FIRST, EMPTY = range(4)
 
 
 class _Completer:
@@ -146,8 +155,11 @@ class SampleLedger:
         self._ids = itertools.count(first_id)
         self._lock = threading.Lock()
         self._sent = threading.Condition(self._lock)
+        self._sent_waiters = 0  # threads in wait_sent (none during a run: no notify per completer job then)
         self._outstanding: dict[int, tuple] = {}  # request id -> (loadgen sample id, qsl index, ...) (_new_entry)
         self._queued = 0  # batches handed to the completer thread, not yet sent
+        self._outbox: list = []  # (kind, batch) for the completer, in order (_post_locked)
+        self._flush_queued = False  # a completer job will take the outbox
         self.issued = 0
         self.completed = 0
         self.answered_empty = 0
@@ -290,45 +302,97 @@ class SampleLedger:
             self._queue_locked([(sid, np.zeros(0, np.int32)) for sid in sample_ids[i:i + self._fail_chunk]],
                                real=False)
 
-    def _queue_locked(self, batch: list, real: bool) -> None:
-        self._queued += 1
-        _Completer.submit(functools.partial(self._send, batch, real))
+    def _queue_locked(self, batch, real: bool) -> None:
+        self._post_locked(DONE if real else EMPTY, batch)
 
-    def _send(self, batch: list, real: bool) -> None:
-        """On the completer thread: one ``QuerySamplesComplete`` call for ``batch``."""
-        if real and self._progress:
-            with self._lock:
-                last = not self._outstanding and self._queued == 1
-                self._bar_advance(len(batch), close=last)  # before LoadGen can print its summary
+    def _post_locked(self, kind: int, batch) -> None:
+        """Hand ``batch`` (``kind``: ``FIRST``, ``DONE``, ``EMPTY_FIRST``, ``EMPTY``) to the completer thread (lock
+        held): into the outbox, with one completer job for all the outbox gathers until that job runs."""
+        self._queued += 1
+        self._outbox.append((kind, batch))
+        if not self._flush_queued:
+            self._flush_queued = True
+            _Completer.submit(self._flush)
+
+    def _flush(self) -> None:
+        """On the completer thread: everything in the outbox, in order. A run of first tokens and answers goes in
+        two calls at most (its first tokens, then its answers: every answer's first token was posted before it);
+        failure answers one call each (``fail_chunk``)."""
+        with self._lock:
+            items, self._outbox = self._outbox, []
+            self._flush_queued = False
+            real = sum(len(b) for k, b in items if k == DONE) if self._progress else 0
+            if real:  # before LoadGen can print its summary
+                self._bar_advance(real, close=not self._outstanding and self._queued == len(items))
+        run: list = []
+        try:
+            for item in items:
+                if item[0] <= DONE:
+                    run.append(item)
+                    continue
+                self._send_run(run)
+                run = []
+                self._send_empty(*item)
+            self._send_run(run)
+        finally:
+            self._sent_locked_counts(items)
+
+    def _send_run(self, run: list) -> None:
+        """One ``FirstTokenComplete`` of the run's first tokens, then one ``QuerySamplesComplete`` of its answers."""
+        firsts = [pair for kind, batch in run if kind == FIRST for pair in batch]
+        if firsts:
+            self._send_firsts(firsts)
+        dones = [batch for kind, batch in run if kind == DONE]
+        if not dones:
+            return
+        together = len(dones) == 1 or not all(isinstance(b, ResponseBatch) for b in dones)
+        for batch in (dones if together else [ResponseBatches(dones)]):
+            try:
+                self._complete_fn(batch)
+            except Exception as e:  # noqa: BLE001 - LoadGen may not have these samples: the run fails
+                with self._lock:
+                    if self.error is None:
+                        self.error = f"QuerySamplesComplete failed for {len(batch)} sample(s): {e!r}"
+                        self._bar_close()
+                        log.error("RUN FAILED: %s", self.error)
+
+    def _send_firsts(self, pairs: list) -> None:
+        """One ``FirstTokenComplete`` of ``(sample id, first id)`` pairs (a streaming ledger's)."""
+        raise NotImplementedError("this ledger reports no first tokens")
+
+    def _send_empty(self, kind: int, batch: list) -> None:
+        """One call of failure answers: ``EMPTY`` ``(sample id, empty ids)`` pairs (``EMPTY_FIRST``: a subclass's)."""
         try:
             self._complete_fn(batch)
-        except Exception as e:  # noqa: BLE001 - LoadGen may not have these samples: the run fails
-            with self._lock:
-                if self.error is None:
-                    self.error = f"QuerySamplesComplete failed for {len(batch)} sample(s): {e!r}"
-                    self._bar_close()
-                    log.error("RUN FAILED: %s", self.error)
-        finally:
-            with self._lock:
-                if real:
+        except Exception as e:  # noqa: BLE001 - the samples may be LoadGen's no more: the run has failed already
+            log.error("QuerySamplesComplete of %d empty answer(s) failed: %r", len(batch), e)
+
+    def _sent_locked_counts(self, items: list) -> None:
+        """``items`` reached LoadGen: count them, wake ``wait_sent`` and mark idle when nothing is left."""
+        with self._lock:
+            for kind, batch in items:
+                if kind == DONE:
                     self.completed += len(batch)
                     self.last_complete_t = time.monotonic()
-                else:
+                elif kind == EMPTY:
                     self.answered_empty += len(batch)
-                self._batch_sent_locked()
-
-    def _batch_sent_locked(self) -> None:
-        """One queued batch reached LoadGen (lock held): wake ``wait_sent`` and mark idle when nothing is left."""
-        self._queued -= 1
-        if not self._queued:
-            self._sent.notify_all()
-            if not self._outstanding:
-                self.idle.set()
+                elif kind == FIRST:  # a streaming ledger's
+                    self.first_sent += len(batch)
+            self._queued -= len(items)
+            if not self._queued:
+                if self._sent_waiters:
+                    self._sent.notify_all()
+                if not self._outstanding:
+                    self.idle.set()
 
     def wait_sent(self, timeout: Optional[float] = None) -> bool:
         """Wait until every queued answer has reached ``complete_fn``; False on timeout (seconds)."""
         with self._lock:
-            return self._sent.wait_for(lambda: self._queued == 0, timeout)
+            self._sent_waiters += 1
+            try:
+                return self._sent.wait_for(lambda: self._queued == 0, timeout)
+            finally:
+                self._sent_waiters -= 1
 
     @property
     def outstanding(self) -> int:

@@ -11,7 +11,11 @@ first-token ids are a prefix of the response.
 - ``first_tokens([(request id, first id)])`` queues one ``FirstTokenComplete`` call (each response:
   one little-endian int32, ``n_tokens`` 1, its buffer alive until the call returns) on the same
   long-lived completer thread as every ``QuerySamplesComplete``, so a sample's first token always
-  reaches LoadGen before its completion (one FIFO queue, one thread);
+  reaches LoadGen before its completion (one FIFO outbox, one thread). Not from the thread that delivers
+  it, even when that call returns before the completion is queued: LoadGen 6.0.17 records both through
+  per-thread log buffers that its IO thread drains in any order, and a Server run that sent first tokens
+  from the delivering threads logged "Attempted to record a sample latency before it's first token
+  latency" for most of its samples (measured with ``python -m sut bench-harness``'s 5,000 q/s case);
 - ``complete`` refuses (the run fails, every outstanding sample answered empty) a response whose
   first id is not the reported first token, or that comes without one;
 - a sample answered empty after a failure gets an empty ``FirstTokenComplete`` first when it has
@@ -27,7 +31,6 @@ first-token ids are a prefix of the response.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Callable, Iterable, Optional, Sequence
@@ -35,7 +38,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from sut.ledger.response import Answers, complete_samples, first_token_complete
-from sut.ledger.sample import FAIL_CHUNK, SampleLedger, _Completer
+from sut.ledger.sample import EMPTY_FIRST, FAIL_CHUNK, FIRST, SampleLedger
 from sut.record.latency_trend import queue_trend
 
 log = logging.getLogger(__name__)
@@ -90,24 +93,19 @@ class StreamingLedger(SampleLedger):
                 outstanding[r[0]] = (entry[0], entry[1], entry[2], first, now)
                 send.append((entry[0], first))
             if send:
-                self._queued += 1
-                _Completer.submit(functools.partial(self._send_first, send))
+                self._post_locked(FIRST, send)
             if bad:
                 self._fail_locked(f"first token of request {bad[0]} reported twice, after its response, or for a "
                                   "request never issued" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
 
-    def _send_first(self, batch: list) -> None:
-        """On the completer thread: one ``FirstTokenComplete`` call for ``batch``."""
+    def _send_firsts(self, pairs: list) -> None:
+        """On the completer thread: one ``FirstTokenComplete`` call for ``(sample id, first id)`` pairs."""
         try:
-            self._first_fn(batch)
+            self._first_fn(pairs)
         except Exception as e:  # noqa: BLE001 - LoadGen may not have these samples: the run fails
             with self._lock:
                 if self.error is None:
-                    self._fail_locked(f"FirstTokenComplete failed for {len(batch)} sample(s): {e!r}")
-        finally:
-            with self._lock:
-                self.first_sent += len(batch)
-                self._batch_sent_locked()
+                    self._fail_locked(f"FirstTokenComplete failed for {len(pairs)} sample(s): {e!r}")
 
     def _firstless(self, entries: list) -> list:
         return [e[0] for e in entries if e[3] is None]
@@ -118,32 +116,36 @@ class StreamingLedger(SampleLedger):
         order)."""
         firstless = sample_ids if firstless is None else firstless
         for i in range(0, len(firstless), self._fail_chunk):
-            self._queued += 1
-            _Completer.submit(functools.partial(self._send_empty_first, firstless[i:i + self._fail_chunk]))
+            self._post_locked(EMPTY_FIRST, firstless[i:i + self._fail_chunk])
         super()._answer_empty_locked(sample_ids)
 
-    def _send_empty_first(self, sample_ids: list) -> None:
-        """On the completer thread: one ``FirstTokenComplete`` of empty first tokens (not counted in
-        ``first_sent``); the run has failed already, so an error here is only logged."""
+    def _send_empty(self, kind: int, batch: list) -> None:
+        """On the completer thread: ``EMPTY_FIRST``: one ``FirstTokenComplete`` of empty first tokens for LoadGen
+        sample ids ``batch`` (not counted in ``first_sent``; the run has failed already, so an error here is only
+        logged); ``EMPTY``: the empty answers."""
+        if kind != EMPTY_FIRST:
+            super()._send_empty(kind, batch)
+            return
         try:
-            self._first_fn([(sid, None) for sid in sample_ids])
+            self._first_fn([(sid, None) for sid in batch])
         except Exception:  # noqa: BLE001
-            log.exception("empty FirstTokenComplete for %d sample(s) failed", len(sample_ids))
-        finally:
-            with self._lock:
-                self._batch_sent_locked()
+            log.exception("empty FirstTokenComplete for %d sample(s) failed", len(batch))
 
     def _check_answers_locked(self, rids: list, entries: list, answers: Answers, cut: list) -> Optional[str]:
         """Every answer of the delivery must start with its reported first token (none reported, or another
         id, refuses the delivery: the run fails); then its ``timings`` are kept."""
         flat, starts = answers.flat, answers.starts
+        if all(cut):  # every answer has ids: their first ids in one numpy pass
+            heads = flat[starts].tolist()
+        else:
+            heads = [int(flat[a]) if n else None for a, n in zip(starts, cut)]
         for i, e in enumerate(entries):
             first = e[3]
             if first is None:
                 return (f"request {rids[i]} finished without a first token (Server/Interactive need "
                         "FirstTokenComplete before the response)")
-            if not cut[i] or flat[starts[i]] != first:
-                got = [int(flat[starts[i]])] if cut[i] else []
+            if heads[i] != first:
+                got = [] if heads[i] is None else [heads[i]]
                 return f"request {rids[i]}: first token {first} was reported, but the response starts with {got}"
         now = time.monotonic()
         self.timings.extend((e[2], e[4], now, n) for e, n in zip(entries, cut))

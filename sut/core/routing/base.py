@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -89,6 +89,7 @@ class Router(ABC):
         self.estimated_uncached = 0
         self.down: set[int] = set()
         self._cost: dict[int, tuple[int, float, int]] = {}
+        self._deferred: Optional[set] = None  # inside first_many / done_many: replicas to re-key once at the end
         self._by_load = ArgMin([(0.0, 0, r) for r in range(replicas)]) if self.tracks_load else None
 
     @abstractmethod
@@ -121,7 +122,37 @@ class Router(ABC):
         self.load[r] -= cost
         self.uncached[r] -= uncached
         self.inflight[r] -= 1
-        self._rekey(r)
+        self._touch(r)
+
+    def first_many(self, rids: Sequence[int]) -> None:
+        """``first`` for each of ``rids`` (one delivery), every replica they touch re-keyed once at the end."""
+        self._deferring(self.first, rids)
+
+    def done_many(self, rids: Sequence[int]) -> None:
+        """``done`` for each of ``rids`` (one delivery), every replica they touch re-keyed once at the end
+        (``KeyError`` as ``done``; the replicas touched before it are still re-keyed)."""
+        self._deferring(self.done, rids)
+
+    def _deferring(self, one: Callable[[int], None], rids: Sequence[int]) -> None:
+        if self._deferred is not None or len(rids) < 2:  # nested (the outer call re-keys), or nothing to save
+            for rid in rids:
+                one(rid)
+            return
+        self._deferred = touched = set()
+        try:
+            for rid in rids:
+                one(rid)
+        finally:
+            self._deferred = None
+            for r in touched:
+                self._rekey(r)
+
+    def _touch(self, r: int) -> None:
+        """Replica ``r``'s load changed: re-key it now, or once at the end of ``first_many`` / ``done_many``."""
+        if self._deferred is None:
+            self._rekey(r)
+        else:
+            self._deferred.add(r)
 
     def _rekey(self, r: int) -> None:
         """Replica ``r``'s place in the least-loaded tree: ``(load, inflight, index)``, or last of all once it is

@@ -5,7 +5,8 @@ of them still waiting for their first token (queued or in prefill, which is what
 request's first token), as in the best vLLM submission of MLPerf v6.1 (AMD). The lowest score wins;
 ties go to the lower index. ``first(rid)`` (a streamed first token) takes the request out of the
 waiting count; ``done(rid)`` out of both. The lowest score comes from an ``ArgMin`` tree over
-``(score, index)`` (``argmin.py``), updated on route, first token and completion: O(log replicas).
+``(score, index)`` (``argmin.py``), updated on route, first token and completion: O(log replicas), once per
+replica a delivery (``first_many`` / ``done_many``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class LeastPendingRouter(Router):
             self._waiting.discard(rid)
             r = self.replica_of(rid)
             self.waiting_first[r] -= 1
-            self._rescore(r)
+            self._touch(r)
 
     def done(self, rid: int) -> None:
         r = self.replica_of(rid)
