@@ -223,3 +223,27 @@ def test_agreement_reads_unknown_as_unknown_and_a_quantization_source_as_none():
     with pytest.raises(ValueError, match=r"differ in enable_prefix_caching: a \(enable_prefix_caching False\), "
                                          r"b \(enable_prefix_caching True\)"):
         fleet_agreement([dict(told, enable_prefix_caching=False), dict(silent, enable_prefix_caching=True)])
+
+
+# -- the key kept out of every record, whatever the server answers ------------------------------------
+@pytest.mark.parametrize("value", ["abc\ndef-secret-part", "abc\r\nX-Other: 1", "k\u00e9y-secret-part", " padded-secret "])
+def test_a_key_no_http_header_can_carry_is_refused_naming_the_variable_not_the_key(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("FLEET_ODD_KEY", value)
+    path = _fleet(tmp_path, 'api_key_env = "FLEET_ODD_KEY"\n' + OK_SERVER)
+    with pytest.raises(InputError, match="field 'api_key_env': environment variable FLEET_ODD_KEY: the key holds") as e:
+        HttpSUT.check_options({"fleet": path})
+    assert "secret" not in str(e.value) and value.strip() not in str(e.value)
+
+
+def test_a_server_that_echoes_the_key_in_its_errors_fails_the_run_without_it(tmp_path, synthetic_small, fake_server):
+    data, _ = synthetic_small
+    key = "echoed-secret-" + secrets.token_hex(16)
+    keyed, _ = fake_server("--api-key", key, "--echo-auth", "--error-after", "2")
+    path = _fleet(tmp_path, f'[[server]]\nurl = "{keyed}"\nnode = "gpu-a"\napi_key_env = "FLEET_KEY"\n')
+    out, runs = _run(tmp_path, data, "--fleet", path, "-v", env=dict(sut_env(), FLEET_KEY=key))
+    assert out.returncode == 1 and keyed in out.stderr, out.stderr[-3000:]
+    assert key not in out.stdout + out.stderr, out.stderr[-3000:]
+    (run,) = runs.iterdir()
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+    for f in [p for p in run.rglob("*") if p.is_file()]:
+        assert key.encode() not in f.read_bytes(), f

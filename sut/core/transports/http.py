@@ -116,6 +116,7 @@ class HttpTransport(Transport):
             raise ServerInputError(str(e)) from None
         self.urls = list(self.options.server_urls) or [""] * len(self.slots)
         self._auth = [fleet.auth_headers(k) for k in keys]  # per replica; a key is sent, never recorded
+        self._keys = tuple(k for k in keys if k)  # hidden in every message (a server's reply may quote them)
         self._post_headers = [{**_JSON, **a} for a in self._auth]
         self.agreement: dict = {}  # http_fleet.fleet_agreement of the replicas (set by start)
         self.inflight = self.options.max_inflight_per_replica or 2 * spec.engine.max_num_seqs
@@ -183,7 +184,7 @@ class HttpTransport(Transport):
             return fleet.fleet_agreement(infos)
         except ValueError as e:
             cls = ServerInputError if self.options.servers else TransportError
-            raise cls(f"vllm-http: {e}") from None
+            raise cls(fleet.redact(f"vllm-http: {e}", self._keys)) from None
 
     def _on_server_exit(self, server: servers.ServerProcess) -> None:
         if self.records:  # during start-up, wait_ready reports it
@@ -208,7 +209,7 @@ class HttpTransport(Transport):
 
     def _error(self, r: int, what: str, user_input: bool) -> TransportError:
         cls = ServerInputError if user_input and self.options.servers else TransportError
-        return cls(f"{self._name(r)} {what}")
+        return cls(fleet.redact(f"{self._name(r)} {what}", self._keys))
 
     async def _get(self, r: int, path: str, as_json: bool = True):
         """GET ``path`` of replica ``r`` (with its key): the decoded body, or None on 404 (no such endpoint)."""
@@ -405,7 +406,7 @@ class HttpTransport(Transport):
     def _fatal(self, r: int, message: str) -> None:
         with self._lock:
             self._dead[r] = True
-        self._report_fatal(r, message, tail_log=log)
+        self._report_fatal(r, fleet.redact(message, self._keys), tail_log=log)
 
     # -- record and stop ------------------------------------------------------------------------
     def stats(self) -> dict:
