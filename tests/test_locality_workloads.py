@@ -5,9 +5,12 @@ working set sized from the KV cache the replicas report; a replica killed mid-tr
 for), the report's new fields, merging such runs, and bad workload input that exits 2 before anything starts.
 The same presets on real CPU engines: ``tests/test_locality_workloads_cpu.py`` (slow)."""
 
+import dataclasses
 import json
 import math
 import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -512,3 +515,44 @@ def test_the_gpu_step_runs_every_preset_with_three_pairs_on_one_card(tmp_path):
     assert calls[3][calls[3].index("--kv-blocks") + 1] == "4096"
     assert out.returncode == 1 and "workloads hot-prefixes: rc=1" in out.stdout  # the other presets still ran
     assert all((tmp_path / "job" / f"locality_{p}.json").is_file() for p in PRESETS)
+
+
+def test_a_kill_timer_due_while_the_burst_closes_never_fires(monkeypatch, tmp_path):
+    """The burst is over once every request is answered: a kill due while it closes (here: a slow ledger close)
+    kills nothing, and the case says the kill never fired."""
+    from sut.locality import burst
+
+    class SlowClose(burst.SampleLedger):
+        def close(self, timeout=None):
+            time.sleep(0.3)
+            return super().close(timeout=timeout)
+
+    from sut.locality.workloads import replica_loss
+
+    def due_while_closing(ws, warmups=()):  # the fake burst takes a few ms; its close 0.3 s
+        return dataclasses.replace(planned(ws, warmups), at_s=0.15)
+
+    killed, planned = [], replica_loss.kill_plan
+    monkeypatch.setitem(SYSTEMS, "standalone", fake())
+    monkeypatch.setattr(burst, "SampleLedger", SlowClose)
+    monkeypatch.setattr(replica_loss, "kill_plan", due_while_closing)
+    monkeypatch.setattr("sut.locality.failover.kill_replica", lambda transport, replica: killed.append(replica))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--kill-after", "0.99")
+    f = cases_of(rec)[0]["failover"]
+    assert f["killed"]["trigger"] == {"when": "time", "at_s": 0.15}
+    assert rc == 0 and killed == [] and f["killed"]["fired"] is False and f["answered"] == 40, f["killed"]
+
+
+def test_the_kill_timer_never_fires_after_stop_and_leaves_no_thread():
+    from sut.locality.failover import Killer, KillPlan
+
+    killed = []
+    transport = type("T", (), {"name": "t", "kill_replica": lambda self, r: killed.append(r)})()
+    k = Killer(KillPlan(0, 0.5, at_s=0.05), transport, lambda: 4)
+    k.start()
+    k.stop()
+    k._on_time()  # a timer thread that had woken just before the stop
+    k.join()
+    assert killed == [] and k.killed_at is None
+    assert not [t for t in threading.enumerate() if t.name in ("replica-loss-timer", "replica-loss-kill")]

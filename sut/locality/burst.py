@@ -214,11 +214,11 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
         killer.start()
     t0 = _send(trace, bs, ledger, disp, col)
     error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
-    ledger.close(timeout=10.0)
-    if killer is not None:
+    if killer is not None:  # the burst is over: a kill not fired by now never fires
         killer.stop()
         killer.join()
         error = error or killer.error
+    ledger.close(timeout=10.0)
     if error is not None:
         raise RunFailed(error)
     results, hashes = [], {}
