@@ -556,3 +556,15 @@ def test_the_kill_timer_never_fires_after_stop_and_leaves_no_thread():
     k.join()
     assert killed == [] and k.killed_at is None
     assert not [t for t in threading.enumerate() if t.name in ("replica-loss-timer", "replica-loss-kill")]
+
+
+def test_a_kill_whose_loss_was_seen_but_cost_nothing_is_reported_as_measuring_no_loss(monkeypatch, tmp_path, capsys):
+    """The kill fires on the replica's last answer: its loss reaches the harness, but nothing was left to re-route
+    or fail; the report says the case measures no loss."""
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.005))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--kill-when", "answers", "--kill-after", "0.9999")
+    f = cases_of(rec)[0]["failover"]
+    assert rc == 0 and f["killed"]["fired"] and f["killed"]["replica_outstanding"] == 0 and f["loss_seen"]
+    assert f["answered"] == 40 and not f["rerouted"] and not f["failed"]
+    assert "note: 1 case(s) killed the replica after it had done its work" in capsys.readouterr().out

@@ -115,17 +115,17 @@ def report_lines(record: dict) -> list[str]:
 
 def _unmeasured(cases: Sequence[dict]) -> list[str]:
     """Notes on cases whose kill measured no loss: it never fired (the burst ended first), or it fired and
-    nothing was lost (no loss reached the harness, nothing re-routed or failed: the replica had done its work)."""
+    nothing was lost (nothing re-routed or failed, whether or not its loss reached the harness: the replica had
+    done its work)."""
     fo = [(c, c["failover"]) for c in cases if c.get("failover")]
     unfired = [c for c, f in fo if f["killed"].get("fired") is False]
-    unfelt = [c for c, f in fo if f["killed"].get("fired") is not False and not f.get("losses")
-              and not f["rerouted"] and not f["failed"]]
+    unfelt = [c for c, f in fo if f["killed"].get("fired") is not False and not f["rerouted"] and not f["failed"]]
     out = []
     if unfired:
         out.append(f"note: {len(unfired)} case(s) ended before the kill time; they measure no loss "
                    f"({', '.join(sorted({c['system'] for c in unfired}))})")
     if unfelt:
-        out.append(f"note: {len(unfelt)} case(s) killed the replica after it had done its work (no loss reached the "
-                   f"harness, nothing re-routed or failed): they measure no loss "
+        out.append(f"note: {len(unfelt)} case(s) killed the replica after it had done its work (nothing re-routed "
+                   f"or failed): they measure no loss "
                    f"({', '.join(sorted({c['system'] for c in unfelt}))})")
     return out
