@@ -89,3 +89,32 @@ def test_release_asks_every_live_executor_once_and_reports_what_is_left():
     rs = SimpleNamespace(id="s1", conn=none_left, session=none_left, create_task=none_left.create_task)
     assert release_survivors(rs, wait_s=5.0) == {"released": [], "left": [], "seconds": pytest.approx(0, abs=0.5)}
     assert not none_left.tasks
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--nodes", "1000"], "--nodes 1000: expected 1 to 64"),
+    (["--nodes", "65"], "--nodes 65: expected 1 to 64"),
+    (["--nodes", "2", "--node-gpus", "a b:c"], "--node-gpus 'a b:c': 'a b' is no CUDA_VISIBLE_DEVICES value"),
+    (["--nodes", "2", "--node-gpus", "0;1:2"], "--node-gpus '0;1:2': '0;1' is no CUDA_VISIBLE_DEVICES value"),
+    (["--nodes", "2", "--node-gpus", "0,:1"], "'0,' is no CUDA_VISIBLE_DEVICES value"),
+])
+def test_odd_node_counts_and_gpu_values_exit_2_before_a_work_folder(monkeypatch, tmp_path, capsys, args, said):
+    from sut.flame import cluster
+    from sut.flame.cluster import main
+
+    def never(*_a, **_k):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(cluster, "RealCluster", never)
+    monkeypatch.setattr(cluster, "_check_args", never)
+    work = tmp_path / "w"
+    with pytest.raises(SystemExit) as e:
+        main(["--workdir", str(work), *args])
+    assert e.value.code == 2 and said in str(e.value) + capsys.readouterr().err, str(e.value)
+    assert not work.exists()
+
+
+def test_gpu_values_may_be_indices_uuids_or_mig_ids():
+    uuid = "GPU-5c2a0f1e-8d4b-4c1a-9f3e-2b7d6a1c0e9f"
+    mig = "MIG-GPU-5c2a0f1e-8d4b-4c1a-9f3e-2b7d6a1c0e9f/1/0"
+    assert parse_node_gpus(f"0,1:{uuid}:{mig}", 3) == ("0,1", uuid, mig)

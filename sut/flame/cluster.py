@@ -67,7 +67,7 @@ from sut.flame.cluster_config import (
     taken_ports_message,
 )
 from sut.flame.netns import FenceUnavailable, NetFence, listeners, loopback_listener
-from sut.flame.nodes import NodePlan, parse_node_gpus, plan_nodes, uts_unavailable
+from sut.flame.nodes import MAX_NODES, NodePlan, parse_node_gpus, plan_nodes, uts_unavailable
 
 log = logging.getLogger("sut.flame.cluster")
 MARK_ENV = "SUT_FLAME_CLUSTER"
@@ -507,8 +507,9 @@ def _check_nodes(a) -> tuple:
 
     from sut.errors import BadInput
 
-    if a.nodes < 1:
-        raise BadInput(f"error: --nodes {a.nodes}: expected 1 or more")
+    if not 1 <= a.nodes <= MAX_NODES:
+        raise BadInput(f"error: --nodes {a.nodes}: expected 1 to {MAX_NODES} (at most {MAX_NODES} emulated nodes on "
+                       "one host: each is an executor manager process)")
     if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?", a.node_prefix):
         raise BadInput(f"error: --node-prefix {a.node_prefix!r}: expected a host-name label (lower-case letters, digits, "
                        "'-' inside; at most 42 characters)")
