@@ -568,3 +568,16 @@ def test_a_kill_whose_loss_was_seen_but_cost_nothing_is_reported_as_measuring_no
     assert rc == 0 and f["killed"]["fired"] and f["killed"]["replica_outstanding"] == 0 and f["loss_seen"]
     assert f["answered"] == 40 and not f["rerouted"] and not f["failed"]
     assert "note: 1 case(s) killed the replica after it had done its work" in capsys.readouterr().out
+
+
+def test_a_kill_before_any_answer_on_a_system_that_stops_serving_fails_every_request(monkeypatch, tmp_path):
+    """The kill at once (--kill-after near 0) on a system that stops serving everything: no request is answered,
+    all fail by the loss timeout, and the case is recorded (no answer to time the burst by: it ends when settled)."""
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.005, halt_on_kill=True))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--loss-timeout-s", "0.3", "--kill-after", "0.0001")
+    assert rc == 0, rec and rec.get("error")
+    c = cases_of(rec)[0]
+    f = c["failover"]
+    assert f["killed"]["fired"] and f["answered"] == f["rerouted"] == 0 and f["failed"] == 40
+    assert c["timed"]["wall_s"] >= 0.3 and c["timed"]["requests_per_s"] == 0 and c["timed"]["answered"] == 0

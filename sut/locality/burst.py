@@ -214,6 +214,7 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
         killer.start()
     t0 = _send(trace, bs, ledger, disp, col)
     error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
+    t_end = time.monotonic()  # the burst settled (every request answered or failed)
     if killer is not None:  # the burst is over: a kill not fired by now never fires
         killer.stop()
         killer.join()
@@ -231,7 +232,7 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     failed = {rid - bs.first_id: why for rid, why in disp.failed.items()} if killer else None
     failures = validate_results(trace, results, bs.max_tokens, expected_hashes, failed)
     raise_for_failures(failures, "validation of the burst's requests")
-    metrics = _metrics(trace, col, t0, bs, disp.stats())
+    metrics = _metrics(trace, col, t0, bs, disp.stats(), t_end)
     if killer is not None:
         metrics.update(answered=len(col.seen), failed=len(failed),
                        failover=failover_record(disp, killer, col, len(trace), t0))
@@ -287,10 +288,12 @@ def after_t0(t: Optional[float], t0: float) -> Optional[float]:
     return None if t is None else round(t - t0, 4)
 
 
-def _metrics(trace: Sequence[TraceRequest], col: _Collector, t0: float, bs: BurstSettings, routing: dict) -> dict:
-    """Throughput, cached share, per-replica load and latencies of a validated burst (module docstring)."""
+def _metrics(trace: Sequence[TraceRequest], col: _Collector, t0: float, bs: BurstSettings, routing: dict,
+             t_end: float) -> dict:
+    """Throughput, cached share, per-replica load and latencies of a validated burst (module docstring); the wall
+    time ends at the last answer (``t_end``, when the burst settled, where every request failed)."""
     seen = col.seen
-    wall = max(t for _, _, t in seen.values()) - t0
+    wall = max((t for _, _, t in seen.values()), default=t_end) - t0
     out_tokens = sum(len(c.token_ids) for _, c, _ in seen.values())
     prompt = sum(len(trace[rid].prompt) for rid in seen)  # every request, but a failed one (replica loss)
     cached = [c.cached_tokens for _, c, _ in seen.values()]
