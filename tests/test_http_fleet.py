@@ -247,3 +247,20 @@ def test_a_server_that_echoes_the_key_in_its_errors_fails_the_run_without_it(tmp
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
     for f in [p for p in run.rglob("*") if p.is_file()]:
         assert key.encode() not in f.read_bytes(), f
+
+
+@pytest.mark.parametrize("url, said", [
+    ("http://user:pw-secret@10.0.0.5:8000", "server 0 (http://***@10.0.0.5:8000): field 'url': 'http://***@10.0.0.5:8000' "
+                                            "holds credentials (user:password@)"),
+    ("http://10.0.0.5:8000/?token=q-secret", "field 'url': 'http://10.0.0.5:8000/?token=q-secret' has a query or fragment"),
+    ("http://10.0.0.5:8000#f", "has a query or fragment"),
+    ("http://10.0.0.5:99999", "field 'url': 'http://10.0.0.5:99999' has no valid port"),
+])
+def test_a_url_with_credentials_a_query_or_a_bad_port_is_refused_without_echoing_a_password(tmp_path, url, said):
+    path = _fleet(tmp_path, f'[[server]]\nurl = "{url}"\nnode = "a"\n')
+    with pytest.raises(InputError) as e:
+        HttpSUT.check_options({"fleet": path})
+    assert said in str(e.value) and "pw-secret" not in str(e.value), str(e.value)
+    with pytest.raises(InputError) as e:
+        HttpSUT.check_options({"urls": url})
+    assert "pw-secret" not in str(e.value), str(e.value)

@@ -69,6 +69,13 @@ def servers_from_urls(urls) -> tuple[FleetServer, ...]:
     return tuple(FleetServer(u, urlsplit(u).hostname or u) for u in urls)
 
 
+def shown_url(url: str) -> str:
+    """``url`` as messages show it: credentials (``user:password@``) as ``***@``."""
+    head, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{head}{sep}***@{netloc.rpartition('@')[2]}{slash}{path}" if "@" in netloc else url
+
+
 def _bad(path, where: str, field: str, what: str) -> ValueError:
     return ValueError(f"fleet file {path}: {where}: field '{field}': {what}")
 
@@ -107,7 +114,7 @@ def _server(path, i: int, entry, default_env: Optional[str], url_of) -> FleetSer
     if not isinstance(entry, dict):
         raise ValueError(f"fleet file {path}: {where}: must be a [[server]] table, got {type(entry).__name__}")
     raw = _string(path, where, entry, "url", required=True)
-    where = f"server {i} ({raw})"
+    where = f"server {i} ({shown_url(raw)})"
     try:
         urls = url_of(raw)
     except ValueError as e:
