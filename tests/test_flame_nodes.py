@@ -118,3 +118,43 @@ def test_gpu_values_may_be_indices_uuids_or_mig_ids():
     uuid = "GPU-5c2a0f1e-8d4b-4c1a-9f3e-2b7d6a1c0e9f"
     mig = "MIG-GPU-5c2a0f1e-8d4b-4c1a-9f3e-2b7d6a1c0e9f/1/0"
     assert parse_node_gpus(f"0,1:{uuid}:{mig}", 3) == ("0,1", uuid, mig)
+
+
+def test_a_stop_signal_during_the_cluster_start_stops_it_at_once_without_printing_an_endpoint(monkeypatch, tmp_path,
+                                                                                             capsys):
+    import os
+    import signal
+    import time
+
+    from sut.flame import cluster
+    from tests.conftest import flame_bin_dir
+
+    class SlowStart:
+        stopped = False
+
+        def __init__(self, settings):
+            self.endpoint, self.nodes, self.workdir = "http://127.0.0.1:1", [], tmp_path
+
+        def start(self):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # nodes not Ready yet
+                return self
+            except BaseException:
+                self.stop()
+                raise
+
+        def stop(self):
+            SlowStart.stopped = True
+
+    monkeypatch.setattr(cluster, "RealCluster", SlowStart)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cluster.main(["--workdir", str(tmp_path / "w"), "--flame-bin", str(flame_bin_dir())])
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    assert time.monotonic() - t0 < 3 and SlowStart.stopped
+    assert "FLAME_ENDPOINT" not in capsys.readouterr().out

@@ -618,8 +618,12 @@ def main(argv: list[str]) -> int:
     bin_dir = _check_args(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
+
+    def interrupt(*_) -> None:  # while the cluster starts: stop starting it (RealCluster.start stops what it started)
+        raise KeyboardInterrupt("stop signal while the cluster started")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         cluster = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=Path(a.workdir), port=a.port, resreq=a.resreq,
                                               die_with_parent=True, nodes=a.nodes, node_prefix=a.node_prefix,
@@ -627,6 +631,8 @@ def main(argv: list[str]) -> int:
     except ClusterError as e:
         print(f"error: {e}")
         return 1
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"FLAME_ENDPOINT={cluster.endpoint}", flush=True)
     print(f"FLAME_NODES={','.join(n.name for n in cluster.nodes)}", flush=True)
     print(f"FLAME_NODES_FILE={cluster.workdir / 'nodes.json'}", flush=True)
