@@ -581,3 +581,22 @@ def test_a_kill_before_any_answer_on_a_system_that_stops_serving_fails_every_req
     f = c["failover"]
     assert f["killed"]["fired"] and f["answered"] == f["rerouted"] == 0 and f["failed"] == 40
     assert c["timed"]["wall_s"] >= 0.3 and c["timed"]["requests_per_s"] == 0 and c["timed"]["answered"] == 0
+
+
+def test_a_burst_that_raises_leaves_no_kill_timer_behind(monkeypatch, tmp_path):
+    """A burst cut short by an error (here: the dispatch raises) stops its kill timer: nothing is killed later."""
+    from sut.locality import failover
+
+    killed = []
+
+    def broken(self, items):
+        raise RuntimeError("dispatch broke")
+
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.01))
+    monkeypatch.setattr(failover.FailoverDispatcher, "dispatch", broken)
+    monkeypatch.setattr(failover, "kill_replica", lambda transport, replica: killed.append(replica))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10")
+    time.sleep(0.5)  # past the kill time (half the warm-up's)
+    assert rc == 1 and "dispatch broke" in rec["error"] and killed == []
+    assert not [t for t in threading.enumerate() if t.name in ("replica-loss-timer", "replica-loss-kill")]

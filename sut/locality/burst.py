@@ -212,13 +212,15 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     disp.replicas = transport.attach(disp)
     if killer is not None:
         killer.start()
-    t0 = _send(trace, bs, ledger, disp, col)
-    error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
-    t_end = time.monotonic()  # the burst settled (every request answered or failed)
-    if killer is not None:  # the burst is over: a kill not fired by now never fires
-        killer.stop()
-        killer.join()
-        error = error or killer.error
+    try:
+        t0 = _send(trace, bs, ledger, disp, col)
+        error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
+        t_end = time.monotonic()  # the burst settled (every request answered or failed)
+    finally:
+        if killer is not None:  # the burst is over (or broke off): a kill not fired by now never fires
+            killer.stop()
+            killer.join()
+    error = error or (killer.error if killer is not None else None)
     ledger.close(timeout=10.0)
     if error is not None:
         raise RunFailed(error)
