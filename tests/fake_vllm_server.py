@@ -44,7 +44,9 @@ mode does, with ``max_num_seqs`` 64); ``--max-new-tokens`` (the server's own low
 first N ids, or of all when N is at least the answer's length; non-streamed, when the answer has more); ``--truncate N`` (a broken server or proxy: ``stop`` after N
 ids, no EOS, ``usage.completion_tokens`` still the full length); ``--bad-id ID`` (the id at position 1
 of every answer is ID, e.g. one outside the vocabulary); ``--echo-auth`` (every error reply's message carries the
-request's ``Authorization`` header, as a proxy's error page that echoes the request).
+request's ``Authorization`` header, as a proxy's error page that echoes the request); ``--redirect-to URL`` (every
+GET but ``/_stats`` and ``/health`` answers 307 to URL + its path: a server that sends clients, and their headers,
+elsewhere).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def parse(argv):
     p.add_argument("--truncate", type=int, default=None)
     p.add_argument("--bad-id", type=int, default=None)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--redirect-to", default=None,
+                   help="answer every GET but /_stats and /health with 307 to this URL + the path")
     p.add_argument("--echo-auth", action="store_true",
                    help="every error reply's message carries the request's Authorization header (a proxy that echoes)")
     p.add_argument("--version", default="0.0.0-fake")
@@ -112,6 +116,8 @@ class Fake:
         carried = self.a.api_key is not None and request.headers.get("Authorization") == f"Bearer {self.a.api_key}"
         if request.path != "/_stats":
             self.auth.setdefault(request.path, [0, 0])[0 if carried else 1] += 1
+        if self.a.redirect_to and request.method == "GET" and request.path not in ("/_stats", "/health"):
+            raise web.HTTPTemporaryRedirect(self.a.redirect_to + request.path_qs)
         if self.a.api_key is not None and request.path.startswith("/v1") and not carried:
             return web.json_response({"error": "Unauthorized" + self._echo(request)}, status=401)
         return await handler(request)

@@ -264,3 +264,16 @@ def test_a_url_with_credentials_a_query_or_a_bad_port_is_refused_without_echoing
     with pytest.raises(InputError) as e:
         HttpSUT.check_options({"urls": url})
     assert "pw-secret" not in str(e.value), str(e.value)
+
+
+def test_a_server_that_redirects_never_gets_the_key_sent_elsewhere(tmp_path, monkeypatch, fake_server):
+    key = "redirected-secret-" + secrets.token_hex(8)
+    elsewhere, _ = fake_server("--api-key", key)
+    redirecting, _ = fake_server("--api-key", key, "--redirect-to", elsewhere)
+    before = stats_of(elsewhere)["auth"]
+    monkeypatch.setenv("FLEET_KEY", key)
+    path = _fleet(tmp_path, f'[[server]]\nurl = "{redirecting}"\nnode = "a"\napi_key_env = "FLEET_KEY"\n')
+    with pytest.raises(InputError, match=f"server {redirecting}: {redirecting}/v1/models: HTTP 307"):
+        HttpSUT.preflight(HttpSUT.check_options({"fleet": path}), ENGINE)
+    after = stats_of(elsewhere)["auth"]
+    assert all(after[p][0] == before.get(p, [0, 0])[0] for p in after), after  # no request there carried the key
