@@ -97,6 +97,7 @@ def test_release_asks_every_live_executor_once_and_reports_what_is_left():
     (["--nodes", "2", "--node-gpus", "a b:c"], "--node-gpus 'a b:c': 'a b' is no CUDA_VISIBLE_DEVICES value"),
     (["--nodes", "2", "--node-gpus", "0;1:2"], "--node-gpus '0;1:2': '0;1' is no CUDA_VISIBLE_DEVICES value"),
     (["--nodes", "2", "--node-gpus", "0,:1"], "'0,' is no CUDA_VISIBLE_DEVICES value"),
+    (["--nodes", "3", "--node-gpus", "0,1:2:1"], "--node-gpus '0,1:2:1': GPU 1 is given to node 0 and node 2"),
 ])
 def test_odd_node_counts_and_gpu_values_exit_2_before_a_work_folder(monkeypatch, tmp_path, capsys, args, said):
     from sut.flame import cluster

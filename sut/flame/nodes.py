@@ -109,6 +109,12 @@ def parse_node_gpus(text: Optional[str], n: int) -> tuple:
     if bad is not None:
         raise ValueError(f"--node-gpus {text!r}: {bad!r} is no CUDA_VISIBLE_DEVICES value (GPU indices, GPU-... UUIDs "
                          "or MIG-... ids, ',' between them)")
+    owner: dict = {}
+    for i, part in enumerate(parts):
+        for gpu in part.split(","):
+            if owner.setdefault(gpu, i) != i:
+                raise ValueError(f"--node-gpus {text!r}: GPU {gpu} is given to node {owner[gpu]} and node {i} (each "
+                                 "GPU to one node)")
     return parts
 
 
