@@ -159,3 +159,27 @@ def test_a_stop_signal_during_the_cluster_start_stops_it_at_once_without_printin
             signal.signal(s, h)
     assert time.monotonic() - t0 < 3 and SlowStart.stopped
     assert "FLAME_ENDPOINT" not in capsys.readouterr().out
+
+
+def test_a_work_folder_in_use_by_another_cluster_exits_2(monkeypatch, tmp_path):
+    """Two clusters on one --workdir would share cluster.yaml: the second would point the first's executor managers at
+    its own session manager."""
+    import fcntl
+    import os
+
+    from sut.flame import cluster
+    from tests.conftest import flame_bin_dir
+
+    def never(*_a, **_k):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(cluster, "RealCluster", never)
+    work = tmp_path / "w"
+    work.mkdir()
+    with open(work / cluster.WORKDIR_LOCK, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        with pytest.raises(SystemExit) as e:
+            cluster.main(["--workdir", str(work), "--flame-bin", str(flame_bin_dir())])
+    assert e.value.code == 2 and f"--workdir {work}: in use by another cluster (pid {os.getpid()})" in str(e.value)

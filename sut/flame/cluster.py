@@ -552,6 +552,32 @@ def _check_args(a) -> Path:
     return bin_dir
 
 
+#: In the work folder: held (``flock``) by the cluster command that runs there, with its pid.
+WORKDIR_LOCK = ".cluster.lock"
+
+
+def _lock_workdir(workdir: Path):
+    """The open, locked ``WORKDIR_LOCK`` of ``workdir`` (keep it open while the cluster runs); ``BadInput`` when
+    another cluster command holds it (two clusters in one folder would share ``cluster.yaml``)."""
+    import fcntl
+
+    from sut.errors import BadInput
+
+    f = open(workdir / WORKDIR_LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise BadInput(f"error: --workdir {workdir}: in use by another cluster (pid {holder}); give another folder"
+                       ) from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 #: Scheduler policies of Flame v0.6.0 (session_manager/src/scheduler/plugins; shim is always on).
 KNOWN_POLICIES = ("priority", "drf", "gang")
 
@@ -616,6 +642,7 @@ def main(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
     gpus, policies = _check_nodes(a), _check_policies(a.policies)  # before _check_args makes the work folder
     bin_dir = _check_args(a)
+    lock = _lock_workdir(Path(a.workdir))  # noqa: F841 - held until this process ends
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     done = threading.Event()
 
