@@ -600,3 +600,17 @@ def test_a_burst_that_raises_leaves_no_kill_timer_behind(monkeypatch, tmp_path):
     time.sleep(0.5)  # past the kill time (half the warm-up's)
     assert rc == 1 and "dispatch broke" in rec["error"] and killed == []
     assert not [t for t in threading.enumerate() if t.name in ("replica-loss-timer", "replica-loss-kill")]
+
+
+def test_a_kill_before_the_replica_got_any_request_is_not_called_a_kill_after_its_work():
+    from sut.locality.workloads.replica_loss import report_lines
+
+    def case(routed):
+        return {"pair": 0, "system": "standalone", "policy": "round_robin", "failover": {
+            "killed": {"fired": True, "at_s": 0.0, "replica_routed": routed}, "answered": 40, "rerouted": 0,
+            "failed": 0, "losses": [{"replica": 0}], "detected_how": "killed"}}
+
+    lines = report_lines({"cases": [case(0), case(20)]})
+    assert "note: 1 case(s) killed the replica before it was sent any request (nothing re-routed or failed): they " \
+           "measure no loss (standalone)" in lines
+    assert any(x.startswith("note: 1 case(s) killed the replica after it had done its work") for x in lines), lines
