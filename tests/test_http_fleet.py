@@ -235,18 +235,20 @@ def test_a_key_no_http_header_can_carry_is_refused_naming_the_variable_not_the_k
     assert "secret" not in str(e.value) and value.strip() not in str(e.value)
 
 
-def test_a_server_that_echoes_the_key_in_its_errors_fails_the_run_without_it(tmp_path, synthetic_small, fake_server):
+@pytest.mark.parametrize("size", [16, 300])  # 300 bytes: a 600-character key (a JWT), cut off in the error's text
+def test_a_server_that_echoes_the_key_in_its_errors_fails_the_run_without_it(tmp_path, synthetic_small, fake_server,
+                                                                             size):
     data, _ = synthetic_small
-    key = "echoed-secret-" + secrets.token_hex(16)
+    key = "echoed-secret-" + secrets.token_hex(size)
     keyed, _ = fake_server("--api-key", key, "--echo-auth", "--error-after", "2")
     path = _fleet(tmp_path, f'[[server]]\nurl = "{keyed}"\nnode = "gpu-a"\napi_key_env = "FLEET_KEY"\n')
     out, runs = _run(tmp_path, data, "--fleet", path, "-v", env=dict(sut_env(), FLEET_KEY=key))
     assert out.returncode == 1 and keyed in out.stderr, out.stderr[-3000:]
-    assert key not in out.stdout + out.stderr, out.stderr[-3000:]
+    assert key[14:30] not in out.stdout + out.stderr, out.stderr[-3000:]  # not the key, nor a part of it
     (run,) = runs.iterdir()
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
     for f in [p for p in run.rglob("*") if p.is_file()]:
-        assert key.encode() not in f.read_bytes(), f
+        assert key[14:30].encode() not in f.read_bytes(), f
 
 
 @pytest.mark.parametrize("url, said", [
@@ -277,3 +279,12 @@ def test_a_server_that_redirects_never_gets_the_key_sent_elsewhere(tmp_path, mon
         HttpSUT.preflight(HttpSUT.check_options({"fleet": path}), ENGINE)
     after = stats_of(elsewhere)["auth"]
     assert all(after[p][0] == before.get(p, [0, 0])[0] for p in after), after  # no request there carried the key
+
+
+def test_a_key_cut_off_by_an_error_texts_limit_is_hidden_too():
+    from sut.core.transports.http_fleet import HIDDEN_KEY, redact_cut
+
+    key = "k" + "0123456789" * 10
+    assert redact_cut(f"echo: Bearer {key} end", [key], 30) == f"echo: Bearer {HIDDEN_KEY}"
+    assert redact_cut(f"echo: Bearer {key} end", [key], 500) == f"echo: Bearer {HIDDEN_KEY} end"
+    assert redact_cut("ends in k01", [key], 50) == "ends in k01"  # 3 characters: left as they are

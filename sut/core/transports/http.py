@@ -219,7 +219,8 @@ class HttpTransport(Transport):
             if resp.status == 404:
                 return None
             if resp.status != 200:
-                raise api.ReplyError(f"GET {url}: {fleet.status_text(resp.status)}: {await _text_capped(resp, 300)}")
+                raise api.ReplyError(f"GET {url}: {fleet.status_text(resp.status)}: "
+                                     f"{await _text_capped(resp, 300, self._keys)}")
             text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
             return json.loads(text) if as_json else text
 
@@ -260,7 +261,7 @@ class HttpTransport(Transport):
                                           timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
                 if resp.status != 200:
-                    raise api.ReplyError(f"{fleet.status_text(resp.status)}: {text[:300]}")
+                    raise api.ReplyError(f"{fleet.status_text(resp.status)}: {fleet.redact_cut(text, self._keys, 300)}")
             ids, _, _ = api.parse_completion(json.loads(text))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
             raise self._error(r, f"probe completion failed: {_describe(e)}", user_input=False) from None
@@ -339,7 +340,7 @@ class HttpTransport(Transport):
         resp = await self._send(r, api.request_body(self._bases[r], req.prompt, self.stream))
         try:
             if resp.status != 200:
-                raise api.ReplyError(f"{fleet.status_text(resp.status)}: {await _text_capped(resp, 500)}")
+                raise api.ReplyError(f"{fleet.status_text(resp.status)}: {await _text_capped(resp, 500, self._keys)}")
             if self.stream:
                 ids, cached, t_first = await self._read_stream(r, req, resp)
             else:
@@ -462,6 +463,7 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     return bytes(body)
 
 
-async def _text_capped(resp: aiohttp.ClientResponse, chars: int) -> str:
-    """The first ``chars`` characters of an error reply's body (read no further than that needs)."""
-    return (await resp.content.read(4 * chars)).decode("utf-8", "replace")[:chars]
+async def _text_capped(resp: aiohttp.ClientResponse, chars: int, keys=()) -> str:
+    """The first ``chars`` characters of an error reply's body (read no further than that needs), every one of
+    ``keys`` in it hidden (``http_fleet.redact_cut``)."""
+    return fleet.redact_cut((await resp.content.read(4 * chars)).decode("utf-8", "replace"), keys, chars)

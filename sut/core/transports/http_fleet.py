@@ -187,6 +187,17 @@ def redact(text: str, keys) -> str:
     return text
 
 
+def redact_cut(text: str, keys, chars: int) -> str:
+    """``redact`` of ``text``, cut to ``chars`` characters; the beginning of a key that the cut left at the end (4
+    characters or more) is hidden too."""
+    text = redact(text, keys)[:chars]
+    for key in {k for k in keys if k}:
+        for n in range(min(len(key), len(text)), 3, -1):
+            if text.endswith(key[:n]):
+                return text[:-n] + HIDDEN_KEY
+    return text
+
+
 def auth_headers(key: Optional[str]) -> dict:
     """``{"Authorization": "Bearer <key>"}``, or ``{}`` without a key."""
     return {"Authorization": f"Bearer {key}"} if key else {}
