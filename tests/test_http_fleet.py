@@ -285,6 +285,7 @@ def test_a_key_cut_off_by_an_error_texts_limit_is_hidden_too():
     from sut.core.transports.http_fleet import HIDDEN_KEY, redact_cut
 
     key = "k" + "0123456789" * 10
-    assert redact_cut(f"echo: Bearer {key} end", [key], 30) == f"echo: Bearer {HIDDEN_KEY}"
+    assert redact_cut(f"echo: Bearer {key} end", [key], 30) == f"echo: Bearer {HIDDEN_KEY} "
+    assert redact_cut(f"echo: Bearer {key[:50]}", [key], 500) == f"echo: Bearer {HIDDEN_KEY}"  # read cut it off
     assert redact_cut(f"echo: Bearer {key} end", [key], 500) == f"echo: Bearer {HIDDEN_KEY} end"
     assert redact_cut("ends in k01", [key], 50) == "ends in k01"  # 3 characters: left as they are
