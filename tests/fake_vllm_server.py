@@ -43,7 +43,10 @@ mode does, with ``max_num_seqs`` 64); ``--max-new-tokens`` (the server's own low
 ``[DONE]``); ``--error-after N`` (the error above after N generated ids: streamed, after the chunks of the
 first N ids, or of all when N is at least the answer's length; non-streamed, when the answer has more); ``--truncate N`` (a broken server or proxy: ``stop`` after N
 ids, no EOS, ``usage.completion_tokens`` still the full length); ``--bad-id ID`` (the id at position 1
-of every answer is ID, e.g. one outside the vocabulary).
+of every answer is ID, e.g. one outside the vocabulary); ``--echo-auth`` (every error reply's message carries the
+request's ``Authorization`` header, as a proxy's error page that echoes the request); ``--redirect-to URL`` (every
+GET but ``/_stats`` and ``/health`` answers 307 to URL + its path: a server that sends clients, and their headers,
+elsewhere).
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ def parse(argv):
     p.add_argument("--truncate", type=int, default=None)
     p.add_argument("--bad-id", type=int, default=None)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--redirect-to", default=None,
+                   help="answer every GET but /_stats and /health with 307 to this URL + the path")
+    p.add_argument("--echo-auth", action="store_true",
+                   help="every error reply's message carries the request's Authorization header (a proxy that echoes)")
     p.add_argument("--version", default="0.0.0-fake")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--quantization", default=None)
@@ -109,8 +116,10 @@ class Fake:
         carried = self.a.api_key is not None and request.headers.get("Authorization") == f"Bearer {self.a.api_key}"
         if request.path != "/_stats":
             self.auth.setdefault(request.path, [0, 0])[0 if carried else 1] += 1
+        if self.a.redirect_to and request.method == "GET" and request.path not in ("/_stats", "/health"):
+            raise web.HTTPTemporaryRedirect(self.a.redirect_to + request.path_qs)
         if self.a.api_key is not None and request.path.startswith("/v1") and not carried:
-            return web.json_response({"error": "Unauthorized"}, status=401)
+            return web.json_response({"error": "Unauthorized" + self._echo(request)}, status=401)
         return await handler(request)
 
     @staticmethod
@@ -193,10 +202,13 @@ class Fake:
             usage["prompt_tokens_details"] = {"cached_tokens": self.a.cached}
         return usage
 
-    @staticmethod
-    def _error_body() -> dict:
-        return {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None,
-                          "code": 500}}
+    def _echo(self, request) -> str:
+        """With ``--echo-auth``: the request's Authorization header, as an error message would quote it."""
+        return f" (request Authorization: {request.headers.get('Authorization')})" if self.a.echo_auth else ""
+
+    def _error_body(self, request) -> dict:
+        return {"error": {"message": "Internal server error" + self._echo(request), "type": "InternalServerError",
+                          "param": None, "code": 500}}
 
     async def completions(self, request):
         body = await request.json()
@@ -214,7 +226,7 @@ class Fake:
             if not body.get("stream"):
                 await asyncio.sleep(self.a.delay)
                 if self.a.error_after is not None and len(ids) > self.a.error_after:
-                    return web.json_response(self._error_body(), status=500)
+                    return web.json_response(self._error_body(request), status=500)
                 return web.json_response({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
                                           "choices": [self._choice(ids, finish, body, stop_reason, prompt)],
                                           "usage": self._usage(prompt, ids, body)})
@@ -241,7 +253,7 @@ class Fake:
             if n == 0:
                 await asyncio.sleep(self.a.delay)
         if self.a.error_after is not None:
-            await send(self._error_body())
+            await send(self._error_body(request))
         elif (body.get("stream_options") or {}).get("include_usage"):
             await send({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id, "choices": [],
                         "usage": self._usage(prompt, ids, body)})

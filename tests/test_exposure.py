@@ -13,7 +13,6 @@ import pytest
 
 from sut.core import exposure as exposure_mod
 from sut.core.exposure import exposure, is_loopback_host
-from tests.test_http_transport import fake_server  # noqa: F401  (a fixture)
 
 
 @pytest.mark.parametrize("host, loopback", [

@@ -89,3 +89,97 @@ def test_release_asks_every_live_executor_once_and_reports_what_is_left():
     rs = SimpleNamespace(id="s1", conn=none_left, session=none_left, create_task=none_left.create_task)
     assert release_survivors(rs, wait_s=5.0) == {"released": [], "left": [], "seconds": pytest.approx(0, abs=0.5)}
     assert not none_left.tasks
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--nodes", "1000"], "--nodes 1000: expected 1 to 64"),
+    (["--nodes", "65"], "--nodes 65: expected 1 to 64"),
+    (["--nodes", "2", "--node-gpus", "a b:c"], "--node-gpus 'a b:c': 'a b' is no CUDA_VISIBLE_DEVICES value"),
+    (["--nodes", "2", "--node-gpus", "0;1:2"], "--node-gpus '0;1:2': '0;1' is no CUDA_VISIBLE_DEVICES value"),
+    (["--nodes", "2", "--node-gpus", "0,:1"], "'0,' is no CUDA_VISIBLE_DEVICES value"),
+    (["--nodes", "3", "--node-gpus", "0,1:2:1"], "--node-gpus '0,1:2:1': GPU 1 is given to node 0 and node 2"),
+])
+def test_odd_node_counts_and_gpu_values_exit_2_before_a_work_folder(monkeypatch, tmp_path, capsys, args, said):
+    from sut.flame import cluster
+    from sut.flame.cluster import main
+
+    def never(*_a, **_k):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(cluster, "RealCluster", never)
+    monkeypatch.setattr(cluster, "_check_args", never)
+    work = tmp_path / "w"
+    with pytest.raises(SystemExit) as e:
+        main(["--workdir", str(work), *args])
+    assert e.value.code == 2 and said in str(e.value) + capsys.readouterr().err, str(e.value)
+    assert not work.exists()
+
+
+def test_gpu_values_may_be_indices_uuids_or_mig_ids():
+    uuid = "GPU-5c2a0f1e-8d4b-4c1a-9f3e-2b7d6a1c0e9f"
+    mig = "MIG-GPU-5c2a0f1e-8d4b-4c1a-9f3e-2b7d6a1c0e9f/1/0"
+    assert parse_node_gpus(f"0,1:{uuid}:{mig}", 3) == ("0,1", uuid, mig)
+
+
+def test_a_stop_signal_during_the_cluster_start_stops_it_at_once_without_printing_an_endpoint(monkeypatch, tmp_path,
+                                                                                             capsys):
+    import os
+    import signal
+    import time
+
+    from sut.flame import cluster
+    from tests.conftest import flame_bin_dir
+
+    class SlowStart:
+        stopped = False
+
+        def __init__(self, settings):
+            self.endpoint, self.nodes, self.workdir = "http://127.0.0.1:1", [], tmp_path
+
+        def start(self):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # nodes not Ready yet
+                return self
+            except BaseException:
+                self.stop()
+                raise
+
+        def stop(self):
+            SlowStart.stopped = True
+
+    monkeypatch.setattr(cluster, "RealCluster", SlowStart)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cluster.main(["--workdir", str(tmp_path / "w"), "--flame-bin", str(flame_bin_dir())])
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    assert time.monotonic() - t0 < 3 and SlowStart.stopped
+    assert "FLAME_ENDPOINT" not in capsys.readouterr().out
+
+
+def test_a_work_folder_in_use_by_another_cluster_exits_2(monkeypatch, tmp_path):
+    """Two clusters on one --workdir would share cluster.yaml: the second would point the first's executor managers at
+    its own session manager."""
+    import fcntl
+    import os
+
+    from sut.flame import cluster
+    from tests.conftest import flame_bin_dir
+
+    def never(*_a, **_k):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(cluster, "RealCluster", never)
+    work = tmp_path / "w"
+    work.mkdir()
+    with open(work / cluster.WORKDIR_LOCK, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        with pytest.raises(SystemExit) as e:
+            cluster.main(["--workdir", str(work), "--flame-bin", str(flame_bin_dir())])
+    assert e.value.code == 2 and f"--workdir {work}: in use by another cluster (pid {os.getpid()})" in str(e.value)

@@ -223,3 +223,69 @@ def test_agreement_reads_unknown_as_unknown_and_a_quantization_source_as_none():
     with pytest.raises(ValueError, match=r"differ in enable_prefix_caching: a \(enable_prefix_caching False\), "
                                          r"b \(enable_prefix_caching True\)"):
         fleet_agreement([dict(told, enable_prefix_caching=False), dict(silent, enable_prefix_caching=True)])
+
+
+# -- the key kept out of every record, whatever the server answers ------------------------------------
+@pytest.mark.parametrize("value", ["abc\ndef-secret-part", "abc\r\nX-Other: 1", "k\u00e9y-secret-part", " padded-secret "])
+def test_a_key_no_http_header_can_carry_is_refused_naming_the_variable_not_the_key(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("FLEET_ODD_KEY", value)
+    path = _fleet(tmp_path, 'api_key_env = "FLEET_ODD_KEY"\n' + OK_SERVER)
+    with pytest.raises(InputError, match="field 'api_key_env': environment variable FLEET_ODD_KEY: the key holds") as e:
+        HttpSUT.check_options({"fleet": path})
+    assert "secret" not in str(e.value) and value.strip() not in str(e.value)
+
+
+@pytest.mark.parametrize("size", [16, 300])  # 300 bytes: a 600-character key (a JWT), cut off in the error's text
+def test_a_server_that_echoes_the_key_in_its_errors_fails_the_run_without_it(tmp_path, synthetic_small, fake_server,
+                                                                             size):
+    data, _ = synthetic_small
+    key = "echoed-secret-" + secrets.token_hex(size)
+    keyed, _ = fake_server("--api-key", key, "--echo-auth", "--error-after", "2")
+    path = _fleet(tmp_path, f'[[server]]\nurl = "{keyed}"\nnode = "gpu-a"\napi_key_env = "FLEET_KEY"\n')
+    out, runs = _run(tmp_path, data, "--fleet", path, "-v", env=dict(sut_env(), FLEET_KEY=key))
+    assert out.returncode == 1 and keyed in out.stderr, out.stderr[-3000:]
+    assert key[14:30] not in out.stdout + out.stderr, out.stderr[-3000:]  # not the key, nor a part of it
+    (run,) = runs.iterdir()
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+    for f in [p for p in run.rglob("*") if p.is_file()]:
+        assert key[14:30].encode() not in f.read_bytes(), f
+
+
+@pytest.mark.parametrize("url, said", [
+    ("http://user:pw-secret@10.0.0.5:8000", "server 0 (http://***@10.0.0.5:8000): field 'url': 'http://***@10.0.0.5:8000' "
+                                            "holds credentials (user:password@)"),
+    ("http://10.0.0.5:8000/?token=q-secret", "field 'url': 'http://10.0.0.5:8000/?token=q-secret' has a query or fragment"),
+    ("http://10.0.0.5:8000#f", "has a query or fragment"),
+    ("http://10.0.0.5:99999", "field 'url': 'http://10.0.0.5:99999' has no valid port"),
+])
+def test_a_url_with_credentials_a_query_or_a_bad_port_is_refused_without_echoing_a_password(tmp_path, url, said):
+    path = _fleet(tmp_path, f'[[server]]\nurl = "{url}"\nnode = "a"\n')
+    with pytest.raises(InputError) as e:
+        HttpSUT.check_options({"fleet": path})
+    assert said in str(e.value) and "pw-secret" not in str(e.value), str(e.value)
+    with pytest.raises(InputError) as e:
+        HttpSUT.check_options({"urls": url})
+    assert "pw-secret" not in str(e.value), str(e.value)
+
+
+def test_a_server_that_redirects_never_gets_the_key_sent_elsewhere(tmp_path, monkeypatch, fake_server):
+    key = "redirected-secret-" + secrets.token_hex(8)
+    elsewhere, _ = fake_server("--api-key", key)
+    redirecting, _ = fake_server("--api-key", key, "--redirect-to", elsewhere)
+    before = stats_of(elsewhere)["auth"]
+    monkeypatch.setenv("FLEET_KEY", key)
+    path = _fleet(tmp_path, f'[[server]]\nurl = "{redirecting}"\nnode = "a"\napi_key_env = "FLEET_KEY"\n')
+    with pytest.raises(InputError, match=f"server {redirecting}: {redirecting}/v1/models: HTTP 307"):
+        HttpSUT.preflight(HttpSUT.check_options({"fleet": path}), ENGINE)
+    after = stats_of(elsewhere)["auth"]
+    assert all(after[p][0] == before.get(p, [0, 0])[0] for p in after), after  # no request there carried the key
+
+
+def test_a_key_cut_off_by_an_error_texts_limit_is_hidden_too():
+    from sut.core.transports.http_fleet import HIDDEN_KEY, redact_cut
+
+    key = "k" + "0123456789" * 10
+    assert redact_cut(f"echo: Bearer {key} end", [key], 30) == f"echo: Bearer {HIDDEN_KEY} "
+    assert redact_cut(f"echo: Bearer {key[:50]}", [key], 500) == f"echo: Bearer {HIDDEN_KEY}"  # read cut it off
+    assert redact_cut(f"echo: Bearer {key} end", [key], 500) == f"echo: Bearer {HIDDEN_KEY} end"
+    assert redact_cut("ends in k01", [key], 50) == "ends in k01"  # 3 characters: left as they are

@@ -5,9 +5,12 @@ working set sized from the KV cache the replicas report; a replica killed mid-tr
 for), the report's new fields, merging such runs, and bad workload input that exits 2 before anything starts.
 The same presets on real CPU engines: ``tests/test_locality_workloads_cpu.py`` (slow)."""
 
+import dataclasses
 import json
 import math
 import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -512,3 +515,102 @@ def test_the_gpu_step_runs_every_preset_with_three_pairs_on_one_card(tmp_path):
     assert calls[3][calls[3].index("--kv-blocks") + 1] == "4096"
     assert out.returncode == 1 and "workloads hot-prefixes: rc=1" in out.stdout  # the other presets still ran
     assert all((tmp_path / "job" / f"locality_{p}.json").is_file() for p in PRESETS)
+
+
+def test_a_kill_timer_due_while_the_burst_closes_never_fires(monkeypatch, tmp_path):
+    """The burst is over once every request is answered: a kill due while it closes (here: a slow ledger close)
+    kills nothing, and the case says the kill never fired."""
+    from sut.locality import burst
+
+    class SlowClose(burst.SampleLedger):
+        def close(self, timeout=None):
+            time.sleep(0.3)
+            return super().close(timeout=timeout)
+
+    from sut.locality.workloads import replica_loss
+
+    def due_while_closing(ws, warmups=()):  # the fake burst takes a few ms; its close 0.3 s
+        return dataclasses.replace(planned(ws, warmups), at_s=0.15)
+
+    killed, planned = [], replica_loss.kill_plan
+    monkeypatch.setitem(SYSTEMS, "standalone", fake())
+    monkeypatch.setattr(burst, "SampleLedger", SlowClose)
+    monkeypatch.setattr(replica_loss, "kill_plan", due_while_closing)
+    monkeypatch.setattr("sut.locality.failover.kill_replica", lambda transport, replica: killed.append(replica))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--kill-after", "0.99")
+    f = cases_of(rec)[0]["failover"]
+    assert f["killed"]["trigger"] == {"when": "time", "at_s": 0.15}
+    assert rc == 0 and killed == [] and f["killed"]["fired"] is False and f["answered"] == 40, f["killed"]
+
+
+def test_the_kill_timer_never_fires_after_stop_and_leaves_no_thread():
+    from sut.locality.failover import Killer, KillPlan
+
+    killed = []
+    transport = type("T", (), {"name": "t", "kill_replica": lambda self, r: killed.append(r)})()
+    k = Killer(KillPlan(0, 0.5, at_s=0.05), transport, lambda: 4)
+    k.start()
+    k.stop()
+    k._on_time()  # a timer thread that had woken just before the stop
+    k.join()
+    assert killed == [] and k.killed_at is None
+    assert not [t for t in threading.enumerate() if t.name in ("replica-loss-timer", "replica-loss-kill")]
+
+
+def test_a_kill_whose_loss_was_seen_but_cost_nothing_is_reported_as_measuring_no_loss(monkeypatch, tmp_path, capsys):
+    """The kill fires on the replica's last answer: its loss reaches the harness, but nothing was left to re-route
+    or fail; the report says the case measures no loss."""
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.005))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--kill-when", "answers", "--kill-after", "0.9999")
+    f = cases_of(rec)[0]["failover"]
+    assert rc == 0 and f["killed"]["fired"] and f["killed"]["replica_outstanding"] == 0 and f["loss_seen"]
+    assert f["answered"] == 40 and not f["rerouted"] and not f["failed"]
+    assert "note: 1 case(s) killed the replica after it had done its work" in capsys.readouterr().out
+
+
+def test_a_kill_before_any_answer_on_a_system_that_stops_serving_fails_every_request(monkeypatch, tmp_path):
+    """The kill at once (--kill-after near 0) on a system that stops serving everything: no request is answered,
+    all fail by the loss timeout, and the case is recorded (no answer to time the burst by: it ends when settled)."""
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.005, halt_on_kill=True))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--loss-timeout-s", "0.3", "--kill-after", "0.0001")
+    assert rc == 0, rec and rec.get("error")
+    c = cases_of(rec)[0]
+    f = c["failover"]
+    assert f["killed"]["fired"] and f["answered"] == f["rerouted"] == 0 and f["failed"] == 40
+    assert c["timed"]["wall_s"] >= 0.3 and c["timed"]["requests_per_s"] == 0 and c["timed"]["answered"] == 0
+
+
+def test_a_burst_that_raises_leaves_no_kill_timer_behind(monkeypatch, tmp_path):
+    """A burst cut short by an error (here: the dispatch raises) stops its kill timer: nothing is killed later."""
+    from sut.locality import failover
+
+    killed = []
+
+    def broken(self, items):
+        raise RuntimeError("dispatch broke")
+
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.01))
+    monkeypatch.setattr(failover.FailoverDispatcher, "dispatch", broken)
+    monkeypatch.setattr(failover, "kill_replica", lambda transport, replica: killed.append(replica))
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10")
+    time.sleep(0.5)  # past the kill time (half the warm-up's)
+    assert rc == 1 and "dispatch broke" in rec["error"] and killed == []
+    assert not [t for t in threading.enumerate() if t.name in ("replica-loss-timer", "replica-loss-kill")]
+
+
+def test_a_kill_before_the_replica_got_any_request_is_not_called_a_kill_after_its_work():
+    from sut.locality.workloads.replica_loss import report_lines
+
+    def case(routed):
+        return {"pair": 0, "system": "standalone", "policy": "round_robin", "failover": {
+            "killed": {"fired": True, "at_s": 0.0, "replica_routed": routed}, "answered": 40, "rerouted": 0,
+            "failed": 0, "losses": [{"replica": 0}], "detected_how": "killed"}}
+
+    lines = report_lines({"cases": [case(0), case(20)]})
+    assert "note: 1 case(s) killed the replica before it was sent any request (nothing re-routed or failed): they " \
+           "measure no loss (standalone)" in lines
+    assert any(x.startswith("note: 1 case(s) killed the replica after it had done its work") for x in lines), lines

@@ -67,7 +67,7 @@ from sut.flame.cluster_config import (
     taken_ports_message,
 )
 from sut.flame.netns import FenceUnavailable, NetFence, listeners, loopback_listener
-from sut.flame.nodes import NodePlan, parse_node_gpus, plan_nodes, uts_unavailable
+from sut.flame.nodes import MAX_NODES, NodePlan, parse_node_gpus, plan_nodes, uts_unavailable
 
 log = logging.getLogger("sut.flame.cluster")
 MARK_ENV = "SUT_FLAME_CLUSTER"
@@ -507,8 +507,9 @@ def _check_nodes(a) -> tuple:
 
     from sut.errors import BadInput
 
-    if a.nodes < 1:
-        raise BadInput(f"error: --nodes {a.nodes}: expected 1 or more")
+    if not 1 <= a.nodes <= MAX_NODES:
+        raise BadInput(f"error: --nodes {a.nodes}: expected 1 to {MAX_NODES} (at most {MAX_NODES} emulated nodes on "
+                       "one host: each is an executor manager process)")
     if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?", a.node_prefix):
         raise BadInput(f"error: --node-prefix {a.node_prefix!r}: expected a host-name label (lower-case letters, digits, "
                        "'-' inside; at most 42 characters)")
@@ -549,6 +550,32 @@ def _check_args(a) -> Path:
     except OSError as e:
         raise BadInput(f"error: --workdir {a.workdir}: cannot create it ({e.strerror or e})") from None
     return bin_dir
+
+
+#: In the work folder: held (``flock``) by the cluster command that runs there, with its pid.
+WORKDIR_LOCK = ".cluster.lock"
+
+
+def _lock_workdir(workdir: Path):
+    """The open, locked ``WORKDIR_LOCK`` of ``workdir`` (keep it open while the cluster runs); ``BadInput`` when
+    another cluster command holds it (two clusters in one folder would share ``cluster.yaml``)."""
+    import fcntl
+
+    from sut.errors import BadInput
+
+    f = open(workdir / WORKDIR_LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise BadInput(f"error: --workdir {workdir}: in use by another cluster (pid {holder}); give another folder"
+                       ) from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 #: Scheduler policies of Flame v0.6.0 (session_manager/src/scheduler/plugins; shim is always on).
@@ -615,10 +642,15 @@ def main(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
     gpus, policies = _check_nodes(a), _check_policies(a.policies)  # before _check_args makes the work folder
     bin_dir = _check_args(a)
+    lock = _lock_workdir(Path(a.workdir))  # noqa: F841 - held until this process ends
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
+
+    def interrupt(*_) -> None:  # while the cluster starts: stop starting it (RealCluster.start stops what it started)
+        raise KeyboardInterrupt("stop signal while the cluster started")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         cluster = RealCluster(ClusterSettings(bin_dir=bin_dir, workdir=Path(a.workdir), port=a.port, resreq=a.resreq,
                                               die_with_parent=True, nodes=a.nodes, node_prefix=a.node_prefix,
@@ -626,6 +658,8 @@ def main(argv: list[str]) -> int:
     except ClusterError as e:
         print(f"error: {e}")
         return 1
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
     print(f"FLAME_ENDPOINT={cluster.endpoint}", flush=True)
     print(f"FLAME_NODES={','.join(n.name for n in cluster.nodes)}", flush=True)
     print(f"FLAME_NODES_FILE={cluster.workdir / 'nodes.json'}", flush=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,12 @@ CLONE_NEWUTS = 0x04000000  # <linux/sched.h>
 NODE_ENV = "SUT_FLAME_NODE"
 #: Seconds the UTS probe may take.
 PROBE_TIMEOUT_S = 20.0
+#: The most emulated nodes on one host (each an executor manager process; a bigger fleet is simulated:
+#: docs/benchmarks.md).
+MAX_NODES = 64
+#: One ``CUDA_VISIBLE_DEVICES`` entry: an index, a GPU UUID or a MIG device id.
+_GPU_ID = r"(\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+)"
+_GPU_LIST = re.compile(rf"{_GPU_ID}(,{_GPU_ID})*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +95,8 @@ def plan_nodes(workdir: Path, sock_root: Path, prefix: str, gpus: tuple = (), n:
 
 def parse_node_gpus(text: Optional[str], n: int) -> tuple:
     """``--node-gpus``: ``"0:1"`` (node 0 gets GPU 0, node 1 GPU 1; ``"0,1:2,3"`` two each) or ``"each"`` (node i
-    gets GPU i) -> one CUDA_VISIBLE_DEVICES value per node; ``()`` for None. ``ValueError`` naming the mismatch."""
+    gets GPU i) -> one CUDA_VISIBLE_DEVICES value per node (indices, ``GPU-`` UUIDs or ``MIG-`` ids); ``()`` for None.
+    ``ValueError`` naming the mismatch or the value that is none."""
     if not text:
         return ()
     if text == "each":
@@ -97,6 +105,16 @@ def parse_node_gpus(text: Optional[str], n: int) -> tuple:
     if len(parts) != n or not all(parts):
         raise ValueError(f"--node-gpus {text!r}: expected {n} non-empty CUDA_VISIBLE_DEVICES values separated by ':' "
                          "(one per node, e.g. 0:1), or 'each'")
+    bad = next((p for p in parts if not _GPU_LIST.fullmatch(p)), None)
+    if bad is not None:
+        raise ValueError(f"--node-gpus {text!r}: {bad!r} is no CUDA_VISIBLE_DEVICES value (GPU indices, GPU-... UUIDs "
+                         "or MIG-... ids, ',' between them)")
+    owner: dict = {}
+    for i, part in enumerate(parts):
+        for gpu in part.split(","):
+            if owner.setdefault(gpu, i) != i:
+                raise ValueError(f"--node-gpus {text!r}: GPU {gpu} is given to node {owner[gpu]} and node {i} (each "
+                                 "GPU to one node)")
     return parts
 
 

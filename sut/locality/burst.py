@@ -212,13 +212,16 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     disp.replicas = transport.attach(disp)
     if killer is not None:
         killer.start()
-    t0 = _send(trace, bs, ledger, disp, col)
-    error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
+    try:
+        t0 = _send(trace, bs, ledger, disp, col)
+        error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
+        t_end = time.monotonic()  # the burst settled (every request answered or failed)
+    finally:
+        if killer is not None:  # the burst is over (or broke off): a kill not fired by now never fires
+            killer.stop()
+            killer.join()
+    error = error or (killer.error if killer is not None else None)
     ledger.close(timeout=10.0)
-    if killer is not None:
-        killer.stop()
-        killer.join()
-        error = error or killer.error
     if error is not None:
         raise RunFailed(error)
     results, hashes = [], {}
@@ -231,7 +234,7 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     failed = {rid - bs.first_id: why for rid, why in disp.failed.items()} if killer else None
     failures = validate_results(trace, results, bs.max_tokens, expected_hashes, failed)
     raise_for_failures(failures, "validation of the burst's requests")
-    metrics = _metrics(trace, col, t0, bs, disp.stats())
+    metrics = _metrics(trace, col, t0, bs, disp.stats(), t_end)
     if killer is not None:
         metrics.update(answered=len(col.seen), failed=len(failed),
                        failover=failover_record(disp, killer, col, len(trace), t0))
@@ -287,10 +290,12 @@ def after_t0(t: Optional[float], t0: float) -> Optional[float]:
     return None if t is None else round(t - t0, 4)
 
 
-def _metrics(trace: Sequence[TraceRequest], col: _Collector, t0: float, bs: BurstSettings, routing: dict) -> dict:
-    """Throughput, cached share, per-replica load and latencies of a validated burst (module docstring)."""
+def _metrics(trace: Sequence[TraceRequest], col: _Collector, t0: float, bs: BurstSettings, routing: dict,
+             t_end: float) -> dict:
+    """Throughput, cached share, per-replica load and latencies of a validated burst (module docstring); the wall
+    time ends at the last answer (``t_end``, when the burst settled, where every request failed)."""
     seen = col.seen
-    wall = max(t for _, _, t in seen.values()) - t0
+    wall = max((t for _, _, t in seen.values()), default=t_end) - t0
     out_tokens = sum(len(c.token_ids) for _, c, _ in seen.values())
     prompt = sum(len(trace[rid].prompt) for rid in seen)  # every request, but a failed one (replica loss)
     cached = [c.cached_tokens for _, c, _ in seen.values()]

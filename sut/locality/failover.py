@@ -111,6 +111,7 @@ class Killer:
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._timer: Optional[threading.Timer] = None
+        self._stopped = False  # the burst is over: no kill from now on
 
     def start(self) -> None:
         """The burst starts now: with a time trigger, the kill fires ``plan.at_s`` seconds from here (unless
@@ -122,16 +123,21 @@ class Killer:
         self._timer.start()
 
     def stop(self) -> None:
-        """The burst is over: a kill that has not fired never will (``at`` stays None)."""
+        """The burst is over: a kill that has not fired never will (``at`` stays None), also one whose timer
+        woke just now; the timer's thread is joined."""
+        with self._lock:
+            self._stopped = True
         if self._timer is not None:
             self._timer.cancel()
+            if self._timer is not threading.current_thread():
+                self._timer.join(10)
 
     def on_answer(self, replica: int) -> None:
         with self._lock:
             self.answered += 1
             self.mine += replica == self.plan.replica
             fire = (self.plan.at_s is None and replica == self.plan.replica and self._thread is None
-                    and self.mine >= self.plan.threshold(self.routed()))
+                    and not self._stopped and self.mine >= self.plan.threshold(self.routed()))
             if fire:
                 self._fire_locked()
         if fire:
@@ -139,7 +145,7 @@ class Killer:
 
     def _on_time(self) -> None:
         with self._lock:
-            if self._thread is not None:
+            if self._thread is not None or self._stopped:
                 return
             self._fire_locked()
         self._thread.start()

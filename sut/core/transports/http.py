@@ -116,6 +116,7 @@ class HttpTransport(Transport):
             raise ServerInputError(str(e)) from None
         self.urls = list(self.options.server_urls) or [""] * len(self.slots)
         self._auth = [fleet.auth_headers(k) for k in keys]  # per replica; a key is sent, never recorded
+        self._keys = tuple(k for k in keys if k)  # hidden in every message (a server's reply may quote them)
         self._post_headers = [{**_JSON, **a} for a in self._auth]
         self.agreement: dict = {}  # http_fleet.fleet_agreement of the replicas (set by start)
         self.inflight = self.options.max_inflight_per_replica or 2 * spec.engine.max_num_seqs
@@ -183,7 +184,7 @@ class HttpTransport(Transport):
             return fleet.fleet_agreement(infos)
         except ValueError as e:
             cls = ServerInputError if self.options.servers else TransportError
-            raise cls(f"vllm-http: {e}") from None
+            raise cls(fleet.redact(f"vllm-http: {e}", self._keys)) from None
 
     def _on_server_exit(self, server: servers.ServerProcess) -> None:
         if self.records:  # during start-up, wait_ready reports it
@@ -208,7 +209,7 @@ class HttpTransport(Transport):
 
     def _error(self, r: int, what: str, user_input: bool) -> TransportError:
         cls = ServerInputError if user_input and self.options.servers else TransportError
-        return cls(f"{self._name(r)} {what}")
+        return cls(fleet.redact(f"{self._name(r)} {what}", self._keys))
 
     async def _get(self, r: int, path: str, as_json: bool = True):
         """GET ``path`` of replica ``r`` (with its key): the decoded body, or None on 404 (no such endpoint)."""
@@ -218,7 +219,8 @@ class HttpTransport(Transport):
             if resp.status == 404:
                 return None
             if resp.status != 200:
-                raise api.ReplyError(f"GET {url}: {fleet.status_text(resp.status)}: {await _text_capped(resp, 300)}")
+                raise api.ReplyError(f"GET {url}: {fleet.status_text(resp.status)}: "
+                                     f"{await _text_capped(resp, 300, self._keys)}")
             text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
             return json.loads(text) if as_json else text
 
@@ -259,7 +261,7 @@ class HttpTransport(Transport):
                                           timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
                 if resp.status != 200:
-                    raise api.ReplyError(f"{fleet.status_text(resp.status)}: {text[:300]}")
+                    raise api.ReplyError(f"{fleet.status_text(resp.status)}: {fleet.redact_cut(text, self._keys, 300)}")
             ids, _, _ = api.parse_completion(json.loads(text))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
             raise self._error(r, f"probe completion failed: {_describe(e)}", user_input=False) from None
@@ -338,7 +340,7 @@ class HttpTransport(Transport):
         resp = await self._send(r, api.request_body(self._bases[r], req.prompt, self.stream))
         try:
             if resp.status != 200:
-                raise api.ReplyError(f"{fleet.status_text(resp.status)}: {await _text_capped(resp, 500)}")
+                raise api.ReplyError(f"{fleet.status_text(resp.status)}: {await _text_capped(resp, 500, self._keys)}")
             if self.stream:
                 ids, cached, t_first = await self._read_stream(r, req, resp)
             else:
@@ -405,7 +407,7 @@ class HttpTransport(Transport):
     def _fatal(self, r: int, message: str) -> None:
         with self._lock:
             self._dead[r] = True
-        self._report_fatal(r, message, tail_log=log)
+        self._report_fatal(r, fleet.redact(message, self._keys), tail_log=log)
 
     # -- record and stop ------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -461,6 +463,7 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     return bytes(body)
 
 
-async def _text_capped(resp: aiohttp.ClientResponse, chars: int) -> str:
-    """The first ``chars`` characters of an error reply's body (read no further than that needs)."""
-    return (await resp.content.read(4 * chars)).decode("utf-8", "replace")[:chars]
+async def _text_capped(resp: aiohttp.ClientResponse, chars: int, keys=()) -> str:
+    """The first ``chars`` characters of an error reply's body (read no further than that needs), every one of
+    ``keys`` in it hidden (``http_fleet.redact_cut``)."""
+    return fleet.redact_cut((await resp.content.read(4 * chars)).decode("utf-8", "replace"), keys, chars)

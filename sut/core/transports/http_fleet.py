@@ -36,7 +36,12 @@ from urllib.parse import urlsplit
 
 #: What a 401 / 403 reply means to the harness (``vllm serve --api-key`` answers 401 on ``/v1/*`` without it).
 KEY_REFUSED = "API key refused or missing"
+_BAD_KEY = ("the key holds a line break, a control character, a character outside ASCII or a space at an end "
+            "(an HTTP header cannot carry it)")
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: What a key may hold: visible ASCII and inner spaces (an HTTP header value; a line break or a character outside
+#: ASCII could not be sent, and the HTTP libraries echo such a header, key included, in their error).
+_KEY_TEXT = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
 _SERVER_KEYS = ("url", "node", "gpu", "api_key_env")
 _TOP_KEYS = ("server", "api_key_env")
 
@@ -62,6 +67,13 @@ def status_text(status: int) -> str:
 def servers_from_urls(urls) -> tuple[FleetServer, ...]:
     """One ``FleetServer`` per (already normalized) URL, its node the URL's host, no GPU, no key."""
     return tuple(FleetServer(u, urlsplit(u).hostname or u) for u in urls)
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages show it: credentials (``user:password@``) as ``***@``."""
+    head, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{head}{sep}***@{netloc.rpartition('@')[2]}{slash}{path}" if "@" in netloc else url
 
 
 def _bad(path, where: str, field: str, what: str) -> ValueError:
@@ -92,6 +104,8 @@ def _check_key_env(path, where: str, name: Optional[str]) -> None:
                                                 "that holds the key, never the key itself)")
     if not os.environ.get(name):
         raise _bad(path, where, "api_key_env", f"environment variable {name} is not set or empty")
+    if not _KEY_TEXT.fullmatch(os.environ[name]):
+        raise _bad(path, where, "api_key_env", f"environment variable {name}: {_BAD_KEY}")
 
 
 def _server(path, i: int, entry, default_env: Optional[str], url_of) -> FleetServer:
@@ -100,7 +114,7 @@ def _server(path, i: int, entry, default_env: Optional[str], url_of) -> FleetSer
     if not isinstance(entry, dict):
         raise ValueError(f"fleet file {path}: {where}: must be a [[server]] table, got {type(entry).__name__}")
     raw = _string(path, where, entry, "url", required=True)
-    where = f"server {i} ({raw})"
+    where = f"server {i} ({shown_url(raw)})"
     try:
         urls = url_of(raw)
     except ValueError as e:
@@ -157,7 +171,31 @@ def api_key(server: Optional[FleetServer]) -> Optional[str]:
     if not key:
         raise ValueError(f"server {server.url}: environment variable {server.api_key_env} (its api_key_env) is not "
                          "set or empty")
+    if not _KEY_TEXT.fullmatch(key):
+        raise ValueError(f"server {server.url}: environment variable {server.api_key_env} (its api_key_env): {_BAD_KEY}")
     return key
+
+
+#: What stands for a key in a message (a server's error reply may quote the request's ``Authorization``).
+HIDDEN_KEY = "<api key hidden>"
+
+
+def redact(text: str, keys) -> str:
+    """``text`` with every one of ``keys`` (None and empty ones skipped) replaced by ``HIDDEN_KEY``."""
+    for key in sorted({k for k in keys if k}, key=len, reverse=True):
+        text = text.replace(key, HIDDEN_KEY)
+    return text
+
+
+def redact_cut(text: str, keys, chars: int) -> str:
+    """``redact`` of ``text``, cut to ``chars`` characters; the beginning of a key that the cut left at the end (4
+    characters or more) is hidden too."""
+    text = redact(text, keys)[:chars]
+    for key in {k for k in keys if k}:
+        for n in range(min(len(key), len(text)), 3, -1):
+            if text.endswith(key[:n]):
+                return text[:-n] + HIDDEN_KEY
+    return text
 
 
 def auth_headers(key: Optional[str]) -> dict:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 from urllib.parse import urlsplit
 
-from sut.core.transports.http_fleet import load_fleet, servers_from_urls
+from sut.core.transports.http_fleet import load_fleet, servers_from_urls, shown_url
 
 _PLACED = ("the harness's placement: one server per engine slot (one GPU or a share of one), one engine each; "
            "for more replicas use --engines-per-device or more GPUs")
@@ -64,6 +64,23 @@ FLAG_ALIASES = {"-q": "--quantization", "--device-memory-utilization": "--gpu-me
 OTHER_SHORT_OPTIONS = ("-dc",)
 
 
+def _check_url(u: str) -> None:
+    """``ValueError`` unless ``u`` is an http(s)://host[:port] URL without credentials, query or fragment (a
+    password in it would be written to every record; the harness appends paths to it)."""
+    parts = urlsplit(u)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"HttpOptions.urls: {shown_url(u)!r} is not an http(s)://host:port URL")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"HttpOptions.urls: {shown_url(u)!r} holds credentials (user:password@): they would be "
+                         "written to run.json; give an API key through the fleet file's api_key_env instead")
+    if parts.query or parts.fragment or "?" in u or "#" in u:
+        raise ValueError(f"HttpOptions.urls: {u!r} has a query or fragment: give http(s)://host:port")
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError(f"HttpOptions.urls: {u!r} has no valid port (1-65535)") from None
+
+
 def url_list(value) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -81,9 +98,7 @@ def url_list(value) -> tuple[str, ...]:
             continue
         if u.endswith("/v1"):
             u = u[:-3]
-        parts = urlsplit(u)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"HttpOptions.urls: {u!r} is not an http(s)://host:port URL")
+        _check_url(u)
         if u.lower() in (o.lower() for o in out):
             raise ValueError(f"HttpOptions.urls: {u!r} is given twice: each URL is one replica (one server)")
         out.append(u)

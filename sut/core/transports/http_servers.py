@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 from urllib.error import HTTPError, URLError
-from urllib.request import ProxyHandler, Request, build_opener
+from urllib.request import HTTPRedirectHandler, ProxyHandler, Request, build_opener
 
 from sut.core.transports.http_options import RESERVED_SERVER_FLAGS, launcher_args, refuse_owned
 from sut.engine import EngineSettings, EngineSlot
@@ -239,9 +239,17 @@ def watch(server: ServerProcess, on_exit: Callable[[ServerProcess], None]) -> th
     return th
 
 
+class _NoRedirect(HTTPRedirectHandler):
+    """A redirect is answered as the HTTP error it is: urllib would follow it with every header, the
+    ``Authorization`` (API key) included, to whatever host it names (a vLLM server never redirects)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
 #: urllib without the environment's proxies (HTTP_PROXY must not carry requests to 127.0.0.1 or a
-#: server the user named; aiohttp ignores them too by default).
-_OPENER = build_opener(ProxyHandler({}))
+#: server the user named; aiohttp ignores them too by default) and without following redirects.
+_OPENER = build_opener(ProxyHandler({}), _NoRedirect())
 
 
 def health_status(url: str, timeout: float, headers: Optional[dict] = None) -> int:

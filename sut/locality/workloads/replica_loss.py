@@ -115,17 +115,19 @@ def report_lines(record: dict) -> list[str]:
 
 def _unmeasured(cases: Sequence[dict]) -> list[str]:
     """Notes on cases whose kill measured no loss: it never fired (the burst ended first), or it fired and
-    nothing was lost (no loss reached the harness, nothing re-routed or failed: the replica had done its work)."""
+    nothing was lost (nothing re-routed or failed, whether or not its loss reached the harness: the replica had
+    done its work, or had been sent no request yet)."""
     fo = [(c, c["failover"]) for c in cases if c.get("failover")]
     unfired = [c for c, f in fo if f["killed"].get("fired") is False]
-    unfelt = [c for c, f in fo if f["killed"].get("fired") is not False and not f.get("losses")
-              and not f["rerouted"] and not f["failed"]]
+    unfelt = [c for c, f in fo if f["killed"].get("fired") is not False and not f["rerouted"] and not f["failed"]]
+    idle = [c for c in unfelt if c["failover"]["killed"].get("replica_routed") == 0]
     out = []
     if unfired:
         out.append(f"note: {len(unfired)} case(s) ended before the kill time; they measure no loss "
                    f"({', '.join(sorted({c['system'] for c in unfired}))})")
-    if unfelt:
-        out.append(f"note: {len(unfelt)} case(s) killed the replica after it had done its work (no loss reached the "
-                   f"harness, nothing re-routed or failed): they measure no loss "
-                   f"({', '.join(sorted({c['system'] for c in unfelt}))})")
+    for which, when in ((idle, "before it was sent any request"),
+                        ([c for c in unfelt if c not in idle], "after it had done its work")):
+        if which:
+            out.append(f"note: {len(which)} case(s) killed the replica {when} (nothing re-routed or failed): they "
+                       f"measure no loss ({', '.join(sorted({c['system'] for c in which}))})")
     return out
