@@ -16,7 +16,6 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO, sut_env
-from test_http_transport import fake_server  # noqa: F401 (the fixture)
 from test_integration_cpu import Run, _assert_group_gone, _engines_started, only_dir, sut_cmd
 
 pytestmark = pytest.mark.timeout(600)
