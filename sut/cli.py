@@ -44,6 +44,18 @@ def cmd_run(a) -> int:
     return 0
 
 
+def shards_by_node(shards) -> str:
+    """run.json ``flame.shards`` as one line per node's shards, e.g. ``"node-0: cpu-0-1.e0 (AMD EPYC 9654);
+    node-1: cpu-0-1.e0 (AMD EPYC 9654)"`` (two shards of one key on two nodes are two engines); "" when none."""
+    nodes: dict = {}
+    for sh in shards or []:
+        if isinstance(sh, dict):
+            name = sh.get("gpu_uuid") or sh.get("device_name")
+            nodes.setdefault(sh.get("node") or "an unnamed node", []).append(
+                f"{sh.get('key')}" + (f" ({name})" if name else ""))
+    return "; ".join(f"{node}: {', '.join(keys)}" for node, keys in sorted(nodes.items()))
+
+
 def _print_summary(rec: dict) -> None:
     comp = rec["compliance"]
     lines = [
@@ -74,6 +86,9 @@ def _print_summary(rec: dict) -> None:
         trend = describe_trend(h.get("ttft_trend"), steady_too=True)
         if trend:
             lines.append(f"TTFT trend      : {trend}")
+    shards = shards_by_node((rec.get("flame") or {}).get("shards"))
+    if shards:
+        lines.append(f"engine shards   : {shards}")
     n_err = (rec.get("loadgen") or {}).get("errors")
     if n_err:
         lines.append(f"LoadGen errors  : {n_err} (see mlperf_log_detail.txt; the submission checker rejects them)")

@@ -14,9 +14,12 @@ then the option ``server_args`` (extra flags; one the harness owns is refused, e
 Prefix caching: a run is compliant only when every server confirms it off: a server started here gets
 ``--no-enable-prefix-caching`` and is read back from its launch arguments, and from ``/metrics`` where
 that reports it (only with statistics on); a given URL is read back from ``/metrics`` (or
-``/server_info``). Sources that disagree stop the run. A server whose setting cannot be read back
-stops the run before LoadGen starts, unless the option ``allow_unconfirmed_prefix_caching=true`` is
-given, and then the run is not compliant (``noncompliance_reasons``).
+``/server_info``). Sources that disagree stop the run. A given server that reports it on, or whose
+setting cannot be read back (its ``/metrics`` has no ``vllm:cache_config_info``: it runs with
+``--disable-log-stats``), exits 2 before the run folder exists (``check_prefix_caching``, naming the URL and
+the cause); a started one whose setting cannot be read back stops the run before LoadGen starts
+(``sut.core.guard``). Either goes on with ``--allow-unconfirmed-prefix-caching`` (the option
+``allow_unconfirmed_prefix_caching=true``), and then the run is not compliant (``noncompliance_reasons``).
 
 Input checks before anything starts (exit 2 naming the URL, no run folder): every given URL must
 answer ``/health`` over HTTP (``check_options``; a port that answers other bytes is named too), reach a
@@ -49,8 +52,8 @@ from sut.core.loadgen_sut import TransportSUT
 from sut.core.transports.http import HttpOptions
 from sut.core.transports.http_api import MAX_REPLY_BYTES, ReplyError
 from sut.core.transports.http_fleet import FleetServer, api_key, auth_headers, fleet_agreement, status_text
-from sut.core.transports.http_readback import pick_model, replica_record
-from sut.core.transports.http_servers import _OPENER, check_server_args, health_status
+from sut.core.transports.http_readback import CACHE_CONFIG_METRIC, cache_config_labels, pick_model, replica_record
+from sut.core.transports.http_servers import _OPENER, check_server_args, health_reply
 from sut.engine import EngineSettings, plan_engines
 from sut.errors import EngineError, InputError, ServerInputError
 
@@ -81,8 +84,9 @@ def check_reachable(servers, timeout_s: float = REACH_TIMEOUT_S) -> None:
     within ``timeout_s`` (also a port that answers bytes other than HTTP)."""
     for server in servers:
         url = server.url
+        headers = _headers(server)
         try:
-            status = health_status(url, timeout_s, _headers(server))
+            status, location = health_reply(url, timeout_s, headers)
         except (URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
             raise InputError(f"--sut vllm-http: server {url} does not answer ({url}/health: {reason})") from None
@@ -90,7 +94,8 @@ def check_reachable(servers, timeout_s: float = REACH_TIMEOUT_S) -> None:
             raise InputError(f"--sut vllm-http: server {url} does not answer HTTP ({url}/health: {_not_http(e)}); "
                              "is it the port of a vLLM server?") from None
         if status != 200:
-            raise InputError(f"--sut vllm-http: server {url} is not healthy ({url}/health: {status_text(status)})")
+            raise InputError(f"--sut vllm-http: server {url} is not healthy ({url}/health: "
+                             f"{status_text(status, bool(headers), location)})")
 
 
 def _fetch(url: str, path: str, headers: dict, timeout_s: float, as_json: bool = True):
@@ -102,7 +107,9 @@ def _fetch(url: str, path: str, headers: dict, timeout_s: float, as_json: bool =
     except HTTPError as e:
         if e.code == 404:
             return None
-        raise InputError(f"--sut vllm-http: server {url}: {url}{path}: {status_text(e.code)}") from None
+        location = e.headers.get("Location") if e.headers is not None else None
+        raise InputError(f"--sut vllm-http: server {url}: {url}{path}: {status_text(e.code, bool(headers), location)}"
+                         ) from None
     except (URLError, OSError, ValueError) as e:
         raise InputError(f"--sut vllm-http: server {url}: {getattr(e, 'reason', e)}") from None
     except http.client.HTTPException as e:
@@ -124,12 +131,42 @@ def _optional(url: str, path: str, headers: dict, timeout_s: float, as_json: boo
         return None
 
 
+def _unread_cause(metrics) -> str:
+    """Why a server's prefix caching could not be read back from its ``/metrics`` text (None: not offered)."""
+    if metrics is None:
+        return "it answers neither /metrics nor /server_info"
+    try:
+        labels = cache_config_labels(metrics)
+    except ValueError:
+        labels = None
+    if not labels:
+        return f"its /metrics has no {CACHE_CONFIG_METRIC}: start it without --disable-log-stats"
+    return f"its {CACHE_CONFIG_METRIC} has no enable_prefix_caching label"
+
+
+def check_prefix_caching(record: dict, metrics, allow_on: bool, allow_unread: bool) -> None:
+    """``InputError`` naming the server when its ``record`` (``read_back_server``) reports prefix caching on (unless
+    ``allow_on``: the option allow_prefix_caching) or unread (unless ``allow_on`` or ``allow_unread``: the
+    option allow_unconfirmed_prefix_caching; ``metrics``: its ``/metrics`` text, for the cause)."""
+    url, on = record.get("url"), record.get("enable_prefix_caching")
+    if allow_on or on is False:
+        return
+    if on:
+        raise InputError(f"--sut vllm-http: server {url} reports enable_prefix_caching=True (cross-query KV reuse is "
+                         "prohibited in MLPerf runs): start it with --no-enable-prefix-caching")
+    if not allow_unread:
+        raise InputError(f"--sut vllm-http: server {url}: prefix caching could not be confirmed off: "
+                         f"{_unread_cause(metrics)} (or pass --allow-unconfirmed-prefix-caching to run anyway, "
+                         "marked not compliant)")
+
+
 def read_back_server(r: int, server: FleetServer, engine: EngineSettings, model_name,
-                     timeout_s: float = REACH_TIMEOUT_S) -> dict:
+                     timeout_s: float = REACH_TIMEOUT_S, prefix_caching: tuple[bool, bool] = (True, True)) -> dict:
     """Replica ``r``'s record as the transport builds it (``http_readback.replica_record``, from ``/version``,
     ``/v1/models``, ``/metrics`` and ``/server_info`` where offered). ``InputError`` naming the URL unless
     ``/v1/models`` lists ``engine.model`` (``http_readback.pick_model``) with a ``max_model_len`` (where listed)
-    of at least ``engine.max_model_len``, or when its key is refused."""
+    of at least ``engine.max_model_len``, or when its key is refused, or its prefix caching is on or unread
+    (``check_prefix_caching``; ``prefix_caching``: its ``(allow_on, allow_unread)``)."""
     url, headers = server.url, _headers(server)
     try:
         listed = (_fetch(url, "/v1/models", headers, timeout_s) or {}).get("data") or []
@@ -144,9 +181,11 @@ def read_back_server(r: int, server: FleetServer, engine: EngineSettings, model_
     metrics = _optional(url, "/metrics", headers, timeout_s, as_json=False)
     info = _optional(url, "/server_info?config_format=json", headers, timeout_s, as_json=True)
     try:
-        return replica_record(r, url, served, version, metrics, info, engine)
+        record = replica_record(r, url, served, version, metrics, info, engine)
     except ReplyError as e:
         raise InputError(f"--sut vllm-http: server {url}: read-back failed: {e}") from None
+    check_prefix_caching(record, metrics, *prefix_caching)
+    return record
 
 
 def check_fleet_agrees(records: list[dict]) -> dict:
@@ -214,9 +253,11 @@ class HttpSUT(TransportSUT):
         return opts
 
     @classmethod
-    def preflight(cls, options: HttpOptions, engine: EngineSettings) -> None:
+    def preflight(cls, options: HttpOptions, engine: EngineSettings, confirm_prefix_caching: bool = True) -> None:
         """``InputError`` when two given URLs reach one server (``check_distinct``), a given server serves another
-        model or a shorter context, refuses its API key, or the given servers differ in a field that changes
+        model or a shorter context, refuses its API key, reports prefix caching on or cannot be read back
+        (unless the options allow it, or not ``confirm_prefix_caching``: an experiment that allows it), or the
+        given servers differ in a field that changes
         results (``read_back_server``, ``check_fleet_agrees``), or, without URLs,
         when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
         the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``)."""
@@ -228,7 +269,10 @@ class HttpSUT(TransportSUT):
                 raise InputError(f"--sut vllm-http: {e}") from None
             return
         check_distinct(options.server_urls)
-        check_fleet_agrees([read_back_server(r, s, engine, options.model_name) for r, s in enumerate(options.servers)])
+        allow_on = options.allow_prefix_caching or not confirm_prefix_caching
+        allow = (allow_on, allow_on or options.allow_unconfirmed_prefix_caching)
+        check_fleet_agrees([read_back_server(r, s, engine, options.model_name, prefix_caching=allow)
+                            for r, s in enumerate(options.servers)])
         ignored = server_side_settings(engine)
         if ignored:
             log.warning("--sut vllm-http with server URLs: %s never reach servers that are already running (they keep "

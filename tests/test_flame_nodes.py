@@ -183,3 +183,34 @@ def test_a_work_folder_in_use_by_another_cluster_exits_2(monkeypatch, tmp_path):
         with pytest.raises(SystemExit) as e:
             cluster.main(["--workdir", str(work), "--flame-bin", str(flame_bin_dir())])
     assert e.value.code == 2 and f"--workdir {work}: in use by another cluster (pid {os.getpid()})" in str(e.value)
+
+
+def test_each_executor_up_line_and_the_run_summary_name_the_node_of_its_shard(caplog):
+    """Two executors on two nodes, each on its node's shard cpu-0-1.e0: the console tells the nodes apart."""
+    from sut.cli import _print_summary, shards_by_node
+    from sut.flame.session import SUCCEED
+    from sut.flame.stats import FlameStats
+    from sut.flame.warmup import PING_BATCH_BASE, Warmup
+
+    stats = FlameStats()
+    rs = SimpleNamespace(id="s1", replica=0, endpoint="http://fsm:8080", o=SimpleNamespace())
+    w = Warmup(rs, 2, stats.note_ping)
+    for i, node in enumerate(("node-0", "node-1")):
+        meta = {"executor": {"id": f"ex{i}", "node": node, "pid": 100 + i, "role": "host", "seat": 0},
+                "shard": {"key": "cpu-0-1.e0", "node": node, "device_name": "AMD EPYC 9654"}}
+        w.results[f"t{i}"] = (SUCCEED, pl.encode_result(PING_BATCH_BASE + i, [], meta=meta).data, "")
+    with caplog.at_level("INFO", logger="sut.flame.transport"):
+        w._collect()
+    lines = [r.getMessage() for r in caplog.records if " up: " in r.getMessage()]
+    assert [ln.split(" -> ")[1] for ln in lines] == ["shard cpu-0-1.e0 on node-0 (AMD EPYC 9654)",
+                                                     "shard cpu-0-1.e0 on node-1 (AMD EPYC 9654)"], lines
+    shards = stats.record()["shards"]
+    assert [s["shard"] for s in shards] == ["node-0/cpu-0-1.e0", "node-1/cpu-0-1.e0"]
+    assert shards_by_node(shards) == "node-0: cpu-0-1.e0 (AMD EPYC 9654); node-1: cpu-0-1.e0 (AMD EPYC 9654)"
+    rec = {"output_dir": "RUN", "sut": "flame", "scenario": "Offline", "mode": "accuracy", "flame": {"shards": shards},
+           "compliance": {"compliant": True, "reasons": []}, "ledger": {"completed": 8, "issued": 8}}
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sut"):
+        _print_summary(rec)
+    summary = "\n".join(r.getMessage() for r in caplog.records)
+    assert "engine shards   : node-0: cpu-0-1.e0 (AMD EPYC 9654); node-1: cpu-0-1.e0 (AMD EPYC 9654)" in summary

@@ -79,7 +79,8 @@ OK_SERVER = '[[server]]\nurl = "http://10.0.0.5:8000"\nnode = "gpu-a"\n'
     (OK_SERVER + '[[server]]\nurl = "http://10.0.0.5:8000/"\nnode = "gpu-b"\n',
      "server 1 (http://10.0.0.5:8000): field 'url': the same URL as server 0"),
     (OK_SERVER + 'api_key_env = "FLEET_TEST_UNSET_VAR"\n',
-     "server 0 (http://10.0.0.5:8000): field 'api_key_env': environment variable FLEET_TEST_UNSET_VAR is not set"),
+     "server 0 (http://10.0.0.5:8000): field 'api_key_env': environment variable FLEET_TEST_UNSET_VAR is not set or "
+     "empty (api_key_env holds the NAME of the environment variable that holds the key, not the key)"),
     (OK_SERVER + 'api_key_env = "FLEET_TEST_EMPTY_VAR"\n', "variable FLEET_TEST_EMPTY_VAR is not set or empty"),
     ('api_key_env = "FLEET_TEST_UNSET_VAR"\n' + OK_SERVER, "server 0 (http://10.0.0.5:8000): field 'api_key_env'"),
     (OK_SERVER + 'api_key_env = 5\n', "field 'api_key_env': must be a string"),
@@ -151,15 +152,17 @@ def test_cli_a_refused_or_missing_key_exits_2_naming_the_server(tmp_path, synthe
     said = f"server {keyed}: {keyed}/v1/models: HTTP 401: {KEY_REFUSED}"
     assert out.returncode == 2 and said in out.stderr, out.stderr[-2000:]
     assert "wrong-key-1234" not in out.stderr + out.stdout and not list(runs.iterdir())
-    out, runs = _run(tmp_path, data, "--server-url", keyed)  # no key at all
-    assert out.returncode == 2 and said in out.stderr, out.stderr[-2000:]
+    out, runs = _run(tmp_path, data, "--server-url", keyed)  # no key at all: say how to send one
+    hint = "(--server-url sends no key: give the servers in a --fleet file with api_key_env)"
+    assert out.returncode == 2 and f"{said} {hint}" in out.stderr, out.stderr[-2000:]
 
 
 def test_the_transport_names_a_server_that_refuses_its_key(fake_server, started):
     keyed, _ = fake_server("--api-key", "right-key")
     t = transport(HttpOptions(urls=keyed))
     started.append(t)
-    with pytest.raises(ServerInputError, match=f"\\({keyed}\\) does not answer: .*HTTP 401: {KEY_REFUSED}"):
+    with pytest.raises(ServerInputError, match=f"\\({keyed}\\) does not answer: .*HTTP 401: {KEY_REFUSED} "
+                                               "\\(--server-url sends no key: "):
         t.start(Sink())
 
 
@@ -275,10 +278,54 @@ def test_a_server_that_redirects_never_gets_the_key_sent_elsewhere(tmp_path, mon
     before = stats_of(elsewhere)["auth"]
     monkeypatch.setenv("FLEET_KEY", key)
     path = _fleet(tmp_path, f'[[server]]\nurl = "{redirecting}"\nnode = "a"\napi_key_env = "FLEET_KEY"\n')
-    with pytest.raises(InputError, match=f"server {redirecting}: {redirecting}/v1/models: HTTP 307"):
+    with pytest.raises(InputError) as e:
         HttpSUT.preflight(HttpSUT.check_options({"fleet": path}), ENGINE)
+    assert (f"server {redirecting}: {redirecting}/v1/models: HTTP 307 redirect to {elsewhere}/v1/models refused (the "
+            "API key must not follow a redirect): give the final URL") in str(e.value), str(e.value)
     after = stats_of(elsewhere)["auth"]
     assert all(after[p][0] == before.get(p, [0, 0])[0] for p in after), after  # no request there carried the key
+
+
+def test_a_redirect_names_where_it_leads_without_credentials_and_a_keyless_401_says_how_to_send_a_key():
+    from sut.core.transports.http_fleet import status_text
+
+    assert status_text(308, location="https://u:pw@h:8443/v1/models") == (
+        "HTTP 308 redirect to https://***@h:8443/v1/models refused (the API key must not follow a redirect): "
+        "give the final URL")
+    assert "redirect to a URL it does not name refused" in status_text(302)
+    assert status_text(304) == "HTTP 304" and status_text(401) == f"HTTP 401: {KEY_REFUSED}"
+    assert status_text(403, key_sent=False).endswith("(--server-url sends no key: give the servers in a --fleet "
+                                                     "file with api_key_env)")
+
+
+def test_a_server_whose_health_redirects_is_refused_naming_where_to(tmp_path):
+    """An http:// URL of a server behind a proxy that sends every request to https:// (``/health`` too)."""
+    import http.server
+    import threading
+
+    from sut.http_sut import check_reachable
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(307)
+            self.send_header("Location", f"https://gpu-a.lan:8443{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        with pytest.raises(InputError) as e:
+            check_reachable([FleetServer(url, "a")])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert (f"server {url} is not healthy ({url}/health: HTTP 307 redirect to https://gpu-a.lan:8443/health refused "
+            "(the API key must not follow a redirect): give the final URL)") in str(e.value), str(e.value)
 
 
 def test_a_key_cut_off_by_an_error_texts_limit_is_hidden_too():

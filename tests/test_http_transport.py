@@ -479,6 +479,22 @@ def test_unconfirmed_prefix_caching_is_refused_unless_allowed_and_then_not_compl
     assert HttpSUT.noncompliance_reasons(HttpOptions()) == []
 
 
+def test_a_given_server_with_prefix_caching_on_or_unread_is_refused_before_the_run(fake_server):
+    """The check before the run folder (``HttpSUT.preflight``) names the URL and why; the options that allow it
+    (and a study, which allows prefix caching) let it pass."""
+    engine = EngineSettings(model=MODEL, max_model_len=4096)
+    unread, _ = fake_server("--disable-log-stats")
+    on, _ = fake_server("--enable-prefix-caching")
+    with pytest.raises(InputError, match=f"server {unread}: prefix caching could not be confirmed off: its /metrics "
+                                         "has no vllm:cache_config_info: start it without --disable-log-stats"):
+        HttpSUT.preflight(HttpOptions(urls=unread), engine)
+    with pytest.raises(InputError, match=f"server {on} reports enable_prefix_caching=True"):
+        HttpSUT.preflight(HttpOptions(urls=on, allow_unconfirmed_prefix_caching=True), engine)
+    HttpSUT.preflight(HttpOptions(urls=unread, allow_unconfirmed_prefix_caching=True), engine)
+    HttpSUT.preflight(HttpOptions(urls=on, allow_prefix_caching=True), engine)
+    HttpSUT.preflight(HttpOptions(urls=f"{unread},{on}"), engine, confirm_prefix_caching=False)
+
+
 def test_server_info_of_a_dev_mode_server_is_read_back(fake_server, started):
     url, _ = fake_server("--no-metrics", "--server-info")
     t = transport(HttpOptions(urls=url, max_inflight_per_replica=1))
@@ -663,10 +679,18 @@ def test_cli_an_answer_cut_short_or_outside_the_vocabulary_fails_the_run(tmp_pat
         assert 200000 not in ids and (not ids or len(ids) == 128 or ids[-1] == 128009), ids
 
 
-def test_cli_unconfirmed_prefix_caching_fails_unless_allowed_then_not_compliant(tmp_path, synthetic_small, fake_server):
-    url, _ = fake_server("--no-metrics")
+def test_cli_unconfirmed_prefix_caching_exits_2_before_a_run_folder_unless_allowed_then_not_compliant(
+        tmp_path, synthetic_small, fake_server):
+    """A server started with --disable-log-stats has no vllm:cache_config_info in /metrics: the check before the
+    run names the URL, the cause and the flag; no run folder."""
+    url, _ = fake_server("--disable-log-stats")
+    (tmp_path / "a").mkdir()
     out = _run(tmp_path / "a", synthetic_small, "--server-url", url)
-    assert out.returncode == 1 and "could not be confirmed off" in out.stderr, out.stderr[-2000:]
+    said = (f"server {url}: prefix caching could not be confirmed off: its /metrics has no vllm:cache_config_info: "
+            "start it without --disable-log-stats (or pass --allow-unconfirmed-prefix-caching to run anyway")
+    assert out.returncode == 2 and said in out.stderr, out.stderr[-2000:]
+    assert not list((tmp_path / "a").iterdir())
+    url, _ = fake_server("--no-metrics")
     out = _run(tmp_path / "b", synthetic_small, "--server-url", url, "--allow-unconfirmed-prefix-caching")
     assert out.returncode == 0, out.stderr[-3000:]
     (run,) = (tmp_path / "b").iterdir()

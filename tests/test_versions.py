@@ -69,3 +69,14 @@ def test_a_preset_names_its_card_and_a_run_on_another_card_is_warned(tmp_path, c
 
     assert other_card("H100 80GB HBM3", [{"name": "NVIDIA H100 80GB HBM3"}]) is None
     assert other_card(None, [{"name": "NVIDIA H200"}]) is None
+
+
+def test_servers_given_by_url_are_on_an_unknown_card_not_on_none():
+    from sut.record.write import other_card
+
+    remote = {"kind": "remote", "slot": "http://10.0.0.5:8000", "name": None, "uuid": None}
+    said = other_card("H200", [remote, dict(remote, slot="http://10.0.0.6:8000")])
+    assert said.startswith("the preset was tuned on H200, this run's engines are on an unknown card (servers given "
+                           "by URL report none): ") and "None" not in said, said
+    assert "NVIDIA H100 80GB HBM3, an unknown card (the engines report none)" in other_card(
+        "H200", [{"kind": "cuda", "name": "NVIDIA H100 80GB HBM3"}, {"kind": "cuda", "name": None}])

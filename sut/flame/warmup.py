@@ -125,9 +125,10 @@ class Warmup:
             self.seen[key] = ex
             self.on_answer(meta)
             sh = meta.get("shard") or {}
-            log.info("flame: replica %d: executor %d/%d up: %s pid %s (%s, seat %s) -> shard %s %s", self.rs.replica,
-                     len(self.seen), self.need, ex.get("id"), ex.get("pid"), ex.get("role"), ex.get("seat"),
-                     sh.get("key"), sh.get("gpu_uuid") or sh.get("device_name"))
+            log.info("flame: replica %d: executor %d/%d up: %s pid %s (%s, seat %s) -> shard %s on %s (%s)",
+                     self.rs.replica, len(self.seen), self.need, ex.get("id"), ex.get("pid"), ex.get("role"),
+                     ex.get("seat"), sh.get("key"), sh.get("node") or ex.get("node") or "an unnamed node",
+                     sh.get("gpu_uuid") or sh.get("device_name"))
 
     def _progress(self, w: _Progress, now: float) -> None:
         """Log what the warm-up waits for every ``warmup_log_s``; ``RunFailed`` when Flame has not given the

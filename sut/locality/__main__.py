@@ -108,7 +108,7 @@ def _preflight_servers(systems, es: EngineSettings) -> None:
     for system in systems:
         if system.transport == "http":
             try:
-                HttpSUT.preflight(system.options, es)
+                HttpSUT.preflight(system.options, es, confirm_prefix_caching=False)  # a study allows it
             except InputError as e:
                 raise BadInput(f"error: system {system.name}: {e}") from None
 

@@ -64,11 +64,17 @@ def untested_vllm(engine_versions) -> Optional[str]:
 
 def other_card(tuned_on: Optional[str], devices) -> Optional[str]:
     """A warning when ``devices`` (run.json ``devices``: dicts with ``name``) hold a device whose name does not
-    contain ``tuned_on`` (case-insensitive; the preset's ``[run] tuned_on``), else None."""
+    contain ``tuned_on`` (case-insensitive; the preset's ``[run] tuned_on``), or whose name is unknown (a server
+    given by URL reports none: ``kind`` ``"remote"``), else None."""
     if not tuned_on:
         return None
-    other = sorted({str(d.get("name")) for d in devices if isinstance(d, dict)
-                    and tuned_on.lower() not in str(d.get("name") or "").lower()})
+    named = [d for d in devices if isinstance(d, dict)]
+    other = sorted({str(d["name"]) for d in named if d.get("name") and tuned_on.lower() not in str(d["name"]).lower()})
+    unnamed = [d for d in named if not d.get("name")]
+    if unnamed:
+        why = ("servers given by URL report none" if all(d.get("kind") == "remote" for d in unnamed)
+               else "the engines report none")
+        other.append(f"an unknown card ({why})")
     if not other:
         return None
     return (f"the preset was tuned on {tuned_on}, this run's engines are on {', '.join(other)}: its engine settings "

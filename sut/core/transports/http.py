@@ -211,6 +211,11 @@ class HttpTransport(Transport):
         cls = ServerInputError if user_input and self.options.servers else TransportError
         return cls(fleet.redact(f"{self._name(r)} {what}", self._keys))
 
+    def _status(self, r: int, resp) -> str:
+        """``http_fleet.status_text`` of replica ``r``'s reply ``resp`` (a given server sent no key: say so)."""
+        key_sent = bool(self._auth[r]) or not self.options.servers
+        return fleet.status_text(resp.status, key_sent, resp.headers.get("Location"))
+
     async def _get(self, r: int, path: str, as_json: bool = True):
         """GET ``path`` of replica ``r`` (with its key): the decoded body, or None on 404 (no such endpoint)."""
         url = f"{self.urls[r]}{path}"
@@ -219,7 +224,7 @@ class HttpTransport(Transport):
             if resp.status == 404:
                 return None
             if resp.status != 200:
-                raise api.ReplyError(f"GET {url}: {fleet.status_text(resp.status)}: "
+                raise api.ReplyError(f"GET {url}: {self._status(r, resp)}: "
                                      f"{await _text_capped(resp, 300, self._keys)}")
             text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
             return json.loads(text) if as_json else text
@@ -261,7 +266,7 @@ class HttpTransport(Transport):
                                           timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
                 if resp.status != 200:
-                    raise api.ReplyError(f"{fleet.status_text(resp.status)}: {fleet.redact_cut(text, self._keys, 300)}")
+                    raise api.ReplyError(f"{self._status(r, resp)}: {fleet.redact_cut(text, self._keys, 300)}")
             ids, _, _ = api.parse_completion(json.loads(text))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
             raise self._error(r, f"probe completion failed: {_describe(e)}", user_input=False) from None
@@ -340,7 +345,7 @@ class HttpTransport(Transport):
         resp = await self._send(r, api.request_body(self._bases[r], req.prompt, self.stream))
         try:
             if resp.status != 200:
-                raise api.ReplyError(f"{fleet.status_text(resp.status)}: {await _text_capped(resp, 500, self._keys)}")
+                raise api.ReplyError(f"{self._status(r, resp)}: {await _text_capped(resp, 500, self._keys)}")
             if self.stream:
                 ids, cached, t_first = await self._read_stream(r, req, resp)
             else:
@@ -388,7 +393,7 @@ class HttpTransport(Transport):
                     async with self._session.get(f"{url}/health", headers=self._auth[r],
                                                  timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as resp:
                         if resp.status != 200:
-                            raise api.ReplyError(fleet.status_text(resp.status))
+                            raise api.ReplyError(self._status(r, resp))
                 except (aiohttp.ClientError, asyncio.TimeoutError, api.ReplyError) as e:
                     await self._failed(r, f"failed its health check ({url}/health): {_describe(e)}", e)
 

@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 KEY_REFUSED = "API key refused or missing"
 _BAD_KEY = ("the key holds a line break, a control character, a character outside ASCII or a space at an end "
             "(an HTTP header cannot carry it)")
+#: What ``api_key_env`` holds, for a message on a variable that is not set (a key given in its place looks like one).
+KEY_ENV_IS_A_NAME = "api_key_env holds the NAME of the environment variable that holds the key, not the key"
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: What a key may hold: visible ASCII and inner spaces (an HTTP header value; a line break or a character outside
 #: ASCII could not be sent, and the HTTP libraries echo such a header, key included, in their error).
@@ -59,9 +61,20 @@ class FleetServer:
     api_key_env: Optional[str] = None
 
 
-def status_text(status: int) -> str:
-    """``"HTTP 401: API key refused or missing"`` for 401 / 403, else ``"HTTP <status>"``."""
-    return f"HTTP {status}: {KEY_REFUSED}" if status in (401, 403) else f"HTTP {status}"
+#: Why a server refused a request that carried no key (a ``--server-url`` server, or a fleet entry without one).
+NO_KEY_SENT = "--server-url sends no key: give the servers in a --fleet file with api_key_env"
+
+
+def status_text(status: int, key_sent: bool = True, location: Optional[str] = None) -> str:
+    """``"HTTP 401: API key refused or missing"`` for 401 / 403 (with ``NO_KEY_SENT`` when not ``key_sent``), a
+    redirect (3xx but 304) as refused, naming its ``location`` (the ``Location`` header), else ``"HTTP <status>"``."""
+    if status in (401, 403):
+        return f"HTTP {status}: {KEY_REFUSED}" + ("" if key_sent else f" ({NO_KEY_SENT})")
+    if 300 <= status < 400 and status != 304:
+        where = shown_url(location) if location else "a URL it does not name"
+        return (f"HTTP {status} redirect to {where} refused (the API key must not follow a redirect): "
+                "give the final URL")
+    return f"HTTP {status}"
 
 
 def servers_from_urls(urls) -> tuple[FleetServer, ...]:
@@ -103,7 +116,7 @@ def _check_key_env(path, where: str, name: Optional[str]) -> None:
         raise _bad(path, where, "api_key_env", "not an environment variable name (give the NAME of the variable "
                                                 "that holds the key, never the key itself)")
     if not os.environ.get(name):
-        raise _bad(path, where, "api_key_env", f"environment variable {name} is not set or empty")
+        raise _bad(path, where, "api_key_env", f"environment variable {name} is not set or empty ({KEY_ENV_IS_A_NAME})")
     if not _KEY_TEXT.fullmatch(os.environ[name]):
         raise _bad(path, where, "api_key_env", f"environment variable {name}: {_BAD_KEY}")
 
@@ -170,7 +183,7 @@ def api_key(server: Optional[FleetServer]) -> Optional[str]:
     key = os.environ.get(server.api_key_env)
     if not key:
         raise ValueError(f"server {server.url}: environment variable {server.api_key_env} (its api_key_env) is not "
-                         "set or empty")
+                         f"set or empty ({KEY_ENV_IS_A_NAME})")
     if not _KEY_TEXT.fullmatch(key):
         raise ValueError(f"server {server.url}: environment variable {server.api_key_env} (its api_key_env): {_BAD_KEY}")
     return key

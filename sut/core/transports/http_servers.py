@@ -252,14 +252,20 @@ class _NoRedirect(HTTPRedirectHandler):
 _OPENER = build_opener(ProxyHandler({}), _NoRedirect())
 
 
-def health_status(url: str, timeout: float, headers: Optional[dict] = None) -> int:
-    """The HTTP status of ``GET url/health`` (``headers``: e.g. the server's ``Authorization``). ``URLError`` /
-    ``OSError`` / ``ValueError`` when it cannot be reached."""
+def health_reply(url: str, timeout: float, headers: Optional[dict] = None) -> tuple[int, Optional[str]]:
+    """``(HTTP status, Location header or None)`` of ``GET url/health`` (``headers``: e.g. the server's
+    ``Authorization``; a redirect is not followed). ``URLError`` / ``OSError`` / ``ValueError`` when it cannot be
+    reached."""
     try:
         with _OPENER.open(Request(f"{url}/health", headers=headers or {}), timeout=timeout) as resp:
-            return resp.status
+            return resp.status, None
     except HTTPError as e:
-        return e.code
+        return e.code, e.headers.get("Location") if e.headers is not None else None
+
+
+def health_status(url: str, timeout: float, headers: Optional[dict] = None) -> int:
+    """The HTTP status of ``GET url/health`` (``health_reply``)."""
+    return health_reply(url, timeout, headers)[0]
 
 
 def _health_ok(url: str, timeout: float = 2.0) -> bool:
