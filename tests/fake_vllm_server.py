@@ -89,6 +89,8 @@ def parse(argv):
     p.add_argument("--api-key", default=None)
     p.add_argument("--redirect-to", default=None,
                    help="answer every GET but /_stats and /health with 307 to this URL + the path")
+    p.add_argument("--redirect-posts", action="store_true",
+                   help="with --redirect-to, answer POSTs (completions) with 307 too")
     p.add_argument("--echo-auth", action="store_true",
                    help="every error reply's message carries the request's Authorization header (a proxy that echoes)")
     p.add_argument("--version", default="0.0.0-fake")
@@ -116,7 +118,9 @@ class Fake:
         carried = self.a.api_key is not None and request.headers.get("Authorization") == f"Bearer {self.a.api_key}"
         if request.path != "/_stats":
             self.auth.setdefault(request.path, [0, 0])[0 if carried else 1] += 1
-        if self.a.redirect_to and request.method == "GET" and request.path not in ("/_stats", "/health"):
+        redirected = ("GET", "POST") if self.a.redirect_posts else ("GET",)
+        if self.a.redirect_to and request.method in redirected and request.path not in ("/_stats", "/health") \
+                and not (request.method == "GET" and self.a.redirect_posts):
             raise web.HTTPTemporaryRedirect(self.a.redirect_to + request.path_qs)
         if self.a.api_key is not None and request.path.startswith("/v1") and not carried:
             return web.json_response({"error": "Unauthorized" + self._echo(request)}, status=401)

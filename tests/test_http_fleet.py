@@ -19,7 +19,7 @@ from test_http_transport import Sink, stats_of, transport
 from sut.core.transports.http_fleet import KEY_REFUSED, FleetServer, fleet_agreement
 from sut.core.transports.http_options import HttpOptions
 from sut.engine import EngineSettings
-from sut.errors import InputError, ServerInputError
+from sut.errors import InputError, ServerInputError, TransportError
 from sut.http_sut import HttpSUT
 
 pytestmark = pytest.mark.timeout(120)
@@ -284,6 +284,22 @@ def test_a_server_that_redirects_never_gets_the_key_sent_elsewhere(tmp_path, mon
             "API key must not follow a redirect): give the final URL") in str(e.value), str(e.value)
     after = stats_of(elsewhere)["auth"]
     assert all(after[p][0] == before.get(p, [0, 0])[0] for p in after), after  # no request there carried the key
+
+
+def test_a_completion_redirected_mid_run_is_a_failure_and_the_key_goes_nowhere_else(tmp_path, monkeypatch,
+                                                                                   fake_server, started):
+    """The run's own requests do not follow redirects either (the checks before the run see none here: only
+    the completions are redirected)."""
+    key = "posted-secret-" + secrets.token_hex(8)
+    elsewhere, _ = fake_server("--api-key", key)
+    redirecting, _ = fake_server("--api-key", key, "--redirect-to", elsewhere, "--redirect-posts")
+    monkeypatch.setenv("FLEET_KEY", key)
+    t = transport(HttpOptions(fleet=_fleet(tmp_path, f'[[server]]\nurl = "{redirecting}"\nnode = "a"\n'
+                                                     'api_key_env = "FLEET_KEY"\n')))
+    started.append(t)
+    with pytest.raises(TransportError, match="probe completion failed: HTTP 307 redirect to .* refused"):
+        t.start(Sink())  # the start's probe completion is the first POST
+    assert "/v1/completions" not in stats_of(elsewhere)["auth"]  # nothing went there, with or without the key
 
 
 def test_a_redirect_names_where_it_leads_without_credentials_and_a_keyless_401_says_how_to_send_a_key():

@@ -219,7 +219,7 @@ class HttpTransport(Transport):
     async def _get(self, r: int, path: str, as_json: bool = True):
         """GET ``path`` of replica ``r`` (with its key): the decoded body, or None on 404 (no such endpoint)."""
         url = f"{self.urls[r]}{path}"
-        async with self._session.get(url, headers=self._auth[r],
+        async with self._http_get(url, headers=self._auth[r],
                                      timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
             if resp.status == 404:
                 return None
@@ -228,6 +228,14 @@ class HttpTransport(Transport):
                                      f"{await _text_capped(resp, 300, self._keys)}")
             text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
             return json.loads(text) if as_json else text
+
+    def _http_get(self, url, **kw):
+        """The session's GET without following redirects (a key must not go where a redirect points)."""
+        return self._session.get(url, allow_redirects=False, **kw)
+
+    def _http_post(self, url, **kw):
+        """The session's POST without following redirects (as ``_http_get``)."""
+        return self._session.post(url, allow_redirects=False, **kw)
 
     async def _connect(self, r: int) -> dict:
         url = self.urls[r]
@@ -262,7 +270,7 @@ class HttpTransport(Transport):
         """One 1-token completion: the server must answer with token ids."""
         body = json.dumps(dict(self._bases[r], prompt=[0], max_tokens=1, min_tokens=1)).encode()
         try:
-            async with self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r],
+            async with self._http_post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r],
                                           timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
                 if resp.status != 200:
@@ -292,7 +300,7 @@ class HttpTransport(Transport):
         return dict(info, **fleet.placement(given, url))
 
     async def _ping(self, r: int) -> None:
-        async with self._session.get(f"{self.urls[r]}/health", headers=self._auth[r],
+        async with self._http_get(f"{self.urls[r]}/health", headers=self._auth[r],
                                      timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
             await _read_capped(resp, api.MAX_REPLY_BYTES)
 
@@ -334,11 +342,11 @@ class HttpTransport(Transport):
         """POST a completion, once more if no connection could be used at all (a keep-alive
         connection the server had closed)."""
         try:
-            return await self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r])
+            return await self._http_post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r])
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
             with self._lock:
                 self.retries += 1
-            return await self._session.post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r])
+            return await self._http_post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r])
 
     async def _complete(self, r: int, req: Request) -> Completion:
         t0 = time.monotonic()
@@ -390,7 +398,7 @@ class HttpTransport(Transport):
                 if self._dead[r]:
                     continue
                 try:
-                    async with self._session.get(f"{url}/health", headers=self._auth[r],
+                    async with self._http_get(f"{url}/health", headers=self._auth[r],
                                                  timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as resp:
                         if resp.status != 200:
                             raise api.ReplyError(self._status(r, resp))
