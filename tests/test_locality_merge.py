@@ -411,3 +411,20 @@ def test_a_nudged_copy_of_a_run_is_refused_and_real_distinct_runs_merge(tmp_path
     second = make_run(tmp_path, "second", [c for c in cases if c["pair"] >= 2], hdr)
     rc, rec = report(tmp_path, first, second, name="split")
     assert rc == 0 and rec["report"]["pair_ratios"]["prefix_affinity"]["n"] == 4
+
+
+def test_millisecond_timings_cannot_make_a_copy_but_real_ones_can():
+    """Two bursts of a test double (timings of a few ms, recorded to 4 decimals) round to the same values: that
+    is no evidence of a copy (a full-suite run refused two fresh runs this way); timings long enough to resolve
+    0.1 % still are."""
+    from sut.locality.merge import copy_of
+
+    def case(scale, start):
+        timed = {"requests": 40, "wall_s": round(0.0071 * scale, 4),
+                 **{k: {p: round(v * scale, 4) for p, v in (("p50", 0.0031), ("p90", 0.0052), ("p99", 0.0068))}
+                    for k in ("ttft_s", "e2e_s", "completion_s")}}
+        return {"system": "standalone", "policy": "round_robin", "timed": timed, "start_s": start,
+                "replicas": [{"pid": int(start * 10)}]}
+
+    assert copy_of(case(1, 1.0), case(1, 2.0)) is None
+    assert copy_of(case(1000, 1.0), case(1000, 2.0)).startswith("all 10 timings within 0.1% of its")

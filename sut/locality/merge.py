@@ -64,6 +64,9 @@ CACHED_SHARE_SLACK = 0.005
 #: Two cases' timings closer than this (relative, every one of them) make one a copy of the other: the real
 #: H200 cases of ``tests/data/locality_h200_cut_off`` differ by 0.38 % to 1.5 % in their most distant timing.
 NEAR_REL = 1e-3
+#: Timings are recorded to 4 decimals (seconds): one shorter than ``RESOLUTION_S / NEAR_REL`` (0.1 s) cannot tell
+#: a copy from a repeat (two millisecond bursts of a test double round to the same value), so it is not compared.
+RESOLUTION_S = 1e-4
 #: Fewest timings both cases must have for :data:`NEAR_REL` to judge (a case records 10).
 MIN_TIMINGS = 4
 #: Fields of a host, not of the experiment: left out of the comparison.
@@ -306,7 +309,7 @@ def copy_of(a: dict, b: dict) -> Optional[str]:
     if ident is not None and ident == _identity(b):
         return f"the same start_s {ident[0]} and engine pids {list(ident[1])}"
     ta, tb = _timings(a), _timings(b)
-    both = sorted(set(ta) & set(tb))
+    both = sorted(k for k in set(ta) & set(tb) if max(abs(ta[k]), abs(tb[k])) * NEAR_REL >= RESOLUTION_S)
     if a["timed"]["requests"] != b["timed"]["requests"] or len(both) < MIN_TIMINGS:
         return None
     if all(abs(ta[k] - tb[k]) <= NEAR_REL * max(abs(ta[k]), abs(tb[k])) for k in both):
