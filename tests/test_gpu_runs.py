@@ -252,3 +252,33 @@ def test_gpu_bundle_hands_make_bundle_an_absolute_dest(tmp_path):
                          text=True, timeout=60, env=dict(os.environ, SHARED=str(shared)))
     assert out.returncode == 3, out.stderr
     assert said.read_text().strip() == str((tmp_path / "dest").resolve())
+
+
+WORKLOADS_FAKE = """#!/usr/bin/env bash
+# `-m sut.flame cluster`: says its endpoint and waits to be stopped; `-m sut.locality`: recorded
+case "$1 $2" in
+  "-m sut.flame") echo FLAME_ENDPOINT=http://127.0.0.1:1; exec sleep 60 ;;
+  "-m sut.locality") echo "$*" >> "$CALLS"; exit 0 ;;
+esac
+exec {real} "$@"
+"""
+
+
+def test_workloads_step_gives_eviction_its_blocks_and_replica_loss_its_shorter_loss_timeout(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(WORKLOADS_FAKE.replace("{real}", shlex.quote(sys.executable)))
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    (tmp_path / "job").mkdir()  # `start` makes the job's folder
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), JOB=str(tmp_path / "job"),
+               OUT=str(tmp_path / "out"), WL_PRESETS="eviction replica-loss arrivals")
+    out = subprocess.run(["bash", "scripts/bench/gpu_runs.sh", "workloads"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    eviction, loss, arrivals = [ln.split() for ln in calls.read_text().splitlines()]
+    assert _flag(eviction, "--trace-preset") == "eviction" and _flag(eviction, "--kv-blocks") == "4096"
+    assert "--loss-timeout-s" not in eviction and "--kv-blocks" not in loss
+    assert _flag(loss, "--trace-preset") == "replica-loss" and _flag(loss, "--loss-timeout-s") == "20"
+    assert "--loss-timeout-s" not in arrivals and "--kv-blocks" not in arrivals and _flag(arrivals, "--pairs") == "3"

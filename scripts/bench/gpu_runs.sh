@@ -30,7 +30,8 @@
 #                                             # STUDY_POLICIES: a subset of prefix_affinity round_robin)
 #   bash scripts/bench/gpu_runs.sh start workloads # the five locality workloads beyond the study, Flame vs standalone
 #                                             # (WL_PRESETS, default all five; WL_PAIRS, default 3; WL_KV_BLOCKS,
-#                                             # eviction's KV blocks per engine, default 4096; WL_ARGS: more flags)
+#                                             # eviction's KV blocks per engine, default 4096; WL_LOSS_TIMEOUT_S,
+#                                             # replica-loss's --loss-timeout-s, default 20; WL_ARGS: more flags)
 #   bash scripts/bench/gpu_runs.sh start server    # Short Server / Interactive tries (SERVER_QPS, INTERACTIVE_QPS;
 #                                             # SERVER_ARGS, INTERACTIVE_ARGS: extra engine flags per scenario;
 #                                             # SCENARIOS, SCEN_S, SCEN_TRIES, SCEN_BUDGET_S, SCEN_FACTOR, SCEN_SUT,
@@ -234,6 +235,9 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     worst=0
     for p in ${WL_PRESETS:-arrivals variable-answers hot-prefixes eviction replica-loss}; do
       extra=(); [ "$p" = eviction ] && extra=(--kv-blocks "${WL_KV_BLOCKS:-4096}")
+      # replica-loss: 20 s without an answer after the kill end a case (a timed burst is 12-23 s here; the 60 s
+      # default would add ~40 s to every case of a system that stops serving, past one device session)
+      [ "$p" = replica-loss ] && extra=(--loss-timeout-s "${WL_LOSS_TIMEOUT_S:-20}")
       # shellcheck disable=SC2086
       python3 -m sut.locality run --trace-preset "$p" --systems standalone flame --pairs "${WL_PAIRS:-3}" \
         --model "$MODEL" --load-format dummy --dtype bfloat16 --enforce-eager --max-num-seqs 64 \
