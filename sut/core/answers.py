@@ -62,10 +62,14 @@ class AnswerCheck:
         #: EOS ids an answer shorter than ``max_tokens`` must end in (empty: not checked).
         self._eos_set = frozenset() if generation.ignore_eos else frozenset(generation.eos_token_ids)
 
-    def first_fault(self, token_id: int) -> Optional[str]:
-        """Why a streamed first token cannot be right (outside the vocabulary), else None."""
-        if self.vocab_size and not 0 <= token_id < self.vocab_size:
-            return f"streamed first token {token_id}, outside the model's vocabulary [0, {self.vocab_size})"
+    def first_fault(self, firsts: Sequence) -> Optional[tuple[int, str]]:
+        """The first streamed first token of ``firsts`` (``FirstToken``-likes: ``rid``, ``token_id``) that cannot be
+        right (outside the vocabulary) as ``(its rid, why)``, else None; one comparison a token."""
+        vocab = self.vocab_size
+        if vocab:
+            for f in firsts:
+                if not 0 <= f.token_id < vocab:
+                    return f.rid, f"streamed first token {f.token_id}, outside the model's vocabulary [0, {vocab})"
         return None
 
     def fault(self, results: Sequence, asked: Optional[Sequence[int]] = None) -> Optional[tuple[int, str]]:
@@ -117,11 +121,12 @@ class AnswerCheck:
                                f"id {sorted(eos)} (an answer cut short): {show_ids(a)}")
         return None
 
-    def _out_of_vocab(self, flat: np.ndarray, umax: Optional[int] = None) -> Optional[int]:
-        """Position in ``flat`` of the first id outside ``[0, vocab_size)``, else None (one reduction
-        for int32 ids, ``umax``: :meth:`Answers.umax`, a negative id reads above every vocabulary)."""
-        if flat.dtype == np.int32:
-            if (umax if umax is not None else int(flat.view(np.uint32).max())) < self.vocab_size:
+    def _out_of_vocab(self, flat: np.ndarray, umax: Optional[int]) -> Optional[int]:
+        """Position in ``flat`` of the first id outside ``[0, vocab_size)``, else None. ``umax``: the delivery's
+        :meth:`Answers.umax` (int32 ids: one reduction, a negative id reads above every vocabulary; None for
+        other types)."""
+        if umax is not None:
+            if umax < self.vocab_size:
                 return None
         elif int(flat.min()) >= 0 and int(flat.max()) < self.vocab_size:
             return None

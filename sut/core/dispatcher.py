@@ -135,10 +135,12 @@ class Dispatcher:
     def _reused_id(self, items: Sequence[Request]) -> Optional[str]:
         """Why ``items`` cannot be dispatched (a request id used twice), or None."""
         seen = {req.rid for req in items}
-        if len(seen) != len(items):
+        if len(seen) != len(items):  # rare: find which one, in order
             once: set[int] = set()
-            twice = next(req.rid for req in items if req.rid in once or once.add(req.rid))
-            return f"request id {twice} came twice in one dispatch (ids must be unique)"
+            for req in items:
+                if req.rid in once:
+                    return f"request id {req.rid} came twice in one dispatch (ids must be unique)"
+                once.add(req.rid)
         with self._lock:
             old = None if self._where.keys().isdisjoint(seen) else next(rid for rid in seen if rid in self._where)
         return None if old is None else f"request id {old} is still outstanding from an earlier dispatch"
@@ -148,18 +150,17 @@ class Dispatcher:
 
     # -- results in (ResultSink, on the transport's threads) -------------------------------------
     def on_first(self, replica: int, firsts: list[FirstToken]) -> None:
-        wrong = bad = None
-        where, mine, vocab = self._where, [], self.check.vocab_size
+        wrong = None
+        where, mine = self._where, []
         with self._lock:
             for f in firsts:
                 r = where.get(f.rid)
                 if r == replica:
-                    mine.append(f.rid)
-                    if vocab and bad is None and not 0 <= f.token_id < vocab:
-                        bad = (f.rid, self.check.first_fault(f.token_id))
+                    mine.append(f)
                 elif r is not None:
                     wrong = wrong or (f.rid, r)
-            self.router.first_many(mine)  # the replica's score once per delivery
+            self.router.first_many([f.rid for f in mine])  # the replica's score once per delivery
+        bad = self.check.first_fault(mine)
         if wrong is not None:
             self.ledger.fail(f"first token of request {wrong[0]}{self._sample(wrong[0])} was routed to replica "
                              f"{wrong[1]} but came from {self._replica(replica)}")

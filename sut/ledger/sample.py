@@ -345,8 +345,8 @@ class SampleLedger:
         dones = [batch for kind, batch in run if kind == DONE]
         if not dones:
             return
-        together = len(dones) == 1 or not all(isinstance(b, ResponseBatch) for b in dones)
-        for batch in (dones if together else [ResponseBatches(dones)]):
+        mergeable = len(dones) > 1 and all(isinstance(b, ResponseBatch) for b in dones)
+        for batch in ([ResponseBatches(dones)] if mergeable else dones):
             try:
                 self._complete_fn(batch)
             except Exception as e:  # noqa: BLE001 - LoadGen may not have these samples: the run fails

@@ -400,8 +400,10 @@ def _git(repo: Path, *args: str) -> Optional[str]:
 def write_src(src: Path, runs: list, repo: Path) -> Path:
     """``src/README.md``: the harness commit (and whether the working tree had changes), how to get
     the code, and the exact command of every run (paths made relative to the repository root)."""
-    commit = _git(repo, "rev-parse", "HEAD")
-    dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    from sut.record.provenance import harness_commit
+
+    made = harness_commit(repo, repo / "sut" / "record" / "COMMIT")  # also a tree unpacked from git archive
+    commit, dirty = made["harness_commit"], made["harness_uncommitted_changes"]
     remote = _git(repo, "config", "--get", "remote.origin.url")
     src.mkdir(parents=True, exist_ok=True)
     lines = ["# Harness source", "",
