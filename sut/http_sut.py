@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 from urllib.request import Request
 
 from sut.base import register_sut
+from sut.core.guard import refusal
 from sut.core.loadgen_sut import TransportSUT
 from sut.core.transports.http import HttpOptions
 from sut.core.transports.http_api import MAX_REPLY_BYTES, ReplyError
@@ -148,13 +149,12 @@ def check_prefix_caching(record: dict, metrics, allow_on: bool, allow_unread: bo
     """``InputError`` naming the server when its ``record`` (``read_back_server``) reports prefix caching on (unless
     ``allow_on``: the option allow_prefix_caching) or unread (unless ``allow_on`` or ``allow_unread``: the
     option allow_unconfirmed_prefix_caching; ``metrics``: its ``/metrics`` text, for the cause)."""
-    url, on = record.get("url"), record.get("enable_prefix_caching")
-    if allow_on or on is False:
-        return
-    if on:
+    url = record.get("url")
+    why = refusal(record.get("enable_prefix_caching"), allow_on, allow_unread)
+    if why == "on":
         raise InputError(f"--sut vllm-http: server {url} reports enable_prefix_caching=True (cross-query KV reuse is "
                          "prohibited in MLPerf runs): start it with --no-enable-prefix-caching")
-    if not allow_unread:
+    if why == "unconfirmed":
         raise InputError(f"--sut vllm-http: server {url}: prefix caching could not be confirmed off: "
                          f"{_unread_cause(metrics)} (or pass --allow-unconfirmed-prefix-caching to run anyway, "
                          "marked not compliant)")

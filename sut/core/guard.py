@@ -9,7 +9,7 @@ what the engine itself reports). A transport that cannot read the setting back r
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 from sut.messages import ReplicaRecord
 
@@ -26,6 +26,17 @@ def check_settings(enable_prefix_caching: bool, allowed: bool) -> None:
         raise PrefixCachingError(PROHIBITED)
 
 
+def refusal(on: Optional[bool], allowed: bool, allow_unconfirmed: bool = False) -> Optional[str]:
+    """Whether an engine that reports prefix caching ``on`` (None: not read back) must be refused: ``"on"``,
+    ``"unconfirmed"`` (unless ``allow_unconfirmed``), or None; nothing is refused when prefix caching is ``allowed``
+    (the synthetic-locality experiment). The one rule behind every check of engines, before or after start."""
+    if allowed or on is False:
+        return None
+    if on:
+        return "on"
+    return None if allow_unconfirmed else "unconfirmed"
+
+
 def check_replicas(replicas: Iterable[ReplicaRecord], allowed: bool, allow_unconfirmed: bool = False) -> list[int]:
     """After start: refuse a replica that reports prefix caching on (unless ``allowed``), or whose
     setting could not be read back (unless ``allowed`` or ``allow_unconfirmed``).
@@ -35,16 +46,14 @@ def check_replicas(replicas: Iterable[ReplicaRecord], allowed: bool, allow_uncon
     """
     unconfirmed = []
     for r in replicas:
-        on = r.enable_prefix_caching
-        if allowed:
-            continue
-        if on:
+        why = refusal(r.enable_prefix_caching, allowed, allow_unconfirmed)
+        if why == "on":
             raise PrefixCachingError(f"replica {r.index} reports enable_prefix_caching=True; refusing to run "
                                      "(cross-query KV reuse is prohibited in MLPerf runs)")
-        if on is None:
-            if not allow_unconfirmed:
-                raise PrefixCachingError(f"replica {r.index}: prefix caching could not be confirmed off; refusing to "
-                                         "run (pass the option allow_unconfirmed_prefix_caching=true to run anyway, "
-                                         "marked not compliant)")
+        if why == "unconfirmed":
+            raise PrefixCachingError(f"replica {r.index}: prefix caching could not be confirmed off; refusing to "
+                                     "run (pass the option allow_unconfirmed_prefix_caching=true to run anyway, "
+                                     "marked not compliant)")
+        if not allowed and r.enable_prefix_caching is None:
             unconfirmed.append(r.index)
     return unconfirmed
