@@ -97,8 +97,9 @@ def kill_replica(transport, replica: int) -> str:
 
 
 class Killer:
-    """Counts the answers of the plan's replica against ``routed()`` (requests routed to it so far) and fires
-    the kill once, on its own thread (never a transport's); ``arm`` is called just before the kill (the
+    """Fires the kill once, on its own thread (never a transport's): ``plan.at_s`` after ``start`` (a timer), or
+    once the plan's replica has answered its share of ``routed()`` (requests routed to it so far; every answer
+    is counted either way, for the record); ``arm`` is called just before the kill (the
     dispatcher takes losses from then on). ``answered``: the burst's answers, ``at``: the replica's, at the kill."""
 
     def __init__(self, plan: KillPlan, transport, routed, arm=None):
