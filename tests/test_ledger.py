@@ -133,6 +133,22 @@ def test_server_issue_one_query_at_a_time_does_not_redraw_the_bar_per_query(caps
     assert err.count("\r") < 10 and "200/200" in err  # drawn at most once a second (and at the end), not 200 times
 
 
+def test_a_bar_reopened_after_an_idle_moment_counts_from_the_first_query(capsys):
+    """A new user's Server run: the bar closes whenever every issued sample is answered (its last line before
+    LoadGen's summary), and the next query opened a new one whose elapsed time started at 0 ("6/6 [00:03]",
+    then "7/7 [00:01]")."""
+    led = SampleLedger(EOS, progress=True, complete_fn=lambda r: None)
+    (rid, _), = led.issue([QS(id=0, index=0)])
+    led.first_issue_t -= 65  # the first query came 65 s ago
+    led.complete([(rid, np.array([1], np.int32))])
+    assert led.wait_sent(10) and led._bar is None  # idle: closed
+    (rid, _), = led.issue([QS(id=1, index=1)])
+    led.complete([(rid, np.array([1], np.int32))])
+    assert led.wait_sent(10)
+    led.close()
+    assert "2/2 [01:05" in capsys.readouterr().err
+
+
 def test_offline_bar_keeps_its_elapsed_time_moving_and_shows_no_time_left(capsys, monkeypatch):
     """A new user's Offline CPU run: every sample completed near the end, so the bar sat at "0/64 [00:00<?]"
     for a minute, then read "30.48s/sample, 31:29 left" a second before the end. The harness ticks the ledger

@@ -213,6 +213,7 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     (["--zipf-s", "nan"], "zipf_s must be a finite number"),
     (["--policies", "round_robin", "round_robin"], "policies must be distinct"),
     (["--policies", "random"], "unknown policy"),
+    (["--policies", "prefix-affinity"], "unknown policy ['prefix-affinity'] (did you mean prefix_affinity?)"),
     (["--max-model-len", "100000"], "exceeds the model's max_position_embeddings 8192"),
     (["--max-model-len", "300"], "below the longest prompt"),
     (["--model", "/nonexistent"], "no config.json"),

@@ -4,6 +4,8 @@ GPU shapes of docs/locality.md; the same record fields the GPU runs fill. The fa
 the fake transport: ``tests/test_locality_workloads.py``."""
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 
@@ -16,6 +18,45 @@ ENGINES = ["--model", str(TINY_MODEL), "--load-format", "dummy", "--dtype", "flo
            "cpu", "--engines-per-device", "2"]
 SHRUNK = ["--text", "random", "--doc-tokens", "300", "--documents", "4", "--warmups", "1", "--pairs", "1",
           "--systems", "standalone", "--no-progress"]
+
+#: Each preset's own flags after ENGINES and SHRUNK: the commands of docs/locality.md "On a CPU"
+#: (``test_docs_give_these_commands`` holds the page to them).
+CASE_ARGS = {
+    "arrivals": ["--trace-preset", "arrivals", "--policies", "prefix_affinity", "--max-tokens", "4",
+                 "--load-levels", "0.5", "0.95"],
+    "variable-answers": ["--trace-preset", "variable-answers", "--policies", "prefix_affinity", "--max-tokens", "24",
+                         "--min-answer-tokens", "2"],
+    "hot-prefixes": ["--trace-preset", "hot-prefixes", "--policies", "prefix_affinity", "prefix_affinity_never",
+                     "--documents", "6", "--max-tokens", "4", "--block-tokens", "64"],
+    "eviction": ["--trace-preset", "eviction", "--policies", "prefix_affinity", "round_robin", "--kv-blocks", "12",
+                 "--max-tokens", "4", "--block-tokens", "64"],
+    # 2 sequences an engine: requests wait in the engine, so the killed one holds some
+    "replica-loss": ["--trace-preset", "replica-loss", "--policies", "round_robin", "--documents", "6",
+                     "--max-tokens", "16", "--max-num-seqs", "2"],
+}
+
+
+def docs_cpu_commands() -> dict[str, list[str]]:
+    """The ``python -m sut.locality run $CPU ...`` lines of docs/locality.md's CPU block, ``$CPU`` expanded, by
+    preset."""
+    text = (REPO / "docs" / "locality.md").read_text().split("On a CPU, each preset shrunk", 1)[1]
+    block = text.split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    cpu = shlex.split(re.search(r'CPU="([^"]*)"', block).group(1))
+    runs = [shlex.split(line.split("$CPU", 1)[1], comments=True) for line in block.splitlines()
+            if line.startswith("python -m sut.locality run $CPU")]
+    return {args[args.index("--trace-preset") + 1]: cpu + args for args in runs}
+
+
+def test_docs_give_these_commands():
+    """The page's CPU commands parse to exactly what these tests run (the model path and --no-progress aside)."""
+    from sut.locality.__main__ import build_parser
+    docs, parser = docs_cpu_commands(), build_parser()
+    assert sorted(docs) == sorted(CASE_ARGS)
+    for preset, args in CASE_ARGS.items():
+        ours = vars(parser.parse_args(["run", *ENGINES, *SHRUNK, *args]))
+        page = vars(parser.parse_args(["run", *docs[preset], "--no-progress"]))
+        page["model"] = str(REPO / page["model"])
+        assert page == ours, preset
 
 
 def run(tmp_path, *args) -> tuple[dict, str]:
@@ -35,8 +76,7 @@ def run(tmp_path, *args) -> tuple[dict, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_arrivals_on_cpu_engines(tmp_path):
-    rec, out = run(tmp_path, "--trace-preset", "arrivals", "--policies", "prefix_affinity", "--max-tokens", "4",
-                   "--load-levels", "0.5", "0.95")
+    rec, out = run(tmp_path, *CASE_ARGS["arrivals"])
     cap = rec["workload"]["capacity"]["requests_per_s"]
     assert cap > 0 and rec["workload"]["calibration"]["case"]["cleanup"]["processes_left"] == []
     (case,) = rec["cases"]
@@ -53,8 +93,7 @@ def test_arrivals_on_cpu_engines(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_variable_answers_on_cpu_engines(tmp_path):
-    rec, out = run(tmp_path, "--trace-preset", "variable-answers", "--policies", "prefix_affinity", "--max-tokens",
-                   "24", "--min-answer-tokens", "2")
+    rec, out = run(tmp_path, *CASE_ARGS["variable-answers"])
     (case,) = rec["cases"]
     a = rec["trace"]["answer_tokens"]
     assert a["min"] >= 2 and a["max"] <= 24 and a["min"] < a["max"]
@@ -65,8 +104,7 @@ def test_variable_answers_on_cpu_engines(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_hot_prefixes_on_cpu_engines(tmp_path):
-    rec, out = run(tmp_path, "--trace-preset", "hot-prefixes", "--policies", "prefix_affinity",
-                   "prefix_affinity_never", "--documents", "6", "--max-tokens", "4", "--block-tokens", "64")
+    rec, out = run(tmp_path, *CASE_ARGS["hot-prefixes"])
     assert rec["trace_settings"]["zipf_s"] == 1.1 and rec["trace"]["popularity"]["hottest"][0]["share"] > 1 / 6
     by = {c["policy"]: c for c in rec["cases"]}
     assert by["prefix_affinity_never"]["routing"]["releases"] == 0
@@ -80,8 +118,7 @@ def test_hot_prefixes_on_cpu_engines(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_eviction_on_cpu_engines(tmp_path):
-    rec, out = run(tmp_path, "--trace-preset", "eviction", "--policies", "prefix_affinity", "round_robin",
-                   "--kv-blocks", "12", "--max-tokens", "4", "--block-tokens", "64")
+    rec, out = run(tmp_path, *CASE_ARGS["eviction"])
     ws = rec["workload"]["working_set"]
     assert rec["engine_settings"]["num_gpu_blocks_override"] == 12 and ws["probe"]["cleanup"]["processes_left"] == []
     assert ws["replica_kv_tokens"] == min(ws["probe"]["replica_kv_tokens"]) > 0 and 2.5 < ws["ratio"] < 3.5
@@ -95,8 +132,7 @@ def test_eviction_on_cpu_engines(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_replica_loss_on_cpu_engines(tmp_path):
-    rec, out = run(tmp_path, "--trace-preset", "replica-loss", "--policies", "round_robin", "--documents", "6",
-                   "--max-tokens", "16", "--max-num-seqs", "2")  # requests wait in the engine: killed, it holds some
+    rec, out = run(tmp_path, *CASE_ARGS["replica-loss"])
     (case,) = rec["cases"]
     f, t = case["failover"], case["timed"]
     assert f["answered"] + f["rerouted"] + f["failed"] == 24 and f["killed"]["how"].startswith("SIGKILL to pid")

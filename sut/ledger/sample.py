@@ -435,7 +435,9 @@ class SampleLedger:
 
             self._bar = tqdm(total=self.issued, initial=self.completed, unit="sample", desc="completed",
                              dynamic_ncols=True, mininterval=_bar_interval(), bar_format=BAR_FORMAT)
-            self._bar_drawn = time.monotonic()
+            self._bar_drawn = now = time.monotonic()
+            if self.completed:  # a bar closed when the run was idle a moment (Server): its elapsed time goes on
+                self._bar.start_t -= now - self.first_issue_t
         elif self._bar.total != self.issued:
             self._bar.total = self.issued
             now = time.monotonic()

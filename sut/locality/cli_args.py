@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import typing
 
 from sut.core.routing import RELEASE_GATES, ROUTERS, AffinitySettings
@@ -217,7 +218,9 @@ def _protocol(a) -> PairSettings:
     ps = PairSettings(progress=not a.no_progress, **run)
     unknown = [x for x in ps.policies if x not in POLICIES]
     if unknown:
-        raise BadInput(f"error: unknown policy {unknown}; known: {', '.join(POLICIES)}")
+        near = [m for x in unknown for m in difflib.get_close_matches(x.replace("-", "_"), POLICIES, n=1)]
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise BadInput(f"error: unknown policy {unknown}{hint}; known: {', '.join(POLICIES)}")
     return ps
 
 

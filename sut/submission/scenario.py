@@ -325,7 +325,7 @@ def _copy_scenario(ps: PackageSettings, runs: ScenarioRuns) -> Path:
     (root / "measurements.json").write_text(json.dumps(measurements(runs.perf.rec), indent=2) + "\n")
     t06_rec = runs.t06.rec if runs.t06 else None
     (root / "README.md").write_text(readme(ps.system, runs.perf.rec, runs.acc.rec, t06_rec, runs.bench, runs.scenario))
-    log.info("submission layout written: %s", root)
+    log.info("scenario laid out: %s", root.relative_to(ps.out))  # ps.out may be the build folder beside --out
     return root
 
 

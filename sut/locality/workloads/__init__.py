@@ -52,8 +52,9 @@ class WorkloadSettings:
         kv_tokens: eviction: one replica's KV-cache tokens to size against (0 = start the first system's
             replicas once and read what they report).
         kv_blocks: every engine's KV-cache blocks (vLLM ``num_gpu_blocks_override``; 0 = what memory allows).
-        kill_after: replica-loss: kill the replica once it has answered this fraction of the timed
-            requests routed to it, in (0, 1) (0 = off).
+        kill_after: replica-loss: when to kill the replica, a fraction in (0, 1) (0 = off): of the case's
+            last warm-up wall time into the timed burst (``kill_when`` ``time``), or of the timed requests
+            routed to it that it has answered (``answers``).
         kill_when: replica-loss: what fires the kill: ``time`` (``kill_after`` x the case's last warm-up wall
             time after the timed burst starts) or ``answers`` (the replica has answered ``kill_after`` of its
             requests).
@@ -79,8 +80,9 @@ class WorkloadSettings:
                              "system's replicas once and read the KV blocks they report")
     kv_blocks: int = knob(0, "every engine's KV-cache blocks instead of what memory allows (vLLM "
                              "num_gpu_blocks_override): a small cache on a CPU, or the same capacity on any GPU")
-    kill_after: float = knob(0.0, "replica-loss: kill --kill-replica once it has answered this fraction of the "
-                                  "timed requests routed to it, in (0, 1); 0 = off")
+    kill_after: float = knob(0.0, "replica-loss: when to kill --kill-replica, a fraction in (0, 1): of the last "
+                                  "warm-up's wall time into the timed burst (--kill-when time), or of the timed "
+                                  "requests routed to it that it has answered (--kill-when answers); 0 = off")
     kill_when: str = knob("time", "replica-loss: what fires the kill: time (--kill-after x the case's last warm-up "
                                   "wall time after the timed burst starts: mid-work on every system, however it "
                                   "delivers answers) or answers (once the replica has answered --kill-after of the "
