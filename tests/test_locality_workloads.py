@@ -331,6 +331,57 @@ def test_workload_runs_merge_with_their_metric_and_measured_values(monkeypatch, 
     assert "workload.capacity.requests_per_s differs" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def workload_runs(tmp_path_factory):
+    """Two finished runs each of replica-loss (``a``, ``b``) and arrivals (``c``, ``d``) on the fake transport."""
+    tmp = tmp_path_factory.mktemp("workload_runs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SYSTEMS, "standalone", fake())
+        for name, args in (("a", ["--trace-preset", "replica-loss", "--kill-when", "answers"]),
+                           ("b", ["--trace-preset", "replica-loss", "--kill-when", "answers"]),
+                           ("c", ["--trace-preset", "arrivals", "--capacity", "400"]),
+                           ("d", ["--trace-preset", "arrivals", "--capacity", "400"])):
+            assert run(tmp, "--systems", "standalone", "--policies", "round_robin", *args, name=name)[0] == 0
+    return tmp / "out"
+
+
+def _edit_first_case(src, dst, edit):
+    """A copy of run folder ``src`` at ``dst`` whose first case went through ``edit`` (a dict -> None)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    path = dst / "cases.jsonl"
+    lines = path.read_text().splitlines()
+    case = json.loads(lines[0])
+    edit(case)
+    path.write_text("\n".join([json.dumps(case), *lines[1:]]) + "\n")
+
+
+@pytest.mark.parametrize("runs, edit, said", [
+    ("ab", lambda c: c["failover"].update(killed=None), "lacks ['failover.killed']"),
+    ("ab", lambda c: c["failover"].update(recovery_s="soon"), "field failover.recovery_s is 'soon', not null or"),
+    ("ab", lambda c: c["failover"].update(answered=None), "lacks ['failover.answered']"),
+    ("ab", lambda c: c["failover"].update(requests_failed={"1": 5}), "field failover.requests_failed is {'1': 5}"),
+    ("ab", lambda c: c["failover"].update(failed=3), "field failover counts"),
+    ("ab", lambda c: c.pop("failover"), "no failover record, but the run killed a replica"),
+    ("cd", lambda c: c["levels"][0].update(level="half"), "field levels.0.level is 'half', not a fraction"),
+    ("cd", lambda c: c["levels"][1]["timed"].update(tpot_s={"p50": "x"}), "field levels.1.timed.tpot_s is"),
+    ("cd", lambda c: c.update(levels=c["levels"][:1]), "levels [0.5] are not the run's load levels [0.5, 0.8, 0.95]"),
+    ("cd", lambda c: c.update(levels=c["levels"][::-1]), "not distinct ones in increasing order"),
+    ("cd", lambda c: c.pop("levels"), "levels [] are not the run's load levels"),
+])
+def test_a_hand_edited_workload_case_exits_2_naming_the_field_without_a_folder(workload_runs, tmp_path, capsys, runs,
+                                                                               edit, said):
+    """A replica-loss case's failover and an arrivals case's levels are checked like the rest of a case: before,
+    such a case crashed the report's console table after the merged folder was written, or merged silently."""
+    first, second = (workload_runs / f"{n}-SYNTHETIC-LOCALITY-NOT-MLPERF" for n in runs)
+    _edit_first_case(second, tmp_path / "edited", edit)
+    out = tmp_path / "merged"
+    assert main(["report", str(first), str(tmp_path / "edited"), "--output-dir", str(out)]) == 2
+    assert said in capsys.readouterr().err and not out.exists()
+    assert main(["report", str(first), str(second), "--output-dir", str(out)]) == 0  # the runs as written merge
+
+
 @pytest.mark.parametrize("args, message", [
     (["--trace-preset", "arrivals", "--load-levels", "0"], "load_levels must be distinct fractions in (0, 2]"),
     (["--trace-preset", "arrivals", "--load-levels", "0.5", "0.5"], "load_levels must be distinct"),
