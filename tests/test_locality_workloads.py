@@ -387,6 +387,8 @@ def test_a_hand_edited_workload_case_exits_2_naming_the_field_without_a_folder(w
     (["--trace-preset", "arrivals", "--load-levels", "0.5", "0.5"], "load_levels must be distinct"),
     (["--trace-preset", "arrivals", "--capacity-policy", "nope"], "--capacity-policy 'nope': unknown policy"),
     (["--trace-preset", "arrivals", "--rate", "3"], "--rate 3 and --load-levels: the levels set the arrival rates"),
+    (["--trace-preset", "arrivals", "--capacity", "1e-9"], "capacity 1e-09 requests/s x load level 0.5 is below "
+                                                           "0.0001 requests/s"),
     (["--trace-preset", "replica-loss", "--kill-after", "1.5"], "kill_after must be 0 (off) or in (0, 1)"),
     (["--trace-preset", "replica-loss", "--kill-replica", "2"], "--kill-replica 2: the systems have replicas 0..1"),
     (["--trace-preset", "replica-loss", "--warmups", "0"], "--kill-when time fires the kill at --kill-after x the last"),
@@ -403,6 +405,17 @@ def test_bad_workload_input_exits_2_before_anything_starts(systems, tmp_path, ca
 
 
 # ------------------------------------------------------------------------------------------------ units
+def test_a_measured_capacity_too_small_for_a_rate_is_refused_not_sent_as_a_burst():
+    """A level whose rate rounds to 0 would be sent all at once (rate 0 = one burst) while recorded as a level."""
+    from sut.locality.runner import prepare_trace
+    from sut.locality.workloads.arrivals import make_levels
+
+    prepared = prepare_trace(TraceSettings(documents=2, doc_tokens=20, questions=1), 0, extra=1)
+    assert [lv.rate for lv in make_levels(prepared, (0.5, 1.0), 0.0002)] == [0.0001, 0.0002]
+    with pytest.raises(ValueError, match="x load level 0.5 is below 0.0001 requests/s"):
+        make_levels(prepared, (0.5, 1.0), 0.00005)
+
+
 @pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "least_pending", "prefix_affinity"])
 def test_a_replica_marked_down_gets_no_request_and_all_down_is_an_error(policy):
     from sut.core.routing import AffinitySettings, make_router

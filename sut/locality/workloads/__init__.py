@@ -44,7 +44,8 @@ class WorkloadSettings:
     Attributes:
         load_levels: arrivals: Poisson rates as fractions of the burst capacity, each in (0, 2], distinct
             (the levels run in increasing order in every case).
-        capacity: arrivals: the burst capacity, requests/s; 0 = measured first by one calibration case.
+        capacity: arrivals: the burst capacity, requests/s; 0 = measured first by one calibration case. Every
+            level x capacity must be at least 0.0001 requests/s (the rates' resolution; ``arrivals.level_rate``).
         capacity_policy: arrivals: the routing policy of the calibration case.
         ttft_target_s / tpot_target_s: goodput targets, seconds (> 0).
         working_set: eviction: distinct document tokens as a multiple of one replica's KV-cache tokens
@@ -99,6 +100,10 @@ class WorkloadSettings:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0) or (name.endswith("_s") and v <= 0):
                 raise ValueError(f"{name} must be a finite number {'> 0' if name.endswith('_s') else '>= 0'}, got {v}")
+        if self.capacity and self.load_levels:  # a given capacity: every level's rate is known before the run
+            from sut.locality.workloads.arrivals import level_rate
+
+            level_rate(min(self.load_levels), self.capacity)
         if self.working_set and self.working_set < 1:
             raise ValueError(f"working_set must be 0 (off) or >= 1 (a multiple of one replica's KV cache), "
                              f"got {self.working_set}")
