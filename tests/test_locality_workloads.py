@@ -90,6 +90,11 @@ def test_every_preset_is_described_with_its_workload(preset, row, field, capsys)
     assert all(p in text for p in PRESETS)
 
 
+def test_describe_refuses_a_flag_its_workload_would_ignore(capsys):
+    assert main(["describe", *SHAPE, "--kv-tokens", "200"]) == 2
+    assert "--kv-tokens applies to eviction only" in capsys.readouterr().err
+
+
 def test_describe_states_levels_targets_zipf_sizing_and_the_kill(capsys):
     main(["describe", "--trace-preset", "arrivals", *SHAPE, "--json"])
     a = json.loads(capsys.readouterr().out)["workload"]["arrivals"]
@@ -397,6 +402,13 @@ def test_a_hand_edited_workload_case_exits_2_naming_the_field_without_a_folder(w
     (["--policies", "prefix_affinity_sometimes"], "unknown policy"),
     (["--answers", "log_uniform", "--min-answer-tokens", "0"], "min_answer_tokens must be in [1, max_tokens=4]"),
     (["--ttft-target-s", "0"], "ttft_target_s must be a finite number > 0"),
+    (["--kv-tokens", "500"], "--kv-tokens applies to eviction only, which --working-set switches on (here off)"),
+    (["--trace-preset", "arrivals", "--kv-tokens", "500"], "--kv-tokens applies to eviction only"),
+    (["--capacity", "5"], "--capacity applies to arrivals only, which --load-levels switches on"),
+    (["--trace-preset", "hot-prefixes", "--ttft-target-s", "1"], "--ttft-target-s applies to arrivals only"),
+    (["--kill-when", "answers"], "--kill-when applies to replica-loss only, which --kill-after switches on"),
+    (["--trace-preset", "replica-loss", "--kill-after", "0", "--retries", "2"], "--retries applies to replica-loss"),
+    (["--min-answer-tokens", "2"], "--min-answer-tokens applies to --answers log_uniform only"),
 ])
 def test_bad_workload_input_exits_2_before_anything_starts(systems, tmp_path, capsys, args, message):
     rc, _ = run(tmp_path, *args)

@@ -14,9 +14,11 @@ One module per preset, each with its algorithm and knobs in its header:
 * ``replica-loss`` (``replica_loss.py``): one replica killed mid-trace; what happened to every request.
 
 The knobs of all five are ``WorkloadSettings`` fields (flags of ``python -m sut.locality run`` and
-``describe``); each preset sets the ones it needs, and any of them may be given with any trace. A knob at
-its default changes nothing, so the study's presets run as before. Presets (``WORKLOAD_PRESETS``) have the
-parts of the study's (``trace``, ``run``, ``routing``) plus ``workload``; explicit flags override them.
+``describe``); each preset sets the ones it needs, and any of them may be given with any trace, but a knob
+that acts only while its workload is on (``--capacity`` without ``--load-levels``, ...) is refused without it
+(``cli_args._inert``). A knob at its default changes nothing, so the study's presets run as before. Presets
+(``WORKLOAD_PRESETS``) have the parts of the study's (``trace``, ``run``, ``routing``) plus ``workload``;
+explicit flags override them.
 
 Policy variants (``POLICY_VARIANTS``): a name of the locality entry point for a routing policy of
 ``sut.core.routing`` with other router settings: ``prefix_affinity_never`` = ``prefix_affinity`` with the
