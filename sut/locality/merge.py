@@ -16,8 +16,8 @@ too. This module reads those files and builds one record from them:
 * **cases**: every ``cases.jsonl`` line must be a finished case of the shape ``case_schema`` checks
   (``BadInput`` naming run, line and field), with the workload parts its run's header names (an arrivals run's
   load levels in ``levels``, a replica-loss run's ``failover``: ``_workload_problem``); a last line without
-  its newline that is no JSON (the run stopped while appending it) is skipped and noted. A case whose ``timed.cached_share`` exceeds its
-  trace's ``reusable_share_upper_bound`` (in the header's ``trace``) by more than
+  its newline that is no JSON (the run stopped while appending it) is skipped and noted. A case whose
+  ``timed.cached_share`` exceeds its trace's ``reusable_share_upper_bound`` (in the header's ``trace``) by more than
   :data:`CACHED_SHARE_SLACK` is refused: no cache can skip more than the shared prefixes. A folder given
   twice, or a copy of another run, is refused naming both runs: a case of one folder counts as a copy of
   a case of another (the same system and policy) when it is the same record, when it has the same
