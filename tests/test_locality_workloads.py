@@ -22,7 +22,7 @@ from sut.core.transport import register_transport
 from sut.locality.__main__ import main
 from sut.locality.systems import SYSTEMS, SystemSpec
 from sut.locality.trace import TraceSettings, make_trace, trace_hash
-from sut.locality.workloads import WORKLOAD_PRESETS
+from sut.locality.workloads import WORKLOAD_PRESETS, WorkloadSettings
 
 PRESETS = ("arrivals", "variable-answers", "hot-prefixes", "eviction", "replica-loss")
 SHAPE = ["--text", "random", "--documents", "6", "--doc-tokens", "100"]
@@ -417,6 +417,12 @@ def test_bad_workload_input_exits_2_before_anything_starts(systems, tmp_path, ca
 
 
 # ------------------------------------------------------------------------------------------------ units
+def test_load_levels_given_in_any_order_are_recorded_in_the_order_they_run():
+    """Runs of ``--load-levels 0.8 0.5`` and ``0.5 0.8`` are the same experiment: their headers must merge."""
+    assert WorkloadSettings(load_levels=(0.8, 0.5)) == WorkloadSettings(load_levels=(0.5, 0.8))
+    assert WorkloadSettings(load_levels=[0.95, 0.5]).load_levels == (0.5, 0.95)
+
+
 def test_a_measured_capacity_too_small_for_a_rate_is_refused_not_sent_as_a_burst():
     """A level whose rate rounds to 0 would be sent all at once (rate 0 = one burst) while recorded as a level."""
     from sut.locality.runner import prepare_trace

@@ -45,7 +45,7 @@ class WorkloadSettings:
 
     Attributes:
         load_levels: arrivals: Poisson rates as fractions of the burst capacity, each in (0, 2], distinct
-            (the levels run in increasing order in every case).
+            (kept in increasing order: the order they run in every case, whatever order they were given in).
         capacity: arrivals: the burst capacity, requests/s; 0 = measured first by one calibration case. Every
             level x capacity must be at least 0.0001 requests/s (the rates' resolution; ``arrivals.level_rate``).
         capacity_policy: arrivals: the routing policy of the calibration case.
@@ -94,7 +94,7 @@ class WorkloadSettings:
                                        "requests still outstanding")
 
     def __post_init__(self):
-        levels = tuple(float(x) for x in self.load_levels)
+        levels = tuple(sorted(float(x) for x in self.load_levels))  # the order they run in, also in the record
         object.__setattr__(self, "load_levels", levels)
         if any(not (math.isfinite(x) and 0 < x <= 2) for x in levels) or len(set(levels)) != len(levels):
             raise ValueError(f"load_levels must be distinct fractions in (0, 2], got {list(levels)}")
