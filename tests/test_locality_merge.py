@@ -286,6 +286,17 @@ def test_a_failure_while_writing_leaves_no_folder(tmp_path, monkeypatch):
     assert rc == 1 and rec is None and list((tmp_path / "out").iterdir()) == []
 
 
+def test_a_console_table_that_cannot_be_made_leaves_no_folder(tmp_path, monkeypatch):
+    """The table is rendered before the folder counts as written: a record it cannot show leaves nothing."""
+    def boom(record):
+        raise TypeError("unsupported format string passed to NoneType.__format__")
+
+    monkeypatch.setattr("sut.locality.__main__.study_tables", boom)
+    with pytest.raises(TypeError):
+        report(tmp_path, make_run(tmp_path, "a", GOOD, header()))
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_a_merged_report_given_as_a_run_is_named_as_such(tmp_path, capsys):
     a = make_run(tmp_path, "a", [case(0, "standalone", 10.0), case(0, "flame", 9.9)], header())
     assert report(tmp_path, a, name="first")[0] == 0

@@ -22,7 +22,7 @@ from sut.core.transport import register_transport
 from sut.locality.__main__ import main
 from sut.locality.systems import SYSTEMS, SystemSpec
 from sut.locality.trace import TraceSettings, make_trace, trace_hash
-from sut.locality.workloads import WORKLOAD_PRESETS
+from sut.locality.workloads import WORKLOAD_PRESETS, WorkloadSettings
 
 PRESETS = ("arrivals", "variable-answers", "hot-prefixes", "eviction", "replica-loss")
 SHAPE = ["--text", "random", "--documents", "6", "--doc-tokens", "100"]
@@ -88,6 +88,11 @@ def test_every_preset_is_described_with_its_workload(preset, row, field, capsys)
         main(["run", "--help"])
     text = re.sub(r"-\s+", "-", capsys.readouterr().out)  # argparse wraps lines after a hyphen
     assert all(p in text for p in PRESETS)
+
+
+def test_describe_refuses_a_flag_its_workload_would_ignore(capsys):
+    assert main(["describe", *SHAPE, "--kv-tokens", "200"]) == 2
+    assert "--kv-tokens applies to eviction only" in capsys.readouterr().err
 
 
 def test_describe_states_levels_targets_zipf_sizing_and_the_kill(capsys):
@@ -331,11 +336,64 @@ def test_workload_runs_merge_with_their_metric_and_measured_values(monkeypatch, 
     assert "workload.capacity.requests_per_s differs" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def workload_runs(tmp_path_factory):
+    """Two finished runs each of replica-loss (``a``, ``b``) and arrivals (``c``, ``d``) on the fake transport."""
+    tmp = tmp_path_factory.mktemp("workload_runs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(SYSTEMS, "standalone", fake())
+        for name, args in (("a", ["--trace-preset", "replica-loss", "--kill-when", "answers"]),
+                           ("b", ["--trace-preset", "replica-loss", "--kill-when", "answers"]),
+                           ("c", ["--trace-preset", "arrivals", "--capacity", "400"]),
+                           ("d", ["--trace-preset", "arrivals", "--capacity", "400"])):
+            assert run(tmp, "--systems", "standalone", "--policies", "round_robin", *args, name=name)[0] == 0
+    return tmp / "out"
+
+
+def _edit_first_case(src, dst, edit):
+    """A copy of run folder ``src`` at ``dst`` whose first case went through ``edit`` (a dict -> None)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    path = dst / "cases.jsonl"
+    lines = path.read_text().splitlines()
+    case = json.loads(lines[0])
+    edit(case)
+    path.write_text("\n".join([json.dumps(case), *lines[1:]]) + "\n")
+
+
+@pytest.mark.parametrize("runs, edit, said", [
+    ("ab", lambda c: c["failover"].update(killed=None), "lacks ['failover.killed']"),
+    ("ab", lambda c: c["failover"].update(recovery_s="soon"), "field failover.recovery_s is 'soon', not null or"),
+    ("ab", lambda c: c["failover"].update(answered=None), "lacks ['failover.answered']"),
+    ("ab", lambda c: c["failover"].update(requests_failed={"1": 5}), "field failover.requests_failed is {'1': 5}"),
+    ("ab", lambda c: c["failover"].update(failed=3), "field failover counts"),
+    ("ab", lambda c: c.pop("failover"), "no failover record, but the run killed a replica"),
+    ("cd", lambda c: c["levels"][0].update(level="half"), "field levels.0.level is 'half', not a fraction"),
+    ("cd", lambda c: c["levels"][1]["timed"].update(tpot_s={"p50": "x"}), "field levels.1.timed.tpot_s is"),
+    ("cd", lambda c: c.update(levels=c["levels"][:1]), "levels [0.5] are not the run's load levels [0.5, 0.8, 0.95]"),
+    ("cd", lambda c: c.update(levels=c["levels"][::-1]), "not distinct ones in increasing order"),
+    ("cd", lambda c: c.pop("levels"), "levels [] are not the run's load levels"),
+])
+def test_a_hand_edited_workload_case_exits_2_naming_the_field_without_a_folder(workload_runs, tmp_path, capsys, runs,
+                                                                               edit, said):
+    """A replica-loss case's failover and an arrivals case's levels are checked like the rest of a case: before,
+    such a case crashed the report's console table after the merged folder was written, or merged silently."""
+    first, second = (workload_runs / f"{n}-SYNTHETIC-LOCALITY-NOT-MLPERF" for n in runs)
+    _edit_first_case(second, tmp_path / "edited", edit)
+    out = tmp_path / "merged"
+    assert main(["report", str(first), str(tmp_path / "edited"), "--output-dir", str(out)]) == 2
+    assert said in capsys.readouterr().err and not out.exists()
+    assert main(["report", str(first), str(second), "--output-dir", str(out)]) == 0  # the runs as written merge
+
+
 @pytest.mark.parametrize("args, message", [
     (["--trace-preset", "arrivals", "--load-levels", "0"], "load_levels must be distinct fractions in (0, 2]"),
     (["--trace-preset", "arrivals", "--load-levels", "0.5", "0.5"], "load_levels must be distinct"),
     (["--trace-preset", "arrivals", "--capacity-policy", "nope"], "--capacity-policy 'nope': unknown policy"),
     (["--trace-preset", "arrivals", "--rate", "3"], "--rate 3 and --load-levels: the levels set the arrival rates"),
+    (["--trace-preset", "arrivals", "--capacity", "1e-9"], "capacity 1e-09 requests/s x load level 0.5 is below "
+                                                           "0.0001 requests/s"),
     (["--trace-preset", "replica-loss", "--kill-after", "1.5"], "kill_after must be 0 (off) or in (0, 1)"),
     (["--trace-preset", "replica-loss", "--kill-replica", "2"], "--kill-replica 2: the systems have replicas 0..1"),
     (["--trace-preset", "replica-loss", "--warmups", "0"], "--kill-when time fires the kill at --kill-after x the last"),
@@ -344,6 +402,13 @@ def test_workload_runs_merge_with_their_metric_and_measured_values(monkeypatch, 
     (["--policies", "prefix_affinity_sometimes"], "unknown policy"),
     (["--answers", "log_uniform", "--min-answer-tokens", "0"], "min_answer_tokens must be in [1, max_tokens=4]"),
     (["--ttft-target-s", "0"], "ttft_target_s must be a finite number > 0"),
+    (["--kv-tokens", "500"], "--kv-tokens applies to eviction only, which --working-set switches on (here off)"),
+    (["--trace-preset", "arrivals", "--kv-tokens", "500"], "--kv-tokens applies to eviction only"),
+    (["--capacity", "5"], "--capacity applies to arrivals only, which --load-levels switches on"),
+    (["--trace-preset", "hot-prefixes", "--ttft-target-s", "1"], "--ttft-target-s applies to arrivals only"),
+    (["--kill-when", "answers"], "--kill-when applies to replica-loss only, which --kill-after switches on"),
+    (["--trace-preset", "replica-loss", "--kill-after", "0", "--retries", "2"], "--retries applies to replica-loss"),
+    (["--min-answer-tokens", "2"], "--min-answer-tokens applies to --answers log_uniform only"),
 ])
 def test_bad_workload_input_exits_2_before_anything_starts(systems, tmp_path, capsys, args, message):
     rc, _ = run(tmp_path, *args)
@@ -352,6 +417,23 @@ def test_bad_workload_input_exits_2_before_anything_starts(systems, tmp_path, ca
 
 
 # ------------------------------------------------------------------------------------------------ units
+def test_load_levels_given_in_any_order_are_recorded_in_the_order_they_run():
+    """Runs of ``--load-levels 0.8 0.5`` and ``0.5 0.8`` are the same experiment: their headers must merge."""
+    assert WorkloadSettings(load_levels=(0.8, 0.5)) == WorkloadSettings(load_levels=(0.5, 0.8))
+    assert WorkloadSettings(load_levels=[0.95, 0.5]).load_levels == (0.5, 0.95)
+
+
+def test_a_measured_capacity_too_small_for_a_rate_is_refused_not_sent_as_a_burst():
+    """A level whose rate rounds to 0 would be sent all at once (rate 0 = one burst) while recorded as a level."""
+    from sut.locality.runner import prepare_trace
+    from sut.locality.workloads.arrivals import make_levels
+
+    prepared = prepare_trace(TraceSettings(documents=2, doc_tokens=20, questions=1), 0, extra=1)
+    assert [lv.rate for lv in make_levels(prepared, (0.5, 1.0), 0.0002)] == [0.0001, 0.0002]
+    with pytest.raises(ValueError, match="x load level 0.5 is below 0.0001 requests/s"):
+        make_levels(prepared, (0.5, 1.0), 0.00005)
+
+
 @pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "least_pending", "prefix_affinity"])
 def test_a_replica_marked_down_gets_no_request_and_all_down_is_an_error(policy):
     from sut.core.routing import AffinitySettings, make_router

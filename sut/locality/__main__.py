@@ -239,18 +239,19 @@ def _remove_made_empty(base: Path, made_from) -> None:
 
 def cmd_report(a) -> int:
     """Merge the runs' finished cases into a new run folder; print its report (``sut.locality.merge``).
-    Every check and the report come first (bad input: exit 2, no folder); a failure while writing
-    removes the half-written folder (a file that cannot be written: ``RunFailed``, exit 1)."""
+    Every check and the report come first (bad input: exit 2, no folder); a failure while writing or
+    rendering the console table removes the half-written folder (a file that cannot be written: ``RunFailed``,
+    exit 1)."""
     merged = build(a.runs, command_line())
     d = _run_dir(a, [])
     try:
-        record = write_merged(merged, d)
+        tables = study_tables(write_merged(merged, d))
     except BaseException as e:
         shutil.rmtree(d, ignore_errors=True)
         if isinstance(e, OSError):
             raise RunFailed(f"cannot write the merged report into {d}: {e}") from e
         raise
-    print(study_tables(record))
+    print(tables)
     return 0
 
 

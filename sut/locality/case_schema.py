@@ -3,8 +3,10 @@
 ``sut.locality.merge`` checks every record before it merges anything, so that a malformed file is
 refused (exit 2, naming run, line and field) instead of failing while the report or the merged run
 folder is written. The fields checked are the ones the merged record, the pair report
-(``study.pair_report``), the KV-cache summary and the console table (``report.case_rows``) read;
-their writer is ``pairs.run_case`` (cases) and ``runner.run_header`` (headers).
+(``study.pair_report``), the KV-cache summary and the console table (``report.case_rows``) read, and
+the workloads' own parts of a case that their report sections read: ``failover`` (replica-loss,
+``workloads.replica_loss.report_lines``) and each of ``levels`` (arrivals, ``workloads.arrivals``); their
+writer is ``pairs.run_case`` (cases) and ``runner.run_header`` (headers).
 """
 
 from __future__ import annotations
@@ -78,6 +80,34 @@ CASE_CHECKS = (
     Check("cleanup.processes_left", False, lambda v: v is None or isinstance(v, list), "null or a list"),
 )
 
+#: A replica-loss case's ``failover`` (``burst.failover_record``): what its report section reads.
+FAILOVER_CHECKS = (
+    Check("killed", True, lambda v: isinstance(v, dict), "an object"),
+    Check("killed.at_s", False, lambda v: v is None or _number(v), "null or a number"),
+    *(Check(k, True, lambda v: _int(v) and v >= 0, "an integer >= 0")
+      for k in ("answered", "rerouted", "failed", "requests")),
+    *(Check(k, False, lambda v: v is None or _number(v), "null or a number")
+      for k in ("detected_after_s", "recovery_s", "drained_s")),
+    Check("detected_how", False, lambda v: v is None or isinstance(v, str), "null or a string"),
+    Check("requests_failed", False, lambda v: v is None or (isinstance(v, dict) and all(
+        isinstance(x, str) for x in v.values())), "null or an object of reasons (strings)"),
+)
+
+#: One load level of an arrivals case (``pairs._timed_levels``): what the pair report and its section read.
+LEVEL_CHECKS = (
+    Check("level", True, lambda v: _number(v) and 0 < v <= 2, "a fraction in (0, 2]"),
+    Check("rate", True, lambda v: _number(v) and v >= 0, "a number >= 0 (requests/s)"),
+    Check("timed", True, lambda v: isinstance(v, dict), "an object"),
+    *(c for c in CASE_CHECKS if c.path.startswith("timed.")),
+    Check("timed.goodput_per_s", True, lambda v: _number(v) and v >= 0, "a number >= 0"),
+    Check("timed.goodput_share", False, lambda v: v is None or (_number(v) and 0 <= v <= 1), "null or in [0, 1]"),
+    *(Check(f"timed.{k}", False, _latency, "null or an object of numbers") for k in ("client_ttft_s", "tpot_s")),
+    Check("validation", True, lambda v: isinstance(v, dict), "an object"),
+    Check("validation.failures", True, lambda v: v == 0, "0 (a finished level passed the validation of every "
+                                                         "request)"),
+    Check("validation.requests_checked", True, _int, "an integer"),
+)
+
 HEADER_CHECKS = (
     Check("systems", False, lambda v: v is None or (isinstance(v, dict) and all(
         isinstance(s, dict) and _obj_or_null(s.get("options")) for s in v.values())),
@@ -96,25 +126,30 @@ def _at(record: dict, dotted: str):
     return value
 
 
-def problem(record, checks=CASE_CHECKS) -> Optional[str]:
+def problem(record, checks=CASE_CHECKS, prefix: str = "") -> Optional[str]:
     """What is wrong with ``record`` (a decoded JSON value) against ``checks``, as a phrase that
     follows "line N" or "run_header.json" (e.g. ``"field timed.requests_per_s is 0.0, not a number > 0"``);
     None when nothing is. Checks stop at the first problem (an absent ``timed`` is not reported again
-    for each metric)."""
+    for each metric). ``prefix``: where ``record`` sits in its case (``failover.``), for the field names."""
     if not isinstance(record, dict):
-        return f"is {type(record).__name__} {_short(record)}, not a JSON object"
+        where = f"field {prefix.rstrip('.')} " if prefix else ""
+        return f"{where}is {type(record).__name__} {_short(record)}, not a JSON object"
     if checks is CASE_CHECKS and "error" in record:
         return f"is a failed case ({record['error']})"
-    lack = [c.path for c in checks if c.required and "." not in c.path and record.get(c.path) is None]
+    lack = [prefix + c.path for c in checks if c.required and "." not in c.path and record.get(c.path) is None]
     if lack:
         return f"lacks {lack}"
     for c in checks:
         v = _at(record, c.path)
         if v is _MISSING and c.required:
-            return f"lacks field {c.path}"
+            return f"lacks field {prefix}{c.path}"
         if not c.ok(None if v is _MISSING else v):
-            return f"field {c.path} is {_short(v)}, not {c.what}"
-    return _counts_problem(record) if checks is CASE_CHECKS else None
+            return f"field {prefix}{c.path} is {_short(v)}, not {c.what}"
+    if checks is CASE_CHECKS:
+        return _counts_problem(record) or _failover_problem(record) or _levels_problem(record)
+    if checks is LEVEL_CHECKS:
+        return _level_counts_problem(record, prefix)
+    return None
 
 
 def _counts_problem(record: dict) -> Optional[str]:
@@ -138,6 +173,51 @@ def _counts_problem(record: dict) -> Optional[str]:
     if per and sum(x["requests"] for x in per) != served:
         return (f"field timed.per_replica counts {sum(x['requests'] for x in per)} requests, but timed.{what} is "
                 f"{served}")
+    return None
+
+
+def _failover_problem(record: dict) -> Optional[str]:
+    """A replica-loss case's ``failover`` (when present): its shape, and outcomes that add up to the trace and
+    agree with ``timed.answered`` / ``timed.failed`` (every request answered, re-routed or failed, once)."""
+    f = record.get("failover")
+    if f is None:
+        return None
+    why = problem(f, FAILOVER_CHECKS, "failover.")
+    if why:
+        return why
+    t = record["timed"]
+    if f["answered"] + f["rerouted"] + f["failed"] != t["requests"] or f["requests"] != t["requests"]:
+        return (f"field failover counts {f['answered']} answered + {f['rerouted']} rerouted + {f['failed']} failed "
+                f"of {f['requests']} requests, but timed.requests is {t['requests']}")
+    if "answered" in t and (f["answered"] + f["rerouted"], f["failed"]) != (t["answered"], t.get("failed")):
+        return (f"field failover counts {f['answered'] + f['rerouted']} answered (re-routed included) and "
+                f"{f['failed']} failed, but timed.answered is {t['answered']} and timed.failed {t.get('failed')}")
+    return None
+
+
+def _levels_problem(record: dict) -> Optional[str]:
+    """An arrivals case's ``levels`` (when present): a non-empty list of levels in increasing order, each of
+    ``LEVEL_CHECKS`` and with as many requests as the case's timed burst."""
+    levels = record.get("levels")
+    if levels is None:
+        return None
+    if not isinstance(levels, list) or not levels:
+        return f"field levels is {_short(levels)}, not a non-empty list of load levels"
+    for i, lv in enumerate(levels):
+        why = problem(lv, LEVEL_CHECKS, f"levels.{i}.")
+        if why:
+            return why
+    steps = [lv["level"] for lv in levels]
+    if steps != sorted(set(steps)):
+        return f"field levels has the levels {steps}, not distinct ones in increasing order"
+    return None
+
+
+def _level_counts_problem(level: dict, prefix: str) -> Optional[str]:
+    """One level's counts: the requests validated are its requests."""
+    checked, n = level["validation"]["requests_checked"], level["timed"]["requests"]
+    if checked != n:
+        return f"field {prefix}validation.requests_checked is {checked}, but {prefix}timed.requests is {n}"
     return None
 
 

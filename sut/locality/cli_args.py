@@ -189,9 +189,37 @@ def _preset_overrides(a) -> list[str]:
             for part in preset.values() for k, v in part.items() if k in given and given[k] != v]
 
 
+#: Knobs that act only while another one is on: knob -> (the knob that switches it on, its workload).
+_NEEDS = {**dict.fromkeys(("capacity", "capacity_policy", "ttft_target_s", "tpot_target_s"),
+                          ("load_levels", "arrivals")),
+          "kv_tokens": ("working_set", "eviction"),
+          **dict.fromkeys(("kill_when", "kill_replica", "retries", "loss_timeout_s"), ("kill_after", "replica-loss"))}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _workload(a) -> WorkloadSettings:
-    """The preset's ``workload`` knobs, overridden by the flags given (``ValueError`` for a bad value)."""
-    return WorkloadSettings(**{**TRACE_PRESETS.get(a.trace_preset, {}).get("workload", {}), **_pick(a, _WORKLOAD)})
+    """The preset's ``workload`` knobs, overridden by the flags given (``ValueError`` for a bad value, or for a
+    flag that would change nothing: ``_inert``)."""
+    ws = WorkloadSettings(**{**TRACE_PRESETS.get(a.trace_preset, {}).get("workload", {}), **_pick(a, _WORKLOAD)})
+    _inert({**_pick(a, _WORKLOAD), **_pick(a, _TRACE)}, ws, _trace_settings(a))
+    return ws
+
+
+def _inert(given: dict, ws: WorkloadSettings, ts: TraceSettings) -> None:
+    """``ValueError`` naming a flag given on the command line that its workload ignores because the knob that
+    switches that workload on is off (``_NEEDS``; ``--min-answer-tokens`` without ``--answers log_uniform``):
+    the run would record it and measure without it."""
+    for name in given:
+        on, workload = _NEEDS.get(name, (None, None))
+        if on and not getattr(ws, on):
+            raise ValueError(f"{_flag(name)} applies to {workload} only, which {_flag(on)} switches on (here off): "
+                             f"give {_flag(on)} or a --trace-preset {workload}, or leave {_flag(name)} out")
+    if "min_answer_tokens" in given and ts.answers == "fixed":
+        raise ValueError("--min-answer-tokens applies to --answers log_uniform only (here fixed: every answer is "
+                         "--max-tokens long); give --answers log_uniform or leave --min-answer-tokens out")
 
 
 def _engine(a, ts: TraceSettings, ws: WorkloadSettings = WorkloadSettings()) -> EngineSettings:

@@ -14,9 +14,10 @@ too. This module reads those files and builds one record from them:
   header (cut off by a version that wrote none) can only be reported alone: its settings are unknown
   and the record says so;
 * **cases**: every ``cases.jsonl`` line must be a finished case of the shape ``case_schema`` checks
-  (``BadInput`` naming run, line and field); a last line without its newline that is no JSON (the run
-  stopped while appending it) is skipped and noted. A case whose ``timed.cached_share`` exceeds its
-  trace's ``reusable_share_upper_bound`` (in the header's ``trace``) by more than
+  (``BadInput`` naming run, line and field), with the workload parts its run's header names (an arrivals run's
+  load levels in ``levels``, a replica-loss run's ``failover``: ``_workload_problem``); a last line without
+  its newline that is no JSON (the run stopped while appending it) is skipped and noted. A case whose
+  ``timed.cached_share`` exceeds its trace's ``reusable_share_upper_bound`` (in the header's ``trace``) by more than
   :data:`CACHED_SHARE_SLACK` is refused: no cache can skip more than the shared prefixes. A folder given
   twice, or a copy of another run, is refused naming both runs: a case of one folder counts as a copy of
   a case of another (the same system and policy) when it is the same record, when it has the same
@@ -220,6 +221,25 @@ def _check_cases_against_header(run: Path, header: dict, cases: Sequence[dict]) 
         if _is_number(bound) and share is not None and share > bound + CACHED_SHARE_SLACK:
             raise BadInput(f"{where}: timed.cached_share {share} is above its trace's reusable_share_upper_bound "
                            f"{bound} (no prefix cache skips more than the shared prefixes)")
+        why = _workload_problem(header, c)
+        if why:
+            raise BadInput(f"{where}: {why}")
+
+
+def _workload_problem(header: dict, case: dict) -> Optional[str]:
+    """What a case lacks of its run's workloads (``header["workload"]``): an arrivals run's case has the run's
+    load levels (``levels``), a replica-loss run's case its ``failover``; a case of neither has neither."""
+    w = header.get("workload") if isinstance(header.get("workload"), dict) else {}
+    levels = [x.get("level") for x in w.get("levels") or [] if isinstance(x, dict)]
+    have = [x["level"] for x in case.get("levels") or []]
+    if have != levels:
+        return f"levels {have} are not the run's load levels {levels} (workload.levels)"
+    kill = (w.get("settings") or {}).get("kill_after") if isinstance(w.get("settings"), dict) else None
+    killed = _is_number(kill) and kill > 0
+    if killed != (case.get("failover") is not None):
+        return ("no failover record, but the run killed a replica (workload.settings.kill_after)" if killed else
+                "a failover record, but the run killed no replica (workload.settings.kill_after)")
+    return None
 
 
 def _is_number(v) -> bool:

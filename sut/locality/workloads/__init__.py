@@ -14,9 +14,11 @@ One module per preset, each with its algorithm and knobs in its header:
 * ``replica-loss`` (``replica_loss.py``): one replica killed mid-trace; what happened to every request.
 
 The knobs of all five are ``WorkloadSettings`` fields (flags of ``python -m sut.locality run`` and
-``describe``); each preset sets the ones it needs, and any of them may be given with any trace. A knob at
-its default changes nothing, so the study's presets run as before. Presets (``WORKLOAD_PRESETS``) have the
-parts of the study's (``trace``, ``run``, ``routing``) plus ``workload``; explicit flags override them.
+``describe``); each preset sets the ones it needs, and any of them may be given with any trace, but a knob
+that acts only while its workload is on (``--capacity`` without ``--load-levels``, ...) is refused without it
+(``cli_args._inert``). A knob at its default changes nothing, so the study's presets run as before. Presets
+(``WORKLOAD_PRESETS``) have the parts of the study's (``trace``, ``run``, ``routing``) plus ``workload``;
+explicit flags override them.
 
 Policy variants (``POLICY_VARIANTS``): a name of the locality entry point for a routing policy of
 ``sut.core.routing`` with other router settings: ``prefix_affinity_never`` = ``prefix_affinity`` with the
@@ -43,8 +45,9 @@ class WorkloadSettings:
 
     Attributes:
         load_levels: arrivals: Poisson rates as fractions of the burst capacity, each in (0, 2], distinct
-            (the levels run in increasing order in every case).
-        capacity: arrivals: the burst capacity, requests/s; 0 = measured first by one calibration case.
+            (kept in increasing order: the order they run in every case, whatever order they were given in).
+        capacity: arrivals: the burst capacity, requests/s; 0 = measured first by one calibration case. Every
+            level x capacity must be at least 0.0001 requests/s (the rates' resolution; ``arrivals.level_rate``).
         capacity_policy: arrivals: the routing policy of the calibration case.
         ttft_target_s / tpot_target_s: goodput targets, seconds (> 0).
         working_set: eviction: distinct document tokens as a multiple of one replica's KV-cache tokens
@@ -93,7 +96,7 @@ class WorkloadSettings:
                                        "requests still outstanding")
 
     def __post_init__(self):
-        levels = tuple(float(x) for x in self.load_levels)
+        levels = tuple(sorted(float(x) for x in self.load_levels))  # the order they run in, also in the record
         object.__setattr__(self, "load_levels", levels)
         if any(not (math.isfinite(x) and 0 < x <= 2) for x in levels) or len(set(levels)) != len(levels):
             raise ValueError(f"load_levels must be distinct fractions in (0, 2], got {list(levels)}")
@@ -101,6 +104,10 @@ class WorkloadSettings:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0) or (name.endswith("_s") and v <= 0):
                 raise ValueError(f"{name} must be a finite number {'> 0' if name.endswith('_s') else '>= 0'}, got {v}")
+        if self.capacity and self.load_levels:  # a given capacity: every level's rate is known before the run
+            from sut.locality.workloads.arrivals import level_rate
+
+            level_rate(min(self.load_levels), self.capacity)
         if self.working_set and self.working_set < 1:
             raise ValueError(f"working_set must be 0 (off) or >= 1 (a multiple of one replica's KV cache), "
                              f"got {self.working_set}")

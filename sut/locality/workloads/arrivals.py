@@ -63,13 +63,23 @@ class Level:
         return f"{self.level:.0%}"
 
 
+def level_rate(level: float, capacity: float) -> float:
+    """Level ``level``'s arrival rate at ``capacity`` requests/s, as recorded (4 decimals). ``ValueError`` when it
+    rounds to 0: a rate of 0 sends every request at once (``burst``), which is no Poisson level."""
+    rate = round(level * capacity, 4)
+    if not rate > 0:
+        raise ValueError(f"capacity {capacity:g} requests/s x load level {level:g} is below 0.0001 requests/s, the "
+                         "resolution of the levels' rates (a rate of 0 would send the level as one burst)")
+    return rate
+
+
 def make_levels(prepared, levels: Sequence[float], capacity: float) -> list[Level]:
     """The levels of step 2 from the prepared trace (its ``extra`` shifted copies: one per level after the
-    first) and the capacity (requests/s > 0; ``ValueError`` otherwise)."""
+    first) and the capacity (requests/s > 0, every level's rate > 0: ``level_rate``; ``ValueError`` otherwise)."""
     if not capacity > 0:
         raise ValueError(f"arrivals need a burst capacity > 0 requests/s, got {capacity}")
     copies = [(None, prepared.trace, prepared.input_hashes)] + list(prepared.extra)
-    return [Level(lv, round(lv * capacity, 4), tr, hs, sh, i * LEVEL_ID_STRIDE)
+    return [Level(lv, level_rate(lv, capacity), tr, hs, sh, i * LEVEL_ID_STRIDE)
             for i, (lv, (sh, tr, hs)) in enumerate(zip(sorted(levels), copies))]
 
 
