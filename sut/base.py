@@ -61,12 +61,10 @@ class SystemUnderTest(abc.ABC):
 
     def __init__(self, ctx: SUTContext):
         self.ctx = ctx
-        if ctx.scenario in STREAMING_SCENARIOS:
-            self.ledger = StreamingLedger(ctx.generation.eos_token_ids, progress=ctx.progress,
-                                          first_id=ctx.first_request_id)
-        else:
-            self.ledger = SampleLedger(ctx.generation.eos_token_ids, progress=ctx.progress,
-                                       first_id=ctx.first_request_id)
+        # answers are cut after their first EOS, unless the run ignores EOS (every generated id counts)
+        eos = () if ctx.generation.ignore_eos else ctx.generation.eos_token_ids
+        ledger = StreamingLedger if ctx.scenario in STREAMING_SCENARIOS else SampleLedger
+        self.ledger = ledger(eos, progress=ctx.progress, first_id=ctx.first_request_id)
 
     @abc.abstractmethod
     def start(self) -> dict:

@@ -43,7 +43,9 @@ mode does, with ``max_num_seqs`` 64); ``--max-new-tokens`` (the server's own low
 ``[DONE]``); ``--error-after N`` (the error above after N generated ids: streamed, after the chunks of the
 first N ids, or of all when N is at least the answer's length; non-streamed, when the answer has more); ``--truncate N`` (a broken server or proxy: ``stop`` after N
 ids, no EOS, ``usage.completion_tokens`` still the full length); ``--bad-id ID`` (the id at position 1
-of every answer is ID, e.g. one outside the vocabulary); ``--echo-auth`` (every error reply's message carries the
+of every answer is ID, e.g. one outside the vocabulary); ``--no-stop`` (a server that ignores the EOS and stop ids
+it was given: answers run to ``max_tokens`` with the ``--eos-at`` EOS inside); ``--eos-anyway`` (the ``--eos-at`` EOS
+comes before ``min_tokens`` too: a server that does not mask stop ids); ``--echo-auth`` (every error reply's message carries the
 request's ``Authorization`` header, as a proxy's error page that echoes the request); ``--redirect-to URL`` (every
 GET but ``/_stats`` and ``/health`` answers 307 to URL + its path: a server that sends clients, and their headers,
 elsewhere).
@@ -86,6 +88,8 @@ def parse(argv):
     p.add_argument("--error-after", type=int, default=None)
     p.add_argument("--truncate", type=int, default=None)
     p.add_argument("--bad-id", type=int, default=None)
+    p.add_argument("--no-stop", action="store_true", help="never stop at an EOS or stop id")
+    p.add_argument("--eos-anyway", action="store_true", help="the --eos-at EOS comes before min_tokens too")
     p.add_argument("--api-key", default=None)
     p.add_argument("--redirect-to", default=None,
                    help="answer every GET but /_stats and /health with 307 to this URL + the path")
@@ -180,12 +184,12 @@ class Fake:
         ids = []
         for k in range(most):
             tok = (prompt[0] + k) % 1000 + 10
-            if a.eos_at >= 0 and sum(prompt) % 2 == 0 and k == a.eos_at and k >= least:  # min_tokens masks stop ids
+            if a.eos_at >= 0 and sum(prompt) % 2 == 0 and k == a.eos_at and (k >= least or a.eos_anyway):  # min_tokens masks stop ids
                 tok = a.eos_id
             if k == 1 and a.bad_id is not None:
                 tok = a.bad_id
             ids.append(tok)
-            if k >= least and (tok == eos or tok in stops):  # vLLM: its EOS first (stop_reason None), then a stop id
+            if k >= least and not a.no_stop and (tok == eos or tok in stops):  # vLLM: its EOS first (stop_reason None), then a stop id
                 return ids, "stop", (None if tok == eos else tok)
             if a.truncate is not None and len(ids) >= a.truncate:
                 return ids, "stop", None

@@ -105,6 +105,8 @@ CUT = "request 2 (QSL index 2, LoadGen sample 1002): replica 0 answered"
     (GenerationSettings(max_tokens=8, eos_token_ids=EOS), [11, 12, VOCAB, 128009], f"{CUT} id 128256 at position 2"),
     (GenerationSettings(max_tokens=4, eos_token_ids=EOS), [11, -5, 13, 14], f"{CUT} id -5 at position 1 of 4"),
     (GenerationSettings(max_tokens=4, eos_token_ids=EOS), [11, 2 ** 31 - 1, 13, 14], "id 2147483647 at position 1"),
+    (GenerationSettings(max_tokens=4, eos_token_ids=EOS), [11, 128009, 13, 14],
+     f"{CUT} EOS id 128009 at position 1 of 4 ids, not at the end (the engine did not stop at an EOS id it was given)"),
     (GenerationSettings(max_tokens=8, eos_token_ids=EOS), [11, 128008], None),  # stopped at EOS
     (GenerationSettings(max_tokens=4, eos_token_ids=EOS), [11, 12, 13, VOCAB - 1], None),  # max_tokens: no EOS needed
     (GenerationSettings(max_tokens=4, ignore_eos=True, eos_token_ids=EOS), [11, 128009, 13, 14], None),

@@ -648,6 +648,17 @@ def test_cli_accuracy_run_over_a_given_server(tmp_path, synthetic_small, fake_se
     assert all(logged_ids(r["data"])[-1] == 128009 for r in log if len(logged_ids(r["data"])) == 4)
 
 
+def test_cli_with_ignore_eos_every_generated_id_reaches_loadgen(tmp_path, synthetic_small, fake_server):
+    """A benchmark run that ignores EOS: EOS ids inside an answer are ids like any other; LoadGen gets all
+    max_tokens of them (not the answer cut after its first EOS), and the run does not fail."""
+    url, _ = fake_server("--eos-anyway")  # vLLM's min_tokens (= max_tokens here) would mask it
+    out = _run(tmp_path, synthetic_small, "--server-url", url, "--benchmark-ignore-eos")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    log = [logged_ids(r["data"]) for r in json.loads((run / "mlperf_log_accuracy.json").read_text())]
+    assert {len(ids) for ids in log} == {128} and any(ids[3] == 128009 for ids in log), log
+
+
 def logged_ids(hexdata: str) -> list[int]:
     return np.frombuffer(bytes.fromhex(hexdata), "<i4").tolist()
 
@@ -661,6 +672,9 @@ SERVER = ["--scenario", "Server", "--target-qps", "20"]
     (SERVER, ["--truncate", "3"], "answered 3 ids, fewer than max_tokens 128, ending in 12, not an EOS id"),
     ([], ["--bad-id", "200000"], "answered id 200000 at position 1 of "),
     (SERVER, ["--bad-id", "200000"], "answered id 200000 at position 1 of "),
+    ([], ["--no-stop"], "answered EOS id 128009 at position 3 of 128 ids, not at the end (the engine did not stop at "
+                        "an EOS id it was given): [10, 11, 12, 128009, 14, ... (118 more), "),
+    (SERVER, ["--no-stop"], "answered EOS id 128009 at position 3 of 128 ids, not at the end"),
 ])
 def test_cli_an_answer_cut_short_or_outside_the_vocabulary_fails_the_run(tmp_path, synthetic_small, fake_server,
                                                                          scenario, flags, said):

@@ -14,11 +14,15 @@ the generated ids, 1-D, not yet cut at EOS) is refused when:
    (``GenerationSettings.eos_token_ids``: ``generation_config.json`` ``eos_token_id``), unless the run
    ignores EOS or knows no EOS id. vLLM ends a sequence early only at an EOS / stop id, which is the
    last id of the output; anything else is an answer cut short (a server or proxy that says
-   ``finish_reason: "stop"`` after a few ids).
+   ``finish_reason: "stop"`` after a few ids);
+4. an EOS id comes before its last id, unless the run ignores EOS (then EOS ids are ids like any other and
+   every one counts): the engine did not stop at a stop id it was given, so what follows the EOS is not the
+   answer the settings ask for.
 
 Cost: the batch becomes one :class:`~sut.ledger.response.Answers` (one concatenation; the ledger cuts the
 same arrays at EOS, so it is made once per delivery: :meth:`AnswerCheck.check`); ids are checked by one
-numpy reduction over all of them; Python touches only each answer's length and last id (O(1) per answer),
+numpy reduction over all of them and EOS positions found by one pass (``Answers.eos_hits``, which the ledger's
+cut reuses); Python touches only each answer's length and last id and each EOS position (O(1) per answer),
 never a loop over ids. An answer that is not a row of ids at all is refused first.
 """
 
@@ -30,7 +34,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sut.engine import GenerationSettings
-from sut.ledger.response import Answers, unusable
+from sut.ledger.response import Answers, EosIds, unusable
 
 #: Ids shown in full in a message; longer answers show their first and last ``SHOW_EDGE``.
 SHOW_ALL, SHOW_EDGE = 12, 5
@@ -59,8 +63,10 @@ class AnswerCheck:
         self.lo, self.hi = generation.output_lengths
         self.max_tokens = generation.max_tokens
         self.vocab_size = int(vocab_size)
-        #: EOS ids an answer shorter than ``max_tokens`` must end in (empty: not checked).
+        #: EOS ids an answer shorter than ``max_tokens`` must end in, and no answer may hold before its end
+        #: (empty: not checked).
         self._eos_set = frozenset() if generation.ignore_eos else frozenset(generation.eos_token_ids)
+        self._eos = EosIds(self._eos_set)
 
     def first_fault(self, firsts: Sequence) -> Optional[tuple[int, str]]:
         """The first streamed first token of ``firsts`` (``FirstToken``-likes: ``rid``, ``token_id``) that cannot be
@@ -76,7 +82,8 @@ class AnswerCheck:
         """The first refused answer of ``results`` (``Completion``-likes with ``token_ids``) as
         ``(its index in results, why)``, else None; ``why`` names what came back. ``asked``: per result, the
         ``max_tokens`` its request asked for itself (0 or None: the run's). An answer that is not ids is named
-        first, then a wrong length, then an id outside the vocabulary, then a missing EOS."""
+        first, then a wrong length, then an id outside the vocabulary, then a missing EOS, then an EOS before the
+        end."""
         return self.check(results, asked)[0]
 
     def check(self, results: Sequence, asked: Optional[Sequence[int]] = None
@@ -119,6 +126,18 @@ class AnswerCheck:
                     a = answers.row(i)
                     return i, (f"answered {n} ids, fewer than max_tokens {top}, ending in {int(a[-1])}, not an EOS "
                                f"id {sorted(eos)} (an answer cut short): {show_ids(a)}")
+            return self._early_eos(answers)
+        return None
+
+    def _early_eos(self, answers: Answers) -> Optional[tuple[int, str]]:
+        """Rule 4: the first answer holding an EOS id before its last id, as ``(index, why)``; one step per EOS."""
+        starts, lengths = answers.starts, answers.lengths
+        for h in answers.eos_hits(self._eos):
+            i = bisect.bisect_right(starts, h) - 1
+            if h != starts[i] + lengths[i] - 1:
+                a = answers.row(i)
+                return i, (f"answered EOS id {int(answers.flat[h])} at position {h - starts[i]} of {lengths[i]} ids, "
+                           f"not at the end (the engine did not stop at an EOS id it was given): {show_ids(a)}")
         return None
 
     def _out_of_vocab(self, flat: np.ndarray, umax: Optional[int]) -> Optional[int]:

@@ -1,7 +1,8 @@
 """Turning generated token ids into LoadGen responses.
 
 Rules (mlcommons/inference llama3.1-8b README, TEST06, LoadGen logging.cc):
-- the response is the generated ids up to and including the first EOS, never padded;
+- the response is the generated ids up to and including the first EOS, never padded (a run that ignores EOS
+  gives its ledger no EOS ids: every generated id counts, as in the reference's benchmark runs);
 - bytes are little-endian int32; ``size`` is in bytes; ``n_tokens`` is the number of ids;
 - the buffer must stay alive until ``QuerySamplesComplete`` returns.
 
@@ -75,11 +76,12 @@ class Answers:
     is asked for (O(1)); whole-delivery passes over ids are numpy's.
     """
 
-    __slots__ = ("flat", "starts", "lengths", "_umax")
+    __slots__ = ("flat", "starts", "lengths", "_umax", "_hits")
 
     def __init__(self, flat: np.ndarray, starts: list, lengths: list):
         self.flat, self.starts, self.lengths = flat, starts, lengths
         self._umax: Optional[int] = None
+        self._hits: Optional[tuple] = None  # (EOS ids, their positions in flat): made once for check and cut
 
     def umax(self) -> Optional[int]:
         """The largest id of an int32 ``flat`` read as unsigned (a negative id reads above every vocabulary and EOS
@@ -131,10 +133,17 @@ class Answers:
         a = self.starts[i]
         return self.flat[a:a + self.lengths[i]]
 
+    def eos_hits(self, eos: EosIds) -> list[int]:
+        """Positions in ``flat`` that hold one of ``eos``'s ids, ascending (:meth:`EosIds.hits`); one pass per
+        delivery, shared by the answer check (``sut.core.answers``) and :meth:`cut_lengths`."""
+        if self._hits is None or self._hits[0] != eos.ids:
+            self._hits = (eos.ids, eos.hits(self.flat, self.umax()))
+        return self._hits[1]
+
     def cut_lengths(self, eos: EosIds) -> list[int]:
         """Each answer's length once cut right after its first EOS id (the EOS kept; no EOS: its whole length):
-        one numpy pass for the delivery, then a step per answer that holds an EOS id."""
-        hits = eos.hits(self.flat, self.umax())
+        one numpy pass for the delivery (:meth:`eos_hits`), then a step per answer that holds an EOS id."""
+        hits = self.eos_hits(eos)
         if not hits:
             return self.lengths
         starts, cut = self.starts, list(self.lengths)
