@@ -127,7 +127,9 @@ def test_other_system_options_missing_cases_jsonl_and_headerless_merges_exit_2(t
     (empty / HEADER).write_text(json.dumps(header()))
     bare = make_run(tmp_path, "bare", good)
     for runs, msg in (([a, b], f"run {b}: systems.flame"), ([a, empty], f"run {empty}: no cases.jsonl"),
-                      ([a, bare], f"run {bare}: no locality.json or {HEADER}"), ([a, a], "given twice")):
+                      ([a, bare], f"run {bare}: no locality.json or {HEADER}"), ([a, a], "given twice"),
+                      ([a, a / "cases.jsonl"], "cases.jsonl: a file, not a run folder (give the folder that holds it)"),
+                      ([a, tmp_path / "nope"], "nope: no such folder")):
         assert report(tmp_path, *runs) == (2, None)
         assert msg in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -174,7 +174,8 @@ def load_run(path: str | Path) -> SourceRun:
     """Read one run folder (``BadInput`` for a folder without cases.jsonl or with unreadable files)."""
     run = Path(path)
     if not run.is_dir():
-        raise BadInput(f"error: run {run}: no such folder")
+        what = "a file, not a run folder (give the folder that holds it)" if run.exists() else "no such folder"
+        raise BadInput(f"error: run {run}: {what}")
     cases, notes = read_cases(run)
     status = error = None
     header, header_file = None, None
