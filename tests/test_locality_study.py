@@ -394,3 +394,23 @@ def test_one_pair_figure_tells_the_policies_apart_and_spans_whole_pairs():
     # border (a recheck found it half cut off)
     top = max(r["requests_per_s"] for r in recs)
     assert ax1.get_ylim()[0] == 0 and ax1.get_ylim()[1] >= 1.1 * top
+
+
+def test_pair_ratio_lines_take_no_system_colour_nor_the_floor_red():
+    """The H100 hot-prefixes figure drew a policy's ratio line in standalone's orange (the first two panels' colour
+    for a system) and another in the 99 % floor's red: each ratio line now has a colour of its own, and the policy's
+    marker and line style as in the first panel."""
+    from matplotlib.colors import to_hex
+
+    from sut.locality.study import pair_figure
+
+    recs = made_up_records()
+    ax1, ax2, _ = pair_figure(recs).axes
+    systems = {to_hex(line.get_color()) for line in ax1.get_lines()}
+    ratios = [line for line in ax2.get_lines() if line.get_label().split(":")[0] in {r["policy"] for r in recs}]
+    floor = [line for line in ax2.get_lines() if line.get_label() == "99%"]
+    assert len(ratios) >= 2 and len(floor) == 1, [line.get_label() for line in ax2.get_lines()]
+    colours = [to_hex(line.get_color()) for line in ratios]
+    reds = {to_hex(floor[0].get_color()), to_hex("C3")}  # the floor's red and matplotlib's own red
+    assert len(set(colours)) == len(colours) and not set(colours) & (systems | reds)
+    assert len({line.get_marker() for line in ratios}) == len(ratios)

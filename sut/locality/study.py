@@ -270,6 +270,10 @@ def plot_pair_report(records: Sequence[Mapping], path: str | Path, metric: str =
     return path
 
 
+#: The pair-ratio panel's colour per policy: none of the first two systems' (C0, C1) nor the floor's red (C3).
+RATIO_COLOURS = ("C2", "C4", "C5", "C8", "C9", "C6")
+
+
 def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num: str = "flame",
                 den: str = "standalone", floor: float = FLOOR, title: Optional[str] = None):
     """The matplotlib ``Figure`` that :func:`plot_pair_report` writes (Agg canvas)."""
@@ -301,8 +305,10 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
         for po, r in report["pair_ratios"].items():
             if not r["per_pair"]:
                 continue
-            ax2.plot([x["pair"] for x in r["per_pair"]], [100 * x["ratio"] for x in r["per_pair"]], marker="o",
-                     label=f"{po}: median {r['median']:.2%}")
+            j = policies.index(po) if po in policies else len(policies)  # the policy's marker and line style;
+            ax2.plot([x["pair"] for x in r["per_pair"]], [100 * x["ratio"] for x in r["per_pair"]],  # colours
+                     marker="os^D"[j % 4], linestyle=styles[j % 4], color=RATIO_COLOURS[j % len(RATIO_COLOURS)],
+                     label=f"{po}: median {r['median']:.2%}")  # of neither a system nor the red floor
         ax2.axhline(100 * floor, color="red", linestyle=":", label=f"{floor:.0%}")
         ax2.axhline(100, color="grey", linewidth=0.8)
         ax2.legend(fontsize=8)
