@@ -196,6 +196,9 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
     (["--start", "4", "--rel-tol", "0"], "--rel-tol 0: must be a number > 0"),
     (["--resume", "missing.jsonl"], "no such file"),
     (["--resume", "OTHER", "--min-query-count", "500"], "made with min_query_count 1000, this search uses 500"),
+    (["--start", "4", "--", "--output-dir", "D"], "--output-dir after --: find_qps sets it for every try"),
+    (["--start", "4", "--", "--target-qps=5", "--scenario", "Offline"], "--scenario, --target-qps after --: find_qps "
+                                                                       "sets them"),
 ])
 def test_main_bad_resume_or_no_start_exits_2_before_any_try(tmp_path, monkeypatch, capsys, extra, message):
     other = tmp_path / "other.jsonl"

@@ -244,8 +244,11 @@ def _setup(argv):
     argv, run_args = split_run_args(argv)
     p = _parser()
     a = p.parse_args(argv)
-    if any(x in run_args for x in ("--scenario", "--target-qps", "--min-duration-s", "--min-query-count")):
-        p.error("give --scenario, --target-qps, --min-duration-s and --min-query-count to find_qps, not after --")
+    own = ("--scenario", "--target-qps", "--min-duration-s", "--min-query-count", "--output-dir")
+    given = sorted({f for f in own for x in run_args if x == f or x.startswith(f + "=")})
+    if given:
+        p.error(f"{', '.join(given)} after --: find_qps sets {'them' if len(given) > 1 else 'it'} for every try; "
+                f"give {', '.join(own[:-1])} and {own[-1]} to find_qps itself, before --")
     out = Path(a.output_dir)
     settings = {"scenario": a.scenario, "min_duration_s": a.min_duration_s, "min_query_count": a.min_query_count,
                 "run_args": run_args}
