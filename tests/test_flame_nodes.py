@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -98,6 +99,9 @@ def test_release_asks_every_live_executor_once_and_reports_what_is_left():
     (["--nodes", "2", "--node-gpus", "0;1:2"], "--node-gpus '0;1:2': '0;1' is no CUDA_VISIBLE_DEVICES value"),
     (["--nodes", "2", "--node-gpus", "0,:1"], "'0,' is no CUDA_VISIBLE_DEVICES value"),
     (["--nodes", "3", "--node-gpus", "0,1:2:1"], "--node-gpus '0,1:2:1': GPU 1 is given to node 0 and node 2"),
+    (["--nodes", "3", "--node-gpus", "each"], "--node-gpus 'each': node 2's GPU 2 is not on this host (nvidia-smi "
+                                              "-L lists GPU 0, 1 and their GPU- / MIG- ids)"),
+    (["--nodes", "2", "--node-gpus", "0:GPU-ffff"], "node 1's GPU GPU-ffff is not on this host"),
 ])
 def test_odd_node_counts_and_gpu_values_exit_2_before_a_work_folder(monkeypatch, tmp_path, capsys, args, said):
     from sut.flame import cluster
@@ -106,6 +110,7 @@ def test_odd_node_counts_and_gpu_values_exit_2_before_a_work_folder(monkeypatch,
     def never(*_a, **_k):
         raise AssertionError("a cluster was started")
 
+    monkeypatch.setattr(cluster, "host_gpus", lambda: {"0", "1", "GPU-aaaa", "GPU-bbbb"})  # a 2-GPU host
     monkeypatch.setattr(cluster, "RealCluster", never)
     monkeypatch.setattr(cluster, "_check_args", never)
     work = tmp_path / "w"
@@ -214,3 +219,30 @@ def test_each_executor_up_line_and_the_run_summary_name_the_node_of_its_shard(ca
         _print_summary(rec)
     summary = "\n".join(r.getMessage() for r in caplog.records)
     assert "engine shards   : node-0: cpu-0-1.e0 (AMD EPYC 9654); node-1: cpu-0-1.e0 (AMD EPYC 9654)" in summary
+
+
+def test_node_gpus_are_checked_against_what_nvidia_smi_lists(monkeypatch):
+    """``--node-gpus each`` gave node i GPU i on any host: a node then reported a GPU it did not have."""
+    from sut.flame import nodes
+
+    listing = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-48ae3960-6069-16e6-967a-4c64ff4fc453)\n"
+               "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-0c86ccab-1111-2222-3333-444455556666)\n"
+               "  MIG 1g.10gb     Device  0: (UUID: MIG-5a4c9e1f-aaaa-bbbb-cccc-ddddeeeeffff)\n")
+    monkeypatch.setattr(nodes.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
+    listed = nodes.host_gpus()
+    assert listed == {"0", "1", "GPU-48ae3960-6069-16e6-967a-4c64ff4fc453", "GPU-0c86ccab-1111-2222-3333-444455556666",
+                      "MIG-5a4c9e1f-aaaa-bbbb-cccc-ddddeeeeffff"}
+    nodes.check_node_gpus(("0", "MIG-5a4c9e1f-aaaa-bbbb-cccc-ddddeeeeffff"), listed, "0:MIG-5a4c9e1f-...")
+    nodes.check_node_gpus(("0,1",), listed, "0,1")
+    with pytest.raises(ValueError, match="node 0's GPU 2 is not on this host"):
+        nodes.check_node_gpus(("1,2",), listed, "1,2")
+    with pytest.raises(ValueError, match="this host has no NVIDIA GPU"):
+        nodes.check_node_gpus(("0",), None, "each")
+
+    def missing(*_a, **_k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(nodes.subprocess, "run", missing)
+    assert nodes.host_gpus() is None
+    monkeypatch.setattr(nodes.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 9, "", "no driver"))
+    assert nodes.host_gpus() is None

@@ -67,7 +67,15 @@ from sut.flame.cluster_config import (
     taken_ports_message,
 )
 from sut.flame.netns import FenceUnavailable, NetFence, listeners, loopback_listener
-from sut.flame.nodes import MAX_NODES, NodePlan, parse_node_gpus, plan_nodes, uts_unavailable
+from sut.flame.nodes import (
+    MAX_NODES,
+    NodePlan,
+    check_node_gpus,
+    host_gpus,
+    parse_node_gpus,
+    plan_nodes,
+    uts_unavailable,
+)
 
 log = logging.getLogger("sut.flame.cluster")
 MARK_ENV = "SUT_FLAME_CLUSTER"
@@ -515,6 +523,7 @@ def _check_nodes(a) -> tuple:
                        "'-' inside; at most 42 characters)")
     try:
         gpus = parse_node_gpus(a.node_gpus, a.nodes)
+        check_node_gpus(gpus, host_gpus() if gpus else None, a.node_gpus)
     except ValueError as e:
         raise BadInput(f"error: {e}") from None
     why = uts_unavailable() if a.nodes > 1 else None

@@ -118,6 +118,37 @@ def parse_node_gpus(text: Optional[str], n: int) -> tuple:
     return parts
 
 
+def host_gpus() -> Optional[set]:
+    """The names CUDA_VISIBLE_DEVICES can give this host's GPUs: every index, ``GPU-`` UUID and ``MIG-`` id that
+    ``nvidia-smi -L`` lists (physical: it reads no CUDA_VISIBLE_DEVICES, as a node's fresh value is not relative to
+    one); None when there is no nvidia-smi or it fails (no NVIDIA driver)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    names = set(re.findall(r"^GPU (\d+):", out.stdout, re.M))
+    return names | set(re.findall(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)", out.stdout))
+
+
+def check_node_gpus(values: tuple, listed: Optional[set], given: str) -> None:
+    """``ValueError`` naming the first GPU of ``values`` (``parse_node_gpus``) that ``listed`` (``host_gpus``) lacks,
+    or saying that the host has none (``listed`` None or empty): a node would report a GPU it does not have, and an
+    engine placed there would fail to start. ``given``: the ``--node-gpus`` text, for the message."""
+    if not values:
+        return
+    if not listed:
+        raise ValueError(f"--node-gpus {given!r}: this host has no NVIDIA GPU (nvidia-smi -L lists none, or there is "
+                         "no nvidia-smi); leave --node-gpus out for CPU nodes")
+    indices = sorted((x for x in listed if x.isdigit()), key=int)
+    for i, value in enumerate(values):
+        missing = next((g for g in value.split(",") if g not in listed), None)
+        if missing is not None:
+            raise ValueError(f"--node-gpus {given!r}: node {i}'s GPU {missing} is not on this host (nvidia-smi -L "
+                             f"lists GPU {', '.join(indices) or 'none'} and their GPU- / MIG- ids)")
+
+
 def node_command(name: str, argv: list[str]) -> list[str]:
     """``argv`` (absolute program path first) run as node ``name``: a new UTS namespace with that host name."""
     return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "exec", name, *argv]
