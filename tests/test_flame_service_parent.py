@@ -40,14 +40,16 @@ def _enter_in_background(endpoint: Path, common: bytes) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("while_entering", [False, True], ids=["idle", "entering"])
-def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path, while_entering):
+@pytest.mark.parametrize("while_entering, how", [(False, "killed"), (True, "killed"), (False, "stopped")],
+                         ids=["idle", "entering", "stopped"])
+def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path, while_entering, how):
     """Flame v0.6.0 never ends the services of a dead executor manager; an orphaned engine host would hold its
     engine slot against every later run. The service watches its parent and stops, also
     while a gRPC thread is still inside on_session_enter (a slow engine start, a slot wait): the process ends
-    without joining it."""
+    without joining it. A parent that is stopped (SIGSTOP: a hung node) and stays so for the bound (2 s here, 30 s
+    by default) ends the service too: before, it lived until the node resumed."""
     endpoint = tmp_path / "exec-1.sock"
-    env = dict(os.environ, FLAME_INSTANCE_ENDPOINT=str(endpoint), PYTHONPATH=str(REPO))
+    env = dict(os.environ, FLAME_INSTANCE_ENDPOINT=str(endpoint), PYTHONPATH=str(REPO), SUT_FLAME_PARENT_STOPPED_S="2")
     # a stand-in executor manager: a shell that starts the service and then only waits
     parent = subprocess.Popen(["bash", "-c", f"{sys.executable} -m sut.flame.serve 2>{tmp_path}/svc.err & echo $!; "
                                "sleep 120"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -66,18 +68,22 @@ def test_a_service_whose_executor_manager_died_stops_by_itself(tmp_path, while_e
             while "injected: on_session_enter sleeps" not in (tmp_path / "svc.err").read_text():
                 assert time.monotonic() < deadline, (tmp_path / "svc.err").read_text()
                 time.sleep(0.2)
-        parent.kill()  # the executor manager dies (SIGKILL): the service is re-parented
-        parent.wait(5)
+        if how == "killed":
+            parent.kill()  # the executor manager dies (SIGKILL): the service is re-parented
+            parent.wait(5)
+        else:
+            os.kill(parent.pid, signal.SIGSTOP)  # the executor manager hangs
         deadline = time.monotonic() + 30
         while not process_ended(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         if not process_ended(pid):
             os.kill(pid, signal.SIGKILL)
-            raise AssertionError("the orphaned service was still running 30 s after its parent died")
-        assert "the executor manager (pid" in (tmp_path / "svc.err").read_text()
+            raise AssertionError(f"the service was still running 30 s after its parent was {how}")
+        said = "is gone: stopping" if how == "killed" else "has been stopped for"
+        assert said in (tmp_path / "svc.err").read_text()
     finally:
         if parent.poll() is None:
-            os.killpg(parent.pid, signal.SIGKILL)
+            os.killpg(parent.pid, signal.SIGKILL)  # a stopped process takes SIGKILL too
 
 
 def test_watch_parent_stops_at_once_when_the_parent_read_at_start_is_gone():
@@ -137,3 +143,24 @@ def test_main_reads_its_parent_before_it_publishes_the_socket(tmp_path):
             os.kill(pid, signal.SIGKILL)
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
+
+
+def test_proc_state_reads_a_stopped_process_and_a_running_one():
+    from sut.flame.service import proc_state
+
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        os.kill(p.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while proc_state(p.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc_state(p.pid) == "T"
+        os.kill(p.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while proc_state(p.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc_state(p.pid) in ("S", "R")
+    finally:
+        p.kill()
+        p.wait()
+    assert proc_state(p.pid) is None  # reaped: no such process

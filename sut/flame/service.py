@@ -26,7 +26,8 @@ engine nearly idle, so several executors share one engine:
 The engine host dies with its executor (Flame ends the process group at unbind, at session close or
 after ``delay_release`` without tasks); its forwarders then fail their tasks with a clear message,
 and the transport treats that as a dead service. A service whose executor manager (its parent) dies stops
-by itself within ``PARENT_POLL_S`` (engine included), and so does one whose session the session manager no longer
+by itself within ``PARENT_POLL_S`` (engine included), or has been stopped (``SIGSTOP``, Ctrl-Z: a hung node) for
+``PARENT_STOPPED_S``, and so does one whose session the session manager no longer
 knows (restarted with ``storage: none``), within ``sut.flame.enter_watch.GONE_BOUND_S``: Flame v0.6.0 never ends
 such orphans, and an orphaned engine host would hold its engine slot against every later run on the host.
 
@@ -62,6 +63,12 @@ log = logging.getLogger("sut.flame.service")
 
 #: How often (s) a service checks that its parent, the executor manager, still lives (``watch_parent``).
 PARENT_POLL_S = 2.0
+#: How long (s) the parent may stay stopped (state ``T``: ``SIGSTOP``, Ctrl-Z; not ``t``, a debugger's stop) before
+#: the service stops: the transport has failed the run by then (a node that answers nothing is lost within 45 s,
+#: docs/multinode.md), and the engine must not hold its GPU slot until the node resumes. ``PARENT_STOPPED_ENV``
+#: sets another value (tests).
+PARENT_STOPPED_S = 30.0
+PARENT_STOPPED_ENV = "SUT_FLAME_PARENT_STOPPED_S"
 
 DEFAULT_LOCK_DIR = "/tmp/sut-flame"
 LOCK_DIR_ENV = "SUT_FLAME_LOCK_DIR"
@@ -358,20 +365,50 @@ def listen_unix(server, endpoint: str) -> None:
     os.rename(tmp, endpoint)
 
 
-def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S,
-                 parent: Optional[int] = None) -> threading.Thread:
+def proc_state(pid: int) -> Optional[str]:
+    """The one-letter state of process ``pid`` (``/proc/PID/stat``: ``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z``
+    ...); None when it cannot be read (no such process, no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    tail = stat[stat.rfind(")") + 1:].split()  # the name, in parentheses, may hold spaces and ')'
+    return tail[0] if tail else None
+
+
+def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S, parent: Optional[int] = None,
+                 stopped_s: Optional[float] = None) -> threading.Thread:
     """Set ``stop`` when this process's parent (the executor manager that started it) has died, i.e. the process
     was re-parented: ``os.getppid()`` is no longer ``parent``, the pid read at the very start of the process, before
-    its slow imports (``None``: the parent now). Checked at once in the calling thread (``stop`` is set on return
-    when that parent is already gone, and the returned thread is then not started), then every ``poll_s`` seconds
-    on a daemon thread (returned, started)."""
+    its slow imports (``None``: the parent now); or when the parent has been stopped (``proc_state`` ``T``) at every
+    check for ``stopped_s`` seconds (default ``PARENT_STOPPED_S``, or ``PARENT_STOPPED_ENV``). Checked at once in the
+    calling thread (``stop`` is set on return when that parent is already gone, and the returned thread is then not
+    started), then every ``poll_s`` seconds (at most ``stopped_s / 4``) on a daemon thread (returned, started)."""
     parent = os.getppid() if parent is None else parent
+    if stopped_s is None:
+        stopped_s = float(os.environ.get(PARENT_STOPPED_ENV) or PARENT_STOPPED_S)
+    poll_s = min(poll_s, stopped_s / 4)
+    since: list = [None]  # when the parent was first seen stopped (monotonic s), None while it runs
 
     def gone() -> bool:
         if os.getppid() == parent:
-            return False
+            return hung()
         log.warning("the executor manager (pid %d) that started this service is gone: stopping (the engine with it), "
                     "as Flame never ends such a service", parent)
+        stop.set()
+        return True
+
+    def hung() -> bool:
+        if proc_state(parent) != "T":
+            since[0] = None
+            return False
+        now = time.monotonic()
+        since[0] = now if since[0] is None else since[0]
+        if now - since[0] < stopped_s:
+            return False
+        log.warning("the executor manager (pid %d) that started this service has been stopped for %.0f s (a hung "
+                    "node): stopping (the engine with it), so that its GPU slot is free when the node resumes", parent,
+                    now - since[0])
         stop.set()
         return True
 
