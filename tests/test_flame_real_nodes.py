@@ -173,11 +173,13 @@ def test_locality_pair_on_two_nodes_records_each_replicas_node(uts, real_flame_f
 
 
 @pytest.mark.slow  # ~35-45 s: the session manager lists a dead executor manager's node NotReady after 30 s
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
 def test_a_node_lost_mid_run_fails_the_run_naming_it_and_leaves_no_service(uts, real_flame_factory, dataset,  # noqa: F811
-                                                                            lock_dir):  # noqa: F811
+                                                                            lock_dir, sig):  # noqa: F811
     """(d) SIGKILL of node-1's executor manager while tasks run on both nodes: the run fails within
     LOST_NODE_BOUND_S naming node-1; the stop asks the survivors on node-0 to leave (Flame never closes the
-    session), and node-1's services end by themselves: no service of the run is left on either node."""
+    session), and node-1's services end by themselves: no service of the run is left on either node. SIGSTOP (a
+    hung node) the same: its services end once it has been stopped for PARENT_STOPPED_S (30 s)."""
     cluster = real_flame_factory(nodes=2, policies=DRF)
     services: dict = {}  # node -> pids of its services, read just before the kill
 
@@ -185,7 +187,7 @@ def test_a_node_lost_mid_run_fails_the_run_naming_it_and_leaves_no_service(uts, 
         assert sorted(e["node"] for e in cluster.executors()) == ["node-0", "node-1"]
         services.update({n: [q.pid for q in cluster.node_processes(n) if q.pid != p.pid] for n, p in cluster.fems.items()})
         assert all(services.values()), services
-        cluster.kill_executor_manager(node="node-1")
+        cluster.kill_executor_manager(sig, node="node-1")
 
     sut, answers, samples, t_failed, t_stop = _kill_mid_run(cluster, dataset, lock_dir, kill, LOST_NODE_BOUND_S + 30,
                                                             executors_per_engine=2, resreq=WHOLE_NODE)

@@ -408,10 +408,12 @@ class RealCluster:
 
     def kill_executor_manager(self, sig: int = signal.SIGKILL, node: Optional[str] = None) -> None:
         """Fault injection: signal the executor manager of ``node`` (default: the first node) only (its services
-        live on until they notice); ``KeyError`` for an unknown node."""
+        live on until they notice), and wait for it to end unless ``sig`` is ``SIGSTOP`` (a hung node: it stays, and
+        ``stop`` ends it); ``KeyError`` for an unknown node."""
         p = self.fems[node] if node is not None else self.fem
         p.send_signal(sig)
-        p.wait(10)
+        if sig != signal.SIGSTOP:
+            p.wait(10)
 
     def node_processes(self, node: str) -> list:
         """Live processes of ``node``: its executor manager and every process in its UTS namespace (the services
