@@ -199,6 +199,10 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
     (["--start", "4", "--", "--output-dir", "D"], "--output-dir after --: find_qps sets it for every try"),
     (["--start", "4", "--", "--target-qps=5", "--scenario", "Offline"], "--scenario, --target-qps after --: find_qps "
                                                                        "sets them"),
+    (["--start", "4", "--", "--output", "D"], "--output-dir after --: find_qps sets it"),  # argparse's abbreviation
+    (["--start", "4", "--", "--run-name", "mine"], "--run-name after --: find_qps sets it"),
+    (["--start", "4", "--", "--target=5", "--min-dur", "3"], "--min-duration-s, --target-qps after --"),
+    (["--start", "4", "--", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
 def test_main_bad_resume_or_no_start_exits_2_before_any_try(tmp_path, monkeypatch, capsys, extra, message):
     other = tmp_path / "other.jsonl"
@@ -209,6 +213,13 @@ def test_main_bad_resume_or_no_start_exits_2_before_any_try(tmp_path, monkeypatc
         find_qps.main(["--scenario", "Server", "--output-dir", str(tmp_path / "o"), *extra])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("run_args", [
+    [], ["--max-samples", "16", "--option=note=--output-dir"], ["--option", "tag=--scenario=Offline", "--quick"],
+])
+def test_run_flags_find_qps_does_not_set_are_not_taken_for_its_own(run_args):
+    assert find_qps.own_run_flags_given(run_args) == []
 
 
 def test_main_says_when_a_valid_try_lies_above_an_invalid_one(tmp_path, capsys):

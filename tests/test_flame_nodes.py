@@ -102,6 +102,8 @@ def test_release_asks_every_live_executor_once_and_reports_what_is_left():
     (["--nodes", "3", "--node-gpus", "each"], "--node-gpus 'each': node 2's GPU 2 is not on this host (nvidia-smi "
                                               "-L lists GPU 0, 1 and their GPU- / MIG- ids)"),
     (["--nodes", "2", "--node-gpus", "0:GPU-ffff"], "node 1's GPU GPU-ffff is not on this host"),
+    (["--nodes", "2", "--node-gpus", "0:GPU-aaaa"], "node 1's GPU GPU-aaaa is node 0's GPU 0 again (GPU-aaaa; "),
+    (["--nodes", "2", "--node-gpus", "0:GPU-a"], "node 1's GPU GPU-a is node 0's GPU 0 again (GPU-aaaa; "),
 ])
 def test_odd_node_counts_and_gpu_values_exit_2_before_a_work_folder(monkeypatch, tmp_path, capsys, args, said):
     from sut.flame import cluster
@@ -110,7 +112,8 @@ def test_odd_node_counts_and_gpu_values_exit_2_before_a_work_folder(monkeypatch,
     def never(*_a, **_k):
         raise AssertionError("a cluster was started")
 
-    monkeypatch.setattr(cluster, "host_gpus", lambda: {"0", "1", "GPU-aaaa", "GPU-bbbb"})  # a 2-GPU host
+    monkeypatch.setattr(cluster, "host_gpus", lambda: {"0": "GPU-aaaa", "1": "GPU-bbbb", "GPU-aaaa": "GPU-aaaa",
+                                                      "GPU-bbbb": "GPU-bbbb"})  # a 2-GPU host
     monkeypatch.setattr(cluster, "RealCluster", never)
     monkeypatch.setattr(cluster, "_check_args", never)
     work = tmp_path / "w"
@@ -230,8 +233,9 @@ def test_node_gpus_are_checked_against_what_nvidia_smi_lists(monkeypatch):
                "  MIG 1g.10gb     Device  0: (UUID: MIG-5a4c9e1f-aaaa-bbbb-cccc-ddddeeeeffff)\n")
     monkeypatch.setattr(nodes.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
     listed = nodes.host_gpus()
-    assert listed == {"0", "1", "GPU-48ae3960-6069-16e6-967a-4c64ff4fc453", "GPU-0c86ccab-1111-2222-3333-444455556666",
-                      "MIG-5a4c9e1f-aaaa-bbbb-cccc-ddddeeeeffff"}
+    assert set(listed) == {"0", "1", "GPU-48ae3960-6069-16e6-967a-4c64ff4fc453",
+                           "GPU-0c86ccab-1111-2222-3333-444455556666", "MIG-5a4c9e1f-aaaa-bbbb-cccc-ddddeeeeffff"}
+    assert listed["1"] == "GPU-0c86ccab-1111-2222-3333-444455556666"
     nodes.check_node_gpus(("0", "MIG-5a4c9e1f-aaaa-bbbb-cccc-ddddeeeeffff"), listed, "0:MIG-5a4c9e1f-...")
     nodes.check_node_gpus(("0,1",), listed, "0,1")
     with pytest.raises(ValueError, match="node 0's GPU 2 is not on this host"):
@@ -246,3 +250,22 @@ def test_node_gpus_are_checked_against_what_nvidia_smi_lists(monkeypatch):
     assert nodes.host_gpus() is None
     monkeypatch.setattr(nodes.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 9, "", "no driver"))
     assert nodes.host_gpus() is None
+
+
+def test_node_gpus_take_cuda_s_abbreviated_uuids_and_refuse_one_gpu_under_two_names():
+    """CUDA takes a UUID's first characters (``GPU-48ae3960``) when no other GPU's UUID starts so: such a value was
+    refused as 'not on this host'; a GPU given as its index to one node and as its UUID to another was let through
+    (two nodes sharing one GPU)."""
+    from sut.flame import nodes
+
+    a, b = "GPU-48ae3960-6069-16e6-967a-4c64ff4fc453", "GPU-48ae0000-1111-2222-3333-444455556666"
+    listed = {"0": a, "1": b, a: a, b: b}
+    nodes.check_node_gpus(("GPU-48ae3960", "GPU-48ae0"), listed, "GPU-48ae3960:GPU-48ae0")
+    with pytest.raises(ValueError, match="node 0's GPU GPU-48ae is the start of 2 of this host's ids"):
+        nodes.check_node_gpus(("GPU-48ae", "1"), listed, "GPU-48ae:1")
+    with pytest.raises(ValueError, match=f"node 1's GPU GPU-48ae3960 is node 0's GPU 0 again \\({a}; "):
+        nodes.check_node_gpus(("0", "GPU-48ae3960"), listed, "0:GPU-48ae3960")
+    with pytest.raises(ValueError, match="node 0's GPU 1 is node 0's GPU GPU-48ae0 again"):
+        nodes.check_node_gpus(("GPU-48ae0,1",), listed, "GPU-48ae0,1")
+    with pytest.raises(ValueError, match="GPU GPU-48AE3960 is not on this host \\(nvidia-smi writes it GPU-48ae3960"):
+        nodes.check_node_gpus(("GPU-48AE3960",), listed, "GPU-48AE3960")

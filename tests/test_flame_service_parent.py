@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, process_ended
 
 from sut.engine import EngineSettings, GenerationSettings
-from sut.flame.service import watch_parent
+from sut.flame.service import PARENT_STOPPED_ENV, main, parent_stopped_s, watch_parent
 from sut.flame.service_config import make_common_data
 
 
@@ -164,3 +164,28 @@ def test_proc_state_reads_a_stopped_process_and_a_running_one():
         p.kill()
         p.wait()
     assert proc_state(p.pid) is None  # reaped: no such process
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "nan", " "])
+def test_a_bad_parent_stopped_bound_is_refused_naming_it_not_a_busy_poll_or_a_traceback(monkeypatch, caplog, tmp_path,
+                                                                                      value):
+    """0 or less made the watch poll without a pause (``stop.wait(0)``) and stop the service at the parent's first
+    stopped moment; a word raised a bare ``ValueError`` in the service's start; NaN stopped it at once. Unset or
+    blank: the default."""
+    if not value.strip():
+        assert parent_stopped_s({PARENT_STOPPED_ENV: value}) == 30.0 and parent_stopped_s({}) == 30.0
+        return
+    with pytest.raises(ValueError, match=f"{PARENT_STOPPED_ENV}='{value}': expected seconds > 0"):
+        parent_stopped_s({PARENT_STOPPED_ENV: value})
+    with pytest.raises(ValueError, match="poll_s and stopped_s must be > 0"):
+        watch_parent(threading.Event(), parent=os.getppid(), stopped_s=float(value) if value != "abc" else -1.0)
+    monkeypatch.setenv("FLAME_INSTANCE_ENDPOINT", str(tmp_path / "exec.sock"))
+    monkeypatch.setenv(PARENT_STOPPED_ENV, value)
+    assert main(parent=os.getppid()) == 2
+    assert f"{PARENT_STOPPED_ENV}='{value}': expected seconds > 0" in caplog.text
+    assert not (tmp_path / "exec.sock").exists()
+
+
+def test_parent_stopped_bound_takes_seconds_and_inf():
+    assert parent_stopped_s({PARENT_STOPPED_ENV: "2"}) == 2.0
+    assert parent_stopped_s({PARENT_STOPPED_ENV: "inf"}) == float("inf")

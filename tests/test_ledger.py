@@ -149,6 +149,27 @@ def test_a_bar_reopened_after_an_idle_moment_counts_from_the_first_query(capsys)
     assert "2/2 [01:05" in capsys.readouterr().err
 
 
+def test_a_bar_reopened_while_the_last_answers_go_to_loadgen_counts_them_and_the_time_from_the_first_query(capsys):
+    """The bar closes when the last outstanding answer is taken for LoadGen; LoadGen may issue the next query while
+    that answer is still being sent (before it counts as completed). The bar it opened started from the completed
+    count without that answer (the run ended at "1/2") and, with none completed yet, at 0 s elapsed."""
+    led = SampleLedger(EOS, progress=True, complete_fn=lambda r: next_query())
+    later = []
+
+    def next_query():
+        if not later:
+            later.extend(led.issue([QS(id=1, index=1)]))  # LoadGen's issue thread, meanwhile
+
+    (rid, _), = led.issue([QS(id=0, index=0)])
+    led.first_issue_t -= 65  # the first query came 65 s ago
+    led.complete([(rid, np.array([1], np.int32))])
+    assert led.wait_sent(10) and later
+    led.complete([(later[0][0], np.array([1], np.int32))])
+    assert led.wait_sent(10)
+    led.close()
+    assert "2/2 [01:05" in capsys.readouterr().err
+
+
 def test_offline_bar_keeps_its_elapsed_time_moving_and_shows_no_time_left(capsys, monkeypatch):
     """A new user's Offline CPU run: every sample completed near the end, so the bar sat at "0/64 [00:00<?]"
     for a minute, then read "30.48s/sample, 31:29 left" a second before the end. The harness ticks the ledger

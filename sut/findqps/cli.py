@@ -53,7 +53,8 @@ Example (one H200, fp8, Server; the first 1,000 samples, so that a try is not 13
 CPU try-out (tiny model; the 64-sample set ``python -m sut demo`` writes; small settings):
     python -m sut find-qps --scenario Server --start 4 --min-duration-s 5 --min-query-count 500 --max-runs 4 \
         -- --config loadgen_configs/cpu_tiny.toml --dataset results/demo/data/synthetic_64.json
-Everything after ``--`` is ``python -m sut run``'s arguments.
+Everything after ``--`` is ``python -m sut run``'s arguments, less those find-qps sets for every try
+(``OWN_RUN_FLAGS``, abbreviated too: exit 2 naming them before any try).
 
 Resumable, cut-off safe: each try is appended to a JSONL file (``--log``, default
 ``OUTPUT_DIR/tries-SCENARIO.jsonl``; one object a line: qps, validity, TTFT/TPOT p99 ms, tokens/s,
@@ -239,16 +240,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: ``python -m sut run``'s flags that find_qps sets itself for every try, with their ``argparse`` dests.
+OWN_RUN_FLAGS = {"--min-duration-s": "min_duration_s", "--min-query-count": "min_query_count",
+                 "--output-dir": "output_dir", "--run-name": "run_name", "--scenario": "scenario",
+                 "--target-qps": "target_qps"}
+
+
+def own_run_flags_given(run_args: list[str]) -> list[str]:
+    """Which of :data:`OWN_RUN_FLAGS` ``run_args`` (the arguments after ``--``) gives, sorted: parsed as ``python -m
+    sut run`` parses them, so an abbreviation (``--output D``) and ``--flag=value`` count, and a value that only looks
+    like one of them (``--option=note=--scenario``) does not. A flag the run does not know exits 2 here
+    (argparse's message), before any try."""
+    from sut.settings.parser import parse_run_args
+
+    ns = parse_run_args(run_args)
+    return [f for f, dest in OWN_RUN_FLAGS.items() if getattr(ns, dest) is not None]
+
+
 def _setup(argv):
     """Parse and check everything (exit 2 before any try): ``(args, run args, earlier tries, try log, budget)``."""
     argv, run_args = split_run_args(argv)
     p = _parser()
     a = p.parse_args(argv)
-    own = ("--scenario", "--target-qps", "--min-duration-s", "--min-query-count", "--output-dir")
-    given = sorted({f for f in own for x in run_args if x == f or x.startswith(f + "=")})
+    given = own_run_flags_given(run_args)
     if given:
-        p.error(f"{', '.join(given)} after --: find_qps sets {'them' if len(given) > 1 else 'it'} for every try; "
-                f"give {', '.join(own[:-1])} and {own[-1]} to find_qps itself, before --")
+        p.error(f"{', '.join(given)} after --: find_qps sets {'them' if len(given) > 1 else 'it'} for every try "
+                "(each try's folder is named by find_qps, its target_qps by --start and the search); give --scenario, "
+                "--min-duration-s, --min-query-count and --output-dir to find_qps itself, before --")
     out = Path(a.output_dir)
     settings = {"scenario": a.scenario, "min_duration_s": a.min_duration_s, "min_query_count": a.min_query_count,
                 "run_args": run_args}

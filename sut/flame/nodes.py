@@ -118,35 +118,70 @@ def parse_node_gpus(text: Optional[str], n: int) -> tuple:
     return parts
 
 
-def host_gpus() -> Optional[set]:
-    """The names CUDA_VISIBLE_DEVICES can give this host's GPUs: every index, ``GPU-`` UUID and ``MIG-`` id that
-    ``nvidia-smi -L`` lists (physical: it reads no CUDA_VISIBLE_DEVICES, as a node's fresh value is not relative to
-    one); None when there is no nvidia-smi or it fails (no NVIDIA driver)."""
+def host_gpus() -> Optional[dict]:
+    """The names CUDA_VISIBLE_DEVICES can give this host's GPUs, each mapped to the GPU it names: every index and
+    ``GPU-`` UUID that ``nvidia-smi -L`` lists to that GPU's UUID, every ``MIG-`` id to itself (physical: nvidia-smi
+    reads no CUDA_VISIBLE_DEVICES, as a node's fresh value is not relative to one); None when there is no nvidia-smi
+    or it fails (no NVIDIA driver)."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
         return None
-    names = set(re.findall(r"^GPU (\d+):", out.stdout, re.M))
-    return names | set(re.findall(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)", out.stdout))
+    names: dict = {}
+    for line in out.stdout.splitlines():
+        uuid = re.search(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)", line)
+        if uuid is None:
+            continue
+        names[uuid[1]] = uuid[1]
+        index = re.match(r"GPU (\d+):", line)
+        if index is not None:
+            names[index[1]] = uuid[1]
+    return names
 
 
-def check_node_gpus(values: tuple, listed: Optional[set], given: str) -> None:
-    """``ValueError`` naming the first GPU of ``values`` (``parse_node_gpus``) that ``listed`` (``host_gpus``) lacks,
-    or saying that the host has none (``listed`` None or empty): a node would report a GPU it does not have, and an
-    engine placed there would fail to start. ``given``: the ``--node-gpus`` text, for the message."""
+def _which_gpu(name: str, listed: dict) -> tuple[Optional[str], str]:
+    """``(the GPU`` ``name`` (one CUDA_VISIBLE_DEVICES entry) names in ``listed`` (``host_gpus``), ``why not)``:
+    a ``GPU-`` / ``MIG-`` id may be given by its first characters when no other listed id starts so (CUDA's
+    abbreviated form); an index is one ``nvidia-smi -L`` lists."""
+    if name in listed:
+        return listed[name], ""
+    if name.isdigit():
+        return None, "is not on this host"
+    starts = sorted({listed[k] for k in listed if k.startswith(name)})
+    if len(starts) == 1:
+        return starts[0], ""
+    if starts:
+        return None, f"is the start of {len(starts)} of this host's ids ({', '.join(starts)}): give enough to tell one"
+    other = next((k for k in listed if k.lower().startswith(name.lower())), None)
+    return None, "is not on this host" + (f" (nvidia-smi writes it {other}: give it as listed)" if other else "")
+
+
+def check_node_gpus(values: tuple, listed: Optional[dict], given: str) -> None:
+    """``ValueError`` naming the first GPU of ``values`` (``parse_node_gpus``) that ``listed`` (``host_gpus``) lacks
+    (or a prefix of several of its ids), or one GPU given twice under two names (its index and its UUID: two nodes,
+    or one node, would share it), or saying that the host has none (``listed`` None or empty): a node would report a
+    GPU it does not have, and an engine placed there would fail to start. ``given``: the ``--node-gpus`` text, for
+    the message."""
     if not values:
         return
     if not listed:
         raise ValueError(f"--node-gpus {given!r}: this host has no NVIDIA GPU (nvidia-smi -L lists none, or there is "
                          "no nvidia-smi); leave --node-gpus out for CPU nodes")
     indices = sorted((x for x in listed if x.isdigit()), key=int)
+    owner: dict = {}
     for i, value in enumerate(values):
-        missing = next((g for g in value.split(",") if g not in listed), None)
-        if missing is not None:
-            raise ValueError(f"--node-gpus {given!r}: node {i}'s GPU {missing} is not on this host (nvidia-smi -L "
-                             f"lists GPU {', '.join(indices) or 'none'} and their GPU- / MIG- ids)")
+        for name in value.split(","):
+            gpu, why = _which_gpu(name, listed)
+            if gpu is None:
+                raise ValueError(f"--node-gpus {given!r}: node {i}'s GPU {name} {why} (nvidia-smi -L lists GPU "
+                                 f"{', '.join(indices) or 'none'} and their GPU- / MIG- ids)")
+            if gpu in owner:
+                j, first = owner[gpu]
+                raise ValueError(f"--node-gpus {given!r}: node {i}'s GPU {name} is node {j}'s GPU {first} again "
+                                 f"({gpu}; each GPU to one node, once)")
+            owner[gpu] = (i, name)
 
 
 def node_command(name: str, argv: list[str]) -> list[str]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import math
 import os
 import signal
 import socket
@@ -69,6 +70,24 @@ PARENT_POLL_S = 2.0
 #: sets another value (tests).
 PARENT_STOPPED_S = 30.0
 PARENT_STOPPED_ENV = "SUT_FLAME_PARENT_STOPPED_S"
+
+
+def parent_stopped_s(environ=os.environ) -> float:
+    """``PARENT_STOPPED_ENV`` of ``environ`` as seconds (unset or empty: ``PARENT_STOPPED_S``; ``inf``: never).
+    ``ValueError`` naming the variable and its value when it is not a number > 0: 0 or less would stop the service
+    at the parent's first stopped moment and poll without a pause (``watch_parent`` polls every ``stopped_s / 4`` at
+    most), NaN would stop it at once."""
+    text = environ.get(PARENT_STOPPED_ENV, "").strip()
+    if not text:
+        return PARENT_STOPPED_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise ValueError(f"{PARENT_STOPPED_ENV}={text!r}: expected seconds > 0 (how long the executor manager may stay "
+                         f"stopped before the service stops; unset: {PARENT_STOPPED_S:g})")
+    return value
 
 DEFAULT_LOCK_DIR = "/tmp/sut-flame"
 LOCK_DIR_ENV = "SUT_FLAME_LOCK_DIR"
@@ -383,10 +402,12 @@ def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S, parent: O
     its slow imports (``None``: the parent now); or when the parent has been stopped (``proc_state`` ``T``) at every
     check for ``stopped_s`` seconds (default ``PARENT_STOPPED_S``, or ``PARENT_STOPPED_ENV``). Checked at once in the
     calling thread (``stop`` is set on return when that parent is already gone, and the returned thread is then not
-    started), then every ``poll_s`` seconds (at most ``stopped_s / 4``) on a daemon thread (returned, started)."""
+    started), then every ``poll_s`` seconds (at most ``stopped_s / 4``) on a daemon thread (returned, started).
+    ``ValueError`` when ``poll_s`` or ``stopped_s`` is not > 0 (``parent_stopped_s``: a bad ``PARENT_STOPPED_ENV``)."""
     parent = os.getppid() if parent is None else parent
-    if stopped_s is None:
-        stopped_s = float(os.environ.get(PARENT_STOPPED_ENV) or PARENT_STOPPED_S)
+    stopped_s = parent_stopped_s() if stopped_s is None else stopped_s
+    if not (poll_s > 0 and stopped_s > 0):
+        raise ValueError(f"watch_parent: poll_s and stopped_s must be > 0, got {poll_s!r} and {stopped_s!r}")
     poll_s = min(poll_s, stopped_s / 4)
     since: list = [None]  # when the parent was first seen stopped (monotonic s), None while it runs
 
@@ -425,7 +446,7 @@ def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S, parent: O
 def main(argv: Optional[list[str]] = None, parent: Optional[int] = None) -> int:
     """Serve the Flame instance socket named by ``FLAME_INSTANCE_ENDPOINT`` until SIGTERM / SIGINT, the death of
     the executor manager (``watch_parent``) or the loss of the session (``SessionWatch``), then shut down and end the
-    process (``os._exit(0)``); 2 without it.
+    process (``os._exit(0)``); 2 without it, or with a bad ``PARENT_STOPPED_ENV`` (logged, nothing served).
     ``parent``: the executor manager's pid as the entry point (``sut.flame.serve``) read it before the slow imports
     (``None``: the parent now); when that process is already gone, the socket is never published."""
     logging.basicConfig(level=os.environ.get("SUT_FLAME_LOG", "INFO"), stream=sys.stderr,
@@ -433,6 +454,11 @@ def main(argv: Optional[list[str]] = None, parent: Optional[int] = None) -> int:
     endpoint = os.environ.get("FLAME_INSTANCE_ENDPOINT")
     if not endpoint:
         log.error("FLAME_INSTANCE_ENDPOINT is not set: this program is started by Flame's executor manager")
+        return 2
+    try:
+        stopped_s = parent_stopped_s()
+    except ValueError as e:
+        log.error("%s", e)
         return 2
     import grpc
     from flamepy.core.service import FlameInstanceServicer
@@ -447,7 +473,7 @@ def main(argv: Optional[list[str]] = None, parent: Optional[int] = None) -> int:
     # to shut the engine down on SIGTERM.
     server = grpc.server(cf.ThreadPoolExecutor(max_workers=4))
     add_InstanceServicer_to_server(FlameInstanceServicer(service), server)
-    watch_parent(stop, parent=parent)  # before the socket: a service orphaned during its imports never serves
+    watch_parent(stop, parent=parent, stopped_s=stopped_s)  # before the socket: a service orphaned during its imports never serves
     if not stop.is_set():
         listen_unix(server, endpoint)
         server.start()

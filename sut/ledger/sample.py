@@ -170,6 +170,7 @@ class SampleLedger:
         self.idle = threading.Event()
         self.idle.set()
         self._bar = None
+        self._bar_n = 0  # answers the bar has counted: taken for LoadGen, maybe not yet ``completed``
         self._progress = progress
 
     def issue(self, samples: Sequence) -> list[tuple[int, int]]:
@@ -323,6 +324,7 @@ class SampleLedger:
             self._flush_queued = False
             real = sum(len(b) for k, b in items if k == DONE) if self._progress else 0
             if real:  # before LoadGen can print its summary
+                self._bar_n += real
                 self._bar_advance(real, close=not self._outstanding and self._queued == len(items))
         run: list = []
         try:
@@ -433,11 +435,12 @@ class SampleLedger:
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.issued, initial=self.completed, unit="sample", desc="completed",
+            # a bar closed when the run was idle a moment (Server) goes on from its count (answers taken for
+            # LoadGen: the last may still be on their way, not yet ``completed``) and from the first issue
+            self._bar = tqdm(total=self.issued, initial=self._bar_n, unit="sample", desc="completed",
                              dynamic_ncols=True, mininterval=_bar_interval(), bar_format=BAR_FORMAT)
             self._bar_drawn = now = time.monotonic()
-            if self.completed:  # a bar closed when the run was idle a moment (Server): its elapsed time goes on
-                self._bar.start_t -= now - self.first_issue_t
+            self._bar.start_t -= now - self.first_issue_t
         elif self._bar.total != self.issued:
             self._bar.total = self.issued
             now = time.monotonic()
