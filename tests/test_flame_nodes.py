@@ -240,7 +240,7 @@ def test_node_gpus_are_checked_against_what_nvidia_smi_lists(monkeypatch):
     nodes.check_node_gpus(("0,1",), listed, "0,1")
     with pytest.raises(ValueError, match="node 0's GPU 2 is not on this host"):
         nodes.check_node_gpus(("1,2",), listed, "1,2")
-    with pytest.raises(ValueError, match="this host has no NVIDIA GPU"):
+    with pytest.raises(ValueError, match="this host has no NVIDIA GPU that nvidia-smi -L lists"):
         nodes.check_node_gpus(("0",), None, "each")
 
     def missing(*_a, **_k):

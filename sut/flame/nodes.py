@@ -167,8 +167,9 @@ def check_node_gpus(values: tuple, listed: Optional[dict], given: str) -> None:
     if not values:
         return
     if not listed:
-        raise ValueError(f"--node-gpus {given!r}: this host has no NVIDIA GPU (nvidia-smi -L lists none, or there is "
-                         "no nvidia-smi); leave --node-gpus out for CPU nodes")
+        raise ValueError(f"--node-gpus {given!r}: this host has no NVIDIA GPU that nvidia-smi -L lists (it lists none, "
+                         "failed, e.g. a driver / library mismatch, or there is no nvidia-smi: run it to see which); "
+                         "leave --node-gpus out for CPU nodes")
     indices = sorted((x for x in listed if x.isdigit()), key=int)
     owner: dict = {}
     for i, value in enumerate(values):
