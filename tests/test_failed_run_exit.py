@@ -63,8 +63,10 @@ def dataset(tmp_path):
 
 
 def _run_args(url, dataset, out, *extra):
+    """``sut run``'s flags over the fake server; ``out`` None: no ``--output-dir`` (find-qps sets each try's)."""
+    where = [] if out is None else ["--output-dir", str(out)]
     return ["--sut", "vllm-http", "--server-url", url, "--model", str(TINY_MODEL), "--max-model-len", "4096",
-            "--no-progress", "--user-conf", str(CPU_CONF), "--dataset", str(dataset), "--output-dir", str(out), *extra]
+            "--no-progress", "--user-conf", str(CPU_CONF), "--dataset", str(dataset), *where, *extra]
 
 
 def _stop_mid_run(cmd, log, server, how, timeout=45, started="LoadGen Server"):
@@ -121,7 +123,7 @@ def test_find_qps_one_process_try_that_fails_exits_1_promptly(tmp_path, fake_ser
     out = tmp_path / "search"
     cmd = [sys.executable, "-c", PROMPT + FIND_QPS, "--scenario", "Server", "--start", "4", "--max-runs", "2",
            "--min-duration-s", "300", "--min-query-count", "1", "--output-dir", str(out), "--",
-           *_run_args(url, dataset, out / "runs", "--max-samples", "1")]
+           *_run_args(url, dataset, None, "--max-samples", "1")]
     # (find_qps logs no "LoadGen Server" line: its try's compliance line comes just before LoadGen starts)
     rc, took, text = _stop_mid_run(cmd, tmp_path / "console.txt", server, "server-killed",
                                    started="try 1 of a one-process target_qps search")
