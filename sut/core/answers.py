@@ -21,7 +21,7 @@ the generated ids, 1-D, not yet cut at EOS) is refused when:
 
 Cost: the batch becomes one :class:`~sut.ledger.response.Answers` (one concatenation; the ledger cuts the
 same arrays at EOS, so it is made once per delivery: :meth:`AnswerCheck.check`); ids are checked by one
-numpy reduction over all of them and EOS positions found by one pass (``Answers.eos_hits``, which the ledger's
+numpy reduction over all of them and EOS ids found by one pass (``Answers.cut_lengths``, which the ledger's
 cut reuses); Python touches only each answer's length and last id and each EOS position (O(1) per answer),
 never a loop over ids. An answer that is not a row of ids at all is refused first.
 """
@@ -130,15 +130,17 @@ class AnswerCheck:
         return None
 
     def _early_eos(self, answers: Answers) -> Optional[tuple[int, str]]:
-        """Rule 4: the first answer holding an EOS id before its last id, as ``(index, why)``; one step per EOS."""
-        starts, lengths = answers.starts, answers.lengths
-        for h in answers.eos_hits(self._eos):
-            i = bisect.bisect_right(starts, h) - 1
-            if h != starts[i] + lengths[i] - 1:
-                a = answers.row(i)
-                return i, (f"answered EOS id {int(answers.flat[h])} at position {h - starts[i]} of {lengths[i]} ids, "
-                           f"not at the end (the engine did not stop at an EOS id it was given): {show_ids(a)}")
-        return None
+        """Rule 4: the first answer that its first EOS id cuts short (``Answers.cut_lengths``, which the ledger's cut
+        then reuses), as ``(index, why)``."""
+        cut, lengths = answers.cut_lengths(self._eos), answers.lengths
+        if cut is lengths:  # no answer holds an EOS id before its end (or at all)
+            return None
+        i = next((i for i, (c, n) in enumerate(zip(cut, lengths)) if c != n), None)
+        if i is None:
+            return None
+        a = answers.row(i)
+        return i, (f"answered EOS id {int(a[cut[i] - 1])} at position {cut[i] - 1} of {lengths[i]} ids, not at the "
+                   f"end (the engine did not stop at an EOS id it was given): {show_ids(a)}")
 
     def _out_of_vocab(self, flat: np.ndarray, umax: Optional[int]) -> Optional[int]:
         """Position in ``flat`` of the first id outside ``[0, vocab_size)``, else None. ``umax``: the delivery's

@@ -76,12 +76,12 @@ class Answers:
     is asked for (O(1)); whole-delivery passes over ids are numpy's.
     """
 
-    __slots__ = ("flat", "starts", "lengths", "_umax", "_hits")
+    __slots__ = ("flat", "starts", "lengths", "_umax", "_cut")
 
     def __init__(self, flat: np.ndarray, starts: list, lengths: list):
         self.flat, self.starts, self.lengths = flat, starts, lengths
         self._umax: Optional[int] = None
-        self._hits: Optional[tuple] = None  # (EOS ids, their positions in flat): made once for check and cut
+        self._cut: Optional[tuple] = None  # (EOS ids, cut_lengths for them): made once for check and cut
 
     def umax(self) -> Optional[int]:
         """The largest id of an int32 ``flat`` read as unsigned (a negative id reads above every vocabulary and EOS
@@ -133,17 +133,16 @@ class Answers:
         a = self.starts[i]
         return self.flat[a:a + self.lengths[i]]
 
-    def eos_hits(self, eos: EosIds) -> list[int]:
-        """Positions in ``flat`` that hold one of ``eos``'s ids, ascending (:meth:`EosIds.hits`); one pass per
-        delivery, shared by the answer check (``sut.core.answers``) and :meth:`cut_lengths`."""
-        if self._hits is None or self._hits[0] != eos.ids:
-            self._hits = (eos.ids, eos.hits(self.flat, self.umax()))
-        return self._hits[1]
-
     def cut_lengths(self, eos: EosIds) -> list[int]:
-        """Each answer's length once cut right after its first EOS id (the EOS kept; no EOS: its whole length):
-        one numpy pass for the delivery (:meth:`eos_hits`), then a step per answer that holds an EOS id."""
-        hits = self.eos_hits(eos)
+        """Each answer's length once cut right after its first EOS id (the EOS kept; no EOS: its whole length; no
+        answer cut: ``lengths`` itself): one numpy pass for the delivery, then a step per answer that holds an EOS
+        id. Made once per delivery and EOS ids, for the answer check (``sut.core.answers``) and the ledger's cut."""
+        if self._cut is None or self._cut[0] != eos.ids:
+            self._cut = (eos.ids, self._cut_lengths(eos))
+        return self._cut[1]
+
+    def _cut_lengths(self, eos: EosIds) -> list[int]:
+        hits = eos.hits(self.flat, self.umax())
         if not hits:
             return self.lengths
         starts, cut = self.starts, list(self.lengths)
