@@ -71,24 +71,6 @@ PARENT_POLL_S = 2.0
 PARENT_STOPPED_S = 30.0
 PARENT_STOPPED_ENV = "SUT_FLAME_PARENT_STOPPED_S"
 
-
-def parent_stopped_s(environ=os.environ) -> float:
-    """``PARENT_STOPPED_ENV`` of ``environ`` as seconds (unset or empty: ``PARENT_STOPPED_S``; ``inf``: never).
-    ``ValueError`` naming the variable and its value when it is not a number > 0: 0 or less would stop the service
-    at the parent's first stopped moment and poll without a pause (``watch_parent`` polls every ``stopped_s / 4`` at
-    most), NaN would stop it at once."""
-    text = environ.get(PARENT_STOPPED_ENV, "").strip()
-    if not text:
-        return PARENT_STOPPED_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise ValueError(f"{PARENT_STOPPED_ENV}={text!r}: expected seconds > 0 (how long the executor manager may stay "
-                         f"stopped before the service stops; unset: {PARENT_STOPPED_S:g})")
-    return value
-
 DEFAULT_LOCK_DIR = "/tmp/sut-flame"
 LOCK_DIR_ENV = "SUT_FLAME_LOCK_DIR"
 #: Seconds between answering a ``leave`` ping and stopping the process (the answer goes out first).
@@ -384,6 +366,24 @@ def listen_unix(server, endpoint: str) -> None:
     os.rename(tmp, endpoint)
 
 
+def parent_stopped_s(environ=os.environ) -> float:
+    """``PARENT_STOPPED_ENV`` of ``environ`` as seconds (unset or empty: ``PARENT_STOPPED_S``; ``inf``: never).
+    ``ValueError`` naming the variable and its value when it is not a number > 0: 0 or less would stop the service
+    at the parent's first stopped moment and poll without a pause (``watch_parent`` polls every ``stopped_s / 4`` at
+    most), NaN would stop it at once."""
+    text = environ.get(PARENT_STOPPED_ENV, "").strip()
+    if not text:
+        return PARENT_STOPPED_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise ValueError(f"{PARENT_STOPPED_ENV}={text!r}: expected seconds > 0 (how long the executor manager may stay "
+                         f"stopped before the service stops; unset: {PARENT_STOPPED_S:g})")
+    return value
+
+
 def proc_state(pid: int) -> Optional[str]:
     """The one-letter state of process ``pid`` (``/proc/PID/stat``: ``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z``
     ...); None when it cannot be read (no such process, no /proc)."""
@@ -473,7 +473,8 @@ def main(argv: Optional[list[str]] = None, parent: Optional[int] = None) -> int:
     # to shut the engine down on SIGTERM.
     server = grpc.server(cf.ThreadPoolExecutor(max_workers=4))
     add_InstanceServicer_to_server(FlameInstanceServicer(service), server)
-    watch_parent(stop, parent=parent, stopped_s=stopped_s)  # before the socket: a service orphaned during its imports never serves
+    # before the socket: a service orphaned during its imports never serves
+    watch_parent(stop, parent=parent, stopped_s=stopped_s)
     if not stop.is_set():
         listen_unix(server, endpoint)
         server.start()
