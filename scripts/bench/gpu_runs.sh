@@ -355,6 +355,11 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     while [ $t -lt "$limit" ] && [ ! -f "$JOB/DONE" ]; do sleep 10; t=$((t+10)); done
     # One archive (the device tool brings back only a few files): records, consoles, log tails.
     for f in "$JOB"/flame*/*/logs/*.log; do [ -f "$f" ] && tail -c 3000 "$f" > "$JOB/$(basename "$f").tail"; done
+    # The start-up timeline of the first locality case's engines (where a fresh engine's seconds go).
+    for f in "$JOB"/workloads/*/pair0-standalone-*/engine-*.log; do
+      [ -f "$f" ] && grep -aE "^(\(EngineCore|INFO|WARNING|engine)" "$f" | cut -c1-240 | head -120 \
+        > "$JOB/startup-$(basename "$(dirname "$f")")-$(basename "$f").tail"
+    done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
        -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
        -o -name "locality*.json" -o -name "cases.jsonl" -o -name "run_header.json" -o -path "./scen/*.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" -o -name "*.png" | tar -czf "$OUT/job.tgz" -T -)
