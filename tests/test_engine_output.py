@@ -90,7 +90,8 @@ def test_engine_output_goes_to_the_log_and_not_to_the_console(standin_vllm, tmp_
         assert line in log, line
         assert line not in out + err, line
     assert log.startswith("engine 0 (cpu:")
-    assert info["kv_cache"] == {"blocks": 4096, "block_size": 128, "tokens": 506538, "tokens_from": "vllm"}
+    assert info["kv_cache"] == {"blocks": 4096, "block_size": 128, "tokens": 506538, "tokens_from": "vllm",
+                                 "bytes_per_block": None}  # the stand-in config gives no model shape
 
 
 @pytest.mark.timeout(120)
@@ -199,3 +200,27 @@ def test_sut_run_keeps_vllm_output_in_the_run_folder(tmp_path, synthetic_small):
     rec = json.loads((run / "run.json").read_text())
     kv = rec["engines"][0]["kv_cache"]
     assert kv["tokens"] > 0 and kv["blocks"] > 0 and kv["block_size"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_kv_cache_given_in_bytes_per_block_gives_exactly_those_blocks():
+    """The read-back's bytes per block is vLLM's own: an engine given N x that many bytes (no block count)
+    allocates exactly N blocks; two such engines start together (``sut.locality.kv_pin`` relies on both)."""
+    es = EngineSettings(model=str(TINY_MODEL), device="cpu", load_format="dummy", dtype="float32", enforce_eager=True,
+                        max_model_len=512)
+    pool = EnginePool(es, GenerationSettings())
+    try:
+        (info,) = pool.start()
+    finally:
+        pool.shutdown()
+    per_block = info["kv_cache"]["bytes_per_block"]
+    assert per_block and per_block > 0 and info["kv_cache"]["blocks"] > 37
+    given = EngineSettings(**{**es.__dict__, "engines_per_device": 2, "kv_cache_memory_bytes": 37 * per_block})
+    pool = EnginePool(given, GenerationSettings())
+    assert len(pool._waves()) == 1
+    try:
+        infos = pool.start()
+    finally:
+        pool.shutdown()
+    assert [(i["kv_cache"]["blocks"], i["kv_cache"]["bytes_per_block"]) for i in infos] == [(37, per_block)] * 2

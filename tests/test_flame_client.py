@@ -172,6 +172,16 @@ def test_common_data_names_the_replicas_slot_and_the_extension_points():
     assert "engine_factory" not in plain and "service_hooks" not in plain  # the product's default engine
 
 
+def test_replicas_sharing_a_gpu_open_one_after_the_other_unless_their_kv_cache_is_given():
+    spec = TransportSpec(engine=EngineSettings(model="m", engines_per_device=2), generation=GenerationSettings(),
+                         options=FlameOptions(engines=3))
+    assert make_transport("flame", spec)._start_groups() == [[0], [1], [2]]
+    given = dataclasses.replace(spec, engine=EngineSettings(model="m", engines_per_device=2, kv_cache_memory_bytes=1))
+    assert make_transport("flame", given)._start_groups() == [[0, 1, 2]]
+    one = dataclasses.replace(spec, engine=EngineSettings(model="m"))
+    assert make_transport("flame", one)._start_groups() == [[0, 1, 2]]
+
+
 def test_prefix_caching_is_allowed_through_the_spec():
     """The synthetic-locality entry point allows prefix caching through the spec, not a flame option."""
     spec = TransportSpec(engine=EngineSettings(model="m", enable_prefix_caching=True), generation=GenerationSettings(),

@@ -349,6 +349,11 @@ def test_real_cpu_run_of_both_systems_through_the_flame_standin(tmp_path):
     for c in rec["cases"]:
         assert c["validation"]["requests_checked"] == 8 and c["timed"]["cached_share"] is not None
         assert [p["key"] for p in c["placement"]] == ["cpu:0", "cpu:1"] and c["cleanup"]["stopped"]
+    # the Flame case's engines were given the standalone case's KV cache (no profiling) and report it
+    first, flame = rec["cases"]
+    blocks = {r["kv_cache"]["blocks"] for r in first["replicas"]}
+    assert first["kv_pinned"] is None and flame["kv_pinned"]["blocks"] in blocks and len(blocks) == 1
+    assert [r["kv_cache"]["blocks"] for r in flame["replicas"]] == [flame["kv_pinned"]["blocks"]] * 2
     assert "flame / standalone, prefix_affinity: median" in out.stdout and (run / "locality.png").is_file()
 
 
@@ -470,3 +475,72 @@ def test_a_preset_whose_shape_flags_changed_says_so_in_the_record(systems, tmp_p
     assert rec["trace_preset"] == "study-reuse"
     assert "--trace-preset study-reuse: documents 3 given instead of the preset's 64" in rec["notes"]
     assert not any("rate" in n or "release_gate" in n for n in rec["notes"])  # the preset's own values, not given
+
+
+# ------------------------------------------------------------------- KV cache sized by the first case
+def _kv_systems(monkeypatch, **opts):
+    seen = []
+    for name in ("standalone", "flame"):
+        monkeypatch.setitem(SYSTEMS, name, fake(**{"kv_tokens": 1600, "kv_bytes_per_block": 4096, "engines": seen, **opts}))
+    return seen
+
+
+def test_later_cases_get_the_first_cases_kv_cache_and_each_case_profiles_on_request(monkeypatch, tmp_path):
+    seen = _kv_systems(monkeypatch)
+    (tmp_path / "a").mkdir()
+    prep, ctx = context(tmp_path / "a")
+    ps = PairSettings(policies=("round_robin",), pairs=2, progress=False)
+    record, error = run_study(resolve_systems(["standalone", "flame"], 2), prep, ctx, ps, {})
+    assert error is None and len(seen) == 4
+    assert seen[0].kv_cache_memory_bytes is None and seen[0].num_gpu_blocks_override is None  # profiles
+    assert {(e.num_gpu_blocks_override, e.kv_cache_memory_bytes) for e in seen[1:]} == {(100, 100 * 4096)}
+    first = "pair0-standalone-round_robin"
+    assert record["cases"][0]["kv_pinned"] is None
+    assert [c["kv_pinned"] for c in record["cases"][1:]] == \
+        [{"blocks": 100, "bytes_per_block": 4096, "bytes": 409600, "case": first}] * 3
+    assert json.loads((tmp_path / "a" / "locality.json").read_text())["pair_settings"]["kv_sizing"] == "first-case"
+
+    seen.clear()
+    (tmp_path / "b").mkdir()
+    prep, ctx = context(tmp_path / "b")
+    ps = PairSettings(policies=("round_robin",), pairs=2, progress=False, kv_sizing="each-case")
+    record, error = run_study(resolve_systems(["standalone", "flame"], 2), prep, ctx, ps, {})
+    assert error is None and [(e.num_gpu_blocks_override, e.kv_cache_memory_bytes) for e in seen] == [(None, None)] * 4
+    assert all(c["kv_pinned"] is None for c in record["cases"])
+
+
+def test_no_pin_without_bytes_per_block_and_a_case_that_ignores_the_pin_fails(monkeypatch, tmp_path):
+    seen = _kv_systems(monkeypatch, kv_bytes_per_block=None)
+    (tmp_path / "a").mkdir()
+    prep, ctx = context(tmp_path / "a")
+    ps = PairSettings(policies=("round_robin",), pairs=1, progress=False)
+    record, error = run_study(resolve_systems(["standalone", "flame"], 2), prep, ctx, ps, {})
+    assert error is None and [e.kv_cache_memory_bytes for e in seen] == [None, None]
+
+    _kv_systems(monkeypatch, kv_ignore_override=True)
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(kv_tokens=3200, kv_bytes_per_block=4096))
+    (tmp_path / "b").mkdir()
+    prep, ctx = context(tmp_path / "b")
+    record, error = run_study(resolve_systems(["standalone", "flame"], 2), prep, ctx, ps, {})
+    assert error and "replica 0 reports 100 KV-cache blocks, but its engine was given" in error
+    assert "'s 200 (--kv-sizing first-case); run with --kv-sizing each-case" in error
+    assert record["status"] == "failed" and len(record["cases"]) == 2
+
+
+def test_kv_pin_needs_one_size_on_every_replica():
+    from sut.locality.kv_pin import pin_from, pinned_engine
+
+    def info(blocks, per_block):
+        return {"kv_cache": {"blocks": blocks, "bytes_per_block": per_block}}
+
+    assert pin_from([info(10, 8), info(10, 8)], "c0") == {"blocks": 10, "bytes_per_block": 8, "bytes": 80, "case": "c0"}
+    assert pin_from([info(10, 8), info(11, 8)], "c0") is None  # replicas on different cards
+    assert pin_from([info(10, None), info(10, None)], "c0") is None  # a record without bytes per block
+    assert pin_from([{}, {}], "c0") is None and pin_from([], "c0") is None
+    es = EngineSettings(model=str(TINY_MODEL))
+    assert pinned_engine(es, None) is es
+    got = pinned_engine(es, {"blocks": 10, "bytes": 80})
+    assert (got.num_gpu_blocks_override, got.kv_cache_memory_bytes) == (10, 80)
+    assert got.vllm_kwargs()["kv_cache_memory_bytes"] == 80 and got.vllm_kwargs()["num_gpu_blocks_override"] == 10
+    with pytest.raises(ValueError, match="kv_sizing must be one of first-case, each-case"):
+        PairSettings(kv_sizing="every-case")

@@ -1,3 +1,4 @@
+import dataclasses
 import re
 import subprocess
 import sys
@@ -181,6 +182,43 @@ def test_gpu_plan_one_engine_per_visible_gpu_and_shared_memory(monkeypatch):
     assert [(s.kind, s.device) for s in slots] == [("cuda", "2"), ("cuda", "2"), ("cuda", "3"), ("cuda", "3")]
     assert dict(slots[2].env)["CUDA_VISIBLE_DEVICES"] == "3"
     assert EngineSettings(model="m", gpu_memory_utilization=0.9).vllm_kwargs(gpu_share=2)["gpu_memory_utilization"] == 0.45
+
+
+def test_engines_sharing_a_gpu_start_one_after_the_other_unless_their_kv_cache_is_given(monkeypatch):
+    """Memory profiling must see the previous engine's footprint; with the KV cache in bytes nothing is profiled."""
+    from sut.engine.pool import EnginePool
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    es = EngineSettings(model="m", device="cuda", engines_per_device=2, gpu_memory_utilization=0.9)
+    waves = [[(e.slot.index, e.slot.device) for e in w] for w in EnginePool(es, GenerationSettings())._waves()]
+    assert waves == [[(0, "2"), (2, "3")], [(1, "2"), (3, "3")]]
+    given = dataclasses.replace(es, kv_cache_memory_bytes=2**30)
+    assert [[e.slot.index for e in w] for w in EnginePool(given, GenerationSettings())._waves()] == [[0, 1, 2, 3]]
+    assert given.vllm_kwargs(gpu_share=2)["kv_cache_memory_bytes"] == 2**30
+    assert "kv_cache_memory_bytes" not in es.vllm_kwargs()
+    with pytest.raises(ValueError, match=r"engine setting kv_cache_memory_bytes must be >= 1 \(an integer\), got 0"):
+        EngineSettings(model="m", kv_cache_memory_bytes=0)
+
+
+def test_kv_bytes_per_block_is_vllms_full_attention_page_times_the_layers():
+    """2 (K, V) x block size x KV heads x head size x element size x layers; the element size is the KV
+    cache dtype's, ``auto`` the model's; None where vLLM's config lacks a part."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from sut.engine.readback import kv_bytes_per_block
+
+    mc = NS(dtype=torch.bfloat16, get_num_kv_heads=lambda pc: 8, get_head_size=lambda: 128,
+            get_num_layers=lambda pc: 32)
+    cfg = NS(model_config=mc, cache_config=NS(cache_dtype="auto", block_size=16), parallel_config=None)
+    assert kv_bytes_per_block(cfg, torch) == 2 * 16 * 8 * 128 * 2 * 32 == 2**21  # Llama-3.1-8B, bf16: 2 MiB
+    cfg.cache_config.cache_dtype = "fp8"
+    assert kv_bytes_per_block(cfg, torch) == 2**20
+    cfg.cache_config.cache_dtype = "no-such-dtype"
+    assert kv_bytes_per_block(cfg, torch) is None
+    assert kv_bytes_per_block(NS(model_config=NS(), cache_config=NS(cache_dtype="auto", block_size=16),
+                                 parallel_config=None), torch) is None
 
 
 def test_cpu_plan_splits_cores(monkeypatch):

@@ -51,6 +51,9 @@ class FakeOptions:
     silent_kill: bool = False
     halt_on_kill: bool = False
     kv_tokens: Optional[int] = None  # the KV cache every replica reports (kv_cache.tokens)
+    kv_bytes_per_block: Optional[int] = None  # and its bytes per block (kv_cache.bytes_per_block)
+    kv_ignore_override: bool = False  # report kv_tokens' blocks even when the engine settings fix other blocks
+    engines: Optional[list] = field(default=None, hash=False, compare=False)  # gets each start's EngineSettings
     log: Optional[list] = field(default=None, hash=False, compare=False)
 
 
@@ -81,8 +84,13 @@ class FakeTransport(Transport):
             th = threading.Thread(target=self._loop, args=(r,), daemon=True, name=f"fake-replica-{r}")
             th.start()
             self._threads.append(th)
-        kv = {"kv_cache": {"tokens": self.o.kv_tokens, "blocks": self.o.kv_tokens // 16, "block_size": 16}} \
-            if self.o.kv_tokens else {}
+        es = self.spec.engine
+        if self.o.engines is not None:
+            self.o.engines.append(es)
+        blocks = es.num_gpu_blocks_override if es.num_gpu_blocks_override and not self.o.kv_ignore_override \
+            else (self.o.kv_tokens or 0) // 16
+        kv = {"kv_cache": {"tokens": blocks * 16, "blocks": blocks, "block_size": 16,
+                           "bytes_per_block": self.o.kv_bytes_per_block}} if self.o.kv_tokens else {}
         own = [{"engine": r, "enable_prefix_caching": self.o.prefix_caching_on,
                 "device": {"kind": "fake", "name": "fake", "uuid": f"FAKE-{r}"}, **kv} for r in range(self.o.replicas)]
         self.records = [ReplicaRecord(r, own[r] if self.o.engine_info is None else dict(self.o.engine_info, engine=r))

@@ -79,7 +79,9 @@ def plan_engines(settings: EngineSettings) -> list[EngineSlot]:
     groups = np.array_split(np.array(cores), k)
     for grp in groups:
         bind = f"{grp[0]}-{grp[-1]}" if len(grp) > 1 else f"{grp[0]}"
-        env = dict(CPU_ENV, VLLM_CPU_OMP_THREADS_BIND=bind, VLLM_CPU_KVCACHE_SPACE=str(settings.cpu_kvcache_gib))
+        env = dict(CPU_ENV, VLLM_CPU_OMP_THREADS_BIND=bind)
+        if settings.kv_cache_memory_bytes is None:  # vLLM's CPU platform lets this replace kv_cache_memory_bytes
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_gib)
         slots.append(EngineSlot(len(slots), "cpu", bind, 1, tuple(sorted(env.items()))))
     return slots
 

@@ -48,7 +48,10 @@ class EnginePool:
 
     def _waves(self) -> list[list[EngineHandle]]:
         """Engines on different devices start together; engines sharing one device start one after the
-        other, so that each one's memory profiling sees the previous one's final footprint."""
+        other, so that each one's memory profiling sees the previous one's final footprint, unless their
+        KV cache is given in bytes (``kv_cache_memory_bytes``: no profiling, so all start together)."""
+        if self.settings.kv_cache_memory_bytes is not None:
+            return [list(self.engines)]
         by_device: dict[str, list[EngineHandle]] = {}
         for e in self.engines:
             by_device.setdefault(f"{e.slot.kind}:{e.slot.device}", []).append(e)

@@ -5,6 +5,7 @@ identity and KV-cache capacity (the record ``run.json`` lists under ``engines``;
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from sut.engine.devices import EngineSlot, cpu_name
 
@@ -24,6 +25,24 @@ def kv_cache_capacity(cache_config) -> dict:
         tokens, source = int(blocks) * int(bs), "blocks"
     return {"blocks": None if blocks is None else int(blocks), "block_size": None if bs is None else int(bs),
             "tokens": None if tokens is None else int(tokens), "tokens_from": None if tokens is None else source}
+
+
+def kv_bytes_per_block(cfg, torch_mod) -> Optional[int]:
+    """Bytes one KV-cache block takes over all layers: ``2 (K and V) x block_size x KV heads x head size x
+    element size x layers`` (vLLM's full-attention page size, ``FullAttentionSpec.page_size_bytes``, times
+    the layers); the element size is the KV cache dtype's (``auto``: the model's). None when vLLM's
+    config does not give one of these (another vLLM, another attention kind)."""
+    try:
+        mc, cc, pc = cfg.model_config, cfg.cache_config, cfg.parallel_config
+        try:
+            from vllm.utils.torch_utils import get_kv_cache_torch_dtype
+        except ImportError:  # older vLLM
+            from vllm.utils import get_kv_cache_torch_dtype
+        elem = torch_mod.empty((), dtype=get_kv_cache_torch_dtype(cc.cache_dtype, mc.dtype)).element_size()
+        per_layer = 2 * int(cc.block_size) * int(mc.get_num_kv_heads(pc)) * int(mc.get_head_size()) * elem
+        return per_layer * int(mc.get_num_layers(pc))
+    except (ImportError, AttributeError, TypeError, ValueError, KeyError):
+        return None
 
 
 def read_back(llm, vllm_mod, torch_mod, slot: EngineSlot) -> dict:
@@ -52,7 +71,7 @@ def read_back(llm, vllm_mod, torch_mod, slot: EngineSlot) -> dict:
             "block_size": cc.block_size,
         },
         "enable_prefix_caching": bool(cc.enable_prefix_caching),
-        "kv_cache": kv_cache_capacity(cc),
+        "kv_cache": dict(kv_cache_capacity(cc), bytes_per_block=kv_bytes_per_block(cfg, torch_mod)),
         "device": {"kind": slot.kind, "slot": slot.device},
     }
     if slot.kind == "cuda":

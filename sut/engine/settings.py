@@ -10,7 +10,10 @@ engines sharing one GPU), kv_cache_dtype, quantization, load_format (``dummy`` =
 config.json), enforce_eager, seed, enable_prefix_caching (must stay False for MLPerf: the one guard
 is ``sut.core.guard``), device (auto/cuda/cpu), engines_per_device, cpu_kvcache_gib,
 num_gpu_blocks_override (a fixed number of KV-cache blocks per engine instead of what memory allows:
-vLLM's ``CacheConfig.num_gpu_blocks_override``, used on the CPU backend too; None = vLLM's own).
+vLLM's ``CacheConfig.num_gpu_blocks_override``, used on the CPU backend too; None = vLLM's own),
+kv_cache_memory_bytes (each engine's KV cache in bytes, no memory profiling: vLLM's
+``CacheConfig.kv_cache_memory_bytes``, on the CPU backend in place of ``VLLM_CPU_KVCACHE_SPACE``; engines sharing a
+GPU then start together, as no profiling can see another's allocations; None = sized by profiling).
 
 ``check_engine_settings`` (run when an ``EngineSettings`` is built): ``ValueError`` naming the field and
 its flag for a value vLLM would refuse only once an engine starts (``--dtype float33``,
@@ -65,6 +68,7 @@ class EngineSettings:
     engines_per_device: int = 1
     cpu_kvcache_gib: int = 2
     num_gpu_blocks_override: Optional[int] = None
+    kv_cache_memory_bytes: Optional[int] = None
 
     def __post_init__(self):
         """Refuse a value vLLM would refuse only after an engine started (``ValueError`` naming the field
@@ -96,6 +100,8 @@ class EngineSettings:
             kw["quantization"] = self.quantization
         if self.num_gpu_blocks_override is not None:
             kw["num_gpu_blocks_override"] = self.num_gpu_blocks_override
+        if self.kv_cache_memory_bytes is not None:
+            kw["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
         util = self.gpu_memory_utilization
         if util is None and gpu_share > 1:
             util = 0.90  # engines sharing a GPU must split it explicitly
@@ -108,7 +114,7 @@ class EngineSettings:
 VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 #: Engine fields that must be integers >= 1 when set (None: vLLM's default).
 _POSITIVE_INTS = ("max_num_seqs", "max_num_batched_tokens", "engines_per_device", "cpu_kvcache_gib",
-                  "num_gpu_blocks_override")
+                  "num_gpu_blocks_override", "kv_cache_memory_bytes")
 #: Engine fields that must be non-empty strings when set (vLLM checks the value itself: its lists
 #: change between releases and plugins add to them).
 _NAMES = ("model", "kv_cache_dtype", "load_format", "quantization")

@@ -148,9 +148,11 @@ class FlameTransport(Transport):
 
     def _start_groups(self) -> list[list[int]]:
         """Replicas whose sessions open and warm up together: all at once, except when engines share a
-        device (``engines_per_device`` > 1): then one after the other, as ``EnginePool`` starts them, so
-        that each engine's memory profiling sees the previous one's final footprint."""
-        if self.spec.engine.engines_per_device > 1:
+        device (``engines_per_device`` > 1) and size their KV cache by memory profiling: then one after the
+        other, as ``EnginePool`` starts them, so that each engine's profiling sees the previous one's final
+        footprint (with ``kv_cache_memory_bytes`` there is no profiling, and all start together)."""
+        es = self.spec.engine
+        if es.engines_per_device > 1 and es.kv_cache_memory_bytes is None:
             return [[r] for r in range(self.replicas)]
         return [list(range(self.replicas))]
 

@@ -253,6 +253,8 @@ def _get(header: dict, dotted: str):
         value = (value or {}).get(part) if isinstance(value, dict) else None
     if isinstance(value, dict) and dotted in HOST_FIELDS:
         value = {k: v for k, v in value.items() if k not in HOST_FIELDS[dotted]}
+    if isinstance(value, dict) and dotted == "engine_settings":  # unset = vLLM's own, as in a header
+        value = {k: v for k, v in value.items() if v is not None}  # written before the field existed
     return value
 
 

@@ -11,7 +11,9 @@ compares run back to back). Every case:
    sessions) with prefix caching on and per-request detail, and starts it (not timed: model load,
    session set-up). Each replica must report prefix caching on, and its placement (device kind and
    GPU UUID, else the device slot) must equal replica r's placement in every other case: shards
-   are pinned to the same GPU on every system, checked against the replicas' own records;
+   are pinned to the same GPU on every system, checked against the replicas' own records. The first
+   case's engines size their KV cache by memory profiling; later cases get that size
+   (``sut.locality.kv_pin``; ``PairSettings.kv_sizing``);
 2. runs the **warm-ups** (not timed): the trace with ids shifted inside the vocabulary
    (``trace.warmup_traces``: same lengths and prefix relations, none of the measured prefixes), each
    through a fresh router of the case's policy, validated like the timed burst;
@@ -42,6 +44,7 @@ from sut.engine import EngineSettings, GenerationSettings
 from sut.errors import EngineError, RunFailed
 from sut.locality import knob
 from sut.locality.burst import BurstSettings, run_burst
+from sut.locality.kv_pin import KV_SIZINGS, check_pinned, pin_from, pinned_engine
 from sut.locality.systems import System, build_transport
 from sut.locality.trace import TraceRequest
 from sut.locality.workloads import POLICY_VARIANTS, WorkloadSettings
@@ -82,9 +85,15 @@ class PairSettings:
     stall_timeout_s: float = knob(900.0, "fail the run when no request finishes for this many seconds (a Flame "
                                          "system's executor warm-up has its own limit: --system-option "
                                          "flame.warmup_timeout_s=S)")
+    kv_sizing: str = knob("first-case", "first-case = the first case's engines size their KV cache by vLLM's "
+                          "memory profiling and every later case's engines get that size (no profiling, so engines "
+                          "sharing a GPU start together); each-case = every case profiles (engines sharing a GPU "
+                          "start one after the other)", choices=KV_SIZINGS)
     progress: bool = True
 
     def __post_init__(self):
+        if self.kv_sizing not in KV_SIZINGS:
+            raise ValueError(f"kv_sizing must be one of {', '.join(KV_SIZINGS)}, got {self.kv_sizing!r}")
         if not self.policies:
             raise ValueError("at least one policy is needed")
         if len(set(self.policies)) != len(self.policies):
@@ -145,6 +154,8 @@ class StudyContext:
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)
     levels: Sequence = ()
     sizing: Optional[dict] = None
+    kv_pin: Optional[dict] = None  # the KV cache every case after kv_pin["case"] gets (sut.locality.kv_pin)
+    kv_pin_decided: bool = False  # the first fresh case has started: kv_pin is final
 
 
 def _rotate(seq: Sequence, k: int) -> list:
@@ -295,7 +306,8 @@ def _burst(t: Transport, ctx: StudyContext, policy: str, trace, first_id: int, p
     return run_burst(t, router, trace, bs, expected)
 
 
-def _start(t: Transport, system: System, ctx: StudyContext, case: Case, rec: dict, idle: "_IdleSink") -> None:
+def _start(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, case: Case, rec: dict,
+           idle: "_IdleSink") -> None:
     """Start the case's transport (not timed) and check its replicas: prefix caching, placement, KV sizing."""
     t0 = time.monotonic()
     log.info("%s: starting %d replica(s)%s%s", case.name, t.replicas, " (fresh engines)" if system.spec.fresh else "",
@@ -307,6 +319,10 @@ def _start(t: Transport, system: System, ctx: StudyContext, case: Case, rec: dic
     _check_prefix_caching(records, system)
     rec["placement"] = placement(records, t.replicas, required=system.spec.fresh)
     check_placement(ctx, case, rec["placement"])
+    if rec.get("kv_pinned"):
+        check_pinned(rec["replicas"], ctx.kv_pin, case.name)
+    elif system.spec.fresh and not ctx.kv_pin_decided and ps.kv_sizing == "first-case":
+        ctx.kv_pin, ctx.kv_pin_decided = pin_from(rec["replicas"], case.name), True
     if ctx.sizing:
         from sut.locality.workloads.eviction import case_record
 
@@ -316,7 +332,7 @@ def _start(t: Transport, system: System, ctx: StudyContext, case: Case, rec: dic
 def _measure(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, case: Case, rec: dict) -> None:
     """Start, check, warm up and time one case into ``rec`` (the transport is stopped by the caller)."""
     idle = _IdleSink()
-    _start(t, system, ctx, case, rec, idle)
+    _start(t, system, ctx, ps, case, rec, idle)
     warm_rate = 0.0 if ctx.levels else ps.rate  # arrivals: the warm-ups are bursts; the levels have their rates
     for k, warm in enumerate(ctx.warmups):
         idle.check()
@@ -376,10 +392,11 @@ def run_case(system: System, ctx: StudyContext, ps: PairSettings, case: Case) ->
     failed. The transport is stopped in every case (also on Ctrl-C, which propagates)."""
     d = ctx.run_dir / case.name
     d.mkdir(parents=True, exist_ok=True)
-    spec = TransportSpec(engine=ctx.engine, generation=ctx.generation, log_dir=None if ctx.log_to_console else str(d),
-                         run_dir=str(d))
+    pin = ctx.kv_pin if system.spec.fresh and ps.kv_sizing == "first-case" else None
+    spec = TransportSpec(engine=pinned_engine(ctx.engine, pin), generation=ctx.generation,
+                         log_dir=None if ctx.log_to_console else str(d), run_dir=str(d))
     rec: dict = dataclasses.asdict(case)
-    rec.update(transport=system.transport, fresh_engines=system.spec.fresh, warmups=[])
+    rec.update(transport=system.transport, fresh_engines=system.spec.fresh, warmups=[], kv_pinned=pin)
     before = _children()
     try:
         t = build_transport(system, spec)
