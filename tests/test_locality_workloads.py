@@ -298,7 +298,8 @@ def test_the_kill_fires_mid_work_at_a_share_of_the_warm_up_time(monkeypatch, tmp
     c = cases_of(rec)[0]
     f, k = c["failover"], c["failover"]["killed"]
     planned = 0.5 * c["warmups"][-1]["wall_s"]
-    assert k["trigger"] == {"when": "time", "at_s": pytest.approx(planned, abs=1e-3)} and k["fired"]
+    assert k["trigger"] == {"when": "time", "at_s": pytest.approx(planned, abs=1e-3), "after": 0.5} and k["fired"]
+    assert k["fired_by"] == "time"
     assert planned - 0.01 <= k["at_s"] <= planned + 0.5 and k["replica_outstanding"] > 0
     assert f["loss_seen"] and f["rerouted"] > 0 and f["answered"] + f["rerouted"] + f["failed"] == 40
 
@@ -622,8 +623,29 @@ def test_a_kill_timer_due_while_the_burst_closes_never_fires(monkeypatch, tmp_pa
     rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
                   "--documents", "10", "--kill-after", "0.99")
     f = cases_of(rec)[0]["failover"]
-    assert f["killed"]["trigger"] == {"when": "time", "at_s": 0.15}
+    assert f["killed"]["trigger"] == {"when": "time", "at_s": 0.15, "after": 0.99} and f["killed"]["fired_by"] is None
     assert rc == 0 and killed == [] and f["killed"]["fired"] is False and f["answered"] == 40, f["killed"]
+
+
+def test_a_kill_time_after_the_burst_falls_back_to_the_answers_share(monkeypatch, tmp_path, capsys):
+    """A warm-up slowed by something else puts the kill time after the timed burst: the kill fires once the
+    replica has answered its share instead, while it still holds work, and the report says so."""
+    from sut.locality.workloads import replica_loss
+
+    def late(ws, warmups=()):  # as if the last warm-up had taken 200 s
+        return dataclasses.replace(planned(ws, warmups), at_s=100.0)
+
+    planned = replica_loss.kill_plan
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.01))
+    monkeypatch.setattr(replica_loss, "kill_plan", late)
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--loss-timeout-s", "0.5")
+    f = cases_of(rec)[0]["failover"]
+    k = f["killed"]
+    assert rc == 0 and k["fired"] and k["fired_by"] == "answers" and k["at_s"] < 100
+    assert k["replica_answered"] == 15 and k["replica_outstanding"] == 5 and f["rerouted"] > 0  # 3/4 of 20
+    assert "note: 1 case(s) killed the replica when it had answered its share, before the kill time" in \
+        capsys.readouterr().out
 
 
 def test_the_kill_timer_never_fires_after_stop_and_leaves_no_thread():

@@ -272,7 +272,7 @@ def failover_record(disp: FailoverDispatcher, killer: Killer, col: _Collector, n
     loss = disp.losses[0] if disp.losses else None
     rerouted = sorted(disp.rerouted_done.values())
     return {"killed": {"replica": killer.plan.replica, "trigger": killer.plan.trigger, "fired": k0 is not None,
-                       **(killer.at or {}), "at_s": after_t0(k0, t0), "how": killer.how},
+                       "fired_by": killer.fired_by, **(killer.at or {}), "at_s": after_t0(k0, t0), "how": killer.how},
             "loss_seen": bool(disp.losses), **kinds, "requests": n,
             "detected_after_s": after(loss["detected"]) if loss else None,
             "detected_how": loss["how"] if loss else None,

@@ -4,9 +4,11 @@ Algorithm (the ``replica-loss`` workload, ``sut/locality/workloads/replica_loss.
 ---------
 1. **Kill.** ``KillPlan(replica, after, at_s=T)``: ``T`` seconds after the burst starts (the caller sets
    ``T`` = ``after`` x the last warm-up's wall time, so that the kill lands mid-work on every system, however
-   it delivers its answers). Without ``at_s``: once replica ``replica`` has answered ``ceil(after x n)`` of
-   the ``n`` requests routed to it so far (in a burst: all of its share), so that it still holds some (a
-   system that returns a batch's answers together has done the rest of its work by then). The harness
+   it delivers its answers), or earlier if replica ``replica`` has by then answered ``(1 + after) / 2`` of the
+   ``n`` requests routed to it and still holds some (a warm-up slowed by something else would otherwise put
+   ``T`` after the end of the burst: no kill; the record's ``fired_by`` says which fired). Without ``at_s``: only that answers
+   share (in a burst: ``n`` = all of its share), so that it still holds some (a system that returns a
+   batch's answers together has done the rest of its work by then). The harness
    kills it once (``kill_replica``): through the transport's own
    ``kill_replica(r)`` where it has one (test doubles), else ``SIGKILL`` to the pid the replica's own record
    reports (``ReplicaRecord.info["pid"]``: its engine process, which this harness or the Flame service
@@ -65,15 +67,18 @@ class KillPlan:
 
     @property
     def trigger(self) -> dict:
-        """How the kill fires, as recorded: ``{"when": "time", "at_s": T}`` or ``{"when": "answers",
-        "after": f}``."""
+        """How the kill fires, as recorded: ``{"when": "time", "at_s": T, "after": f}`` (at T, or at the answers
+        share (1 + f) / 2 if that comes first) or ``{"when": "answers", "after": f}``."""
         if self.at_s is not None:
-            return {"when": "time", "at_s": round(self.at_s, 4)}
+            return {"when": "time", "at_s": round(self.at_s, 4), "after": self.after}
         return {"when": "answers", "after": self.after}
 
     def threshold(self, routed: int) -> int:
-        """Answers of the replica that trigger the kill when ``routed`` requests went to it (at least 1)."""
-        return max(1, math.ceil(self.after * routed))
+        """Answers of the replica that trigger the kill when ``routed`` requests went to it (at least 1): ``after``
+        of them, or with a time trigger (its fallback) ``(1 + after) / 2`` of them, so that the time normally
+        comes first."""
+        share = self.after if self.at_s is None else (1 + self.after) / 2
+        return max(1, math.ceil(share * routed))
 
 
 def kill_replica(transport, replica: int) -> str:
@@ -99,8 +104,9 @@ def kill_replica(transport, replica: int) -> str:
 class Killer:
     """Fires the kill once, on its own thread (never a transport's): ``plan.at_s`` after ``start`` (a timer), or
     once the plan's replica has answered its share of ``routed()`` (requests routed to it so far; every answer
-    is counted either way, for the record); ``arm`` is called just before the kill (the
-    dispatcher takes losses from then on). ``answered``: the burst's answers, ``at``: the replica's, at the kill."""
+    is counted either way, for the record), whichever comes first; ``fired_by`` says which ("time" /
+    "answers"). ``arm`` is called just before the kill (the dispatcher takes losses from then on).
+    ``answered``: the burst's answers, ``at``: the replica's, at the kill."""
 
     def __init__(self, plan: KillPlan, transport, routed, arm=None):
         self.plan, self.transport, self.routed, self.arm = plan, transport, routed, arm
@@ -108,6 +114,7 @@ class Killer:
         self.at: Optional[dict] = None
         self.killed_at: Optional[float] = None
         self.how: Optional[str] = None
+        self.fired_by: Optional[str] = None
         self.error: Optional[str] = None
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
@@ -137,10 +144,11 @@ class Killer:
         with self._lock:
             self.answered += 1
             self.mine += replica == self.plan.replica
-            fire = (self.plan.at_s is None and replica == self.plan.replica and self._thread is None
-                    and not self._stopped and self.mine >= self.plan.threshold(self.routed()))
+            routed = self.routed()  # a time trigger's fallback only while the replica still holds work
+            fire = (replica == self.plan.replica and self._thread is None and not self._stopped
+                    and self.mine >= self.plan.threshold(routed) and (self.plan.at_s is None or self.mine < routed))
             if fire:
-                self._fire_locked()
+                self._fire_locked("answers")
         if fire:
             self._thread.start()
 
@@ -148,11 +156,12 @@ class Killer:
         with self._lock:
             if self._thread is not None or self._stopped:
                 return
-            self._fire_locked()
+            self._fire_locked("time")
         self._thread.start()
 
-    def _fire_locked(self) -> None:
+    def _fire_locked(self, by: str) -> None:
         routed = self.routed()
+        self.fired_by = by
         self.at = {"replica_answered": self.mine, "replica_routed": routed,
                    "replica_outstanding": routed - self.mine, "burst_answered": self.answered}
         self.killed_at = time.monotonic()
