@@ -523,6 +523,7 @@ def test_no_pin_without_bytes_per_block_and_a_case_that_ignores_the_pin_fails(mo
     prep, ctx = context(tmp_path / "b")
     record, error = run_study(resolve_systems(["standalone", "flame"], 2), prep, ctx, ps, {})
     assert error and "replica 0 reports 100 KV-cache blocks, but its engine was given" in error
+    assert error.startswith("pair0-flame-round_robin: replica 0 reports")  # the case named once
     assert "'s 200 (--kv-sizing first-case); run with --kv-sizing each-case" in error
     assert record["status"] == "failed" and len(record["cases"]) == 2
 
@@ -544,3 +545,21 @@ def test_kv_pin_needs_one_size_on_every_replica():
     assert got.vllm_kwargs()["kv_cache_memory_bytes"] == 80 and got.vllm_kwargs()["num_gpu_blocks_override"] == 10
     with pytest.raises(ValueError, match="kv_sizing must be one of first-case, each-case"):
         PairSettings(kv_sizing="every-case")
+
+
+def test_a_pinned_system_whose_replicas_report_no_kv_cache_is_not_failed(monkeypatch, tmp_path, caplog):
+    """``--systems flame standalone --http``: the Flame case sets the pin; the ``vllm serve`` fleet that follows
+    (started with --disable-log-stats: no blocks in its record) is given the cache but cannot confirm it; that
+    is recorded and logged, not a failure of the run (the engines were given the same cache)."""
+    seen = []
+    monkeypatch.setitem(SYSTEMS, "flame", fake(kv_tokens=1600, kv_bytes_per_block=4096, engines=seen))
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(engines=seen))  # reports no kv_cache at all
+    prep, ctx = context(tmp_path)
+    ps = PairSettings(policies=("round_robin",), pairs=1, progress=False)
+    record, error = run_study(resolve_systems(["flame", "standalone"], 2), prep, ctx, ps, {})
+    assert error is None, error
+    assert [(e.num_gpu_blocks_override, e.kv_cache_memory_bytes) for e in seen] == [(None, None), (100, 409600)]
+    pinned = record["cases"][1]
+    assert pinned["kv_pinned"]["blocks"] == 100 and pinned["kv_pin_unconfirmed"] == [0, 1]
+    assert "kv_pin_unconfirmed" not in record["cases"][0]
+    assert "replicas 0, 1 report no KV-cache blocks: the pinned cache (100 blocks) is not confirmed" in caplog.text

@@ -12,7 +12,9 @@ touched. Every case has the same cache, which the pair ratios assume anyway.
 The pin is taken only when every replica of the first case reports the same blocks and bytes per
 block (one ``EngineSettings`` serves all engines); otherwise (replicas on different cards, a record
 without them: ``vllm serve`` fleets, running servers) each case profiles, as with ``--kv-sizing
-each-case``. A pinned case whose replicas report other blocks fails (``RunFailed``).
+each-case``. A pinned case whose replicas report other blocks fails (``RunFailed``); replicas that report
+no blocks at all (a ``vllm serve`` fleet after another system's first case) are given the pin unconfirmed
+(the case's ``kv_pin_unconfirmed`` lists them).
 """
 
 from __future__ import annotations
@@ -54,10 +56,19 @@ def pinned_engine(engine: EngineSettings, pin: Optional[dict]) -> EngineSettings
     return dataclasses.replace(engine, kv_cache_memory_bytes=pin["bytes"], num_gpu_blocks_override=pin["blocks"])
 
 
-def check_pinned(infos: Sequence[dict], pin: dict, case_name: str) -> None:
-    """``RunFailed`` naming the replica when a pinned case's replica reports other blocks than the pin."""
+def check_pinned(infos: Sequence[dict], pin: dict, case_name: str) -> list[int]:
+    """The replicas of a pinned case that report no KV-cache blocks (a ``vllm serve`` fleet started with
+    ``--disable-log-stats`` has none in its record: given the pin, not confirmed; logged). ``RunFailed`` naming
+    the replica when one reports other blocks than the pin (the caller names the case)."""
+    unconfirmed = []
     for r, info in enumerate(infos):
         blocks = (info.get("kv_cache") or {}).get("blocks")
-        if blocks != pin["blocks"]:
-            raise RunFailed(f"{case_name}: replica {r} reports {blocks} KV-cache blocks, but its engine was given "
-                            f"{pin['case']}'s {pin['blocks']} (--kv-sizing first-case); run with --kv-sizing each-case")
+        if blocks is None:
+            unconfirmed.append(r)
+        elif blocks != pin["blocks"]:
+            raise RunFailed(f"replica {r} reports {blocks} KV-cache blocks, but its engine was given {pin['case']}'s "
+                            f"{pin['blocks']} (--kv-sizing first-case); run with --kv-sizing each-case")
+    if unconfirmed:
+        log.warning("%s: replica%s %s report no KV-cache blocks: the pinned cache (%d blocks) is not confirmed",
+                    case_name, "s" if len(unconfirmed) > 1 else "", ", ".join(map(str, unconfirmed)), pin["blocks"])
+    return unconfirmed

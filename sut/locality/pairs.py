@@ -320,7 +320,9 @@ def _start(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, ca
     rec["placement"] = placement(records, t.replicas, required=system.spec.fresh)
     check_placement(ctx, case, rec["placement"])
     if rec.get("kv_pinned"):
-        check_pinned(rec["replicas"], ctx.kv_pin, case.name)
+        unconfirmed = check_pinned(rec["replicas"], ctx.kv_pin, case.name)
+        if unconfirmed:
+            rec["kv_pin_unconfirmed"] = unconfirmed
     elif system.spec.fresh and not ctx.kv_pin_decided and ps.kv_sizing == "first-case":
         ctx.kv_pin, ctx.kv_pin_decided = pin_from(rec["replicas"], case.name), True
     if ctx.sizing:
