@@ -145,6 +145,21 @@ def test_arrivals_measure_capacity_then_run_each_level_on_its_own_copy(systems, 
     assert (tmp_path / "out" / "w-SYNTHETIC-LOCALITY-NOT-MLPERF" / "calibration-standalone-round_robin").is_dir()
 
 
+def test_the_capacity_calibration_is_the_first_case_that_sizes_the_kv_cache(monkeypatch, tmp_path):
+    """--kv-sizing first-case: the calibration case is the run's first case with fresh engines; every case of the
+    pairs gets its KV cache (before, its pin was set on a copy of the context and lost: the first case of the
+    pairs profiled again, and the calibration's capacity was measured on another cache than the pairs')."""
+    seen = []
+    for name in ("standalone", "flame"):
+        monkeypatch.setitem(SYSTEMS, name, fake(kv_tokens=1600, kv_bytes_per_block=4096, engines=seen))
+    rc, rec = run(tmp_path, "--trace-preset", "arrivals", "--policies", "round_robin", "--load-levels", "0.5")
+    assert rc == 0
+    cal = rec["workload"]["calibration"]["case"]
+    pin = {"blocks": 100, "bytes_per_block": 4096, "bytes": 409600, "case": "calibration-standalone-round_robin"}
+    assert cal["kv_pinned"] is None and [c["kv_pinned"] for c in cases_of(rec)] == [pin, pin]
+    assert [e.kv_cache_memory_bytes for e in seen] == [None, 409600, 409600]
+
+
 def test_arrivals_goodput_counts_only_requests_within_both_targets(systems, tmp_path):
     rc, rec = run(tmp_path, "--trace-preset", "arrivals", "--policies", "round_robin", "--capacity", "500",
                   "--load-levels", "0.5", "--ttft-target-s", "1e-9")
