@@ -677,6 +677,59 @@ def test_the_kill_timer_never_fires_after_stop_and_leaves_no_thread():
     assert not [t for t in threading.enumerate() if t.name in ("replica-loss-timer", "replica-loss-kill")]
 
 
+def _killer(at_s, routed):
+    from sut.locality.failover import Killer, KillPlan
+
+    killed = []
+    transport = type("T", (), {"name": "t", "kill_replica": lambda self, r: killed.append(r)})()
+    return Killer(KillPlan(0, 0.5, at_s=at_s), transport, lambda: routed[0]), killed
+
+
+def test_the_answers_fallback_of_a_time_trigger_waits_until_every_request_is_routed():
+    """With arrivals (--rate) the replica's routed count grows through the burst: 3 of the 4 routed so far is no
+    sign that the kill time lies after the burst (before, the fallback fired then, long before the kill time)."""
+    routed = [4]
+    k, killed = _killer(100.0, routed)
+    k.start()
+    for _ in range(3):
+        k.on_answer(0)
+    assert k.fired_by is None and killed == []
+    routed[0] = 20
+    k.all_routed()  # the burst's last request is routed: 3/4 of 20 = 15 answers fire it
+    for _ in range(11):
+        k.on_answer(0)
+    assert k.fired_by is None
+    k.on_answer(0)
+    k.join()
+    assert k.fired_by == "answers" and killed == [0] and k.at["replica_answered"] == 15
+    k.stop()
+
+
+def test_a_kill_decided_by_an_answer_is_started_before_the_burst_can_close():
+    """The kill thread starts while the decision's lock is held: a stop and join that come in between (the burst
+    ending on an error) never meet a thread that is not started yet (before: RuntimeError from join, and the kill
+    ran after the burst had ended)."""
+    k, killed = _killer(None, [4])
+    real = k._lock
+
+    class StopOnRelease:  # the burst closes right after on_answer released the lock
+        def __enter__(self):
+            return real.__enter__()
+
+        def __exit__(self, *exc):
+            real.__exit__(*exc)
+            if k.at is not None and not k._stopped:
+                k._lock = real
+                k.stop()
+                k.join()
+
+    k._lock = StopOnRelease()
+    k.on_answer(0)
+    k.on_answer(0)  # 2 of 4 = --kill-after 0.5: fires
+    k.join()
+    assert killed == [0] and k.fired_by == "answers"
+
+
 def test_a_kill_whose_loss_was_seen_but_cost_nothing_is_reported_as_measuring_no_loss(monkeypatch, tmp_path, capsys):
     """The kill fires on the replica's last answer: its loss reaches the harness, but nothing was left to re-route
     or fail; the report says the case measures no loss."""

@@ -214,6 +214,8 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
         killer.start()
     try:
         t0 = _send(trace, bs, ledger, disp, col)
+        if killer is not None:
+            killer.all_routed()
         error = _wait_failover(ledger, disp, col, killer, bs) if killer else ledger.wait_idle(bs.stall_timeout_s)
         t_end = time.monotonic()  # the burst settled (every request answered or failed)
     finally:

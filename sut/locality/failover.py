@@ -4,10 +4,11 @@ Algorithm (the ``replica-loss`` workload, ``sut/locality/workloads/replica_loss.
 ---------
 1. **Kill.** ``KillPlan(replica, after, at_s=T)``: ``T`` seconds after the burst starts (the caller sets
    ``T`` = ``after`` x the last warm-up's wall time, so that the kill lands mid-work on every system, however
-   it delivers its answers), or earlier if replica ``replica`` has by then answered ``(1 + after) / 2`` of the
-   ``n`` requests routed to it and still holds some (a warm-up slowed by something else would otherwise put
-   ``T`` after the end of the burst: no kill; the record's ``fired_by`` says which fired). Without ``at_s``: only that answers
-   share (in a burst: ``n`` = all of its share), so that it still holds some (a system that returns a
+   it delivers its answers), or earlier if, once every request of the burst is routed, replica ``replica``
+   has answered ``(1 + after) / 2`` of the ``n`` requests routed to it and still holds some (a warm-up slowed
+   by something else would otherwise put ``T`` after the end of the burst: no kill; the record's ``fired_by``
+   says which fired). Without ``at_s``: once it has answered ``after`` of the ``n`` requests routed to it so
+   far (in a burst: ``n`` = all of its share), so that it still holds some (a system that returns a
    batch's answers together has done the rest of its work by then). The harness
    kills it once (``kill_replica``): through the transport's own
    ``kill_replica(r)`` where it has one (test doubles), else ``SIGKILL`` to the pid the replica's own record
@@ -104,9 +105,10 @@ def kill_replica(transport, replica: int) -> str:
 class Killer:
     """Fires the kill once, on its own thread (never a transport's): ``plan.at_s`` after ``start`` (a timer), or
     once the plan's replica has answered its share of ``routed()`` (requests routed to it so far; every answer
-    is counted either way, for the record), whichever comes first; ``fired_by`` says which ("time" /
-    "answers"). ``arm`` is called just before the kill (the dispatcher takes losses from then on).
-    ``answered``: the burst's answers, ``at``: the replica's, at the kill."""
+    is counted either way, for the record; with a timer, only once ``all_routed`` was called and while the replica
+    holds some), whichever comes first; ``fired_by`` says which ("time" / "answers"). ``arm`` is called just
+    before the kill (the dispatcher takes losses from then on). ``answered``: the burst's answers, ``at``: the
+    replica's, at the kill."""
 
     def __init__(self, plan: KillPlan, transport, routed, arm=None):
         self.plan, self.transport, self.routed, self.arm = plan, transport, routed, arm
@@ -120,6 +122,7 @@ class Killer:
         self._thread: Optional[threading.Thread] = None
         self._timer: Optional[threading.Timer] = None
         self._stopped = False  # the burst is over: no kill from now on
+        self._all_routed = False  # every request of the burst is routed: a time trigger's answers fallback may fire
 
     def start(self) -> None:
         """The burst starts now: with a time trigger, the kill fires ``plan.at_s`` seconds from here (unless
@@ -140,24 +143,27 @@ class Killer:
             if self._timer is not threading.current_thread():
                 self._timer.join(10)
 
+    def all_routed(self) -> None:
+        """Every request of the burst has been routed (``routed()`` is the replica's whole share): a time trigger's
+        answers fallback may fire from now on (with arrivals, a share of the requests routed so far says nothing
+        about the kill time lying after the burst)."""
+        with self._lock:
+            self._all_routed = True
+
     def on_answer(self, replica: int) -> None:
         with self._lock:
             self.answered += 1
             self.mine += replica == self.plan.replica
-            routed = self.routed()  # a time trigger's fallback only while the replica still holds work
-            fire = (replica == self.plan.replica and self._thread is None and not self._stopped
-                    and self.mine >= self.plan.threshold(routed) and (self.plan.at_s is None or self.mine < routed))
-            if fire:
+            routed = self.routed()  # a time trigger's fallback: only on the whole share, while the replica holds some
+            by_answers = self.plan.at_s is None or (self._all_routed and self.mine < routed)
+            if (replica == self.plan.replica and self._thread is None and not self._stopped and by_answers
+                    and self.mine >= self.plan.threshold(routed)):
                 self._fire_locked("answers")
-        if fire:
-            self._thread.start()
 
     def _on_time(self) -> None:
         with self._lock:
-            if self._thread is not None or self._stopped:
-                return
-            self._fire_locked("time")
-        self._thread.start()
+            if self._thread is None and not self._stopped:
+                self._fire_locked("time")
 
     def _fire_locked(self, by: str) -> None:
         routed = self.routed()
@@ -166,6 +172,7 @@ class Killer:
                    "replica_outstanding": routed - self.mine, "burst_answered": self.answered}
         self.killed_at = time.monotonic()
         self._thread = threading.Thread(target=self._kill, name="replica-loss-kill", daemon=True)
+        self._thread.start()  # under the lock: a stop and join that follow always find it started
 
     def _kill(self) -> None:
         if self.arm is not None:

@@ -59,9 +59,9 @@ class WorkloadSettings:
             last warm-up wall time into the timed burst (``kill_when`` ``time``), or of the timed requests
             routed to it that it has answered (``answers``).
         kill_when: replica-loss: what fires the kill: ``time`` (``kill_after`` x the case's last warm-up wall
-            time after the timed burst starts, or once it answered (1 + ``kill_after``) / 2 of its requests if that
-            comes first) or ``answers`` (the
-            replica has answered ``kill_after`` of its requests).
+            time after the timed burst starts, or, if that comes first, once every request is routed and the
+            replica has answered (1 + ``kill_after``) / 2 of those routed to it while it still holds some) or
+            ``answers`` (the replica has answered ``kill_after`` of its requests).
         kill_replica: replica-loss: which replica.
         retries: replica-loss: re-routes a lost replica's request gets (0 = it fails at once).
         loss_timeout_s: replica-loss: after the kill, this long without an answer fails what is left.
@@ -89,8 +89,10 @@ class WorkloadSettings:
                                   "requests routed to it that it has answered (--kill-when answers); 0 = off")
     kill_when: str = knob("time", "replica-loss: what fires the kill: time (--kill-after x the case's last warm-up "
                                   "wall time after the timed burst starts: mid-work on every system, however it "
-                                  "delivers answers; or once it answered (1 + --kill-after) / 2 of its requests if that comes first) or answers (once the replica has answered --kill-after of the "
-                                  "requests routed to it)", choices=("time", "answers"))
+                                  "delivers answers; or earlier, once every request is routed and the replica has "
+                                  "answered (1 + --kill-after) / 2 of those routed to it while it still holds some) or "
+                                  "answers (once the replica has answered --kill-after of the requests routed to it)",
+                          choices=("time", "answers"))
     kill_replica: int = knob(0, "replica-loss: the replica to kill")
     retries: int = knob(1, "replica-loss: re-routes of a lost replica's request (0 = it fails at once)")
     loss_timeout_s: float = knob(60.0, "replica-loss: after the kill, this many seconds without an answer fail the "

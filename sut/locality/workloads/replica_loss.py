@@ -5,8 +5,9 @@ Algorithm (``sut.locality.failover``)
 ---------
 1. **Kill.** In the timed burst of every case (not in the warm-ups), replica ``--kill-replica`` (0) is killed
    ``--kill-after`` (0.5) x the case's last warm-up wall time after the burst starts (``--kill-when time``, the
-   default): mid-work on every system, whatever it does with answers; or earlier, once it has answered
-   ``(1 + --kill-after) / 2`` of its requests and still holds some (a warm-up slowed by something else,
+   default): mid-work on every system, whatever it does with answers; or earlier, once every request is routed
+   and it has answered ``(1 + --kill-after) / 2`` of those routed to it and still holds some (a warm-up slowed
+   by something else,
    e.g. another job on the host, would otherwise put the kill after the burst: on a shared 2-core machine
    one warm-up took 21.8 s, the timed burst 3.9 s; the record's ``fired_by`` and the report say which
    fired). (``--kill-when answers``: once the
@@ -81,7 +82,7 @@ def kill_words(kill) -> str:
     """How the kill of ``kill`` (a ``KillPlan``) fires, for the console."""
     if kill.at_s is not None:
         return (f" (replica {kill.replica} killed {kill.at_s:.2f} s in: {kill.after:.0%} of the last warm-up's time, "
-                f"or once it answered {(1 + kill.after) / 2:.0%} of its requests if that comes first)")
+                f"or once it answered {(1 + kill.after) / 2:.0%} of its requests and holds some, if that comes first)")
     return f" (replica {kill.replica} killed once it answered {kill.after:.0%} of its requests)"
 
 
