@@ -85,10 +85,12 @@ class PairSettings:
     stall_timeout_s: float = knob(900.0, "fail the run when no request finishes for this many seconds (a Flame "
                                          "system's executor warm-up has its own limit: --system-option "
                                          "flame.warmup_timeout_s=S)")
-    kv_sizing: str = knob("first-case", "first-case = the first case's engines size their KV cache by vLLM's "
-                          "memory profiling and every later case's engines get that size (no profiling, so engines "
-                          "sharing a GPU start together); each-case = every case profiles (engines sharing a GPU "
-                          "start one after the other)", choices=KV_SIZINGS)
+    kv_sizing: str = knob("first-case", "first-case = the run's first case with fresh engines sizes their KV cache "
+                          "as usual (GPU: vLLM's memory profiling; CPU: --cpu-kvcache-gib) and every later case's "
+                          "fresh engines get that cache, recorded as the case's kv_pinned (no profiling, so engines "
+                          "sharing a GPU start together; a replica that reports other blocks fails the run; running "
+                          "servers, --server-url, are never given it); each-case = every case sizes its own (engines "
+                          "sharing a GPU start one after the other)", choices=KV_SIZINGS)
     progress: bool = True
 
     def __post_init__(self):
