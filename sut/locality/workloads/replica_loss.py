@@ -7,10 +7,9 @@ Algorithm (``sut.locality.failover``)
    ``--kill-after`` (0.5) x the case's last warm-up wall time after the burst starts (``--kill-when time``, the
    default): mid-work on every system, whatever it does with answers; or earlier, once every request is routed
    and it has answered ``(1 + --kill-after) / 2`` of those routed to it and still holds some (a warm-up slowed
-   by something else,
-   e.g. another job on the host, would otherwise put the kill after the burst: on a shared 2-core machine
-   one warm-up took 21.8 s, the timed burst 3.9 s; the record's ``fired_by`` and the report say which
-   fired). (``--kill-when answers``: once the
+   by something else, e.g. another job on the host, would otherwise put the kill after the burst: on a shared
+   2-core machine one warm-up took 21.8 s, the timed burst 3.9 s; the record's ``fired_by`` and the report say
+   which fired). (``--kill-when answers``: once the
    replica has answered ``--kill-after`` of the requests routed to it. On one H100 this missed Flame: a Flame
    task returns its batch's answers together, so when half of them were back its engine had generated the
    rest, and the kill cost nothing.) ``SIGKILL`` to the engine process its
