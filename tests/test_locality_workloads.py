@@ -240,6 +240,22 @@ def test_hot_prefixes_record_zipf_per_replica_load_and_the_release(systems, tmp_
 
 
 # ------------------------------------------------------------------------------------------- eviction
+def test_the_kv_probe_gives_every_case_its_kv_cache(monkeypatch, tmp_path):
+    """The probe is the run's first start: every case (the first one too) gets its cache, so the trace is sized
+    for the cache every case has; --kv-sizing each-case leaves every case to size its own."""
+    seen = []
+    for name in ("standalone", "flame"):
+        monkeypatch.setitem(SYSTEMS, name, fake(kv_tokens=1600, kv_bytes_per_block=4096, engines=seen))
+    rc, rec = run(tmp_path, "--trace-preset", "eviction")
+    assert rc == 0 and rec["workload"]["working_set"]["replica_kv_tokens"] == 1600
+    assert seen[0].kv_cache_memory_bytes is None and len(seen) == 1 + len(cases_of(rec))
+    assert {(e.num_gpu_blocks_override, e.kv_cache_memory_bytes) for e in seen[1:]} == {(100, 409600)}
+    assert {c["kv_pinned"]["case"] for c in cases_of(rec)} == {"kv-probe"}
+    seen.clear()
+    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-sizing", "each-case", name="each")
+    assert rc == 0 and {e.kv_cache_memory_bytes for e in seen} == {None}
+
+
 def test_eviction_sizes_the_working_set_from_the_reported_kv_cache(systems, tmp_path, capsys):
     rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-blocks", "25")
     assert rc == 0 and rec["engine_settings"]["num_gpu_blocks_override"] == 25
@@ -252,6 +268,7 @@ def test_eviction_sizes_the_working_set_from_the_reported_kv_cache(systems, tmp_
         assert c["working_set"]["replica_kv_tokens"] == [400, 400] and "note" not in c["working_set"]
         assert c["timed"]["router_cached_share"] is not None and c["timed"]["cached_share"] is not None
     assert "eviction: 12 documents" in capsys.readouterr().out
+    assert all(c["kv_pinned"] is None for c in cases_of(rec))  # these fakes report no bytes per block
     rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-tokens", "200", name="given")
     assert rc == 0 and rec["workload"]["working_set"]["kv_tokens_from"] == "--kv-tokens"
     assert rec["trace"]["documents"] == 6 and "probe" not in rec["workload"]["working_set"]

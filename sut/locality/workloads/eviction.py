@@ -62,11 +62,14 @@ def replica_kv_tokens(infos: Sequence[dict]) -> list:
     return [((i or {}).get("kv_cache") or {}).get("tokens") for i in infos]
 
 
-def probe(system, ctx) -> tuple[int, dict]:
+def probe(system, ctx, kv_sizing: str = "each-case") -> tuple[int, dict]:
     """Step 1: start ``system``'s replicas once, read their KV-cache tokens, stop them. Returns the smallest
-    and the probe's record. ``RunFailed`` when they cannot start or report no capacity."""
+    and the probe's record. With ``kv_sizing`` ``first-case`` (``PairSettings``) and fresh engines the probe is
+    the run's first start: every case's engines get its KV cache (``ctx.kv_pin``, ``sut.locality.kv_pin``), so
+    the trace is sized for the cache every case has. ``RunFailed`` when they cannot start or report no capacity."""
     from sut.core.transport import TransportSpec
     from sut.errors import EngineError, RunFailed
+    from sut.locality.kv_pin import pin_from
     from sut.locality.pairs import _children, _IdleSink, _stop
     from sut.locality.systems import build_transport
 
@@ -77,7 +80,10 @@ def probe(system, ctx) -> tuple[int, dict]:
     before, t0 = _children(), time.monotonic()
     t = build_transport(system, spec)
     try:
-        tokens = replica_kv_tokens([r.info for r in t.start(_IdleSink())])
+        infos = [r.info for r in t.start(_IdleSink())]
+        tokens = replica_kv_tokens(infos)
+        if kv_sizing == "first-case" and system.spec.fresh and not ctx.kv_pin_decided:
+            ctx.kv_pin, ctx.kv_pin_decided = pin_from(infos, "kv-probe"), True
     except (RunFailed, EngineError) as e:
         raise RunFailed(f"eviction: the KV-cache probe of system {system.name} failed: {e}") from None
     finally:

@@ -22,14 +22,15 @@ def workload_record(ws: WorkloadSettings) -> dict:
     return {"settings": ws, "active": ws.active}
 
 
-def size_eviction(prepared, ws: WorkloadSettings, ctx, systems: Sequence, record: dict):
-    """Eviction's steps 1-2 (``eviction`` module): ``(prepared, ctx)`` with the sized trace. ``RunFailed``
-    from the probe; ``ValueError`` for a sized trace larger than ``make_trace`` builds."""
+def size_eviction(prepared, ws: WorkloadSettings, ctx, systems: Sequence, record: dict, kv_sizing: str):
+    """Eviction's steps 1-2 (``eviction`` module): ``(prepared, ctx)`` with the sized trace (and, with
+    ``kv_sizing`` first-case, the probe's KV cache for every case). ``RunFailed`` from the probe;
+    ``ValueError`` for a sized trace larger than ``make_trace`` builds."""
     from sut.locality.runner import prepare_trace
 
     kv, source, probe = ws.kv_tokens, "--kv-tokens", None
     if not kv:
-        kv, probe = eviction.probe(systems[0], ctx)
+        kv, probe = eviction.probe(systems[0], ctx, kv_sizing)
         source = f"the smallest KV cache system {systems[0].name}'s replicas reported at start"
     ts = eviction.size_documents(prepared.settings, ws.working_set, kv)
     if ts != prepared.settings:
@@ -46,7 +47,7 @@ def prepare_workload(systems: Sequence, ctx, ps, prepared) -> tuple:
     ws: WorkloadSettings = ctx.workload
     record = workload_record(ws)
     if ws.working_set:
-        prepared, ctx = size_eviction(prepared, ws, ctx, systems, record)
+        prepared, ctx = size_eviction(prepared, ws, ctx, systems, record, ps.kv_sizing)
     if ws.load_levels:
         if ws.capacity:
             record["capacity"] = {"requests_per_s": ws.capacity, "source": "--capacity"}
