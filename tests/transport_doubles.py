@@ -87,8 +87,8 @@ class FakeTransport(Transport):
         es = self.spec.engine
         if self.o.engines is not None:
             self.o.engines.append(es)
-        blocks = es.num_gpu_blocks_override if es.num_gpu_blocks_override and not self.o.kv_ignore_override \
-            else (self.o.kv_tokens or 0) // 16
+        fixed = getattr(es, "num_gpu_blocks_override", None)  # some tests give a bare namespace as the settings
+        blocks = fixed if fixed and not self.o.kv_ignore_override else (self.o.kv_tokens or 0) // 16
         kv = {"kv_cache": {"tokens": blocks * 16, "blocks": blocks, "block_size": 16,
                            "bytes_per_block": self.o.kv_bytes_per_block}} if self.o.kv_tokens else {}
         own = [{"engine": r, "enable_prefix_caching": self.o.prefix_caching_on,
