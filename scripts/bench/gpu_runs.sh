@@ -348,6 +348,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       fi
       confirm_run "$sc" "$q"
     done
+    python3 scripts/bench/scenario_ratios.py "$JOB/confirm"  # each run's share of this job's Offline, if it ran one
     exit $worst
     ;;
   batch-wait)

@@ -1,0 +1,80 @@
+"""Each Server / Interactive run of one folder as a share of the Offline run beside it (same job, same card).
+
+Reads every ``run.json`` under the folder (``gpu_runs.sh``'s ``$JOB/confirm``, or any folder of ``python -m sut
+run`` outputs), and prints one line per run: scenario, target, LoadGen's verdict, completed output tokens/s
+(LoadGen's ``result_completed_tokens_per_second`` for Server / Interactive, the run's ``tokens_per_s`` for
+Offline), the share of the Offline run's tokens/s, TTFT and TPOT p99 against their limits, and the card. The
+goals this is read against (docs/benchmarks.md): Server >= 95 % and Interactive >= 82 % of Offline, 600 s
+VALID, on the same machine. Exit 2 when the folder holds no run.json, 1 when it holds no Offline run (each
+line then shows no share) or runs on different cards.
+
+    python scripts/bench/scenario_ratios.py /tmp/job/confirm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+
+def read_run(path: Path) -> dict:
+    """The fields a line shows, from one ``run.json``: scenario, target_qps, validity, tokens_per_s (completed),
+    ttft_p99_ms / tpot_p99_ms and their limits (None for Offline), card, wall_s, folder name."""
+    d = json.loads(path.read_text())
+    lg = d.get("loadgen") or {}
+    scenario = d.get("scenario")
+    tok = d.get("tokens_per_s") if scenario == "Offline" else lg.get("result_completed_tokens_per_second")
+
+    def ms(key: str) -> Optional[float]:
+        v = lg.get(key)
+        return None if v is None else v / 1e6
+
+    cards = sorted({(e.get("device") or {}).get("name") or "?" for e in d.get("engines") or []})
+    return {"scenario": scenario, "target_qps": lg.get("effective_target_qps"), "validity": d.get("validity"),
+            "tokens_per_s": tok, "ttft_p99_ms": ms("result_first_token_99.00_percentile_latency_ns"),
+            "ttft_limit_ms": ms("requested_server_ttft_latency"),
+            "tpot_p99_ms": ms("result_time_per_output_token_99.00_percentile_ns"),
+            "tpot_limit_ms": ms("requested_server_tpot_latency"), "card": ", ".join(cards),
+            "wall_s": d.get("wall_s"), "name": path.parent.name}
+
+
+def lines(runs: list[dict]) -> tuple[list[str], Optional[float]]:
+    """The printed lines and the Offline tokens/s they are shares of (the first Offline run's; None: none)."""
+    off = next((r["tokens_per_s"] for r in runs if r["scenario"] == "Offline" and r["tokens_per_s"]), None)
+    out = []
+    for r in sorted(runs, key=lambda r: (r["scenario"] != "Offline", r["scenario"] or "", r["target_qps"] or 0)):
+        tok = r["tokens_per_s"]
+        share = f"  {tok / off:6.1%} of Offline" if off and tok else ""
+        lat = "" if r["ttft_limit_ms"] is None else (
+            f"  TTFT p99 {r['ttft_p99_ms']:,.0f}/{r['ttft_limit_ms']:,.0f} ms"
+            f"  TPOT p99 {r['tpot_p99_ms']:.1f}/{r['tpot_limit_ms']:.0f} ms")
+        out.append(f"{r['scenario']:<11} {r['target_qps'] or '-':>6}  {r['validity']:<7} "
+                   f"{tok or 0:>9,.1f} tok/s{share}{lat}  [{r['name']}]")
+    return out, off
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", type=Path, help="a folder with run folders (each with run.json) under it")
+    a = p.parse_args(argv)
+    paths = sorted(a.folder.rglob("run.json")) if a.folder.is_dir() else []
+    if not paths:
+        print(f"error: no run.json under {a.folder}", file=sys.stderr)
+        return 2
+    runs = [read_run(x) for x in paths]
+    out, off = lines(runs)
+    cards = {r["card"] for r in runs}
+    print("\n".join(out))
+    print(f"card: {' | '.join(sorted(cards))}; Offline: {f'{off:,.1f} tok/s' if off else 'none in this folder'}")
+    if off is None or len(cards) > 1:
+        print("no share is comparable: " + ("no Offline run beside these" if off is None else
+                                           "the runs are on different cards"), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
