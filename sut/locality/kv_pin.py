@@ -1,8 +1,9 @@
 """Every case's KV cache the size of the first case's (``--kv-sizing first-case``, the default).
 
 The first case with freshly started engines (``eviction``: its KV probe; ``arrivals``: its capacity
-calibration) sizes its KV cache by vLLM's memory profiling, as any engine does. Every later case gets that size given: ``num_gpu_blocks_override`` = the first case's
-blocks and ``kv_cache_memory_bytes`` = blocks x the engine's bytes per block
+calibration) sizes its KV cache by vLLM's memory profiling, as any engine does. Every later case gets that
+size given: ``num_gpu_blocks_override`` = the first case's blocks and ``kv_cache_memory_bytes`` = blocks x the
+engine's bytes per block
 (``sut.engine.readback.kv_bytes_per_block``). Nothing is profiled then, so engines that share one GPU
 (``--engines-per-device`` > 1) start together instead of one after the other (``EnginePool._waves``, the
 Flame transport's ``_start_groups``): on one H100 two engines took ~43 s to start one after the other
