@@ -348,7 +348,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       fi
       confirm_run "$sc" "$q"
     done
-    python3 scripts/bench/scenario_ratios.py "$JOB/confirm"  # each run's share of this job's Offline, if it ran one
+    # each run's share of this job's Offline, if it ran one
+    compgen -G "$JOB/confirm/*/run.json" > /dev/null && python3 scripts/bench/scenario_ratios.py "$JOB/confirm"
     exit $worst
     ;;
   batch-wait)
