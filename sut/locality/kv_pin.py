@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from sut.engine import EngineSettings
@@ -31,6 +32,26 @@ log = logging.getLogger(__name__)
 
 #: ``PairSettings.kv_sizing`` values.
 KV_SIZINGS = ("first-case", "each-case")
+
+
+@dataclass
+class KvPinState:
+    """The run's pin (``pin``, None: none) and whether it is settled (``decided``: the first start with fresh
+    engines has been seen). One object per run: ``StudyContext.kv`` holds it, and the context's copies
+    (``dataclasses.replace``: the arrivals calibration's, the eviction sizing's) share it."""
+
+    pin: Optional[dict] = None
+    decided: bool = False
+
+    def for_case(self, fresh: bool, kv_sizing: str) -> Optional[dict]:
+        """The pin a case's engines get: the run's, for fresh engines under ``first-case``; else None."""
+        return self.pin if fresh and kv_sizing == "first-case" else None
+
+    def decide(self, infos: Sequence[dict], name: str, fresh: bool, kv_sizing: str) -> None:
+        """Settle the pin from the first start with fresh engines under ``first-case`` (``pin_from`` of its replica
+        records ``infos``; ``name``: that start's, for the record); later calls change nothing."""
+        if fresh and kv_sizing == "first-case" and not self.decided:
+            self.pin, self.decided = pin_from(infos, name), True
 
 
 def pin_from(infos: Sequence[dict], case_name: str) -> Optional[dict]:

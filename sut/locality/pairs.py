@@ -44,7 +44,7 @@ from sut.engine import EngineSettings, GenerationSettings
 from sut.errors import EngineError, RunFailed
 from sut.locality import knob
 from sut.locality.burst import BurstSettings, run_burst
-from sut.locality.kv_pin import KV_SIZINGS, check_pinned, pin_from, pinned_engine
+from sut.locality.kv_pin import KV_SIZINGS, KvPinState, check_pinned, pinned_engine
 from sut.locality.systems import System, build_transport
 from sut.locality.trace import TraceRequest
 from sut.locality.workloads import POLICY_VARIANTS, WorkloadSettings
@@ -156,8 +156,7 @@ class StudyContext:
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)
     levels: Sequence = ()
     sizing: Optional[dict] = None
-    kv_pin: Optional[dict] = None  # the KV cache every case after kv_pin["case"] gets (sut.locality.kv_pin)
-    kv_pin_decided: bool = False  # the first fresh case has started: kv_pin is final
+    kv: KvPinState = field(default_factory=KvPinState)  # the run's KV-cache pin, shared by the context's copies
 
 
 def _rotate(seq: Sequence, k: int) -> list:
@@ -322,11 +321,11 @@ def _start(t: Transport, system: System, ctx: StudyContext, ps: PairSettings, ca
     rec["placement"] = placement(records, t.replicas, required=system.spec.fresh)
     check_placement(ctx, case, rec["placement"])
     if rec.get("kv_pinned"):
-        unconfirmed = check_pinned(rec["replicas"], ctx.kv_pin, case.name)
+        unconfirmed = check_pinned(rec["replicas"], rec["kv_pinned"], case.name)
         if unconfirmed:
             rec["kv_pin_unconfirmed"] = unconfirmed
-    elif system.spec.fresh and not ctx.kv_pin_decided and ps.kv_sizing == "first-case":
-        ctx.kv_pin, ctx.kv_pin_decided = pin_from(rec["replicas"], case.name), True
+    else:
+        ctx.kv.decide(rec["replicas"], case.name, system.spec.fresh, ps.kv_sizing)
     if ctx.sizing:
         from sut.locality.workloads.eviction import case_record
 
@@ -396,7 +395,7 @@ def run_case(system: System, ctx: StudyContext, ps: PairSettings, case: Case) ->
     failed. The transport is stopped in every case (also on Ctrl-C, which propagates)."""
     d = ctx.run_dir / case.name
     d.mkdir(parents=True, exist_ok=True)
-    pin = ctx.kv_pin if system.spec.fresh and ps.kv_sizing == "first-case" else None
+    pin = ctx.kv.for_case(system.spec.fresh, ps.kv_sizing)
     spec = TransportSpec(engine=pinned_engine(ctx.engine, pin), generation=ctx.generation,
                          log_dir=None if ctx.log_to_console else str(d), run_dir=str(d))
     rec: dict = dataclasses.asdict(case)

@@ -86,14 +86,14 @@ def make_levels(prepared, levels: Sequence[float], capacity: float) -> list[Leve
 def calibrate(system, ctx, ps, policy: str) -> dict:
     """Step 1: one case of ``system`` with ``policy`` sending the trace as one burst; returns the record
     ``{"requests_per_s", "system", "policy", "case"}``. ``RunFailed`` when the case fails. It is the run's first
-    case: with ``--kv-sizing first-case`` its KV cache is the pairs' (``ctx.kv_pin``, ``sut.locality.kv_pin``)."""
+    case: with ``--kv-sizing first-case`` its KV cache is the pairs' (``ctx.kv``, which the copy it runs on
+    shares; ``sut.locality.kv_pin``)."""
     from sut.errors import RunFailed
     from sut.locality.pairs import Case, run_case
 
     case = Case(0, system.name, policy, -1, label=f"calibration-{system.name}-{policy}")
     calm = replace(ctx, levels=(), workload=replace(ctx.workload, kill_after=0.0))  # one plain burst
     rec = run_case(system, calm, replace(ps, rate=0.0), case)
-    ctx.kv_pin, ctx.kv_pin_decided = calm.kv_pin, calm.kv_pin_decided  # the run's first case: the pairs get its cache
     if "error" in rec:
         raise RunFailed(f"the capacity calibration failed: {rec['error']}")
     return {"requests_per_s": rec["timed"]["requests_per_s"], "system": system.name, "policy": policy, "case": rec}

@@ -65,11 +65,10 @@ def replica_kv_tokens(infos: Sequence[dict]) -> list:
 def probe(system, ctx, kv_sizing: str = "each-case") -> tuple[int, dict]:
     """Step 1: start ``system``'s replicas once, read their KV-cache tokens, stop them. Returns the smallest
     and the probe's record. With ``kv_sizing`` ``first-case`` (``PairSettings``) and fresh engines the probe is
-    the run's first start: every case's engines get its KV cache (``ctx.kv_pin``, ``sut.locality.kv_pin``), so
+    the run's first start: every case's engines get its KV cache (``ctx.kv``, ``sut.locality.kv_pin``), so
     the trace is sized for the cache every case has. ``RunFailed`` when they cannot start or report no capacity."""
     from sut.core.transport import TransportSpec
     from sut.errors import EngineError, RunFailed
-    from sut.locality.kv_pin import pin_from
     from sut.locality.pairs import _children, _IdleSink, _stop
     from sut.locality.systems import build_transport
 
@@ -82,8 +81,7 @@ def probe(system, ctx, kv_sizing: str = "each-case") -> tuple[int, dict]:
     try:
         infos = [r.info for r in t.start(_IdleSink())]
         tokens = replica_kv_tokens(infos)
-        if kv_sizing == "first-case" and system.spec.fresh and not ctx.kv_pin_decided:
-            ctx.kv_pin, ctx.kv_pin_decided = pin_from(infos, "kv-probe"), True
+        ctx.kv.decide(infos, "kv-probe", system.spec.fresh, kv_sizing)
     except (RunFailed, EngineError) as e:
         raise RunFailed(f"eviction: the KV-cache probe of system {system.name} failed: {e}") from None
     finally:
