@@ -1,10 +1,9 @@
 """Each Server / Interactive run of one folder as a share of the Offline run beside it (same job, same card).
 
 Reads every ``run.json`` under the folder (``gpu_runs.sh``'s ``$JOB/confirm``, or any folder of ``python -m sut
-run`` outputs), and prints one line per run: scenario, target, LoadGen's verdict, completed output tokens/s
-(LoadGen's ``result_completed_tokens_per_second`` for Server / Interactive, the run's ``tokens_per_s`` for
-Offline), the share of the Offline run's tokens/s, TTFT and TPOT p99 against their limits, and the card. The
-goals this is read against (docs/benchmarks.md): Server >= 95 % and Interactive >= 82 % of Offline, 600 s
+run`` outputs), and prints one line per run: scenario, target, LoadGen's verdict, output tokens/s (the run's
+``tokens_per_s``: LoadGen's completed tokens/s for Server / Interactive), the share of the Offline run's tokens/s,
+TTFT and TPOT p99 against their limits, and the card. The goals this is read against (docs/benchmarks.md): Server >= 95 % and Interactive >= 82 % of Offline, 600 s
 VALID, on the same machine. Exit 2 when the folder holds no run.json, 1 when it holds no Offline run (each
 line then shows no share) or runs on different cards.
 
@@ -25,8 +24,7 @@ def read_run(path: Path) -> dict:
     ttft_p99_ms / tpot_p99_ms and their limits (None for Offline), card, wall_s, folder name."""
     d = json.loads(path.read_text())
     lg = d.get("loadgen") or {}
-    scenario = d.get("scenario")
-    tok = d.get("tokens_per_s") if scenario == "Offline" else lg.get("result_completed_tokens_per_second")
+    scenario, tok = d.get("scenario"), d.get("tokens_per_s")  # Server / Interactive: completed tokens/s
 
     def ms(key: str) -> Optional[float]:
         v = lg.get(key)
