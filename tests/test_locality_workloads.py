@@ -183,6 +183,9 @@ def test_variable_answers_ask_and_check_each_requests_own_length(systems, tmp_pa
         assert c["timed"]["output_tokens"] == sum(lengths) and c["validation"]["requests_checked"] == 24
         assert c["timed"]["tpot_s"] is not None
     assert "variable answers: " in capsys.readouterr().out
+    from matplotlib.image import imread  # the figure's second row: the workload's panel (tests/test_locality_figure.py)
+    png = tmp_path / "out" / "w-SYNTHETIC-LOCALITY-NOT-MLPERF" / rec["figure"]
+    assert imread(png).shape[0] > imread(png).shape[1] / 2  # one row: 506 x 1650 px, two: 1012 x 1650
 
 
 def test_a_transport_without_per_request_lengths_is_refused_and_one_that_ignores_them_fails(monkeypatch, tmp_path,

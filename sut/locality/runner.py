@@ -197,7 +197,7 @@ def finish_record(d: Path, record: dict, cases: Sequence[dict], runs: Sequence[d
     if runs and not record.get("error"):
         metric = record.get("report_metric") or "requests_per_s"
         record["report"] = report if report is not None else pair_report(runs, metric)
-        record["figure"] = plot_pair_report(runs, d / "locality.png", metric).name
+        record["figure"] = plot_pair_report(runs, d / "locality.png", metric, record=record).name
     record["record_path"] = str(write_record(d, record))
     return record
 

@@ -256,15 +256,17 @@ def report_lines(report: dict) -> list[str]:
 # ------------------------------------------------------------------------------------------- figure
 def plot_pair_report(records: Sequence[Mapping], path: str | Path, metric: str = "requests_per_s",
                      num: str = "flame", den: str = "standalone", floor: float = FLOOR,
-                     title: Optional[str] = None) -> Path:
+                     title: Optional[str] = None, record: Optional[Mapping] = None) -> Path:
     """Write a PNG with three panels: ``metric`` per pair for each system x policy; the per-pair ratios
     ``num / den`` per policy with the ``floor`` line (and 100 %); the median cached share per policy and
-    system (bars, min-max whiskers). Uses matplotlib's Agg canvas (no display, no global backend).
+    system (bars, min-max whiskers). With the run's ``record`` (``locality.json``'s fields), a second row
+    holds a panel per workload beyond the study its cases show (``sut.locality.workloads.figure``). Uses
+    matplotlib's Agg canvas (no display, no global backend).
 
     Returns:
         ``path``. Raises ``ValueError`` as :func:`pair_report` does.
     """
-    fig = pair_figure(records, metric, num, den, floor, title)
+    fig = pair_figure(records, metric, num, den, floor, title, record)
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path
@@ -275,17 +277,24 @@ RATIO_COLOURS = ("C2", "C4", "C5", "C8", "C9", "C6")
 
 
 def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num: str = "flame",
-                den: str = "standalone", floor: float = FLOOR, title: Optional[str] = None):
+                den: str = "standalone", floor: float = FLOOR, title: Optional[str] = None,
+                record: Optional[Mapping] = None):
     """The matplotlib ``Figure`` that :func:`plot_pair_report` writes (Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
+    from sut.locality.workloads import figure as wfig
+
     report = pair_report(records, metric, num, den, floor)
     idx = _index(records, metric)
-    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    panels = wfig.workload_panels(record) if record else []
+    fig = Figure(figsize=(15, 9.2 if panels else 4.6), layout="constrained")
     FigureCanvasAgg(fig)
-    ax1, ax2, ax3 = fig.subplots(1, 3)
+    top, bottom = fig.subfigures(2, 1) if panels else (fig, None)
+    ax1, ax2, ax3 = top.subplots(1, 3)
+    if bottom is not None:
+        wfig.draw(bottom.subplots(1, len(panels), squeeze=False)[0], record)
     policies = sorted({po for pols in report["runs"].values() for po in pols})
     styles = ["-", "--", ":", "-."]
     series = [(i, s, po) for i, (s, pols) in enumerate(report["runs"].items()) for po in pols]

@@ -1,0 +1,151 @@
+"""The workload panels of ``locality.png``: one per workload a run's cases show, under the three pair panels.
+
+Every panel draws the median over pairs of each system x policy (the cases that finished; a failed case has
+no ``timed`` and is left out), from the same fields the console's workload sections print:
+
+* ``arrivals``: goodput (requests/s meeting the TTFT and TPOT targets) per load level, one line per system x
+  policy, next to the offered Poisson rate (``levels[].rate``, ``levels[].timed.goodput_per_s``).
+* ``variable-answers``: request latency from arrival to answer, client side, p50 and p99 (``timed.latency_s``):
+  where a transport returns a batch's answers together, the short answers wait for the long ones.
+* ``hot-prefixes``: uncached prompt tokens per replica (``timed.per_replica[].uncached_tokens``): the prefill each
+  replica really did, so an overloaded owner of hot documents shows as one tall bar.
+* ``eviction``: the engines' cached share next to the share the router expected (``timed.cached_share``,
+  ``timed.router_cached_share``), with the working set's ratio to one replica's KV cache in the title.
+* ``replica-loss``: each request's outcome (``failover.answered`` by its first replica, ``rerouted``,
+  ``failed``) stacked to the trace's requests, the median recovery time (``failover.recovery_s``) above.
+
+:func:`workload_panels` names the panels a record has; :func:`draw` fills matplotlib axes (no pyplot, no global
+state). Records from ``locality.json`` or from a run in memory (settings as dataclasses) both work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from statistics import median
+from typing import Callable, Mapping, Sequence
+
+#: (system, policy) -> the finished cases of that system and policy, in record order.
+Groups = dict
+
+
+def _plain(v) -> dict:
+    return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else dict(v or {})
+
+
+def groups(record: Mapping) -> Groups:
+    """The record's finished cases grouped by ``(system, policy)`` (insertion order: the record's)."""
+    out: Groups = {}
+    for c in record.get("cases") or []:
+        if c.get("timed"):
+            out.setdefault((c["system"], c["policy"]), []).append(c)
+    return out
+
+
+def _med(values) -> float:
+    vals = [v for v in values if v is not None]
+    return float(median(vals)) if vals else 0.0
+
+
+def _labels(ax, keys: Sequence[tuple]) -> None:
+    ax.set_xticks(range(len(keys)), [f"{s}\n{po}" for s, po in keys], fontsize=8)
+
+
+def _bars(ax, keys, series: Sequence[tuple[str, list]], **kw) -> None:
+    """Side-by-side bars per group: ``series`` is ``(label, one value per group)``."""
+    width = 0.8 / max(1, len(series))
+    for i, (label, vals) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(keys))]
+        ax.bar(xs, vals, width, label=label, color=f"C{i + 2}", **kw)
+    _labels(ax, keys)
+    ax.legend(fontsize=8)
+
+
+def _arrivals(ax, record: Mapping, g: Groups) -> None:
+    rates: dict = {}
+    for i, ((s, po), cases) in enumerate(g.items()):
+        by_level: dict = {}
+        for c in cases:
+            for lv in c.get("levels") or []:
+                by_level.setdefault(lv["level"], []).append(lv)
+        xs = sorted(by_level)
+        ax.plot([100 * x for x in xs], [_med(lv["timed"].get("goodput_per_s") for lv in by_level[x]) for x in xs],
+                marker="o", color=f"C{i}", label=f"{s}, {po}")
+        for x in xs:
+            rates.setdefault(x, []).extend(lv["rate"] for lv in by_level[x])
+    xs = sorted(rates)
+    ax.plot([100 * x for x in xs], [_med(rates[x]) for x in xs], color="grey", linestyle=":", label="offered rate")
+    tg = _plain(_plain(record.get("workload")).get("settings"))
+    ax.set(xlabel="load level, % of the burst capacity", ylabel="goodput, requests/s",
+           title=f"arrivals: goodput (TTFT <= {tg.get('ttft_target_s')} s, TPOT <= {tg.get('tpot_target_s')} s)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+
+
+def _answers(ax, record: Mapping, g: Groups) -> None:
+    keys = list(g)
+    lat = [[(c["timed"].get("latency_s") or {}) for c in g[k]] for k in keys]
+    _bars(ax, keys, [(f"{p}, client side", [_med(x.get(p) for x in cases) for cases in lat]) for p in ("p50", "p99")])
+    ax.set(ylabel="request latency, s", title="variable answers: arrival to answer (median of pairs)")
+
+
+def _hot(ax, record: Mapping, g: Groups) -> None:
+    keys = list(g)
+    n = max(len(c["timed"].get("per_replica") or []) for k in keys for c in g[k])
+    per = [[_med((c["timed"]["per_replica"][r]["uncached_tokens"] if r < len(c["timed"]["per_replica"]) else None)
+                 for c in g[k]) for k in keys] for r in range(n)]
+    _bars(ax, keys, [(f"replica {r}", [v / 1000 for v in per[r]]) for r in range(n)])
+    s = _plain(record.get("trace_settings")).get("zipf_s")
+    ax.set(ylabel="uncached prompt tokens, thousands",
+           title=f"hot prefixes (Zipf s = {s}): prefill done per replica (median of pairs)")
+
+
+def _eviction(ax, record: Mapping, g: Groups) -> None:
+    keys = list(g)
+    _bars(ax, keys, [(label, [100 * _med(c["timed"].get(f) for c in g[k]) for k in keys])
+                     for label, f in (("engines (cached)", "cached_share"),
+                                      ("router (expected)", "router_cached_share"))])
+    ws = _plain(record.get("workload")).get("working_set") or {}
+    ax.set(ylabel="share of prompt tokens, %",
+           title=f"eviction: working set {ws.get('ratio')}x one replica's KV cache ({ws.get('replica_kv_tokens'):,} "
+                 "tokens)" if ws.get("replica_kv_tokens") else "eviction: cached share")
+
+
+def _loss(ax, record: Mapping, g: Groups) -> None:
+    keys = [k for k in g if any(c.get("failover") for c in g[k])]
+    bottom = [0.0] * len(keys)
+    for i, part in enumerate(("answered", "rerouted", "failed")):
+        vals = [_med(c["failover"][part] for c in g[k] if c.get("failover")) for k in keys]
+        ax.bar(range(len(keys)), vals, 0.6, bottom=bottom, label=part, color=("C2", "C1", "C3")[i])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for j, k in enumerate(keys):
+        fo = [c["failover"] for c in g[k] if c.get("failover")]
+        rec = [f.get("recovery_s") for f in fo]
+        note = (f"recovery {_med(rec):.1f} s" if any(r is not None for r in rec) else
+                "no loss measured" if not any(f["rerouted"] or f["failed"] for f in fo) else None)
+        if note:
+            ax.annotate(note, (j, bottom[j]), ha="center", va="bottom", fontsize=8)
+    _labels(ax, keys)
+    ax.set_ylim(0, max(bottom, default=1) * 1.15 or 1)
+    ax.set(ylabel="requests", title="replica loss: each request's outcome (median of pairs)")
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def workload_panels(record: Mapping) -> list[tuple[str, Callable]]:
+    """``(workload name, draw function)`` for each workload the record's cases show, in the console's order."""
+    cases = record.get("cases") or []
+    ts = _plain(record.get("trace_settings"))
+    found = [("arrivals", any(c.get("levels") for c in cases), _arrivals),
+             ("variable-answers", ts.get("answers", "fixed") != "fixed", _answers),
+             ("hot-prefixes", (ts.get("zipf_s") or 0) > 0, _hot),
+             ("eviction", bool(_plain(record.get("workload")).get("working_set")), _eviction),
+             ("replica-loss", any(c.get("failover") for c in cases), _loss)]
+    return [(name, fn) for name, on, fn in found if on] if groups(record) else []
+
+
+def draw(axes: Sequence, record: Mapping) -> list[str]:
+    """Draw :func:`workload_panels` into ``axes`` (one each, in order); returns the workloads drawn."""
+    g = groups(record)
+    panels = workload_panels(record)
+    for ax, (_, fn) in zip(axes, panels):
+        fn(ax, record, g)
+    return [name for name, _ in panels]

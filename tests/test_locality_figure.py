@@ -1,0 +1,122 @@
+"""``locality.png``'s workload panels (``sut/locality/workloads/figure.py``): drawn from the recorded GPU runs under
+``docs/results/`` (eviction, hot-prefixes, replica-loss: the values of the bars are the medians of the record's own
+fields) and from small made-up records (arrivals, variable answers); a study run keeps its three panels."""
+
+import json
+from pathlib import Path
+from statistics import median
+
+import pytest
+from matplotlib.patches import Rectangle
+
+from sut.locality.study import pair_figure
+from sut.locality.workloads.figure import workload_panels
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def load(path):
+    return json.loads((RESULTS / path).read_text())
+
+
+def figure_of(record):
+    return pair_figure(record["runs"], record.get("report_metric") or "requests_per_s", record=record)
+
+
+def workload_axes(fig):
+    top, bottom = fig.subfigs
+    assert len(top.axes) == 3
+    return bottom.axes
+
+
+def bar_heights(ax):
+    return [round(p.get_height(), 6) for p in ax.patches if isinstance(p, Rectangle)]
+
+
+def groups(record):
+    out = {}
+    for c in record["cases"]:
+        out.setdefault((c["system"], c["policy"]), []).append(c)
+    return out
+
+
+def test_eviction_panel_shows_the_engines_and_the_routers_cached_share():
+    rec = load("h100_2026-12-06e/eviction/locality.json")
+    (ax,) = workload_axes(figure_of(rec))
+    g = groups(rec)
+    want = [round(100 * median(c["timed"][f] for c in cases), 6)
+            for f in ("cached_share", "router_cached_share") for cases in g.values()]
+    assert bar_heights(ax) == want
+    assert want[:2] == [35.04, 35.04] and "3.0139x" in ax.get_title() and "65,514" in ax.get_title()
+
+
+def test_hot_prefixes_panel_shows_each_replicas_uncached_prefill():
+    rec = load("h100_2026-12-06c/hot-prefixes/locality.json")
+    (ax,) = workload_axes(figure_of(rec))
+    g = groups(rec)
+    want = [round(median(c["timed"]["per_replica"][r]["uncached_tokens"] for c in cases) / 1000, 6)
+            for r in (0, 1) for cases in g.values()]
+    assert bar_heights(ax) == want and len(want) == 12 and "s = 1.1" in ax.get_title()
+
+
+def test_replica_loss_panel_stacks_every_requests_outcome_and_names_a_kill_that_cost_nothing():
+    rec = load("h100_2026-12-06b/replica-loss/locality.json")
+    (ax,) = workload_axes(figure_of(rec))
+    keys = list(groups(rec))
+    heights = bar_heights(ax)
+    n = len(keys)
+    answered, rerouted, failed = heights[:n], heights[n:2 * n], heights[2 * n:]
+    assert all(a + r + f == 128 for a, r, f in zip(answered, rerouted, failed))
+    assert dict(zip(keys, rerouted)) == {("standalone", "prefix_affinity"): 15, ("flame", "prefix_affinity"): 0,
+                                         ("standalone", "round_robin"): 32, ("flame", "round_robin"): 0}
+    notes = sorted(t.get_text() for t in ax.texts)
+    assert notes == ["no loss measured", "no loss measured", "recovery 4.3 s", "recovery 6.5 s"]
+
+
+def made_up(**extra):
+    """Two pairs of two systems, one policy; ``extra`` merged into every case's record."""
+    cases = []
+    for pair in (0, 1):
+        for k, s in enumerate(("standalone", "flame")):
+            t = {"latency_s": {"p50": 1.0 + k + pair, "p99": 4.0 + k}}
+            levels = [{"level": lv, "rate": 10 * lv + 0.2 * pair, "timed": {"goodput_per_s": 10 * lv - k - pair}}
+                      for lv in (0.5, 0.8, 0.95)]
+            cases.append({"pair": pair, "system": s, "policy": "round_robin", "timed": t,
+                          **({"levels": levels} if extra.get("levels") else {})})
+    return {"cases": cases, "trace_settings": extra.get("trace_settings", {}),
+            "workload": {"settings": {"ttft_target_s": 5.0, "tpot_target_s": 0.1}}}
+
+
+def test_arrivals_panel_draws_the_median_goodput_per_level_and_the_offered_rate():
+    import matplotlib.figure
+
+    rec = made_up(levels=True)
+    assert [n for n, _ in workload_panels(rec)] == ["arrivals"]
+    fig = matplotlib.figure.Figure()
+    ax = fig.subplots()
+    from sut.locality.workloads.figure import draw
+    assert draw([ax], rec) == ["arrivals"]
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()}
+    assert lines["standalone, round_robin"] == pytest.approx([4.5, 7.5, 9.0])  # median of pairs 0 and 1
+    assert lines["flame, round_robin"] == pytest.approx([3.5, 6.5, 8.0])
+    assert lines["offered rate"] == pytest.approx([5.1, 8.1, 9.6])
+    assert "TTFT <= 5.0 s" in ax.get_title()
+
+
+def test_variable_answers_panel_draws_client_latency_p50_and_p99():
+    rec = made_up(trace_settings={"answers": "log_uniform"})
+    import matplotlib.figure
+
+    from sut.locality.workloads.figure import draw
+    ax = matplotlib.figure.Figure().subplots()
+    assert draw([ax], rec) == ["variable-answers"]
+    assert bar_heights(ax) == [1.5, 2.5, 4.0, 5.0]  # p50 standalone, flame; p99 standalone, flame
+
+
+def test_a_run_of_the_studys_traces_keeps_three_panels_and_a_failed_case_draws_nothing():
+    rec = load("h100_2026-12-06e/eviction/locality.json")
+    study = dict(rec, workload={}, trace_settings=dict(rec["trace_settings"], zipf_s=0.0))
+    fig = figure_of(study)
+    assert not fig.subfigs and len(fig.axes) == 3
+    failed = dict(rec, cases=[dict(c, timed=None) for c in rec["cases"]])
+    assert workload_panels(failed) == []
