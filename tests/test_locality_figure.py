@@ -120,3 +120,79 @@ def test_a_run_of_the_studys_traces_keeps_three_panels_and_a_failed_case_draws_n
     assert not fig.subfigs and len(fig.axes) == 3
     failed = dict(rec, cases=[dict(c, timed=None) for c in rec["cases"]])
     assert workload_panels(failed) == []
+
+
+def test_a_record_the_panels_cannot_read_leaves_a_note_in_the_row_not_an_error(monkeypatch, caplog):
+    """A figure error never fails a run that measured fine: the row says what went wrong, a warning is logged."""
+    import sut.locality.workloads.figure as wfig
+
+    def broken(ax, record, g):
+        raise KeyError("some_field")
+
+    monkeypatch.setattr(wfig, "_eviction", broken)
+    fig = figure_of(load("h100_2026-12-06e/eviction/locality.json"))
+    top, bottom = fig.subfigs
+    assert len(top.axes) == 3 and not bottom.axes
+    assert [t.get_text() for t in bottom.texts] == ["workload panels not drawn: KeyError: 'some_field'"]
+    assert "workload panels were not drawn" in caplog.text
+    monkeypatch.setattr(wfig, "workload_panels", lambda record: 1 / 0)
+    note = figure_of(load("h100_2026-12-06e/eviction/locality.json")).subfigs[1].texts[0].get_text()
+    assert "ZeroDivisionError" in note
+
+
+def test_a_field_no_case_records_is_marked_n_a_not_drawn_as_zero():
+    rec = load("h100_2026-12-06e/eviction/locality.json")
+    for c in rec["cases"]:
+        del c["timed"]["router_cached_share"]
+    (ax,) = workload_axes(figure_of(rec))
+    heights = bar_heights(ax)
+    assert heights[:4] == [35.04, 35.04, 10.1, 10.1] and all(h != h for h in heights[4:])  # NaN: no bar
+    assert [t.get_text() for t in ax.texts] == ["n/a"] * 4
+    import matplotlib.figure
+
+    from sut.locality.workloads.figure import draw
+    rec = made_up(trace_settings={"answers": "log_uniform"})
+    for c in rec["cases"]:
+        c["timed"] = {"requests": 24}  # a finished case without latency_s
+    ax = matplotlib.figure.Figure().subplots()
+    assert draw([ax], rec) == ["variable-answers"]
+    assert len(ax.patches) == 4 and all(p.get_height() != p.get_height() for p in ax.patches) and len(ax.texts) == 4
+
+
+def test_hot_prefixes_panel_reads_older_and_sparser_per_replica_records():
+    """A run before ``uncached_tokens`` (prompt - cached), a case without per-replica counts, and a replica that
+    answered nothing (no entry: the other replica keeps its own bar, the idle one shows 0)."""
+    rec = load("h100_2026-12-06c/hot-prefixes/locality.json")
+    want = bar_heights(workload_axes(figure_of(rec))[0])
+    for c in rec["cases"]:
+        for p in c["timed"]["per_replica"]:
+            del p["uncached_tokens"]
+    assert bar_heights(workload_axes(figure_of(rec))[0]) == want
+    rec["cases"][0]["timed"]["per_replica"] = None  # one pair of six cases: the median of the other two pairs
+    assert len(bar_heights(workload_axes(figure_of(rec))[0])) == 12
+    for c in rec["cases"]:
+        if c["system"] == "flame" and c["policy"] == "round_robin":
+            c["timed"]["per_replica"] = c["timed"]["per_replica"][1:]  # replica 0 answered nothing
+    (ax,) = workload_axes(figure_of(rec))
+    keys = list(groups(rec))
+    j = keys.index(("flame", "round_robin"))
+    heights = bar_heights(ax)
+    assert heights[j] == 0 and heights[len(keys) + j] == want[len(keys) + j]  # replica 0: 0; replica 1: as before
+
+
+def test_replica_loss_bars_add_up_to_the_requests_when_pairs_differ():
+    """The median of each outcome apart would give 100 of 128 requests here; the median pair's outcomes add up."""
+    import matplotlib.figure
+
+    from sut.locality.workloads.figure import draw
+    outcomes = [(100, 28, 0), (128, 0, 0), (90, 0, 38)]
+    cases = [{"pair": i, "system": "standalone", "policy": "round_robin", "timed": {"requests": 128},
+              "failover": {"answered": a, "rerouted": r, "failed": f, "recovery_s": 1.0 if r else None}}
+             for i, (a, r, f) in enumerate(outcomes)]
+    fig = matplotlib.figure.Figure(layout="constrained")
+    ax = fig.subplots()
+    assert draw([ax], {"cases": cases}) == ["replica-loss"]
+    assert bar_heights(ax) == [100, 28, 0]
+    fig.canvas.draw()
+    leg, box = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert leg.x0 >= box.x1  # the legend sits beside the axes, over no bar

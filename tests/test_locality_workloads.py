@@ -188,6 +188,18 @@ def test_variable_answers_ask_and_check_each_requests_own_length(systems, tmp_pa
     assert imread(png).shape[0] > imread(png).shape[1] / 2  # one row: 506 x 1650 px, two: 1012 x 1650
 
 
+
+def test_a_workload_panel_that_fails_never_fails_the_run(systems, tmp_path, monkeypatch):
+    """The figure is drawn from the in-memory record before locality.json is written: a panel's error leaves a
+    note in the figure, and the run that measured fine keeps its exit code and its record."""
+    def broken(ax, record, g):
+        raise TypeError("a field the panel did not expect")
+
+    monkeypatch.setattr("sut.locality.workloads.figure._answers", broken)
+    rc, rec = run(tmp_path, "--trace-preset", "variable-answers", "--policies", "round_robin", "--max-tokens", "40")
+    assert rc == 0 and rec["status"] == "ok" and rec["figure"] == "locality.png"
+    assert (tmp_path / "out" / "w-SYNTHETIC-LOCALITY-NOT-MLPERF" / "locality.png").is_file()
+
 def test_a_transport_without_per_request_lengths_is_refused_and_one_that_ignores_them_fails(monkeypatch, tmp_path,
                                                                                           capsys):
     monkeypatch.setitem(SYSTEMS, "standalone", fake("fake-fixed-length"))

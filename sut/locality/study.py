@@ -288,13 +288,13 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
 
     report = pair_report(records, metric, num, den, floor)
     idx = _index(records, metric)
-    panels = wfig.workload_panels(record) if record else []
+    panels = wfig.row_panels(record)
     fig = Figure(figsize=(15, 9.2 if panels else 4.6), layout="constrained")
     FigureCanvasAgg(fig)
     top, bottom = fig.subfigures(2, 1) if panels else (fig, None)
     ax1, ax2, ax3 = top.subplots(1, 3)
     if bottom is not None:
-        wfig.draw(bottom.subplots(1, len(panels), squeeze=False)[0], record)
+        wfig.draw_row(bottom, record, len(panels))
     policies = sorted({po for pols in report["runs"].values() for po in pols})
     styles = ["-", "--", ":", "-."]
     series = [(i, s, po) for i, (s, pols) in enumerate(report["runs"].items()) for po in pols]

@@ -1,7 +1,8 @@
 """The workload panels of ``locality.png``: one per workload a run's cases show, under the three pair panels.
 
 Every panel draws the median over pairs of each system x policy (the cases that finished; a failed case has
-no ``timed`` and is left out), from the same fields the console's workload sections print:
+no ``timed`` and is left out; a value no case records is left blank, marked n/a, never drawn as 0), from the
+same fields the console's workload sections print:
 
 * ``arrivals``: goodput (requests/s meeting the TTFT and TPOT targets) per load level, one line per system x
   policy, next to the offered Poisson rate (``levels[].rate``, ``levels[].timed.goodput_per_s``).
@@ -12,17 +13,24 @@ no ``timed`` and is left out), from the same fields the console's workload secti
 * ``eviction``: the engines' cached share next to the share the router expected (``timed.cached_share``,
   ``timed.router_cached_share``), with the working set's ratio to one replica's KV cache in the title.
 * ``replica-loss``: each request's outcome (``failover.answered`` by its first replica, ``rerouted``,
-  ``failed``) stacked to the trace's requests, the median recovery time (``failover.recovery_s``) above.
+  ``failed``) of the median pair by answered, stacked to the trace's requests, the median recovery time
+  (``failover.recovery_s``) above.
 
 :func:`workload_panels` names the panels a record has; :func:`draw` fills matplotlib axes (no pyplot, no global
-state). Records from ``locality.json`` or from a run in memory (settings as dataclasses) both work.
+state); :func:`row_panels` and :func:`draw_row` do the same for ``locality.png``'s second row, where a record the
+panels cannot read leaves a note and a logged warning: the figure never fails a run that measured fine.
+Records from ``locality.json`` or from a run in memory (settings as dataclasses) both work.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from statistics import median
 from typing import Callable, Mapping, Sequence
+
+log = logging.getLogger(__name__)
 
 #: (system, policy) -> the finished cases of that system and policy, in record order.
 Groups = dict
@@ -42,8 +50,9 @@ def groups(record: Mapping) -> Groups:
 
 
 def _med(values) -> float:
+    """The median of the known values; NaN (no bar, no point) when none is known, never a made-up 0."""
     vals = [v for v in values if v is not None]
-    return float(median(vals)) if vals else 0.0
+    return float(median(vals)) if vals else math.nan
 
 
 def _labels(ax, keys: Sequence[tuple]) -> None:
@@ -56,8 +65,12 @@ def _bars(ax, keys, series: Sequence[tuple[str, list]], **kw) -> None:
     for i, (label, vals) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(keys))]
         ax.bar(xs, vals, width, label=label, color=f"C{i + 2}", **kw)
+        for x, v in zip(xs, vals):
+            if math.isnan(v):  # a field the record lacks: said, not drawn as 0
+                ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=8)
     _labels(ax, keys)
-    ax.legend(fontsize=8)
+    if series:
+        ax.legend(fontsize=8)
 
 
 def _arrivals(ax, record: Mapping, g: Groups) -> None:
@@ -88,12 +101,22 @@ def _answers(ax, record: Mapping, g: Groups) -> None:
     ax.set(ylabel="request latency, s", title="variable answers: arrival to answer (median of pairs)")
 
 
+def _uncached(p: Mapping):
+    """A replica's uncached prompt tokens; from prompt - cached in a record written before the field."""
+    if "uncached_tokens" in p:
+        return p["uncached_tokens"]
+    known = p.get("prompt_tokens") is not None and p.get("cached_tokens") is not None
+    return p["prompt_tokens"] - p["cached_tokens"] if known else None
+
+
 def _hot(ax, record: Mapping, g: Groups) -> None:
     keys = list(g)
-    n = max(len(c["timed"].get("per_replica") or []) for k in keys for c in g[k])
-    per = [[_med((c["timed"]["per_replica"][r]["uncached_tokens"] if r < len(c["timed"]["per_replica"]) else None)
-                 for c in g[k]) for k in keys] for r in range(n)]
-    _bars(ax, keys, [(f"replica {r}", [v / 1000 for v in per[r]]) for r in range(n)])
+    # per case: replica -> uncached tokens; a replica that answered nothing has no entry (it did no prefill)
+    per = {k: [{p.get("replica", i): _uncached(p) for i, p in enumerate(c["timed"].get("per_replica") or [])}
+               for c in g[k]] for k in keys}
+    reps = sorted({r for cases in per.values() for c in cases for r in c})
+    vals = {r: [_med(c.get(r, 0) if c else None for c in per[k]) for k in keys] for r in reps}
+    _bars(ax, keys, [(f"replica {r}", [v / 1000 for v in vals[r]]) for r in reps])
     s = _plain(record.get("trace_settings")).get("zipf_s")
     ax.set(ylabel="uncached prompt tokens, thousands",
            title=f"hot prefixes (Zipf s = {s}): prefill done per replica (median of pairs)")
@@ -110,24 +133,31 @@ def _eviction(ax, record: Mapping, g: Groups) -> None:
                  "tokens)" if ws.get("replica_kv_tokens") else "eviction: cached share")
 
 
+def _median_outcome(fo: Sequence[Mapping]) -> Mapping:
+    """The failover record of the median pair by requests answered: one pair's outcomes, which add up to the
+    trace's requests (the medians of each outcome apart need not)."""
+    return sorted(fo, key=lambda f: (f["answered"], -f["failed"]))[(len(fo) - 1) // 2]
+
+
 def _loss(ax, record: Mapping, g: Groups) -> None:
-    keys = [k for k in g if any(c.get("failover") for c in g[k])]
+    fos = {k: [c["failover"] for c in g[k] if c.get("failover")] for k in g}
+    keys = [k for k in g if fos[k]]
+    mid = [_median_outcome(fos[k]) for k in keys]
     bottom = [0.0] * len(keys)
     for i, part in enumerate(("answered", "rerouted", "failed")):
-        vals = [_med(c["failover"][part] for c in g[k] if c.get("failover")) for k in keys]
+        vals = [m[part] for m in mid]
         ax.bar(range(len(keys)), vals, 0.6, bottom=bottom, label=part, color=("C2", "C1", "C3")[i])
         bottom = [b + v for b, v in zip(bottom, vals)]
     for j, k in enumerate(keys):
-        fo = [c["failover"] for c in g[k] if c.get("failover")]
-        rec = [f.get("recovery_s") for f in fo]
+        rec = [f.get("recovery_s") for f in fos[k]]
         note = (f"recovery {_med(rec):.1f} s" if any(r is not None for r in rec) else
-                "no loss measured" if not any(f["rerouted"] or f["failed"] for f in fo) else None)
+                "no loss measured" if not any(f["rerouted"] or f["failed"] for f in fos[k]) else None)
         if note:
             ax.annotate(note, (j, bottom[j]), ha="center", va="bottom", fontsize=8)
     _labels(ax, keys)
     ax.set_ylim(0, max(bottom, default=1) * 1.15 or 1)
-    ax.set(ylabel="requests", title="replica loss: each request's outcome (median of pairs)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set(ylabel="requests", title="replica loss: each request's outcome (the median pair by answered)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: never over a bar
 
 
 def workload_panels(record: Mapping) -> list[tuple[str, Callable]]:
@@ -149,3 +179,31 @@ def draw(axes: Sequence, record: Mapping) -> list[str]:
     for ax, (_, fn) in zip(axes, panels):
         fn(ax, record, g)
     return [name for name, _ in panels]
+
+
+def _not_drawn(e: Exception) -> str:
+    log.warning("locality.png: the workload panels were not drawn (%s: %s)", type(e).__name__, e)
+    return f"workload panels not drawn: {type(e).__name__}: {e}"
+
+
+def row_panels(record: Mapping | None) -> list[str]:
+    """The workloads of ``record``'s second row ([] without a record); a record they cannot read still gets the
+    row, which then says so."""
+    if not record:
+        return []
+    try:
+        return [name for name, _ in workload_panels(record)]
+    except Exception as e:  # a figure never fails a run
+        return [_not_drawn(e)]
+
+
+def draw_row(sub, record: Mapping, n: int) -> list[str]:
+    """Draw :func:`workload_panels` into ``n`` axes of matplotlib subfigure ``sub``; on an error the row holds
+    the error's text instead (and a warning is logged). Returns the workloads drawn."""
+    try:
+        return draw(sub.subplots(1, n, squeeze=False)[0], record)
+    except Exception as e:  # a figure never fails a run
+        note = _not_drawn(e)
+    sub.clear()
+    sub.text(0.5, 0.5, note, ha="center", va="center", fontsize=10, color="C3", wrap=True)
+    return []
