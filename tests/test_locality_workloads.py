@@ -200,6 +200,18 @@ def test_a_workload_panel_that_fails_never_fails_the_run(systems, tmp_path, monk
     assert rc == 0 and rec["status"] == "ok" and rec["figure"] == "locality.png"
     assert (tmp_path / "out" / "w-SYNTHETIC-LOCALITY-NOT-MLPERF" / "locality.png").is_file()
 
+
+def test_a_figure_that_cannot_be_drawn_at_all_leaves_the_run_and_its_record(systems, tmp_path, monkeypatch, capsys):
+    def broken(*a, **k):
+        raise ValueError("no canvas")
+
+    monkeypatch.setattr("sut.locality.runner.plot_pair_report", broken)
+    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-blocks", "12", "--policies", "round_robin")
+    assert rc == 0 and rec["status"] == "ok" and rec["figure"] is None and rec["report"]
+    assert any("locality.png not drawn (ValueError: no canvas)" in n for n in rec["notes"])
+    assert not (tmp_path / "out" / "w-SYNTHETIC-LOCALITY-NOT-MLPERF" / "locality.png").exists()
+    assert "note: locality.png not drawn" in capsys.readouterr().out
+
 def test_a_transport_without_per_request_lengths_is_refused_and_one_that_ignores_them_fails(monkeypatch, tmp_path,
                                                                                           capsys):
     monkeypatch.setitem(SYSTEMS, "standalone", fake("fake-fixed-length"))

@@ -197,9 +197,24 @@ def finish_record(d: Path, record: dict, cases: Sequence[dict], runs: Sequence[d
     if runs and not record.get("error"):
         metric = record.get("report_metric") or "requests_per_s"
         record["report"] = report if report is not None else pair_report(runs, metric)
-        record["figure"] = plot_pair_report(runs, d / "locality.png", metric, record=record).name
+        record["figure"] = _figure(runs, d, metric, record)
     record["record_path"] = str(write_record(d, record))
     return record
+
+
+def _figure(runs: Sequence[dict], d: Path, metric: str, record: dict) -> Optional[str]:
+    """Draw ``locality.png``; its name, or None with a warning and a note in ``record`` when drawing fails (a
+    figure must never fail a run that measured fine: ``locality.json`` holds every value it would show). An
+    ``OSError`` (disk full, no permission) is a write failure like the record's own and is raised."""
+    try:
+        return plot_pair_report(runs, d / "locality.png", metric, record=record).name
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any plotting error; the record and the console report still come
+        log.warning("locality.png not drawn: %s: %s", type(e).__name__, e)
+        record.setdefault("notes", []).append(f"locality.png not drawn ({type(e).__name__}: {e}); every value is "
+                                              "in locality.json")
+        return None
 
 
 def run_study(systems: Sequence[System], prepared: PreparedTrace, ctx: StudyContext, ps: PairSettings,
