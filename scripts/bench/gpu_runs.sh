@@ -114,7 +114,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # The steps run in order in one detached job; DONE is written when the last one ends, and each
     # step's exit code is logged in batch.console (batch-wait prints it).
     shift
-    [ $# -gt 0 ] || { echo "start: name at least one step (batch, x2, scale, locality, flame-real, core, study, workloads, server, confirm, perf)"; exit 2; }
+    [ $# -gt 0 ] || { echo "start: name at least one step (batch, x2, scale, locality, flame-real, core, study, workloads, server, confirm, perf, server-steps)"; exit 2; }
     if [ -d "$JOB" ] && [ ! -f "$JOB/DONE" ]; then
       echo "start: a job is still running in $JOB (no DONE yet); wait for it with batch-wait"; exit 2
     fi
@@ -263,6 +263,15 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for f in "$JOB"/perf/*.log; do [ -f "$f" ] && tail -c 4000 "$f" > "$f.tail"; done
     exit $rc  # perf_levers.py's, not the log loop's
     ;;
+  server-steps)
+    # Server's engine steps next to Offline's on one started engine of the fp8 preset (scripts/bench/server_steps.py;
+    # ~4 min): SS_RATE Server's queries/s (default 52), SS_DURATION seconds a phase (default 90), SS_PROFILE steady
+    # steps profiled per phase (default 0); PERF_BASE_OVERRIDE (JSON) changes the engine, e.g. '{"max_num_seqs": 640}'.
+    export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    python3 scripts/bench/server_steps.py --model "$MODEL" --dataset "$REAL" --out "$JOB/server_steps" \
+      --rate "${SS_RATE:-52}" --duration-s "${SS_DURATION:-90}" --profile-steps "${SS_PROFILE:-0}" \
+      > "$JOB/server_steps.console" 2>&1
+    ;;
   core)
     # (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started
     # engine; (b) --sut vllm-http (vllm serve started here) vs --sut vllm, same prompts and LoadGen load, HTTP_ROUNDS
@@ -364,7 +373,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     done
     (cd "$JOB" && find . -name "run.json" -o -name "summary.json" -o -name "*.console" -o -name "tune.*" \
        -o -name "mlperf_log_summary.txt" -o -name "DONE" -o -name "*.tail" -o -name "x2.txt" \
-       -o -name "locality*.json" -o -name "cases.jsonl" -o -name "run_header.json" -o -path "./scen/*.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" -o -name "*.png" | tar -czf "$OUT/job.tgz" -T -)
+       -o -name "locality*.json" -o -name "cases.jsonl" -o -name "run_header.json" -o -path "./scen/*.jsonl" -o -name "core_*.json" -o -name "summary.json" -o -path "./perf/*.json*" -o -path "./perf/*.tail" -o -name "server_steps.json" -o -name "*.png" | tar -czf "$OUT/job.tgz" -T -)
     cat "$JOB/x2.txt" 2>/dev/null; for f in "$JOB"/locality*.console; do [ -f "$f" ] && tail -5 "$f"; done
     grep -E "^step .* rc=" "$JOB/batch.console"
     tail -4 "$JOB"/core_*.console "$JOB"/scen_*.console "$JOB"/confirm-*.console 2>/dev/null
@@ -374,7 +383,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for f in "$JOB"/scen/*.jsonl; do [ -f "$f" ] && cut -c1-200 "$f"; done
     cat "$JOB/tune.tsv" 2>/dev/null
     grep -E "^\[|^lever|^ +[a-z_]+ +[a-z_]+ +[0-9]" "$JOB/perf.console" 2>/dev/null | tail -30
+    grep -A13 "^steady window" "$JOB/server_steps.console" 2>/dev/null
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
     ;;
-  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds] (steps: batch x2 scale locality flame-real core study workloads server confirm perf)"; exit 2;;
+  *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds] (steps: batch x2 scale locality flame-real core study workloads server confirm perf server-steps)"; exit 2;;
 esac

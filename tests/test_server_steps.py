@@ -1,0 +1,176 @@
+"""scripts/bench/server_steps.py: Poisson plans, the step loop and its log on a made-up engine (DELTA outputs,
+a fixed number of slots, one token a step), the steady window and the ratios; the whole command on the tiny CPU
+model (slow)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+import server_steps  # noqa: E402
+
+
+def test_plans_offline_all_at_zero_and_server_poisson_at_the_rate():
+    assert server_steps.arrivals(5, 0.0, 10.0, 0) == [(0.0, i) for i in range(5)]
+    plan = server_steps.arrivals(3, 50.0, 100.0, 7)
+    times = [t for t, _ in plan]
+    assert times == sorted(times) and 0 < times[0] and times[-1] < 100.0
+    assert abs(len(plan) - 5000) < 4 * 5000 ** 0.5  # Poisson count: mean 5,000, sd ~71
+    assert [i for _, i in plan] == list(range(len(plan))) and plan == server_steps.arrivals(3, 50.0, 100.0, 7)
+
+
+class Clock:
+    """Advances 0.1 ms a reading and ``step_s`` an engine step: the loop always moves on."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 0.0001
+        return self.t
+
+
+class Engine:
+    """``slots`` requests run at once; a request's first step is its prefill (first token), then one token a step
+    until ``max_tokens``; outputs are DELTA ones."""
+
+    def __init__(self, clock, slots=4, max_tokens=3, step_s=0.01):
+        self.clock, self.slots, self.max_tokens, self.step_s = clock, slots, max_tokens, step_s
+        self.queue, self.running, self.aborted = [], {}, []
+
+    def add_request(self, rid, prompt, params):
+        self.queue.append((rid, prompt["prompt_token_ids"]))
+
+    def has_unfinished_requests(self):
+        return bool(self.queue or self.running)
+
+    def step(self):
+        while self.queue and len(self.running) < self.slots:
+            rid, p = self.queue.pop(0)
+            self.running[rid] = [p, 0]
+        outs = []
+        for rid, st in list(self.running.items()):
+            st[1] += 1
+            done = st[1] == self.max_tokens
+            outs.append(SimpleNamespace(request_id=rid, prompt_token_ids=st[0], finished=done,
+                                        outputs=[SimpleNamespace(token_ids=[1])]))
+            if done:
+                del self.running[rid]
+        self.clock.t += self.step_s
+        return outs
+
+    def abort_request(self, ids):
+        self.aborted += ids
+
+
+def test_offline_steps_fill_every_slot_and_what_is_left_is_aborted():
+    clock = Clock()
+    eng = Engine(clock)
+    prompts = [[1] * 10, [2] * 20]
+    log = server_steps.drive(eng, prompts, server_steps.arrivals(400, 0.0, 1.0, 0), None, 1.0, clock=clock)
+    assert all(s["tokens"] == 4 and s["decoding"] <= 4 for s in log.steps)  # the queue outlasts the phase
+    finished = sum(s["finished"] for s in log.steps)
+    started = [f"r{i}" for i in range(400) if f"r{i}" not in log.open or f"r{i}" in log.length]
+    assert sum(s["tokens"] for s in log.steps) == 3 * finished + sum(log.length.values())
+    assert sum(s["prefills"] for s in log.steps) == len(started) == finished + len(log.length)
+    assert sum(s["prefill_tokens"] for s in log.steps) == sum(10 if int(r[1:]) % 2 == 0 else 20 for r in started)
+    assert log.steps[-1]["waiting"] == 400 - len(started)
+    assert eng.aborted == sorted(log.open) and len(log.open) == 400 - finished > 0
+
+
+def test_a_server_under_capacity_waits_for_arrivals_and_never_queues():
+    clock = Clock()
+    eng = Engine(clock, slots=8)
+    plan = server_steps.arrivals(4, 20.0, 3.0, 1)
+    log = server_steps.drive(eng, [[5] * 8], plan, None, 3.0, clock=clock, sleep=lambda s: setattr(clock, "t",
+                                                                                                 clock.t + s))
+    w = server_steps.window(log.steps, 1.0, offline=False)
+    assert max(s["waiting"] for s in log.steps) <= 1 and 0 < w["tokens_per_step"] < 8
+    assert sum(s["prefills"] for s in log.steps) == sum(s["finished"] for s in log.steps) + len(log.length)
+    assert len(plan) > 40 and sum(s["finished"] for s in log.steps) >= len(plan) - 2
+
+
+def test_the_offline_window_ends_when_its_queue_empties_and_ratios_divide_server_by_offline():
+    steps = [{"t_s": t, "ms": 10.0, "tokens": 4, "prefills": 1, "prefill_tokens": 100, "finished": 1,
+              "decoding": 4, "waiting": w} for t, w in ((0.0, 3), (1.0, 2), (2.0, 1), (3.0, 0), (4.0, 0))]
+    w = server_steps.window(steps, 1.0, offline=True)
+    assert (w["steps"], w["from_s"], w["output_tokens_per_s"], w["waiting_last"]) == (2, 1.0, 400.0, 1)
+    assert server_steps.window(steps, 1.0, offline=False)["steps"] == 4
+    assert server_steps.window(steps, 9.0, offline=False) == {"steps": 0}
+    r = server_steps.ratios({"output_tokens_per_s": 90.0, "tokens_per_step": 3.0, "ms_per_step_mean": 12.0,
+                             "prefill_tokens_per_step": 50.0},
+                            {"output_tokens_per_s": 100.0, "tokens_per_step": 4.0, "ms_per_step_mean": 10.0,
+                             "prefill_tokens_per_step": 0.0})
+    assert r == {"output_tokens_per_s": 0.9, "tokens_per_step": 0.75, "ms_per_step_mean": 1.2,
+                 "prefill_tokens_per_step": None}
+
+
+@pytest.mark.parametrize("args", [["--rate", "0"], ["--warm-s", "90"], ["--samples", "0"], ["--duration-s", "-1"]])
+def test_bad_settings_exit_2(args, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        server_steps.parse(["--model", "m", "--dataset", "d", "--out", str(tmp_path), *args])
+    assert e.value.code == 2
+
+
+@pytest.mark.slow
+def test_the_command_on_the_tiny_cpu_model_writes_both_phases_and_ratios(tmp_path):
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps([{"tok_input": list(range(100, 100 + n))} for n in (40, 90, 150, 60)]))
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PERF_BASE_OVERRIDE=json.dumps(
+        {"quantization": None, "kv_cache_dtype": "auto", "max_model_len": 512, "max_num_seqs": 4, "dtype": "float32",
+         "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.1, "enforce_eager": True}))
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "server_steps.py"), "--model",
+                        str(ROOT / "sut" / "models" / "tiny-llama3"), "--dataset", str(data), "--samples", "4",
+                        "--offline-samples", "2000", "--rate", "5", "--duration-s", "6", "--warm-s", "2",
+                        "--max-tokens", "8", "--out", str(tmp_path / "o")],
+                       env=env, capture_output=True, text=True, timeout=500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "o" / "server_steps.json").read_text())
+    off, srv = res["phases"]["offline"], res["phases"]["server"]
+    assert off["window"]["tokens_per_step"] == 4.0  # 4 slots, all decoding while the queue lasts
+    assert srv["window"]["waiting_mean"] < 2 and 0 < srv["window"]["tokens_per_step"] < 4
+    assert res["ratios"]["output_tokens_per_s"] < 1 and "server / offline" in r.stdout
+    assert (tmp_path / "o" / "server_steps.png").stat().st_size > 10_000
+
+
+STANDIN = """#!/usr/bin/env bash
+# python3 of scripts/bench/gpu_runs.sh's server-steps step: records its flags, writes what the command would
+case "$*" in
+  "scripts/bench/server_steps.py"*) echo "$*" >> "$CALLS"; mkdir -p "$JOB/server_steps"
+    echo '{"phases": {}}' > "$JOB/server_steps/server_steps.json"
+    printf 'steady window   offline   server\\nsteps   1200   1100\\nserver / offline: output_tokens_per_s 0.9400\\n'
+    exit 0 ;;
+esac
+exec {real} "$@"
+"""
+
+
+def test_the_gpu_step_passes_its_settings_and_batch_wait_brings_the_record_back(tmp_path):
+    import shlex
+    import tarfile
+
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "python3"
+    fake.write_text(STANDIN.replace("{real}", shlex.quote(sys.executable)))
+    fake.chmod(0o755)
+    job = tmp_path / "job"
+    job.mkdir()
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
+               JOB=str(job), OUT=str(tmp_path / "out"), SS_RATE="56", SS_PROFILE="40")
+    gpu = ["bash", "scripts/bench/gpu_runs.sh"]
+    assert subprocess.run([*gpu, "server-steps"], cwd=ROOT, env=env, timeout=60).returncode == 0
+    call = (tmp_path / "calls").read_text().split()
+    flags = dict(zip(call[1::2], call[2::2]))
+    assert (flags["--rate"], flags["--duration-s"], flags["--profile-steps"]) == ("56", "90", "40")
+    assert flags["--out"] == str(job / "server_steps")
+    (job / "DONE").write_text("done")
+    w = subprocess.run([*gpu, "batch-wait", "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert "server / offline: output_tokens_per_s 0.9400" in w.stdout and "batch DONE" in w.stdout
+    with tarfile.open(tmp_path / "out" / "job.tgz") as t:
+        assert "./server_steps/server_steps.json" in t.getnames()
