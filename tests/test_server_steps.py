@@ -128,7 +128,7 @@ def test_the_command_on_the_tiny_cpu_model_writes_both_phases_and_ratios(tmp_pat
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "server_steps.py"), "--model",
                         str(ROOT / "sut" / "models" / "tiny-llama3"), "--dataset", str(data), "--samples", "4",
                         "--offline-samples", "2000", "--rate", "5", "--duration-s", "6", "--warm-s", "2",
-                        "--max-tokens", "8", "--out", str(tmp_path / "o")],
+                        "--max-tokens", "8", "--profile-steps", "3", "--out", str(tmp_path / "o")],
                        env=env, capture_output=True, text=True, timeout=500)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "o" / "server_steps.json").read_text())
@@ -137,6 +137,9 @@ def test_the_command_on_the_tiny_cpu_model_writes_both_phases_and_ratios(tmp_pat
     assert srv["window"]["waiting_mean"] < 2 and 0 < srv["window"]["tokens_per_step"] < 4
     assert res["ratios"]["output_tokens_per_s"] < 1 and "server / offline" in r.stdout
     assert (tmp_path / "o" / "server_steps.png").stat().st_size > 10_000
+    for ph in (off, srv):  # profiled after the window (CPU: no GPU kernels to sum), and not counted in it
+        assert ph["profile"] == {"error": "no GPU activity in the trace"} and ph["window"]["to_s"] <= 6.5
+        assert ph["steps"][-1]["t_s"] >= 6.0
 
 
 STANDIN = """#!/usr/bin/env bash
@@ -174,3 +177,32 @@ def test_the_gpu_step_passes_its_settings_and_batch_wait_brings_the_record_back(
     assert "server / offline: output_tokens_per_s 0.9400" in w.stdout and "batch DONE" in w.stdout
     with tarfile.open(tmp_path / "out" / "job.tgz") as t:
         assert "./server_steps/server_steps.json" in t.getnames()
+
+
+def test_a_profiler_that_fails_leaves_the_phase_its_step_log():
+    clock = Clock()
+    prof = server_steps.Profiler(5, start_s=0.0)
+    prof._tick = lambda: (_ for _ in ()).throw(RuntimeError("CUPTI not available"))
+    log = server_steps.drive(Engine(clock), [[1] * 4], server_steps.arrivals(50, 0.0, 1.0, 0), None, 0.5,
+                             on_step=prof, clock=clock, keep_going=prof.active)
+    assert len(log.steps) > 10 and prof.summary(0) == {"error": "RuntimeError: CUPTI not available"}
+    assert server_steps.Profiler(5, start_s=99.0).summary(0) is None
+
+
+def test_the_profiled_steps_come_after_the_window_and_are_not_in_it():
+    clock = Clock()
+    ticks = []
+
+    class Counting(server_steps.Profiler):
+        def _tick(self):
+            ticks.append(clock.t)
+            self.done = len(ticks) == self.left
+
+    prof = Counting(7, start_s=0.5)
+    log = server_steps.drive(Engine(clock), [[1] * 4], server_steps.arrivals(400, 0.0, 1.0, 0), None, 0.5,
+                             on_step=prof, clock=clock, keep_going=prof.active)
+    assert len(ticks) == 7 and min(ticks) >= 0.5 and prof.done
+    after = [s for s in log.steps if s["t_s"] >= 0.5]
+    assert len(after) == 7  # the phase ran on for exactly the profiled steps
+    w = server_steps.window(log.steps, 0.1, offline=True, end_s=0.5)
+    assert w["steps"] == sum(1 for s in log.steps if 0.1 <= s["t_s"] < 0.5)

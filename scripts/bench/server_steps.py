@@ -21,8 +21,9 @@ The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unles
 a logged step is one schedule + forward + outputs; the harness's engines run the core in a process of its own, so
 absolute tokens/s may differ a little from a LoadGen run's: compare the phases, not the runs.
 
-``--profile-steps K`` (CUDA only) also profiles K steady steps of each phase with ``torch.profiler``
-(``perf_profile.summarize_trace``: kernel categories, GPU busy, CPU gap per step).
+``--profile-steps K`` (CUDA) also profiles K steps of each phase with ``torch.profiler`` right after its measured
+window (``perf_profile.summarize_trace``: kernel categories, GPU busy, CPU gap per step; the profiled steps are
+not in the window's statistics).
 
 Writes OUT/server_steps.json (settings, card, vLLM, per-phase window stats and per-step logs, ratios),
 OUT/server_steps.png (tokens per step, ms per step and waiting requests over time, both phases) and prints the
@@ -100,8 +101,9 @@ class StepLog:
 
 def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, int]], params, duration_s: float,
           on_step: Optional[Callable[[float], None]] = None, clock: Callable[[], float] = time.perf_counter,
-          sleep: Callable[[float], None] = time.sleep) -> StepLog:
-    """Add each request of ``plan`` at its arrival time and step ``engine`` until ``duration_s`` or until every
+          sleep: Callable[[float], None] = time.sleep, keep_going: Callable[[], bool] = lambda: False) -> StepLog:
+    """Add each request of ``plan`` at its arrival time and step ``engine`` until ``duration_s`` (past it while
+    ``keep_going()``, at most ``TAIL_S`` more: the profiler's steps, after the measured window) or until every
     request finished; abort the rest. ``on_step(t)`` runs before each step (the profiler's hook); an idle engine
     waits for the next arrival in ``sleep`` naps of at most 1 ms."""
     log = StepLog(prompts)
@@ -113,7 +115,8 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
             engine.add_request(rid, {"prompt_token_ids": list(prompts[plan[nxt][1] % len(prompts)])}, params)
             log.submit(rid)
             nxt += 1
-        if now >= duration_s or (nxt == len(plan) and not engine.has_unfinished_requests()):
+        if (now >= duration_s and not (keep_going() and now < duration_s + TAIL_S)) or (
+                nxt == len(plan) and not engine.has_unfinished_requests()):
             break
         if not engine.has_unfinished_requests():
             sleep(min(0.001, max(0.0, plan[nxt][0] - now)))
@@ -128,12 +131,13 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
     return log
 
 
-def window(steps: Sequence[dict], warm_s: float, offline: bool) -> dict:
-    """Steady-window statistics (module docstring); ``offline``: the window also ends when the queue empties."""
+def window(steps: Sequence[dict], warm_s: float, offline: bool, end_s: float = float("inf")) -> dict:
+    """Statistics of the steps started in [``warm_s``, ``end_s``) (module docstring); ``offline``: the window also
+    ends when the queue empties."""
     end = len(steps)
     if offline:
         end = next((i for i, s in enumerate(steps) if s["t_s"] >= warm_s and s["waiting"] <= 0), len(steps))
-    w = [s for s in steps[:end] if s["t_s"] >= warm_s]
+    w = [s for s in steps[:end] if warm_s <= s["t_s"] < end_s]
     if not w:
         return {"steps": 0}
     wall = sum(s["ms"] for s in w) / 1000
@@ -169,38 +173,68 @@ def table(res: dict) -> list[str]:
     return lines
 
 
-class Profiler:
-    """``--profile-steps``: ``torch.profiler`` over ``steps`` engine steps from the first step at ``warm_s``
-    (``drive``'s ``on_step``); ``summary()`` is ``perf_profile.summarize_trace`` of them (None if never run)."""
+#: Seconds a phase may run past --duration-s for the profiled steps (they come after the measured window: the
+#: profiler slows the steps it records, and Server's queue then needs a while to settle).
+TAIL_S = 60.0
 
-    def __init__(self, steps: int, warm_s: float):
-        self.left, self.warm_s, self.prof, self.done, self.t0 = steps, warm_s, None, False, 0.0
+
+class Profiler:
+    """``--profile-steps``: ``torch.profiler`` over ``steps`` engine steps from the first step at ``start_s`` (the
+    phase's end: ``drive``'s ``on_step`` and ``keep_going``); ``summary()`` is ``perf_profile.summarize_trace`` of
+    them. A profiler that fails is stopped and its error kept: the phase keeps its step log."""
+
+    def __init__(self, steps: int, start_s: float):
+        self.left, self.start_s, self.prof, self.done, self.t0, self.error = steps, start_s, None, False, 0.0, None
 
     def __call__(self, now: float) -> None:
+        if self.done or self.left <= 0 or now < self.start_s:
+            return
+        try:
+            self._tick()
+        except Exception as e:  # noqa: BLE001 - a profiler that fails must not cost the phase its step log
+            self.done, self.error = True, f"{type(e).__name__}: {e}"
+            self._stop()
+
+    def active(self) -> bool:
+        return self.left > 0 and not self.done
+
+    def _stop(self) -> None:
+        if self.prof is not None:
+            try:
+                self.prof.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - already failing; the error above is the one kept
+                pass
+
+    def _tick(self) -> None:
         import torch
 
-        if self.done or self.left <= 0 or now < self.warm_s:
-            return
         if self.prof is None:
-            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
             self.prof, self.t0, self.count = torch.profiler.profile(activities=acts), time.perf_counter(), 0
             self.prof.__enter__()
         self.count += 1
         if self.count > self.left:
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             self.wall = time.perf_counter() - self.t0
-            self.prof.__exit__(None, None, None)
             self.done = True
+            self.prof.__exit__(None, None, None)
 
     def summary(self, tokens: int) -> Optional[dict]:
-        if not self.done:
-            return None
+        """The profiled steps' summary; ``{"error": ...}`` when profiling failed; None when it never started."""
+        if self.error or not self.done:
+            return {"error": self.error} if self.error else None
         from perf_profile import summarize_trace
 
-        with tempfile.TemporaryDirectory() as td:
-            trace = Path(td) / "trace.json"
-            self.prof.export_chrome_trace(str(trace))
-            res = summarize_trace(trace, self.left, self.wall, tokens)
+        try:
+            with tempfile.TemporaryDirectory() as td:
+                trace = Path(td) / "trace.json"
+                self.prof.export_chrome_trace(str(trace))
+                res = summarize_trace(trace, self.left, self.wall, tokens)
+        except Exception as e:  # noqa: BLE001 - as in __call__
+            return {"error": f"{type(e).__name__}: {e}"}
         res.pop("top_kernels", None)
         return res
 
@@ -209,9 +243,12 @@ def run_phase(engine, name: str, prompts, a, params) -> dict:
     """One phase (``offline`` or ``server``): its plan, steps, steady window and optional profile."""
     offline = name == "offline"
     plan = arrivals(a.offline_samples if offline else len(prompts), 0.0 if offline else a.rate, a.duration_s, a.seed)
-    prof = Profiler(a.profile_steps, a.warm_s) if a.profile_steps > 0 else None
-    log = drive(engine, prompts, plan, params, a.duration_s, on_step=prof)
-    w = window(log.steps, a.warm_s, offline)
+    prof = Profiler(a.profile_steps, a.duration_s) if a.profile_steps > 0 else None
+    if prof and not offline:  # arrivals go on while the profiled steps run
+        plan = arrivals(len(prompts), a.rate, a.duration_s + TAIL_S, a.seed)
+    log = drive(engine, prompts, plan, params, a.duration_s, on_step=prof,
+                keep_going=prof.active if prof else (lambda: False))
+    w = window(log.steps, a.warm_s, offline, a.duration_s)
     out = {"requests_planned": len(plan), "window": w, "steps": log.steps}
     if prof:
         out["profile"] = prof.summary(sum(s["tokens"] for s in log.steps))
