@@ -206,3 +206,15 @@ def test_the_profiled_steps_come_after_the_window_and_are_not_in_it():
     assert len(after) == 7  # the phase ran on for exactly the profiled steps
     w = server_steps.window(log.steps, 0.1, offline=True, end_s=0.5)
     assert w["steps"] == sum(1 for s in log.steps if 0.1 <= s["t_s"] < 0.5)
+
+
+def test_the_figure_draws_a_value_a_second_not_every_step(tmp_path):
+    steps = [{"t_s": t / 100, "ms": 10.0, "tokens": t % 7, "waiting": 500 - t} for t in range(300)]
+    x, y = server_steps.per_second(steps, "tokens")
+    assert x == [0.5, 1.5, 2.5] and y[0] == sum(t % 7 for t in range(100)) / 100
+    assert server_steps.per_second(steps, "waiting", last=True)[1] == [401, 301, 201]
+    res = {"settings": {"warm_s": 1.0, "rate": 5.0}, "card": "cpu",
+           "phases": {"offline": {"steps": steps, "window": {"tokens_per_step": 3.0, "ms_per_step_mean": 10.0}},
+                      "server": {"steps": [], "window": {"steps": 0}}}}
+    server_steps.figure(res, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000

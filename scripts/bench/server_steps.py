@@ -255,24 +255,42 @@ def run_phase(engine, name: str, prompts, a, params) -> dict:
     return out
 
 
+def per_second(steps: Sequence[dict], key: str, last: bool = False) -> tuple[list[float], list[float]]:
+    """``(x s, y)`` of ``key`` over each whole second of a phase that has steps: ``x`` the second's middle, ``y``
+    the mean over its steps (``last``: its last step's value). Thousands of steps a phase drawn one by one are a
+    solid band; a value a second shows the trend."""
+    bins: dict[int, list] = {}
+    for s in steps:
+        bins.setdefault(int(s["t_s"]), []).append(s[key])
+    x = [b + 0.5 for b in sorted(bins)]
+    return x, [bins[b][-1] if last else sum(bins[b]) / len(bins[b]) for b in sorted(bins)]
+
+
 def figure(res: dict, path: Path) -> None:
-    """Tokens per step, ms per step and waiting requests over time, both phases (Agg canvas)."""
+    """Tokens per step, ms per step (means a second) and waiting requests (each second's last) over time, both
+    phases, with the steady-window means of the first two dashed (Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(15, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
+    panels = (("tokens", "tokens_per_step", "tokens generated per step (mean a second)"),
+              ("ms", "ms_per_step_mean", "ms per step (mean a second)"),
+              ("waiting", None, "requests waiting (no first token; each second's last)"))
     for i, (name, ph) in enumerate(res["phases"].items()):
-        t = [s["t_s"] for s in ph["steps"]]
-        for ax, k in zip(axes, ("tokens", "ms", "waiting")):
-            ax.plot(t, [s[k] for s in ph["steps"]], color=f"C{i}", linewidth=0.6, label=name)
+        for ax, (k, wk, _) in zip(axes, panels):
+            ax.plot(*per_second(ph["steps"], k, last=k == "waiting"), color=f"C{i}", linewidth=1, label=name)
+            if wk and ph["window"].get(wk) is not None:
+                ax.axhline(ph["window"][wk], color=f"C{i}", linestyle="--", linewidth=0.8)
     axes[2].set_yscale("symlog")  # Offline's queue is thousands, Server's a few
-    for ax, label in zip(axes, ("tokens generated per step", "ms per step", "requests waiting (no first token)")):
+    axes[2].set_ylim(bottom=0)
+    for ax, (_, _, label) in zip(axes, panels):
         ax.axvline(res["settings"]["warm_s"], color="grey", linestyle=":")
         ax.set(xlabel="s from the phase's start", title=label)
         ax.legend(fontsize=8)
-    fig.suptitle(f"engine steps, Offline vs Server at {res['settings']['rate']} queries/s ({res.get('card')})")
+    fig.suptitle(f"engine steps, Offline vs Server at {res['settings']['rate']} queries/s ({res.get('card')}); "
+                 "dotted: the steady window's start, dashed: its mean")
     fig.savefig(path, dpi=110)
 
 
