@@ -111,7 +111,9 @@ def test_the_offline_window_ends_when_its_queue_empties_and_ratios_divide_server
                  "prefill_tokens_per_step": None}
 
 
-@pytest.mark.parametrize("args", [["--rate", "0"], ["--warm-s", "90"], ["--samples", "0"], ["--duration-s", "-1"]])
+@pytest.mark.parametrize("args", [["--rate", "0"], ["--warm-s", "90"], ["--samples", "0"], ["--duration-s", "-1"],
+                                  ["--rate", "inf"], ["--rate", "nan"], ["--duration-s", "inf"],
+                                  ["--profile-steps", "-1"], ["--phases", "server", "server"]])
 def test_bad_settings_exit_2(args, tmp_path):
     with pytest.raises(SystemExit) as e:
         server_steps.parse(["--model", "m", "--dataset", "d", "--out", str(tmp_path), *args])

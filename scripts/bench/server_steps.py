@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -304,14 +305,16 @@ def card() -> str:
 
 
 def parse(argv=None) -> argparse.Namespace:
+    """The command line (module docstring); exit 2 on settings that cannot run (an infinite or NaN rate would
+    never end the Poisson plan)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--dataset", required=True, help="cnn_eval-format JSON with tok_input ids")
     ap.add_argument("--samples", type=int, default=1020, help="prompts read (cycled by both phases)")
     ap.add_argument("--offline-samples", type=int, default=8192, help="requests Offline queues at once")
     ap.add_argument("--rate", type=float, default=52.0, help="Server's Poisson arrivals, queries/s")
-    ap.add_argument("--duration-s", type=float, default=90.0)
-    ap.add_argument("--warm-s", type=float, default=30.0, help="the steady window starts here")
+    ap.add_argument("--duration-s", type=float, default=90.0, help="seconds a phase runs")
+    ap.add_argument("--warm-s", type=float, default=30.0, help="s into a phase where the steady window starts")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--phases", nargs="+", default=["offline", "server"], choices=["offline", "server"])
@@ -321,8 +324,10 @@ def parse(argv=None) -> argparse.Namespace:
     for k in ("samples", "offline_samples", "max_tokens"):
         if getattr(a, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be >= 1")
-    if a.rate <= 0 or a.duration_s <= 0 or not 0 <= a.warm_s < a.duration_s:
-        ap.error("need --rate > 0, --duration-s > 0 and 0 <= --warm-s < --duration-s")
+    if not (0 < a.rate < math.inf and 0 < a.duration_s < math.inf and 0 <= a.warm_s < a.duration_s):
+        ap.error("need finite --rate > 0 and --duration-s > 0, and 0 <= --warm-s < --duration-s")
+    if a.profile_steps < 0 or len(set(a.phases)) < len(a.phases):
+        ap.error("need --profile-steps >= 0 and each of --phases once")
     return a
 
 
