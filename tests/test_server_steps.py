@@ -220,3 +220,28 @@ def test_the_figure_draws_a_value_a_second_not_every_step(tmp_path):
                       "server": {"steps": [], "window": {"steps": 0}}}}
     server_steps.figure(res, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_a_failing_phase_leaves_the_earlier_phases_record_and_a_failing_figure_only_a_warning(tmp_path, monkeypatch,
+                                                                                             capsys):
+    a = server_steps.parse(["--model", "m", "--dataset", "d", "--out", str(tmp_path), "--duration-s", "0.3",
+                            "--warm-s", "0.1", "--offline-samples", "40"])
+    real = server_steps.run_phase
+
+    def phase(engine, name, *args):
+        if name == "server":
+            raise RuntimeError("CUDA out of memory")
+        return real(engine, name, *args)
+
+    monkeypatch.setattr(server_steps, "run_phase", phase)
+    res = {"settings": vars(a), "phases": {}}
+    with pytest.raises(RuntimeError):
+        server_steps.run_phases(Engine(Clock()), [[1] * 4], a, None, res, tmp_path)
+    saved = json.loads((tmp_path / "server_steps.json").read_text())
+    assert list(saved["phases"]) == ["offline"] and saved["phases"]["offline"]["steps"]
+    monkeypatch.setattr(server_steps, "run_phase", real)
+    monkeypatch.setattr(server_steps, "figure", lambda res, path: 1 / 0)
+    res = {"settings": vars(a), "phases": {}}
+    server_steps.run_phases(Engine(Clock()), [[1] * 4], a, None, res, tmp_path)
+    assert set(json.loads((tmp_path / "server_steps.json").read_text())["ratios"]) >= {"output_tokens_per_s"}
+    assert "warning: no figure (ZeroDivisionError" in capsys.readouterr().err

@@ -350,16 +350,27 @@ def main(argv=None) -> int:
     params = SamplingParams(**fixed, output_kind=RequestOutputKind.DELTA)  # every step's new tokens (StepLog)
     res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "card": card(), "vllm": __version__,
            "engine": {k: v for k, v in kwargs.items() if k != "model"}, "settings": vars(a), "phases": {}}
+    run_phases(llm.llm_engine, prompts, a, params, res, out)
+    return 0
+
+
+def run_phases(engine, prompts, a, params, res: dict, out: Path) -> None:
+    """Each of ``a.phases`` on ``engine``, OUT/server_steps.json rewritten after each (a later phase that fails,
+    e.g. out of memory, leaves the earlier ones' record), then the ratios, the table and the figure; a figure that
+    cannot be drawn leaves a warning, not a failed run."""
+    path = out / "server_steps.json"
     for name in a.phases:
-        res["phases"][name] = run_phase(llm.llm_engine, name, prompts, a, params)
+        res["phases"][name] = run_phase(engine, name, prompts, a, params)
+        path.write_text(json.dumps(res, indent=1))
     if {"offline", "server"} <= set(res["phases"]):
         res["ratios"] = ratios(res["phases"]["server"]["window"], res["phases"]["offline"]["window"])
         print("\n".join(table(res)))
-    (out / "server_steps.json").write_text(json.dumps(res, indent=1))
-    figure(res, out / "server_steps.png")
-    print(f"wrote {out / 'server_steps.json'}, {out / 'server_steps.png'}")
-    return 0
-
+        path.write_text(json.dumps(res, indent=1))
+    try:
+        figure(res, out / "server_steps.png")
+    except Exception as e:  # noqa: BLE001 - the steps measured fine; the record is written
+        print(f"warning: no figure ({type(e).__name__}: {e})", file=sys.stderr)
+    print(f"wrote {path}, {out / 'server_steps.png'}")
 
 if __name__ == "__main__":
     sys.exit(main())
