@@ -102,6 +102,7 @@ def test_the_offline_window_ends_when_its_queue_empties_and_ratios_divide_server
     w = server_steps.window(steps, 1.0, offline=True)
     assert (w["steps"], w["from_s"], w["output_tokens_per_s"], w["waiting_last"]) == (2, 1.0, 400.0, 1)
     assert server_steps.window(steps, 1.0, offline=False)["steps"] == 4
+    assert w["busy_share"] == round(0.02 / 1.01, 4)  # 10 ms steps a second apart: the engine mostly idled
     assert server_steps.window(steps, 9.0, offline=False) == {"steps": 0}
     r = server_steps.ratios({"output_tokens_per_s": 90.0, "tokens_per_step": 3.0, "ms_per_step_mean": 12.0,
                              "prefill_tokens_per_step": 50.0},

@@ -14,8 +14,9 @@ harness's ``--benchmark-ignore-eos``); what is left at the end is aborted. Per s
 first tokens (prefills completed) and their prompt tokens, requests finished, requests decoding and waiting after
 it. Over the steady window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each
 phase gets: steps, ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding
-and waiting (mean, last), output tokens/s. Then ``server / offline`` for tokens/s, which is tokens per step over
-ms per step: which of the two moved says whether Server's steps are fuller-but-slower or emptier.
+and waiting (mean, last), output tokens/s (over the steps' time) and the steps' share of the window's wall
+time (below 1 when the engine idled waiting for arrivals). Then ``server / offline`` for tokens/s, which is tokens
+per step over ms per step: which of the two moved says whether Server's steps are fuller-but-slower or emptier.
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set, as ``perf_profile.py``), so
 a logged step is one schedule + forward + outputs; the harness's engines run the core in a process of its own, so
@@ -133,8 +134,9 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
 
 
 def window(steps: Sequence[dict], warm_s: float, offline: bool, end_s: float = float("inf")) -> dict:
-    """Statistics of the steps started in [``warm_s``, ``end_s``) (module docstring); ``offline``: the window also
-    ends when the queue empties."""
+    """Statistics of the steps started in [``warm_s``, ``end_s``) s (module docstring); ``offline``: the window also
+    ends when the queue empties. ``output_tokens_per_s`` is over the steps' own time; ``busy_share`` is that time
+    over the window's wall time (below 1: the engine idled between arrivals or the loop's adds took time)."""
     end = len(steps)
     if offline:
         end = next((i for i, s in enumerate(steps) if s["t_s"] >= warm_s and s["waiting"] <= 0), len(steps))
@@ -142,8 +144,10 @@ def window(steps: Sequence[dict], warm_s: float, offline: bool, end_s: float = f
     if not w:
         return {"steps": 0}
     wall = sum(s["ms"] for s in w) / 1000
+    to_s = round(w[-1]["t_s"] + w[-1]["ms"] / 1000, 4)
     mean = lambda k: round(sum(s[k] for s in w) / len(w), 3)  # noqa: E731
-    return {"steps": len(w), "from_s": w[0]["t_s"], "to_s": round(w[-1]["t_s"] + w[-1]["ms"] / 1000, 4),
+    return {"steps": len(w), "from_s": w[0]["t_s"], "to_s": to_s,
+            "busy_share": round(wall / (to_s - w[0]["t_s"]), 4) if to_s > w[0]["t_s"] else None,
             "ms_per_step_median": round(statistics.median(s["ms"] for s in w), 3),
             "ms_per_step_mean": round(1000 * wall / len(w), 3), "tokens_per_step": mean("tokens"),
             "prefills_per_step": mean("prefills"), "prefill_tokens_per_step": mean("prefill_tokens"),
@@ -165,7 +169,8 @@ def table(res: dict) -> list[str]:
     """The console table: one row per statistic, a column per phase, then the ratios."""
     ph = res["phases"]
     keys = ("steps", "ms_per_step_median", "ms_per_step_mean", "tokens_per_step", "prefills_per_step",
-            "prefill_tokens_per_step", "decoding_mean", "waiting_mean", "waiting_last", "output_tokens_per_s")
+            "prefill_tokens_per_step", "decoding_mean", "waiting_mean", "waiting_last", "output_tokens_per_s",
+            "busy_share")
     lines = [f"{'steady window':<26}{'offline':>14}{'server':>14}"]
     for k in keys:
         lines.append(f"{k:<26}" + "".join(f"{str(ph[p]['window'].get(k, '-')):>14}" for p in ("offline", "server")))
