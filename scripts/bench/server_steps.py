@@ -70,18 +70,19 @@ def arrivals(n_prompts: int, rate: float, duration_s: float, seed: int) -> list[
 class StepLog:
     """What one phase's steps did; ``steps`` holds one dict per ``LLMEngine.step`` (module docstring)."""
 
-    def __init__(self, prompts: Sequence[Sequence[int]]):
-        self.prompts = prompts
+    def __init__(self):
         self.steps: list[dict] = []
         self.length: dict[str, int] = {}  # request id -> tokens so far, while it decodes
         self.open: set[str] = set()  # added, not finished
         self.waiting = 0
 
     def submit(self, rid: str) -> None:
+        """A request added to the engine: waiting until its first token."""
         self.open.add(rid)
         self.waiting += 1
 
     def record(self, t_s: float, ms: float, outs) -> None:
+        """One step that started ``t_s`` s into the phase and took ``ms`` ms, from its DELTA ``RequestOutput``s."""
         tokens = first = first_prompt = finished = 0
         for o in outs:  # RequestOutputKind.DELTA: the tokens this step added
             n = len(o.outputs[0].token_ids)
@@ -108,7 +109,7 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
     ``keep_going()``, at most ``TAIL_S`` more: the profiler's steps, after the measured window) or until every
     request finished; abort the rest. ``on_step(t)`` runs before each step (the profiler's hook); an idle engine
     waits for the next arrival in ``sleep`` naps of at most 1 ms."""
-    log = StepLog(prompts)
+    log = StepLog()
     t0, nxt = clock(), 0
     while True:
         now = clock() - t0
@@ -191,6 +192,7 @@ class Profiler:
 
     def __init__(self, steps: int, start_s: float):
         self.left, self.start_s, self.prof, self.done, self.t0, self.error = steps, start_s, None, False, 0.0, None
+        self.count, self.wall = 0, 0.0  # steps profiled so far; their wall s
 
     def __call__(self, now: float) -> None:
         if self.done or self.left <= 0 or now < self.start_s:
@@ -202,6 +204,7 @@ class Profiler:
             self._stop()
 
     def active(self) -> bool:
+        """Steps still to profile (``drive``'s ``keep_going``)."""
         return self.left > 0 and not self.done
 
     def _stop(self) -> None:
@@ -218,7 +221,7 @@ class Profiler:
             acts = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
-            self.prof, self.t0, self.count = torch.profiler.profile(activities=acts), time.perf_counter(), 0
+            self.prof, self.t0 = torch.profiler.profile(activities=acts), time.perf_counter()
             self.prof.__enter__()
         self.count += 1
         if self.count > self.left:
@@ -301,6 +304,7 @@ def figure(res: dict, path: Path) -> None:
 
 
 def card() -> str:
+    """The GPU's name, ``cpu`` without CUDA, ``unknown`` when torch cannot tell."""
     try:
         import torch
 
@@ -337,6 +341,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    """Start the engine, warm it up (64 prompts), run the phases; 2 when the dataset has no prompts."""
     a = parse(argv)
     prompts = load_prompts(a.dataset, a.samples)
     if not prompts:
