@@ -246,3 +246,41 @@ def test_a_failing_phase_leaves_the_earlier_phases_record_and_a_failing_figure_o
     server_steps.run_phases(Engine(Clock()), [[1] * 4], a, None, res, tmp_path)
     assert set(json.loads((tmp_path / "server_steps.json").read_text())["ratios"]) >= {"output_tokens_per_s"}
     assert "warning: no figure (ZeroDivisionError" in capsys.readouterr().err
+
+
+ENGINE_CHECK = """
+import sys
+sys.path.insert(0, sys.argv[1] + "/scripts/bench")
+import server_steps as ss
+from vllm import LLM, SamplingParams
+from vllm.sampling_params import RequestOutputKind
+llm = LLM(model=sys.argv[1] + "/sut/models/tiny-llama3", load_format="dummy", skip_tokenizer_init=True,
+          dtype="float32", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=64, gpu_memory_utilization=0.1,
+          enforce_eager=True, enable_prefix_caching=False, seed=0)
+eng, prompts, out = llm.llm_engine, [list(range(100, 100 + n)) for n in (40, 90, 150, 60)], []
+sp = lambda n: SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                              output_kind=RequestOutputKind.DELTA)
+for n in (1, 3):  # 64-token steps: the 90- and 150-token prompts take 2 and 3 steps before their first token
+    st = ss.drive(eng, prompts, ss.arrivals(40, 0.0, 1.0, 0), sp(n), 1000.0).steps
+    out.append([sum(s[k] for s in st) for k in ("tokens", "prefills", "finished", "prefill_tokens")]
+               + [st[-1]["waiting"], st[-1]["decoding"], min(s["tokens"] for s in st)])
+log = ss.drive(eng, prompts, ss.arrivals(200, 0.0, 1.0, 0), sp(8), 0.3)
+out.append([len(log.open) > 0, eng.has_unfinished_requests()])
+st = ss.drive(eng, prompts, ss.arrivals(8, 0.0, 1.0, 0), sp(8), 1000.0).steps  # same ids as the aborted phase's
+out.append([sum(s["tokens"] for s in st), sum(s["finished"] for s in st), st[0]["waiting"]])
+print(out)
+"""
+
+
+@pytest.mark.slow
+def test_the_step_log_counts_what_the_cpu_engine_generated_and_its_abort_leaves_a_clean_engine():
+    r = subprocess.run([sys.executable, "-c", ENGINE_CHECK, str(ROOT)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, three, aborted, after = json.loads(r.stdout.strip().splitlines()[-1].replace("True", "true")
+                                            .replace("False", "false"))
+    prompt_tokens = 10 * (40 + 90 + 150 + 60)
+    assert one == [40, 40, 40, prompt_tokens, 0, 0, 0]  # steps of only partial prefills generate nothing
+    assert three == [120, 40, 40, prompt_tokens, 0, 0, 1]
+    assert aborted == [True, False]
+    assert after == [64, 8, 7]
