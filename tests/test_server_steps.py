@@ -102,6 +102,7 @@ def test_the_offline_window_ends_when_its_queue_empties_and_ratios_divide_server
     w = server_steps.window(steps, 1.0, offline=True)
     assert (w["steps"], w["from_s"], w["output_tokens_per_s"], w["waiting_last"]) == (2, 1.0, 400.0, 1)
     assert server_steps.window(steps, 1.0, offline=False)["steps"] == 4
+    assert w["busy_share"] == round(0.02 / 1.01, 4)  # 10 ms steps a second apart: the engine mostly idled
     assert server_steps.window(steps, 9.0, offline=False) == {"steps": 0}
     r = server_steps.ratios({"output_tokens_per_s": 90.0, "tokens_per_step": 3.0, "ms_per_step_mean": 12.0,
                              "prefill_tokens_per_step": 50.0},
@@ -111,7 +112,9 @@ def test_the_offline_window_ends_when_its_queue_empties_and_ratios_divide_server
                  "prefill_tokens_per_step": None}
 
 
-@pytest.mark.parametrize("args", [["--rate", "0"], ["--warm-s", "90"], ["--samples", "0"], ["--duration-s", "-1"]])
+@pytest.mark.parametrize("args", [["--rate", "0"], ["--warm-s", "90"], ["--samples", "0"], ["--duration-s", "-1"],
+                                  ["--rate", "inf"], ["--rate", "nan"], ["--duration-s", "inf"],
+                                  ["--profile-steps", "-1"], ["--phases", "server", "server"]])
 def test_bad_settings_exit_2(args, tmp_path):
     with pytest.raises(SystemExit) as e:
         server_steps.parse(["--model", "m", "--dataset", "d", "--out", str(tmp_path), *args])
@@ -206,3 +209,78 @@ def test_the_profiled_steps_come_after_the_window_and_are_not_in_it():
     assert len(after) == 7  # the phase ran on for exactly the profiled steps
     w = server_steps.window(log.steps, 0.1, offline=True, end_s=0.5)
     assert w["steps"] == sum(1 for s in log.steps if 0.1 <= s["t_s"] < 0.5)
+
+
+def test_the_figure_draws_a_value_a_second_not_every_step(tmp_path):
+    steps = [{"t_s": t / 100, "ms": 10.0, "tokens": t % 7, "waiting": 500 - t} for t in range(300)]
+    x, y = server_steps.per_second(steps, "tokens")
+    assert x == [0.5, 1.5, 2.5] and y[0] == sum(t % 7 for t in range(100)) / 100
+    assert server_steps.per_second(steps, "waiting", last=True)[1] == [401, 301, 201]
+    res = {"settings": {"warm_s": 1.0, "rate": 5.0}, "card": "cpu",
+           "phases": {"offline": {"steps": steps, "window": {"tokens_per_step": 3.0, "ms_per_step_mean": 10.0}},
+                      "server": {"steps": [], "window": {"steps": 0}}}}
+    server_steps.figure(res, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_a_failing_phase_leaves_the_earlier_phases_record_and_a_failing_figure_only_a_warning(tmp_path, monkeypatch,
+                                                                                             capsys):
+    a = server_steps.parse(["--model", "m", "--dataset", "d", "--out", str(tmp_path), "--duration-s", "0.3",
+                            "--warm-s", "0.1", "--offline-samples", "40"])
+    real = server_steps.run_phase
+
+    def phase(engine, name, *args):
+        if name == "server":
+            raise RuntimeError("CUDA out of memory")
+        return real(engine, name, *args)
+
+    monkeypatch.setattr(server_steps, "run_phase", phase)
+    res = {"settings": vars(a), "phases": {}}
+    with pytest.raises(RuntimeError):
+        server_steps.run_phases(Engine(Clock()), [[1] * 4], a, None, res, tmp_path)
+    saved = json.loads((tmp_path / "server_steps.json").read_text())
+    assert list(saved["phases"]) == ["offline"] and saved["phases"]["offline"]["steps"]
+    monkeypatch.setattr(server_steps, "run_phase", real)
+    monkeypatch.setattr(server_steps, "figure", lambda res, path: 1 / 0)
+    res = {"settings": vars(a), "phases": {}}
+    server_steps.run_phases(Engine(Clock()), [[1] * 4], a, None, res, tmp_path)
+    assert set(json.loads((tmp_path / "server_steps.json").read_text())["ratios"]) >= {"output_tokens_per_s"}
+    assert "warning: no figure (ZeroDivisionError" in capsys.readouterr().err
+
+
+ENGINE_CHECK = """
+import sys
+sys.path.insert(0, sys.argv[1] + "/scripts/bench")
+import server_steps as ss
+from vllm import LLM, SamplingParams
+from vllm.sampling_params import RequestOutputKind
+llm = LLM(model=sys.argv[1] + "/sut/models/tiny-llama3", load_format="dummy", skip_tokenizer_init=True,
+          dtype="float32", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=64, gpu_memory_utilization=0.1,
+          enforce_eager=True, enable_prefix_caching=False, seed=0)
+eng, prompts, out = llm.llm_engine, [list(range(100, 100 + n)) for n in (40, 90, 150, 60)], []
+sp = lambda n: SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                              output_kind=RequestOutputKind.DELTA)
+for n in (1, 3):  # 64-token steps: the 90- and 150-token prompts take 2 and 3 steps before their first token
+    st = ss.drive(eng, prompts, ss.arrivals(40, 0.0, 1.0, 0), sp(n), 1000.0).steps
+    out.append([sum(s[k] for s in st) for k in ("tokens", "prefills", "finished", "prefill_tokens")]
+               + [st[-1]["waiting"], st[-1]["decoding"], min(s["tokens"] for s in st)])
+log = ss.drive(eng, prompts, ss.arrivals(200, 0.0, 1.0, 0), sp(8), 0.3)
+out.append([len(log.open) > 0, eng.has_unfinished_requests()])
+st = ss.drive(eng, prompts, ss.arrivals(8, 0.0, 1.0, 0), sp(8), 1000.0).steps  # same ids as the aborted phase's
+out.append([sum(s["tokens"] for s in st), sum(s["finished"] for s in st), st[0]["waiting"]])
+print(out)
+"""
+
+
+@pytest.mark.slow
+def test_the_step_log_counts_what_the_cpu_engine_generated_and_its_abort_leaves_a_clean_engine():
+    r = subprocess.run([sys.executable, "-c", ENGINE_CHECK, str(ROOT)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, three, aborted, after = json.loads(r.stdout.strip().splitlines()[-1].replace("True", "true")
+                                            .replace("False", "false"))
+    prompt_tokens = 10 * (40 + 90 + 150 + 60)
+    assert one == [40, 40, 40, prompt_tokens, 0, 0, 0]  # steps of only partial prefills generate nothing
+    assert three == [120, 40, 40, prompt_tokens, 0, 0, 1]
+    assert aborted == [True, False]
+    assert after == [64, 8, 7]

@@ -14,8 +14,9 @@ harness's ``--benchmark-ignore-eos``); what is left at the end is aborted. Per s
 first tokens (prefills completed) and their prompt tokens, requests finished, requests decoding and waiting after
 it. Over the steady window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each
 phase gets: steps, ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding
-and waiting (mean, last), output tokens/s. Then ``server / offline`` for tokens/s, which is tokens per step over
-ms per step: which of the two moved says whether Server's steps are fuller-but-slower or emptier.
+and waiting (mean, last), output tokens/s (over the steps' time) and the steps' share of the window's wall
+time (below 1 when the engine idled waiting for arrivals). Then ``server / offline`` for tokens/s, which is tokens
+per step over ms per step: which of the two moved says whether Server's steps are fuller-but-slower or emptier.
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set, as ``perf_profile.py``), so
 a logged step is one schedule + forward + outputs; the harness's engines run the core in a process of its own, so
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -68,18 +70,19 @@ def arrivals(n_prompts: int, rate: float, duration_s: float, seed: int) -> list[
 class StepLog:
     """What one phase's steps did; ``steps`` holds one dict per ``LLMEngine.step`` (module docstring)."""
 
-    def __init__(self, prompts: Sequence[Sequence[int]]):
-        self.prompts = prompts
+    def __init__(self):
         self.steps: list[dict] = []
         self.length: dict[str, int] = {}  # request id -> tokens so far, while it decodes
         self.open: set[str] = set()  # added, not finished
         self.waiting = 0
 
     def submit(self, rid: str) -> None:
+        """A request added to the engine: waiting until its first token."""
         self.open.add(rid)
         self.waiting += 1
 
     def record(self, t_s: float, ms: float, outs) -> None:
+        """One step that started ``t_s`` s into the phase and took ``ms`` ms, from its DELTA ``RequestOutput``s."""
         tokens = first = first_prompt = finished = 0
         for o in outs:  # RequestOutputKind.DELTA: the tokens this step added
             n = len(o.outputs[0].token_ids)
@@ -106,7 +109,7 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
     ``keep_going()``, at most ``TAIL_S`` more: the profiler's steps, after the measured window) or until every
     request finished; abort the rest. ``on_step(t)`` runs before each step (the profiler's hook); an idle engine
     waits for the next arrival in ``sleep`` naps of at most 1 ms."""
-    log = StepLog(prompts)
+    log = StepLog()
     t0, nxt = clock(), 0
     while True:
         now = clock() - t0
@@ -132,8 +135,9 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
 
 
 def window(steps: Sequence[dict], warm_s: float, offline: bool, end_s: float = float("inf")) -> dict:
-    """Statistics of the steps started in [``warm_s``, ``end_s``) (module docstring); ``offline``: the window also
-    ends when the queue empties."""
+    """Statistics of the steps started in [``warm_s``, ``end_s``) s (module docstring); ``offline``: the window also
+    ends when the queue empties. ``output_tokens_per_s`` is over the steps' own time; ``busy_share`` is that time
+    over the window's wall time (below 1: the engine idled between arrivals or the loop's adds took time)."""
     end = len(steps)
     if offline:
         end = next((i for i, s in enumerate(steps) if s["t_s"] >= warm_s and s["waiting"] <= 0), len(steps))
@@ -141,8 +145,10 @@ def window(steps: Sequence[dict], warm_s: float, offline: bool, end_s: float = f
     if not w:
         return {"steps": 0}
     wall = sum(s["ms"] for s in w) / 1000
+    to_s = round(w[-1]["t_s"] + w[-1]["ms"] / 1000, 4)
     mean = lambda k: round(sum(s[k] for s in w) / len(w), 3)  # noqa: E731
-    return {"steps": len(w), "from_s": w[0]["t_s"], "to_s": round(w[-1]["t_s"] + w[-1]["ms"] / 1000, 4),
+    return {"steps": len(w), "from_s": w[0]["t_s"], "to_s": to_s,
+            "busy_share": round(wall / (to_s - w[0]["t_s"]), 4) if to_s > w[0]["t_s"] else None,
             "ms_per_step_median": round(statistics.median(s["ms"] for s in w), 3),
             "ms_per_step_mean": round(1000 * wall / len(w), 3), "tokens_per_step": mean("tokens"),
             "prefills_per_step": mean("prefills"), "prefill_tokens_per_step": mean("prefill_tokens"),
@@ -164,7 +170,8 @@ def table(res: dict) -> list[str]:
     """The console table: one row per statistic, a column per phase, then the ratios."""
     ph = res["phases"]
     keys = ("steps", "ms_per_step_median", "ms_per_step_mean", "tokens_per_step", "prefills_per_step",
-            "prefill_tokens_per_step", "decoding_mean", "waiting_mean", "waiting_last", "output_tokens_per_s")
+            "prefill_tokens_per_step", "decoding_mean", "waiting_mean", "waiting_last", "output_tokens_per_s",
+            "busy_share")
     lines = [f"{'steady window':<26}{'offline':>14}{'server':>14}"]
     for k in keys:
         lines.append(f"{k:<26}" + "".join(f"{str(ph[p]['window'].get(k, '-')):>14}" for p in ("offline", "server")))
@@ -185,6 +192,7 @@ class Profiler:
 
     def __init__(self, steps: int, start_s: float):
         self.left, self.start_s, self.prof, self.done, self.t0, self.error = steps, start_s, None, False, 0.0, None
+        self.count, self.wall = 0, 0.0  # steps profiled so far; their wall s
 
     def __call__(self, now: float) -> None:
         if self.done or self.left <= 0 or now < self.start_s:
@@ -196,6 +204,7 @@ class Profiler:
             self._stop()
 
     def active(self) -> bool:
+        """Steps still to profile (``drive``'s ``keep_going``)."""
         return self.left > 0 and not self.done
 
     def _stop(self) -> None:
@@ -212,7 +221,7 @@ class Profiler:
             acts = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
-            self.prof, self.t0, self.count = torch.profiler.profile(activities=acts), time.perf_counter(), 0
+            self.prof, self.t0 = torch.profiler.profile(activities=acts), time.perf_counter()
             self.prof.__enter__()
         self.count += 1
         if self.count > self.left:
@@ -255,28 +264,47 @@ def run_phase(engine, name: str, prompts, a, params) -> dict:
     return out
 
 
+def per_second(steps: Sequence[dict], key: str, last: bool = False) -> tuple[list[float], list[float]]:
+    """``(x s, y)`` of ``key`` over each whole second of a phase that has steps: ``x`` the second's middle, ``y``
+    the mean over its steps (``last``: its last step's value). Thousands of steps a phase drawn one by one are a
+    solid band; a value a second shows the trend."""
+    bins: dict[int, list] = {}
+    for s in steps:
+        bins.setdefault(int(s["t_s"]), []).append(s[key])
+    x = [b + 0.5 for b in sorted(bins)]
+    return x, [bins[b][-1] if last else sum(bins[b]) / len(bins[b]) for b in sorted(bins)]
+
+
 def figure(res: dict, path: Path) -> None:
-    """Tokens per step, ms per step and waiting requests over time, both phases (Agg canvas)."""
+    """Tokens per step, ms per step (means a second) and waiting requests (each second's last) over time, both
+    phases, with the steady-window means of the first two dashed (Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(15, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
+    panels = (("tokens", "tokens_per_step", "tokens generated per step (mean a second)"),
+              ("ms", "ms_per_step_mean", "ms per step (mean a second)"),
+              ("waiting", None, "requests waiting (no first token; each second's last)"))
     for i, (name, ph) in enumerate(res["phases"].items()):
-        t = [s["t_s"] for s in ph["steps"]]
-        for ax, k in zip(axes, ("tokens", "ms", "waiting")):
-            ax.plot(t, [s[k] for s in ph["steps"]], color=f"C{i}", linewidth=0.6, label=name)
+        for ax, (k, wk, _) in zip(axes, panels):
+            ax.plot(*per_second(ph["steps"], k, last=k == "waiting"), color=f"C{i}", linewidth=1, label=name)
+            if wk and ph["window"].get(wk) is not None:
+                ax.axhline(ph["window"][wk], color=f"C{i}", linestyle="--", linewidth=0.8)
     axes[2].set_yscale("symlog")  # Offline's queue is thousands, Server's a few
-    for ax, label in zip(axes, ("tokens generated per step", "ms per step", "requests waiting (no first token)")):
+    axes[2].set_ylim(bottom=0)
+    for ax, (_, _, label) in zip(axes, panels):
         ax.axvline(res["settings"]["warm_s"], color="grey", linestyle=":")
         ax.set(xlabel="s from the phase's start", title=label)
         ax.legend(fontsize=8)
-    fig.suptitle(f"engine steps, Offline vs Server at {res['settings']['rate']} queries/s ({res.get('card')})")
+    fig.suptitle(f"engine steps, Offline vs Server at {res['settings']['rate']} queries/s ({res.get('card')}); "
+                 "dotted: the steady window's start, dashed: its mean")
     fig.savefig(path, dpi=110)
 
 
 def card() -> str:
+    """The GPU's name, ``cpu`` without CUDA, ``unknown`` when torch cannot tell."""
     try:
         import torch
 
@@ -286,14 +314,16 @@ def card() -> str:
 
 
 def parse(argv=None) -> argparse.Namespace:
+    """The command line (module docstring); exit 2 on settings that cannot run (an infinite or NaN rate would
+    never end the Poisson plan)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--dataset", required=True, help="cnn_eval-format JSON with tok_input ids")
     ap.add_argument("--samples", type=int, default=1020, help="prompts read (cycled by both phases)")
     ap.add_argument("--offline-samples", type=int, default=8192, help="requests Offline queues at once")
     ap.add_argument("--rate", type=float, default=52.0, help="Server's Poisson arrivals, queries/s")
-    ap.add_argument("--duration-s", type=float, default=90.0)
-    ap.add_argument("--warm-s", type=float, default=30.0, help="the steady window starts here")
+    ap.add_argument("--duration-s", type=float, default=90.0, help="seconds a phase runs")
+    ap.add_argument("--warm-s", type=float, default=30.0, help="s into a phase where the steady window starts")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--phases", nargs="+", default=["offline", "server"], choices=["offline", "server"])
@@ -303,12 +333,15 @@ def parse(argv=None) -> argparse.Namespace:
     for k in ("samples", "offline_samples", "max_tokens"):
         if getattr(a, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be >= 1")
-    if a.rate <= 0 or a.duration_s <= 0 or not 0 <= a.warm_s < a.duration_s:
-        ap.error("need --rate > 0, --duration-s > 0 and 0 <= --warm-s < --duration-s")
+    if not (0 < a.rate < math.inf and 0 < a.duration_s < math.inf and 0 <= a.warm_s < a.duration_s):
+        ap.error("need finite --rate > 0 and --duration-s > 0, and 0 <= --warm-s < --duration-s")
+    if a.profile_steps < 0 or len(set(a.phases)) < len(a.phases):
+        ap.error("need --profile-steps >= 0 and each of --phases once")
     return a
 
 
 def main(argv=None) -> int:
+    """Start the engine, warm it up (64 prompts), run the phases; 2 when the dataset has no prompts."""
     a = parse(argv)
     prompts = load_prompts(a.dataset, a.samples)
     if not prompts:
@@ -327,16 +360,27 @@ def main(argv=None) -> int:
     params = SamplingParams(**fixed, output_kind=RequestOutputKind.DELTA)  # every step's new tokens (StepLog)
     res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "card": card(), "vllm": __version__,
            "engine": {k: v for k, v in kwargs.items() if k != "model"}, "settings": vars(a), "phases": {}}
+    run_phases(llm.llm_engine, prompts, a, params, res, out)
+    return 0
+
+
+def run_phases(engine, prompts, a, params, res: dict, out: Path) -> None:
+    """Each of ``a.phases`` on ``engine``, OUT/server_steps.json rewritten after each (a later phase that fails,
+    e.g. out of memory, leaves the earlier ones' record), then the ratios, the table and the figure; a figure that
+    cannot be drawn leaves a warning, not a failed run."""
+    path = out / "server_steps.json"
     for name in a.phases:
-        res["phases"][name] = run_phase(llm.llm_engine, name, prompts, a, params)
+        res["phases"][name] = run_phase(engine, name, prompts, a, params)
+        path.write_text(json.dumps(res, indent=1))
     if {"offline", "server"} <= set(res["phases"]):
         res["ratios"] = ratios(res["phases"]["server"]["window"], res["phases"]["offline"]["window"])
         print("\n".join(table(res)))
-    (out / "server_steps.json").write_text(json.dumps(res, indent=1))
-    figure(res, out / "server_steps.png")
-    print(f"wrote {out / 'server_steps.json'}, {out / 'server_steps.png'}")
-    return 0
-
+        path.write_text(json.dumps(res, indent=1))
+    try:
+        figure(res, out / "server_steps.png")
+    except Exception as e:  # noqa: BLE001 - the steps measured fine; the record is written
+        print(f"warning: no figure ({type(e).__name__}: {e})", file=sys.stderr)
+    print(f"wrote {path}, {out / 'server_steps.png'}")
 
 if __name__ == "__main__":
     sys.exit(main())
