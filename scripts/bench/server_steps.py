@@ -104,17 +104,18 @@ class StepLog:
 
 def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, int]], params, duration_s: float,
           on_step: Optional[Callable[[float], None]] = None, clock: Callable[[], float] = time.perf_counter,
-          sleep: Callable[[float], None] = time.sleep, keep_going: Callable[[], bool] = lambda: False) -> StepLog:
+          sleep: Callable[[float], None] = time.sleep, keep_going: Callable[[], bool] = lambda: False,
+          id_prefix: str = "r") -> StepLog:
     """Add each request of ``plan`` at its arrival time and step ``engine`` until ``duration_s`` (past it while
     ``keep_going()``, at most ``TAIL_S`` more: the profiler's steps, after the measured window) or until every
     request finished; abort the rest. ``on_step(t)`` runs before each step (the profiler's hook); an idle engine
-    waits for the next arrival in ``sleep`` naps of at most 1 ms."""
+    waits for the next arrival in ``sleep`` naps of at most 1 ms. Request ids are ``id_prefix`` + the plan index."""
     log = StepLog()
     t0, nxt = clock(), 0
     while True:
         now = clock() - t0
         while nxt < len(plan) and plan[nxt][0] <= now:
-            rid = f"r{nxt}"
+            rid = f"{id_prefix}{nxt}"  # a phase's own ids: an aborted request's late output is never another's
             engine.add_request(rid, {"prompt_token_ids": list(prompts[plan[nxt][1] % len(prompts)])}, params)
             log.submit(rid)
             nxt += 1
@@ -256,7 +257,7 @@ def run_phase(engine, name: str, prompts, a, params) -> dict:
     if prof and not offline:  # arrivals go on while the profiled steps run
         plan = arrivals(len(prompts), a.rate, a.duration_s + TAIL_S, a.seed)
     log = drive(engine, prompts, plan, params, a.duration_s, on_step=prof,
-                keep_going=prof.active if prof else (lambda: False))
+                keep_going=prof.active if prof else (lambda: False), id_prefix=f"{name}-")
     w = window(log.steps, a.warm_s, offline, a.duration_s)
     out = {"requests_planned": len(plan), "window": w, "steps": log.steps}
     if prof:
