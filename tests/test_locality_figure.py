@@ -196,3 +196,27 @@ def test_replica_loss_bars_add_up_to_the_requests_when_pairs_differ():
     fig.canvas.draw()
     leg, box = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert leg.x0 >= box.x1  # the legend sits beside the axes, over no bar
+
+
+def test_many_series_put_the_legend_under_the_panel_and_arrivals_keep_the_systems_colours():
+    """Arrivals name a policy per load level (12 series for 2 systems x 2 policies x 3 levels): a legend inside the
+    panel would hide the points; the workload panel colours each system as the pair panels do."""
+    from matplotlib.colors import to_hex
+
+    runs = [{"system": s, "policy": f"{po}@{lv}%", "pair": p, "goodput_per_s": 1.0 + p, "cached_share": 0.1,
+             "requests_per_s": 2.0, "output_tokens_per_s": 9.0}
+            for s in ("flame", "standalone") for po in ("prefix_affinity", "round_robin") for lv in (50, 80, 95)
+            for p in (0, 1)]
+    rec = made_up(levels=True)
+    fig = pair_figure(runs, "goodput_per_s", record=rec)
+    fig.canvas.draw()
+    ax1 = fig.subfigs[0].axes[0]
+    assert ax1.get_legend().get_window_extent().y1 <= ax1.get_window_extent().y0  # under the panel
+    few = pair_figure([r for r in runs if r["policy"].endswith("@50%")], "goodput_per_s")
+    few.canvas.draw()
+    a = few.axes[0]
+    assert a.get_window_extent().contains(*a.get_legend().get_window_extent().get_points()[0])  # inside
+    top = {ln.get_label().split(",")[0]: to_hex(ln.get_color()) for ln in ax1.get_lines()}
+    (wax,) = workload_axes(fig)
+    bottom = {ln.get_label().split(",")[0]: to_hex(ln.get_color()) for ln in wax.get_lines() if "," in ln.get_label()}
+    assert bottom == {s: top[s] for s in ("flame", "standalone")} and len(set(bottom.values())) == 2

@@ -309,7 +309,7 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
     top = max((r[metric] for r in idx.values()), default=0.0)
     # from 0, so that levels compare by eye (ratios are the second panel's), with room above the highest point
     ax1.set_ylim(0, top * 1.12 if top > 0 else 1)
-    ax1.legend(fontsize=8)
+    _legend(ax1, len(series))
     if any(r["per_pair"] for r in report["pair_ratios"].values()):
         for po, r in report["pair_ratios"].items():
             if not r["per_pair"]:
@@ -320,7 +320,7 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
                      label=f"{po}: median {r['median']:.2%}")  # of neither a system nor the red floor
         ax2.axhline(100 * floor, color="red", linestyle=":", label=f"{floor:.0%}")
         ax2.axhline(100, color="grey", linewidth=0.8)
-        ax2.legend(fontsize=8)
+        _legend(ax2, 1 + sum(1 for r in report["pair_ratios"].values() if r["per_pair"]))
     else:
         ax2.text(0.5, 0.5, f"no pair ratios: only {', '.join(report['runs'])} ran\n(they need both {num} and {den})",
                  ha="center", va="center", transform=ax2.transAxes)
@@ -335,6 +335,15 @@ def pair_figure(records: Sequence[Mapping], metric: str = "requests_per_s", num:
     _cached_panel(ax3, report, policies)
     fig.suptitle(title or "synthetic-locality pairs (NOT an MLPerf result)")
     return fig
+
+
+def _legend(ax, entries: int) -> None:
+    """Inside the panel for a few entries; under it in two columns for many (arrivals: a policy per load level),
+    where it cannot hide the points."""
+    if entries <= 6:
+        ax.legend(fontsize=8)
+    else:
+        ax.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
 
 
 def _cached_panel(ax, report: dict, policies: Sequence[str]) -> None:

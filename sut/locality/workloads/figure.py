@@ -75,14 +75,16 @@ def _bars(ax, keys, series: Sequence[tuple[str, list]], **kw) -> None:
 
 def _arrivals(ax, record: Mapping, g: Groups) -> None:
     rates: dict = {}
-    for i, ((s, po), cases) in enumerate(g.items()):
+    systems, policies = sorted({s for s, _ in g}), sorted({po for _, po in g})  # the pair panels' colours: a
+    for (s, po), cases in g.items():  # colour per system (sorted, as there), a line style and marker per policy
         by_level: dict = {}
         for c in cases:
             for lv in c.get("levels") or []:
                 by_level.setdefault(lv["level"], []).append(lv)
         xs = sorted(by_level)
         ax.plot([100 * x for x in xs], [_med(lv["timed"].get("goodput_per_s") for lv in by_level[x]) for x in xs],
-                marker="o", color=f"C{i}", label=f"{s}, {po}")
+                marker="os^D"[policies.index(po) % 4], linestyle=("-", "--", "-.", (0, (1, 1)))[policies.index(po) % 4],
+                color=f"C{systems.index(s)}", label=f"{s}, {po}")
         for x in xs:
             rates.setdefault(x, []).extend(lv["rate"] for lv in by_level[x])
     xs = sorted(rates)
