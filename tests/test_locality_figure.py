@@ -208,6 +208,7 @@ def test_many_series_put_the_legend_under_the_panel_and_arrivals_keep_the_system
             for s in ("flame", "standalone") for po in ("prefix_affinity", "round_robin") for lv in (50, 80, 95)
             for p in (0, 1)]
     rec = made_up(levels=True)
+    rec["cases"] += [dict(c, policy="prefix_affinity") for c in rec["cases"]]
     fig = pair_figure(runs, "goodput_per_s", record=rec)
     fig.canvas.draw()
     ax1 = fig.subfigs[0].axes[0]
@@ -218,5 +219,7 @@ def test_many_series_put_the_legend_under_the_panel_and_arrivals_keep_the_system
     assert a.get_window_extent().contains(*a.get_legend().get_window_extent().get_points()[0])  # inside
     top = {ln.get_label().split(",")[0]: to_hex(ln.get_color()) for ln in ax1.get_lines()}
     (wax,) = workload_axes(fig)
-    bottom = {ln.get_label().split(",")[0]: to_hex(ln.get_color()) for ln in wax.get_lines() if "," in ln.get_label()}
-    assert bottom == {s: top[s] for s in ("flame", "standalone")} and len(set(bottom.values())) == 2
+    bottom = {tuple(ln.get_label().split(", ")): (to_hex(ln.get_color()), ln.get_linestyle())
+              for ln in wax.get_lines() if "," in ln.get_label()}
+    assert len(bottom) == 4 and all(colour == top[s] for (s, _), (colour, _) in bottom.items())
+    assert len({style for _, style in bottom.values()}) == 2 and top["flame"] != top["standalone"]
