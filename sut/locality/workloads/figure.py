@@ -24,20 +24,17 @@ Records from ``locality.json`` or from a run in memory (settings as dataclasses)
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from statistics import median
 from typing import Callable, Mapping, Sequence
 
+from sut.locality.workloads.report import plain, shown_workloads
+
 log = logging.getLogger(__name__)
 
 #: (system, policy) -> the finished cases of that system and policy, in record order.
 Groups = dict
-
-
-def _plain(v) -> dict:
-    return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else dict(v or {})
 
 
 def groups(record: Mapping) -> Groups:
@@ -89,7 +86,7 @@ def _arrivals(ax, record: Mapping, g: Groups) -> None:
             rates.setdefault(x, []).extend(lv["rate"] for lv in by_level[x])
     xs = sorted(rates)
     ax.plot([100 * x for x in xs], [_med(rates[x]) for x in xs], color="grey", linestyle=":", label="offered rate")
-    tg = _plain(_plain(record.get("workload")).get("settings"))
+    tg = plain(plain(record.get("workload")).get("settings"))
     ax.set(xlabel="load level, % of the burst capacity", ylabel="goodput, requests/s",
            title=f"arrivals: goodput (TTFT <= {tg.get('ttft_target_s')} s, TPOT <= {tg.get('tpot_target_s')} s)")
     ax.set_ylim(bottom=0)
@@ -119,7 +116,7 @@ def _hot(ax, record: Mapping, g: Groups) -> None:
     reps = sorted({r for cases in per.values() for c in cases for r in c})
     vals = {r: [_med(c.get(r, 0) if c else None for c in per[k]) for k in keys] for r in reps}
     _bars(ax, keys, [(f"replica {r}", [v / 1000 for v in vals[r]]) for r in reps])
-    s = _plain(record.get("trace_settings")).get("zipf_s")
+    s = plain(record.get("trace_settings")).get("zipf_s")
     ax.set(ylabel="uncached prompt tokens, thousands",
            title=f"hot prefixes (Zipf s = {s}): prefill done per replica (median of pairs)")
 
@@ -129,7 +126,7 @@ def _eviction(ax, record: Mapping, g: Groups) -> None:
     _bars(ax, keys, [(label, [100 * _med(c["timed"].get(f) for c in g[k]) for k in keys])
                      for label, f in (("engines (cached)", "cached_share"),
                                       ("router (expected)", "router_cached_share"))])
-    ws = _plain(record.get("workload")).get("working_set") or {}
+    ws = plain(record.get("workload")).get("working_set") or {}
     ax.set(ylabel="share of prompt tokens, %",
            title=f"eviction: working set {ws.get('ratio')}x one replica's KV cache ({ws.get('replica_kv_tokens'):,} "
                  "tokens)" if ws.get("replica_kv_tokens") else "eviction: cached share")
@@ -163,15 +160,11 @@ def _loss(ax, record: Mapping, g: Groups) -> None:
 
 
 def workload_panels(record: Mapping) -> list[tuple[str, Callable]]:
-    """``(workload name, draw function)`` for each workload the record's cases show, in the console's order."""
-    cases = record.get("cases") or []
-    ts = _plain(record.get("trace_settings"))
-    found = [("arrivals", any(c.get("levels") for c in cases), _arrivals),
-             ("variable-answers", ts.get("answers", "fixed") != "fixed", _answers),
-             ("hot-prefixes", (ts.get("zipf_s") or 0) > 0, _hot),
-             ("eviction", bool(_plain(record.get("workload")).get("working_set")), _eviction),
-             ("replica-loss", any(c.get("failover") for c in cases), _loss)]
-    return [(name, fn) for name, on, fn in found if on] if groups(record) else []
+    """``(workload name, draw function)`` for each workload the record's cases show (``report.shown_workloads``:
+    the console's sections, in their order); none without a finished case."""
+    fns = {"arrivals": _arrivals, "variable-answers": _answers, "hot-prefixes": _hot, "eviction": _eviction,
+           "replica-loss": _loss}
+    return [(name, fns[name]) for name in shown_workloads(record)] if groups(record) else []
 
 
 def draw(axes: Sequence, record: Mapping) -> list[str]:

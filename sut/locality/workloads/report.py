@@ -74,33 +74,37 @@ def workload_rows(ts, ws: WorkloadSettings, shape: dict) -> list[tuple[str, str,
     return rows
 
 
-def _plain(v):
-    """A settings dataclass as the dict ``locality.json`` holds (records in memory keep the objects)."""
+def plain(v):
+    """A settings dataclass as the dict ``locality.json`` holds (records in memory keep the objects); ``{}`` for
+    None. Also ``figure.py``'s."""
     return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else (v or {})
+
+
+def shown_workloads(record) -> list[str]:
+    """The workloads a record's cases show, in the report's order (its sections, the figure's panels): levels
+    (``arrivals``), per-request lengths (``variable-answers``), Zipf popularity (``hot-prefixes``), a sized working
+    set (``eviction``), a failover record (``replica-loss``)."""
+    cases = record.get("cases") or []
+    ts = plain(record.get("trace_settings"))
+    return [name for name, on in (
+        ("arrivals", any(c.get("levels") for c in cases)),
+        ("variable-answers", ts.get("answers", "fixed") != "fixed"),
+        ("hot-prefixes", (ts.get("zipf_s") or 0) > 0),
+        ("eviction", bool(plain(record.get("workload")).get("working_set"))),
+        ("replica-loss", any(c.get("failover") for c in cases))) if on]
 
 
 def workload_lines(record: dict) -> list[str]:
     """The report sections of the workloads the record's cases show (module docstring)."""
-    w = dict(_plain(record.get("workload")))
+    w = dict(plain(record.get("workload")))
     if w:
-        w["settings"] = _plain(w.get("settings"))
-    ts = _plain(record.get("trace_settings"))
-    record = dict(record, workload=w, trace_settings=ts)
-    cases = record.get("cases") or []
-    sections: list[list[str]] = []
-    if any(c.get("levels") for c in cases):
-        sections.append(arrivals.report_lines(record))
-    if ts.get("answers", "fixed") != "fixed":
-        sections.append(answers.report_lines(record))
-    if (ts.get("zipf_s") or 0) > 0:
-        sections.append(hot_prefixes.report_lines(record))
-    if w.get("working_set"):
-        sections.append(eviction.report_lines(record))
-    if any(c.get("failover") for c in cases):
-        sections.append(replica_loss.report_lines(record))
+        w["settings"] = plain(w.get("settings"))
+    record = dict(record, workload=w, trace_settings=plain(record.get("trace_settings")))
+    modules = {"arrivals": arrivals, "variable-answers": answers, "hot-prefixes": hot_prefixes,
+               "eviction": eviction, "replica-loss": replica_loss}
     out: list[str] = []
-    for sec in sections:
-        out += ["", *sec]
+    for name in shown_workloads(record):
+        out += ["", *modules[name].report_lines(record)]
     return out
 
 
