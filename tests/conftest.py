@@ -24,6 +24,19 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+def standin_python3(tmp_path: Path, script: str) -> dict:
+    """``{"PATH": ...}`` that puts ``script`` (a bash stand-in whose ``{real}`` becomes this interpreter) first as
+    ``python3``, in ``tmp_path/bin``: how the tests of ``scripts/bench/gpu_runs.sh`` steps see its calls."""
+    import shlex
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text(script.replace("{real}", shlex.quote(sys.executable)))
+    fake.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "realflame: needs the real Flame v0.6.0 binaries (../shared/flame/bin or "
                             "FLAME_BIN; skipped when absent)")

@@ -3,13 +3,11 @@
 scenario gets, the search log names and ``CONFIRM=...=auto`` are checked as the script composes them."""
 import json
 import os
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, standin_python3
 
 FAKE = """#!/usr/bin/env bash
 # a run whose --run-name is in FAKE_VALID prints LoadGen's VALID line, any other run LoadGen's INVALID one
@@ -21,13 +19,8 @@ exec {real} "$@"
 
 
 def _run(tmp_path: Path, step: str, **env) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "python3"
-    fake.write_text(FAKE.replace("{real}", shlex.quote(sys.executable)))
-    fake.chmod(0o755)
     calls = tmp_path / "calls.txt"
-    full_env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), JOB=str(tmp_path / "job"),
+    full_env = dict(os.environ, **standin_python3(tmp_path, FAKE), CALLS=str(calls), JOB=str(tmp_path / "job"),
                     OUT=str(tmp_path / "out"), SCEN_PRIOR=str(tmp_path / "prior"), **env)
     out = subprocess.run(["bash", "scripts/bench/gpu_runs.sh", step], cwd=REPO, env=full_env, capture_output=True,
                          text=True, timeout=60)
@@ -265,14 +258,9 @@ exec {real} "$@"
 
 
 def test_workloads_step_gives_eviction_its_blocks_and_replica_loss_its_shorter_loss_timeout(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "python3"
-    fake.write_text(WORKLOADS_FAKE.replace("{real}", shlex.quote(sys.executable)))
-    fake.chmod(0o755)
     calls = tmp_path / "calls.txt"
     (tmp_path / "job").mkdir()  # `start` makes the job's folder
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), JOB=str(tmp_path / "job"),
+    env = dict(os.environ, **standin_python3(tmp_path, WORKLOADS_FAKE), CALLS=str(calls), JOB=str(tmp_path / "job"),
                OUT=str(tmp_path / "out"), WL_PRESETS="eviction replica-loss arrivals")
     out = subprocess.run(["bash", "scripts/bench/gpu_runs.sh", "workloads"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=60)

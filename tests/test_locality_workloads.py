@@ -633,18 +633,12 @@ exec {real} "$@"
 
 def test_the_gpu_step_runs_every_preset_with_three_pairs_on_one_card(tmp_path):
     import os
-    import shlex
     import subprocess
-    import sys
 
-    from conftest import REPO
+    from conftest import REPO, standin_python3
 
-    (tmp_path / "bin").mkdir()
-    fake = tmp_path / "bin" / "python3"
-    fake.write_text(STANDIN.replace("{real}", shlex.quote(sys.executable)))
-    fake.chmod(0o755)
     (tmp_path / "job").mkdir()
-    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
+    env = dict(os.environ, **standin_python3(tmp_path, STANDIN), CALLS=str(tmp_path / "calls"),
                JOB=str(tmp_path / "job"), OUT=str(tmp_path / "out"), FAIL="hot-prefixes", WL_ARGS="--warmups 2")
     out = subprocess.run(["bash", "scripts/bench/gpu_runs.sh", "workloads"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=120)

@@ -158,16 +158,13 @@ exec {real} "$@"
 
 
 def test_the_gpu_step_passes_its_settings_and_batch_wait_brings_the_record_back(tmp_path):
-    import shlex
     import tarfile
 
-    (tmp_path / "bin").mkdir()
-    fake = tmp_path / "bin" / "python3"
-    fake.write_text(STANDIN.replace("{real}", shlex.quote(sys.executable)))
-    fake.chmod(0o755)
+    from conftest import standin_python3
+
     job = tmp_path / "job"
     job.mkdir()
-    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
+    env = dict(os.environ, **standin_python3(tmp_path, STANDIN), CALLS=str(tmp_path / "calls"),
                JOB=str(job), OUT=str(tmp_path / "out"), SS_RATE="56", SS_PROFILE="40")
     gpu = ["bash", "scripts/bench/gpu_runs.sh"]
     assert subprocess.run([*gpu, "server-steps"], cwd=ROOT, env=env, timeout=60).returncode == 0
