@@ -34,10 +34,11 @@ def bar_heights(ax):
 
 
 def groups(record):
+    """The recorded cases by (system, policy), sorted as the pair panels sort them (every pair here is complete)."""
     out = {}
     for c in record["cases"]:
         out.setdefault((c["system"], c["policy"]), []).append(c)
-    return out
+    return dict(sorted(out.items()))
 
 
 def test_eviction_panel_shows_the_engines_and_the_routers_cached_share():
@@ -47,7 +48,7 @@ def test_eviction_panel_shows_the_engines_and_the_routers_cached_share():
     want = [round(100 * median(c["timed"][f] for c in cases), 6)
             for f in ("cached_share", "router_cached_share") for cases in g.values()]
     assert bar_heights(ax) == want
-    assert want[:2] == [35.04, 35.04] and "3.0139x" in ax.get_title() and "65,514" in ax.get_title()
+    assert want[:4] == [35.04, 10.1, 35.04, 10.1] and "3.0139x" in ax.get_title() and "65,514" in ax.get_title()
 
 
 def test_hot_prefixes_panel_shows_each_replicas_uncached_prefill():
@@ -110,7 +111,7 @@ def test_variable_answers_panel_draws_client_latency_p50_and_p99():
     from sut.locality.workloads.figure import draw
     ax = matplotlib.figure.Figure().subplots()
     assert draw([ax], rec) == ["variable-answers"]
-    assert bar_heights(ax) == [1.5, 2.5, 4.0, 5.0]  # p50 standalone, flame; p99 standalone, flame
+    assert bar_heights(ax) == [2.5, 1.5, 5.0, 4.0]  # p50 flame, standalone; p99 flame, standalone
 
 
 def test_a_run_of_the_studys_traces_keeps_three_panels_and_a_failed_case_draws_nothing():
@@ -146,7 +147,7 @@ def test_a_field_no_case_records_is_marked_n_a_not_drawn_as_zero():
         del c["timed"]["router_cached_share"]
     (ax,) = workload_axes(figure_of(rec))
     heights = bar_heights(ax)
-    assert heights[:4] == [35.04, 35.04, 10.1, 10.1] and all(h != h for h in heights[4:])  # NaN: no bar
+    assert heights[:4] == [35.04, 10.1, 35.04, 10.1] and all(h != h for h in heights[4:])  # NaN: no bar
     assert [t.get_text() for t in ax.texts] == ["n/a"] * 4
     import matplotlib.figure
 
@@ -223,3 +224,22 @@ def test_many_series_put_the_legend_under_the_panel_and_arrivals_keep_the_system
               for ln in wax.get_lines() if "," in ln.get_label()}
     assert len(bottom) == 4 and all(colour == top[s] for (s, _), (colour, _) in bottom.items())
     assert len({style for _, style in bottom.values()}) == 2 and top["flame"] != top["standalone"]
+
+
+def test_a_pair_the_merge_dropped_draws_no_bar():
+    """A pair whose policy lacks a system's finished case is left out whole, as the merged medians leave it out:
+    no ``standalone / round_robin`` bar from pairs whose ``flame / round_robin`` case never finished, and a pair
+    missing one system's cases keeps the other pairs only."""
+    from sut.locality.workloads.figure import groups as fig_groups
+    rec = load("h100_2026-12-06c/hot-prefixes/locality.json")
+    full = list(groups(rec))
+    n = len(full)
+    heights = bar_heights(workload_axes(figure_of(rec))[0])
+    cut = dict(rec, cases=[c for c in rec["cases"] if (c["system"], c["policy"]) != ("flame", "round_robin")])
+    kept = list(fig_groups(cut))
+    assert ("standalone", "round_robin") not in kept and len(kept) == n - 2
+    (ax,) = workload_axes(figure_of(cut))
+    idx = [full.index(k) for k in kept]
+    assert bar_heights(ax) == [heights[i] for i in idx] + [heights[n + i] for i in idx]  # replica 0, then 1
+    one_pair = dict(rec, cases=[c for c in rec["cases"] if not (c["pair"] == 1 and c["system"] == "flame")])
+    assert {k: sorted(c["pair"] for c in v) for k, v in fig_groups(one_pair).items()} == {k: [0, 2] for k in full}

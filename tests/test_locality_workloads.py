@@ -111,6 +111,12 @@ def test_describe_states_levels_targets_zipf_sizing_and_the_kill(capsys):
     assert json.loads(capsys.readouterr().out)["workload"]["replica_loss"]["kill_when"] == "time"
     main(["describe", "--trace-preset", "replica-loss", *SHAPE])
     assert "killed 50% of the last warm-up's wall time into the burst" in capsys.readouterr().out
+    main(["describe", "--trace-preset", "variable-answers", *SHAPE])
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "output tokens per request" in ln)
+    assert "the longest answer; each request asks its own (log_uniform" in row and "(exactly:" not in row
+    main(["describe", *SHAPE])
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "output tokens per request" in ln)
+    assert "(exactly: EOS is ignored" in row
 
 
 # ------------------------------------------------------------------------------------------- arrivals

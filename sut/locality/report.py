@@ -42,7 +42,10 @@ def describe_table(ts: TraceSettings, shape: dict, ws=None, preset: Optional[str
         ("question length", f"{shape['question_mean']:,.0f}" if news else f"{ts.question_tokens:,}",
          f"tokens, mean (longest {shape['question_max']}, bound {int(ts.question_tokens * 1.5)})" if news
          else "tokens, mean, uniform +-50%"),
-        ("output tokens per request", f"{ts.max_tokens:,}", "--max-tokens (exactly: EOS is ignored, and validation checks the length)"),
+        ("output tokens per request", f"{ts.max_tokens:,}",
+         "--max-tokens (exactly: EOS is ignored, and validation checks the length)" if ts.answers == "fixed" else
+         f"--max-tokens: the longest answer; each request asks its own ({ts.answers}, see answer tokens below; "
+         "exactly that many: EOS is ignored, validation checks the length)"),
         ("requests", _n(shape["requests"]), f"arrival order {ts.order}, seed {ts.seed}"),
         ("prompt tokens, total", _n(shape["prompt_tokens"]), "BOS + document + question, all requests"),
         ("prompt tokens, mean", f"{shape['prompt_mean']:,.0f}", ""),

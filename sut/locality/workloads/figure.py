@@ -33,17 +33,24 @@ from sut.locality.workloads.report import plain, shown_workloads
 
 log = logging.getLogger(__name__)
 
-#: (system, policy) -> the finished cases of that system and policy, in record order.
+#: (system, policy) -> the finished cases of that system and policy in complete pairs, in record order.
 Groups = dict
 
 
 def groups(record: Mapping) -> Groups:
-    """The record's finished cases grouped by ``(system, policy)`` (insertion order: the record's)."""
+    """The record's finished cases of complete pairs grouped by ``(system, policy)``, keys sorted as the pair
+    panels sort them. A pair whose policy lacks a finished case of some system of the record (``systems``, else
+    those the cases name) is left out whole, as the merged report's medians leave it out (``dropped``)."""
+    done = [c for c in record.get("cases") or [] if c.get("timed")]
+    systems = set(record.get("systems") or ()) or {c["system"] for c in done}
+    have: dict = {}
+    for c in done:
+        have.setdefault((c["pair"], c["policy"]), set()).add(c["system"])
     out: Groups = {}
-    for c in record.get("cases") or []:
-        if c.get("timed"):
+    for c in done:
+        if have[(c["pair"], c["policy"])] >= systems:
             out.setdefault((c["system"], c["policy"]), []).append(c)
-    return out
+    return dict(sorted(out.items()))
 
 
 def _med(values) -> float:

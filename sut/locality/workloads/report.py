@@ -32,7 +32,8 @@ def workload_shape(ts, ws: WorkloadSettings, shape: dict) -> dict:
                            **({"replica_kv_tokens": ws.kv_tokens, "documents": shape["documents"],
                                "ratio": round(shape["document_tokens"] / ws.kv_tokens, 4)} if ws.kv_tokens else
                               {"documents": f"sized at run time: ceil({ws.working_set:g} x one replica's KV tokens / "
-                                            f"{ts.doc_tokens + 1})"})}
+                                            f"{ts.doc_tokens + 1}); the rows above are the unsized trace "
+                                            "(--kv-tokens N shows the trace a run would make)"})}
     if ws.kill_after:
         out["replica_loss"] = {"kill_replica": ws.kill_replica, "kill_after": ws.kill_after,
                                "kill_when": ws.kill_when, "retries": ws.retries,
