@@ -131,14 +131,18 @@ def test_a_record_the_panels_cannot_read_leaves_a_note_in_the_row_not_an_error(m
         raise KeyError("some_field")
 
     monkeypatch.setattr(wfig, "_eviction", broken)
-    fig = figure_of(load("h100_2026-12-06e/eviction/locality.json"))
+    rec = load("h100_2026-12-06e/eviction/locality.json")
+    notes = list(rec["notes"])
+    fig = figure_of(rec)
     top, bottom = fig.subfigs
     assert len(top.axes) == 3 and not bottom.axes
     assert [t.get_text() for t in bottom.texts] == ["workload panels not drawn: KeyError: 'some_field'"]
     assert "workload panels were not drawn" in caplog.text
+    assert rec["notes"] == notes + ["locality.png: workload panels not drawn: KeyError: 'some_field'"]
     monkeypatch.setattr(wfig, "workload_panels", lambda record: 1 / 0)
-    note = figure_of(load("h100_2026-12-06e/eviction/locality.json")).subfigs[1].texts[0].get_text()
-    assert "ZeroDivisionError" in note
+    rec = load("h100_2026-12-06e/eviction/locality.json")
+    note = figure_of(rec).subfigs[1].texts[0].get_text()
+    assert "ZeroDivisionError" in note and rec["notes"][len(notes):] == [f"locality.png: {note}"]  # once
 
 
 def test_a_field_no_case_records_is_marked_n_a_not_drawn_as_zero():

@@ -210,8 +210,15 @@ def _timed(**over):
     (dict(GOOD[0], timed=_timed(requests_per_s=0.0)), "timed.requests_per_s"),
     (dict(GOOD[0], timed=_timed(requests_per_s="fast")), "timed.requests_per_s"),
     (dict(GOOD[0], timed=_timed(ttft_s=[1])), "timed.ttft_s"), (dict(GOOD[0], replicas=[{"kv_cache": 3}]), "replicas"),
+    (dict(GOOD[0], timed=_timed(tpot_s={"p50": "x"})), "timed.tpot_s"),
+    (dict(GOOD[0], timed=_timed(latency_s={"p99": [1]})), "timed.latency_s"),
+    (dict(GOOD[0], timed=_timed(router_cached_share="0.06")), "timed.router_cached_share"),
+    (dict(GOOD[0], timed=_timed(router_cached_share=1.7)), "timed.router_cached_share"),
+    (dict(GOOD[0], timed=_timed(per_replica=[{"requests": 10, "uncached_tokens": "9"}])), "timed.per_replica"),
+    (dict(GOOD[0], working_set={"replica_kv_tokens": ["a"]}), "field working_set"),
 ], ids=["int", "null", "list", "pair-str", "pair-float", "pair-none", "timed-empty", "timed-null", "system-list",
-        "placement", "rps-0", "rps-str", "ttft-list", "kv-int"])
+        "placement", "rps-0", "rps-str", "ttft-list", "kv-int", "tpot-str", "latency-list", "router-share-str",
+        "router-share-over-1", "uncached-str", "working-set"])
 def test_malformed_case_lines_exit_2_naming_run_line_and_field_without_a_folder(tmp_path, capsys, line, field):
     d = make_run(tmp_path, "r", [], header())
     (d / "cases.jsonl").write_text(json.dumps(GOOD[1]) + "\n" + (line if isinstance(line, str) else json.dumps(line))
@@ -223,6 +230,12 @@ def test_malformed_case_lines_exit_2_naming_run_line_and_field_without_a_folder(
 
 @pytest.mark.parametrize("hdr,msg", [("[1, 2]", "run_header.json is list"), ('"text"', "run_header.json is str"),
                                      (json.dumps(header(systems=["flame"])), "run_header.json field systems"),
+                                     (json.dumps(header(workload={"working_set": {"documents": 24,
+                                                                                  "document_tokens": None}})),
+                                      "run_header.json field workload.working_set"),
+                                     (json.dumps(header(trace={"answer_tokens": {"p50": "x"}})),
+                                      "run_header.json field trace.answer_tokens"),
+                                     (json.dumps(header(workload=[1])), "run_header.json field workload"),
                                      ("{", "cannot read run_header.json")])
 def test_a_header_that_is_not_a_header_or_a_file_not_utf8_exits_2(tmp_path, capsys, hdr, msg):
     d = make_run(tmp_path, "r", GOOD)
@@ -441,3 +454,20 @@ def test_millisecond_timings_cannot_make_a_copy_but_real_ones_can():
 
     assert copy_of(case(1, 1.0), case(1, 2.0)) is None
     assert copy_of(case(1000, 1.0), case(1000, 2.0)).startswith("all 10 timings within 0.1% of its")
+
+
+def test_a_report_that_cannot_be_written_exits_1_and_leaves_no_folder_it_made(tmp_path, monkeypatch, capsys, caplog):
+    """A write failure fails the report (exit 1) and removes its half-written folder and the --output-dir folders
+    it made; folders that were there before stay."""
+    d = make_run(tmp_path, "r", GOOD, header())
+
+    def unwritable(m, folder):
+        (folder / "locality.json").write_text("{")  # half-written
+        raise PermissionError(13, "Permission denied", str(folder / "locality.png"))
+
+    monkeypatch.setattr("sut.locality.__main__.write_merged", unwritable)
+    (tmp_path / "kept").mkdir()
+    out = tmp_path / "kept" / "new" / "deeper"
+    assert main(["report", str(d), "--output-dir", str(out), "--run-name", "m"]) == 1
+    assert "cannot write the merged report into" in capsys.readouterr().err + caplog.text
+    assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []

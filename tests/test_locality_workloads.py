@@ -324,6 +324,9 @@ def test_replica_loss_reroutes_or_fails_every_request_of_the_lost_replica(system
         assert len(f["requests_failed"]) == f["failed"] and all(f["requests_failed"].values())
         assert t["requests_per_s"] == pytest.approx(t["answered"] / t["wall_s"], rel=1e-2)  # wall_s rounded
         assert sum(p["requests"] for p in t["per_replica"]) == t["answered"]
+        routed = c["routing"]["routed_prompt_tokens"]  # every route decision, re-routes included
+        assert routed >= t["prompt_tokens"] and 0 <= t["router_cached_share"] == pytest.approx(
+            1 - c["routing"]["estimated_uncached_tokens"] / routed, abs=1e-4)
         if c["system"] == "standalone":  # the other replica serves on: re-routed, nothing failed
             assert f["rerouted"] > 0 and f["failed"] == 0 and f["recovery_s"] <= f["drained_s"]
             assert len(f["requests_rerouted"]) == f["rerouted"]

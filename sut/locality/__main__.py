@@ -240,14 +240,16 @@ def _remove_made_empty(base: Path, made_from) -> None:
 def cmd_report(a) -> int:
     """Merge the runs' finished cases into a new run folder; print its report (``sut.locality.merge``).
     Every check and the report come first (bad input: exit 2, no folder); a failure while writing or
-    rendering the console table removes the half-written folder (a file that cannot be written: ``RunFailed``,
-    exit 1)."""
+    rendering the console table removes the half-written folder and the ``--output-dir`` folders it made (a file
+    that cannot be written: ``RunFailed``, exit 1)."""
     merged = build(a.runs, command_line())
+    made_from = _first_missing(Path(a.output_dir))
     d = _run_dir(a, [])
     try:
         tables = study_tables(write_merged(merged, d))
     except BaseException as e:
         shutil.rmtree(d, ignore_errors=True)
+        _remove_made_empty(Path(a.output_dir), made_from)
         if isinstance(e, OSError):
             raise RunFailed(f"cannot write the merged report into {d}: {e}") from e
         raise

@@ -20,7 +20,8 @@ Algorithm
 
 Metrics (``BurstResult.metrics``): requests/s and output tokens/s over the wall time, cached share
 of input tokens (the engines' cached-token counts; None when the transport cannot tell) and the share
-the router expected (``router_cached_share``: 1 - its uncached estimates / prompt tokens), engine-side
+the router expected (``router_cached_share``: 1 - its uncached estimates / the prompt tokens it routed, a
+re-routed request counted at each route), engine-side
 TTFT and end-to-end percentiles where the transport reports timestamps, and the client-side
 completion time from ``t0`` (what the study's standalone client timed); per request, client-side TTFT,
 TPOT and latency percentiles, goodput against ``targets``, per-replica load and its balance
@@ -292,6 +293,12 @@ def after_t0(t: Optional[float], t0: float) -> Optional[float]:
     return None if t is None else round(t - t0, 4)
 
 
+def _router_share(estimated_uncached: Optional[int], routed_prompt: int) -> Optional[float]:
+    """The cached share the router expected: 1 - its uncached estimates / the prompt tokens it routed (every
+    route decision: a request re-routed after a replica loss counts each time, in both sums)."""
+    return None if estimated_uncached is None else round(1 - estimated_uncached / max(1, routed_prompt), 4)
+
+
 def _metrics(trace: Sequence[TraceRequest], col: _Collector, t0: float, bs: BurstSettings, routing: dict,
              t_end: float) -> dict:
     """Throughput, cached share, per-replica load and latencies of a validated burst (module docstring); the wall
@@ -313,7 +320,7 @@ def _metrics(trace: Sequence[TraceRequest], col: _Collector, t0: float, bs: Burs
         "output_tokens_per_s": round(out_tokens / wall, 2), "prompt_tokens": prompt,
         "cached_tokens": cached_total,
         "cached_share": None if cached_total is None else round(cached_total / max(1, prompt), 4),
-        "router_cached_share": None if est is None else round(1 - est / max(1, prompt), 4),
+        "router_cached_share": _router_share(est, routing.get("routed_prompt_tokens", prompt)),
         "ttft_s": spread(ttft) if len(ttft) == len(done) else None,
         "e2e_s": spread(e2e) if len(e2e) == len(done) else None,
         "completion_s": spread([t - t0 for _, _, t in seen.values()]),

@@ -4,9 +4,10 @@
 refused (exit 2, naming run, line and field) instead of failing while the report or the merged run
 folder is written. The fields checked are the ones the merged record, the pair report
 (``study.pair_report``), the KV-cache summary and the console table (``report.case_rows``) read, and
-the workloads' own parts of a case that their report sections read: ``failover`` (replica-loss,
-``workloads.replica_loss.report_lines``) and each of ``levels`` (arrivals, ``workloads.arrivals``); their
-writer is ``pairs.run_case`` (cases) and ``runner.run_header`` (headers).
+the workloads' own parts of a case and of a header that their report sections and figure panels read:
+``failover`` (replica-loss, ``workloads.replica_loss.report_lines``), each of ``levels`` (arrivals,
+``workloads.arrivals``), the client latencies (variable answers), per-replica counts and balance (hot
+prefixes), the working set and the router's expected cached share (eviction); their writer is ``pairs.run_case`` (cases) and ``runner.run_header`` (headers).
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ def _latency(v) -> bool:
     return v is None or (isinstance(v, dict) and all(x is None or _number(x) for x in v.values()))
 
 
+def _nullable_numbers(v) -> bool:
+    return v is None or (isinstance(v, list) and all(x is None or _number(x) for x in v))
+
+
+def _working_set(v) -> bool:
+    """A header's eviction sizing (``workloads.eviction``): null, or the numbers its report section prints."""
+    return v is None or (isinstance(v, dict) and _int(v.get("documents")) and all(
+        _number(v.get(k)) for k in ("document_tokens", "replica_kv_tokens", "ratio")))
+
+
 def _kv(v) -> bool:
     return v is None or (isinstance(v, dict) and all(v.get(k) is None or _number(v[k]) for k in ("tokens", "blocks")))
 
@@ -63,9 +74,20 @@ CASE_CHECKS = (
     Check("timed.output_tokens_per_s", True, lambda v: _number(v) and v >= 0, "a number >= 0"),
     Check("timed.cached_share", False, lambda v: v is None or (_number(v) and 0 <= v <= 1), "null or in [0, 1]"),
     *(Check(f"timed.{k}", False, _latency, "null or an object of numbers")
-      for k in ("ttft_s", "e2e_s", "completion_s")),
-    Check("timed.per_replica", False, lambda v: v is None or _objects(v, lambda x: _int(x.get("requests"))),
-          "a list of objects with an integer requests"),
+      for k in ("ttft_s", "e2e_s", "completion_s", "client_ttft_s", "tpot_s", "latency_s")),
+    # <= 1 only: a replica-loss record before the router counted its routed prompt tokens holds a negative share
+    # (its re-routed requests' estimates over the answered requests' prompts), still readable
+    Check("timed.router_cached_share", False, lambda v: v is None or (_number(v) and v <= 1), "null or a number <= 1"),
+    Check("timed.balance", False, _latency, "null or an object of numbers"),
+    Check("timed.per_replica", False, lambda v: v is None or _objects(v, lambda x: _int(x.get("requests")) and all(
+        x.get(k) is None or _number(x[k]) for k in ("uncached_tokens", "prompt_tokens", "cached_tokens", "done_s"))),
+          "a list of objects with an integer requests (uncached_tokens, prompt_tokens, cached_tokens, done_s: "
+          "null or numbers)"),
+    Check("working_set", False, lambda v: v is None or (isinstance(v, dict) and _nullable_numbers(
+        v.get("replica_kv_tokens")) and (v.get("ratio") is None or _number(v["ratio"]))
+        and (v.get("note") is None or isinstance(v["note"], str))),
+          "null or an object (replica_kv_tokens: a list of numbers or nulls; ratio: null or a number; note: null or "
+          "a string)"),
     Check("placement", False, lambda v: v is None or _objects(v, lambda x: _int(x.get("replica"))
                                                               and isinstance(x.get("key"), str)),
           "a list of objects with an integer replica and a key"),
@@ -114,6 +136,14 @@ HEADER_CHECKS = (
           "null or an object of systems, each an object with an options object"),
     Check("runtime", False, _obj_or_null, "null or an object"),
     Check("trace", False, _obj_or_null, "null or an object"),
+    Check("trace_settings", False, _obj_or_null, "null or an object"),
+    Check("trace.answer_tokens", False, _latency, "null or an object of numbers"),
+    Check("trace.popularity", False, _obj_or_null, "null or an object"),
+    Check("trace.popularity.hottest", False, lambda v: v is None or _objects(v, lambda x: _number(x.get("share"))),
+          "null or a list of objects with a numeric share"),
+    Check("workload", False, _obj_or_null, "null or an object"),
+    Check("workload.working_set", False, _working_set,
+          "null or an object with an integer documents and numeric document_tokens, replica_kv_tokens and ratio"),
 )
 
 

@@ -10,7 +10,8 @@ books ``uncached + decode_weight x max_tokens`` estimated tokens of work on its 
 ``uncached`` is the policy's estimate of its prompt tokens the replica does not hold yet (the whole
 prompt for cache-blind policies); ``done`` takes the same amount off. ``inflight`` and ``routed``
 count requests; ``estimated_uncached`` sums the uncached estimates of every routed request (what the
-policy expected the engines to prefill: compared with the engines' own cached-token counts).
+policy expected the engines to prefill: compared with the engines' own cached-token counts) and
+``routed_prompt`` the prompt tokens of every route decision (its denominator).
 
 Cost: a policy that asks for the least-loaded replica (``tracks_load = True``) gets it from an
 ``ArgMin`` tree (``sut.core.routing.argmin``) over ``(load, inflight, index)``, kept current by
@@ -87,6 +88,7 @@ class Router(ABC):
         self.inflight = [0] * replicas
         self.routed = [0] * replicas
         self.estimated_uncached = 0
+        self.routed_prompt = 0
         self.down: set[int] = set()
         self._cost: dict[int, tuple[int, float, int]] = {}
         self._deferred: Optional[set] = None  # inside first_many / done_many: replicas to re-key once at the end
@@ -104,6 +106,7 @@ class Router(ABC):
         if r in self.down:  # a policy that does not know about lost replicas
             r, uncached = self._least(lambda x: len(prompt)), len(prompt)
         self.estimated_uncached += uncached
+        self.routed_prompt += len(prompt)
         cost = uncached + self.settings.decode_weight * self.max_tokens
         self._cost[rid] = (r, cost, uncached)
         self.load[r] += cost
@@ -198,7 +201,8 @@ class Router(ABC):
 
     def stats(self) -> dict:
         out = {"policy": self.name, "routed": list(self.routed),
-               "estimated_uncached_tokens": int(self.estimated_uncached)}
+               "estimated_uncached_tokens": int(self.estimated_uncached),
+               "routed_prompt_tokens": int(self.routed_prompt)}
         if self.down:
             out["down"] = sorted(self.down)
         return out

@@ -18,7 +18,8 @@ same fields the console's workload sections print:
 
 :func:`workload_panels` names the panels a record has; :func:`draw` fills matplotlib axes (no pyplot, no global
 state); :func:`row_panels` and :func:`draw_row` do the same for ``locality.png``'s second row, where a record the
-panels cannot read leaves a note and a logged warning: the figure never fails a run that measured fine.
+panels cannot read leaves a note in the row and in the record's ``notes`` and a logged warning: the figure never
+fails a run that measured fine.
 Records from ``locality.json`` or from a run in memory (settings as dataclasses) both work.
 """
 
@@ -183,9 +184,16 @@ def draw(axes: Sequence, record: Mapping) -> list[str]:
     return [name for name, _ in panels]
 
 
-def _not_drawn(e: Exception) -> str:
+def _not_drawn(e: Exception, record: Mapping) -> str:
+    """The row's note for error ``e``: logged as a warning and, once, added to ``record["notes"]`` when the record
+    is a dict (the run's own, written to ``locality.json`` after the figure)."""
     log.warning("locality.png: the workload panels were not drawn (%s: %s)", type(e).__name__, e)
-    return f"workload panels not drawn: {type(e).__name__}: {e}"
+    note = f"workload panels not drawn: {type(e).__name__}: {e}"
+    if isinstance(record, dict):
+        notes = record.setdefault("notes", [])
+        if f"locality.png: {note}" not in notes:
+            notes.append(f"locality.png: {note}")
+    return note
 
 
 def row_panels(record: Mapping | None) -> list[str]:
@@ -196,7 +204,7 @@ def row_panels(record: Mapping | None) -> list[str]:
     try:
         return [name for name, _ in workload_panels(record)]
     except Exception as e:  # a figure never fails a run
-        return [_not_drawn(e)]
+        return [_not_drawn(e, record)]
 
 
 def draw_row(sub, record: Mapping, n: int) -> list[str]:
@@ -205,7 +213,7 @@ def draw_row(sub, record: Mapping, n: int) -> list[str]:
     try:
         return draw(sub.subplots(1, n, squeeze=False)[0], record)
     except Exception as e:  # a figure never fails a run
-        note = _not_drawn(e)
+        note = _not_drawn(e, record)
     sub.clear()
     sub.text(0.5, 0.5, note, ha="center", va="center", fontsize=10, color="C3", wrap=True)
     return []
