@@ -382,8 +382,10 @@ def prepare_out(out: Path) -> list[Path]:
             raise InputError("not a folder")
         out.mkdir(parents=True, exist_ok=True)
         for name in (JSON_NAME, PNG_NAME):
-            if (out / name).is_dir() or ((out / name).exists() and not os.access(out / name, os.W_OK)):
-                raise InputError(f"{out / name} is a folder or not writable")
+            if (out / name).is_dir():
+                raise InputError(f"{out / name} is a folder")
+            if (out / name).exists() and not os.access(out / name, os.W_OK):
+                raise InputError(f"{out / name} is not writable")
         _probe_write(out)
     except (OSError, InputError) as e:
         for p in made:
