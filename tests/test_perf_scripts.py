@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,45 @@ def test_default_warmup_is_capped_at_samples(tmp_path):
                         "--out", str(tmp_path / "o"), "--samples", "5", "--levers", "baseline", "--dry-run"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--samples 5 --warmup 5 " in r.stdout, r.stderr
+
+
+def test_load_prompts_reads_gz_and_names_the_file_row_and_field_of_a_bad_dataset(tmp_path):
+    import gzip
+
+    good = tmp_path / "d.json.gz"
+    with gzip.open(good, "wt") as f:
+        json.dump([{"tok_input": [5, 6]}, {"tok_input": [7]}, {"bad": 1}], f)
+    assert perf_levers.load_prompts(str(good), 2) == [[5, 6], [7]]  # rows past n are not read
+    bad = tmp_path / "b.json"
+    for content, says in (("{", "not JSON"), ('{"tok_input": [1]}', "a JSON array of rows"),
+                          ('[{"tok_input": [1]}, 3]', "row 1: a JSON object expected"),
+                          ('[{"tok_input": [1]}, {"tok_input": [1.5]}]', "row 1: 'tok_input' must be"),
+                          ('[{"tok_input": []}]', "row 0: 'tok_input' must be a non-empty")):
+        bad.write_text(content)
+        with pytest.raises(perf_levers.InputError, match=f"b.json: {says}"):
+            perf_levers.load_prompts(str(bad), 5)
+
+
+@pytest.mark.parametrize("override, says", [
+    ("{x", "not JSON"), ("7", "a JSON object of engine arguments expected, got a JSON number"),
+    ('{"model": "/m"}', "must not set 'model'")])
+def test_a_bad_perf_base_override_exits_2_naming_it_and_makes_no_folder(tmp_path, override, says, monkeypatch):
+    monkeypatch.setenv("PERF_BASE_OVERRIDE", override)
+    with pytest.raises(perf_levers.InputError, match=f"PERF_BASE_OVERRIDE: {says}"):
+        perf_levers.base_kwargs("m")
+    monkeypatch.setenv("PERF_BASE_OVERRIDE", ' {"max_num_seqs": 640} ')
+    assert perf_levers.base_kwargs("m")["max_num_seqs"] == 640
+    for dry in (["--dry-run"], []):
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--model", "m",
+                            "--dataset", "d", "--out", str(tmp_path / "o"), "--levers", "baseline", *dry],
+                           env=dict(os.environ, PERF_BASE_OVERRIDE=override),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and f"PERF_BASE_OVERRIDE: {says}" in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_missing_dataset_exits_2_before_any_lever_or_folder(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "perf_levers.py"), "--model", "m",
+                        "--dataset", str(tmp_path / "nope.json"), "--out", str(tmp_path / "o"), "--levers", "baseline"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "nope.json: cannot read it (FileNotFoundError" in r.stderr
+    assert not (tmp_path / "o").exists()

@@ -3,6 +3,7 @@ a fixed number of slots, one token a step), the steady window and the ratios; th
 model (slow)."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -216,12 +217,12 @@ def test_the_figure_draws_a_value_a_second_not_every_step(tmp_path):
     res = {"settings": {"warm_s": 1.0, "rate": 5.0}, "card": "cpu",
            "phases": {"offline": {"steps": steps, "window": {"tokens_per_step": 3.0, "ms_per_step_mean": 10.0}},
                       "server": {"steps": [], "window": {"steps": 0}}}}
-    server_steps.figure(res, tmp_path / "f.png")
-    assert (tmp_path / "f.png").stat().st_size > 10_000
+    png = server_steps.figure(res)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000 and not list(tmp_path.iterdir())  # drawn only
 
 
 def test_a_failing_phase_leaves_the_earlier_phases_record_and_a_failing_figure_only_a_warning(tmp_path, monkeypatch,
-                                                                                             capsys):
+                                                                                             caplog):
     a = server_steps.parse(["--model", "m", "--dataset", "d", "--out", str(tmp_path), "--duration-s", "0.3",
                             "--warm-s", "0.1", "--offline-samples", "40"])
     real = server_steps.run_phase
@@ -238,11 +239,13 @@ def test_a_failing_phase_leaves_the_earlier_phases_record_and_a_failing_figure_o
     saved = json.loads((tmp_path / "server_steps.json").read_text())
     assert list(saved["phases"]) == ["offline"] and saved["phases"]["offline"]["steps"]
     monkeypatch.setattr(server_steps, "run_phase", real)
-    monkeypatch.setattr(server_steps, "figure", lambda res, path: 1 / 0)
+    monkeypatch.setattr(server_steps, "figure", lambda res: 1 / 0)
     res = {"settings": vars(a), "phases": {}}
+    caplog.set_level(logging.INFO)
     server_steps.run_phases(Engine(Clock()), [[1] * 4], a, None, res, tmp_path)
-    assert set(json.loads((tmp_path / "server_steps.json").read_text())["ratios"]) >= {"output_tokens_per_s"}
-    assert "warning: no figure (ZeroDivisionError" in capsys.readouterr().err
+    saved = json.loads((tmp_path / "server_steps.json").read_text())
+    assert set(saved["ratios"]) >= {"output_tokens_per_s"} and saved["notes"][-1].startswith("no figure (ZeroDiv")
+    assert "no figure (ZeroDivisionError" in caplog.text and "server_steps.png" not in caplog.text
 
 
 ENGINE_CHECK = """
@@ -281,3 +284,130 @@ def test_the_step_log_counts_what_the_cpu_engine_generated_and_its_abort_leaves_
     assert three == [120, 40, 40, prompt_tokens, 0, 0, 1]
     assert aborted == [True, False]
     assert after == [64, 8, 7]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A stand-in ``vllm`` for ``main``: ``LLM`` records each engine start (its arguments) and drives the made-up
+    ``Engine``; no real engine, no GPU. Returns the list of starts."""
+    import types
+
+    started = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            started.append(kwargs)
+            self.llm_engine = Engine(Clock())
+
+        def generate(self, *args, **kwargs):
+            return []
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams, vllm.__version__ = LLM, lambda **kw: kw, "stand-in"
+    sp = types.ModuleType("vllm.sampling_params")
+    sp.RequestOutputKind = SimpleNamespace(DELTA="delta")
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sp)
+    monkeypatch.delenv("PERF_BASE_OVERRIDE", raising=False)
+    return started
+
+
+def dataset(tmp_path, rows=None) -> str:
+    """A small cnn_eval-format file (``rows``, or four prompts) in ``tmp_path``; its path."""
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(rows if rows is not None else [{"tok_input": [1] * n} for n in (4, 8, 12, 6)]))
+    return str(path)
+
+
+def quick(tmp_path, out, *extra) -> list[str]:
+    """``main``'s argv for a sub-second run on the stand-in engine (0.3 s phases)."""
+    return ["--model", "m", "--dataset", dataset(tmp_path), "--out", str(out), "--duration-s", "0.3", "--warm-s",
+            "0.1", "--offline-samples", "40", "--rate", "20", *extra]
+
+
+@pytest.mark.parametrize("args", [["--seed", "-1"], ["--rate", "1e12"], ["--offline-samples", "10000001"],
+                                  ["--rate", "100000", "--duration-s", "101"],
+                                  ["--rate", "100000", "--duration-s", "90", "--profile-steps", "5"]])
+def test_a_negative_seed_or_a_plan_over_the_cap_exits_2_before_the_engine_and_the_folder(args, tmp_path, fake_vllm):
+    with pytest.raises(SystemExit) as e:
+        server_steps.main(quick(tmp_path, tmp_path / "o") + args)
+    assert e.value.code == 2 and not fake_vllm and not (tmp_path / "o").exists()
+
+
+def test_the_plan_refuses_more_than_max_arrivals_and_draws_the_same_gaps_as_one_by_one():
+    for n, rate in ((1, 1e12), (server_steps.MAX_ARRIVALS + 1, 0.0)):
+        with pytest.raises(ValueError, match="MAX_ARRIVALS"):
+            server_steps.arrivals(n, rate, 90.0, 0)
+    rng, t, one_by_one = server_steps.np.random.default_rng(3), 0.0, []
+    while (t := t + float(rng.exponential(1 / 40.0))) < 30.0:
+        one_by_one.append((t, len(one_by_one)))
+    assert server_steps.arrivals(2, 40.0, 30.0, 3) == one_by_one
+
+
+@pytest.mark.parametrize("override, rows, says", [
+    ("{not json", None, "PERF_BASE_OVERRIDE: not JSON"),
+    ("[1]", None, "PERF_BASE_OVERRIDE: a JSON object of engine arguments expected, got a JSON array"),
+    ('{"model": "x"}', None, "PERF_BASE_OVERRIDE: must not set 'model'"),
+    (None, "missing", "d.json: cannot read it (FileNotFoundError"),
+    (None, [{"tok_input": [1, 2]}, {"text": "x"}], "d.json: row 1: no 'tok_input' field"),
+    (None, [{"tok_input": [1, 2]}, {"tok_input": "1 2"}], "d.json: row 1: 'tok_input' must be a non-empty array"),
+    (None, {"tok_input": [1, 2]}, "d.json: a JSON array of rows with 'tok_input' expected, got a JSON object")],
+    ids=["override_not_json", "override_array", "override_model", "dataset_missing", "row_without_tok_input",
+         "tok_input_a_string", "dataset_an_object"])
+def test_a_bad_override_or_dataset_exits_2_naming_it_before_the_engine_and_the_folder(override, rows, says, tmp_path,
+                                                                                     fake_vllm, monkeypatch, caplog):
+    argv = quick(tmp_path, tmp_path / "o")
+    if override is not None:
+        monkeypatch.setenv("PERF_BASE_OVERRIDE", override)
+    if rows == "missing":
+        (tmp_path / "d.json").unlink()
+    elif rows is not None:
+        dataset(tmp_path, rows)
+    assert server_steps.main(argv) == 2 and says in caplog.text
+    assert not fake_vllm and not (tmp_path / "o").exists()
+
+
+def test_an_out_folder_that_cannot_take_the_record_exits_2_before_the_engine_leaving_no_folder(tmp_path, fake_vllm,
+                                                                                             monkeypatch, caplog):
+    (tmp_path / "o" / "server_steps.json").mkdir(parents=True)
+    assert server_steps.main(quick(tmp_path, tmp_path / "o")) == 2 and "--out" in caplog.text
+    (tmp_path / "f").write_text("a file")
+    assert server_steps.main(quick(tmp_path, tmp_path / "f")) == 2
+    assert server_steps.main(quick(tmp_path, tmp_path / "f" / "o")) == 2
+
+    def unwritable(out):
+        raise PermissionError(13, "Permission denied", str(out / "probe"))
+
+    monkeypatch.setattr(server_steps, "_probe_write", unwritable, raising=False)
+    assert server_steps.main(quick(tmp_path, tmp_path / "new" / "deeper")) == 2 and "Permission denied" in caplog.text
+    assert not fake_vllm and not (tmp_path / "new").exists() and (tmp_path / "f").read_text() == "a file"
+
+
+def test_a_figure_that_cannot_be_written_fails_the_run_and_is_not_claimed(tmp_path, fake_vllm, monkeypatch, caplog):
+    real = server_steps.figure
+    out = tmp_path / "o"
+
+    def figure_then_png_is_a_folder(res, *rest):  # the folder changes under a running phase (e.g. another job)
+        (out / "server_steps.png").mkdir()
+        return real(res, *rest)
+
+    monkeypatch.setattr(server_steps, "figure", figure_then_png_is_a_folder)
+    caplog.set_level(logging.INFO)
+    assert server_steps.main(quick(tmp_path, out)) == 1 and len(fake_vllm) == 1
+    assert "server_steps.png: cannot write it (IsADirectoryError" in caplog.text
+    assert not [r for r in caplog.records if "wrote" in r.getMessage() and "server_steps.png" in r.getMessage()]
+    assert json.loads((out / "server_steps.json").read_text())["phases"]
+
+
+def test_an_offline_queue_empty_before_warm_s_is_explained_in_the_log_the_record_and_the_table(tmp_path, fake_vllm,
+                                                                                             caplog, capsys):
+    caplog.set_level(logging.INFO)
+    assert server_steps.main(quick(tmp_path, tmp_path / "o")) == 0  # 40 requests finish in microseconds
+    res = json.loads((tmp_path / "o" / "server_steps.json").read_text())
+    note = res["phases"]["offline"]["note"]
+    assert res["phases"]["offline"]["window"] == {"steps": 0} and note in res["notes"] and note in caplog.text
+    assert "queue of 40 requests was empty" in note and "--warm-s 0.1" in note
+    table = capsys.readouterr().out
+    assert "server / offline: none: a phase has no steady window (notes: offline: no steady window" in table
+    assert "wrote " + str(tmp_path / "o" / "server_steps.json") + ", " in caplog.text
+    assert (tmp_path / "o" / "server_steps.png").stat().st_size > 10_000

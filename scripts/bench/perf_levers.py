@@ -103,12 +103,46 @@ MAX_NEW = 128
 DEFAULT_WARMUP = 64
 
 
+class InputError(ValueError):
+    """A bad input (dataset file, env PERF_BASE_OVERRIDE, output folder); the message names the file, field and row
+    or the variable. Commands report it and exit 2 before anything starts."""
+
+
+def _json_kind(value) -> str:
+    """JSON's name of ``value``'s type (object, array, string, ...), for messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
 def load_prompts(path: str, n: int) -> list[list[int]]:
-    """The first ``n`` ``tok_input`` lists of a cnn_eval-format JSON (optionally .gz) file."""
+    """The first ``n`` ``tok_input`` lists (token ids, ints >= 0) of a cnn_eval-format JSON (optionally .gz) file:
+    a JSON array of objects. InputError naming the file when it cannot be read, is not JSON or not an array, and
+    the row index and field when one of the first ``n`` rows has no non-empty integer list under ``tok_input``."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        rows = json.load(f)
-    return [list(map(int, r["tok_input"])) for r in rows[:n]]
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            rows = json.load(f)
+    except OSError as e:  # missing, a folder, unreadable, a broken .gz
+        raise InputError(f"--dataset {path}: cannot read it ({type(e).__name__}: {e})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise InputError(f"--dataset {path}: not JSON ({e})") from None
+    if not isinstance(rows, list):
+        raise InputError(f"--dataset {path}: a JSON array of rows with 'tok_input' expected, got a JSON "
+                         f"{_json_kind(rows)}")
+    return [_tok_input(path, i, row) for i, row in enumerate(rows[:n])]
+
+
+def _tok_input(path: str, i: int, row) -> list[int]:
+    """Row ``i``'s ``tok_input`` as a list of ints; InputError naming the file, the row and the field."""
+    if not isinstance(row, dict):
+        raise InputError(f"--dataset {path}: row {i}: a JSON object expected, got a JSON {_json_kind(row)}")
+    if "tok_input" not in row:
+        raise InputError(f"--dataset {path}: row {i}: no 'tok_input' field (fields: {', '.join(map(str, row))})")
+    ids = row["tok_input"]
+    if not (isinstance(ids, list) and ids and all(type(x) is int and x >= 0 for x in ids)):
+        raise InputError(f"--dataset {path}: row {i}: 'tok_input' must be a non-empty array of token ids "
+                         f"(integers >= 0)")
+    return list(ids)
 
 
 def _llm(kwargs: dict):
@@ -125,9 +159,28 @@ def _generate(llm, prompts, sp) -> tuple[float, int]:
     return dt, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
+def base_override() -> dict:
+    """The JSON object in env PERF_BASE_OVERRIDE (engine arguments over BASE; {} when unset or blank). InputError
+    naming the variable when it is not JSON, not an object, or sets ``model`` (that is the command's --model)."""
+    text = os.environ.get("PERF_BASE_OVERRIDE", "")
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise InputError(f"env PERF_BASE_OVERRIDE: not JSON ({e}): {text[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"env PERF_BASE_OVERRIDE: a JSON object of engine arguments expected, got a JSON "
+                         f"{_json_kind(value)}: {text[:200]!r}")
+    if "model" in value:
+        raise InputError("env PERF_BASE_OVERRIDE: must not set 'model' (the model folder is the command's --model)")
+    return value
+
+
 def base_kwargs(model: str) -> dict:
-    """BASE with the model folder and the JSON object in env PERF_BASE_OVERRIDE (CPU smoke tests) applied."""
-    return dict(BASE, model=model, **json.loads(os.environ.get("PERF_BASE_OVERRIDE", "{}")))
+    """BASE with the model folder and the JSON object in env PERF_BASE_OVERRIDE (CPU smoke tests) applied;
+    InputError as ``base_override``."""
+    return dict(BASE, model=model, **base_override())
 
 
 def lever_kwargs(lever: str, model: str) -> dict:
@@ -281,6 +334,13 @@ def run_parent(a) -> int:
         levers = parse_levers(a.levers)
     except ValueError as e:
         print(f"error: --levers: {e}", file=sys.stderr)
+        return 2
+    try:
+        base_override()
+        if not a.dry_run:
+            load_prompts(a.dataset, a.samples)  # the children read it: a bad file fails here, before any folder
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if a.dry_run:
         print_plan(a, levers, out)

@@ -29,12 +29,22 @@ not in the window's statistics).
 Writes OUT/server_steps.json (settings, card, vLLM, per-phase window stats and per-step logs, ratios),
 OUT/server_steps.png (tokens per step, ms per step and waiting requests over time, both phases) and prints the
 table. Usage: python scripts/bench/server_steps.py --model M --dataset cnn_eval.json --out D [--rate 56]
+
+Checked before the engine starts, each a message and exit 2 with no folder left behind: the settings (``--seed``
+>= 0; a phase plans at most ``MAX_ARRIVALS`` = 10,000,000 requests: ``--offline-samples``, and ``--rate`` x
+``--duration-s``, plus ``TAIL_S`` with ``--profile-steps``, for Server), env ``PERF_BASE_OVERRIDE`` (a JSON object
+that does not set ``model``), ``--dataset`` (a JSON array of rows with a non-empty integer ``tok_input``) and
+``--out`` (a writable folder where server_steps.json and server_steps.png are not folders). A record that cannot
+be written later fails the run (exit 1); a figure that cannot be drawn is a warning and a note in the JSON
+(``notes``), as is a phase with no steady window (e.g. Offline's queue emptied before ``--warm-s``).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import logging
 import math
 import os
 import statistics
@@ -50,21 +60,44 @@ import numpy as np
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from perf_levers import base_kwargs, load_prompts  # noqa: E402
+from perf_levers import InputError, base_kwargs, load_prompts  # noqa: E402
+
+logger = logging.getLogger("server_steps")
+
+#: The most requests a phase may plan: Offline's ``--offline-samples``, Server's expected arrivals (``--rate`` x
+#: its seconds). 10 million plan entries take ~1 GB; the preset's runs plan ~8,000.
+MAX_ARRIVALS = 10_000_000
+JSON_NAME, PNG_NAME = "server_steps.json", "server_steps.png"
+
+
+class WriteError(OSError):
+    """A record (OUT/server_steps.json or .png) that could not be written: the run fails (exit 1)."""
 
 
 def arrivals(n_prompts: int, rate: float, duration_s: float, seed: int) -> list[tuple[float, int]]:
-    """``(arrival s, prompt index)`` of a Poisson process at ``rate``/s over ``duration_s``; ``rate`` 0: every
-    index of ``range(n_prompts)`` at 0 (Offline). Prompts are taken in order, cycling."""
+    """``(arrival s, prompt index)`` of a Poisson process at ``rate``/s over ``duration_s`` (``seed``: numpy's, >=
+    0); ``rate`` 0: every index of ``range(n_prompts)`` at 0 (Offline). Prompts are taken in order, cycling.
+    ValueError when the plan would hold more than ``MAX_ARRIVALS`` (``n_prompts``, or ``rate`` x ``duration_s``
+    expected) or ``rate`` or ``duration_s`` is not finite."""
     if rate <= 0:
+        if n_prompts > MAX_ARRIVALS:
+            raise ValueError(f"{n_prompts} requests planned; at most MAX_ARRIVALS = {MAX_ARRIVALS}")
         return [(0.0, i) for i in range(n_prompts)]
+    if not (math.isfinite(rate) and math.isfinite(duration_s)) or rate * duration_s > MAX_ARRIVALS:
+        raise ValueError(f"rate {rate} x {duration_s} s: need finite values and at most MAX_ARRIVALS = "
+                         f"{MAX_ARRIVALS} arrivals expected")
+    scale = 1.0 / rate
+    if not math.isfinite(scale):
+        return []
     rng = np.random.default_rng(seed)
-    t, out = 0.0, []
-    while True:
-        t += float(rng.exponential(1.0 / rate))
-        if t >= duration_s:
-            return out
-        out.append((t, len(out)))
+    chunk = int(rate * duration_s + 6 * math.sqrt(rate * duration_s)) + 16  # one draw, almost always
+    times: list[float] = []
+    t = 0.0
+    while t < duration_s:  # cumsum from t: the same sums as adding the gaps one by one
+        ts = np.cumsum(np.concatenate(([t], rng.exponential(scale, chunk))))[1:]
+        times.extend(ts[ts < duration_s].tolist())
+        t = float(ts[-1])
+    return [(x, i) for i, x in enumerate(times)]
 
 
 class StepLog:
@@ -176,8 +209,9 @@ def table(res: dict) -> list[str]:
     lines = [f"{'steady window':<26}{'offline':>14}{'server':>14}"]
     for k in keys:
         lines.append(f"{k:<26}" + "".join(f"{str(ph[p]['window'].get(k, '-')):>14}" for p in ("offline", "server")))
-    r = res["ratios"]
-    lines.append("server / offline: " + ", ".join(f"{k} {v:.4f}" for k, v in r.items() if v is not None))
+    r = ", ".join(f"{k} {v:.4f}" for k, v in res["ratios"].items() if v is not None)
+    lines.append("server / offline: " + (r or "none: a phase has no steady window (notes: "
+                                          + "; ".join(res.get("notes", [])) + ")"))
     return lines
 
 
@@ -260,9 +294,23 @@ def run_phase(engine, name: str, prompts, a, params) -> dict:
                 keep_going=prof.active if prof else (lambda: False), id_prefix=f"{name}-")
     w = window(log.steps, a.warm_s, offline, a.duration_s)
     out = {"requests_planned": len(plan), "window": w, "steps": log.steps}
+    if not w["steps"]:
+        out["note"] = no_window_note(name, log.steps, a)
+        logger.warning("%s", out["note"])
     if prof:
         out["profile"] = prof.summary(sum(s["tokens"] for s in log.steps))
     return out
+
+
+def no_window_note(name: str, steps: Sequence[dict], a) -> str:
+    """Why phase ``name``'s steady window (``window``) has no steps: Offline's queue was empty by the window's
+    start (all ``--offline-samples`` requests done), or Server had no step from ``--warm-s`` to ``--duration-s``."""
+    if name == "offline":
+        t = next((s["t_s"] for s in steps if s["waiting"] <= 0), steps[-1]["t_s"] if steps else 0.0)
+        return (f"offline: no steady window: its queue of {a.offline_samples} requests was empty at {t:.3f} s, "
+                f"by --warm-s {a.warm_s:g} s (raise --offline-samples or lower --warm-s)")
+    return (f"server: no steady window: no engine step from --warm-s {a.warm_s:g} s to --duration-s "
+            f"{a.duration_s:g} s (too few arrivals at --rate {a.rate:g}?)")
 
 
 def per_second(steps: Sequence[dict], key: str, last: bool = False) -> tuple[list[float], list[float]]:
@@ -276,9 +324,9 @@ def per_second(steps: Sequence[dict], key: str, last: bool = False) -> tuple[lis
     return x, [bins[b][-1] if last else sum(bins[b]) / len(bins[b]) for b in sorted(bins)]
 
 
-def figure(res: dict, path: Path) -> None:
-    """Tokens per step, ms per step (means a second) and waiting requests (each second's last) over time, both
-    phases, with the steady-window means of the first two dashed (Agg canvas)."""
+def figure(res: dict) -> bytes:
+    """The PNG (bytes; drawn, not written) of tokens per step, ms per step (means a second) and waiting requests
+    (each second's last) over time, both phases, with the steady-window means of the first two dashed (Agg)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -301,7 +349,52 @@ def figure(res: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"engine steps, Offline vs Server at {res['settings']['rate']} queries/s ({res.get('card')}); "
                  "dotted: the steady window's start, dashed: its mean")
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def write(path: Path, data) -> None:
+    """``data`` (str or bytes) to ``path``; WriteError naming the path when it cannot be written."""
+    try:
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
+    except OSError as e:
+        raise WriteError(f"{path}: cannot write it ({type(e).__name__}: {e})") from e
+
+
+def _probe_write(out: Path) -> None:
+    """Write and remove a probe file in ``out``; OSError when it cannot take files."""
+    with tempfile.NamedTemporaryFile(dir=out, prefix=".server_steps_probe_") as f:
+        f.write(b"probe")
+        f.flush()
+
+
+def prepare_out(out: Path) -> list[Path]:
+    """Make ``out`` (and missing parents) and show that it can take the record: it is a folder, its
+    server_steps.json and .png are not folders, a probe file can be written there. The folders made (deepest
+    first); InputError naming ``--out`` when it cannot, after removing the folders this call made."""
+    made = [p for p in (out, *out.parents) if not p.exists() and not p.is_symlink()]
+    try:
+        if out.exists() and not out.is_dir():
+            raise InputError("not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in (JSON_NAME, PNG_NAME):
+            if (out / name).is_dir():
+                raise InputError(f"{out / name} is a folder")
+            if (out / name).exists() and not os.access(out / name, os.W_OK):
+                raise InputError(f"{out / name} is not writable")
+        _probe_write(out)
+    except (OSError, InputError) as e:
+        for p in made:
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+        raise InputError(f"--out {out}: cannot take the record ({e})") from None
+    return made
 
 
 def card() -> str:
@@ -315,44 +408,66 @@ def card() -> str:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    """The command line (module docstring); exit 2 on settings that cannot run (an infinite or NaN rate would
-    never end the Poisson plan)."""
+    """The command line (module docstring); exit 2 on settings that cannot run (``check``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--dataset", required=True, help="cnn_eval-format JSON with tok_input ids")
     ap.add_argument("--samples", type=int, default=1020, help="prompts read (cycled by both phases)")
-    ap.add_argument("--offline-samples", type=int, default=8192, help="requests Offline queues at once")
-    ap.add_argument("--rate", type=float, default=52.0, help="Server's Poisson arrivals, queries/s")
+    ap.add_argument("--offline-samples", type=int, default=8192,
+                    help=f"requests Offline queues at once (at most {MAX_ARRIVALS:,})")
+    ap.add_argument("--rate", type=float, default=52.0,
+                    help=f"Server's Poisson arrivals, queries/s (finite, > 0; rate x seconds at most {MAX_ARRIVALS:,})")
     ap.add_argument("--duration-s", type=float, default=90.0, help="seconds a phase runs")
     ap.add_argument("--warm-s", type=float, default=30.0, help="s into a phase where the steady window starts")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="Server's arrivals (numpy; >= 0)")
     ap.add_argument("--phases", nargs="+", default=["offline", "server"], choices=["offline", "server"])
     ap.add_argument("--profile-steps", type=int, default=0, help="steady steps profiled per phase (CUDA)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    for k in ("samples", "offline_samples", "max_tokens"):
-        if getattr(a, k) < 1:
-            ap.error(f"--{k.replace('_', '-')} must be >= 1")
-    if not (0 < a.rate < math.inf and 0 < a.duration_s < math.inf and 0 <= a.warm_s < a.duration_s):
-        ap.error("need finite --rate > 0 and --duration-s > 0, and 0 <= --warm-s < --duration-s")
-    if a.profile_steps < 0 or len(set(a.phases)) < len(a.phases):
-        ap.error("need --profile-steps >= 0 and each of --phases once")
+    problem = check(a)
+    if problem:
+        ap.error(problem)
     return a
 
 
+def check(a: argparse.Namespace) -> Optional[str]:
+    """What makes the settings ``a`` unable to run, or None: counts below 1, a negative seed, an infinite or NaN
+    rate or duration (the Poisson plan would never end), a plan over ``MAX_ARRIVALS``, a bad window or phase list."""
+    for k in ("samples", "offline_samples", "max_tokens"):
+        if getattr(a, k) < 1:
+            return f"--{k.replace('_', '-')} must be >= 1"
+    if a.seed < 0:
+        return "--seed must be >= 0 (numpy's generator takes no negative seed)"
+    if not (0 < a.rate < math.inf and 0 < a.duration_s < math.inf and 0 <= a.warm_s < a.duration_s):
+        return "need finite --rate > 0 and --duration-s > 0, and 0 <= --warm-s < --duration-s"
+    server_s = a.duration_s + (TAIL_S if a.profile_steps > 0 else 0.0)  # arrivals go on while profiling
+    if a.offline_samples > MAX_ARRIVALS or a.rate * server_s > MAX_ARRIVALS:
+        return (f"a phase may plan at most {MAX_ARRIVALS:,} requests: --offline-samples {a.offline_samples}, "
+                f"Server --rate {a.rate:g} x {server_s:g} s = {a.rate * server_s:,.0f}")
+    if a.profile_steps < 0 or len(set(a.phases)) < len(a.phases):
+        return "need --profile-steps >= 0 and each of --phases once"
+    return None
+
+
 def main(argv=None) -> int:
-    """Start the engine, warm it up (64 prompts), run the phases; 2 when the dataset has no prompts."""
+    """Check the settings, PERF_BASE_OVERRIDE, the dataset and --out, then start the engine, warm it up (64
+    prompts) and run the phases. Exit 2 on bad input (nothing started, no folder left), 1 when a record cannot
+    be written."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     a = parse(argv)
-    prompts = load_prompts(a.dataset, a.samples)
-    if not prompts:
-        print(f"{a.dataset}: no prompts", file=sys.stderr)
+    try:
+        kwargs = base_kwargs(a.model)
+        prompts = load_prompts(a.dataset, a.samples)
+        if not prompts:
+            raise InputError(f"--dataset {a.dataset}: no prompts")
+        out = Path(a.out)
+        prepare_out(out)
+    except InputError as e:
+        logger.error("%s", e)
         return 2
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     from vllm import LLM, SamplingParams, __version__
 
-    kwargs = base_kwargs(a.model)
     llm = LLM(**kwargs)
     from vllm.sampling_params import RequestOutputKind
 
@@ -361,27 +476,38 @@ def main(argv=None) -> int:
     params = SamplingParams(**fixed, output_kind=RequestOutputKind.DELTA)  # every step's new tokens (StepLog)
     res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "card": card(), "vllm": __version__,
            "engine": {k: v for k, v in kwargs.items() if k != "model"}, "settings": vars(a), "phases": {}}
-    run_phases(llm.llm_engine, prompts, a, params, res, out)
+    try:
+        run_phases(llm.llm_engine, prompts, a, params, res, out)
+    except WriteError as e:
+        logger.error("%s", e)
+        return 1
     return 0
 
 
 def run_phases(engine, prompts, a, params, res: dict, out: Path) -> None:
     """Each of ``a.phases`` on ``engine``, OUT/server_steps.json rewritten after each (a later phase that fails,
-    e.g. out of memory, leaves the earlier ones' record), then the ratios, the table and the figure; a figure that
-    cannot be drawn leaves a warning, not a failed run."""
-    path = out / "server_steps.json"
+    e.g. out of memory, leaves the earlier ones' record), then the ratios, the table and the figure. A figure that
+    cannot be drawn is a warning and a note (``res["notes"]``, as a phase without a steady window), not a failed
+    run; a record that cannot be written raises WriteError. Logs the files written, and only those."""
+    path, notes = out / JSON_NAME, res.setdefault("notes", [])
     for name in a.phases:
         res["phases"][name] = run_phase(engine, name, prompts, a, params)
-        path.write_text(json.dumps(res, indent=1))
+        notes += [res["phases"][name]["note"]] if "note" in res["phases"][name] else []
+        write(path, json.dumps(res, indent=1))
     if {"offline", "server"} <= set(res["phases"]):
         res["ratios"] = ratios(res["phases"]["server"]["window"], res["phases"]["offline"]["window"])
         print("\n".join(table(res)))
-        path.write_text(json.dumps(res, indent=1))
     try:
-        figure(res, out / "server_steps.png")
-    except Exception as e:  # noqa: BLE001 - the steps measured fine; the record is written
-        print(f"warning: no figure ({type(e).__name__}: {e})", file=sys.stderr)
-    print(f"wrote {path}, {out / 'server_steps.png'}")
+        png = figure(res)
+    except Exception as e:  # noqa: BLE001 - drawing only; the steps measured fine and the record is written
+        png = None
+        notes.append(f"no figure ({type(e).__name__}: {e})")
+        logger.warning("%s", notes[-1])
+    write(path, json.dumps(res, indent=1))
+    if png is not None:
+        write(out / PNG_NAME, png)
+    logger.info("wrote %s", ", ".join(str(p) for p in (path, out / PNG_NAME if png is not None else None) if p))
+
 
 if __name__ == "__main__":
     sys.exit(main())
