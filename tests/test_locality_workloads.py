@@ -791,8 +791,10 @@ def test_a_kill_whose_loss_was_seen_but_cost_nothing_is_reported_as_measuring_no
 
 def test_a_kill_before_any_answer_on_a_system_that_stops_serving_fails_every_request(monkeypatch, tmp_path):
     """The kill at once (--kill-after near 0) on a system that stops serving everything: no request is answered,
-    all fail by the loss timeout, and the case is recorded (no answer to time the burst by: it ends when settled)."""
-    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.005, halt_on_kill=True))
+    all fail by the loss timeout, and the case is recorded (no answer to time the burst by: it ends when settled).
+    A step of 50 ms: the kill's thread lands well before the first answer even on a loaded host (with 5 ms, a kill
+    thread scheduled late let a replica answer first, as it may)."""
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.05, halt_on_kill=True))
     rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
                   "--documents", "10", "--loss-timeout-s", "0.3", "--kill-after", "0.0001")
     assert rc == 0, rec and rec.get("error")
@@ -800,6 +802,50 @@ def test_a_kill_before_any_answer_on_a_system_that_stops_serving_fails_every_req
     f = c["failover"]
     assert f["killed"]["fired"] and f["answered"] == f["rerouted"] == 0 and f["failed"] == 40
     assert c["timed"]["wall_s"] >= 0.3 and c["timed"]["requests_per_s"] == 0 and c["timed"]["answered"] == 0
+    # the kill came after the requests were handed over (never before t0, nor before the first submit): the killed
+    # replica's requests are refused by the halted other one, the other's own fail by the loss timeout
+    k = f["killed"]
+    assert k["at_s"] >= 0 and k["replica_routed"] == 20 and k["replica_outstanding"] == 20
+    reasons = list(f["requests_failed"].values())
+    assert sum("no answer within 0.3 s" in r for r in reasons) == 20
+    assert sum("replica 1 refused it" in r for r in reasons) == 20
+
+
+def test_a_kill_due_before_the_first_requests_are_sent_waits_for_them(monkeypatch, tmp_path):
+    """The kill time (--kill-after near 0) comes while the first dispatch is still handing its requests over (here
+    slowed on purpose, as a loaded host does): the kill waits for them. Before, the timer started before the burst's
+    t0 and fired first: every request was refused at once ("every replica is down"), the burst ended after 1 ms,
+    and the record put the kill before the burst (negative at_s)."""
+    from sut.locality import failover
+
+    real = failover.FailoverDispatcher.dispatch
+
+    def slow(self, items):
+        time.sleep(0.05)  # the kill's timer (~0 s) comes due before anything is submitted
+        real(self, items)
+
+    monkeypatch.setitem(SYSTEMS, "standalone", fake(step_s=0.05, halt_on_kill=True))
+    monkeypatch.setattr(failover.FailoverDispatcher, "dispatch", slow)
+    rc, rec = run(tmp_path, "--trace-preset", "replica-loss", "--systems", "standalone", "--policies", "round_robin",
+                  "--documents", "10", "--loss-timeout-s", "0.3", "--kill-after", "0.0001")
+    assert rc == 0, rec and rec.get("error")
+    c = cases_of(rec)[0]
+    f, k = c["failover"], c["failover"]["killed"]
+    assert k["fired_by"] == "time" and k["at_s"] >= 0.05 and k["replica_routed"] == 20
+    assert f["answered"] == f["rerouted"] == 0 and f["failed"] == 40
+    assert not any("every replica is down" in r for r in f["requests_failed"].values())
+    assert c["timed"]["wall_s"] >= 0.05 + 0.3
+
+
+def test_a_kill_timer_due_before_the_release_fires_at_the_release():
+    k, killed = _killer(0.0001, [4])
+    k.start()
+    time.sleep(0.05)
+    assert k.fired_by is None and killed == []  # due, but nothing was sent yet
+    k.released()
+    k.join()
+    assert k.fired_by == "time" and killed == [0]
+    k.stop()
 
 
 def test_a_burst_that_raises_leaves_no_kill_timer_behind(monkeypatch, tmp_path):

@@ -10,8 +10,9 @@ Algorithm
    once, one burst), then ``flush``. The dispatcher's observer records each completion's replica,
    cached tokens, engine timestamps and its arrival time here.
 3. ``ledger.wait_idle``: until every request is answered, failing on a stall (no completion for
-   ``stall_timeout_s``) or a transport's fatal event. The burst's wall time ends at the last
-   completion's arrival. Any ledger error -> ``RunFailed`` naming it (an unknown or duplicate
+   ``stall_timeout_s``) or a transport's fatal event. The burst's wall time (``wall_s``) ends at the
+   last completion's arrival; when nothing was answered (a replica-loss burst whose every request
+   failed), it ends when the burst settled (every request failed: ``t_end``). Any ledger error -> ``RunFailed`` naming it (an unknown or duplicate
    request, a request answered by another replica than the one it was routed to: the dispatcher's
    and the ledger's own checks).
 4. Validation of every request (``sut.locality.study.validate_results``): input hash as handed to
@@ -28,7 +29,8 @@ TPOT and latency percentiles, goodput against ``targets``, per-replica load and 
 (``sut.locality.latency``).
 
 A replica lost mid-burst (``kill``: the ``replica-loss`` workload, ``sut.locality.failover``): the kill
-fires once enough requests are answered, the dispatcher re-routes or fails the lost replica's requests
+fires ``kill.at_s`` after ``t0`` (its timer starts there; never before the first dispatch has handed its
+requests to the transport) or once enough requests are answered, the dispatcher re-routes or fails the lost replica's requests
 instead of failing the run, step 3 waits until every request is answered or failed (``loss_timeout_s``
 after the kill without an answer fails the rest), the validation accepts a failed request only empty and
 with its reason, and ``metrics["failover"]`` records what happened to each request. Then
@@ -160,9 +162,12 @@ def _arrivals(n: int, rate: float, seed: int) -> np.ndarray:
 
 
 def _send(trace, bs: BurstSettings, ledger: SampleLedger, disp: Dispatcher, col: _Collector) -> float:
-    """Issue and dispatch every request at its arrival time; returns ``t0`` (monotonic s)."""
+    """Issue and dispatch every request at its arrival time; returns ``t0`` (monotonic s). A kill's timer
+    (``col.killer``) starts at ``t0`` and is told when the first dispatch has handed its requests over."""
     arrivals = _arrivals(len(trace), bs.rate, bs.arrival_seed)
     t0 = time.monotonic()
+    if col.killer is not None:
+        col.killer.start()
     i = 0
     while i < len(trace) and ledger.error is None:
         due = t0 + arrivals[i] - time.monotonic()
@@ -182,6 +187,8 @@ def _send(trace, bs: BurstSettings, ledger: SampleLedger, disp: Dispatcher, col:
             for req in batch:
                 col.sent[req.index] = now
         disp.dispatch(batch)
+        if i == 0 and col.killer is not None:
+            col.killer.released()
         i = j
     disp.flush()
     return t0
@@ -211,8 +218,6 @@ def run_burst(transport: Transport, router: Router, trace: Sequence[TraceRequest
     else:
         disp = Dispatcher(rec, router, ledger, chunk=bs.chunk, observer=col.observe, vocab_size=bs.vocab_size)
     disp.replicas = transport.attach(disp)
-    if killer is not None:
-        killer.start()
     try:
         t0 = _send(trace, bs, ledger, disp, col)
         if killer is not None:
@@ -301,8 +306,10 @@ def _router_share(estimated_uncached: Optional[int], routed_prompt: int) -> Opti
 
 def _metrics(trace: Sequence[TraceRequest], col: _Collector, t0: float, bs: BurstSettings, routing: dict,
              t_end: float) -> dict:
-    """Throughput, cached share, per-replica load and latencies of a validated burst (module docstring); the wall
-    time ends at the last answer (``t_end``, when the burst settled, where every request failed)."""
+    """Throughput, cached share, per-replica load and latencies of a validated burst (module docstring). ``wall_s``
+    runs from ``t0`` to the last answer; when nothing was answered (every request failed after a replica loss) to
+    ``t_end``, when the burst settled (its last request failed: at once where it was refused, else by the loss
+    timeout), and then ``requests_per_s`` is 0."""
     seen = col.seen
     wall = max((t for _, _, t in seen.values()), default=t_end) - t0
     out_tokens = sum(len(c.token_ids) for _, c, _ in seen.values())

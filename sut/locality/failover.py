@@ -2,9 +2,12 @@
 
 Algorithm (the ``replica-loss`` workload, ``sut/locality/workloads/replica_loss.py``)
 ---------
-1. **Kill.** ``KillPlan(replica, after, at_s=T)``: ``T`` seconds after the burst starts (the caller sets
-   ``T`` = ``after`` x the last warm-up's wall time, so that the kill lands mid-work on every system, however
-   it delivers its answers), or earlier if, once every request of the burst is routed, replica ``replica``
+1. **Kill.** ``KillPlan(replica, after, at_s=T)``: ``T`` seconds after the burst starts (its ``t0``; the caller
+   sets ``T`` = ``after`` x the last warm-up's wall time, so that the kill lands mid-work on every system,
+   however it delivers its answers), but never before the burst's first requests were handed to the transport
+   (a ``T`` shorter than that hand-over, e.g. ``after`` near 0, fires right after it: a kill before any request
+   was sent would measure a system that was down before the burst, every request refused at once, not a loss
+   mid-burst), or earlier if, once every request of the burst is routed, replica ``replica``
    has answered ``(1 + after) / 2`` of the ``n`` requests routed to it and still holds some (a warm-up slowed
    by something else would otherwise put ``T`` after the end of the burst: no kill; the record's ``fired_by``
    says which fired). Without ``at_s``: once it has answered ``after`` of the ``n`` requests routed to it so
@@ -103,7 +106,8 @@ def kill_replica(transport, replica: int) -> str:
 
 
 class Killer:
-    """Fires the kill once, on its own thread (never a transport's): ``plan.at_s`` after ``start`` (a timer), or
+    """Fires the kill once, on its own thread (never a transport's): ``plan.at_s`` after ``start`` (a timer; if it
+    comes due before ``released``, at ``released``: the kill never precedes the burst's first submits), or
     once the plan's replica has answered its share of ``routed()`` (requests routed to it so far; every answer
     is counted either way, for the record; with a timer, only once ``all_routed`` was called and while the replica
     holds some), whichever comes first; ``fired_by`` says which ("time" / "answers"). ``arm`` is called just
@@ -123,10 +127,12 @@ class Killer:
         self._timer: Optional[threading.Timer] = None
         self._stopped = False  # the burst is over: no kill from now on
         self._all_routed = False  # every request of the burst is routed: a time trigger's answers fallback may fire
+        self._released = False  # the burst's first requests were handed to the transport: the timer's kill may fire
+        self._due = False  # the timer came due before that: the kill fires at ``released``
 
     def start(self) -> None:
-        """The burst starts now: with a time trigger, the kill fires ``plan.at_s`` seconds from here (unless
-        ``stop`` comes first: the burst ended before it)."""
+        """The burst starts now (its ``t0``): with a time trigger, the kill fires ``plan.at_s`` seconds from here, or
+        at ``released`` if that comes later (unless ``stop`` comes first: the burst ended before it)."""
         if self.plan.at_s is None:
             return
         self._timer = threading.Timer(self.plan.at_s, self._on_time)
@@ -142,6 +148,14 @@ class Killer:
             self._timer.cancel()
             if self._timer is not threading.current_thread():
                 self._timer.join(10)
+
+    def released(self) -> None:
+        """The burst's first requests were handed to the transport (its first ``dispatch`` returned): a time
+        trigger that came due before fires now (module docstring, step 1)."""
+        with self._lock:
+            self._released = True
+            if self._due and self._thread is None and not self._stopped:
+                self._fire_locked("time")
 
     def all_routed(self) -> None:
         """Every request of the burst has been routed (``routed()`` is the replica's whole share): a time trigger's
@@ -162,7 +176,9 @@ class Killer:
 
     def _on_time(self) -> None:
         with self._lock:
-            if self._thread is None and not self._stopped:
+            if not self._released:  # nothing sent yet: the kill waits for the first requests (``released``)
+                self._due = True
+            elif self._thread is None and not self._stopped:
                 self._fire_locked("time")
 
     def _fire_locked(self, by: str) -> None:

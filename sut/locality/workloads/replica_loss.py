@@ -5,7 +5,8 @@ Algorithm (``sut.locality.failover``)
 ---------
 1. **Kill.** In the timed burst of every case (not in the warm-ups), replica ``--kill-replica`` (0) is killed
    ``--kill-after`` (0.5) x the case's last warm-up wall time after the burst starts (``--kill-when time``, the
-   default): mid-work on every system, whatever it does with answers; or earlier, once every request is routed
+   default; never before the burst's first requests were sent: a kill before them would only find every request
+   refused): mid-work on every system, whatever it does with answers; or earlier, once every request is routed
    and it has answered ``(1 + --kill-after) / 2`` of those routed to it and still holds some (a warm-up slowed
    by something else, e.g. another job on the host, would otherwise put the kill after the burst: on a shared
    2-core machine one warm-up took 21.8 s, the timed burst 3.9 s; the record's ``fired_by`` and the report say
