@@ -10,31 +10,30 @@ Algorithm
    once, one burst), then ``flush``. The dispatcher's observer records each completion's replica,
    cached tokens, engine timestamps and its arrival time here.
 3. ``ledger.wait_idle``: until every request is answered, failing on a stall (no completion for
-   ``stall_timeout_s``) or a transport's fatal event. The burst's wall time (``wall_s``) ends at the
-   last completion's arrival; when nothing was answered (a replica-loss burst whose every request
-   failed), it ends when the burst settled (every request failed: ``t_end``). Any ledger error -> ``RunFailed`` naming it (an unknown or duplicate
-   request, a request answered by another replica than the one it was routed to: the dispatcher's
-   and the ledger's own checks).
+   ``stall_timeout_s``) or a transport's fatal event. The burst's wall time (``wall_s``) ends at the last
+   completion's arrival; when nothing was answered (a replica-loss burst whose every request failed), it
+   ends when the burst settled (every request failed: ``t_end``). Any ledger error -> ``RunFailed`` naming
+   it (an unknown or duplicate request, a request answered by another replica than the one it was routed to:
+   the dispatcher's and the ledger's own checks).
 4. Validation of every request (``sut.locality.study.validate_results``): input hash as handed to
    the transport == the trace's (``expected_hashes``), answered exactly once, output length ==
    ``max_tokens``, served replica == routed replica. A failure -> ``RunFailed`` naming the requests.
 
-Metrics (``BurstResult.metrics``): requests/s and output tokens/s over the wall time, cached share
-of input tokens (the engines' cached-token counts; None when the transport cannot tell) and the share
-the router expected (``router_cached_share``: 1 - its uncached estimates / the prompt tokens it routed, a
-re-routed request counted at each route), engine-side
-TTFT and end-to-end percentiles where the transport reports timestamps, and the client-side
-completion time from ``t0`` (what the study's standalone client timed); per request, client-side TTFT,
-TPOT and latency percentiles, goodput against ``targets``, per-replica load and its balance
-(``sut.locality.latency``).
+Metrics (``BurstResult.metrics``): requests/s and output tokens/s over the wall time, cached share of input
+tokens (the engines' cached-token counts; None when the transport cannot tell) and the share the router
+expected (``router_cached_share``: 1 - its uncached estimates / the prompt tokens it routed, a re-routed
+request counted at each route), engine-side TTFT and end-to-end percentiles where the transport reports
+timestamps, and the client-side completion time from ``t0`` (what the study's standalone client timed); per
+request, client-side TTFT, TPOT and latency percentiles, goodput against ``targets``, per-replica load and
+its balance (``sut.locality.latency``).
 
 A replica lost mid-burst (``kill``: the ``replica-loss`` workload, ``sut.locality.failover``): the kill
 fires ``kill.at_s`` after ``t0`` (its timer starts there; never before the first dispatch has handed its
-requests to the transport) or once enough requests are answered, the dispatcher re-routes or fails the lost replica's requests
-instead of failing the run, step 3 waits until every request is answered or failed (``loss_timeout_s``
-after the kill without an answer fails the rest), the validation accepts a failed request only empty and
-with its reason, and ``metrics["failover"]`` records what happened to each request. Then
-``requests_per_s`` counts the answered requests only (``answered``, ``failed``).
+requests to the transport) or once enough requests are answered, the dispatcher re-routes or fails the lost
+replica's requests instead of failing the run, step 3 waits until every request is answered or failed
+(``loss_timeout_s`` after the kill without an answer fails the rest), the validation accepts a failed
+request only empty and with its reason, and ``metrics["failover"]`` records what happened to each request.
+Then ``requests_per_s`` counts the answered requests only (``answered``, ``failed``).
 """
 
 from __future__ import annotations

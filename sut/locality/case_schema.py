@@ -7,7 +7,8 @@ folder is written. The fields checked are the ones the merged record, the pair r
 the workloads' own parts of a case and of a header that their report sections and figure panels read:
 ``failover`` (replica-loss, ``workloads.replica_loss.report_lines``), each of ``levels`` (arrivals,
 ``workloads.arrivals``), the client latencies (variable answers), per-replica counts and balance (hot
-prefixes), the working set and the router's expected cached share (eviction); their writer is ``pairs.run_case`` (cases) and ``runner.run_header`` (headers).
+prefixes), the working set and the router's expected cached share (eviction); their writer is
+``pairs.run_case`` (cases) and ``runner.run_header`` (headers).
 """
 
 from __future__ import annotations
