@@ -260,7 +260,11 @@ class HttpSUT(TransportSUT):
         given servers differ in a field that changes
         results (``read_back_server``, ``check_fleet_agrees``), or, without URLs,
         when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
-        the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``)."""
+        the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``);
+        also for ``admit_every_steps`` above 1 (the harness's own engine loop, which servers do not run)."""
+        if (engine.admit_every_steps or 1) > 1:
+            raise InputError(f"--sut vllm-http: --admit-every-steps {engine.admit_every_steps} is the harness's own "
+                             "engine loop (--sut vllm, flame); `vllm serve` runs its own loop and has no such setting")
         if not options.servers:
             try:
                 check_server_args(options.server_args, engine, options.server_command)

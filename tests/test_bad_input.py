@@ -46,6 +46,7 @@ def dataset(tmp_path) -> Path:
     ("max_model_len", 0, "> 128"), ("max_model_len", -5, "> 128"), ("seed", -1, "in [0, 4294967295]"),
     ("seed", 2**32, "in [0, 4294967295]"),
     ("long_prefill_token_threshold", -1, ">= 0"), ("device", "tpu", "auto, cuda or cpu"),
+    ("admit_every_steps", 0, ">= 1"),
     ("kv_cache_dtype", "", "a non-empty string"), ("load_format", " ", "a non-empty string"),
     ("quantization", "", "a non-empty string"), ("model", "", "a non-empty string"),
 ])

@@ -165,6 +165,14 @@ def test_server_args_giving_an_engine_setting_are_refused_before_the_run(args, f
 
 
 
+def test_the_harness_engine_loops_admission_interval_is_refused_for_servers():
+    """--admit-every-steps is the in-process worker's loop (sut.engine.worker.serve): `vllm serve` has none."""
+    opts = HttpSUT.check_options({})
+    HttpSUT.preflight(opts, EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=1))
+    with pytest.raises(InputError, match="--admit-every-steps 2 is the harness's own engine loop"):
+        HttpSUT.preflight(opts, EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=2))
+
+
 #: Words vLLM's parser (argparse, abbreviations allowed) reads as a harness-owned flag -> that flag.
 SMUGGLED = [("--enable-prefix", "--enable-prefix-caching"), ("--no-enable-prefix", "--no-enable-prefix-caching"),
             ("--max-num-seq 4", "--max-num-seqs"), ("--max-num-s=4", "--max-num-seqs"),

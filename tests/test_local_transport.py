@@ -369,6 +369,55 @@ def test_serve_speaks_typed_messages_whatever_the_mode(standin_here):
         serve(FakeConn([("gen", [])]), llm.llm_engine, params)
 
 
+class StepCountingEngine:
+    """An engine whose requests each run ``steps`` steps; records the step index at which each request was added."""
+
+    def __init__(self, steps=5):
+        self.steps, self.left, self.added_at, self.n = steps, {}, {}, 0
+
+    def has_unfinished_requests(self):
+        return bool(self.left)
+
+    def add_request(self, rid, prompt, params):
+        self.left[rid] = self.steps
+        self.added_at[int(rid)] = self.n
+
+    def step(self):
+        self.n += 1
+        self.left = {r: k - 1 for r, k in self.left.items() if k > 1}
+        return []
+
+
+@pytest.mark.parametrize("admit_every, added_at", [
+    (1, {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6, 7: 7}),
+    (3, {0: 0, 1: 3, 2: 3, 3: 3, 4: 6, 5: 6, 6: 6, 7: 9}),
+])
+def test_serve_admits_new_requests_every_n_steps_while_busy_and_at_once_when_idle(admit_every, added_at):
+    """One request arrives per engine step (each runs 5 steps): every step, or in groups every ``admit_every``
+    steps; a Stop is read at the next intake too. After the engine drained, a late request is admitted at once."""
+    from sut.engine.worker import serve
+
+    engine = StepCountingEngine()
+    conn = FakeConn([wm.Generate(_requests([0]))])
+    arrivals = iter(range(1, 8))
+    orig = engine.step
+
+    def step():
+        out = orig()
+        rid = next(arrivals, None)
+        if rid is not None:
+            conn.inbox.append(wm.Generate(_requests([rid])))
+        elif not engine.left and 100 not in engine.added_at:  # drained: a late request, then Stop
+            conn.inbox.extend([wm.Generate(_requests([100])), wm.Stop()])
+        return out
+
+    engine.step = step
+    serve(conn, engine, GenerationSettings(max_tokens=2).sampling_params(), admit_every=admit_every)
+    late_at = engine.added_at.pop(100)
+    assert engine.added_at == added_at
+    assert late_at == max(added_at.values()) + 5  # the step after the last request finished: no wait
+
+
 def test_worker_messages_pickle_about_as_small_as_plain_tuples():
     """A typed batch costs its class reference once, not a name per item."""
     comps = [Completion(i, np.arange(128, dtype=np.int32) + i, 0, 1.0 + i, 2.0 + i, 3.0 + i) for i in range(256)]

@@ -13,7 +13,11 @@ num_gpu_blocks_override (a fixed number of KV-cache blocks per engine instead of
 vLLM's ``CacheConfig.num_gpu_blocks_override``, used on the CPU backend too; None = vLLM's own),
 kv_cache_memory_bytes (each engine's KV cache in bytes, no memory profiling: vLLM's
 ``CacheConfig.kv_cache_memory_bytes``, on the CPU backend in place of ``VLLM_CPU_KVCACHE_SPACE``; engines sharing a
-GPU then start together, as no profiling can see another's allocations; None = sized by profiling).
+GPU then start together, as no profiling can see another's allocations; None = sized by profiling),
+admit_every_steps (the harness's engine loop, not vLLM's: while an engine is busy, new requests are added only
+every N engine steps, so that the prefills of Server's arrivals share fewer, larger steps with decode-only steps
+between, as Offline's do; an idle engine admits at once; None or 1 = every step, as ``LLM.generate``; in-process
+engines and Flame services only: ``vllm serve`` runs its own loop).
 
 ``check_engine_settings`` (run when an ``EngineSettings`` is built): ``ValueError`` naming the field and
 its flag for a value vLLM would refuse only once an engine starts (``--dtype float33``,
@@ -69,6 +73,7 @@ class EngineSettings:
     cpu_kvcache_gib: int = 2
     num_gpu_blocks_override: Optional[int] = None
     kv_cache_memory_bytes: Optional[int] = None
+    admit_every_steps: Optional[int] = None
 
     def __post_init__(self):
         """Refuse a value vLLM would refuse only after an engine started (``ValueError`` naming the field
@@ -114,7 +119,7 @@ class EngineSettings:
 VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 #: Engine fields that must be integers >= 1 when set (None: vLLM's default).
 _POSITIVE_INTS = ("max_num_seqs", "max_num_batched_tokens", "engines_per_device", "cpu_kvcache_gib",
-                  "num_gpu_blocks_override", "kv_cache_memory_bytes")
+                  "num_gpu_blocks_override", "kv_cache_memory_bytes", "admit_every_steps")
 #: Engine fields that must be non-empty strings when set (vLLM checks the value itself: its lists
 #: change between releases and plugins add to them).
 _NAMES = ("model", "kv_cache_dtype", "load_format", "quantization")

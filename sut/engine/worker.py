@@ -4,7 +4,12 @@
 or the vLLM CPU thread binding), sends its output to the engine log, builds the engine, reports
 ``Ready(info)`` (or ``Failed``) and runs ``serve``: the same add-request / step loop that
 ``LLM.generate`` runs, fed from the pipe (``sut.engine.messages``). New requests are added the moment
-they arrive (the loop blocks on the pipe only while nothing runs), and each step's finished requests
+they arrive (the loop blocks on the pipe only while nothing runs), or with ``admit_every_steps`` N > 1
+only every N engine steps while the engine is busy (an idle engine admits at once): Server's arrivals
+then reach the engine in groups, their prefills share fewer, larger steps and the steps between decode
+only, as Offline's do (on one H100 a step that mixes prefill into ~500 decodes cost ~8 ms more than a
+decode-only step, whatever its prefill tokens, and Server mixed nearly every step:
+``scripts/bench/server_steps.py``). Each step's finished requests
 go back as one ``Done`` of ``Completion``s (``sut.engine.outputs``), preceded by a ``Firsts`` of that
 step's first tokens when the worker streams.
 
@@ -127,7 +132,8 @@ def worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationS
         return
     stopped = False
     try:
-        serve(conn, llm.llm_engine, params, gcmon.stats, llm=llm, detail=detail, stream=stream)
+        serve(conn, llm.llm_engine, params, gcmon.stats, llm=llm, detail=detail, stream=stream,
+              admit_every=settings.admit_every_steps or 1)
         stopped = True
     except (EOFError, BrokenPipeError, _Terminated):
         pass  # parent is gone, or the shared process group is being ended
@@ -196,9 +202,12 @@ def _end_children(term_wait: float = 5.0) -> None:
 
 
 def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None,
-          detail: bool = False, stream: bool = False) -> None:
+          detail: bool = False, stream: bool = False, admit_every: int = 1) -> None:
     """The hot loop: the same add_request/step cycle as ``LLM.generate``, fed from the pipe
-    (messages: ``sut.engine.messages``). Returns on ``Stop``; raises ``EOFError`` when the parent is gone."""
+    (messages: ``sut.engine.messages``). ``admit_every``: while the engine is busy, the pipe is read (new
+    requests added, stats answered, ``Stop`` seen) only once ``admit_every`` steps ran since it was last read;
+    an idle engine reads it at once (module docstring). Returns on ``Stop``; raises ``EOFError`` when the parent
+    is gone."""
     raw_params = params
     if stream or detail:
         from vllm.sampling_params import RequestOutputKind
@@ -208,14 +217,18 @@ def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], 
         collect = DeltaCollector(report_firsts=stream)
     else:
         collect = FinalCollector()
+    since_intake = admit_every  # steps since the pipe was last read
     while True:
-        # Stage 1: intake. Block only when nothing is running.
-        if conn.poll(0 if engine.has_unfinished_requests() else None):
+        # Stage 1: intake. Block only when nothing is running; while busy, every admit_every steps.
+        busy = engine.has_unfinished_requests()
+        if (not busy or since_intake >= admit_every) and conn.poll(0 if busy else None):
+            since_intake = 0
             if not _intake(conn, engine, params, collect.t_add, stats_fn, llm, raw_params):
                 return
         # Stage 2: one engine step.
         if not engine.has_unfinished_requests():
             continue
+        since_intake += 1
         firsts, done = collect.step(engine.step())
         # Stage 3: first tokens, then finished requests.
         if firsts:
