@@ -113,6 +113,50 @@ def test_the_offline_window_ends_when_its_queue_empties_and_ratios_divide_server
                  "prefill_tokens_per_step": None}
 
 
+class Recording(Engine):
+    """``Engine`` that notes, per ``add_request``, the request id and how many steps ran before it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stepped, self.adds = 0, []
+
+    def add_request(self, rid, prompt, params):
+        self.adds.append((rid, self.stepped))
+        super().add_request(rid, prompt, params)
+
+    def step(self):
+        self.stepped += 1
+        return super().step()
+
+
+def test_admitting_every_2nd_step_defers_due_arrivals_while_busy_and_admits_at_once_when_idle():
+    # one slot, one token a request: a request is one step; steps take 10 ms (the made-up clock)
+    plan = [(0.0, 0), (0.0, 1), (0.005, 2), (0.035, 3), (0.035, 4), (0.04, 5), (0.05, 6)]
+    adds = {}
+    for k in (1, 2):
+        clock = Clock()
+        eng = Recording(clock, slots=1, max_tokens=1)
+        log = server_steps.drive(eng, [[1] * 3], plan, None, 1.0, clock=clock, admit_every=k,
+                                 sleep=lambda s, clock=clock: setattr(clock, "t", clock.t + s))
+        assert len(log.steps) == 7 and sum(s["finished"] for s in log.steps) == 7
+        adds[k] = eng.adds
+    # r2 is due after step 0 (r1 still queued): K=1 adds it before step 1, K=2 only before step 2; the engine is
+    # idle after step 2, so r3 and r4 come at once (one step after the last admission); r5 is due after step 3
+    # with r4 still queued: K=2 waits until step 5, when r6 is due too
+    assert adds[1] == [("r0", 0), ("r1", 0), ("r2", 1), ("r3", 3), ("r4", 3), ("r5", 4), ("r6", 5)]
+    assert adds[2] == [("r0", 0), ("r1", 0), ("r2", 2), ("r3", 3), ("r4", 3), ("r5", 5), ("r6", 5)]
+
+
+@pytest.mark.parametrize("ks", [["0"], ["1", "1"], ["2", "-1"]])
+def test_an_admit_every_steps_below_1_or_given_twice_exits_2(ks, tmp_path, capsys):
+    argv = ["--model", "m", "--dataset", "d", "--out", str(tmp_path)]
+    assert server_steps.parse(argv).admit_every_steps == [1]
+    assert server_steps.parse([*argv, "--admit-every-steps", "1", "3"]).admit_every_steps == [1, 3]
+    with pytest.raises(SystemExit) as e:
+        server_steps.parse([*argv, "--admit-every-steps", *ks])
+    assert e.value.code == 2 and "need --admit-every-steps K >= 1, each once" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args", [["--rate", "0"], ["--warm-s", "90"], ["--samples", "0"], ["--duration-s", "-1"],
                                   ["--rate", "inf"], ["--rate", "nan"], ["--duration-s", "inf"],
                                   ["--profile-steps", "-1"], ["--phases", "server", "server"]])
@@ -140,7 +184,7 @@ def test_the_command_on_the_tiny_cpu_model_writes_both_phases_and_ratios(tmp_pat
     assert off["window"]["tokens_per_step"] == 4.0  # 4 slots, all decoding while the queue lasts
     # 2 queries/s of 8 tokens: far below the 4 slots' capacity even on a loaded 2-core machine (a step ~10-50 ms)
     assert srv["window"]["waiting_mean"] < 2 and 0 < srv["window"]["tokens_per_step"] < 4
-    assert res["ratios"]["output_tokens_per_s"] < 1 and "server / offline" in r.stdout
+    assert res["ratios"]["server"]["output_tokens_per_s"] < 1 and "server / offline" in r.stdout
     assert (tmp_path / "o" / "server_steps.png").stat().st_size > 10_000
     for ph in (off, srv):  # profiled after the window (CPU: no GPU kernels to sum), and not counted in it
         assert ph["profile"] == {"error": "no GPU activity in the trace"} and ph["window"]["to_s"] <= 6.5
@@ -169,11 +213,20 @@ def test_the_gpu_step_passes_its_settings_and_batch_wait_brings_the_record_back(
     env = dict(os.environ, **standin_python3(tmp_path, STANDIN), CALLS=str(tmp_path / "calls"),
                JOB=str(job), OUT=str(tmp_path / "out"), SS_RATE="56", SS_PROFILE="40")
     gpu = ["bash", "scripts/bench/gpu_runs.sh"]
-    assert subprocess.run([*gpu, "server-steps"], cwd=ROOT, env=env, timeout=60).returncode == 0
-    call = (tmp_path / "calls").read_text().split()
-    flags = dict(zip(call[1::2], call[2::2]))
-    assert (flags["--rate"], flags["--duration-s"], flags["--profile-steps"]) == ("56", "90", "40")
-    assert flags["--out"] == str(job / "server_steps")
+    for admit in (None, "1 2  3"):
+        run_env = env if admit is None else dict(env, SS_ADMIT=admit)
+        assert subprocess.run([*gpu, "server-steps"], cwd=ROOT, env=run_env, timeout=60).returncode == 0
+    flags = []
+    for line in (tmp_path / "calls").read_text().splitlines():  # a flag -> its values
+        flags.append({})
+        for word in line.split()[1:]:
+            if word.startswith("--"):
+                key = flags[-1].setdefault(word, [])
+            else:
+                key.append(word)
+    assert [f["--admit-every-steps"] for f in flags] == [["1"], ["1", "2", "3"]]
+    assert (flags[0]["--rate"], flags[0]["--duration-s"], flags[0]["--profile-steps"]) == (["56"], ["90"], ["40"])
+    assert flags[0]["--out"] == [str(job / "server_steps")]
     (job / "DONE").write_text("done")
     w = subprocess.run([*gpu, "batch-wait", "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert "server / offline: output_tokens_per_s 0.9400" in w.stdout and "batch DONE" in w.stdout
@@ -245,7 +298,8 @@ def test_a_failing_phase_leaves_the_earlier_phases_record_and_a_failing_figure_o
     caplog.set_level(logging.INFO)
     server_steps.run_phases(Engine(Clock()), [[1] * 4], a, None, res, tmp_path)
     saved = json.loads((tmp_path / "server_steps.json").read_text())
-    assert set(saved["ratios"]) >= {"output_tokens_per_s"} and saved["notes"][-1].startswith("no figure (ZeroDiv")
+    assert set(saved["ratios"]) == {"server"} and set(saved["ratios"]["server"]) >= {"output_tokens_per_s"}
+    assert saved["notes"][-1].startswith("no figure (ZeroDiv")
     assert "no figure (ZeroDivisionError" in caplog.text and "server_steps.png" not in caplog.text
 
 
@@ -412,3 +466,45 @@ def test_an_offline_queue_empty_before_warm_s_is_explained_in_the_log_the_record
     assert "server / offline: none: a phase has no steady window (notes: offline: no steady window" in table
     assert "wrote " + str(tmp_path / "o" / "server_steps.json") + ", " in caplog.text
     assert (tmp_path / "o" / "server_steps.png").stat().st_size > 10_000
+
+
+def test_one_server_phase_per_admit_k_each_with_its_ratios_and_table_column(tmp_path, fake_vllm, monkeypatch, capsys):
+    real = Engine.step
+
+    def slow_step(self):  # ~1 ms a step in real time (main's clock): Offline's 2,000 requests outlast 0.3 s
+        server_steps.time.sleep(0.001)
+        return real(self)
+
+    monkeypatch.setattr(Engine, "step", slow_step)
+    out = tmp_path / "o"
+    assert server_steps.main(quick(tmp_path, out, "--offline-samples", "2000", "--rate", "200",
+                                   "--admit-every-steps", "1", "2")) == 0
+    res = json.loads((out / "server_steps.json").read_text())
+    assert list(res["phases"]) == ["offline", "server", "server-admit2"] and len(fake_vllm) == 1
+    assert [res["phases"][p].get("admit_every_steps") for p in res["phases"]] == [None, 1, 2]
+    assert res["phases"]["server-admit2"]["steps"][0]["t_s"] < 0.3 and res["settings"]["admit_every_steps"] == [1, 2]
+    assert set(res["ratios"]) == {"server", "server-admit2"}
+    assert all(r["output_tokens_per_s"] and r["tokens_per_step"] for r in res["ratios"].values())
+    table = capsys.readouterr().out.splitlines()
+    head = next(line for line in table if line.startswith("steady window"))
+    assert head.split() == ["steady", "window", "offline", "server", "server-admit2"]
+    assert len(next(line for line in table if line.startswith("tokens_per_step")).split()) == 4
+    for name in ("server", "server-admit2"):
+        assert any(line.startswith(f"{name} / offline: output_tokens_per_s ") for line in table)
+    assert (out / "server_steps.png").stat().st_size > 10_000
+
+
+def test_a_server_phase_without_a_steady_window_is_named_in_its_note_and_its_own_table_line():
+    a = SimpleNamespace(warm_s=5.0, duration_s=10.0, rate=0.1)
+    note = server_steps.no_window_note("server-admit3", [], a)
+    assert note.startswith("server-admit3: no steady window: no engine step from --warm-s 5 s")
+    ok = {"steps": 3, "output_tokens_per_s": 100.0, "tokens_per_step": 4.0, "ms_per_step_mean": 10.0,
+          "prefill_tokens_per_step": 10.0}
+    res = {"phases": {"offline": {"window": ok}, "server": {"window": ok}, "server-admit3": {"window": {"steps": 0}}},
+           "notes": [note]}
+    res["ratios"] = {n: server_steps.ratios(res["phases"][n]["window"], ok) for n in ("server", "server-admit3")}
+    lines = server_steps.table(res)
+    assert lines[-2] == ("server / offline: output_tokens_per_s 1.0000, tokens_per_step 1.0000, "
+                         "ms_per_step_mean 1.0000, prefill_tokens_per_step 1.0000")
+    assert lines[-1] == f"server-admit3 / offline: none: a phase has no steady window (notes: {note})"
+    assert lines[0].split()[-1] == "server-admit3" and lines[1].split()[1:] == ["3", "3", "0"]

@@ -266,11 +266,15 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
   server-steps)
     # Server's engine steps next to Offline's on one started engine of the fp8 preset (scripts/bench/server_steps.py;
     # ~4 min): SS_RATE Server's queries/s (default 52), SS_DURATION seconds a phase (default 90), SS_PROFILE steady
-    # steps profiled per phase (default 0); PERF_BASE_OVERRIDE (JSON) changes the engine, e.g. '{"max_num_seqs": 640}'.
+    # steps profiled per phase (default 0), SS_ADMIT the Server phases' --admit-every-steps Ks (space-separated,
+    # default 1; e.g. "1 2 3": arrivals added every K engine steps while busy, one Server phase per K, each extra K
+    # ~1.5 min, a Server phase of SS_DURATION s); PERF_BASE_OVERRIDE (JSON) changes the engine, e.g.
+    # '{"max_num_seqs": 640}'.
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    read -ra ss_admit <<< "${SS_ADMIT:-1}"
     python3 scripts/bench/server_steps.py --model "$MODEL" --dataset "$REAL" --out "$JOB/server_steps" \
       --rate "${SS_RATE:-52}" --duration-s "${SS_DURATION:-90}" --profile-steps "${SS_PROFILE:-0}" \
-      > "$JOB/server_steps.console" 2>&1
+      --admit-every-steps "${ss_admit[@]}" > "$JOB/server_steps.console" 2>&1
     ;;
   core)
     # (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started

@@ -7,16 +7,28 @@ patterns, one after the other, and logs every engine step (``LLMEngine.step``):
 
 * ``offline``: every prompt queued at once (LoadGen Offline's one query; the prompts cycled to
   ``--offline-samples`` so that the queue outlasts the run);
-* ``server``: Poisson arrivals at ``--rate`` queries/s (LoadGen Server's arrival process; ``--seed``).
+* ``server``: Poisson arrivals at ``--rate`` queries/s (LoadGen Server's arrival process; ``--seed``), added
+  before every engine step;
+* ``server-admitK``: the same arrivals, added only every K engine steps while the engine is busy (an idle engine
+  adds them at once), one phase per K > 1 of ``--admit-every-steps K [K ...]`` (default ``1``: ``server`` only;
+  the Server phases run one after another, in that order, ``admit_every_steps`` K in each phase's record).
 
-Both phases run ``--duration-s`` seconds with ``--max-tokens`` new tokens a request (EOS ignored, as the
+What it found (one H100, fp8 Llama-3.1-8B, 512 slots, 52 queries/s): tokens per step were equal in both phases
+(~507) but Server's steps 3.9 % slower on average. Offline alternates decode-only steps (~23 ms) with
+prefill-heavy ones (~7,000 prefill tokens, ~128 ms); Server puts ~4 prefills (~3,400 tokens) into nearly every
+step (~79 ms); both fit ms ~ 31 + 0.0139 x prefill tokens for a step with prefills vs ~23 ms decode-only, so a
+step with prefills pays ~8 ms fixed, and Server pays it on almost every step. The lever ``--admit-every-steps``
+measures: admitting every K steps puts Server's prefills into fewer, larger steps with decode-only steps between.
+
+Every phase runs ``--duration-s`` seconds with ``--max-tokens`` new tokens a request (EOS ignored, as the
 harness's ``--benchmark-ignore-eos``); what is left at the end is aborted. Per step: wall ms, tokens generated,
 first tokens (prefills completed) and their prompt tokens, requests finished, requests decoding and waiting after
 it. Over the steady window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each
 phase gets: steps, ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding
 and waiting (mean, last), output tokens/s (over the steps' time) and the steps' share of the window's wall
-time (below 1 when the engine idled waiting for arrivals). Then ``server / offline`` for tokens/s, which is tokens
-per step over ms per step: which of the two moved says whether Server's steps are fuller-but-slower or emptier.
+time (below 1 when the engine idled waiting for arrivals). Then, for each Server phase, ``NAME / offline`` for
+tokens/s, which is tokens per step over ms per step: which of the two moved says whether Server's steps are
+fuller-but-slower or emptier.
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set, as ``perf_profile.py``), so
 a logged step is one schedule + forward + outputs; the harness's engines run the core in a process of its own, so
@@ -26,17 +38,20 @@ absolute tokens/s may differ a little from a LoadGen run's: compare the phases, 
 window (``perf_profile.summarize_trace``: kernel categories, GPU busy, CPU gap per step; the profiled steps are
 not in the window's statistics).
 
-Writes OUT/server_steps.json (settings, card, vLLM, per-phase window stats and per-step logs, ratios),
-OUT/server_steps.png (tokens per step, ms per step and waiting requests over time, both phases) and prints the
-table. Usage: python scripts/bench/server_steps.py --model M --dataset cnn_eval.json --out D [--rate 56]
+Writes OUT/server_steps.json (settings, card, vLLM, per-phase window stats and per-step logs, ``ratios``: each
+Server phase's name -> its ratios against Offline), OUT/server_steps.png (tokens per step, ms per step and
+waiting requests over time, a line per phase) and prints the table (a column per phase). Usage: python
+scripts/bench/server_steps.py --model M --dataset cnn_eval.json --out D [--rate 56] [--admit-every-steps 1 2 3]
 
 Checked before the engine starts, each a message and exit 2 with no folder left behind: the settings (``--seed``
 >= 0; a phase plans at most ``MAX_ARRIVALS`` = 10,000,000 requests: ``--offline-samples``, and ``--rate`` x
-``--duration-s``, plus ``TAIL_S`` with ``--profile-steps``, for Server), env ``PERF_BASE_OVERRIDE`` (a JSON object
-that does not set ``model``), ``--dataset`` (a JSON array of rows with a non-empty integer ``tok_input``) and
+``--duration-s``, plus ``TAIL_S`` with ``--profile-steps``, for Server; ``--admit-every-steps`` each >= 1 and
+once), env ``PERF_BASE_OVERRIDE`` (a JSON object that does not set ``model``), ``--dataset`` (a JSON array of
+rows with a non-empty integer ``tok_input``) and
 ``--out`` (a writable folder where server_steps.json and server_steps.png are not folders). A record that cannot
 be written later fails the run (exit 1); a figure that cannot be drawn is a warning and a note in the JSON
-(``notes``), as is a phase with no steady window (e.g. Offline's queue emptied before ``--warm-s``).
+(``notes``), as is a phase with no steady window (e.g. Offline's queue emptied before ``--warm-s``; each Server
+phase's own note, named by the phase).
 """
 
 from __future__ import annotations
@@ -138,20 +153,21 @@ class StepLog:
 def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, int]], params, duration_s: float,
           on_step: Optional[Callable[[float], None]] = None, clock: Callable[[], float] = time.perf_counter,
           sleep: Callable[[float], None] = time.sleep, keep_going: Callable[[], bool] = lambda: False,
-          id_prefix: str = "r") -> StepLog:
-    """Add each request of ``plan`` at its arrival time and step ``engine`` until ``duration_s`` (past it while
+          id_prefix: str = "r", admit_every: int = 1) -> StepLog:
+    """Add the requests of ``plan`` as they arrive and step ``engine`` until ``duration_s`` (past it while
     ``keep_going()``, at most ``TAIL_S`` more: the profiler's steps, after the measured window) or until every
-    request finished; abort the rest. ``on_step(t)`` runs before each step (the profiler's hook); an idle engine
-    waits for the next arrival in ``sleep`` naps of at most 1 ms. Request ids are ``id_prefix`` + the plan index."""
+    request finished; abort the rest. Admission rule: while the engine has unfinished requests, the arrivals due
+    by now are added only when at least ``admit_every`` steps ran since the last admission (1: before every step;
+    K > 1: new prefills at most every Kth step, decode-only steps between); an idle engine adds a due arrival at
+    once. ``on_step(t)`` runs before each step (the profiler's hook); an idle engine waits for the next arrival in
+    ``sleep`` naps of at most 1 ms. Request ids are ``id_prefix`` + the plan index."""
     log = StepLog()
-    t0, nxt = clock(), 0
+    t0, nxt, since = clock(), 0, admit_every  # since: steps since the last admission
     while True:
         now = clock() - t0
-        while nxt < len(plan) and plan[nxt][0] <= now:
-            rid = f"{id_prefix}{nxt}"  # a phase's own ids: an aborted request's late output is never another's
-            engine.add_request(rid, {"prompt_token_ids": list(prompts[plan[nxt][1] % len(prompts)])}, params)
-            log.submit(rid)
-            nxt += 1
+        if nxt < len(plan) and plan[nxt][0] <= now and (
+                since >= admit_every or not engine.has_unfinished_requests()):
+            nxt, since = _admit(engine, prompts, plan, nxt, now, params, log, id_prefix), 0
         if (now >= duration_s and not (keep_going() and now < duration_s + TAIL_S)) or (
                 nxt == len(plan) and not engine.has_unfinished_requests()):
             break
@@ -163,9 +179,21 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
         s = clock()
         outs = engine.step()
         log.record(s - t0, 1000 * (clock() - s), outs)
+        since += 1
     if log.open:
         engine.abort_request(sorted(log.open))
     return log
+
+
+def _admit(engine, prompts, plan, nxt: int, now: float, params, log: StepLog, id_prefix: str) -> int:
+    """``drive``'s admission: add every request of ``plan`` from index ``nxt`` that arrived by ``now``; the next
+    index."""
+    while nxt < len(plan) and plan[nxt][0] <= now:
+        rid = f"{id_prefix}{nxt}"  # a phase's own ids: an aborted request's late output is never another's
+        engine.add_request(rid, {"prompt_token_ids": list(prompts[plan[nxt][1] % len(prompts)])}, params)
+        log.submit(rid)
+        nxt += 1
+    return nxt
 
 
 def window(steps: Sequence[dict], warm_s: float, offline: bool, end_s: float = float("inf")) -> dict:
@@ -201,17 +229,21 @@ def ratios(server: dict, offline: dict) -> dict:
 
 
 def table(res: dict) -> list[str]:
-    """The console table: one row per statistic, a column per phase, then the ratios."""
+    """The console table: one row per statistic, a column per phase, then one ``NAME / offline:`` line of ratios
+    per Server phase (``res["ratios"]``); a phase without a steady window gets the notes of it and of Offline."""
     ph = res["phases"]
     keys = ("steps", "ms_per_step_median", "ms_per_step_mean", "tokens_per_step", "prefills_per_step",
             "prefill_tokens_per_step", "decoding_mean", "waiting_mean", "waiting_last", "output_tokens_per_s",
             "busy_share")
-    lines = [f"{'steady window':<26}{'offline':>14}{'server':>14}"]
+    width = {p: max(14, len(p) + 2) for p in ph}
+    lines = [f"{'steady window':<26}" + "".join(f"{p:>{width[p]}}" for p in ph)]
     for k in keys:
-        lines.append(f"{k:<26}" + "".join(f"{str(ph[p]['window'].get(k, '-')):>14}" for p in ("offline", "server")))
-    r = ", ".join(f"{k} {v:.4f}" for k, v in res["ratios"].items() if v is not None)
-    lines.append("server / offline: " + (r or "none: a phase has no steady window (notes: "
-                                          + "; ".join(res.get("notes", [])) + ")"))
+        lines.append(f"{k:<26}" + "".join(f"{str(ph[p]['window'].get(k, '-')):>{width[p]}}" for p in ph))
+    for name, rs in res.get("ratios", {}).items():
+        r = ", ".join(f"{k} {v:.4f}" for k, v in rs.items() if v is not None)
+        notes = [n for n in res.get("notes", []) if n.startswith(("offline:", f"{name}:"))]
+        lines.append(f"{name} / offline: " + (r or "none: a phase has no steady window (notes: "
+                                               + "; ".join(notes) + ")"))
     return lines
 
 
@@ -283,17 +315,20 @@ class Profiler:
         return res
 
 
-def run_phase(engine, name: str, prompts, a, params) -> dict:
-    """One phase (``offline`` or ``server``): its plan, steps, steady window and optional profile."""
+def run_phase(engine, name: str, prompts, a, params, admit_every: int = 1) -> dict:
+    """One phase (``offline``, or a Server one: ``server``, ``server-admitK``; ``admit_every``: ``drive``'s, recorded
+    as ``admit_every_steps`` for a Server phase): its plan, steps, steady window and optional profile."""
     offline = name == "offline"
     plan = arrivals(a.offline_samples if offline else len(prompts), 0.0 if offline else a.rate, a.duration_s, a.seed)
     prof = Profiler(a.profile_steps, a.duration_s) if a.profile_steps > 0 else None
     if prof and not offline:  # arrivals go on while the profiled steps run
         plan = arrivals(len(prompts), a.rate, a.duration_s + TAIL_S, a.seed)
     log = drive(engine, prompts, plan, params, a.duration_s, on_step=prof,
-                keep_going=prof.active if prof else (lambda: False), id_prefix=f"{name}-")
+                keep_going=prof.active if prof else (lambda: False), id_prefix=f"{name}-", admit_every=admit_every)
     w = window(log.steps, a.warm_s, offline, a.duration_s)
     out = {"requests_planned": len(plan), "window": w, "steps": log.steps}
+    if not offline:
+        out = {"admit_every_steps": admit_every, **out}
     if not w["steps"]:
         out["note"] = no_window_note(name, log.steps, a)
         logger.warning("%s", out["note"])
@@ -304,12 +339,13 @@ def run_phase(engine, name: str, prompts, a, params) -> dict:
 
 def no_window_note(name: str, steps: Sequence[dict], a) -> str:
     """Why phase ``name``'s steady window (``window``) has no steps: Offline's queue was empty by the window's
-    start (all ``--offline-samples`` requests done), or Server had no step from ``--warm-s`` to ``--duration-s``."""
+    start (all ``--offline-samples`` requests done), or a Server phase had no step from ``--warm-s`` to
+    ``--duration-s``."""
     if name == "offline":
         t = next((s["t_s"] for s in steps if s["waiting"] <= 0), steps[-1]["t_s"] if steps else 0.0)
         return (f"offline: no steady window: its queue of {a.offline_samples} requests was empty at {t:.3f} s, "
                 f"by --warm-s {a.warm_s:g} s (raise --offline-samples or lower --warm-s)")
-    return (f"server: no steady window: no engine step from --warm-s {a.warm_s:g} s to --duration-s "
+    return (f"{name}: no steady window: no engine step from --warm-s {a.warm_s:g} s to --duration-s "
             f"{a.duration_s:g} s (too few arrivals at --rate {a.rate:g}?)")
 
 
@@ -326,7 +362,7 @@ def per_second(steps: Sequence[dict], key: str, last: bool = False) -> tuple[lis
 
 def figure(res: dict) -> bytes:
     """The PNG (bytes; drawn, not written) of tokens per step, ms per step (means a second) and waiting requests
-    (each second's last) over time, both phases, with the steady-window means of the first two dashed (Agg)."""
+    (each second's last) over time, a line per phase, with the steady-window means of the first two dashed (Agg)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -347,8 +383,9 @@ def figure(res: dict) -> bytes:
         ax.axvline(res["settings"]["warm_s"], color="grey", linestyle=":")
         ax.set(xlabel="s from the phase's start", title=label)
         ax.legend(fontsize=8)
-    fig.suptitle(f"engine steps, Offline vs Server at {res['settings']['rate']} queries/s ({res.get('card')}); "
-                 "dotted: the steady window's start, dashed: its mean")
+    ks = ", ".join(str(k) for k in res["settings"].get("admit_every_steps", [1]))
+    fig.suptitle(f"engine steps, Offline vs Server at {res['settings']['rate']} queries/s, admitting every K steps "
+                 f"while busy, K = {ks} ({res.get('card')}); dotted: the steady window's start, dashed: its mean")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return buf.getvalue()
@@ -422,6 +459,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0, help="Server's arrivals (numpy; >= 0)")
     ap.add_argument("--phases", nargs="+", default=["offline", "server"], choices=["offline", "server"])
+    ap.add_argument("--admit-every-steps", type=int, nargs="+", default=[1], metavar="K",
+                    help="Server runs once per K (each >= 1, once): arrivals added every K steps while the engine "
+                         "is busy (1: every step; an idle engine adds at once)")
     ap.add_argument("--profile-steps", type=int, default=0, help="steady steps profiled per phase (CUDA)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
@@ -433,7 +473,8 @@ def parse(argv=None) -> argparse.Namespace:
 
 def check(a: argparse.Namespace) -> Optional[str]:
     """What makes the settings ``a`` unable to run, or None: counts below 1, a negative seed, an infinite or NaN
-    rate or duration (the Poisson plan would never end), a plan over ``MAX_ARRIVALS``, a bad window or phase list."""
+    rate or duration (the Poisson plan would never end), a plan over ``MAX_ARRIVALS``, a bad window or phase list,
+    an ``--admit-every-steps`` K below 1 or given twice."""
     for k in ("samples", "offline_samples", "max_tokens"):
         if getattr(a, k) < 1:
             return f"--{k.replace('_', '-')} must be >= 1"
@@ -447,6 +488,9 @@ def check(a: argparse.Namespace) -> Optional[str]:
                 f"Server --rate {a.rate:g} x {server_s:g} s = {a.rate * server_s:,.0f}")
     if a.profile_steps < 0 or len(set(a.phases)) < len(a.phases):
         return "need --profile-steps >= 0 and each of --phases once"
+    ks = a.admit_every_steps
+    if min(ks) < 1 or len(set(ks)) < len(ks):
+        return f"need --admit-every-steps K >= 1, each once (got {' '.join(map(str, ks))})"
     return None
 
 
@@ -484,18 +528,28 @@ def main(argv=None) -> int:
     return 0
 
 
+def phase_names(a) -> list[tuple[str, int]]:
+    """``(name, K)`` of each phase to run, in order: ``offline`` (K 1: all arrive at once to an idle engine), then
+    per ``--admit-every-steps`` K ``server`` (K 1) or ``server-admitK``."""
+    return [(p, 1) if p == "offline" else ("server" if k == 1 else f"server-admit{k}", k)
+            for p in a.phases for k in ([1] if p == "offline" else a.admit_every_steps)]
+
+
 def run_phases(engine, prompts, a, params, res: dict, out: Path) -> None:
-    """Each of ``a.phases`` on ``engine``, OUT/server_steps.json rewritten after each (a later phase that fails,
-    e.g. out of memory, leaves the earlier ones' record), then the ratios, the table and the figure. A figure that
+    """Each of ``a.phases`` on ``engine`` (``server`` once per ``--admit-every-steps`` K, one after another:
+    ``phase_names``), OUT/server_steps.json rewritten after each (a later phase that fails, e.g. out of memory,
+    leaves the earlier ones' record), then the ratios (``res["ratios"]``: each Server phase's name -> its
+    ``ratios`` against Offline), the table and the figure. A figure that
     cannot be drawn is a warning and a note (``res["notes"]``, as a phase without a steady window), not a failed
     run; a record that cannot be written raises WriteError. Logs the files written, and only those."""
     path, notes = out / JSON_NAME, res.setdefault("notes", [])
-    for name in a.phases:
-        res["phases"][name] = run_phase(engine, name, prompts, a, params)
+    for name, k in phase_names(a):
+        res["phases"][name] = run_phase(engine, name, prompts, a, params, k)
         notes += [res["phases"][name]["note"]] if "note" in res["phases"][name] else []
         write(path, json.dumps(res, indent=1))
-    if {"offline", "server"} <= set(res["phases"]):
-        res["ratios"] = ratios(res["phases"]["server"]["window"], res["phases"]["offline"]["window"])
+    servers = [n for n in res["phases"] if n != "offline"]
+    if "offline" in res["phases"] and servers:
+        res["ratios"] = {n: ratios(res["phases"][n]["window"], res["phases"]["offline"]["window"]) for n in servers}
         print("\n".join(table(res)))
     try:
         png = figure(res)
