@@ -387,7 +387,7 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for f in "$JOB"/scen/*.jsonl; do [ -f "$f" ] && cut -c1-200 "$f"; done
     cat "$JOB/tune.tsv" 2>/dev/null
     grep -E "^\[|^lever|^ +[a-z_]+ +[a-z_]+ +[0-9]" "$JOB/perf.console" 2>/dev/null | tail -30
-    grep -A13 "^steady window" "$JOB/server_steps.console" 2>/dev/null
+    grep -A20 "^steady window" "$JOB/server_steps.console" 2>/dev/null  # 11 rows + a ratio line per Server phase
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
     ;;
   *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds] (steps: batch x2 scale locality flame-real core study workloads server confirm perf server-steps)"; exit 2;;
