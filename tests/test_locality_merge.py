@@ -117,6 +117,23 @@ def test_runs_of_other_settings_are_refused_naming_run_and_field(tmp_path, capsy
     assert f"run {b}: {field}" in err
 
 
+def test_an_engine_setting_spelled_at_its_default_merges_and_a_real_difference_is_named(tmp_path, capsys):
+    """--admit-every-steps 1 is the same engine loop as no flag (null): the runs merge; 2 is refused, the message
+    naming that key and both values, not the whole settings dicts."""
+    def cases(rps):  # each run its own measurements (a copy of a run is refused)
+        return [case(0, "standalone", rps), case(0, "flame", rps - 0.1)]
+
+    es = header()["engine_settings"]
+    a = make_run(tmp_path, "a", cases(10.0), header(engine_settings=dict(es, admit_every_steps=None)))
+    b = make_run(tmp_path, "b", cases(11.0), header(engine_settings=dict(es, admit_every_steps=1)))
+    assert report(tmp_path, a, b, name="same")[0] == 0
+    c = make_run(tmp_path, "c", cases(12.0), header(engine_settings=dict(es, admit_every_steps=2)))
+    capsys.readouterr()
+    assert report(tmp_path, a, c, name="other")[0] == 2
+    err = capsys.readouterr().err
+    assert f"run {c}: engine_settings differs" in err and "(admit_every_steps: 2 vs 'unset')" in err, err
+
+
 def test_other_system_options_missing_cases_jsonl_and_headerless_merges_exit_2(tmp_path, capsys):
     good = [case(0, "standalone", 10.0), case(0, "flame", 9.9)]
     a = make_run(tmp_path, "a", good, header())

@@ -71,6 +71,10 @@ RESOLUTION_S = 1e-4
 #: Fewest timings both cases must have for :data:`NEAR_REL` to judge (a case records 10).
 MIN_TIMINGS = 4
 #: Fields of a host, not of the experiment: left out of the comparison.
+#: Engine settings whose value here means the same as unset (None): a run that gives ``--admit-every-steps 1``
+#: merges with one that does not (``sut.engine.worker.serve`` treats both as "admit every step").
+UNSET_AS = {"admit_every_steps": 1}
+_ABSENT = object()
 HOST_FIELDS = {"engine_settings": ("model",),
                # measured by the first run, given to the next one (--capacity, --kv-tokens): their values are compared
                "workload.settings": ("capacity", "kv_tokens"),
@@ -254,8 +258,18 @@ def _get(header: dict, dotted: str):
     if isinstance(value, dict) and dotted in HOST_FIELDS:
         value = {k: v for k, v in value.items() if k not in HOST_FIELDS[dotted]}
     if isinstance(value, dict) and dotted == "engine_settings":  # unset = vLLM's own, as in a header
-        value = {k: v for k, v in value.items() if v is not None}  # written before the field existed
+        value = {k: v for k, v in value.items()  # written before the field existed, or its default spelled out
+                 if v is not None and UNSET_AS.get(k, object()) != v}
     return value
+
+
+def _differing(a, b) -> str:
+    """The keys of two settings dicts whose values differ, with both values (``a`` the first run's), or the two
+    values when they are not both dicts."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return f"{b!r} vs {a!r}"
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT))
+    return ", ".join(f"{k}: {b.get(k, 'unset')!r} vs {a.get(k, 'unset')!r}" for k in keys)
 
 
 def _system_settings(sys_rec: dict) -> dict:
@@ -275,7 +289,7 @@ def check_compatible(runs: Sequence[SourceRun]) -> None:
         for name in COMPARED:
             a, b = _get(first.header, name), _get(r.header, name)
             if a != b:
-                raise BadInput(f"error: run {r.path}: {name} differs from run {first.path}'s ({b!r} vs {a!r}); "
+                raise BadInput(f"error: run {r.path}: {name} differs from run {first.path}'s ({_differing(a, b)}); "
                                "only runs of the same trace and settings can be merged")
         both = set(first.header.get("systems") or {}) & set(r.header.get("systems") or {})
         for s in sorted(both):
