@@ -261,10 +261,8 @@ class HttpSUT(TransportSUT):
         results (``read_back_server``, ``check_fleet_agrees``), or, without URLs,
         when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
         the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``);
-        also for ``admit_every_steps`` above 1 (the harness's own engine loop, which servers do not run)."""
-        if (engine.admit_every_steps or 1) > 1:
-            raise InputError(f"--sut vllm-http: --admit-every-steps {engine.admit_every_steps} is the harness's own "
-                             "engine loop (--sut vllm, flame); `vllm serve` runs its own loop and has no such setting")
+        also for what ``check_engine`` refuses."""
+        cls.check_engine(engine)
         if not options.servers:
             try:
                 check_server_args(options.server_args, engine, options.server_command)
@@ -282,6 +280,14 @@ class HttpSUT(TransportSUT):
             log.warning("--sut vllm-http with server URLs: %s never reach servers that are already running (they keep "
                         "their own launch settings); run.json and package record what the servers report",
                         ", ".join(f"{k}={v}" for k, v in ignored.items()))
+
+    @classmethod
+    def check_engine(cls, engine: EngineSettings) -> None:
+        """``InputError`` for ``admit_every_steps`` above 1: the harness's own engine loop (``sut.engine.worker``),
+        which servers do not run. Called before the options are checked (no server is contacted first)."""
+        if (engine.admit_every_steps or 1) > 1:
+            raise InputError(f"--sut vllm-http: --admit-every-steps {engine.admit_every_steps} is the harness's own "
+                             "engine loop (--sut vllm, flame); `vllm serve` runs its own loop and has no such setting")
 
     @classmethod
     def noncompliance_reasons(cls, options: Any) -> list[str]:

@@ -169,8 +169,14 @@ def test_the_harness_engine_loops_admission_interval_is_refused_for_servers():
     """--admit-every-steps is the in-process worker's loop (sut.engine.worker.serve): `vllm serve` has none."""
     opts = HttpSUT.check_options({})
     HttpSUT.preflight(opts, EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=1))
+    two = EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=2)
     with pytest.raises(InputError, match="--admit-every-steps 2 is the harness's own engine loop"):
-        HttpSUT.preflight(opts, EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=2))
+        HttpSUT.preflight(opts, two)  # the locality runner's HTTP system checks here
+    from types import SimpleNamespace
+
+    from sut.run.harness import _check_backend
+    with pytest.raises(InputError, match="--admit-every-steps 2"):  # before the (dead) server is contacted
+        _check_backend(SimpleNamespace(sut="vllm-http"), two, {"urls": "http://127.0.0.1:9"})
 
 
 #: Words vLLM's parser (argparse, abbreviations allowed) reads as a harness-owned flag -> that flag.

@@ -81,6 +81,7 @@ def _check_backend(rs: RunSettings, es: EngineSettings, options: Any) -> tuple[t
         backend = get_sut(rs.sut)
     except KeyError as e:
         raise InputError(e.args[0]) from None
+    backend.check_engine(es)  # e.g. --device cuda without a GPU: exit 2 before the run folder or any server
     options = backend.check_options(options)
     try:
         check_backend(rs.sut, resolve_scenario(rs.scenario, rs.model_key))  # flame + Server: exit 2, nothing started
@@ -91,7 +92,6 @@ def _check_backend(rs: RunSettings, es: EngineSettings, options: Any) -> tuple[t
     except guard.PrefixCachingError as e:
         raise InputError(f"{e}; an experiment may pass --option allow_prefix_caching=true (the run is "
                          "then not compliant)") from None
-    backend.check_engine(es)  # e.g. --device cuda without a GPU: exit 2 before the run folder exists
     backend.preflight(options, es)  # e.g. a given vLLM server serves another model
     return backend, options
 
