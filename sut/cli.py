@@ -66,6 +66,10 @@ def _print_summary(rec: dict) -> None:
         "(read back from every replica: its engine, or a server's launch arguments / /metrics)",
         f"samples         : {rec['ledger']['completed']} answered of {rec['ledger']['issued']} issued",
     ]
+    admit = (rec.get("engine_settings") or {}).get("admit_every_steps") or 1
+    if admit > 1:  # changes TTFT: said where the latencies are read (docs/scenarios.md, "Admission interval")
+        lines.append(f"engine loop     : new requests admitted every {admit} engine steps while busy "
+                     "(--admit-every-steps)")
     if rec["mode"] == "performance":
         why = f" ({invalid_why(rec)})" if rec.get("validity") == "INVALID" else ""
         lines.append(f"LoadGen result  : {rec.get('validity')}{why}, {rec.get('samples_per_s')} samples/s, "

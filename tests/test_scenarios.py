@@ -334,3 +334,18 @@ def test_the_run_summary_judges_latencies_against_the_limits_only_in_a_performan
         _print_summary(rec)
     line = next(ln for r in caplog.records for ln in r.getMessage().splitlines() if ln.startswith("TTFT / TPOT p99"))
     assert said in line and "harness 9,349.5 / 142.8 ms" in line and line.endswith("; first tokens 8")
+
+
+@pytest.mark.parametrize("admit, said", [(None, False), (1, False), (3, True)])
+def test_the_run_summary_names_an_admission_interval_only_when_one_is_set(caplog, admit, said):
+    """--admit-every-steps N > 1 changes TTFT: the summary says so next to the latencies; unset or 1 adds no line."""
+    from sut.cli import _print_summary
+
+    rec = {"output_dir": "RUN", "sut": "vllm", "scenario": "Server", "mode": "accuracy",
+           "compliance": {"compliant": True, "reasons": []}, "ledger": {"completed": 8, "issued": 8},
+           "engine_settings": {"admit_every_steps": admit}}
+    with caplog.at_level("INFO", logger="sut"):
+        _print_summary(rec)
+    lines = [ln for r in caplog.records for ln in r.getMessage().splitlines() if ln.startswith("engine loop")]
+    assert lines == (["engine loop     : new requests admitted every 3 engine steps while busy "
+                      "(--admit-every-steps)"] if said else [])
