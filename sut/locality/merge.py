@@ -371,7 +371,7 @@ def renumber(runs: Sequence[SourceRun]) -> list[dict]:
 def complete_pairs(cases: Sequence[dict], systems: Sequence[str]) -> tuple[list[dict], list[dict]]:
     """``(kept, dropped)``: the cases whose pair has every system of ``systems`` for their policy, and
     one entry per incomplete (pair, policy): ``pair``, ``policy``, ``systems`` finished, ``missing``,
-    ``source`` (run and pair)."""
+    ``source`` (run and pair, for merged cases). Also the figure's rule (``workloads.figure.groups``)."""
     groups: dict = {}
     for c in cases:
         groups.setdefault((c["pair"], c["policy"]), []).append(c)
@@ -380,8 +380,9 @@ def complete_pairs(cases: Sequence[dict], systems: Sequence[str]) -> tuple[list[
         have = sorted(c["system"] for c in cs)
         missing = sorted(set(systems) - set(have))
         if missing:
+            src = cs[0].get("source")  # a merged case's; a run's own cases (the figure's) have none
             dropped.append({"pair": pair, "policy": policy, "systems": have, "missing": missing,
-                            "source": {k: cs[0]["source"][k] for k in ("run", "pair")}})
+                            **({"source": {k: src[k] for k in ("run", "pair")}} if src else {})})
         else:
             kept += cs
     return kept, dropped

@@ -42,16 +42,14 @@ def groups(record: Mapping) -> Groups:
     """The record's finished cases of complete pairs grouped by ``(system, policy)``, keys sorted as the pair
     panels sort them. A pair whose policy lacks a finished case of some system of the record (``systems``, else
     those the cases name) is left out whole, as the merged report's medians leave it out (``dropped``)."""
+    from sut.locality.merge import complete_pairs  # here: merge imports the runner, which draws this figure
+
     done = [c for c in record.get("cases") or [] if c.get("timed")]
-    systems = set(record.get("systems") or ()) or {c["system"] for c in done}
-    have: dict = {}
-    for c in done:
-        have.setdefault((c["pair"], c["policy"]), set()).add(c["system"])
+    kept, _ = complete_pairs(done, list(record.get("systems") or ()) or {c["system"] for c in done})
     out: Groups = {}
-    for c in done:
-        if have[(c["pair"], c["policy"])] >= systems:
-            out.setdefault((c["system"], c["policy"]), []).append(c)
-    return dict(sorted(out.items()))
+    for c in sorted(kept, key=lambda c: (c["system"], c["policy"])):  # stable: record order within a group
+        out.setdefault((c["system"], c["policy"]), []).append(c)
+    return out
 
 
 def _med(values) -> float:
