@@ -373,13 +373,16 @@ class StepCountingEngine:
     """An engine whose requests each run ``steps`` steps; records the step index at which each request was added."""
 
     def __init__(self, steps=5):
-        self.steps, self.left, self.added_at, self.n = steps, {}, {}, 0
+        self.steps, self.left, self.added_at, self.n = steps, {}, {}, 0  # steps: int, or {request id: steps}
 
     def has_unfinished_requests(self):
         return bool(self.left)
 
+    def get_num_unfinished_requests(self):
+        return len(self.left)
+
     def add_request(self, rid, prompt, params):
-        self.left[rid] = self.steps
+        self.left[rid] = self.steps[int(rid)] if isinstance(self.steps, dict) else self.steps
         self.added_at[int(rid)] = self.n
 
     def step(self):
@@ -399,7 +402,7 @@ def test_serve_admits_new_requests_every_n_steps_while_busy_and_at_once_when_idl
 
     engine = StepCountingEngine()
     conn = FakeConn([wm.Generate(_requests([0]))])
-    arrivals = iter(range(1, 8))
+    arrivals, late = iter(range(1, 8)), []
     orig = engine.step
 
     def step():
@@ -407,8 +410,10 @@ def test_serve_admits_new_requests_every_n_steps_while_busy_and_at_once_when_idl
         rid = next(arrivals, None)
         if rid is not None:
             conn.inbox.append(wm.Generate(_requests([rid])))
-        elif not engine.left and 100 not in engine.added_at:  # drained: a late request, then Stop
-            conn.inbox.extend([wm.Generate(_requests([100])), wm.Stop()])
+        elif not engine.left and not late:  # drained: a late request; Stop once it was added
+            late.append(conn.inbox.append(wm.Generate(_requests([100]))))
+        elif 100 in engine.added_at and len(late) == 1:
+            late.append(conn.inbox.append(wm.Stop()))
         return out
 
     engine.step = step
@@ -416,6 +421,31 @@ def test_serve_admits_new_requests_every_n_steps_while_busy_and_at_once_when_idl
     late_at = engine.added_at.pop(100)
     assert engine.added_at == added_at
     assert late_at == max(added_at.values()) + 5  # the step after the last request finished: no wait
+
+
+def test_serve_holds_requests_beyond_the_free_slots_and_adds_them_only_every_n_steps():
+    """admit_every 2, 2 slots, 4 requests at once (running 2, 6, 1 and 5 steps): two go in at once; r2 takes the slot
+    r0 freed at the admission step after it (2); r3 waits for the next admission step (4) although r2's slot was free
+    after step 3: vLLM's own queue would have filled it the step it freed. Without a cap every request goes in at
+    once."""
+    from sut.engine.worker import serve
+
+    for slots, added_at in ((2, {0: 0, 1: 0, 2: 2, 3: 4}), (None, {0: 0, 1: 0, 2: 0, 3: 0})):
+        engine = StepCountingEngine(steps={0: 2, 1: 6, 2: 1, 3: 5})
+        conn = FakeConn([wm.Generate(_requests([0, 1, 2, 3]))])
+        orig, peak = engine.step, []
+
+        def step(orig=orig, engine=engine, conn=conn, peak=peak):
+            peak.append(len(engine.left))
+            out = orig()
+            if not engine.left and len(engine.added_at) == 4:
+                conn.inbox.append(wm.Stop())
+            return out
+
+        engine.step = step
+        serve(conn, engine, GenerationSettings(max_tokens=2).sampling_params(), admit_every=2, slots=slots)
+        assert engine.added_at == added_at, slots
+        assert max(peak) == (slots or 4)
 
 
 def test_worker_messages_pickle_about_as_small_as_plain_tuples():

@@ -51,6 +51,9 @@ class Engine:
     def has_unfinished_requests(self):
         return bool(self.queue or self.running)
 
+    def get_num_unfinished_requests(self):
+        return len(self.queue) + len(self.running)
+
     def step(self):
         while self.queue and len(self.running) < self.slots:
             rid, p = self.queue.pop(0)
@@ -145,6 +148,24 @@ def test_admitting_every_2nd_step_defers_due_arrivals_while_busy_and_admits_at_o
     # with r4 still queued: K=2 waits until step 5, when r6 is due too
     assert adds[1] == [("r0", 0), ("r1", 0), ("r2", 1), ("r3", 3), ("r4", 3), ("r5", 4), ("r6", 5)]
     assert adds[2] == [("r0", 0), ("r1", 0), ("r2", 2), ("r3", 3), ("r4", 3), ("r5", 5), ("r6", 5)]
+
+
+def test_admitting_every_2nd_step_adds_only_into_free_slots_and_counts_the_rest_as_held():
+    """2 slots, 6 arrivals at 0, 3 steps a request: with the slot cap two go in at once and two more each time the
+    engine drained (the admission step between found no free slot), the rest held and counted as waiting; without
+    the cap (``slots`` None) all six go into the engine's queue at once."""
+    plan = [(0.0, i) for i in range(6)]
+    got = {}
+    for slots in (2, None):
+        clock = Clock()
+        eng = Recording(clock, slots=2, max_tokens=3)
+        log = server_steps.drive(eng, [[1] * 3], plan, None, 1.0, clock=clock, admit_every=2, slots=slots,
+                                 sleep=lambda s, clock=clock: setattr(clock, "t", clock.t + s))
+        assert sum(s["finished"] for s in log.steps) == 6
+        got[slots] = ([n for _, n in eng.adds], [s["held"] for s in log.steps], [s["waiting"] for s in log.steps])
+    assert got[2][:2] == ([0, 0, 3, 3, 6, 6], [4, 4, 4, 2, 2, 2, 0, 0, 0])
+    assert got[2][2][:3] == [4, 4, 4]  # after step 1 r0 and r1 have first tokens: the held four wait
+    assert got[None][:2] == ([0] * 6, [0] * 9) and got[None][2][0] == 4  # four waiting in the engine's queue
 
 
 @pytest.mark.parametrize("ks", [["0"], ["1", "1"], ["2", "-1"]])

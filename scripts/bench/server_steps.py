@@ -10,7 +10,9 @@ patterns, one after the other, and logs every engine step (``LLMEngine.step``):
 * ``server``: Poisson arrivals at ``--rate`` queries/s (LoadGen Server's arrival process; ``--seed``), added
   before every engine step;
 * ``server-admitK``: the same arrivals, added only every K engine steps while the engine is busy (an idle engine
-  adds them at once), one phase per K > 1 of ``--admit-every-steps K [K ...]`` (default ``1``: ``server`` only;
+  adds them at once) and only into free slots (``max_num_seqs`` less the engine's unfinished requests; the rest
+  wait in the loop, so vLLM's own queue never refills a slot between admissions: the harness's engine worker
+  does the same with ``--admit-every-steps``), one phase per K > 1 of ``--admit-every-steps K [K ...]`` (default ``1``: ``server`` only;
   the Server phases run one after another, in that order, ``admit_every_steps`` K in each phase's record).
 
 What it found (one H100, fp8 Llama-3.1-8B, 512 slots, 52 queries/s): tokens per step were equal in both phases
@@ -23,7 +25,7 @@ measures: admitting every K steps puts Server's prefills into fewer, larger step
 Every phase runs ``--duration-s`` seconds with ``--max-tokens`` new tokens a request (EOS ignored, as the
 harness's ``--benchmark-ignore-eos``); what is left at the end is aborted. Per step: wall ms, tokens generated,
 first tokens (prefills completed) and their prompt tokens, requests finished, requests decoding and waiting after
-it. Over the steady window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each
+it (arrived, no first token yet: in the engine or held by ``server-admitK``'s loop, ``held``). Over the steady window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each
 phase gets: steps, ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding
 and waiting (mean, last), output tokens/s (over the steps' time) and the steps' share of the window's wall
 time (below 1 when the engine idled waiting for arrivals). Then, for each Server phase, ``NAME / offline`` for
@@ -57,6 +59,7 @@ phase's own note, named by the phase).
 from __future__ import annotations
 
 import argparse
+import bisect
 import io
 import json
 import logging
@@ -122,7 +125,8 @@ class StepLog:
         self.steps: list[dict] = []
         self.length: dict[str, int] = {}  # request id -> tokens so far, while it decodes
         self.open: set[str] = set()  # added, not finished
-        self.waiting = 0
+        self.waiting = 0  # added, no first token yet
+        self.held = 0  # arrived, not added yet (``drive`` sets it)
 
     def submit(self, rid: str) -> None:
         """A request added to the engine: waiting until its first token."""
@@ -147,27 +151,29 @@ class StepLog:
                 self.open.discard(o.request_id)
         self.steps.append({"t_s": round(t_s, 4), "ms": round(ms, 3), "tokens": tokens, "prefills": first,
                            "prefill_tokens": first_prompt, "finished": finished,
-                           "decoding": len(self.length), "waiting": self.waiting})
+                           "decoding": len(self.length), "waiting": self.waiting + self.held, "held": self.held})
 
 
 def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, int]], params, duration_s: float,
           on_step: Optional[Callable[[float], None]] = None, clock: Callable[[], float] = time.perf_counter,
           sleep: Callable[[float], None] = time.sleep, keep_going: Callable[[], bool] = lambda: False,
-          id_prefix: str = "r", admit_every: int = 1) -> StepLog:
+          id_prefix: str = "r", admit_every: int = 1, slots: Optional[int] = None) -> StepLog:
     """Add the requests of ``plan`` as they arrive and step ``engine`` until ``duration_s`` (past it while
     ``keep_going()``, at most ``TAIL_S`` more: the profiler's steps, after the measured window) or until every
     request finished; abort the rest. Admission rule: while the engine has unfinished requests, the arrivals due
     by now are added only when at least ``admit_every`` steps ran since the last admission (1: before every step;
-    K > 1: new prefills at most every Kth step, decode-only steps between); an idle engine adds a due arrival at
+    K > 1: new prefills at most every Kth step, decode-only steps between, and only into free slots: ``slots``
+    less the engine's unfinished requests, None no cap; the rest stay due); an idle engine adds a due arrival at
     once. ``on_step(t)`` runs before each step (the profiler's hook); an idle engine waits for the next arrival in
     ``sleep`` naps of at most 1 ms. Request ids are ``id_prefix`` + the plan index."""
-    log = StepLog()
+    log, due = StepLog(), [t for t, _ in plan]
     t0, nxt, since = clock(), 0, admit_every  # since: steps since the last admission
     while True:
         now = clock() - t0
         if nxt < len(plan) and plan[nxt][0] <= now and (
                 since >= admit_every or not engine.has_unfinished_requests()):
-            nxt, since = _admit(engine, prompts, plan, nxt, now, params, log, id_prefix), 0
+            cap = None if admit_every == 1 or slots is None else slots - engine.get_num_unfinished_requests()
+            nxt, since = _admit(engine, prompts, plan, nxt, now, params, log, id_prefix, cap), 0
         if (now >= duration_s and not (keep_going() and now < duration_s + TAIL_S)) or (
                 nxt == len(plan) and not engine.has_unfinished_requests()):
             break
@@ -176,6 +182,7 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
             continue
         if on_step:
             on_step(now)
+        log.held = bisect.bisect_right(due, now) - nxt
         s = clock()
         outs = engine.step()
         log.record(s - t0, 1000 * (clock() - s), outs)
@@ -185,10 +192,12 @@ def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, 
     return log
 
 
-def _admit(engine, prompts, plan, nxt: int, now: float, params, log: StepLog, id_prefix: str) -> int:
-    """``drive``'s admission: add every request of ``plan`` from index ``nxt`` that arrived by ``now``; the next
-    index."""
-    while nxt < len(plan) and plan[nxt][0] <= now:
+def _admit(engine, prompts, plan, nxt: int, now: float, params, log: StepLog, id_prefix: str,
+           cap: Optional[int] = None) -> int:
+    """``drive``'s admission: add every request of ``plan`` from index ``nxt`` that arrived by ``now``, at most
+    ``cap`` (None: all); the next index."""
+    end = len(plan) if cap is None else nxt + max(cap, 0)
+    while nxt < end and plan[nxt][0] <= now:
         rid = f"{id_prefix}{nxt}"  # a phase's own ids: an aborted request's late output is never another's
         engine.add_request(rid, {"prompt_token_ids": list(prompts[plan[nxt][1] % len(prompts)])}, params)
         log.submit(rid)
@@ -315,16 +324,18 @@ class Profiler:
         return res
 
 
-def run_phase(engine, name: str, prompts, a, params, admit_every: int = 1) -> dict:
+def run_phase(engine, name: str, prompts, a, params, admit_every: int = 1, slots: Optional[int] = None) -> dict:
     """One phase (``offline``, or a Server one: ``server``, ``server-admitK``; ``admit_every``: ``drive``'s, recorded
-    as ``admit_every_steps`` for a Server phase): its plan, steps, steady window and optional profile."""
+    as ``admit_every_steps`` for a Server phase; ``slots``: the engine's ``max_num_seqs``): its plan, steps, steady
+    window and optional profile."""
     offline = name == "offline"
     plan = arrivals(a.offline_samples if offline else len(prompts), 0.0 if offline else a.rate, a.duration_s, a.seed)
     prof = Profiler(a.profile_steps, a.duration_s) if a.profile_steps > 0 else None
     if prof and not offline:  # arrivals go on while the profiled steps run
         plan = arrivals(len(prompts), a.rate, a.duration_s + TAIL_S, a.seed)
     log = drive(engine, prompts, plan, params, a.duration_s, on_step=prof,
-                keep_going=prof.active if prof else (lambda: False), id_prefix=f"{name}-", admit_every=admit_every)
+                keep_going=prof.active if prof else (lambda: False), id_prefix=f"{name}-", admit_every=admit_every,
+                slots=slots)
     w = window(log.steps, a.warm_s, offline, a.duration_s)
     out = {"requests_planned": len(plan), "window": w, "steps": log.steps}
     if not offline:
@@ -544,7 +555,7 @@ def run_phases(engine, prompts, a, params, res: dict, out: Path) -> None:
     run; a record that cannot be written raises WriteError. Logs the files written, and only those."""
     path, notes = out / JSON_NAME, res.setdefault("notes", [])
     for name, k in phase_names(a):
-        res["phases"][name] = run_phase(engine, name, prompts, a, params, k)
+        res["phases"][name] = run_phase(engine, name, prompts, a, params, k, res.get("engine", {}).get("max_num_seqs"))
         notes += [res["phases"][name]["note"]] if "note" in res["phases"][name] else []
         write(path, json.dumps(res, indent=1))
     servers = [n for n in res["phases"] if n != "offline"]

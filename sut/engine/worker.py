@@ -5,9 +5,10 @@ or the vLLM CPU thread binding), sends its output to the engine log, builds the 
 ``Ready(info)`` (or ``Failed``) and runs ``serve``: the same add-request / step loop that
 ``LLM.generate`` runs, fed from the pipe (``sut.engine.messages``). New requests are added the moment
 they arrive (the loop blocks on the pipe only while nothing runs), or with ``admit_every_steps`` N > 1
-only every N engine steps while the engine is busy (an idle engine admits at once): Server's arrivals
-then reach the engine in groups, their prefills share fewer, larger steps and the steps between decode
-only, as Offline's do (on one H100 a step that mixes prefill into ~500 decodes cost ~8 ms more than a
+only every N engine steps while the engine is busy (an idle engine admits at once), and then only into free
+sequence slots (``max_num_seqs`` less the engine's unfinished requests; the worker holds the rest), so that
+vLLM's own waiting queue never refills a slot between admissions: Server's arrivals then reach the engine in
+groups, their prefills share fewer, larger steps and the steps between decode only, as Offline's do (on one H100 a step that mixes prefill into ~500 decodes cost ~8 ms more than a
 decode-only step, whatever its prefill tokens, and Server mixed nearly every step:
 ``scripts/bench/server_steps.py``). Each step's finished requests
 go back as one ``Done`` of ``Completion``s (``sut.engine.outputs``), preceded by a ``Firsts`` of that
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -133,7 +135,7 @@ def worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationS
     stopped = False
     try:
         serve(conn, llm.llm_engine, params, gcmon.stats, llm=llm, detail=detail, stream=stream,
-              admit_every=settings.admit_every_steps or 1)
+              admit_every=settings.admit_every_steps or 1, slots=settings.max_num_seqs)
         stopped = True
     except (EOFError, BrokenPipeError, _Terminated):
         pass  # parent is gone, or the shared process group is being ended
@@ -202,12 +204,13 @@ def _end_children(term_wait: float = 5.0) -> None:
 
 
 def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], dict]] = None, llm=None,
-          detail: bool = False, stream: bool = False, admit_every: int = 1) -> None:
+          detail: bool = False, stream: bool = False, admit_every: int = 1, slots: Optional[int] = None) -> None:
     """The hot loop: the same add_request/step cycle as ``LLM.generate``, fed from the pipe
-    (messages: ``sut.engine.messages``). ``admit_every``: while the engine is busy, the pipe is read (new
-    requests added, stats answered, ``Stop`` seen) only once ``admit_every`` steps ran since it was last read;
-    an idle engine reads it at once (module docstring). Returns on ``Stop``; raises ``EOFError`` when the parent
-    is gone."""
+    (messages: ``sut.engine.messages``). ``admit_every``: while the engine is busy, the pipe is read (stats
+    answered, ``Stop`` seen) and requests added only once ``admit_every`` steps ran since the last admission; an
+    idle engine reads it at once (module docstring). With ``admit_every`` > 1 requests are held here and added
+    only into free slots: ``slots`` (the engine's ``max_num_seqs``; None: no cap) less its unfinished requests.
+    Returns on ``Stop``; raises ``EOFError`` when the parent is gone."""
     raw_params = params
     if stream or detail:
         from vllm.sampling_params import RequestOutputKind
@@ -217,14 +220,19 @@ def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], 
         collect = DeltaCollector(report_firsts=stream)
     else:
         collect = FinalCollector()
-    since_intake = admit_every  # steps since the pipe was last read
+    held: Optional[deque] = deque() if admit_every > 1 else None  # read from the pipe, not yet added
+    since_intake = admit_every  # steps since the last admission
     while True:
-        # Stage 1: intake. Block only when nothing is running; while busy, every admit_every steps.
+        # Stage 1: intake. Block only when nothing is running or held; while busy, every admit_every steps.
         busy = engine.has_unfinished_requests()
-        if (not busy or since_intake >= admit_every) and conn.poll(0 if busy else None):
-            since_intake = 0
-            if not _intake(conn, engine, params, collect.t_add, stats_fn, llm, raw_params):
+        if not busy or since_intake >= admit_every:
+            got = conn.poll(0 if busy or held else None)
+            if got and not _intake(conn, engine, params, collect.t_add, stats_fn, llm, raw_params, held):
                 return
+            if got or held:
+                since_intake = 0
+                if held:
+                    _release(engine, held, slots, collect.t_add)
         # Stage 2: one engine step.
         if not engine.has_unfinished_requests():
             continue
@@ -237,12 +245,26 @@ def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], 
             conn.send(Done(done))
 
 
-def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params) -> bool:
-    """Handle every message waiting on the pipe (at least one). False on ``Stop``."""
+def _release(engine, held: deque, slots: Optional[int], t_add: dict) -> None:
+    """Add held ``(request id, prompt ids, params)`` in arrival order, at most ``slots`` less the engine's
+    unfinished requests (all of them when ``slots`` is None)."""
+    free = len(held) if slots is None else slots - engine.get_num_unfinished_requests()
+    add, now = engine.add_request, time.monotonic
+    for _ in range(min(free, len(held))):
+        rid, ids, p = held.popleft()
+        add(rid, {"prompt_token_ids": ids}, p)
+        t_add[rid] = now()
+
+
+def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params, held: Optional[deque] = None) -> bool:
+    """Handle every message waiting on the pipe (at least one); a ``Generate``'s requests go to the engine, or
+    to ``held`` when given (``serve``'s admission). False on ``Stop``."""
     while True:
         msg = conn.recv()
         kind = type(msg)
-        if kind is Generate:
+        if kind is Generate and held is not None:
+            held.extend((str(req[0]), req[1].tolist(), _params_for(params, req)) for req in msg.requests)
+        elif kind is Generate:
             add, now = engine.add_request, time.monotonic
             for req in msg.requests:
                 rid = str(req[0])
