@@ -15,9 +15,10 @@ kv_cache_memory_bytes (each engine's KV cache in bytes, no memory profiling: vLL
 ``CacheConfig.kv_cache_memory_bytes``, on the CPU backend in place of ``VLLM_CPU_KVCACHE_SPACE``; engines sharing a
 GPU then start together, as no profiling can see another's allocations; None = sized by profiling),
 admit_every_steps (the harness's engine loop, not vLLM's: while an engine is busy, new requests are added only
-every N engine steps, so that the prefills of Server's arrivals share fewer, larger steps with decode-only steps
-between, as Offline's do; an idle engine admits at once; None or 1 = every step, as ``LLM.generate``; in-process
-engines and Flame services only: ``vllm serve`` runs its own loop).
+every N engine steps and only into free slots, ``max_num_seqs`` less the unfinished ones, so that the prefills
+of Server's arrivals share fewer, larger steps with decode-only steps between, as Offline's do; an idle engine
+admits at once; None or 1 = every step, as ``LLM.generate``; in-process engines and Flame services only:
+``vllm serve`` runs its own loop).
 
 ``check_engine_settings`` (run when an ``EngineSettings`` is built): ``ValueError`` naming the field and
 its flag for a value vLLM would refuse only once an engine starts (``--dtype float33``,
