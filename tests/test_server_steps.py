@@ -156,7 +156,7 @@ def test_admitting_every_2nd_step_adds_only_into_free_slots_and_counts_the_rest_
     the cap (``slots`` None) all six go into the engine's queue at once."""
     plan = [(0.0, i) for i in range(6)]
     got = {}
-    for slots in (2, None):
+    for slots in (2, None, 10):  # 10: more free slots than arrivals left
         clock = Clock()
         eng = Recording(clock, slots=2, max_tokens=3)
         log = server_steps.drive(eng, [[1] * 3], plan, None, 1.0, clock=clock, admit_every=2, slots=slots,
@@ -166,6 +166,7 @@ def test_admitting_every_2nd_step_adds_only_into_free_slots_and_counts_the_rest_
     assert got[2][:2] == ([0, 0, 3, 3, 6, 6], [4, 4, 4, 2, 2, 2, 0, 0, 0])
     assert got[2][2][:3] == [4, 4, 4]  # after step 1 r0 and r1 have first tokens: the held four wait
     assert got[None][:2] == ([0] * 6, [0] * 9) and got[None][2][0] == 4  # four waiting in the engine's queue
+    assert got[10][:2] == ([0] * 6, [0] * 9)
 
 
 @pytest.mark.parametrize("ks", [["0"], ["1", "1"], ["2", "-1"]])

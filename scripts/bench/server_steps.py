@@ -196,7 +196,7 @@ def _admit(engine, prompts, plan, nxt: int, now: float, params, log: StepLog, id
            cap: Optional[int] = None) -> int:
     """``drive``'s admission: add every request of ``plan`` from index ``nxt`` that arrived by ``now``, at most
     ``cap`` (None: all); the next index."""
-    end = len(plan) if cap is None else nxt + max(cap, 0)
+    end = len(plan) if cap is None else min(len(plan), nxt + max(cap, 0))
     while nxt < end and plan[nxt][0] <= now:
         rid = f"{id_prefix}{nxt}"  # a phase's own ids: an aborted request's late output is never another's
         engine.add_request(rid, {"prompt_token_ids": list(prompts[plan[nxt][1] % len(prompts)])}, params)
