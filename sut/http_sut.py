@@ -287,7 +287,9 @@ class HttpSUT(TransportSUT):
         which servers do not run. Called before the options are checked (no server is contacted first)."""
         if (engine.admit_every_steps or 1) > 1:
             raise InputError(f"--sut vllm-http: --admit-every-steps {engine.admit_every_steps} is the harness's own "
-                             "engine loop (--sut vllm, flame); `vllm serve` runs its own loop and has no such setting")
+                             "engine loop (--sut vllm, flame); `vllm serve` runs its own loop and has no such setting "
+                             "(a preset's [engine.Server] or [engine] admit_every_steps sets it too: give "
+                             "--admit-every-steps 1 to run that preset over HTTP)")
 
     @classmethod
     def noncompliance_reasons(cls, options: Any) -> list[str]:

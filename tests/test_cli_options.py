@@ -328,11 +328,15 @@ def test_the_shipped_h200_fp8_preset_runs_interactive_with_the_prefill_chunk_its
         [(512, 8192), (512, 8192), (512, 1536)]
 
 
-def test_the_h100_preset_names_its_card_and_runs_interactive_with_1536_batched_tokens():
+def test_the_h100_preset_names_its_card_and_runs_interactive_with_1536_batched_tokens_and_server_admitting_every_2nd_step():
     preset = str(REPO / "loadgen_configs" / "h100_fp8.toml")
     rs, es, _, _ = settings_from_args(_parse("--config", preset, "--scenario", "Interactive"))
     assert (rs.tuned_on, es.max_num_batched_tokens, es.max_num_seqs, es.quantization) == ("H100 80GB HBM3", 1536, 512, "fp8")
     assert rs.user_conf == "loadgen_configs/h100_fp8.user.conf"
+    assert [settings_from_args(_parse("--config", preset, "--scenario", sc))[1].admit_every_steps
+            for sc in ("Offline", "Server", "Interactive")] == [None, 2, None]
+    _, es, _, _ = settings_from_args(_parse("--config", preset, "--scenario", "Server", "--admit-every-steps", "1"))
+    assert es.admit_every_steps == 1  # the flag wins over the preset's Server table
 
 
 def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engine_keys(tmp_path, capsys):

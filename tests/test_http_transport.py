@@ -179,6 +179,20 @@ def test_the_harness_engine_loops_admission_interval_is_refused_for_servers():
         _check_backend(SimpleNamespace(sut="vllm-http"), two, {"urls": "http://127.0.0.1:9"})
 
 
+def test_a_preset_whose_server_engine_admits_every_2nd_step_runs_over_http_only_with_admit_every_steps_1(caplog):
+    """loadgen_configs/h100_fp8.toml sets [engine.Server] admit_every_steps = 2: --sut vllm-http with it is refused
+    (exit 2) with the way out, which then gets past that check."""
+    from sut.cli import main
+
+    base = ["run", "--config", str(REPO / "loadgen_configs" / "h100_fp8.toml"), "--sut", "vllm-http", "--scenario",
+            "Server", "--model", MODEL, "--dataset", "/nonexistent/data.json"]
+    assert main(base) == 2
+    assert "give --admit-every-steps 1 to run that preset over HTTP" in caplog.text
+    caplog.clear()
+    assert main(base + ["--admit-every-steps", "1"]) == 2  # stopped later: no GPU here, or no dataset file
+    assert "admit-every-steps" not in caplog.text and caplog.text
+
+
 #: Words vLLM's parser (argparse, abbreviations allowed) reads as a harness-owned flag -> that flag.
 SMUGGLED = [("--enable-prefix", "--enable-prefix-caching"), ("--no-enable-prefix", "--no-enable-prefix-caching"),
             ("--max-num-seq 4", "--max-num-seqs"), ("--max-num-s=4", "--max-num-seqs"),
