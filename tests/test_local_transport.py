@@ -461,6 +461,26 @@ def test_worker_messages_pickle_about_as_small_as_plain_tuples():
 # --------------------------------------------------------------------------- the real engine
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_real_cpu_engine_admitting_every_2nd_step_into_2_slots_answers_every_request(tmp_path):
+    """The worker's held requests and slot cap on a real vLLM engine (``get_num_unfinished_requests``): 7 requests
+    at once into 2 slots, each answered once with its 8 tokens."""
+    es = EngineSettings(model=str(TINY_MODEL), dtype="float32", load_format="dummy", enforce_eager=True, device="cpu",
+                        max_model_len=512, max_num_seqs=2, max_num_batched_tokens=512, admit_every_steps=2)
+    t = make_transport("local", TransportSpec(engine=es, generation=GenerationSettings(max_tokens=8, ignore_eos=True),
+                                              stream=True, log_dir=str(tmp_path)))
+    sink = Sink()
+    try:
+        t.start(sink)
+        t.submit(0, [Request(i, (np.arange(30) * (i + 1) % 1000).astype(np.int32), i) for i in range(7)])
+        events = sink.wait(_done_count(7), timeout=300)
+    finally:
+        t.stop()
+    done = [c for k, _, c in events if k == "done"]
+    assert sorted(c.rid for c in done) == list(range(7)) and all(len(c.token_ids) == 8 for c in done)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_real_cpu_engine_streams_first_tokens_and_completions_with_cached_tokens(tmp_path):
     es = EngineSettings(model=str(TINY_MODEL), dtype="float32", load_format="dummy", enforce_eager=True, device="cpu",
                         max_model_len=512)
