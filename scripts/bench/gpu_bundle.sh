@@ -6,20 +6,29 @@
 #   DEST/b2 only when b would not fit beside the working tree: b's largest wheels, moved (one more call, 2a)
 #   DEST/c  flame/ (the Flame v0.6.0 binaries), data/cnn_eval_public.json.gz (real-length prompts),
 #           extra/ (grpcio and protobuf as flamepy needs them; jmespath, supervisor for `vllm serve`)
-# plus DEST/src.tar, the code the job runs (`git archive HEAD -o DEST/src.tar` just before call 3).
+# plus DEST/src.tar, the code the job runs: `bash scripts/bench/gpu_bundle.sh DEST --src` just before call 3 writes it
+# (git archive of HEAD without docs/results' raw files of earlier runs, ~4 MiB; find_qps_h200/ stays: SCEN_PRIOR).
 # a and b come from ../shared/gpu/make_bundle.sh (about 8 min on 2 cores); c from ../shared/flame, ../shared/data and
 # PyPI (cp312 manylinux wheels). SHARED (default ../shared) names the shared folder.
-# Usage: bash scripts/bench/gpu_bundle.sh [DEST] [--only-c]
+# Usage: bash scripts/bench/gpu_bundle.sh [DEST] [--only-c | --src]
 # The device calls (docs/perf.md "GPU sessions"):
 #   1. carry [DEST/a]: mkdir -p /root/gpu && cp -r DEST/a/part_00 DEST/a/model /root/gpu/
 #   2a. only if DEST/b2 exists: carry [DEST/b2]: mkdir -p /root/gpu/wheels && cp DEST/b2/*.whl /root/gpu/wheels/
 #   2. carry [DEST/b]: cp /root/gpu/wheels/*.whl DEST/b/wheels/ 2>/dev/null; bash DEST/b/stage2.sh DEST/b
-#   3. `git archive HEAD -o DEST/src.tar`, carry [DEST/c, DEST/src.tar]: bash scripts/bench/gpu_runs.sh setup, then unpack
+#   3. `bash scripts/bench/gpu_bundle.sh DEST --src`, carry [DEST/c, DEST/src.tar]: bash scripts/bench/gpu_runs.sh setup, then unpack
 #      src.tar into /root/src and start the steps there (docs/perf.md "GPU sessions" has the exact command lines)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEST=${1:-.gpu}; ONLY_C=${2:-}
 SHARED=${SHARED:-../shared}
+src_tar() {  # HEAD's files less docs/results' raw runs (h100_*, h200_*, cpu_*), as a tar on stdout
+  git archive HEAD -- . ':!docs/results/h*' ':!docs/results/cpu*'
+}
+if [ "$ONLY_C" = "--src" ]; then
+  mkdir -p "$DEST"; src_tar > "$DEST/src.tar"
+  echo "$DEST/src.tar: $(( $(stat -c %s "$DEST/src.tar") / 1048576 )) MiB, commit $(git rev-parse --short HEAD)"
+  exit 0
+fi
 for need in "$SHARED/gpu/make_bundle.sh" "$SHARED/gpu/llama31_8b_dummy/config.json" "$SHARED/flame/bin/flame-session-manager" \
             "$SHARED/flame/bin/flame-executor-manager" "$SHARED/data/cnn_eval_public.json"; do
   [ -e "$need" ] || { echo "error: $need not found (set SHARED to the shared folder)" >&2; exit 2; }
@@ -37,9 +46,10 @@ cp "$SHARED"/flame/bin/flame-session-manager "$SHARED"/flame/bin/flame-executor-
 gzip -c "$SHARED/data/cnn_eval_public.json" > "$DEST/c/data/cnn_eval_public.json.gz"
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$DEST/c/extra" grpcio==1.85.3 protobuf==7.36.2 jmespath supervisor
 # Every device call also carries the working tree (tracked files; this script is run from a clean one), and
-# call 3 src.tar (the same files again): 64 MiB in all per call; 60 MiB kept as the budget (b at 57 MiB beside a
+# call 3 src.tar (the code again, without docs/results' raw runs): 64 MiB in all per call; 60 MiB kept as the budget (b at 57 MiB beside a
 # 7 MiB tree was refused, 2026-12-02: the tool counts more than the file bytes).
 tree_b=$(git ls-files -z | xargs -0 cat | wc -c)
+src_b=$(src_tar - | wc -c)
 room_b=$((60 * 1048576 - tree_b))
 if [ -d "$DEST/b2" ]; then  # an earlier sizing's moved wheels go back first (--only-c keeps a and b)
   [ -d "$DEST/b/wheels" ] && mv "$DEST"/b2/*.whl "$DEST/b/wheels/"
@@ -47,7 +57,7 @@ if [ -d "$DEST/b2" ]; then  # an earlier sizing's moved wheels go back first (--
 fi
 if [ -d "$DEST/b" ]; then  # move b's largest wheels to b2 until b fits beside the tree
   while [ "$(du -sb "$DEST/b" | cut -f1)" -gt "$room_b" ]; do
-    whl=$(ls -S "$DEST"/b/wheels/*.whl | head -1)
+    whl=$(ls -S "$DEST"/b/wheels/*.whl | sed -n 1p)  # sed reads it all: no SIGPIPE under pipefail
     mkdir -p "$DEST/b2"; mv "$whl" "$DEST/b2/"
   done
 fi
@@ -55,9 +65,9 @@ big=0
 for part in a b b2 c; do
   [ -d "$DEST/$part" ] || continue
   size=$(du -sb "$DEST/$part" | cut -f1); room=$room_b
-  [ $part = c ] && room=$((room_b - tree_b))  # call 3 also carries src.tar
-  echo "$DEST/$part: $((size / 1048576)) MiB (a device call carries at most $((room / 1048576)) MiB of it beside" \
-       "the $((tree_b / 1048576)) MiB working tree)"
+  [ $part = c ] && room=$((room_b - src_b))  # call 3 also carries src.tar
+  beside="the $((tree_b / 1048576)) MiB working tree"; [ $part = c ] && beside+=" and the $((src_b / 1048576)) MiB src.tar"
+  echo "$DEST/$part: $((size / 1048576)) MiB (a device call carries at most $((room / 1048576)) MiB of it beside $beside)"
   [ "$size" -le "$room" ] || { echo "error: $DEST/$part is too large for one call" >&2; big=1; }
 done
 [ -d "$DEST/b2" ] && echo "note: b did not fit beside the working tree: call 2a uploads $DEST/b2 before call 2 (header)"
