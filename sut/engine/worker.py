@@ -8,9 +8,9 @@ they arrive (the loop blocks on the pipe only while nothing runs), or with ``adm
 only every N engine steps while the engine is busy (an idle engine admits at once), and then only into free
 sequence slots (``max_num_seqs`` less the engine's unfinished requests; the worker holds the rest), so that
 vLLM's own waiting queue never refills a slot between admissions: Server's arrivals then reach the engine in
-groups, their prefills share fewer, larger steps and the steps between decode only, as Offline's do (on one H100 a step that mixes prefill into ~500 decodes cost ~8 ms more than a
-decode-only step, whatever its prefill tokens, and Server mixed nearly every step:
-``scripts/bench/server_steps.py``). Each step's finished requests
+groups, their prefills share fewer, larger steps and the steps between decode only, as Offline's do (on one
+H100 a step that mixes prefill into ~500 decodes cost ~8 ms more than a decode-only step, whatever its prefill
+tokens, and Server mixed nearly every step: ``scripts/bench/server_steps.py``). Each step's finished requests
 go back as one ``Done`` of ``Completion``s (``sut.engine.outputs``), preceded by a ``Firsts`` of that
 step's first tokens when the worker streams.
 
