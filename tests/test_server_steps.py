@@ -169,6 +169,46 @@ def test_admitting_every_2nd_step_adds_only_into_free_slots_and_counts_the_rest_
     assert got[10][:2] == ([0] * 6, [0] * 9)
 
 
+def _out(rid, n=1, finished=False):
+    return SimpleNamespace(request_id=rid, prompt_token_ids=[1, 2], finished=finished,
+                           outputs=[SimpleNamespace(token_ids=[7] * n)])
+
+
+@pytest.mark.parametrize("c_arrives, timed", [(2.0, ["a", "b"]), (0.2, ["a"])])
+def test_latencies_count_ttft_from_arrival_and_tpot_from_first_to_last_token_up_to_the_first_unfinished(
+        c_arrives, timed):
+    """a (arrived 0.0) and b (0.5) each get 3 tokens over 100 ms steps; c never finishes: only requests that
+    arrived before c are timed, so a request cut off by the phase's end never biases the percentiles."""
+    log = server_steps.StepLog()
+    for rid, t in (("a", 0.0), ("b", 0.5), ("c", c_arrives)):
+        log.submit(rid, t)
+    log.record(1.0, 100.0, [_out("a")])
+    log.record(1.1, 100.0, [_out("a"), _out("b")])
+    log.record(1.2, 100.0, [_out("a", finished=True), _out("b")])
+    log.record(1.3, 100.0, [_out("b", finished=True)])
+    lat = server_steps.latency(log, 0.0, 10.0)
+    ttft = {"a": 1100.0, "b": 700.0}
+    assert lat["requests_timed"] == len(timed) and lat["timed_to_s"] == c_arrives
+    assert lat["ttft_ms_p99"] == pytest.approx(1096.0 if len(timed) == 2 else 1100.0)  # linear between 700 and 1100
+    assert lat["ttft_ms_p50"] == pytest.approx(sum(ttft[r] for r in timed) / len(timed), abs=0.5)
+    assert lat["tpot_ms_p50"] == pytest.approx(100.0, abs=0.01) == lat["tpot_ms_p99"]
+    assert server_steps.latency(log, 5.0, 10.0)["requests_timed"] == 0
+
+
+def test_a_server_phase_under_capacity_has_one_step_of_ttft_and_of_tpot():
+    """One request every 100 ms into an idle engine of 10 ms steps: TTFT and TPOT ~10 ms (the made-up clock's
+    readings add a little), every request timed; the steady window carries them."""
+    clock = Clock()
+    eng = Engine(clock, slots=4, max_tokens=3)
+    plan = [(0.1 * i, 0) for i in range(10)]
+    log = server_steps.drive(eng, [[1] * 5], plan, None, 0.95, clock=clock,
+                             sleep=lambda s: setattr(clock, "t", clock.t + s))
+    lat = server_steps.latency(log, 0.0, 0.95)
+    assert lat["requests_timed"] == 10
+    for k in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"):
+        assert 10.0 <= lat[k] <= 11.0, (k, lat)
+
+
 @pytest.mark.parametrize("ks", [["0"], ["1", "1"], ["2", "-1"]])
 def test_an_admit_every_steps_below_1_or_given_twice_exits_2(ks, tmp_path, capsys):
     argv = ["--model", "m", "--dataset", "d", "--out", str(tmp_path)]

@@ -269,7 +269,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # steps profiled per phase (default 0), SS_ADMIT the Server phases' --admit-every-steps Ks (space-separated,
     # default 1; e.g. "1 2 3": arrivals added every K engine steps while busy, one Server phase per K, each extra K
     # ~1.5 min, a Server phase of SS_DURATION s); PERF_BASE_OVERRIDE (JSON) changes the engine, e.g.
-    # '{"max_num_seqs": 640}'.
+    # '{"max_num_seqs": 640}', or Interactive's '{"max_num_batched_tokens": 1536}' with SS_RATE=44 (each Server
+    # phase also reports TTFT / TPOT p50 and p99).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     read -ra ss_admit <<< "${SS_ADMIT:-1}"
     python3 scripts/bench/server_steps.py --model "$MODEL" --dataset "$REAL" --out "$JOB/server_steps" \

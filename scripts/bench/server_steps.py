@@ -28,7 +28,12 @@ first tokens (prefills completed) and their prompt tokens, requests finished, re
 it (arrived, no first token yet: in the engine or held by ``server-admitK``'s loop, ``held``). Over the steady window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each
 phase gets: steps, ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding
 and waiting (mean, last), output tokens/s (over the steps' time) and the steps' share of the window's wall
-time (below 1 when the engine idled waiting for arrivals). Then, for each Server phase, ``NAME / offline`` for
+time (below 1 when the engine idled waiting for arrivals); a Server phase also gets the TTFT (from arrival) and
+TPOT ((last token - first token) / (tokens - 1), as LoadGen's) p50 / p99 in ms of the requests that arrived in the
+window before the earliest one left unfinished (``requests_timed``, ``timed_to_s``): a first look at a lever
+against Server's (2,000 / 100 ms) or Interactive's (500 / 30 ms) limits, e.g. Interactive's rate with
+``PERF_BASE_OVERRIDE='{"max_num_batched_tokens": 1536}'``; a 600 s LoadGen run decides. Then, for each Server
+phase, ``NAME / offline`` for
 tokens/s, which is tokens per step over ms per step: which of the two moved says whether Server's steps are
 fuller-but-slower or emptier.
 
@@ -127,15 +132,21 @@ class StepLog:
         self.open: set[str] = set()  # added, not finished
         self.waiting = 0  # added, no first token yet
         self.held = 0  # arrived, not added yet (``drive`` sets it)
+        self.arrival: dict[str, float] = {}  # request id -> its arrival, s into the phase (while open)
+        self.first_at: dict[str, float] = {}  # request id -> the end of the step that gave its first token, s
+        self.latencies: list[tuple[float, float, Optional[float]]] = []  # finished: (arrival s, TTFT s, TPOT s)
 
-    def submit(self, rid: str) -> None:
-        """A request added to the engine: waiting until its first token."""
+    def submit(self, rid: str, t_arrival: float = 0.0) -> None:
+        """A request added to the engine: waiting until its first token; it arrived ``t_arrival`` s into the phase
+        (its TTFT counts from there, time held by ``drive`` included)."""
         self.open.add(rid)
         self.waiting += 1
+        self.arrival[rid] = t_arrival
 
     def record(self, t_s: float, ms: float, outs) -> None:
         """One step that started ``t_s`` s into the phase and took ``ms`` ms, from its DELTA ``RequestOutput``s."""
         tokens = first = first_prompt = finished = 0
+        t_end = t_s + ms / 1000
         for o in outs:  # RequestOutputKind.DELTA: the tokens this step added
             n = len(o.outputs[0].token_ids)
             before = self.length.get(o.request_id, 0)
@@ -144,14 +155,42 @@ class StepLog:
                 first += 1
                 first_prompt += len(o.prompt_token_ids or ())
                 self.waiting -= 1
+                self.first_at[o.request_id] = t_end
             self.length[o.request_id] = before + n
             if o.finished:
                 finished += 1
-                self.length.pop(o.request_id)
+                self._finished(o.request_id, self.length.pop(o.request_id), t_end)
                 self.open.discard(o.request_id)
         self.steps.append({"t_s": round(t_s, 4), "ms": round(ms, 3), "tokens": tokens, "prefills": first,
                            "prefill_tokens": first_prompt, "finished": finished,
                            "decoding": len(self.length), "waiting": self.waiting + self.held, "held": self.held})
+
+
+    def _finished(self, rid: str, n: int, t_end: float) -> None:
+        """Note a finished request's TTFT and TPOT ((last token - first token) / (n - 1), as LoadGen's; None for a
+        one-token answer)."""
+        t0, t1 = self.arrival.pop(rid, None), self.first_at.pop(rid, None)
+        if t0 is not None and t1 is not None:
+            self.latencies.append((t0, t1 - t0, (t_end - t1) / (n - 1) if n > 1 else None))
+
+    def unfinished_from_s(self) -> float:
+        """The earliest arrival among requests still open (inf when none): every request that arrived before it
+        finished, so latencies up to it have no survivor bias."""
+        return min(self.arrival.values(), default=float("inf"))
+
+
+def latency(log: StepLog, from_s: float, to_s: float) -> dict:
+    """TTFT and TPOT p50 / p99 (ms) of the requests that arrived in [``from_s``, ``to_s``) and before the
+    earliest one left unfinished (``timed_to_s``): Server's latencies over the steady window, for screening a
+    lever against the scenario's limits before a LoadGen run (which alone decides)."""
+    to_s = min(to_s, log.unfinished_from_s())
+    sel = [(f, p) for t, f, p in log.latencies if from_s <= t < to_s]
+    ttft = np.array([f for f, _ in sel]) * 1000
+    tpot = np.array([p for _, p in sel if p is not None]) * 1000
+    pct = lambda a, q: round(float(np.percentile(a, q)), 2) if len(a) else None  # noqa: E731
+    return {"requests_timed": len(sel), "timed_to_s": round(to_s, 3) if sel else None,
+            "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
+            "tpot_ms_p50": pct(tpot, 50), "tpot_ms_p99": pct(tpot, 99)}
 
 
 def drive(engine, prompts: Sequence[Sequence[int]], plan: Sequence[tuple[float, int]], params, duration_s: float,
@@ -200,7 +239,7 @@ def _admit(engine, prompts, plan, nxt: int, now: float, params, log: StepLog, id
     while nxt < end and plan[nxt][0] <= now:
         rid = f"{id_prefix}{nxt}"  # a phase's own ids: an aborted request's late output is never another's
         engine.add_request(rid, {"prompt_token_ids": list(prompts[plan[nxt][1] % len(prompts)])}, params)
-        log.submit(rid)
+        log.submit(rid, plan[nxt][0])
         nxt += 1
     return nxt
 
@@ -243,7 +282,7 @@ def table(res: dict) -> list[str]:
     ph = res["phases"]
     keys = ("steps", "ms_per_step_median", "ms_per_step_mean", "tokens_per_step", "prefills_per_step",
             "prefill_tokens_per_step", "decoding_mean", "waiting_mean", "waiting_last", "output_tokens_per_s",
-            "busy_share")
+            "busy_share", "requests_timed", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99")
     width = {p: max(14, len(p) + 2) for p in ph}
     lines = [f"{'steady window':<26}" + "".join(f"{p:>{width[p]}}" for p in ph)]
     for k in keys:
@@ -337,6 +376,8 @@ def run_phase(engine, name: str, prompts, a, params, admit_every: int = 1, slots
                 keep_going=prof.active if prof else (lambda: False), id_prefix=f"{name}-", admit_every=admit_every,
                 slots=slots)
     w = window(log.steps, a.warm_s, offline, a.duration_s)
+    if not offline and w["steps"]:
+        w.update(latency(log, a.warm_s, a.duration_s))
     out = {"requests_planned": len(plan), "window": w, "steps": log.steps}
     if not offline:
         out = {"admit_every_steps": admit_every, **out}
