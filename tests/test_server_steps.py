@@ -246,6 +246,9 @@ def test_the_command_on_the_tiny_cpu_model_writes_both_phases_and_ratios(tmp_pat
     assert off["window"]["tokens_per_step"] == 4.0  # 4 slots, all decoding while the queue lasts
     # 2 queries/s of 8 tokens: far below the 4 slots' capacity even on a loaded 2-core machine (a step ~10-50 ms)
     assert srv["window"]["waiting_mean"] < 2 and 0 < srv["window"]["tokens_per_step"] < 4
+    w = srv["window"]  # ~8 arrivals in the 4 s window, each answered in 8 short steps on a real engine
+    assert w["requests_timed"] >= 2 and 0 < w["tpot_ms_p50"] <= w["tpot_ms_p99"] < w["ttft_ms_p99"] * 20
+    assert "tpot_ms_p99" not in off["window"] and "tpot_ms_p99" in r.stdout
     assert res["ratios"]["server"]["output_tokens_per_s"] < 1 and "server / offline" in r.stdout
     assert (tmp_path / "o" / "server_steps.png").stat().st_size > 10_000
     for ph in (off, srv):  # profiled after the window (CPU: no GPU kernels to sum), and not counted in it
