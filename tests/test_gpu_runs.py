@@ -3,6 +3,7 @@
 scenario gets, the search log names and ``CONFIRM=...=auto`` are checked as the script composes them."""
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -245,6 +246,32 @@ def test_gpu_bundle_hands_make_bundle_an_absolute_dest(tmp_path):
                          text=True, timeout=60, env=dict(os.environ, SHARED=str(shared)))
     assert out.returncode == 3, out.stderr
     assert said.read_text().strip() == str((tmp_path / "dest").resolve())
+
+
+def test_gpu_bundle_src_writes_heads_code_without_raw_runs_and_warns_of_uncommitted_changes(tmp_path):
+    """``--src`` alone (DEST .gpu): HEAD's files with sut/record/COMMIT filled in, without docs/results' raw runs but
+    with find_qps_h200 (SCEN_PRIOR); an edited tracked file is not in it, and the script says so."""
+    import tarfile
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    shutil.copy(REPO / "scripts" / "bench" / "gpu_bundle.sh", clone / "scripts" / "bench")  # this tree's script
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "script", "--allow-empty"],
+                   cwd=clone, check=True, timeout=60)
+    run = lambda: subprocess.run(["bash", "scripts/bench/gpu_bundle.sh", "--src"], cwd=clone, capture_output=True,  # noqa: E731
+                                 text=True, timeout=120)
+    out = run()
+    assert out.returncode == 0 and "warning" not in out.stderr, out.stderr
+    with tarfile.open(clone / ".gpu" / "src.tar") as t:
+        names = t.getnames()
+        commit = t.extractfile("sut/record/COMMIT").read().decode().strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    assert commit == head and "scripts/bench/gpu_runs.sh" in names
+    assert any(n.startswith("docs/results/find_qps_h200/") for n in names)
+    assert not any(n.startswith(("docs/results/h100_", "docs/results/h200_", "docs/results/cpu_")) for n in names)
+    with open(clone / "README.md", "a") as f:
+        f.write("edited\n")
+    assert "uncommitted changes are not in src.tar" in run().stderr
 
 
 WORKLOADS_FAKE = """#!/usr/bin/env bash

@@ -448,6 +448,56 @@ def test_serve_holds_requests_beyond_the_free_slots_and_adds_them_only_every_n_s
         assert max(peak) == (slots or 4)
 
 
+def _scripted(engine, conn, at: dict):
+    """``engine.step`` that appends ``at[n]`` (a message) to ``conn``'s inbox after step n."""
+    orig = engine.step
+
+    def step():
+        out = orig()
+        if engine.n in at:
+            conn.inbox.append(at.pop(engine.n))
+        return out
+
+    engine.step = step
+
+
+def test_a_stats_query_alone_is_no_admission_step():
+    """admit every 2: a stats query read at the due step 2 does not restart the count, so r1, arriving after step
+    3, goes in before step 4 (a restart would have held it one step more)."""
+    from sut.engine.worker import serve
+
+    engine = StepCountingEngine(steps=6)
+    conn = FakeConn([wm.Generate(_requests([0]))])
+    _scripted(engine, conn, {2: wm.StatsQuery(), 3: wm.Generate(_requests([1])), 5: wm.Stop()})
+    serve(conn, engine, GenerationSettings(max_tokens=2).sampling_params(), stats_fn=lambda: {}, admit_every=2,
+          slots=4)
+    assert engine.added_at == {0: 0, 1: 3} and any(type(m) is wm.Stats for m in conn.sent)
+
+
+def test_a_held_requests_queue_time_starts_when_the_worker_received_it():
+    """1 slot, admit every 2: r1 arrives after step 3 while r0 holds the slot, waits in the worker and goes in when
+    r0 finished (step 4); its ``t_queued`` stamp is its arrival (103), as if it had waited in vLLM's own queue."""
+    from sut.engine import outputs
+    from sut.engine.worker import serve
+
+    engine = StepCountingEngine(steps={0: 4, 1: 6})
+    conn = FakeConn([wm.Generate(_requests([0]))])
+    _scripted(engine, conn, {3: wm.Generate(_requests([1])), 6: wm.Stop()})
+    made = []
+
+    class Recorded(outputs.FinalCollector):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sut.engine.worker.time.monotonic", lambda: 100.0 + engine.n)
+        mp.setattr("sut.engine.worker.FinalCollector", Recorded)
+        serve(conn, engine, GenerationSettings(max_tokens=2).sampling_params(), admit_every=2, slots=1)
+    assert engine.added_at == {0: 0, 1: 4}
+    assert made[0].t_add == {"0": 100.0, "1": 103.0}  # the fake engine returns no outputs: stamps stay
+
+
 def test_worker_messages_pickle_about_as_small_as_plain_tuples():
     """A typed batch costs its class reference once, not a name per item."""
     comps = [Completion(i, np.arange(128, dtype=np.int32) + i, 0, 1.0 + i, 2.0 + i, 3.0 + i) for i in range(256)]

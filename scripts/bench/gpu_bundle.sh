@@ -19,12 +19,14 @@
 #      src.tar into /root/src and start the steps there (docs/perf.md "GPU sessions" has the exact command lines)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+case "${1:-}" in --*) set -- .gpu "$@" ;; esac  # the options alone: DEST is .gpu
 DEST=${1:-.gpu}; ONLY_C=${2:-}
 SHARED=${SHARED:-../shared}
 src_tar() {  # HEAD's files less docs/results' raw runs (h100_*, h200_*, cpu_*), as a tar on stdout
   git archive HEAD -- . ':!docs/results/h*' ':!docs/results/cpu*'
 }
 if [ "$ONLY_C" = "--src" ]; then
+  git diff --quiet HEAD -- || echo "warning: uncommitted changes are not in src.tar (HEAD's code): commit them first" >&2
   mkdir -p "$DEST"; src_tar > "$DEST/src.tar"
   echo "$DEST/src.tar: $(( $(stat -c %s "$DEST/src.tar") / 1048576 )) MiB, commit $(git rev-parse --short HEAD)"
   exit 0

@@ -4,7 +4,8 @@ Two collectors, chosen by the worker's mode; both give ``step(outs) -> (firsts, 
 
 * ``FinalCollector`` (Offline): vLLM's ``FinalOnly`` outputs, one per finished request. Each becomes a
   ``Completion`` with ``cached_tokens`` (vLLM's ``num_cached_tokens``: prompt tokens served from the
-  prefix cache), ``t_queued`` (when the worker added the request) and ``t_done`` (when the step that
+  prefix cache), ``t_queued`` (when the worker received the request: added it, or began holding it under
+  ``admit_every_steps``) and ``t_done`` (when the step that
   finished it returned); no ``t_first`` (the first token is not seen); ``firsts`` is always empty.
 * ``DeltaCollector`` (Server / Interactive, and the locality runner's ``detail``): vLLM's ``DELTA``
   outputs, so every step's new ids are seen. ``t_first`` is when the step that produced a request's

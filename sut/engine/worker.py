@@ -229,10 +229,9 @@ def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], 
             got = conn.poll(0 if busy or held else None)
             if got and not _intake(conn, engine, params, collect.t_add, stats_fn, llm, raw_params, held):
                 return
-            if got or held:
+            if held:  # an admission (a stats query alone is not one), even when no slot is free
                 since_intake = 0
-                if held:
-                    _release(engine, held, slots, collect.t_add)
+                _release(engine, held, slots)
         # Stage 2: one engine step.
         if not engine.has_unfinished_requests():
             continue
@@ -245,15 +244,14 @@ def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], 
             conn.send(Done(done))
 
 
-def _release(engine, held: deque, slots: Optional[int], t_add: dict) -> None:
+def _release(engine, held: deque, slots: Optional[int]) -> None:
     """Add held ``(request id, prompt ids, params)`` in arrival order, at most ``slots`` less the engine's
     unfinished requests (all of them when ``slots`` is None)."""
     free = len(held) if slots is None else slots - engine.get_num_unfinished_requests()
-    add, now = engine.add_request, time.monotonic
+    add = engine.add_request
     for _ in range(min(free, len(held))):
         rid, ids, p = held.popleft()
         add(rid, {"prompt_token_ids": ids}, p)
-        t_add[rid] = now()
 
 
 def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params, held: Optional[deque] = None) -> bool:
@@ -262,8 +260,12 @@ def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params, held: 
     while True:
         msg = conn.recv()
         kind = type(msg)
-        if kind is Generate and held is not None:
-            held.extend((str(req[0]), req[1].tolist(), _params_for(params, req)) for req in msg.requests)
+        if kind is Generate and held is not None:  # queued from now: time held counts as time in the queue
+            now = time.monotonic()
+            for req in msg.requests:
+                rid = str(req[0])
+                held.append((rid, req[1].tolist(), _params_for(params, req)))
+                t_add[rid] = now
         elif kind is Generate:
             add, now = engine.add_request, time.monotonic
             for req in msg.requests:
