@@ -402,7 +402,7 @@ def test_serve_admits_new_requests_every_n_steps_while_busy_and_at_once_when_idl
 
     engine = StepCountingEngine()
     conn = FakeConn([wm.Generate(_requests([0]))])
-    arrivals, late = iter(range(1, 8)), []
+    arrivals, sent = iter(range(1, 8)), []  # sent: the late request, then Stop
     orig = engine.step
 
     def step():
@@ -410,10 +410,12 @@ def test_serve_admits_new_requests_every_n_steps_while_busy_and_at_once_when_idl
         rid = next(arrivals, None)
         if rid is not None:
             conn.inbox.append(wm.Generate(_requests([rid])))
-        elif not engine.left and not late:  # drained: a late request; Stop once it was added
-            late.append(conn.inbox.append(wm.Generate(_requests([100]))))
-        elif 100 in engine.added_at and len(late) == 1:
-            late.append(conn.inbox.append(wm.Stop()))
+        elif not engine.left and not sent:  # drained: a late request; Stop once it was added
+            sent.append(wm.Generate(_requests([100])))
+            conn.inbox.append(sent[-1])
+        elif 100 in engine.added_at and len(sent) == 1:
+            sent.append(wm.Stop())
+            conn.inbox.append(sent[-1])
         return out
 
     engine.step = step
