@@ -22,7 +22,7 @@ exec {real} "$@"
 def _run(tmp_path: Path, step: str, **env) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     calls = tmp_path / "calls.txt"
     full_env = dict(os.environ, **standin_python3(tmp_path, FAKE), CALLS=str(calls), JOB=str(tmp_path / "job"),
-                    OUT=str(tmp_path / "out"), SCEN_PRIOR=str(tmp_path / "prior"), **env)
+                    OUT=str(tmp_path / "out"), SCEN_PRIOR=str(tmp_path / "prior"), **{"CONFIRM_OFFLINE": "0", **env})
     out = subprocess.run(["bash", "scripts/bench/gpu_runs.sh", step], cwd=REPO, env=full_env, capture_output=True,
                          text=True, timeout=60)
     lines = calls.read_text().splitlines() if calls.exists() else []
@@ -103,6 +103,29 @@ def test_confirm_runs_a_scenario_twice_with_each_entrys_own_flags(tmp_path):
     assert confs[0] != confs[1] and confs[1].read_text().rstrip().endswith("llama3_1-8b-interactive.Server.target_qps = 43")
     assert _flag(server, "--min-duration-s") == "120" and "--min-query-count" not in server  # Server: LoadGen's 100
     assert (tmp_path / "job" / "confirm-Interactive-41.console").exists()
+
+
+def test_confirm_without_an_offline_entry_runs_the_presets_offline_first_on_the_same_host(tmp_path):
+    """Server / Interactive entries alone get an Offline dev run first (the preset user.conf's Offline target, 60 s
+    or CONFIRM_OFFLINE s, --min-query-count 1) so their shares are of this host's Offline; an Offline entry, an
+    Offline-only CONFIRM or CONFIRM_OFFLINE=0 adds none; a bad CONFIRM_OFFLINE exits 2 before any run."""
+    def run(name, **env):
+        (tmp_path / name).mkdir()
+        return _run(tmp_path / name, "confirm", **env)
+
+    out, calls = run("a", PRESET="h100_fp8", CONFIRM="Server=51.5", CONFIRM_OFFLINE="")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [_flag(c, "--scenario") for c in calls] == ["Offline", "Server"]
+    assert (_flag(calls[0], "--min-duration-s"), _flag(calls[0], "--min-query-count")) == ("60", "1")
+    assert _flag(calls[0], "--config") == "loadgen_configs/h100_fp8.toml" and "Offline=50:60 first" in out.stdout
+    out, calls = run("b", CONFIRM="Interactive=43", CONFIRM_OFFLINE="90")
+    assert [_flag(c, "--scenario") for c in calls] == ["Offline", "Interactive"]
+    assert _flag(calls[0], "--min-duration-s") == "90" and "--min-duration-s" not in calls[1]
+    for n, confirm in enumerate(("Offline=56:60 Server=53", "Offline=56")):
+        out, calls = run(f"c{n}", CONFIRM=confirm, CONFIRM_OFFLINE="")
+        assert len(calls) == len(confirm.split()) and "first" not in out.stdout
+    out, calls = run("d", CONFIRM="Server=53", CONFIRM_OFFLINE="1m")
+    assert out.returncode == 2 and calls == [] and "CONFIRM_OFFLINE='1m'" in out.stdout + out.stderr
 
 
 def test_preset_picks_the_cards_preset_and_user_conf(tmp_path):

@@ -40,7 +40,8 @@
 #                                             # Offline=56:60 Interactive=43+--max-num-batched-tokens=1024"
 #                                             # (target_qps per run, auto = the search's best VALID; ":S" a shorter
 #                                             # dev run; "+FLAG=VALUE" engine flags of that run; "40/41/39": 40,
-#                                             # then 41 if VALID else 39); CONFIRM_DATA, SCEN_SUT
+#                                             # then 41 if VALID else 39); CONFIRM_DATA, SCEN_SUT; no Offline entry:
+#                                             # an Offline of CONFIRM_OFFLINE s (60; 0 none) first
 #   bash scripts/bench/gpu_runs.sh start STEP...   # detached: the steps batch, x2, locality, perf one after another
 #   (all are waited for with batch-wait; run 3 and run 4 use one GPU, CUDA_VISIBLE_DEVICES=${ONE_GPU:-0})
 #   (batch: ROUNDS=N sets run 3's rounds, ROUNDS=0 skips run 3; TUNE="MNS,MNBT[,eager] ..." run 4's points,
@@ -337,7 +338,11 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # (run.json + summaries come back with batch-wait). QPS "Q/UP/DOWN" (e.g. Interactive=40/41/39) bisects one step
     # in one job: Q first, then UP if LoadGen said VALID, else DOWN (2026-12-02: each 600 s Interactive run takes 12 min
     # of a 30-min session). Exit code: the last failed run's, 1 for an auto with no VALID try.
+    # Without an Offline entry, Server / Interactive runs get a same-host Offline dev run first (confirm_with_offline:
+    # CONFIRM_OFFLINE seconds, default 60, ~2.5 min with its engine start; 0: none).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
+    given=$CONFIRM; CONFIRM=$(confirm_with_offline) || exit 2
+    [ "$CONFIRM" = "$given" ] || echo "confirm: ${CONFIRM%% *} first, this host's Offline for the shares (CONFIRM_OFFLINE=0: none)"
     confirm_check || exit 2
     mkdir -p "$JOB/confirm"; worst=0
     for entry in $CONFIRM; do

@@ -75,6 +75,22 @@ confirm_check() {
   done
   check_scen_args
 }
+# CONFIRM as the confirm step runs it (stdout; a message on stderr and status 1 on bad input): with an Offline dev
+# run of CONFIRM_OFFLINE seconds (default 60; 0: none) at the preset user.conf's Offline target first when CONFIRM
+# has Server / Interactive entries and no Offline one, so that each run's share (scenario_ratios.py) is of an
+# Offline on the same host: the Server and Offline figures of a preset are compared on one machine (2026-12-06 an
+# H100 Server run had only another host's Offline to go by).
+confirm_with_offline() {
+  local s=${CONFIRM_OFFLINE:-60} q conf="loadgen_configs/$PRESET.user.conf"
+  [[ $s =~ ^[0-9]+$ ]] || { echo "confirm: CONFIRM_OFFLINE='$s' is not a whole number of seconds (0: no Offline run)" >&2; return 1; }
+  if [ "$s" = 0 ] || [[ " $CONFIRM" == *" Offline="* ]] || ! [[ " $CONFIRM" =~ \ (Server|Interactive)= ]]; then
+    echo "$CONFIRM"; return 0
+  fi
+  q=$(sed -n 's/^llama3_1-8b\.Offline\.target_qps *= *\([0-9.]*\).*/\1/p' "$conf" 2>/dev/null | tail -1)
+  [ -n "$q" ] || { echo "confirm: no llama3_1-8b.Offline.target_qps line in $conf for the same-host Offline run"\
+    "(CONFIRM_OFFLINE=0 runs without it)" >&2; return 1; }
+  echo "Offline=$q:$s $CONFIRM"
+}
 # The highest VALID try of search log $1 whose queue the harness judged steady (queue_growing false): a try too
 # short to judge (null) is not taken. Two such short tries on one H200 were VALID and their 600 s runs were not
 # (Server 55.5 in ~37 s: TTFT backlog; Interactive 47.25 in ~40 s: TPOT p99 34.3 ms over 600 s; docs/benchmarks.md).
