@@ -142,6 +142,12 @@ class SystemUnderTest(abc.ABC):
         return []
 
     @classmethod
+    def check_settings(cls, engine: EngineSettings) -> None:
+        """Refuse engine settings this backend can never run, on any host (no I/O: called as the settings are
+        built, before the options, whose server URLs may be contacted), raising ``InputError``. The default
+        checks nothing."""
+
+    @classmethod
     def check_engine(cls, engine: EngineSettings) -> None:
         """Refuse engine settings that cannot run on this host before anything starts (the harness
         calls it before the run folder is made), raising ``InputError``. The default checks nothing:

@@ -282,7 +282,7 @@ class HttpSUT(TransportSUT):
                         ", ".join(f"{k}={v}" for k, v in ignored.items()))
 
     @classmethod
-    def check_engine(cls, engine: EngineSettings) -> None:
+    def check_settings(cls, engine: EngineSettings) -> None:
         """``InputError`` for ``admit_every_steps`` above 1: the harness's own engine loop (``sut.engine.worker``),
         which servers do not run. Called before the options are checked (no server is contacted first)."""
         if (engine.admit_every_steps or 1) > 1:
@@ -290,6 +290,11 @@ class HttpSUT(TransportSUT):
                              "engine loop (--sut vllm, flame); `vllm serve` runs its own loop and has no such setting "
                              "(a preset's [engine.Server] or [engine] admit_every_steps sets it too: give "
                              "--admit-every-steps 1 to run that preset over HTTP)")
+
+    @classmethod
+    def check_engine(cls, engine: EngineSettings) -> None:
+        """``check_settings`` (the harness calls this one too): the servers' engines run in their own processes."""
+        cls.check_settings(engine)
 
     @classmethod
     def noncompliance_reasons(cls, options: Any) -> list[str]:

@@ -179,18 +179,21 @@ def test_the_harness_engine_loops_admission_interval_is_refused_for_servers():
         _check_backend(SimpleNamespace(sut="vllm-http"), two, {"urls": "http://127.0.0.1:9"})
 
 
-def test_a_preset_whose_server_engine_admits_every_2nd_step_runs_over_http_only_with_admit_every_steps_1(caplog):
+def test_a_preset_whose_server_engine_admits_every_2nd_step_runs_over_http_only_with_admit_every_steps_1(capsys):
     """loadgen_configs/h100_fp8.toml sets [engine.Server] admit_every_steps = 2: --sut vllm-http with it is refused
-    (exit 2) with the way out, which then gets past that check."""
+    (exit 2) with the way out, before a given server is contacted (a dead URL is not what the user hears of first);
+    --admit-every-steps 1 gets past that check."""
     from sut.cli import main
 
     base = ["run", "--config", str(REPO / "loadgen_configs" / "h100_fp8.toml"), "--sut", "vllm-http", "--scenario",
             "Server", "--model", MODEL, "--dataset", "/nonexistent/data.json"]
-    assert main(base) == 2
-    assert "give --admit-every-steps 1 to run that preset over HTTP" in caplog.text
-    caplog.clear()
-    assert main(base + ["--admit-every-steps", "1"]) == 2  # stopped later: no GPU here, or no dataset file
-    assert "admit-every-steps" not in caplog.text and caplog.text
+    for extra in ([], ["--server-url", "http://127.0.0.1:9"]):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert "give --admit-every-steps 1 to run that preset over HTTP" in err and "does not answer" not in err
+    assert main(base + ["--admit-every-steps", "1", "--server-url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert "admit-every-steps" not in err and "does not answer" in err
 
 
 #: Words vLLM's parser (argparse, abbreviations allowed) reads as a harness-owned flag -> that flag.

@@ -200,4 +200,19 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         table = table or _preset_table_of(str(e), {t: pre.get(t) for t in ("run", "generation")})
         where = f"{a.config} [{table}]: " if a.config and table and a.config not in str(e) else ""
         raise BadInput(f"error: {where}{e}") from None
+    _check_engine_first(rs.sut, es)
     return rs, es, gs, backend_options_from_cli(a, rs.sut, dict(pre.get("options", {})))
+
+
+def _check_engine_first(sut: str, es: EngineSettings) -> None:
+    """The backend's host-independent engine check (``check_settings``) before its options are checked, which
+    contacts the URLs of ``--sut vllm-http``: a setting the backend refuses (e.g. a preset's admission interval over
+    HTTP) is named before any server is. ``BadInput``; an unknown SUT is left to the options' check."""
+    try:
+        backend = get_sut(sut)
+    except KeyError:
+        return
+    try:
+        backend.check_settings(es)
+    except InputError as e:
+        raise BadInput(f"error: {e}") from None
