@@ -13,6 +13,7 @@ from conftest import REPO, standin_python3
 FAKE = """#!/usr/bin/env bash
 # a run whose --run-name is in FAKE_VALID prints LoadGen's VALID line, any other run LoadGen's INVALID one
 valid() { local a n; for a in "$@"; do [ "$n" = 1 ] && [[ " $FAKE_VALID " == *" $a "* ]] && return 0; n=; [ "$a" = --run-name ] && n=1; done; return 1; }
+case "$1" in scripts/bench/server_steps.py) echo "$* PERF_BASE_OVERRIDE=${PERF_BASE_OVERRIDE-unset}" >> "$CALLS"; exit 0 ;; esac
 case "$1" in -m) [ "$2" != sut ] || { echo "$*" >> "$CALLS"
   if valid "$@"; then echo "Result is : VALID"; else echo "Result is : INVALID"; fi; exit ${FAKE_RC:-0}; } ;; esac
 exec {real} "$@"
@@ -126,6 +127,23 @@ def test_confirm_without_an_offline_entry_runs_the_presets_offline_first_on_the_
         assert len(calls) == len(confirm.split()) and "first" not in out.stdout
     out, calls = run("d", CONFIRM="Server=53", CONFIRM_OFFLINE="1m")
     assert out.returncode == 2 and calls == [] and "CONFIRM_OFFLINE='1m'" in out.stdout + out.stderr
+
+
+def test_server_steps_runs_one_engine_per_override_each_in_its_own_folder(tmp_path):
+    """SS_OVERRIDES: one server_steps.py run per ";"-separated PERF_BASE_OVERRIDE, folders server_steps_0, _1; without
+    it one run in server_steps with PERF_BASE_OVERRIDE as given (blank when unset: the script's own base)."""
+    (tmp_path / "a").mkdir()
+    out, calls = _run(tmp_path / "a", "server-steps", SS_ADMIT="1 2", SS_RATE="44",
+                      SS_OVERRIDES='{"max_num_batched_tokens": 1536}; {"max_num_batched_tokens": 3072}')
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [_flag(c, "--out").rsplit("/", 1)[1] for c in calls] == ["server_steps_0", "server_steps_1"]
+    assert [" ".join(c).split("PERF_BASE_OVERRIDE=")[1] for c in calls] == ['{"max_num_batched_tokens": 1536}',
+                                                                            ' {"max_num_batched_tokens": 3072}']
+    assert _flag(calls[0], "--rate") == "44" and calls[0][calls[0].index("--admit-every-steps") + 1:][:2] == ["1", "2"]
+    (tmp_path / "b").mkdir()
+    out, calls = _run(tmp_path / "b", "server-steps", PERF_BASE_OVERRIDE='{"max_num_seqs": 640}')
+    assert [_flag(c, "--out").rsplit("/", 1)[1] for c in calls] == ["server_steps"]
+    assert calls[0][-2:] == ['PERF_BASE_OVERRIDE={"max_num_seqs":', '640}']
 
 
 def test_preset_picks_the_cards_preset_and_user_conf(tmp_path):

@@ -271,12 +271,22 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # default 1; e.g. "1 2 3": arrivals added every K engine steps while busy, one Server phase per K, each extra K
     # ~1.5 min, a Server phase of SS_DURATION s); PERF_BASE_OVERRIDE (JSON) changes the engine, e.g.
     # '{"max_num_seqs": 640}', or Interactive's '{"max_num_batched_tokens": 1536}' with SS_RATE=44 (each Server
-    # phase also reports TTFT / TPOT p50 and p99).
+    # phase also reports TTFT / TPOT p50 and p99). SS_OVERRIDES: several engines one after another, their
+    # PERF_BASE_OVERRIDE objects separated by ";" (each a fresh engine, ~1.5 min to start, and its own folder
+    # $JOB/server_steps_I/, I from 0), e.g. '{"max_num_batched_tokens": 1536}; {"max_num_batched_tokens": 3072}'.
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     read -ra ss_admit <<< "${SS_ADMIT:-1}"
-    python3 scripts/bench/server_steps.py --model "$MODEL" --dataset "$REAL" --out "$JOB/server_steps" \
-      --rate "${SS_RATE:-52}" --duration-s "${SS_DURATION:-90}" --profile-steps "${SS_PROFILE:-0}" \
-      --admit-every-steps "${ss_admit[@]}" > "$JOB/server_steps.console" 2>&1
+    IFS=';' read -ra ss_over <<< "${SS_OVERRIDES:-${PERF_BASE_OVERRIDE:-}}"
+    mkdir -p "$JOB"
+    [ ${#ss_over[@]} -gt 0 ] || ss_over=("")
+    worst=0
+    for i in "${!ss_over[@]}"; do
+      out="$JOB/server_steps"; [ ${#ss_over[@]} -gt 1 ] && out+="_$i"
+      PERF_BASE_OVERRIDE=${ss_over[$i]} python3 scripts/bench/server_steps.py --model "$MODEL" --dataset "$REAL" \
+        --out "$out" --rate "${SS_RATE:-52}" --duration-s "${SS_DURATION:-90}" --profile-steps "${SS_PROFILE:-0}" \
+        --admit-every-steps "${ss_admit[@]}" > "$out.console" 2>&1 || worst=$?
+    done
+    exit $worst
     ;;
   core)
     # (one dispatch core), one GPU, fp8 preset: (a) --sut vllm vs raw LLM.generate on the same started
@@ -393,7 +403,9 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for f in "$JOB"/scen/*.jsonl; do [ -f "$f" ] && cut -c1-200 "$f"; done
     cat "$JOB/tune.tsv" 2>/dev/null
     grep -E "^\[|^lever|^ +[a-z_]+ +[a-z_]+ +[0-9]" "$JOB/perf.console" 2>/dev/null | tail -30
-    grep -A20 "^steady window" "$JOB/server_steps.console" 2>/dev/null  # 11 rows + a ratio line per Server phase
+    for f in "$JOB"/server_steps*.console; do  # 16 rows + a ratio line per Server phase, per engine
+      [ -f "$f" ] && { echo "== $f"; grep -A24 "^steady window" "$f"; }
+    done
     [ -f "$JOB/DONE" ] && echo "batch DONE after ${t}s" || echo "batch still running after ${t}s"
     ;;
   *) echo "usage: $0 overhead|full-start|full-wait [seconds]|setup|batch-start|x2-start|locality-start|start STEP...|batch-wait [seconds] (steps: batch x2 scale locality flame-real core study workloads server confirm perf server-steps)"; exit 2;;
