@@ -12,8 +12,9 @@ patterns, one after the other, and logs every engine step (``LLMEngine.step``):
 * ``server-admitK``: the same arrivals, added only every K engine steps while the engine is busy (an idle engine
   adds them at once) and only into free slots (``max_num_seqs`` less the engine's unfinished requests; the rest
   wait in the loop, so vLLM's own queue never refills a slot between admissions: the harness's engine worker
-  does the same with ``--admit-every-steps``), one phase per K > 1 of ``--admit-every-steps K [K ...]`` (default ``1``: ``server`` only;
-  the Server phases run one after another, in that order, ``admit_every_steps`` K in each phase's record).
+  does the same with ``--admit-every-steps``), one phase per K > 1 of ``--admit-every-steps K [K ...]`` (default
+  ``1``: ``server`` only; the Server phases run one after another, in that order, ``admit_every_steps`` K in each
+  phase's record).
 
 What it found (one H100, fp8 Llama-3.1-8B, 512 slots, 52 queries/s): tokens per step were equal in both phases
 (~507) but Server's steps 3.9 % slower on average. Offline alternates decode-only steps (~23 ms) with
@@ -25,17 +26,16 @@ measures: admitting every K steps puts Server's prefills into fewer, larger step
 Every phase runs ``--duration-s`` seconds with ``--max-tokens`` new tokens a request (EOS ignored, as the
 harness's ``--benchmark-ignore-eos``); what is left at the end is aborted. Per step: wall ms, tokens generated,
 first tokens (prefills completed) and their prompt tokens, requests finished, requests decoding and waiting after
-it (arrived, no first token yet: in the engine or held by ``server-admitK``'s loop, ``held``). Over the steady window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each
-phase gets: steps, ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding
-and waiting (mean, last), output tokens/s (over the steps' time) and the steps' share of the window's wall
+it (arrived, no first token yet: in the engine or held by ``server-admitK``'s loop, ``held``). Over the steady
+window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each phase gets: steps,
+ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding and waiting (mean, last), output tokens/s (over the steps' time) and the steps' share of the window's wall
 time (below 1 when the engine idled waiting for arrivals); a Server phase also gets the TTFT (from arrival) and
 TPOT ((last token - first token) / (tokens - 1), as LoadGen's) p50 / p99 in ms of the requests that arrived in the
 window before the earliest one left unfinished (``requests_timed``, ``timed_to_s``): a first look at a lever
 against Server's (2,000 / 100 ms) or Interactive's (500 / 30 ms) limits, e.g. Interactive's rate with
 ``PERF_BASE_OVERRIDE='{"max_num_batched_tokens": 1536}'``; a 600 s LoadGen run decides. Then, for each Server
-phase, ``NAME / offline`` for
-tokens/s, which is tokens per step over ms per step: which of the two moved says whether Server's steps are
-fuller-but-slower or emptier.
+phase, ``NAME / offline`` for tokens/s, which is tokens per step over ms per step: which of the two moved says
+whether Server's steps are fuller-but-slower or emptier.
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set, as ``perf_profile.py``), so
 a logged step is one schedule + forward + outputs; the harness's engines run the core in a process of its own, so
@@ -164,7 +164,6 @@ class StepLog:
         self.steps.append({"t_s": round(t_s, 4), "ms": round(ms, 3), "tokens": tokens, "prefills": first,
                            "prefill_tokens": first_prompt, "finished": finished,
                            "decoding": len(self.length), "waiting": self.waiting + self.held, "held": self.held})
-
 
     def _finished(self, rid: str, n: int, t_end: float) -> None:
         """Note a finished request's TTFT and TPOT ((last token - first token) / (n - 1), as LoadGen's; None for a

@@ -82,7 +82,8 @@ confirm_check() {
 # H100 Server run had only another host's Offline to go by).
 confirm_with_offline() {
   local s=${CONFIRM_OFFLINE:-60} q conf="loadgen_configs/$PRESET.user.conf"
-  [[ $s =~ ^[0-9]+$ ]] || { echo "confirm: CONFIRM_OFFLINE='$s' is not a whole number of seconds (0: no Offline run)" >&2; return 1; }
+  [[ $s =~ ^[0-9]+$ ]] \
+    || { echo "confirm: CONFIRM_OFFLINE='$s' is not a whole number of seconds (0: no Offline run)" >&2; return 1; }
   if [ "$s" = 0 ] || [[ " $CONFIRM" == *" Offline="* ]] || ! [[ " $CONFIRM" =~ \ (Server|Interactive)= ]]; then
     echo "$CONFIRM"; return 0
   fi
