@@ -533,6 +533,18 @@ def test_an_offline_queue_empty_before_warm_s_is_explained_in_the_log_the_record
     assert (tmp_path / "o" / "server_steps.png").stat().st_size > 10_000
 
 
+def test_server_phases_alone_print_their_table_with_latencies_and_no_ratios(tmp_path, fake_vllm, capsys):
+    """--phases server (a latency screen): the table, TTFT / TPOT rows included, and no ratio lines."""
+    out = tmp_path / "o"
+    assert server_steps.main(quick(tmp_path, out, "--rate", "200", "--phases", "server",
+                                   "--admit-every-steps", "1", "2")) == 0
+    res = json.loads((out / "server_steps.json").read_text())
+    assert list(res["phases"]) == ["server", "server-admit2"] and "ratios" not in res
+    table = capsys.readouterr().out.splitlines()
+    assert next(line for line in table if line.startswith("steady window")).split()[2:] == ["server", "server-admit2"]
+    assert any(line.startswith("tpot_ms_p99") for line in table) and not any("/ offline" in line for line in table)
+
+
 def test_one_server_phase_per_admit_k_each_with_its_ratios_and_table_column(tmp_path, fake_vllm, monkeypatch, capsys):
     real = Engine.step
 

@@ -601,7 +601,7 @@ def run_phases(engine, prompts, a, params, res: dict, out: Path) -> None:
     servers = [n for n in res["phases"] if n != "offline"]
     if "offline" in res["phases"] and servers:
         res["ratios"] = {n: ratios(res["phases"][n]["window"], res["phases"]["offline"]["window"]) for n in servers}
-        print("\n".join(table(res)))
+    print("\n".join(table(res)))  # also for Server phases alone (--phases server: a latency screen)
     try:
         png = figure(res)
     except Exception as e:  # noqa: BLE001 - drawing only; the steps measured fine and the record is written
