@@ -261,8 +261,8 @@ class HttpSUT(TransportSUT):
         results (``read_back_server``, ``check_fleet_agrees``), or, without URLs,
         when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
         the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``);
-        also for what ``check_engine`` refuses."""
-        cls.check_engine(engine)
+        also for what ``check_settings`` refuses."""
+        cls.check_settings(engine)
         if not options.servers:
             try:
                 check_server_args(options.server_args, engine, options.server_command)
@@ -290,11 +290,6 @@ class HttpSUT(TransportSUT):
                              "engine loop (--sut vllm, flame); `vllm serve` runs its own loop and has no such setting "
                              "(a preset's [engine.Server] or [engine] admit_every_steps sets it too: give "
                              "--admit-every-steps 1 to run that preset over HTTP)")
-
-    @classmethod
-    def check_engine(cls, engine: EngineSettings) -> None:
-        """``check_settings`` (the harness calls this one too): the servers' engines run in their own processes."""
-        cls.check_settings(engine)
 
     @classmethod
     def noncompliance_reasons(cls, options: Any) -> list[str]:

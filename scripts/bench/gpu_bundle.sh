@@ -15,8 +15,9 @@
 #   1. carry [DEST/a]: mkdir -p /root/gpu && cp -r DEST/a/part_00 DEST/a/model /root/gpu/
 #   2a. only if DEST/b2 exists: carry [DEST/b2]: mkdir -p /root/gpu/wheels && cp DEST/b2/*.whl /root/gpu/wheels/
 #   2. carry [DEST/b]: cp /root/gpu/wheels/*.whl DEST/b/wheels/ 2>/dev/null; bash DEST/b/stage2.sh DEST/b
-#   3. `bash scripts/bench/gpu_bundle.sh DEST --src`, carry [DEST/c, DEST/src.tar]: bash scripts/bench/gpu_runs.sh setup, then unpack
-#      src.tar into /root/src and start the steps there (docs/perf.md "GPU sessions" has the exact command lines)
+#   3. `bash scripts/bench/gpu_bundle.sh DEST --src`, carry [DEST/c, DEST/src.tar]: bash scripts/bench/gpu_runs.sh
+#      setup, then unpack src.tar into /root/src and start the steps there (docs/perf.md "GPU sessions" has the
+#      exact command lines)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-}" in --*) set -- .gpu "$@" ;; esac  # the options alone: DEST is .gpu
@@ -48,10 +49,10 @@ cp "$SHARED"/flame/bin/flame-session-manager "$SHARED"/flame/bin/flame-executor-
 gzip -c "$SHARED/data/cnn_eval_public.json" > "$DEST/c/data/cnn_eval_public.json.gz"
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$DEST/c/extra" grpcio==1.85.3 protobuf==7.36.2 jmespath supervisor
 # Every device call also carries the working tree (tracked files; this script is run from a clean one), and
-# call 3 src.tar (the code again, without docs/results' raw runs): 64 MiB in all per call; 60 MiB kept as the budget (b at 57 MiB beside a
-# 7 MiB tree was refused, 2026-12-02: the tool counts more than the file bytes).
+# call 3 src.tar (the code again, without docs/results' raw runs): 64 MiB in all per call; 60 MiB kept as the
+# budget (b at 57 MiB beside a 7 MiB tree was refused, 2026-12-02: the tool counts more than the file bytes).
 tree_b=$(git ls-files -z | xargs -0 cat | wc -c)
-src_b=$(src_tar - | wc -c)
+src_b=$(src_tar | wc -c)
 room_b=$((60 * 1048576 - tree_b))
 if [ -d "$DEST/b2" ]; then  # an earlier sizing's moved wheels go back first (--only-c keeps a and b)
   [ -d "$DEST/b/wheels" ] && mv "$DEST"/b2/*.whl "$DEST/b/wheels/"

@@ -28,11 +28,12 @@ harness's ``--benchmark-ignore-eos``); what is left at the end is aborted. Per s
 first tokens (prefills completed) and their prompt tokens, requests finished, requests decoding and waiting after
 it (arrived, no first token yet: in the engine or held by ``server-admitK``'s loop, ``held``). Over the steady
 window (from ``--warm-s`` to the end, Offline also only while its queue is non-empty) each phase gets: steps,
-ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding and waiting (mean, last), output tokens/s (over the steps' time) and the steps' share of the window's wall
-time (below 1 when the engine idled waiting for arrivals); a Server phase also gets the TTFT (from arrival) and
-TPOT ((last token - first token) / (tokens - 1), as LoadGen's) p50 / p99 in ms of the requests that arrived in the
-window before the earliest one left unfinished (``requests_timed``, ``timed_to_s``): a first look at a lever
-against Server's (2,000 / 100 ms) or Interactive's (500 / 30 ms) limits, e.g. Interactive's rate with
+ms per step (median, mean), tokens per step, prefills and prefill tokens per step, decoding and waiting (mean,
+last), output tokens/s (over the steps' time) and the steps' share of the window's wall time (below 1 when the
+engine idled waiting for arrivals); a Server phase also gets the TTFT (from arrival) and TPOT ((last token -
+first token) / (tokens - 1), as LoadGen's) p50 / p99 in ms of the requests that arrived in the window before the
+earliest one left unfinished (``requests_timed``, ``timed_to_s``): a first look at a lever against Server's
+(2,000 / 100 ms) or Interactive's (500 / 30 ms) limits, e.g. Interactive's rate with
 ``PERF_BASE_OVERRIDE='{"max_num_batched_tokens": 1536}'``; a 600 s LoadGen run decides. Then, for each Server
 phase, ``NAME / offline`` for tokens/s, which is tokens per step over ms per step: which of the two moved says
 whether Server's steps are fuller-but-slower or emptier.
@@ -84,6 +85,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from perf_levers import InputError, base_kwargs, load_prompts  # noqa: E402
+
+from sut.locality.latency import pct  # noqa: E402
 
 logger = logging.getLogger("server_steps")
 
@@ -184,9 +187,8 @@ def latency(log: StepLog, from_s: float, to_s: float) -> dict:
     lever against the scenario's limits before a LoadGen run (which alone decides)."""
     to_s = min(to_s, log.unfinished_from_s())
     sel = [(f, p) for t, f, p in log.latencies if from_s <= t < to_s]
-    ttft = np.array([f for f, _ in sel]) * 1000
-    tpot = np.array([p for _, p in sel if p is not None]) * 1000
-    pct = lambda a, q: round(float(np.percentile(a, q)), 2) if len(a) else None  # noqa: E731
+    ttft = [1000 * f for f, _ in sel]
+    tpot = [1000 * p for _, p in sel if p is not None]
     return {"requests_timed": len(sel), "timed_to_s": round(to_s, 3) if sel else None,
             "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
             "tpot_ms_p50": pct(tpot, 50), "tpot_ms_p99": pct(tpot, 99)}

@@ -260,17 +260,14 @@ def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params, held: 
     while True:
         msg = conn.recv()
         kind = type(msg)
-        if kind is Generate and held is not None:  # queued from now: time held counts as time in the queue
-            now = time.monotonic()
-            for req in msg.requests:
-                rid = str(req[0])
-                held.append((rid, req[1].tolist(), _params_for(params, req)))
-                t_add[rid] = now
-        elif kind is Generate:
+        if kind is Generate:  # held: queued from now, the time held counts as time in the queue
             add, now = engine.add_request, time.monotonic
             for req in msg.requests:
-                rid = str(req[0])
-                add(rid, {"prompt_token_ids": req[1].tolist()}, _params_for(params, req))
+                rid, ids, p = str(req[0]), req[1].tolist(), _params_for(params, req)
+                if held is None:
+                    add(rid, {"prompt_token_ids": ids}, p)
+                else:
+                    held.append((rid, ids, p))
                 t_add[rid] = now()
         elif kind is Stop:
             return False

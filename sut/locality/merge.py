@@ -70,11 +70,11 @@ NEAR_REL = 1e-3
 RESOLUTION_S = 1e-4
 #: Fewest timings both cases must have for :data:`NEAR_REL` to judge (a case records 10).
 MIN_TIMINGS = 4
-#: Fields of a host, not of the experiment: left out of the comparison.
 #: Engine settings whose value here means the same as unset (None): a run that gives ``--admit-every-steps 1``
 #: merges with one that does not (``sut.engine.worker.serve`` treats both as "admit every step").
 UNSET_AS = {"admit_every_steps": 1}
 _ABSENT = object()
+#: Fields of a host, not of the experiment: left out of the comparison.
 HOST_FIELDS = {"engine_settings": ("model",),
                # measured by the first run, given to the next one (--capacity, --kv-tokens): their values are compared
                "workload.settings": ("capacity", "kv_tokens"),
@@ -259,7 +259,7 @@ def _get(header: dict, dotted: str):
         value = {k: v for k, v in value.items() if k not in HOST_FIELDS[dotted]}
     if isinstance(value, dict) and dotted == "engine_settings":  # unset = vLLM's own, as in a header
         value = {k: v for k, v in value.items()  # written before the field existed, or its default spelled out
-                 if v is not None and UNSET_AS.get(k, object()) != v}
+                 if v is not None and UNSET_AS.get(k, _ABSENT) != v}
     return value
 
 

@@ -81,6 +81,7 @@ def _check_backend(rs: RunSettings, es: EngineSettings, options: Any) -> tuple[t
         backend = get_sut(rs.sut)
     except KeyError as e:
         raise InputError(e.args[0]) from None
+    backend.check_settings(es)  # e.g. vllm-http with an admission interval: before any server is contacted
     backend.check_engine(es)  # e.g. --device cuda without a GPU: exit 2 before the run folder or any server
     options = backend.check_options(options)
     try:

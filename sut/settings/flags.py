@@ -57,8 +57,9 @@ ENGINE_FLAGS = {
     "device": (str, "auto | cuda | cpu"),
     "engines_per_device": (int, "engines per GPU (sharing its memory) or number of CPU engines"),
     "cpu_kvcache_gib": (int, "CPU KV cache per engine, GiB"),
-    "admit_every_steps": (int, "while an engine is busy, add new requests only every N engine steps, into free slots (the harness's "
-                               "loop: Server's prefills in fewer, larger steps; 1 = every step; not --sut vllm-http)"),
+    "admit_every_steps": (int, "while an engine is busy, add new requests only every N engine steps, into free "
+                               "slots (the harness's loop: Server's prefills in fewer, larger steps; 1 = every step; "
+                               "not --sut vllm-http)"),
 }
 _EAGER_HELP = "no CUDA graphs / torch.compile"
 
