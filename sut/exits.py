@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Callable, Mapping, Optional
 
-from sut.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput
+from sut.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput
 
 log = logging.getLogger("sut")
 
@@ -130,7 +130,8 @@ def run_main(fn: Callable[..., int], *args, messages: Optional[Mapping[str, str]
     """Call ``fn(*args)`` and return its exit code; a mapped exception becomes its exit code and one
     error line (``messages`` overrides ``DEFAULT_MESSAGES`` per kind; ``logger`` defaults to ``sut``).
 
-    ``BadInput`` is printed to stderr as is; ``SystemExit`` (argparse) and unmapped exceptions
+    ``BadInput`` is printed to stderr as is, another exception of exit code 2 (``InputError``) as one
+    "error: ..." line there too; ``SystemExit`` (argparse) and unmapped exceptions
     propagate. After ``leave_without_cleanup`` the process ends here instead, with that code
     (``os._exit`` after the log handlers and stdout/stderr are flushed): nothing after it runs.
     """
@@ -170,6 +171,9 @@ def _run(fn: Callable[..., int], args: tuple, msgs: Mapping[str, str], out: logg
         elif _interrupted.is_set():  # whatever the stop made fail (e.g. an engine start cut short)
             out.error(msgs["stopped"].format(e))
             return EXIT_INTERRUPTED
+        elif code == EXIT_BAD_INPUT:  # as BadInput's: one "error:" line on stderr, nothing has started
+            text = msgs["bad_input"].format(e)
+            print(text if text.startswith("error:") else f"error: {text}", file=sys.stderr)
         else:
-            out.error(msgs["failed" if code == EXIT_FAILED else "bad_input"].format(e))
+            out.error(msgs["failed"].format(e))
         return code

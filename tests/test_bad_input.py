@@ -91,6 +91,7 @@ def test_dtype_choices_are_the_installed_vllms():
 
 
 @pytest.mark.parametrize("extra, preset", [(["--dtype", "float33"], ""), (["--cpu-kvcache-gib", "-1"], ""),
+                                           (["--admit-every-steps", "0"], "[engine]\nadmit_every_steps = 2\n"),
                                            ([], "[engine]\ncpu_kvcache_gib = -1\n"),
                                            ([], "[engine]\ngpu_memory_utilization = 1.5\n")])
 def test_run_settings_refuse_a_bad_engine_flag_or_preset_value(tmp_path, dataset, extra, preset):
@@ -104,6 +105,11 @@ def test_run_settings_refuse_a_bad_engine_flag_or_preset_value(tmp_path, dataset
     with pytest.raises(BadInput) as e:
         settings_from_args(build_parser().parse_args(argv))
     assert e.value.code == 2 and "engine setting" in e.value.message
+    # the source named is the one that gave the value: the flag alone, or the preset file and its table
+    if extra:
+        assert f"(flag {extra[0]})" in e.value.message and "preset" not in e.value.message, e.value.message
+    else:
+        assert f"{tmp_path / 'p.toml'} [engine]:" in e.value.message, e.value.message
 
 
 def test_a_flame_preset_with_sut_vllm_names_the_preset_table_and_the_sut_its_options_belong_to(tmp_path, dataset):

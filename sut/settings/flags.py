@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import types
 import typing
 from typing import Any, Mapping, Optional, Sequence
@@ -124,7 +125,16 @@ def engine_settings_from_args(a: argparse.Namespace, base: Optional[Mapping[str,
     try:
         return settings_from_mapping(EngineSettings, values)
     except (ValueError, TypeError) as e:
-        raise BadInput(f"error: {e}") from None
+        raise BadInput(f"error: {_source_named(str(e), engine_overrides(a))}") from None
+
+
+def _source_named(message: str, flags: Mapping[str, Any]) -> str:
+    """A field error's "(flag --x, preset [engine] x)" (``sut.engine.settings``) narrowed to "(flag --x)" when a
+    flag gave the value, e.g. ``--admit-every-steps 0`` on the command line; other messages unchanged."""
+    m = re.search(r"\(flag (--[\w-]+), preset \[engine\] (\w+)\)", message)
+    if m and m.group(2) in flags:
+        return message.replace(m.group(0), f"(flag {m.group(1)})")
+    return message
 
 
 # ------------------------------------------------------------------------------ backend option flags
