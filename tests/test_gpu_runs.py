@@ -133,9 +133,10 @@ def test_server_steps_runs_one_engine_per_override_each_in_its_own_folder(tmp_pa
     """SS_OVERRIDES: one server_steps.py run per ";"-separated PERF_BASE_OVERRIDE, folders server_steps_0, _1; without
     it one run in server_steps with PERF_BASE_OVERRIDE as given (blank when unset: the script's own base)."""
     (tmp_path / "a").mkdir()
-    out, calls = _run(tmp_path / "a", "server-steps", SS_ADMIT="1 2", SS_RATE="44", SS_PHASES="server",
+    out, calls = _run(tmp_path / "a", "server-steps", SS_ADMIT="1 2", SS_RATE="44", SS_PHASES="server", SS_WARM="10",
                       SS_OVERRIDES='{"max_num_batched_tokens": 1536}; {"max_num_batched_tokens": 3072}')
     assert out.returncode == 0, out.stdout + out.stderr
+    assert [_flag(c, "--warm-s") for c in calls] == ["10", "10"]
     assert [_flag(c, "--out").rsplit("/", 1)[1] for c in calls] == ["server_steps_0", "server_steps_1"]
     assert [" ".join(c).split("PERF_BASE_OVERRIDE=")[1] for c in calls] == ['{"max_num_batched_tokens": 1536}',
                                                                             ' {"max_num_batched_tokens": 3072}']
@@ -143,7 +144,7 @@ def test_server_steps_runs_one_engine_per_override_each_in_its_own_folder(tmp_pa
     assert calls[0][calls[0].index("--phases") + 1:][:2] == ["server", 'PERF_BASE_OVERRIDE={"max_num_batched_tokens":']
     (tmp_path / "b").mkdir()
     out, calls = _run(tmp_path / "b", "server-steps", PERF_BASE_OVERRIDE='{"max_num_seqs": 640}')
-    assert [_flag(c, "--out").rsplit("/", 1)[1] for c in calls] == ["server_steps"]
+    assert [_flag(c, "--out").rsplit("/", 1)[1] for c in calls] == ["server_steps"] and _flag(calls[0], "--warm-s") == "30"
     assert calls[0][calls[0].index("--phases") + 1:][:2] == ["offline", "server"]
     assert calls[0][-2:] == ['PERF_BASE_OVERRIDE={"max_num_seqs":', '640}']
 

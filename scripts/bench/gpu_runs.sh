@@ -275,6 +275,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # PERF_BASE_OVERRIDE objects separated by ";" (each a fresh engine, ~1.5 min to start, and its own folder
     # $JOB/server_steps_I/, I from 0), e.g. '{"max_num_batched_tokens": 1536}; {"max_num_batched_tokens": 3072}'.
     # SS_PHASES: "offline server" (default), or "server" alone (a latency screen needs no Offline reference).
+    # SS_WARM: s into a phase where its steady window starts (default 30; Interactive's load is steady in ~5 s, so a
+    # screen of short phases can start its window at 10).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
     read -ra ss_admit <<< "${SS_ADMIT:-1}"
     read -ra ss_phases <<< "${SS_PHASES:-offline server}"
@@ -285,7 +287,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     for i in "${!ss_over[@]}"; do
       out="$JOB/server_steps"; [ ${#ss_over[@]} -gt 1 ] && out+="_$i"
       PERF_BASE_OVERRIDE=${ss_over[$i]} python3 scripts/bench/server_steps.py --model "$MODEL" --dataset "$REAL" \
-        --out "$out" --rate "${SS_RATE:-52}" --duration-s "${SS_DURATION:-90}" --profile-steps "${SS_PROFILE:-0}" \
+        --out "$out" --rate "${SS_RATE:-52}" --duration-s "${SS_DURATION:-90}" --warm-s "${SS_WARM:-30}" \
+        --profile-steps "${SS_PROFILE:-0}" \
         --admit-every-steps "${ss_admit[@]}" --phases "${ss_phases[@]}" > "$out.console" 2>&1 || worst=$?
     done
     exit $worst
