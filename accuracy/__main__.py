@@ -1,5 +1,6 @@
 """``python -m accuracy``: the accuracy dev gate's command line (exit 0 pass / 1 fail / 2 bad input / 130 stopped;
-``UsageError`` is printed as is, any other ``AccuracyInputError`` as "accuracy gate: bad input: ...")."""
+``UsageError`` is printed to stderr as "error: ...", any other ``AccuracyInputError`` as "error: accuracy gate: bad
+input: ...")."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def _eos_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"--eos-ids wants comma-separated integers, got {text!r}") from None
     if not ids:
         raise argparse.ArgumentTypeError("--eos-ids is empty")
+    if min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"--eos-ids are token ids (>= 0), got {min(ids)}")
     return ids
 
 
@@ -210,6 +213,9 @@ def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
+    if not Path(args.accuracy_log).is_file():  # before the run.json beside it is looked for
+        raise UsageError(f"--accuracy-log {args.accuracy_log}: " + ("not a file" if Path(args.accuracy_log).exists()
+                                                                    else "no such file"))
     rec = _run_record(args.accuracy_log)
     _refuse_a_performance_run(args.accuracy_log, rec)
     if args.dataset is None:
@@ -248,10 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv)
-    except UsageError as e:
-        print(e, file=sys.stderr)
+    except UsageError as e:  # bad input: one "error:" line on stderr, as the harness's commands print it
+        print(f"error: {e}", file=sys.stderr)
     except AccuracyInputError as e:
-        log.error("accuracy gate: bad input: %s", e)
+        print(f"error: accuracy gate: bad input: {e}", file=sys.stderr)
     except KeyboardInterrupt as e:
         log.error("interrupted (%s)", e.args[0] if e.args else "SIGINT, Ctrl-C")
         return EXIT_INTERRUPTED

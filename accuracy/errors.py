@@ -26,4 +26,4 @@ class PunktDataMissingError(AccuracyInputError, LookupError):
 
 
 class UsageError(AccuracyInputError):
-    """Bad command-line input of ``python -m accuracy``: printed to stderr as is (no prefix); exit code 2."""
+    """Bad command-line input of ``python -m accuracy``: printed to stderr as one "error: ..." line; exit code 2."""

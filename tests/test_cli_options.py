@@ -275,6 +275,7 @@ def test_python_m_accuracy_maps_exceptions(monkeypatch, tmp_path, caplog, exc, c
     import accuracy.gate
 
     monkeypatch.setattr(accuracy.gate, "evaluate", _raiser(exc))
+    (tmp_path / "log.json").write_text("[]")
     assert acc_main.main(["--accuracy-log", str(tmp_path / "log.json"), "--dataset", str(tmp_path / "d.json")]) == code
 
 
@@ -308,7 +309,7 @@ def test_a_flame_flag_with_the_standalone_sut_is_refused_naming_its_backend(tmp_
     assert not any(tmp_path.iterdir())
 
 
-def test_python_m_accuracy_input_errors_that_are_oserrors_stay_bad_input(monkeypatch, tmp_path, caplog):
+def test_python_m_accuracy_input_errors_that_are_oserrors_stay_bad_input(monkeypatch, tmp_path, capsys):
     """A missing tokenizer (TokenizerNotFoundError: an AccuracyInputError and a FileNotFoundError) is bad input,
     not "cannot write the results"."""
     import accuracy.__main__ as acc_main
@@ -316,8 +317,9 @@ def test_python_m_accuracy_input_errors_that_are_oserrors_stay_bad_input(monkeyp
     from accuracy.errors import TokenizerNotFoundError
 
     monkeypatch.setattr(accuracy.gate, "evaluate", _raiser(TokenizerNotFoundError("no tokenizer given")))
+    (tmp_path / "log.json").write_text("[]")
     assert acc_main.main(["--accuracy-log", str(tmp_path / "log.json"), "--dataset", str(tmp_path / "d.json")]) == 2
-    assert "accuracy gate: bad input: no tokenizer given" in caplog.text
+    assert capsys.readouterr().err == "error: accuracy gate: bad input: no tokenizer given\n"
 
 
 # ------------------------------------------------------------------------------------ per-scenario engine tables

@@ -41,7 +41,7 @@ def test_subset_keeps_first_n(write_json):
         (rec([1, "7"]), 1, "tok_input", "not an integer"),
         (rec([1, VOCAB]), 1, "tok_input", f"id {VOCAB} at position 1 is outside the model vocabulary"),
         (rec([-1]), 1, "tok_input", "outside the model vocabulary"),
-        (rec(list(range(1, 200))), 1, "tok_input", "more than max_model_len - 128"),
+        (rec(list(range(1, 200))), 1, "tok_input", "more than 150 (max_model_len less the answer's [generation] max_tokens)"),
         ("not a dict", 1, None, "must be a JSON object"),
         (rec([1], out=5), 1, "output", "must be a string"),
     ],
@@ -54,6 +54,15 @@ def test_each_bad_record_names_file_index_field(write_json, bad, index, field, t
     e = ei.value
     assert e.path == str(path) and e.index == index and e.field == field
     assert text in str(e) and str(path) in str(e) and f"record {index}" in str(e)
+
+
+def test_the_room_kept_for_the_answer_is_the_runs_max_tokens(write_json):
+    path = write_json([rec(list(range(1, 101)))])  # a 100-token prompt
+    assert len(load_dataset(path, VOCAB, max_model_len=228, reserve=128)) == 1
+    with pytest.raises(DatasetError, match="more than 28 "):
+        load_dataset(path, VOCAB, max_model_len=228, reserve=200)
+    with pytest.raises(DatasetError, match="no room for a prompt and 228 new tokens"):
+        load_dataset(path, VOCAB, max_model_len=228, reserve=228)
 
 
 def test_malformed_json(tmp_path):

@@ -104,8 +104,8 @@ def validate_record(path: str | os.PathLike, index: int, rec: object, vocab_size
     if len(arr) > max_prompt_len:
         raise DatasetError(
             path,
-            f"prompt has {len(arr)} tokens, more than max_model_len - {OUTPUT_RESERVE} = {max_prompt_len}; "
-            "raise --max-model-len (prompts are never truncated)",
+            f"prompt has {len(arr)} tokens, more than {max_prompt_len} (max_model_len less the answer's "
+            "[generation] max_tokens); raise --max-model-len (prompts are never truncated)",
             index,
             "tok_input",
         )
@@ -115,14 +115,16 @@ def validate_record(path: str | os.PathLike, index: int, rec: object, vocab_size
     return arr.astype(np.int32)
 
 
-def load_dataset(path: str | os.PathLike, vocab_size: int, max_model_len: int, max_samples: int | None = None) -> Dataset:
+def load_dataset(path: str | os.PathLike, vocab_size: int, max_model_len: int, max_samples: int | None = None,
+                 reserve: int = OUTPUT_RESERVE) -> Dataset:
     """Load and validate a cnn_eval-format file.
 
     Args:
         path: the JSON file.
         vocab_size: the model's vocabulary size (``config.json`` ``vocab_size``); ids must be below it.
-        max_model_len: the engine's context length; prompts may use at most ``max_model_len - 128``.
+        max_model_len: the engine's context length; prompts may use at most ``max_model_len - reserve``.
         max_samples: keep only the first N records (a subset run; never compliant).
+        reserve: room kept for the answer, the run's ``max_tokens`` (default 128, MLPerf's).
 
     Raises:
         DatasetError: on the first bad file or record.
@@ -136,9 +138,10 @@ def load_dataset(path: str | os.PathLike, vocab_size: int, max_model_len: int, m
         if max_samples > total:
             raise DatasetError(path, f"--max-samples {max_samples} is more than the {total} records in the file")
         records = records[:max_samples]
-    max_prompt_len = max_model_len - OUTPUT_RESERVE
+    max_prompt_len = max_model_len - reserve
     if max_prompt_len <= 0:
-        raise DatasetError(path, f"max_model_len {max_model_len} leaves no room for a prompt and {OUTPUT_RESERVE} new tokens")
+        raise DatasetError(path, f"max_model_len {max_model_len} leaves no room for a prompt and {reserve} new tokens "
+                                 "([generation] max_tokens)")
     prompts, refs = [], []
     for i, rec in enumerate(records):
         prompts.append(validate_record(path, i, rec, vocab_size, max_prompt_len))

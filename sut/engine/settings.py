@@ -42,6 +42,7 @@ from typing import Optional
 
 from accuracy.jsontext import parse_json
 from sut.constants import MAX_NEW_TOKENS, MIN_NEW_TOKENS
+from sut.engine import vllm_names
 from sut.errors import EngineError
 
 #: Largest engine seed vLLM takes (its check: "Seed must be between 0 and 2**32 - 1").
@@ -137,7 +138,9 @@ def check_engine_settings(es: "EngineSettings") -> None:
     of :data:`_POSITIVE_INTS` below 1; ``gpu_memory_utilization`` outside (0, 1] (vLLM's
     ``CacheConfig``: gt=0, le=1); ``max_num_batched_tokens`` below ``max_num_seqs`` (both set; vLLM's
     ``SchedulerConfig``); ``max_model_len`` not above ``MAX_NEW_TOKENS``;
-    ``long_prefill_token_threshold`` or ``seed`` below 0; an empty name of :data:`_NAMES`.
+    ``long_prefill_token_threshold`` or ``seed`` below 0; an empty name of :data:`_NAMES`; a ``load_format``,
+    ``kv_cache_dtype`` or ``quantization`` outside the installed vLLM's names (``sut.engine.vllm_names``: read from
+    its source, not checked when they cannot be read).
     Types are ``settings_from_mapping``'s concern; a bool is refused where a number is due.
     """
     def number(v) -> bool:
@@ -170,6 +173,9 @@ def check_engine_settings(es: "EngineSettings") -> None:
         v = getattr(es, name)
         if (v is not None or name == "model") and not (isinstance(v, str) and v.strip()):
             raise _field_error(name, "a non-empty string", v)
+        names = vllm_names.choices(name) if v is not None else None  # None: vLLM's lists could not be read
+        if names and v not in names:
+            raise _field_error(name, f"one of the installed vLLM's names ({', '.join(names)})", v)
 
 
 @dataclass(frozen=True)

@@ -353,7 +353,8 @@ def _load_dataset(cfg: ServiceConfig, vocab_size: int):
     ds = cfg.dataset or {}
     if not ds.get("path"):
         raise ValueError("payload=indices needs the dataset path in the session's common data")
-    dataset = load_dataset(ds["path"], vocab_size, cfg.engine.max_model_len, ds.get("max_samples"))
+    dataset = load_dataset(ds["path"], vocab_size, cfg.engine.max_model_len, ds.get("max_samples"),
+                           reserve=cfg.generation.max_tokens)
     if ds.get("sha256") and dataset.sha256 != ds["sha256"]:
         raise ValueError(f"the service's copy of {ds['path']} has sha256 {dataset.sha256[:12]}..., the client's "
                          f"{ds['sha256'][:12]}...; payload=indices needs the same file on both sides")

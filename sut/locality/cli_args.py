@@ -20,6 +20,7 @@ from sut.locality.trace import TRACE_PRESETS as STUDY_PRESETS
 from sut.locality.trace import TraceSettings
 from sut.locality.workloads import POLICY_VARIANTS, WORKLOAD_PRESETS, WorkloadSettings
 from sut.settings.flags import add_engine_flags, engine_defaults, engine_settings_from_args
+from sut.settings.run import check_folder_name
 
 #: Every ``--trace-preset``: the study's two (``sut.locality.trace``) and the five workloads
 #: (``sut.locality.workloads``).
@@ -32,6 +33,14 @@ _VERBOSE_HELP = ("debug logging, and vLLM's own output (its logs, warnings and t
 #: ``-v`` of the commands that start no engine (``describe``, ``report``).
 _VERBOSE_NO_ENGINE_HELP = "debug logging (this command starts no engine)"
 
+
+
+def _folder_name(value: str) -> str:
+    """argparse type of ``--run-name``: a plain folder name inside ``--output-dir`` (exit 2 otherwise)."""
+    try:
+        return check_folder_name(value, "--run-name")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 def _defaults(cls) -> dict:
     return {f.name: f.default for f in dataclasses.fields(cls)}
@@ -134,7 +143,7 @@ def _add_run_flags(s) -> None:
     _add(g, _PROTOCOL, _PD)
     g.add_argument("--output-dir", default="results/locality", help="base folder of the run folders "
                    "(default results/locality)")
-    g.add_argument("--run-name", help="run folder name prefix (default: time + systems)")
+    g.add_argument("--run-name", type=_folder_name, help="run folder name prefix (default: time + systems)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     e = s.add_argument_group("engine (sut/engine EngineSettings; prefix caching is always ON here)")
     add_engine_flags(e, defaults=engine_defaults(), skip=("seed",), help=_ENGINE_HELP)
@@ -167,7 +176,7 @@ def add_commands(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "their pairs are renumbered run by run; only runs of the same trace and settings")
     r.add_argument("--output-dir", default="results/locality", help="base folder of the merged run folder "
                    "(default results/locality)")
-    r.add_argument("--run-name", help="merged run folder name prefix (default: time + 'merged')")
+    r.add_argument("--run-name", type=_folder_name, help="merged run folder name prefix (default: time + 'merged')")
     return p
 
 

@@ -51,6 +51,7 @@ from sut.run.loadgen_watch import LoadGenObjects, interrupt_reason, run_loadgen
 from sut.scenarios import check_backend, resolve_scenario
 from sut.settings.loadgen import loadgen_test_settings
 from sut.settings.run import RunSettings
+from sut.settings.userconf import check_audit_config
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,13 @@ def _check_backend(rs: RunSettings, es: EngineSettings, options: Any) -> tuple[t
 
 
 def _audit_config(rs: RunSettings) -> Optional[str]:
-    """The audit config in effect (``--audit-config``, TEST06's); ``InputError`` if it is missing."""
+    """The audit config in effect (``--audit-config``, TEST06's); ``InputError`` if it is missing or a line of it
+    is one LoadGen would reject or drop (``check_audit_config``)."""
     audit_config = rs.audit_config or (str(TEST06_AUDIT_CONFIG) if rs.compliance_test == "TEST06" else None)
     if audit_config and not Path(audit_config).is_file():
         raise InputError(f"audit config not found: {audit_config}")  # LoadGen would silently run without it
+    if audit_config:
+        check_audit_config(audit_config)
     return audit_config
 
 
@@ -142,7 +146,7 @@ def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, op
                          f"({es.model}/config.json)")
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
-    dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples)
+    dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples, reserve=gen.max_tokens)
     gate_preflight(rs, es, dataset)  # the gate's tokenizer, references, prompt ids: bad input now, not after the run
     return backend, options, model, gen, dataset
 

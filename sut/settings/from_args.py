@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import re
 import tomllib
+from pathlib import Path
 
 from sut.base import get_sut, sut_names
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
@@ -26,6 +27,8 @@ from sut.settings.run import RunSettings
 def _preset(path: str | None) -> dict:
     if not path:
         return {}
+    if Path(path).exists() and not Path(path).is_file():  # a folder, or a FIFO that would block the read
+        raise BadInput(f"error: preset {path} is not a regular file")
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -86,14 +89,19 @@ def _parse_option(s: str):
     return k, json_or_str(v)
 
 
+#: The ``[run]`` keys that a flag of the same name (``--max-samples`` for max_samples) overrides.
+RUN_FLAG_KEYS = ("sut", "scenario", "mode", "dataset", "output_dir", "user_conf", "model_key", "run_name",
+                 "audit_config", "compliance_test", "tokenizer", "max_samples", "min_duration_s", "min_query_count",
+                 "target_qps")
+
+
 def _run_fields(a: argparse.Namespace, run: dict) -> dict:
     """``run`` (a preset's ``[run]``) overridden by the run flags given; ``preset`` is the ``--config`` file."""
     if "preset" in run:
         raise BadInput(f"error: {a.config}: [run] preset is not a preset key (the preset is the --config file itself)")
     if a.config:
         run["preset"] = str(a.config)
-    for key in ("sut", "scenario", "mode", "dataset", "output_dir", "user_conf", "model_key", "run_name", "audit_config",
-                "compliance_test", "tokenizer", "max_samples", "min_duration_s", "min_query_count", "target_qps"):
+    for key in RUN_FLAG_KEYS:
         val = getattr(a, key)
         if val is not None:
             run[key] = val
@@ -197,7 +205,10 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         rs, gs = settings_from_mapping(RunSettings, run), settings_from_mapping(GenerationSettings, gen)
     except (ValueError, TypeError) as e:
         table = next((t for cls, t in _PRESET_TABLES.items() if str(e).startswith(f"unknown {cls} field")), None)
-        table = table or _preset_table_of(str(e), {t: pre.get(t) for t in ("run", "generation")})
+        flagged = {k for k in RUN_FLAG_KEYS if getattr(a, k, None) is not None}  # the flag gave these, not the preset
+        given = {"run": {k: v for k, v in (pre.get("run") or {}).items() if k not in flagged},
+                 "generation": pre.get("generation")}
+        table = table or _preset_table_of(str(e), given)
         where = f"{a.config} [{table}]: " if a.config and table and a.config not in str(e) else ""
         raise BadInput(f"error: {where}{e}") from None
     _check_engine_first(rs.sut, es)

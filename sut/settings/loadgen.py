@@ -73,7 +73,7 @@ def loadgen_test_settings(rs, dataset_size: int):
     import mlperf_loadgen as lg
 
     if not Path(rs.user_conf).is_file():
-        raise InputError(f"user.conf {rs.user_conf} is a folder, not a file" if Path(rs.user_conf).is_dir()
+        raise InputError(f"user.conf {rs.user_conf} is not a regular file" if Path(rs.user_conf).exists()
                          else f"user.conf not found: {rs.user_conf}")
     scen = resolve_scenario(rs.scenario, rs.model_key)  # Interactive: LoadGen's Server + the -interactive key
     # A line LoadGen would ignore is refused (exit 2); with --target-qps, a file keyed for other runs only is fine.

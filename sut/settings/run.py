@@ -113,10 +113,8 @@ class RunSettings:
         if self.audit_config and self.mode != "performance":
             raise ValueError("an audit config sets LoadGen's mode itself (TEST06: performance with a sampled accuracy "
                              f"log); run it with --mode performance, got {self.mode!r}")
-        if self.run_name is not None and (self.run_name in ("", ".", "..") or "/" in self.run_name
-                                          or "\0" in self.run_name or self.run_name != self.run_name.strip()):
-            raise ValueError("run_name must be a plain folder name inside --output-dir (no '/', not '.' or '..', no "
-                             f"leading or trailing spaces), got {self.run_name!r}")
+        if self.run_name is not None:
+            check_folder_name(self.run_name)
         if self.max_samples is not None and self.max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
         if self.min_query_count is not None and not 1 <= self.min_query_count <= MAX_QUERY_COUNT:
@@ -134,3 +132,12 @@ class RunSettings:
         quick performance run ``QUICK_PERFORMANCE_SAMPLES``, else None (mlperf.conf's count, at most the
         dataset). An accuracy run issues every sample whatever the count."""
         return QUICK_PERFORMANCE_SAMPLES if self.quick and self.mode == "performance" else None
+
+
+def check_folder_name(name: str, what: str = "run_name") -> str:
+    """``name`` if it is a plain folder name (a run folder's, inside ``--output-dir``), else ``ValueError`` naming
+    ``what``: no '/', not empty, '.' or '..', no NUL, no leading or trailing spaces."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name or name != name.strip():
+        raise ValueError(f"{what} must be a plain folder name inside --output-dir (no '/', not '.' or '..', no "
+                         f"leading or trailing spaces), got {name!r}")
+    return name

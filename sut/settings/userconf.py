@@ -348,3 +348,22 @@ def value_key(text: str | None) -> float | str | None:
         return float(text)
     except ValueError:
         return text
+
+
+#: LoadGen's TestMode values (loadgen/test_settings.h: SubmissionRun 0, AccuracyOnly 1, PerformanceOnly 2,
+#: FindPeakPerformance 3): the ``mode`` an audit config may set.
+_TEST_MODES = ("0", "1", "2", "3")
+
+
+def check_audit_config(path: str | os.PathLike) -> None:
+    """Refuse an audit config (``--audit-config``; LoadGen reads it as it reads a user.conf) with a line LoadGen
+    would reject or drop (:func:`parse_lines`), no setting at all, or a ``mode`` outside LoadGen's TestMode values.
+    ``InputError`` naming the file and the line."""
+    path = Path(path)
+    lines = parse_lines(path, _read_conf(path))
+    if not lines:
+        raise InputError(f"audit config {path}: no setting in it (empty, or comments only)")
+    for ln in lines:
+        if ln.key.rsplit(".", 1)[-1] == "mode" and ln.value not in _TEST_MODES:
+            raise InputError(f"{path}, line {ln.number} ({ln.text!r}): mode must be one of LoadGen's test modes "
+                             f"{', '.join(_TEST_MODES)} (2: performance, 1: accuracy), got {ln.value!r}")
