@@ -111,7 +111,7 @@ def test_run_settings_refuse_a_bad_engine_flag_or_preset_value(tmp_path, dataset
     if extra:
         assert f"(flag {extra[0]})" in e.value.message and "preset" not in e.value.message, e.value.message
     else:
-        assert f"{tmp_path / 'p.toml'} [engine]:" in e.value.message, e.value.message
+        assert f"{tmp_path / 'p.toml'} [engine]:" in e.value.message and "flag --" not in e.value.message, e.value.message
 
 
 def test_a_flame_preset_with_sut_vllm_names_the_preset_table_and_the_sut_its_options_belong_to(tmp_path, dataset):
@@ -162,6 +162,7 @@ def test_run_with_a_bad_dtype_exits_2_before_an_engine_or_run_folder(tmp_path, d
     ([], '[engine]\nkv_cache_dtype = "fp9"\n', "[engine]: engine setting kv_cache_dtype must be one of"),
     # a 200-token prompt in a 4,096-token context fits 128 new tokens, not 4,000
     ([], "[generation]\nmax_tokens = 4000\n", "record 0, field 'tok_input': prompt has 200 tokens, more than 96"),
+    ([], "[generation]\neos_token_ids = [2, 999999]\n", "eos_token_ids [999999] are outside the model's vocabulary"),
 ])
 def test_a_value_vllm_or_the_context_refuses_exits_2_before_an_engine_or_run_folder(tmp_path, flags, preset, expect):
     """What vLLM would refuse only after the engine started (its own names for load_format, kv_cache_dtype and
@@ -388,7 +389,7 @@ def test_max_model_len_past_the_models_positions_is_bad_input_before_a_run_folde
     r = subprocess.run([sys.executable, "-m", "sut", "run", "--config", str(REPO / "loadgen_configs/cpu_tiny.toml"),
                         "--dataset", str(dataset), "--quick", "--max-model-len", "99999", "--output-dir",
                         str(tmp_path / "out")], cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "max_model_len 99999 (flag --max-model-len" in r.stderr, r.stderr[-800:]
+    assert r.returncode == 2 and "max_model_len 99999 (--max-model-len or the preset" in r.stderr, r.stderr[-800:]
     assert "max_position_embeddings 8192" in r.stderr and not (tmp_path / "out").exists()
     cfg = REPO.parent / "shared" / "gpu" / "llama31_8b_dummy" / "config.json"  # the H200 runs' 8B config
     llama31 = json.loads(cfg.read_text()) if cfg.is_file() else \
@@ -475,3 +476,34 @@ def test_an_audit_config_loadgen_would_misread_exits_2_before_an_engine_or_run_f
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert r.returncode == 2 and len(errors) == 1 and expect in errors[0], r.stderr[-600:]
     assert not out.exists()
+
+
+def test_vllm_names_are_read_from_its_source_and_skipped_when_not_found(tmp_path, monkeypatch):
+    """The lists come from vLLM's module-level Literals; another layout (no file, no Literal) checks nothing."""
+    from sut.engine import EngineSettings, vllm_names
+
+    loader = tmp_path / "model_executor" / "model_loader"
+    loader.mkdir(parents=True)
+    (loader / "__init__.py").write_text('from typing import Literal\nLoadFormats = Literal["auto", "dummy"]\n')
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "cache.py").write_text("CacheDType = str\n")  # not a Literal: not checked
+    monkeypatch.setattr(vllm_names, "_vllm_root", lambda: tmp_path)
+    vllm_names.choices.cache_clear()
+    try:
+        assert vllm_names.choices("load_format") == ("auto", "dummy")
+        assert vllm_names.choices("kv_cache_dtype") is None and vllm_names.choices("quantization") is None
+        with pytest.raises(ValueError, match=r"names \(auto, dummy\), got 'safetensors'"):
+            EngineSettings(model="m", load_format="safetensors")
+        assert EngineSettings(model="m", kv_cache_dtype="anything", quantization="else").quantization == "else"
+    finally:
+        vllm_names.choices.cache_clear()
+
+
+@pytest.mark.parametrize("flag", ["--output-dir", "--dataset", "--user-conf"])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(flag):
+    from sut import cli
+
+    argv = ["run", "--model", str(TINY_MODEL), "--dataset", "x.json", flag, ""]
+    with pytest.raises(BadInput) as e:
+        settings_from_args(cli.build_parser().parse_args(argv))
+    assert e.value.code == 2 and f"({flag}) must be a path, got an empty string" in e.value.message

@@ -77,11 +77,14 @@ def next_qps(lo: Optional[float], hi: Optional[float], start: Optional[float], f
 
 def check_search_args(start: Optional[float], factor: float, rel_tol: float, max_runs: int, prior: list) -> None:
     """``ValueError`` naming the first search argument that cannot work (``search``'s): a missing ``start``
-    without earlier tries, ``start`` / ``rel_tol`` not a finite number > 0, ``factor`` not > 1, ``max_runs`` < 0."""
+    without earlier tries, ``start`` / ``rel_tol`` not a finite number > 0, ``factor`` not > 1, ``max_runs`` < 0 (or 0
+    without earlier tries)."""
     import math
 
     if start is None and not prior:
         raise ValueError("--start is needed without earlier tries (--resume FILE)")
+    if max_runs == 0 and not prior:
+        raise ValueError("--max-runs 0 without earlier tries (--resume FILE) would make no try at all")
     for name, v, ok in (("--start", start, start is None or start > 0), ("--factor", factor, factor > 1),
                         ("--rel-tol", rel_tol, rel_tol > 0), ("--max-runs", max_runs, max_runs >= 0)):
         if v is not None and (not math.isfinite(v) or not ok):

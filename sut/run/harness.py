@@ -141,11 +141,15 @@ def prepare_run(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, op
     except EngineError as e:  # an unusable model folder is bad input
         raise InputError(str(e)) from None
     if 0 < model.max_model_len_limit < es.max_model_len:  # vLLM would refuse it only once the engine starts
-        raise InputError(f"max_model_len {es.max_model_len} (flag --max-model-len, preset [engine] max_model_len) "
+        raise InputError(f"max_model_len {es.max_model_len} (--max-model-len or the preset's [engine] max_model_len) "
                          f"exceeds the model's max_position_embeddings {model.max_model_len_limit} "
                          f"({es.model}/config.json)")
     if not gen.eos_token_ids:
         gen = dataclasses.replace(gen, eos_token_ids=model.eos_token_ids)
+    outside = [t for t in gen.eos_token_ids if not 0 <= t < model.vocab_size]
+    if outside:  # no answer could ever end with them: every EOS check would be against ids the model cannot make
+        raise InputError(f"[generation] eos_token_ids {outside} are outside the model's vocabulary [0, "
+                         f"{model.vocab_size}) ({es.model}/config.json)")
     dataset = load_dataset(rs.dataset, model.vocab_size, es.max_model_len, rs.max_samples, reserve=gen.max_tokens)
     gate_preflight(rs, es, dataset)  # the gate's tokenizer, references, prompt ids: bad input now, not after the run
     return backend, options, model, gen, dataset

@@ -93,6 +93,9 @@ class RunSettings:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("dataset", "output_dir", "user_conf", "audit_config", "tokenizer"):  # "" would mean "."
+            if getattr(self, name) is not None and not str(getattr(self, name)).strip():
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a path, got an empty string")
         if self.model_key is not None and self.model_key not in MODEL_KEYS:
             raise ValueError(f"model_key must be one of {MODEL_KEYS} (spelt exactly so), got {self.model_key!r}")
         # ScenarioError (a ValueError) names the right spelling or pairing; the key is then the scenario's
