@@ -237,6 +237,8 @@ def _main(argv: list[str]) -> int:
         write_reference=Path(args.write_reference) if args.write_reference else None,
     )
     _refuse_a_mismatched_rescore(args, argv, settings.output_dir, rec)
+    if settings.output_dir.exists() and not settings.output_dir.is_dir():  # found before scoring, not after
+        raise UsageError(f"--output-dir {settings.output_dir} is a file, not a folder")
     try:
         result = evaluate(settings)
     except AccuracyInputError:  # exit 2 (main); some are OSErrors too (TokenizerNotFoundError)

@@ -586,6 +586,9 @@ def test_cli_exit_codes(tmp_path, tok_dir, dataset_file, vocab, capsys):
     assert cli_main(common + ["--reference", str(tmp_path / "none.json")]) == 2
     assert cli_main(["--accuracy-log", str(tmp_path / "x.json"), "--dataset", str(dataset_file), "--tokenizer", str(tok_dir)]) == 2
     assert capsys.readouterr().err.endswith(f"error: --accuracy-log {tmp_path / 'x.json'}: no such file\n")
+    (tmp_path / "afile").write_text("")
+    assert cli_main(common + ["--output-dir", str(tmp_path / "afile")]) == 2
+    assert capsys.readouterr().err.endswith(f"error: --output-dir {tmp_path / 'afile'} is a file, not a folder\n")
     for bad in ("a,b", "2,-5"):
         with pytest.raises(SystemExit) as exc:
             cli_main(common + ["--eos-ids", bad])

@@ -277,6 +277,7 @@ def test_package_refuses_fill_in_placeholders_naming_each_field(tmp_path):
 @pytest.mark.parametrize("content, why", [
     ("[1]", "must be a JSON object"), ('{"cooling": {"a": 1}}', "field 'cooling' must be a plain value"),
     ('{"submitter": "other"}', "field 'submitter' is 'other', the command's is 'o'"), ("{", "malformed JSON"),
+    ('{"status": 5}', "field 'status' is 5, the checker takes"), ('{"status": "soon"}', "field 'status' is 'soon'"),
 ])
 def test_package_refuses_a_bad_system_json_with_exit_2_before_writing(tmp_path, content, why):
     perf, acc = _offline_server_runs(tmp_path / "runs")

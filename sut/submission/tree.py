@@ -453,7 +453,8 @@ def read_system_desc(ts: TreeSettings) -> dict:
 
     Raises:
         ValueError: the file cannot be read, is not a UTF-8 JSON object of plain values (string, number,
-            boolean, null), or gives ``division``, ``submitter`` or ``system_name`` other than the command's.
+            boolean, null), gives a ``status`` the checker refuses, or ``division``, ``submitter`` or
+            ``system_name`` other than the command's.
     """
     if ts.system_desc is None:
         return {}
@@ -470,6 +471,9 @@ def read_system_desc(ts: TreeSettings) -> dict:
         if isinstance(v, (dict, list)):
             raise ValueError(f"{where}: field {k!r} must be a plain value (text, number, true/false), got "
                              f"{type(v).__name__}")
+    if "status" in desc and not (isinstance(desc["status"], str) and desc["status"].lower() in VALID_STATUSES):
+        raise ValueError(f"{where}: field 'status' is {desc['status']!r}, the checker takes "
+                         f"{' | '.join(VALID_STATUSES)}")
     for k, want in (("division", ts.division), ("submitter", ts.submitter), ("system_name", ts.system)):
         if k in desc and desc[k] != want:
             raise ValueError(f"{where}: field {k!r} is {desc[k]!r}, the command's is {want!r}")
