@@ -360,8 +360,8 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
     ("[engine.Server]\nmax_num_seqs = 0\n", [], "{p}: [engine.Server]: engine setting max_num_seqs must be >= 1 (an "
                                                 "integer), got 0 (flag --max-num-seqs, preset [engine.Server] max_num_seqs)"),
     ("[engine]\nmax_num_seqs = 8\n", ["--max-num-seqs", "0"], "error: engine setting max_num_seqs must be >= 1"),
-    ("[run]\nmax_samples = 5\n", ["--max-samples", "0"], "error: max_samples must be >= 1"),
-    ("[run]\ntarget_qps = 3\n", ["--target-qps", "0"], "error: target_qps must be"),
+    ("[run]\nmax_samples = 5\n", ["--max-samples", "0"], "error: max_samples (--max-samples) must be >= 1"),
+    ("[run]\ntarget_qps = 3\n", ["--target-qps", "0"], "error: target_qps (--target-qps) must be"),
     ("[engine]\nmax_num_seqs = 64\nmax_num_batched_tokens = 32\n", [],
      "engine setting max_num_batched_tokens must be >= max_num_seqs (64)"),
 ])

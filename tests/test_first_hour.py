@@ -86,5 +86,5 @@ def test_inputs_that_would_fill_memory_or_overflow_are_refused_before_anything(t
     os.mkfifo(fifo)
     with pytest.raises(AccuracyInputError, match="not a regular file"):  # never opened: a FIFO would block
         read_accuracy_log(fifo)
-    with pytest.raises(ValueError, match="min_query_count must be in"):
+    with pytest.raises(ValueError, match=r"min_query_count \(--min-query-count\) must be in"):
         RunSettings(sut="vllm", dataset="d.json", min_query_count=10**20)

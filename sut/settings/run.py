@@ -119,13 +119,14 @@ class RunSettings:
         if self.run_name is not None:
             check_folder_name(self.run_name)
         if self.max_samples is not None and self.max_samples < 1:
-            raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
+            raise ValueError(f"max_samples (--max-samples) must be >= 1, got {self.max_samples}")
         if self.min_query_count is not None and not 1 <= self.min_query_count <= MAX_QUERY_COUNT:
-            raise ValueError(f"min_query_count must be in [1, {MAX_QUERY_COUNT:,}], got {self.min_query_count}")
+            raise ValueError(f"min_query_count (--min-query-count) must be in [1, {MAX_QUERY_COUNT:,}], got "
+                             f"{self.min_query_count}")
         for name in ("min_duration_s", "target_qps"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and 0 < v <= 1e7):
-                raise ValueError(f"{name} must be a number in (0, 1e7], got {v}")
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a number in (0, 1e7], got {v}")
         if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
             raise ValueError(f"stall_timeout_s must be a positive number, got {self.stall_timeout_s}")
 
