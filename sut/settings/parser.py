@@ -27,8 +27,9 @@ def backend_options_classes() -> dict[str, Optional[type]]:
     return out
 
 
-def add_run_parser(sub) -> None:
-    """``python -m sut run``'s parser, added to the subparsers ``sub`` (``python -m sut`` and ``find-qps``)."""
+def add_run_parser(sub) -> argparse.ArgumentParser:
+    """``python -m sut run``'s parser, added to the subparsers ``sub`` (``python -m sut`` and ``find-qps``), and
+    returned."""
     p = sub.add_parser(
         "run",
         help="run one LoadGen test through a SUT",
@@ -83,11 +84,15 @@ def add_run_parser(sub) -> None:
                    help="backend option (repeatable; the value is read as JSON, else as a string), e.g. batch_size=64 "
                         "for --sut flame; checked by the backend's options dataclass")
     add_backend_flags(p, backend_options_classes())
+    return p
 
 
 def parse_run_args(args: list[str]) -> argparse.Namespace:
     """``args`` (``python -m sut run``'s flags, without ``run``) parsed as ``python -m sut run`` parses them;
     argparse exits 2 on bad flags."""
     p = argparse.ArgumentParser(prog="python -m sut")
-    add_run_parser(p.add_subparsers(dest="cmd", required=True))
-    return p.parse_args(["run", *args])
+    run = add_run_parser(p.add_subparsers(dest="cmd", required=True))
+    a, extra = p.parse_known_args(["run", *args])
+    if extra:  # named by run's parser (its usage), not by the top one's "python -m sut [-h] {run}"
+        run.error(f"unrecognized arguments: {' '.join(extra)}")
+    return a
