@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO, sut_env
@@ -85,6 +86,7 @@ def _open_once_read(fifo, p, log, timeout_s=120.0) -> int:
 #: end): a run stopped while it checks the dataset (a dataset file is read only if regular, so the FIFO is not it).
 _SLOW_DATASET = """
 import sys
+from pathlib import Path
 import accuracy.dataset as d
 fifo, parse = sys.argv.pop(1), d.parse_json
 def slow_parse(text):
@@ -147,3 +149,37 @@ def test_a_failure_while_stopping_exits_130_not_1(monkeypatch, caplog):
     exits._interrupted.set()  # what the signal handler does
     assert exits.run_main(_engine_start_fails, messages={"stopped": "run stopped: {}"}) == 130
     assert "run stopped: engine 0 exited while starting" in caplog.text
+
+
+def test_a_ctrl_c_before_loadgens_thread_starts_leaves_no_thread_behind(monkeypatch):
+    """A stop signal that lands before StartTest's thread exists (e.g. during the collection just before it) must
+    not mark LoadGen as still running: that makes ``run_main`` end the process with ``os._exit`` (a test session
+    with it), for a thread that never started."""
+    import types
+
+    from sut.run import loadgen_watch as lw
+
+    def interrupted():
+        raise KeyboardInterrupt("SIGINT, Ctrl-C")
+
+    monkeypatch.setattr(lw.gc, "collect", interrupted)
+    started = []
+    with pytest.raises(KeyboardInterrupt):
+        lw.start_test_interruptible(types.SimpleNamespace(), None, None, None, None, "", None, 60, 1,
+                                    on_start=lambda: started.append(1))
+    assert started == []
+    # run_loadgen itself: LoadGen's objects are built, the signal lands before its thread: nothing is left running
+    import mlperf_loadgen as lg
+    import numpy as np
+
+    from sut.data.dataset import Dataset
+    from sut.settings.run import RunSettings
+
+    ds = Dataset("d.json", "0" * 64, [np.arange(1, 5, dtype=np.int32)] * 2, ["", ""], 2)
+    sut = types.SimpleNamespace(issue_queries=lambda qs: None, flush_queries=lambda: None)
+    ts = lg.TestSettings()
+    objs = lw.LoadGenObjects()
+    with pytest.raises(KeyboardInterrupt):
+        lw.run_loadgen(lg, sut, RunSettings(sut="vllm", dataset="d.json"), ds, ts, None, Path("/nonexistent"), objs)
+    assert objs.returned is True and objs.qsl is not None
+    objs.destroy(lg)

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sut.base import SystemUnderTest
 from sut.data.dataset import Dataset, QuerySampleLibrary
@@ -59,9 +59,14 @@ def run_loadgen(lg, sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts,
     audit = str(Path(audit_config).resolve()) if audit_config else str(run_dir / "no-audit.config")
     log.info("LoadGen %s %s mode, model key %s, output %s", rs.scenario, rs.mode, rs.model_key, run_dir)
     objs.t_start = time.monotonic()
-    objs.returned = False
+    objs.returned = True  # nothing runs yet: a Ctrl-C before LoadGen's thread starts leaves none behind
+
+    def started() -> None:
+        objs.returned = False
+
     error, objs.returned = start_test_interruptible(lg, objs.sut_handle, objs.qsl.handle, ts, ls, audit, sut,
-                                                    rs.stall_timeout_s, objs.qsl.performance_sample_count)
+                                                    rs.stall_timeout_s, objs.qsl.performance_sample_count,
+                                                    on_start=started)
     return error
 
 
@@ -95,9 +100,10 @@ def interrupt_reason(e: KeyboardInterrupt) -> str:
     return f"interrupted ({e.args[0] if e.args else 'SIGINT, Ctrl-C'})"
 
 
-def start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
-                             stall_timeout_s, perf_count: int) -> tuple[Optional[str], bool]:
+def start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut, stall_timeout_s, perf_count: int,
+                             on_start: Callable[[], None] = lambda: None) -> tuple[Optional[str], bool]:
     """Run StartTest on a thread; the main thread watches for Ctrl-C/SIGTERM, stalls and failures.
+    ``on_start`` is called just before the thread starts (a Ctrl-C raised before it leaves no thread behind).
 
     Returns ``(error or None, whether StartTest returned)``. On Ctrl-C or a stall the ledger answers
     the outstanding samples empty so that LoadGen returns, and the run is reported failed. After any
@@ -119,6 +125,7 @@ def start_test_interruptible(lg, sut_handle, qsl_handle, ts, ls, audit, sut,
     gc.collect()
     gc.freeze()  # what start-up made stays out of every collection during the test (unfrozen at its end)
     t_start = time.monotonic()
+    on_start()
     t.start()
     led = sut.ledger
     streaming = ts.scenario == lg.TestScenario.Server  # Interactive too
