@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from sut.constants import REPO
+from sut.engine.settings import MAX_SEED
 from sut.errors import ComplianceError, InputError, RunFailed
 from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
 from sut.record.latency_trend import describe as describe_trend
@@ -233,12 +234,12 @@ def _add_data_parsers(sub) -> None:
 
 
 def _seed(text: str) -> int:
-    """argparse type: numpy's seed range, 0 to 2**32 - 1."""
+    """argparse type: numpy's seed range, 0 to 2**32 - 1 (``MAX_SEED``, as the engine's seed)."""
     try:
         v = int(text)
     except ValueError:
         v = -1
-    if not 0 <= v < 1 << 32:
+    if not 0 <= v <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**32 - 1, got {text!r}")
     return v
 

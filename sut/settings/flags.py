@@ -125,16 +125,20 @@ def engine_settings_from_args(a: argparse.Namespace, base: Optional[Mapping[str,
     try:
         return settings_from_mapping(EngineSettings, values)
     except (ValueError, TypeError) as e:
-        raise BadInput(f"error: {_source_named(str(e), engine_overrides(a))}") from None
+        raise BadInput(f"error: {field_source_named(str(e), engine_overrides(a))}") from None
 
 
-def _source_named(message: str, flags: Mapping[str, Any]) -> str:
-    """A field error's "(flag --x, preset [engine] x)" (``sut.engine.settings``) narrowed to "(flag --x)" when a
-    flag gave the value, e.g. ``--admit-every-steps 0`` on the command line; other messages unchanged."""
-    m = re.search(r"\(flag (--[\w-]+), preset \[engine\] (\w+)\)", message)
-    if m and m.group(2) in flags:
-        return message.replace(m.group(0), f"(flag {m.group(1)})")
-    return message
+_FIELD_SOURCES = re.compile(r" ?\(flag (--[\w-]+), preset \[engine\] (\w+)\)")
+
+
+def field_source_named(message: str, flags: Mapping[str, Any]) -> str:
+    """A field error's "(flag --x, preset [engine] x)" (``sut.engine.settings``) narrowed to the one source that
+    gave the value: " (flag --x)" when field x is in ``flags`` (e.g. ``--admit-every-steps 0``), else nothing (the
+    caller names the preset file and table); other messages unchanged."""
+    m = _FIELD_SOURCES.search(message)
+    if not m:
+        return message
+    return message.replace(m.group(0), f" (flag {m.group(1)})" if m.group(2) in flags else "")
 
 
 # ------------------------------------------------------------------------------ backend option flags

@@ -199,7 +199,6 @@ def settings_from_args(a: argparse.Namespace) -> tuple[RunSettings, EngineSettin
         msg = str(e).removeprefix("error: ")
         from_preset = {k: v for k, v in engine.items() if k not in engine_overrides(a)}  # not overridden by a flag
         if a.config and a.config not in msg and _preset_table_of(msg, {"engine": from_preset}):
-            msg = re.sub(r" \(flag --[\w-]+, preset \[engine\] \w+\)", "", msg)  # the prefix names the source
             raise BadInput(f"error: {a.config} [engine]: {msg}") from None
         raise
     try:
