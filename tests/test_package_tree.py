@@ -278,6 +278,8 @@ def test_package_refuses_fill_in_placeholders_naming_each_field(tmp_path):
     ("[1]", "must be a JSON object"), ('{"cooling": {"a": 1}}', "field 'cooling' must be a plain value"),
     ('{"submitter": "other"}', "field 'submitter' is 'other', the command's is 'o'"), ("{", "malformed JSON"),
     ('{"status": 5}', "field 'status' is 5, the checker takes"), ('{"status": "soon"}', "field 'status' is 'soon'"),
+    ('{"acelerator_model_name": "H100"}', "field 'acelerator_model_name' is not one the checker reads; did you mean "
+     "'accelerator_model_name'?"),
 ])
 def test_package_refuses_a_bad_system_json_with_exit_2_before_writing(tmp_path, content, why):
     perf, acc = _offline_server_runs(tmp_path / "runs")
@@ -289,3 +291,17 @@ def test_package_refuses_a_bad_system_json_with_exit_2_before_writing(tmp_path, 
                        env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"--system-json {desc}: {why}" in r.stderr, r.stderr[-1500:]
     assert not (tmp_path / "sub").exists()
+
+
+def test_system_json_keeps_a_field_of_its_own_and_a_power_field(tmp_path, caplog):
+    from sut.submission.tree import TreeSettings, read_system_desc
+    desc = tmp_path / "d.json"
+    desc.write_text('{"power_supply_details": "2x 3 kW", "lab_rack": "B7"}')
+    ts = TreeSettings(out=str(tmp_path / "sub"), system="s", submitter="o", division="open", system_desc=str(desc),
+                      performance_runs=("p",), accuracy_runs=("a",))
+    with caplog.at_level("WARNING"):
+        got = read_system_desc(ts)
+    assert got == {"power_supply_details": "2x 3 kW", "lab_rack": "B7"}
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("'lab_rack' is not one the v6.1 checker reads" in m for m in warned), warned
+    assert not any("power_supply_details" in m for m in warned), warned

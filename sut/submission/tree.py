@@ -25,6 +25,7 @@ passes the v6.1 submission checker (``--version v6.1``) and fails v6.0's seed ch
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -78,6 +79,18 @@ SYSTEM_FIELDS = (
     "host_networking_topology", "accelerator_frequency", "accelerator_host_interconnect", "accelerator_interconnect",
     "accelerator_interconnect_topology", "accelerator_memory_configuration", "accelerator_on-chip_memories",
     "cooling", "hw_notes", "sw_notes", "host_network_card_count", "system_type_detail",
+)
+#: Fields the checker reads beyond :data:`SYSTEM_FIELDS`: a power submission's
+#: (``SYSTEM_DESC_REQUIRED_FIELDS_POWER``) and a network-mode one's (``SYSTEM_DESC_REQUIRED_FIELDS_NETWORK_MODE``),
+#: v6.1 ``constants.py``. A ``--system-json`` field close to one of these or :data:`SYSTEM_FIELDS` but not one
+#: of them is taken for a misspelling and refused (:func:`read_system_desc`); any other field is kept, with a warning.
+SYSTEM_FIELDS_OPTIONAL = (
+    "power_management", "filesystem", "boot_firmware_version", "management_firmware_version", "other_hardware",
+    "number_of_type_nics_installed", "nics_enabled_firmware", "nics_enabled_os", "nics_enabled_connected",
+    "network_speed_mbit", "power_supply_quantity_and_rating_watts", "power_supply_details", "disk_drives",
+    "disk_controllers", "system_power_only", "is_network", "network_type", "network_media", "network_rate",
+    "nic_loadgen", "number_nic_loadgen", "net_software_stack_loadgen", "network_protocol", "number_connections",
+    "nic_sut", "number_nic_sut", "net_software_stack_sut", "network_topology",
 )
 
 
@@ -477,7 +490,26 @@ def read_system_desc(ts: TreeSettings) -> dict:
     for k, want in (("division", ts.division), ("submitter", ts.submitter), ("system_name", ts.system)):
         if k in desc and desc[k] != want:
             raise ValueError(f"{where}: field {k!r} is {desc[k]!r}, the command's is {want!r}")
+    _check_field_names(where, desc)
     return desc
+
+
+def _check_field_names(where: str, desc: dict) -> None:
+    """Refuse a field of ``desc`` that looks like a misspelt checker field (difflib ratio >= 0.85 to one of
+    :data:`SYSTEM_FIELDS` or :data:`SYSTEM_FIELDS_OPTIONAL`): kept, it would leave the real field to the template
+    and add one the checker never reads. Other unknown fields are logged and kept (submitters add their own).
+
+    Raises:
+        ValueError: naming the field and the field it is probably meant to be.
+    """
+    known = SYSTEM_FIELDS + SYSTEM_FIELDS_OPTIONAL
+    for k in desc:
+        if k in known:
+            continue
+        close = difflib.get_close_matches(k, known, n=1, cutoff=0.85)
+        if close:
+            raise ValueError(f"{where}: field {k!r} is not one the checker reads; did you mean {close[0]!r}?")
+        log.warning("%s: field %r is not one the v6.1 checker reads; kept as given", where, k)
 
 
 def system_desc_problems(system: str, desc: dict) -> list[str]:
