@@ -342,3 +342,68 @@ def test_workloads_step_gives_eviction_its_blocks_and_replica_loss_its_shorter_l
     assert "--loss-timeout-s" not in eviction and "--kv-blocks" not in loss
     assert _flag(loss, "--trace-preset") == "replica-loss" and _flag(loss, "--loss-timeout-s") == "20"
     assert "--loss-timeout-s" not in arrivals and "--kv-blocks" not in arrivals and _flag(arrivals, "--pairs") == "3"
+
+
+def _screen(job: Path, i: int, budget: int, phases: dict) -> None:
+    """A server_steps.py result of one engine (``max_num_batched_tokens`` overridden to ``budget``) in
+    ``job/server_steps_i``: phases name -> (admit_every_steps, TTFT p99 ms, TPOT p99 ms)."""
+    d = job / f"server_steps_{i}"
+    d.mkdir(parents=True)
+    res = {"engine": {"max_num_batched_tokens": budget, "max_num_seqs": 512, "kv_cache_dtype": "fp8"},
+           "engine_override": {"max_num_batched_tokens": budget},
+           "phases": {name: {"admit_every_steps": k, "window": {"ttft_ms_p99": ttft, "tpot_ms_p99": tpot}}
+                      for name, (k, ttft, tpot) in phases.items()}}
+    (d / "server_steps.json").write_text(json.dumps(res))
+
+
+def test_screen_pick_takes_the_setting_with_the_most_room_under_its_binding_limit(tmp_path):
+    job = tmp_path / "job"
+    _screen(job, 0, 1280, {"server": (1, 470.0, 26.0)})  # TTFT binds: 0.94
+    _screen(job, 1, 1408, {"server": (1, 380.0, 27.3), "server-admit2": (2, 420.0, 27.0)})  # 0.91 / 0.90
+    _screen(job, 2, 1536, {"server": (1, 320.0, 30.3), "offline": (1, None, None)})  # TPOT binds: 1.01
+    r = subprocess.run(["python3", "scripts/bench/screen_pick.py", "--scenario", "Interactive", str(job)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "--max-num-batched-tokens=1408+--max-num-seqs=512+--admit-every-steps=2"
+    assert "warning" not in r.stderr and r.stderr.count("screen: server_steps_") == 4  # offline is no candidate
+    r = subprocess.run(["python3", "scripts/bench/screen_pick.py", "--scenario", "Server", str(job)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)  # Server's limits (2 s / 100 ms): TPOT binds
+    assert r.stdout.strip() == "--max-num-batched-tokens=1280+--max-num-seqs=512"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = subprocess.run(["python3", "scripts/bench/screen_pick.py", "--scenario", "Interactive", str(empty)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == "" and "no screened setting with both p99s" in r.stderr
+
+
+def test_screen_pick_warns_when_even_the_best_is_near_a_limit(tmp_path):
+    job = tmp_path / "job"
+    _screen(job, 0, 1536, {"server": (1, 300.0, 29.1)})
+    r = subprocess.run(["python3", "scripts/bench/screen_pick.py", "--scenario", "Interactive", str(job)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "warning: even the best setting uses 0.970 of a limit" in r.stderr
+
+
+def test_confirm_plus_screen_runs_with_the_screens_pick_and_fails_without_a_screen(tmp_path):
+    _screen(tmp_path / "job", 0, 1280, {"server": (1, 470.0, 26.0)})
+    _screen(tmp_path / "job", 1, 1408, {"server": (1, 380.0, 27.3)})
+    out, calls = _run(tmp_path, "confirm", PRESET="h100_fp8", CONFIRM="Interactive=45+screen")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "the screen picked +--max-num-batched-tokens=1408+--max-num-seqs=512" in out.stdout
+    (call,) = calls
+    assert {"--max-num-batched-tokens=1408", "--max-num-seqs=512"} <= set(call)
+    assert _flag(call, "--run-name") == "confirm-Interactive-45-max_num_batched_tokens_1408_max_num_seqs_512"
+    (tmp_path / "b").mkdir()
+    out, calls = _run(tmp_path / "b", "confirm", CONFIRM="Interactive=45+screen Server=51")
+    assert out.returncode == 1 and "confirm Interactive: +screen, but no screen to pick from" in out.stdout
+    assert [_flag(c, "--scenario") for c in calls] == ["Server"]  # the other entries still run
+
+
+@pytest.mark.parametrize("confirm, said", [
+    ("Offline=50+screen", "'Offline=50+screen': +screen takes the flags of a Server / Interactive latency screen"),
+    ("Interactive=auto+screen", "'Interactive=auto+screen': +screen takes the flags"),
+    ("Interactive=45+screen+--max-num-seqs=256", "is not +--FLAG=VALUE[+--FLAG=VALUE...] or +screen"),
+])
+def test_confirm_refuses_screen_where_it_has_no_meaning(tmp_path, confirm, said):
+    out, calls = _run(tmp_path, "confirm", CONFIRM=confirm)
+    assert out.returncode == 2 and said in out.stdout and calls == []

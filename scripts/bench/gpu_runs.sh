@@ -341,7 +341,8 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     ;;
   confirm)
     # Full-length confirmation runs, one per entry of CONFIRM (e.g. "Offline=56:60 Server=55
-    # Interactive=auto Interactive=43+--max-num-batched-tokens=1024"): SCENARIO=QPS[:S][+FLAG=VALUE...], all entries
+    # Interactive=auto Interactive=43+--max-num-batched-tokens=1024 Interactive=45+screen"):
+    # SCENARIO=QPS[:S][+FLAG=VALUE...|+screen], all entries
     # checked before the first run (exit 2). QPS "auto" takes the highest VALID try judged steady (best_valid) of the
     # search log for that scenario, its SERVER_ARGS / INTERACTIVE_ARGS and SCEN_S: this job's (the server step run
     # first in the same `start`), else SCEN_PRIOR's (copy an earlier session's log there). Each runs `python -m sut run
@@ -352,7 +353,10 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
     # length: 2026-12-02 an Offline=56:60 took 6.5 min). Runs in $JOB/confirm/ as confirm-SCENARIO-QPS[-Ss][-flags]
     # (run.json + summaries come back with batch-wait). QPS "Q/UP/DOWN" (e.g. Interactive=40/41/39) bisects one step
     # in one job: Q first, then UP if LoadGen said VALID, else DOWN (2026-12-02: each 600 s Interactive run takes 12 min
-    # of a 30-min session). Exit code: the last failed run's, 1 for an auto with no VALID try.
+    # of a 30-min session). "+screen" (Server / Interactive) takes the engine flags scripts/bench/screen_pick.py picks
+    # from this job's latency screen, the setting with the most room under its binding p99 limit: one job screens
+    # and confirms (`SS_OVERRIDES=... start server-steps confirm` with CONFIRM="Interactive=45+screen").
+    # Exit code: the last failed run's, 1 for an auto with no VALID try or a +screen with no screen.
     # Without an Offline entry, Server / Interactive runs get a same-host Offline dev run first (confirm_with_offline:
     # CONFIRM_OFFLINE seconds, default 60, ~2.5 min with its engine start; 0: none).
     export CUDA_VISIBLE_DEVICES=${ONE_GPU:-0}
@@ -365,6 +369,11 @@ print('flame stack ok: grpcio', grpc.__version__, 'protobuf', google.protobuf.__
       q=${rest%%:*}; dur=()
       if [ "$rest" != "$q" ]; then
         dur=(--min-duration-s "${rest#*:}"); [ "$sc" = Offline ] && dur+=(--min-query-count 1)
+      fi
+      if [ "$flags" = screen ]; then  # the latency screen's pick (server-steps, earlier in this job)
+        flags=$(python3 scripts/bench/screen_pick.py --scenario "$sc" "$JOB") \
+          || { echo "confirm $sc: +screen, but no screen to pick from in $JOB (start server-steps first)"; worst=1; continue; }
+        echo "confirm $sc: the screen picked +$flags"
       fi
       read -ra extra <<< "$(scen_args "$sc") ${flags//+/ }"
       if [ "$q" = auto ]; then  # this job's search log, else the one in SCEN_PRIOR

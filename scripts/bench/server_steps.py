@@ -84,7 +84,7 @@ import numpy as np
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from perf_levers import InputError, base_kwargs, load_prompts  # noqa: E402
+from perf_levers import InputError, base_kwargs, base_override, load_prompts  # noqa: E402
 
 from sut.locality.latency import pct  # noqa: E402
 
@@ -572,7 +572,8 @@ def main(argv=None) -> int:
     llm.generate([{"prompt_token_ids": p} for p in prompts[:64]], SamplingParams(**fixed), use_tqdm=False)  # warm-up
     params = SamplingParams(**fixed, output_kind=RequestOutputKind.DELTA)  # every step's new tokens (StepLog)
     res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "card": card(), "vllm": __version__,
-           "engine": {k: v for k, v in kwargs.items() if k != "model"}, "settings": vars(a), "phases": {}}
+           "engine": {k: v for k, v in kwargs.items() if k != "model"}, "engine_override": base_override(),
+           "settings": vars(a), "phases": {}}
     try:
         run_phases(llm.llm_engine, prompts, a, params, res, out)
     except WriteError as e:

@@ -43,12 +43,13 @@ server_check() {
     || { echo "server: SCEN_FACTOR='$SCEN_FACTOR' must be > 1"; return 1; }
   check_scen_args
 }
-# CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S][+FLAG=VALUE...], SCENARIO Offline/Server/Interactive,
+# CONFIRM's entries, all checked before any run: SCENARIO=QPS[:S][+FLAG=VALUE...|+screen], SCENARIO Offline/Server/Interactive,
 # QPS a positive number, auto, or Q/IF_VALID/IF_NOT (three positive numbers: Q, then the second run's target), S a
 # positive number of seconds, each +FLAG an engine flag with its value after "="
 # (added after the scenario's SERVER_ARGS / INTERACTIVE_ARGS: the later one wins); a scenario may come more than once
 # (e.g. "Interactive=41 Interactive=43+--max-num-batched-tokens=1024"), the same run twice may not (55 = 55.0;
-# flags in any order), nor one flag twice in an entry.
+# flags in any order), nor one flag twice in an entry. "+screen" (Server / Interactive, a number target) takes the
+# flags scripts/bench/screen_pick.py picks from this job's server-steps results when the run comes.
 confirm_check() {
   local entry sc rest q q1 n one flags names key seen="|"
   [ -n "${CONFIRM:-}" ] || { echo 'confirm: set CONFIRM, e.g. CONFIRM="Server=55 Interactive=auto"'; return 1; }
@@ -61,8 +62,10 @@ confirm_check() {
     [[ $q == auto || $one == 0 && ( ${#n[@]} == 1 || ${#n[@]} == 3 && $q != */ ) ]] \
       || { echo "confirm: '$q' in '$entry' is not a positive target_qps, Q/IF_VALID/IF_NOT (e.g. 40/41/39) or auto"; return 1; }
     [[ $rest == "$q" || ${rest#*:} =~ ^[0-9]+$ && ${rest#*:} -gt 0 ]] || { echo "confirm: '${rest#*:}' in '$entry' is not a positive number of seconds"; return 1; }
-    [[ -z $flags || $flags =~ ^(--[a-z0-9-]+=[^+]+)(\+--[a-z0-9-]+=[^+]+)*$ ]] \
-      || { echo "confirm: '+$flags' in '$entry' is not +--FLAG=VALUE[+--FLAG=VALUE...]"; return 1; }
+    [[ -z $flags || $flags == screen || $flags =~ ^(--[a-z0-9-]+=[^+]+)(\+--[a-z0-9-]+=[^+]+)*$ ]] \
+      || { echo "confirm: '+$flags' in '$entry' is not +--FLAG=VALUE[+--FLAG=VALUE...] or +screen"; return 1; }
+    [[ $flags != screen || $sc != Offline && $q != auto ]] || { echo "confirm: '$entry': +screen takes the flags of"\
+      "a Server / Interactive latency screen (the server-steps step) for a number target"; return 1; }
     check_flag_words "confirm: $entry" ${flags//+/ } || return 1
     names=$(tr + '\n' <<< "$flags" | sed 's/=.*//' | sort); [ -z "$(uniq -d <<< "$names")" ] \
       || { echo "confirm: '$entry' gives $(uniq -d <<< "$names" | head -1) twice"; return 1; }
