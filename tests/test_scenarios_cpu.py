@@ -150,12 +150,10 @@ def test_http_server_that_stalls_mid_run_fails_within_the_stall_timeout(tmp_path
     duration, each new query answered empty at once, so the process ends after that (here 12 s)."""
     url, server = fake_server("--delay", "0.05")
     data, _ = synthetic_small
-    preset = tmp_path / "stall.toml"
-    preset.write_text("[run]\nstall_timeout_s = 5.0\n")
     out_dir = tmp_path / "out"
-    run = Run(["--config", str(preset), *_http_args(url, data, out_dir, "--scenario", "Server", "--max-samples", "12",
-                                                    "--target-qps", "4", "--min-duration-s", "12",
-                                                    "--min-query-count", "1")])
+    run = Run(["--stall-timeout-s", "5", *_http_args(url, data, out_dir, "--scenario", "Server", "--max-samples", "12",
+                                                      "--target-qps", "4", "--min-duration-s", "12",
+                                                      "--min-query-count", "1")])  # the flag (the other test: a preset)
     run_dir, _ = run.wait_for(lambda: _engines_started(out_dir), timeout=60)
     time.sleep(2)  # queries flowing
     os.kill(server.pid, signal.SIGSTOP)  # the server stops answering, its process and sockets live on

@@ -92,7 +92,7 @@ def _parse_option(s: str):
 #: The ``[run]`` keys that a flag of the same name (``--max-samples`` for max_samples) overrides.
 RUN_FLAG_KEYS = ("sut", "scenario", "mode", "dataset", "output_dir", "user_conf", "model_key", "run_name",
                  "audit_config", "compliance_test", "tokenizer", "max_samples", "min_duration_s", "min_query_count",
-                 "target_qps")
+                 "target_qps", "stall_timeout_s")
 
 
 def _run_fields(a: argparse.Namespace, run: dict) -> dict:

@@ -61,6 +61,9 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--no-accuracy-gate", action="store_true", help="do not score an accuracy-mode run")
     g.add_argument("--enable-trace", action="store_true", help="write LoadGen's (large) trace log")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--stall-timeout-s", type=float,
+                   help="fail the run (exit 1) when no sample completes for this many seconds while samples are "
+                        "outstanding: a stopped engine or a server that no longer answers (default 300)")
     g.add_argument("-v", "--verbose", dest="run_verbose", action="store_true",
                    help="debug logging, and vLLM's own output (its logs, warnings, the harmless 'Chat template warmup "
                         "failed' traceback) on the console instead of RUN/engine-N.log")

@@ -55,7 +55,9 @@ class RunSettings:
             (``sut/record/test06.py``); the result goes to ``<run>/TEST06/`` and ``run.json``, and a
             failed check fails the run.
         enable_trace: LoadGen trace log (large; off by default).
-        stall_timeout_s: fail if no sample completes for this long while samples are outstanding.
+        stall_timeout_s: fail if no sample completes for this long while samples are outstanding (``--stall-timeout-s``;
+            default 300 s: on a GPU a sample completes every few ms to s, a Flame batch of 64 in seconds; a stopped or
+            silent engine or server is the cause when none does for minutes; raise it for a device that slow).
         run_name: sub-folder name; default ``<time>-<sut>-<scenario>-<mode>``.
         engine_console: vLLM's own output (local engine workers' stdout/stderr) on the console
             (``--verbose``) instead of ``<run>/engine-N.log``.
@@ -83,7 +85,7 @@ class RunSettings:
     audit_config: Optional[str] = None
     compliance_test: Optional[str] = None
     enable_trace: bool = False
-    stall_timeout_s: float = 1800.0
+    stall_timeout_s: float = 300.0
     run_name: Optional[str] = None
     progress: bool = True
     engine_console: bool = False
@@ -128,7 +130,8 @@ class RunSettings:
             if v is not None and not (math.isfinite(v) and 0 < v <= 1e7):
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a number in (0, 1e7], got {v}")
         if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
-            raise ValueError(f"stall_timeout_s must be a positive number, got {self.stall_timeout_s}")
+            raise ValueError("stall_timeout_s (--stall-timeout-s) must be a positive number of seconds, got "
+                             f"{self.stall_timeout_s}")
 
     @property
     def performance_sample_cap(self) -> Optional[int]:
