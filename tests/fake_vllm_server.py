@@ -42,7 +42,8 @@ mode does, with ``max_num_seqs`` 64); ``--max-new-tokens`` (the server's own low
 ``--finish R`` (every answer ends with finish_reason R; ``none``: a stream of the first chunk, then
 ``[DONE]``); ``--error-after N`` (the error above after N generated ids: streamed, after the chunks of the
 first N ids, or of all when N is at least the answer's length; non-streamed, when the answer has more); ``--truncate N`` (a broken server or proxy: ``stop`` after N
-ids, no EOS, ``usage.completion_tokens`` still the full length); ``--bad-id ID`` (the id at position 1
+ids, no EOS); ``--dup-first-chunk`` (a broken proxy: in answers of 2 ids up to max_tokens - 1, the first streamed chunk is
+sent twice, non-streamed the first id comes twice; ``usage.completion_tokens`` still counts what was generated); ``--bad-id ID`` (the id at position 1
 of every answer is ID, e.g. one outside the vocabulary); ``--no-stop`` (a server that ignores the EOS and stop ids
 it was given: answers run to ``max_tokens`` with the ``--eos-at`` EOS inside); ``--eos-anyway`` (the ``--eos-at`` EOS
 comes before ``min_tokens`` too: a server that does not mask stop ids); ``--echo-auth`` (every error reply's message carries the
@@ -87,6 +88,7 @@ def parse(argv):
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--error-after", type=int, default=None)
     p.add_argument("--truncate", type=int, default=None)
+    p.add_argument("--dup-first-chunk", action="store_true")
     p.add_argument("--bad-id", type=int, default=None)
     p.add_argument("--no-stop", action="store_true", help="never stop at an EOS or stop id")
     p.add_argument("--eos-anyway", action="store_true", help="the --eos-at EOS comes before min_tokens too")
@@ -203,8 +205,13 @@ class Fake:
             ch["prompt_token_ids"] = prompt if wanted else None
         return ch
 
+    def _dup(self, ids, body) -> bool:
+        """``--dup-first-chunk`` applies to this answer (2 ids up to max_tokens - 1: the start-up probe of one id
+        passes, and an answer at max_tokens would be refused for its length before its count is compared)."""
+        return self.a.dup_first_chunk and 1 < len(ids) < int(body.get("max_tokens", 16))
+
     def _usage(self, prompt, ids, body) -> dict:
-        n = max(len(ids), int(body.get("max_tokens", 16))) if self.a.truncate is not None else len(ids)  # the lie
+        n = len(ids)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
         if self.a.enable_prompt_tokens_details:
             usage["prompt_tokens_details"] = {"cached_tokens": self.a.cached}
@@ -235,8 +242,9 @@ class Fake:
                 await asyncio.sleep(self.a.delay)
                 if self.a.error_after is not None and len(ids) > self.a.error_after:
                     return web.json_response(self._error_body(request), status=500)
+                sent = ids[:1] + ids if self._dup(ids, body) else ids
                 return web.json_response({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
-                                          "choices": [self._choice(ids, finish, body, stop_reason, prompt)],
+                                          "choices": [self._choice(sent, finish, body, stop_reason, prompt)],
                                           "usage": self._usage(prompt, ids, body)})
             return await self._stream(request, body, prompt, ids, finish, stop_reason)
         finally:
@@ -255,9 +263,10 @@ class Fake:
             if self.a.error_after is not None and lo >= self.a.error_after:
                 break
             last = hi == len(ids) and self.a.finish != "none"
-            await send({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
-                        "choices": [self._choice(ids[lo:hi], finish if last else None, body,
-                                                 stop_reason if last else None, prompt if n == 0 else None)]})
+            for _ in range(2 if n == 0 and self._dup(ids, body) else 1):
+                await send({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
+                            "choices": [self._choice(ids[lo:hi], finish if last else None, body,
+                                                     stop_reason if last else None, prompt if n == 0 else None)]})
             if n == 0:
                 await asyncio.sleep(self.a.delay)
         if self.a.error_after is not None:

@@ -420,3 +420,41 @@ def test_a_disk_that_fills_during_a_run_ends_it_failed_and_a_full_one_refuses_to
     assert again.returncode == 2 and "No space left on device; a run needs 1 MiB free" in again.stderr, \
         again.stderr[-2000:]
     assert "Traceback" not in again.stderr and not list((small_tmpfs / "more").glob("*"))
+
+
+def _loadgen_logs(run_dir, summary: bool = True, result: bool = True, accuracy: str = None) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if summary:
+        (run_dir / "mlperf_log_summary.txt").write_text("Result is : VALID\n")
+    if result:
+        (run_dir / "mlperf_log_detail.txt").write_text(
+            ':::MLLOG {"key": "result_validity", "value": "VALID"}\n')
+    if accuracy is not None:
+        (run_dir / "mlperf_log_accuracy.json").write_text(accuracy)
+
+
+def test_loadgen_logs_that_went_missing_or_were_cut_off_fail_the_run(tmp_path):
+    """LoadGen reports no write error: a disk that filled and freed during the run, or logs removed meanwhile,
+    must not leave a run "ok" over a missing result or a cut-off accuracy log."""
+    from sut.record.loadgen_log import parse_loadgen_detail
+    from sut.run.harness import loadgen_logs_error
+
+    def why(d, mode, issued=2):
+        return loadgen_logs_error(_rs(mode=mode), d, parse_loadgen_detail(d / "mlperf_log_detail.txt"), issued)
+
+    _loadgen_logs(tmp_path / "ok")
+    assert why(tmp_path / "ok", "performance") is None
+    _loadgen_logs(tmp_path / "no_detail", result=False)
+    assert why(tmp_path / "no_detail", "performance").startswith("LoadGen's mlperf_log_detail.txt holds no result")
+    _loadgen_logs(tmp_path / "no_summary", summary=False)
+    assert why(tmp_path / "no_summary", "performance").startswith("LoadGen's mlperf_log_summary.txt is missing")
+    entry = '{"seq_id": 0, "qsl_idx": %d, "data": "0A000000", "token_count": 1}'
+    _loadgen_logs(tmp_path / "acc", accuracy="[" + ",".join(entry % i for i in range(2)) + "]")
+    assert why(tmp_path / "acc", "accuracy") is None
+    assert why(tmp_path / "acc", "accuracy", issued=3) == (
+        "LoadGen's accuracy log holds 2 entries for 3 issued samples (missing, unreadable or cut off: a disk that "
+        "filled or a run folder changed during the run?)")
+    _loadgen_logs(tmp_path / "cut", accuracy="[" + entry % 0 + ', {"seq_id": 1, "qsl_idx" 1')
+    assert why(tmp_path / "cut", "accuracy").startswith("LoadGen's accuracy log is missing, unreadable or cut off")
+    _loadgen_logs(tmp_path / "none")
+    assert why(tmp_path / "none", "accuracy").startswith("LoadGen's accuracy log is missing")

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
+from accuracy.errors import AccuracyInputError
+from accuracy.loadgen_log import read_accuracy_log
 from sut import exits
 from sut.base import SUTContext, SystemUnderTest, get_sut
 from sut.constants import TEST06_AUDIT_CONFIG
@@ -330,6 +332,7 @@ def _collect_results(sut: SystemUnderTest, rs: RunSettings, run_dir: Path, recor
         error = f"{led.issued - led.completed} issued sample(s) were never answered"
     results = parse_loadgen_detail(run_dir / "mlperf_log_detail.txt")
     record["loadgen"] = results
+    error = error or loadgen_logs_error(rs, run_dir, results, led.issued)
     if hasattr(led, "first_sent"):  # Server / Interactive
         record["ledger"]["first_tokens"] = led.first_sent
         record["latency"] = streaming_latency_record(rs.scenario, rs.mode == "performance", results, led, run_dir)
@@ -347,6 +350,30 @@ def _collect_results(sut: SystemUnderTest, rs: RunSettings, run_dir: Path, recor
             record["tokens_per_s"] = led.output_tokens / wall
     record["finished"] = now_iso()
     return error
+
+
+def loadgen_logs_error(rs: RunSettings, run_dir: Path, results: dict, issued: int) -> Optional[str]:
+    """Why LoadGen's logs of a run that otherwise ended well cannot stand for it (None: they can). LoadGen writes
+    them through C++ streams and reports no write error, so a disk that filled (and freed) during the run, or a log
+    removed meanwhile, would otherwise leave a record "ok" over missing or cut-off logs: a performance run needs
+    ``mlperf_log_summary.txt`` and a result in ``mlperf_log_detail.txt``; an accuracy run needs
+    ``mlperf_log_accuracy.json`` to be a JSON list of exactly one entry per issued sample."""
+    gone = "missing, unreadable or cut off: a disk that filled or a run folder changed during the run?"
+    if rs.mode == "performance":
+        summary = run_dir / "mlperf_log_summary.txt"
+        if results.get("result_validity") is None:
+            return f"LoadGen's mlperf_log_detail.txt holds no result ({gone})"
+        if not summary.is_file() or summary.stat().st_size == 0:
+            return f"LoadGen's mlperf_log_summary.txt is {gone}"
+        return None
+    if rs.mode == "accuracy":
+        try:
+            n = len(read_accuracy_log(run_dir / "mlperf_log_accuracy.json"))
+        except AccuracyInputError as e:
+            return f"LoadGen's accuracy log is {gone} ({e})"
+        if n != issued:
+            return f"LoadGen's accuracy log holds {n} entries for {issued} issued samples ({gone})"
+    return None
 
 
 def _fail(run_dir: Path, record: dict, error: str, message: str) -> RunFailed:

@@ -357,8 +357,10 @@ class HttpTransport(Transport):
             if self.stream:
                 ids, cached, t_first = await self._read_stream(r, req, resp)
             else:
-                ids, cached, reason = api.parse_completion(json.loads(await _read_capped(resp, api.MAX_REPLY_BYTES)))
+                data = json.loads(await _read_capped(resp, api.MAX_REPLY_BYTES))
+                ids, cached, reason = api.parse_completion(data)
                 api.check_finished(reason, len(ids), self.spec.generation.max_tokens)
+                api.check_count(api.completion_tokens(data), len(ids))
                 t_first = None
         finally:
             resp.release()
@@ -366,7 +368,7 @@ class HttpTransport(Transport):
 
     async def _read_stream(self, r: int, req: Request, resp: aiohttp.ClientResponse):
         ids: list[int] = []
-        cached = t_first = reason = None
+        cached = t_first = reason = counted = None
         most = getattr(req, "max_tokens", 0) or self.spec.generation.max_tokens
         async for line in resp.content:
             if not line.startswith(b"data:"):
@@ -374,8 +376,11 @@ class HttpTransport(Transport):
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 api.check_finished(reason, len(ids), self.spec.generation.max_tokens)
+                api.check_count(counted, len(ids))
                 return ids, cached, t_first
-            new, c, why = api.parse_chunk(json.loads(payload))
+            data = json.loads(payload)
+            new, c, why = api.parse_chunk(data)
+            counted = n if (n := api.completion_tokens(data)) is not None else counted
             if new and reason is not None:
                 raise api.ReplyError(f"ids after the answer ended (finish_reason {reason!r}): {new[:8]}")
             cached = c if c is not None else cached

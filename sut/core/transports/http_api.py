@@ -113,6 +113,22 @@ def check_finished(finish_reason: Optional[str], n_ids: int, max_tokens: int) ->
                          f"{max_tokens} (the server's own token limit is lower: its answers are cut short)")
 
 
+def completion_tokens(data) -> Optional[int]:
+    """``usage.completion_tokens`` of a reply or streamed chunk (None when it has none: streamed, only the last
+    chunk carries ``usage``; a server may send none)."""
+    n = ((data.get("usage") or {}) if isinstance(data, dict) else {}).get("completion_tokens")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def check_count(counted: Optional[int], n_ids: int) -> None:
+    """``ReplyError`` when the server's own count of generated tokens (``usage.completion_tokens``; None: not
+    given, nothing to compare) differs from the ``n_ids`` ids received: ids lost, or sent twice (a chunk repeated
+    by a proxy), which length, EOS and vocabulary checks cannot see."""
+    if counted is not None and counted != n_ids:
+        raise ReplyError(f"the server counted {counted} generated tokens (usage.completion_tokens) but {n_ids} ids "
+                         f"came: ids were lost or sent twice on the way")
+
+
 def parse_completion(data) -> tuple[list[int], Optional[int], Optional[str]]:
     """``(generated ids, cached prompt tokens or None, finish_reason or None)`` of a non-streamed
     reply; ``ReplyError`` / ``NoTokenIds`` when it has no usable ids."""
