@@ -89,6 +89,11 @@ class SystemUnderTest(abc.ABC):
         """Backend-specific fields for ``run.json`` (called after ``stop``)."""
         return {}
 
+    def end_check(self) -> Optional[str]:
+        """Called once LoadGen has ended well, before ``stop``: why the run's answers cannot stand (e.g. a server
+        replaced behind its URL during the run), or None. Default: None."""
+        return None
+
     def stall_detail(self) -> str:
         """Where the outstanding samples wait, for the stall error (e.g. per replica); "" when the backend cannot
         tell."""

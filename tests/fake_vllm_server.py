@@ -42,7 +42,9 @@ mode does, with ``max_num_seqs`` 64); ``--max-new-tokens`` (the server's own low
 ``--finish R`` (every answer ends with finish_reason R; ``none``: a stream of the first chunk, then
 ``[DONE]``); ``--error-after N`` (the error above after N generated ids: streamed, after the chunks of the
 first N ids, or of all when N is at least the answer's length; non-streamed, when the answer has more); ``--truncate N`` (a broken server or proxy: ``stop`` after N
-ids, no EOS); ``--dup-first-chunk`` (a broken proxy: in answers of 2 ids up to max_tokens - 1, the first streamed chunk is
+ids, no EOS); ``--swap-after N`` (after N completion requests, ``/metrics`` reads as another server's: a later
+process start time and prefix caching on, as a server restarted behind the URL between two ``/health`` polls);
+``--dup-first-chunk`` (a broken proxy: in answers of 2 ids up to max_tokens - 1, the first streamed chunk is
 sent twice, non-streamed the first id comes twice; ``usage.completion_tokens`` still counts what was generated); ``--bad-id ID`` (the id at position 1
 of every answer is ID, e.g. one outside the vocabulary); ``--no-stop`` (a server that ignores the EOS and stop ids
 it was given: answers run to ``max_tokens`` with the ``--eos-at`` EOS inside); ``--eos-anyway`` (the ``--eos-at`` EOS
@@ -58,6 +60,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 
 from aiohttp import web
 
@@ -89,6 +92,7 @@ def parse(argv):
     p.add_argument("--error-after", type=int, default=None)
     p.add_argument("--truncate", type=int, default=None)
     p.add_argument("--dup-first-chunk", action="store_true")
+    p.add_argument("--swap-after", type=int, default=None)
     p.add_argument("--bad-id", type=int, default=None)
     p.add_argument("--no-stop", action="store_true", help="never stop at an EOS or stop id")
     p.add_argument("--eos-anyway", action="store_true", help="the --eos-at EOS comes before min_tokens too")
@@ -112,6 +116,7 @@ class Fake:
     def __init__(self, a):
         self.a = a
         self.model_id = a.served_model_name or a.model
+        self.started = time.time()  # /metrics process_start_time_seconds, as Prometheus' process collector has it
         self.bodies: list[dict] = []
         self.inflight = self.max_inflight = 0
         self.health_ports: set[int] = set()
@@ -153,11 +158,16 @@ class Fake:
         if self.a.disable_log_stats:
             return web.Response(text="# TYPE process_open_fds gauge\nprocess_open_fds 12.0\n", content_type="text/plain")
         epc = self.a.metrics_prefix_caching or ("True" if self.a.enable_prefix_caching else "False")
+        swapped = self.a.swap_after is not None and len(self.bodies) >= self.a.swap_after
+        epc, started = ("True", self.started + 60) if swapped else (epc, self.started)
         text = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
                 "# TYPE vllm:cache_config_info gauge\n"
                 f'vllm:cache_config_info{{block_size="{self.a.block_size}",cache_dtype="{self.a.kv_cache_dtype}",'
                 f'enable_prefix_caching="{epc}",engine="0",'
-                'gpu_memory_utilization="0.9",kv_cache_size_tokens="8192",num_gpu_blocks="512"} 1.0\n')
+                'gpu_memory_utilization="0.9",kv_cache_size_tokens="8192",num_gpu_blocks="512"} 1.0\n'
+                "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+                "# TYPE process_start_time_seconds gauge\n"
+                f"process_start_time_seconds {started:.2f}\n")
         return web.Response(text=text, content_type="text/plain")
 
     async def server_info(self, request):

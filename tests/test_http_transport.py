@@ -742,6 +742,26 @@ def test_cli_ids_sent_twice_fail_the_run_on_the_servers_own_count(tmp_path, synt
         assert not ids or len(ids) == 128 or ids.count(ids[0]) == 1, ids  # no doubled answer reached LoadGen
 
 
+@pytest.mark.parametrize("scenario", [[], SERVER], ids=["offline", "server"])
+def test_cli_a_server_replaced_behind_its_url_during_the_run_fails_it(tmp_path, synthetic_small, fake_server,
+                                                                      scenario):
+    """A server restarted (here: with prefix caching on) between two /health polls answers under the same URL; the
+    read-back after the run sees another process start time and prefix caching: exit 1, run.json failed naming both,
+    not an "ok" record that claims the settings read back at the start."""
+    url, _ = fake_server("--swap-after", "3")
+    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "failed"
+    assert rec["error"].startswith(f"vllm-http replica 0 ({url}) is not the server read back at the start (restarted "
+                                   "or replaced during the run): enable_prefix_caching False -> True; process_start_s "), \
+        rec["error"]
+    url, _ = fake_server()  # the same run against a server that stays itself: ok
+    out = _run(tmp_path / "same", synthetic_small, "--server-url", url, *scenario)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
 def test_cli_unconfirmed_prefix_caching_exits_2_before_a_run_folder_unless_allowed_then_not_compliant(
         tmp_path, synthetic_small, fake_server):
     """A server started with --disable-log-stats has no vllm:cache_config_info in /metrics: the check before the

@@ -111,6 +111,10 @@ class TransportSUT(SystemUnderTest):
         finally:
             self.ledger.close()
 
+    def end_check(self) -> Optional[str]:
+        """The transport's ``end_check``."""
+        return self.transport.end_check()
+
     def stall_detail(self) -> str:
         """Outstanding samples per replica, named by its server URL where it has one."""
         names = {r.index: r.info.get("url") for r in self.dispatcher.replicas}

@@ -172,6 +172,12 @@ class Transport(abc.ABC):
         transport that counts batches reports those apart from the timed ones (``sut.flame.stats``).
         Default: nothing to do."""
 
+    def end_check(self) -> Optional[str]:
+        """After the run's last answer, before ``stop``: why the answers cannot all be from the replicas read back
+        at the start (e.g. a server restarted behind its URL), or None. Default: None (replicas this process
+        started and watches cannot be swapped unseen)."""
+        return None
+
     @abc.abstractmethod
     def stop(self) -> None:
         """End everything this transport started. Idempotent."""

@@ -289,6 +289,7 @@ def _run_sut(sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts, audit_
     try:
         _start_sut(sut, record, run_dir)
         error = run_loadgen(lg, sut, rs, dataset, ts, audit_config, run_dir, objs)
+        error = error or sut.ledger.error or sut.end_check()
     except KeyboardInterrupt as e:
         error = interrupt_reason(e)
     finally:

@@ -162,6 +162,37 @@ class HttpTransport(Transport):
             raise
         return self.records
 
+    def end_check(self) -> Optional[str]:
+        """After LoadGen's last answer: read every live replica back again (``/version``, ``/v1/models``,
+        ``/metrics``, ``/server_info``) and compare with its start record (``http_readback.identity_changes``:
+        model, version, prefix caching, engine arguments, KV cache, process start time). Returns why the run's
+        answers cannot all be from the servers it read back (a server restarted or replaced behind its URL, e.g.
+        with prefix caching on), or None. The ``/health`` poll sees only a restart slower than its interval."""
+        if self._loop is None or not self.records:
+            return None
+        for r, rec in enumerate(self.records):
+            if self._dead[r]:
+                continue
+            try:
+                now = self._call(self._reread(r), timeout=60)
+            except Exception as e:  # noqa: BLE001 - a replica that cannot be read back now cannot vouch for the run
+                return f"{self._name(r)} could not be read back after the run: {_describe(e)}"
+            changed = readback.identity_changes(rec.info, now)
+            if changed:
+                return (f"{self._name(r)} is not the server read back at the start (restarted or replaced during "
+                        f"the run): {'; '.join(changed)}")
+        return None
+
+    async def _reread(self, r: int) -> dict:
+        version = await self._get(r, "/version")
+        models = await self._get(r, "/v1/models")
+        listed = (models or {}).get("data") if isinstance(models, dict) else None
+        model = self._bases[r]["model"]
+        served = next((m for m in listed or [] if isinstance(m, dict) and str(m.get("id")) == model), None)
+        if served is None:
+            raise api.ReplyError(f"{self.urls[r]}/v1/models no longer lists {model!r}")
+        return await self._read_back(r, served, version)
+
     def _start_servers(self) -> None:
         try:
             prefix = servers.launcher(self.options.server_command)

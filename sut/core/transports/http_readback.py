@@ -80,6 +80,34 @@ def cache_config_labels(metrics_text: str) -> Optional[list[dict]]:
     return None
 
 
+def process_start(metrics_text: Optional[str]) -> Optional[float]:
+    """``process_start_time_seconds`` (Prometheus' process collector, s since the epoch) in a ``/metrics`` text:
+    when the server process started, so a restart behind the same URL shows as a new value; None where absent
+    (a multiprocess registry, a server without ``/metrics``)."""
+    if not metrics_text or "process_start_time_seconds" not in metrics_text:
+        return None
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name == "process_start_time_seconds" and fam.samples:
+            return float(fam.samples[0].value)
+    return None
+
+
+#: Fields of a replica's record that must read the same at the end of a run as at its start
+#: (``HttpTransport.end_check``): another value means another server answered behind the URL.
+IDENTITY_FIELDS = ("served_model", "vllm_version", "enable_prefix_caching", "engine_args", "kv_cache", "process_start_s")
+
+
+def identity_changes(before: dict, after: dict) -> list[str]:
+    """``"FIELD START -> END"`` for each of :data:`IDENTITY_FIELDS` that differs between two records of one replica
+    (a field read at only one of the two times is not compared)."""
+    out = []
+    for k in IDENTITY_FIELDS:
+        a, b = before.get(k), after.get(k)
+        if a is not None and b is not None and a != b:
+            out.append(f"{k} {str(a)[:120]} -> {str(b)[:120]}")
+    return out
+
+
 def _label_int(val) -> Optional[int]:
     try:
         return int(val)
@@ -194,6 +222,7 @@ def replica_record(r: int, url: str, served: dict, version, metrics_text: Option
         "vllm_version": version.get("version") if isinstance(version, dict) else None,
         "torch_version": _torch_version() if server is not None else None,
         "engine_args": args, "engine_args_from": sources, "enable_prefix_caching": epc, "kv_cache": kv,
+        "process_start_s": process_start(metrics_text),
         "launch_args": server.cmd if server else None,
         "device": device_record(server.slot) if server else {"kind": "remote", "slot": url, "name": None, "uuid": None},
     }
