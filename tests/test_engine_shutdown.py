@@ -163,3 +163,24 @@ def test_ctrl_c_while_a_worker_starts_up_reaches_only_the_parent(tmp_path, shiel
         assert proc.exitcode == 0 and marker.read_text() == "ok"
     else:
         assert proc.exitcode != 0 and not marker.exists()
+
+
+def test_a_stopped_worker_is_ended_at_once_not_after_the_stop_wait(monkeypatch, caplog):
+    """A SIGSTOPped worker reads neither Stop nor SIGTERM: waiting 30 s for Stop and 10 s for SIGTERM (41 s before)
+    ends in SIGKILL anyway, so it is ended at once, with the worker's child."""
+    import fake_engine_worker
+
+    monkeypatch.setattr(handle_mod, "worker_main", fake_engine_worker.forking_worker)
+    h = EngineHandle(EngineSlot(0, "cpu", "0"), EngineSettings(model="m"), GenerationSettings())
+    h.start()
+    child = h.wait_ready(30)["child_pid"]
+    os.kill(h.pid, signal.SIGSTOP)
+    assert _wait_for(lambda: proc_state(h.pid) in ("T", "t"))
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING"):
+        h.shutdown()
+    took = time.monotonic() - t0
+    assert took < 8, f"shutdown of a stopped worker took {took:.1f} s"
+    assert h._proc.exitcode == -signal.SIGKILL and process_ended(child)
+    assert any("is stopped (SIGSTOP or a debugger): ending its process group at once" in r.getMessage()
+               for r in caplog.records)

@@ -8,6 +8,7 @@ The runs use the fake vLLM server (tests/fake_vllm_server.py) behind --sut vllm-
 that waits for LoadGen's schedule or for the full drain limit times out."""
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -352,6 +353,32 @@ def test_a_full_disk_at_the_last_record_is_recorded_failed_with_the_cause(tmp_pa
     assert _no_leftovers(out) == []
 
 
+# The run folder is removed (rm -rf by hand, a cleanup job) just before the last record is written.
+FOLDER_GONE_AT_LAST_RECORD = """
+import pathlib, shutil
+write_text = pathlib.Path.write_text
+def gone(self, data, *a, **k):
+    if self.name == "run.json.tmp" and '"status": "ok"' in data:
+        shutil.rmtree(self.parent)
+    return write_text(self, data, *a, **k)
+pathlib.Path.write_text = gone
+"""
+
+
+def test_a_run_folder_removed_during_the_run_ends_it_with_one_error_line_not_a_traceback(tmp_path, fake_server,
+                                                                                         dataset):
+    url, _ = fake_server
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-c", FOLDER_GONE_AT_LAST_RECORD + RUN.lstrip("; "), "run",
+           *_run_args(url, dataset, out, "--quick")]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in text, text[-3000:]
+    assert re.search(r"the run folder \S+ was removed during the run: the run cannot be recorded \(FileNotFoundError",
+                     text), text[-2000:]
+    assert list(out.iterdir()) == []
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 6 MiB tmpfs (root only; skipped elsewhere), unmounted after the test."""
@@ -458,3 +485,21 @@ def test_loadgen_logs_that_went_missing_or_were_cut_off_fail_the_run(tmp_path):
     assert why(tmp_path / "cut", "accuracy").startswith("LoadGen's accuracy log is missing, unreadable or cut off")
     _loadgen_logs(tmp_path / "none")
     assert why(tmp_path / "none", "accuracy").startswith("LoadGen's accuracy log is missing")
+
+
+def test_two_runs_started_in_the_same_second_get_two_folders_and_a_named_one_is_never_reused(tmp_path, monkeypatch):
+    import datetime as real_dt
+    import types
+
+    from sut.run import harness
+
+    fixed = real_dt.datetime(2026, 12, 7, 5, 30, 0)
+    monkeypatch.setattr(harness, "_dt", types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda: fixed)))
+    rs = _rs(scenario="Offline", output_dir=str(tmp_path))
+    first, second = harness._run_dir(rs, compliant=False), harness._run_dir(rs, compliant=False)
+    assert first.name == "20261207-053000-vllm-http-Offline-performance-NOT-COMPLIANT"
+    assert second.name == "20261207-053000-vllm-http-Offline-performance-2-NOT-COMPLIANT"
+    named = _rs(scenario="Offline", output_dir=str(tmp_path), run_name="mine")
+    assert harness._run_dir(named, compliant=True).name == "mine"
+    with pytest.raises(InputError, match=r"run folder \S+/mine already exists \(choose another --run-name\)"):
+        harness._run_dir(named, compliant=True)

@@ -579,6 +579,23 @@ def test_an_idle_server_that_dies_is_found_by_the_health_check(fake_server, star
     assert "health check" in sink.fatal[0].message and url in sink.fatal[0].message
 
 
+def test_a_stopped_server_fails_the_health_check_saying_it_did_not_answer_in_time(fake_server, started, monkeypatch):
+    import sut.core.transports.http as http_transport
+    monkeypatch.setattr(http_transport, "HEALTH_TIMEOUT_S", 0.5)
+    url, proc = fake_server()
+    t = transport(HttpOptions(urls=url, max_inflight_per_replica=1, health_interval_s=0.2))
+    started.append(t)
+    sink = Sink()
+    t.start(sink)
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        sink.wait(lambda: sink.fatal, timeout=10)
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+    assert f"failed its health check ({url}/health): no answer within 0.5 s (a stopped or overloaded server)" \
+        in sink.fatal[0].message, sink.fatal[0].message
+
+
 # -- servers started here -------------------------------------------------------------------------
 def _group_gone(pgid, timeout=10.0) -> bool:
     deadline = time.monotonic() + timeout

@@ -275,7 +275,11 @@ class EngineHandle:
         if self._proc is None or self._proc.pid is None:  # never started (or its start raised)
             return
         term_wait = READY_TERM_WAIT_S if self._ready else STARTING_TERM_WAIT_S
-        if self._proc.is_alive() and self._ready:
+        if self._proc.is_alive() and _is_stopped(self._proc.pid):  # it would read neither Stop nor SIGTERM
+            log.warning("engine %d (pid %d) is stopped (SIGSTOP or a debugger): ending its process group at once",
+                        self.slot.index, self._proc.pid)
+            term_wait = 0.0
+        elif self._proc.is_alive() and self._ready:
             try:
                 with self._send_lock:
                     self._conn.send(Stop())
@@ -310,6 +314,16 @@ class EngineHandle:
                 return False
             time.sleep(0.05)
         return True
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state ``T`` or ``t`` in ``/proc/PID/stat``: SIGSTOP, a debugger); False
+    where it cannot be read (gone, no ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] in ("T", "t")
 
 
 def _end_group(pgid: int, term_wait: float, leader_exit: Callable[[], Optional[int]]) -> None:

@@ -59,19 +59,22 @@ log = logging.getLogger(__name__)
 
 
 def _run_dir(rs: RunSettings, compliant: bool) -> Path:
-    """Make the run folder; ``InputError`` if it exists or cannot be made (before anything starts)."""
+    """Make the run folder; ``InputError`` if a ``--run-name`` folder exists or it cannot be made (before anything
+    starts). A default name (``<time>-<sut>-<scenario>-<mode>``, to the second) taken by another run started in the
+    same second gets ``-2``, ``-3``, ... instead."""
     name = rs.run_name or (f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{rs.sut}-{rs.scenario}-"
                            f"{rs.compliance_test or rs.mode}")
-    if not compliant and "NOT-COMPLIANT" not in name:
-        name += "-NOT-COMPLIANT"
-    d = Path(rs.output_dir) / name
-    try:
-        d.mkdir(parents=True, exist_ok=False)
-    except FileExistsError as e:
-        raise InputError(f"run folder {e.filename} already exists (choose another --run-name)") from None
-    except OSError as e:
-        raise InputError(f"cannot create the run folder under --output-dir {rs.output_dir}: {e.strerror}") from None
-    return d
+    suffix = "-NOT-COMPLIANT" if not compliant and "NOT-COMPLIANT" not in name else ""
+    for n in range(1, 100 if rs.run_name is None else 2):
+        d = Path(rs.output_dir) / (name + (f"-{n}" if n > 1 else "") + suffix)
+        try:
+            d.mkdir(parents=True, exist_ok=False)
+            return d
+        except FileExistsError as e:
+            taken = e.filename
+        except OSError as e:
+            raise InputError(f"cannot create the run folder under --output-dir {rs.output_dir}: {e.strerror}") from None
+    raise InputError(f"run folder {taken} already exists (choose another --run-name)")
 
 
 def _check_backend(rs: RunSettings, es: EngineSettings, options: Any) -> tuple[type[SystemUnderTest], Any]:
@@ -231,7 +234,10 @@ def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
 
 def raise_recorded(run_dir: Path, record: dict, e: BaseException) -> NoReturn:
     """Record ``e`` as the run's failure (``record_failure``), then raise it again, or a ``RunFailed`` (exit 1, no
-    traceback) in its place when a write failed for want of space."""
+    traceback) in its place when a write failed for want of space or because the run folder was removed."""
+    if isinstance(e, FileNotFoundError) and not run_dir.is_dir():
+        raise RunFailed(f"the run folder {run_dir} was removed during the run: the run cannot be recorded "
+                        f"({failure_cause(e)})") from e
     record_failure(run_dir, record, e)
     if no_space(e):
         raise RunFailed(f"{failure_cause(e)} (record: {run_dir / 'run.json'})") from e

@@ -439,7 +439,9 @@ class HttpTransport(Transport):
                         if resp.status != 200:
                             raise api.ReplyError(self._status(r, resp))
                 except (aiohttp.ClientError, asyncio.TimeoutError, api.ReplyError) as e:
-                    await self._failed(r, f"failed its health check ({url}/health): {_describe(e)}", e)
+                    why = (f"no answer within {HEALTH_TIMEOUT_S:g} s (a stopped or overloaded server)"
+                           if isinstance(e, asyncio.TimeoutError) else _describe(e))
+                    await self._failed(r, f"failed its health check ({url}/health): {why}", e)
 
     async def _failed(self, r: int, what: str, e: BaseException) -> None:
         """Fail the run for replica ``r``; for a server started here whose connection broke, wait up
