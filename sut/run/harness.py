@@ -359,6 +359,11 @@ def _collect_results(sut: SystemUnderTest, rs: RunSettings, run_dir: Path, recor
     return error
 
 
+#: Free bytes below which ``loadgen_logs_error`` names a full file system as the cause (LoadGen writes its logs in
+#: pieces of a few KiB; a summary alone is ~3 KiB).
+FULL_DISK_BYTES = 1 << 20
+
+
 def loadgen_logs_error(rs: RunSettings, run_dir: Path, results: dict, issued: int) -> Optional[str]:
     """Why LoadGen's logs of a run that otherwise ended well cannot stand for it (None: they can). LoadGen writes
     them through C++ streams and reports no write error, so a disk that filled (and freed) during the run, or a log
@@ -366,6 +371,12 @@ def loadgen_logs_error(rs: RunSettings, run_dir: Path, results: dict, issued: in
     ``mlperf_log_summary.txt`` and a result in ``mlperf_log_detail.txt``; an accuracy run needs
     ``mlperf_log_accuracy.json`` to be a JSON list of exactly one entry per issued sample."""
     gone = "missing, unreadable or cut off: a disk that filled or a run folder changed during the run?"
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_DISK_BYTES:  # the likely cause, named first (the console has ENOSPC lines)
+        gone = f"missing or cut off: the run folder's file system is full ({free:,} bytes free)"
     if rs.mode == "performance":
         summary = run_dir / "mlperf_log_summary.txt"
         if results.get("result_validity") is None:
