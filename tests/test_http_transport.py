@@ -568,18 +568,11 @@ def test_server_killed_mid_run_is_one_fatal_event_naming_it(fake_server, started
         t.attach(Sink())
 
 
-def test_an_idle_server_that_dies_is_found_by_the_health_check(fake_server, started):
-    url, proc = fake_server()
-    t = transport(HttpOptions(urls=url, max_inflight_per_replica=1, health_interval_s=0.2))
-    started.append(t)
-    sink = Sink()
-    t.start(sink)
-    os.killpg(proc.pid, signal.SIGKILL)
-    sink.wait(lambda: sink.fatal, timeout=5)
-    assert "health check" in sink.fatal[0].message and url in sink.fatal[0].message
-
-
-def test_a_stopped_server_fails_the_health_check_saying_it_did_not_answer_in_time(fake_server, started, monkeypatch):
+@pytest.mark.parametrize("sig, said", [
+    (signal.SIGKILL, "failed its health check ({url}/health): "),
+    (signal.SIGSTOP, "failed its health check ({url}/health): no answer within 0.5 s (a stopped or overloaded server)"),
+], ids=["dies", "stopped"])
+def test_an_idle_server_that_dies_or_stops_is_found_by_the_health_check(fake_server, started, monkeypatch, sig, said):
     import sut.core.transports.http as http_transport
     monkeypatch.setattr(http_transport, "HEALTH_TIMEOUT_S", 0.5)
     url, proc = fake_server()
@@ -587,13 +580,13 @@ def test_a_stopped_server_fails_the_health_check_saying_it_did_not_answer_in_tim
     started.append(t)
     sink = Sink()
     t.start(sink)
-    os.killpg(proc.pid, signal.SIGSTOP)
+    os.killpg(proc.pid, sig)
     try:
         sink.wait(lambda: sink.fatal, timeout=10)
     finally:
-        os.killpg(proc.pid, signal.SIGCONT)
-    assert f"failed its health check ({url}/health): no answer within 0.5 s (a stopped or overloaded server)" \
-        in sink.fatal[0].message, sink.fatal[0].message
+        if sig == signal.SIGSTOP:
+            os.killpg(proc.pid, signal.SIGCONT)
+    assert said.format(url=url) in sink.fatal[0].message, sink.fatal[0].message
 
 
 # -- servers started here -------------------------------------------------------------------------
