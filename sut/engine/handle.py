@@ -275,7 +275,7 @@ class EngineHandle:
         if self._proc is None or self._proc.pid is None:  # never started (or its start raised)
             return
         term_wait = READY_TERM_WAIT_S if self._ready else STARTING_TERM_WAIT_S
-        if self._proc.is_alive() and _is_stopped(self._proc.pid):  # it would read neither Stop nor SIGTERM
+        if self._proc.is_alive() and proc_state(self._proc.pid) in ("T", "t"):  # reads neither Stop nor SIGTERM
             log.warning("engine %d (pid %d) is stopped (SIGSTOP or a debugger): ending its process group at once",
                         self.slot.index, self._proc.pid)
             term_wait = 0.0
@@ -316,14 +316,15 @@ class EngineHandle:
         return True
 
 
-def _is_stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped (state ``T`` or ``t`` in ``/proc/PID/stat``: SIGSTOP, a debugger); False
-    where it cannot be read (gone, no ``/proc``)."""
+def proc_state(pid: int) -> Optional[str]:
+    """The one-letter state of process ``pid`` (``/proc/PID/stat``: ``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z``
+    ...); None when it cannot be read (no such process, no /proc)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] in ("T", "t")
+        return None
+    tail = stat[stat.rfind(")") + 1:].split()  # the name, in parentheses, may hold spaces and ')'
+    return tail[0] if tail else None
 
 
 def _end_group(pgid: int, term_wait: float, leader_exit: Callable[[], Optional[int]]) -> None:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Optional
 
 from sut.engine import GcPauseMonitor, plan_engines
+from sut.engine.handle import proc_state
 from sut.errors import EngineError
 from sut.flame import payload as pl
 from sut.flame.engine_host import EngineHost
@@ -382,17 +383,6 @@ def parent_stopped_s(environ=os.environ) -> float:
         raise ValueError(f"{PARENT_STOPPED_ENV}={text!r}: expected seconds > 0 (how long the executor manager may stay "
                          f"stopped before the service stops; unset: {PARENT_STOPPED_S:g})")
     return value
-
-
-def proc_state(pid: int) -> Optional[str]:
-    """The one-letter state of process ``pid`` (``/proc/PID/stat``: ``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z``
-    ...); None when it cannot be read (no such process, no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    tail = stat[stat.rfind(")") + 1:].split()  # the name, in parentheses, may hold spaces and ')'
-    return tail[0] if tail else None
 
 
 def watch_parent(stop: threading.Event, poll_s: float = PARENT_POLL_S, parent: Optional[int] = None,

@@ -370,28 +370,33 @@ def loadgen_logs_error(rs: RunSettings, run_dir: Path, results: dict, issued: in
     removed meanwhile, would otherwise leave a record "ok" over missing or cut-off logs: a performance run needs
     ``mlperf_log_summary.txt`` and a result in ``mlperf_log_detail.txt``; an accuracy run needs
     ``mlperf_log_accuracy.json`` to be a JSON list of exactly one entry per issued sample."""
-    gone = "missing, unreadable or cut off: a disk that filled or a run folder changed during the run?"
-    try:
-        free = shutil.disk_usage(run_dir).free
-    except OSError:
-        free = None
-    if free is not None and free < FULL_DISK_BYTES:  # the likely cause, named first (the console has ENOSPC lines)
-        gone = f"missing or cut off: the run folder's file system is full ({free:,} bytes free)"
     if rs.mode == "performance":
         summary = run_dir / "mlperf_log_summary.txt"
         if results.get("result_validity") is None:
-            return f"LoadGen's mlperf_log_detail.txt holds no result ({gone})"
+            return f"LoadGen's mlperf_log_detail.txt holds no result ({_logs_gone(run_dir)})"
         if not summary.is_file() or summary.stat().st_size == 0:
-            return f"LoadGen's mlperf_log_summary.txt is {gone}"
+            return f"LoadGen's mlperf_log_summary.txt is {_logs_gone(run_dir)}"
         return None
     if rs.mode == "accuracy":
         try:
             n = len(read_accuracy_log(run_dir / "mlperf_log_accuracy.json"))
         except AccuracyInputError as e:
-            return f"LoadGen's accuracy log is {gone} ({e})"
+            return f"LoadGen's accuracy log is {_logs_gone(run_dir)} ({e})"
         if n != issued:
-            return f"LoadGen's accuracy log holds {n} entries for {issued} issued samples ({gone})"
+            return f"LoadGen's accuracy log holds {n} entries for {issued} issued samples ({_logs_gone(run_dir)})"
     return None
+
+
+def _logs_gone(run_dir: Path) -> str:
+    """The likely cause of bad LoadGen logs, for ``loadgen_logs_error``: a full file system when it is (the console
+    then has ENOSPC lines), else the general one."""
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_DISK_BYTES:
+        return f"missing or cut off: the run folder's file system is full ({free:,} bytes free)"
+    return "missing, unreadable or cut off: a disk that filled or a run folder changed during the run?"
 
 
 def _fail(run_dir: Path, record: dict, error: str, message: str) -> RunFailed:
