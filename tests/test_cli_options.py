@@ -339,7 +339,7 @@ def test_the_h100_preset_names_its_card_and_runs_interactive_with_1536_batched_t
     assert (rs.tuned_on, es.max_num_batched_tokens, es.max_num_seqs, es.quantization) == ("H100 80GB HBM3", 1536, 512, "fp8")
     assert rs.user_conf == "loadgen_configs/h100_fp8.user.conf"
     assert [settings_from_args(_parse("--config", preset, "--scenario", sc))[1].admit_every_steps
-            for sc in ("Offline", "Server", "Interactive")] == [None, 2, None]
+            for sc in ("Offline", "Server", "Interactive")] == [1, 2, 1]
     _, es, _, _ = settings_from_args(_parse("--config", preset, "--scenario", "Server", "--admit-every-steps", "1"))
     assert es.admit_every_steps == 1  # the flag wins over the preset's Server table
 

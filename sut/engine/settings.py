@@ -17,7 +17,7 @@ GPU then start together, as no profiling can see another's allocations; None = s
 admit_every_steps (the harness's engine loop, not vLLM's: while an engine is busy, new requests are added only
 every N engine steps and only into free slots, ``max_num_seqs`` less the unfinished ones, so that the prefills
 of Server's arrivals share fewer, larger steps with decode-only steps between, as Offline's do; an idle engine
-admits at once; None or 1 = every step, as ``LLM.generate``; in-process engines and Flame services only:
+admits at once; 1 (the default) = every step, as ``LLM.generate``; in-process engines and Flame services only:
 ``vllm serve`` runs its own loop).
 
 ``check_engine_settings`` (run when an ``EngineSettings`` is built): ``ValueError`` naming the field and
@@ -75,7 +75,7 @@ class EngineSettings:
     cpu_kvcache_gib: int = 2
     num_gpu_blocks_override: Optional[int] = None
     kv_cache_memory_bytes: Optional[int] = None
-    admit_every_steps: Optional[int] = None
+    admit_every_steps: int = 1
 
     def __post_init__(self):
         """Refuse a value vLLM would refuse only after an engine started (``ValueError`` naming the field
