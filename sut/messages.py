@@ -15,8 +15,9 @@ Shapes and units:
   the transport does not measure it). ``time.monotonic`` is system-wide on Linux, so times from
   worker processes of the same host compare with the harness's own.
 * ``FirstToken(rid, token_id)``: a streamed request's first generated id (Server/Interactive).
-* ``FatalEvent(replica, message)``: the transport cannot go on; ``replica`` names the replica
-  (None: the whole transport, e.g. a lost Flame session). The dispatcher fails the run with it.
+* ``FatalEvent(replica, message, rid=None)``: the transport cannot go on; ``replica`` names the replica
+  (None: the whole transport, e.g. a lost Flame session), ``rid`` the request whose failure it is, where
+  there is one (the dispatcher adds its QSL index and LoadGen sample). The dispatcher fails the run with it.
 * ``ReplicaRecord(index, info)``: what ``Transport.start`` returns per replica. ``info`` is the
   engine's own read-back record (``engine_args``, ``enable_prefix_caching``, ``device`` with
   ``kind``, ``name``, ``uuid``, ...; the same dict ``run.json`` lists under ``engines``).
@@ -58,6 +59,7 @@ class FirstToken(NamedTuple):
 class FatalEvent:
     replica: Optional[int]
     message: str
+    rid: Optional[int] = None
 
     def __str__(self) -> str:
         return self.message

@@ -737,7 +737,8 @@ def test_cli_an_answer_cut_short_or_outside_the_vocabulary_fails_the_run(tmp_pat
 @pytest.mark.parametrize("scenario", [[], SERVER], ids=["offline", "server"])
 def test_cli_ids_sent_twice_fail_the_run_on_the_servers_own_count(tmp_path, synthetic_small, fake_server, scenario):
     """A proxy that repeats a streamed chunk (or an id) passes length, EOS and vocabulary checks; the server's
-    usage.completion_tokens differs from the ids received: exit 1, run.json failed naming replica and request."""
+    usage.completion_tokens differs from the ids received: exit 1, run.json failed naming replica, request and the
+    request's QSL index and LoadGen sample."""
     url, _ = fake_server("--dup-first-chunk")
     out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -745,7 +746,8 @@ def test_cli_ids_sent_twice_fail_the_run_on_the_servers_own_count(tmp_path, synt
     rec = json.loads((run / "run.json").read_text())
     assert rec["status"] == "failed"
     assert re.search(rf"replica 0 \({re.escape(url)}\) request \d+ failed: the server counted 4 generated tokens "
-                     r"\(usage.completion_tokens\) but 5 ids came: ids were lost or sent twice", rec["error"]), \
+                     r"\(usage.completion_tokens\) but 5 ids came: ids were lost or sent twice on the way "
+                     r"\(QSL index \d+, LoadGen sample \d+\)", rec["error"]), \
         rec["error"]
     for r in json.loads((run / "mlperf_log_accuracy.json").read_text()):
         ids = logged_ids(r["data"])

@@ -21,8 +21,8 @@ transport's ``ResultSink``:
   (the locality runner records cached tokens and times); then the ledger answers it (an unknown or
   duplicate request id fails the run there). A streamed first token outside the vocabulary fails
   the run before it reaches the ledger.
-* ``on_fatal``: the ledger fails the run with the event's message (every outstanding sample is
-  answered exactly once, empty).
+* ``on_fatal``: the ledger fails the run with the event's message, plus the QSL index and LoadGen
+  sample of its request where it names one (every outstanding sample is answered exactly once, empty).
 
 A submit that raises ``TransportError`` (a dead replica) waits up to ``death_report_s`` for the
 transport's own ``FatalEvent``, which says how the replica ended, before failing the run with the
@@ -216,7 +216,8 @@ class Dispatcher:
         return f" ({what})" if what else ""
 
     def on_fatal(self, event: FatalEvent) -> None:
-        self.ledger.fail(event.message)
+        """Fail the run with the event's message, and the QSL index and LoadGen sample of its request (if any)."""
+        self.ledger.fail(event.message + (self._sample(event.rid) if event.rid is not None else ""))
 
     # -- record ----------------------------------------------------------------------------------
     @property

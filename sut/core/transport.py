@@ -100,7 +100,7 @@ class Transport(abc.ABC):
         self.fatal_event: Optional[FatalEvent] = None
 
     def _report_fatal(self, replica: Optional[int], message: str, *, tail_log: Optional[logging.Logger] = None,
-                      after_stop: bool = False) -> bool:
+                      after_stop: bool = False, rid: Optional[int] = None) -> bool:
         """Send this transport's one ``FatalEvent(replica, message)`` to the sink; True if this call sent it.
 
         Only the first call sends (under ``self._lock``, so two threads failing at once send one event);
@@ -108,13 +108,13 @@ class Transport(abc.ABC):
         nothing and return False. ``after_stop``: send even after ``stop`` (a failure of the stop itself,
         e.g. a Flame session that could not be closed). ``tail_log``: the message's engine-log tail block is
         logged there once and replaced by a pointer to the log (``sut.engine.logs.log_tail_once``), for the
-        event sent only."""
+        event sent only. ``rid``: the request whose failure this is (``FatalEvent.rid``), if one is."""
         with self._lock:
             if self.fatal_event is not None or (self._stopped and not after_stop):
                 return False
             if tail_log is not None:
                 message = log_tail_once(message, tail_log)
-            self.fatal_event = event = FatalEvent(replica, message)
+            self.fatal_event = event = FatalEvent(replica, message, rid)
         self.sink.on_fatal(event)
         return True
 

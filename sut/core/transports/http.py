@@ -366,7 +366,7 @@ class HttpTransport(Transport):
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - every failure fails the run, naming the replica
-                await self._failed(r, f"request {req.rid} failed: {_describe(e)}", e)
+                await self._failed(r, f"request {req.rid} failed: {_describe(e)}", e, rid=req.rid)
                 return
 
     async def _send(self, r: int, body: bytes) -> aiohttp.ClientResponse:
@@ -443,9 +443,10 @@ class HttpTransport(Transport):
                            if isinstance(e, asyncio.TimeoutError) else _describe(e))
                     await self._failed(r, f"failed its health check ({url}/health): {why}", e)
 
-    async def _failed(self, r: int, what: str, e: BaseException) -> None:
-        """Fail the run for replica ``r``; for a server started here whose connection broke, wait up
-        to 3 s for its process to end and report how it ended instead."""
+    async def _failed(self, r: int, what: str, e: BaseException, rid: Optional[int] = None) -> None:
+        """Fail the run for replica ``r`` (``rid``: the request that failed, named with its sample by the
+        dispatcher); for a server started here whose connection broke, wait up to 3 s for its process to end
+        and report how it ended instead."""
         server = self.servers[r] if self.servers else None
         if server is not None and isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError)):
             for _ in range(30):
@@ -453,12 +454,12 @@ class HttpTransport(Transport):
                     self._fatal(r, server.exit_message())
                     return
                 await asyncio.sleep(0.1)
-        self._fatal(r, f"{self._name(r)} {what}")
+        self._fatal(r, f"{self._name(r)} {what}", rid)
 
-    def _fatal(self, r: int, message: str) -> None:
+    def _fatal(self, r: int, message: str, rid: Optional[int] = None) -> None:
         with self._lock:
             self._dead[r] = True
-        self._report_fatal(r, fleet.redact(message, self._keys), tail_log=log)
+        self._report_fatal(r, fleet.redact(message, self._keys), tail_log=log, rid=rid)
 
     # -- record and stop ------------------------------------------------------------------------
     def stats(self) -> dict:
