@@ -188,6 +188,17 @@ def read_back_server(r: int, server: FleetServer, engine: EngineSettings, model_
     return record
 
 
+def check_weights_marked(records: list[dict], engine: EngineSettings) -> None:
+    """``InputError`` when a given server reports random weights (``engine_args.load_format`` ``dummy``, read from
+    ``/server_info``) but the run does not say so (``--load-format dummy``, which marks it not compliant): its figures
+    would otherwise pass for the model's."""
+    dummy = [rec.get("url") for rec in records if (rec.get("engine_args") or {}).get("load_format") == "dummy"]
+    if dummy and engine.load_format != "dummy":
+        raise InputError(f"--sut vllm-http: server {', '.join(map(str, dummy))} loaded dummy (random) weights "
+                         "(/server_info load_format): pass --load-format dummy so that the run is marked a throughput "
+                         "figure, not the model under test")
+
+
 def check_fleet_agrees(records: list[dict]) -> dict:
     """``http_fleet.fleet_agreement`` of the replicas' records; ``InputError`` naming the field and the servers
     when they differ."""
@@ -258,7 +269,8 @@ class HttpSUT(TransportSUT):
         model or a shorter context, refuses its API key, reports prefix caching on or cannot be read back
         (unless the options allow it, or not ``confirm_prefix_caching``: an experiment that allows it), or the
         given servers differ in a field that changes
-        results (``read_back_server``, ``check_fleet_agrees``), or, without URLs,
+        results (``read_back_server``, ``check_fleet_agrees``) or report dummy weights the run does not declare
+        (``check_weights_marked``), or, without URLs,
         when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
         the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``);
         also for what ``check_settings`` refuses."""
@@ -273,8 +285,10 @@ class HttpSUT(TransportSUT):
         check_distinct(options.server_urls)
         allow_on = options.allow_prefix_caching or not confirm_prefix_caching
         allow = (allow_on, allow_on or options.allow_unconfirmed_prefix_caching)
-        check_fleet_agrees([read_back_server(r, s, engine, options.model_name, prefix_caching=allow)
-                            for r, s in enumerate(options.servers)])
+        records = [read_back_server(r, s, engine, options.model_name, prefix_caching=allow)
+                   for r, s in enumerate(options.servers)]
+        check_fleet_agrees(records)
+        check_weights_marked(records, engine)
         ignored = server_side_settings(engine)
         if ignored:
             log.warning("--sut vllm-http with server URLs: %s never reach servers that are already running (they keep "

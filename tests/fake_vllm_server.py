@@ -108,6 +108,7 @@ def parse(argv):
     p.add_argument("--quantization", default=None)
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--load-format", default="auto")
     a, _unknown = p.parse_known_args(argv)
     return a
 
@@ -178,7 +179,8 @@ class Fake:
                                 "quantization": self.a.quantization},
                "cache_config": {"enable_prefix_caching": self.a.enable_prefix_caching, "block_size": self.a.block_size,
                                 "num_gpu_blocks": 512, "cache_dtype": self.a.kv_cache_dtype},
-               "scheduler_config": {"max_num_seqs": 64, "max_num_batched_tokens": 2048}, "load_config": {}}
+               "scheduler_config": {"max_num_seqs": 64, "max_num_batched_tokens": 2048},
+               "load_config": {"load_format": self.a.load_format}}
         return web.json_response({"vllm_config": cfg, "vllm_env": {}, "system_env": {}})
 
     async def stats(self, request):

@@ -682,6 +682,7 @@ def test_cli_accuracy_run_over_a_given_server(tmp_path, synthetic_small, fake_se
     assert rec["engines"][0]["url"] == url and rec["engines"][0]["samples"] == 8
     assert rec["prefix_caching"]["enabled"] is False and rec["options"]["urls"] == [url]
     assert rec["http"]["exposure"] == [{"url": url, "loopback": True, "tls": False, "warning": None}]
+    assert any(f"the weights of {url} are not read back" in w for w in rec["warnings"])  # no /server_info here
     log = json.loads((run / "mlperf_log_accuracy.json").read_text())
     assert sorted(r["qsl_idx"] for r in log) == list(range(8))
     lengths = {len(logged_ids(r["data"])) for r in log}
@@ -906,6 +907,23 @@ def test_cli_server_of_another_model_exits_2_naming_it(tmp_path, synthetic_small
     assert "pass --served-model-name ID" in out.stderr  # the flag first (found by a fault test: only the option was named)
     assert "Traceback" not in out.stderr
     assert not list(tmp_path.iterdir())  # refused before the run folder is made (HttpSUT.preflight)
+
+
+def test_cli_a_server_with_dummy_weights_must_be_declared_so_that_the_run_is_not_compliant(tmp_path, synthetic_small,
+                                                                                          fake_server):
+    """A given server that reports random weights (/server_info load_format) is refused before the run folder unless
+    the run says --load-format dummy, which marks it not compliant; its weights are then read back (no warning)."""
+    url, _ = fake_server("--server-info", "--load-format", "dummy")
+    out = _run(tmp_path, synthetic_small, "--server-url", url)
+    assert out.returncode == 2 and f"server {url} loaded dummy (random) weights" in out.stderr, out.stderr[-2000:]
+    assert "pass --load-format dummy" in out.stderr and not list(tmp_path.iterdir())
+    out = _run(tmp_path, synthetic_small, "--server-url", url, "--load-format", "dummy")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert run.name.endswith("-NOT-COMPLIANT") and any("dummy (random) weights" in r for r in rec["compliance"]["reasons"])
+    assert rec["engines"][0]["engine_args"]["load_format"] == "dummy"
+    assert not any("not read back" in w for w in rec.get("warnings", []))
 
 
 def test_cli_server_with_a_shorter_context_exits_2_before_a_run_folder(tmp_path, synthetic_small, fake_server):

@@ -81,6 +81,19 @@ def other_card(tuned_on: Optional[str], devices) -> Optional[str]:
             "and user.conf targets may not fit this card (find the targets again: python -m sut find-qps)")
 
 
+def unread_weights(engines) -> Optional[str]:
+    """A warning naming the engines (run.json ``engines``: dicts with ``engine_args``, ``url``) that did not report
+    how their weights were loaded (no ``engine_args.load_format``: a server given by URL tells it only in vLLM's dev
+    mode, ``/server_info``), else None."""
+    unread = [str(e.get("url") or e.get("engine")) for e in engines
+              if isinstance(e, dict) and "load_format" not in (e.get("engine_args") or {})]
+    if not unread:
+        return None
+    return (f"the weights of {', '.join(unread)} are not read back (a server given by URL reports its load format "
+            "only with VLLM_SERVER_DEV_MODE=1): this run's figures are only as real as the weights those servers "
+            "loaded; an accuracy run checks them")
+
+
 def streaming_latency_record(scenario: str, timed: bool, results: dict, ledger, run_dir: Path) -> dict:
     """``run.json`` ``latency`` of a Server / Interactive run (``token_latencies``) from LoadGen's ``results`` and
     the streaming ``ledger``'s own figures, with the TTFT trend projected to LoadGen's 600 s against the

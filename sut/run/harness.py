@@ -45,6 +45,7 @@ from sut.record.write import (
     release_record_space,
     reserve_record_space,
     streaming_latency_record,
+    unread_weights,
     untested_vllm,
     write_final_record,
     write_record,
@@ -318,7 +319,8 @@ def _start_sut(sut: SystemUnderTest, record: dict, run_dir: Path) -> None:
         record["versions"].update(vllm=engines[0].get("vllm_version"), torch=engines[0].get("torch_version"))
         record["devices"] = [e.get("device") for e in engines]
         tuned_on = (record.get("run_settings") or {}).get("tuned_on")
-        for warning in (untested_vllm(e.get("vllm_version") for e in engines), other_card(tuned_on, record["devices"])):
+        for warning in (untested_vllm(e.get("vllm_version") for e in engines), other_card(tuned_on, record["devices"]),
+                        unread_weights(engines)):
             if warning:
                 log.warning("%s", warning)
                 record.setdefault("warnings", []).append(warning)
