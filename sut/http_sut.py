@@ -55,7 +55,7 @@ from sut.core.transports.http_api import MAX_REPLY_BYTES, ReplyError
 from sut.core.transports.http_fleet import FleetServer, api_key, auth_headers, fleet_agreement, status_text
 from sut.core.transports.http_readback import CACHE_CONFIG_METRIC, cache_config_labels, pick_model, replica_record
 from sut.core.transports.http_servers import _OPENER, check_server_args, health_reply
-from sut.engine import EngineSettings, plan_engines
+from sut.engine import EngineSettings, check_weights_present, plan_engines
 from sut.errors import EngineError, InputError, ServerInputError
 
 log = logging.getLogger("sut.http")
@@ -271,7 +271,8 @@ class HttpSUT(TransportSUT):
         given servers differ in a field that changes
         results (``read_back_server``, ``check_fleet_agrees``) or report dummy weights the run does not declare
         (``check_weights_marked``), or, without URLs,
-        when the servers cannot be placed here (``plan_engines``) or ``server_args`` gives a flag of
+        when the servers cannot be placed here (``plan_engines``), the model folder lacks the weights ``vllm
+        serve`` would load (``check_weights_present``; not with a ``server_command``) or ``server_args`` gives a flag of
         the harness's settings, also abbreviated or in ``server_command`` (``http_servers.check_server_args``);
         also for what ``check_settings`` refuses."""
         cls.check_settings(engine)
@@ -279,6 +280,8 @@ class HttpSUT(TransportSUT):
             try:
                 check_server_args(options.server_args, engine, options.server_command)
                 plan_engines(engine)
+                if not options.server_command:  # `vllm serve` started here loads the folder's weights (a command
+                    check_weights_present(engine)  # of one's own may load them from elsewhere: not checked)
             except (EngineError, ValueError) as e:
                 raise InputError(f"--sut vllm-http: {e}") from None
             return

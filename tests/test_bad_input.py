@@ -160,6 +160,9 @@ def test_run_with_a_bad_dtype_exits_2_before_an_engine_or_run_folder(tmp_path, d
 
 @pytest.mark.parametrize("flags, preset, expect", [
     (["--load-format", "dumy"], "", "got 'dumy' (flag --load-format)"),
+    # the tiny model folder holds config.json only: vLLM would fail after start with "Cannot find any model weights"
+    (["--load-format", "auto"], "", "no model weights (*.safetensors or *.bin) for load_format 'auto': give a folder "
+                                    "with weights, or --load-format dummy"),
     ([], '[engine]\nkv_cache_dtype = "fp9"\n', "[engine]: engine setting kv_cache_dtype must be one of"),
     # a 200-token prompt in a 4,096-token context fits 128 new tokens, not 4,000
     ([], "[generation]\nmax_tokens = 4000\n", "record 0, field 'tok_input': prompt has 200 tokens, more than 96"),

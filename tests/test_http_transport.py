@@ -153,7 +153,7 @@ def test_server_args_that_the_harness_owns_are_input_errors_naming_the_flag(args
                                         ("--no-enable-chunked-prefill", "--no-enable-chunked-prefill"),
                                         ("--enable-prompt-tokens-details", "--enable-prompt-tokens-details")])
 def test_server_args_giving_an_engine_setting_are_refused_before_the_run(args, flag):
-    es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu")
+    es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu", load_format="dummy")
     opts = HttpSUT.check_options({"server_args": f"--max-num-partial-prefills 2 {args}"})
     with pytest.raises(InputError, match=f"server_args: {flag} is set by the harness"):
         HttpSUT.preflight(opts, es)
@@ -168,8 +168,9 @@ def test_server_args_giving_an_engine_setting_are_refused_before_the_run(args, f
 def test_the_harness_engine_loops_admission_interval_is_refused_for_servers():
     """--admit-every-steps is the in-process worker's loop (sut.engine.worker.serve): `vllm serve` has none."""
     opts = HttpSUT.check_options({})
-    HttpSUT.preflight(opts, EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=1))
-    two = EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=2)
+    HttpSUT.preflight(opts, EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=1,
+                                           load_format="dummy"))
+    two = EngineSettings(model=MODEL, max_model_len=4096, device="cpu", admit_every_steps=2, load_format="dummy")
     with pytest.raises(InputError, match="--admit-every-steps 2 is the harness's own engine loop"):
         HttpSUT.preflight(opts, two)  # the locality runner's HTTP system checks here
     from types import SimpleNamespace

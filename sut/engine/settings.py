@@ -252,6 +252,26 @@ class ModelInfo:
     max_model_len_limit: int = 0
 
 
+#: Weight files vLLM's default loader looks for per ``load_format`` (vLLM ``DefaultModelLoader._prepare_weights``:
+#: ``auto`` tries ``*.safetensors`` then ``*.bin``); other formats are not checked here.
+WEIGHT_PATTERNS = {"auto": ("*.safetensors", "*.bin"), "safetensors": ("*.safetensors",), "pt": ("*.pt",),
+                   "npcache": ("*.bin",)}
+
+
+def check_weights_present(es: "EngineSettings") -> None:
+    """``EngineError`` when ``es.model`` is a folder without the weight files its ``load_format`` loads
+    (:data:`WEIGHT_PATTERNS`), so that an engine would fail only after it started; the message names the
+    ``--load-format dummy`` way (random weights, a throughput figure). Nothing is checked for other formats
+    or a model that is not a local folder."""
+    patterns = WEIGHT_PATTERNS.get(es.load_format)
+    folder = Path(es.model)
+    if not patterns or not folder.is_dir() or any(next(folder.glob(pat), None) for pat in patterns):
+        return
+    raise EngineError(f"{folder}: no model weights ({' or '.join(patterns)}) for load_format {es.load_format!r}: give a "
+                      "folder with weights, or --load-format dummy for random weights (a throughput figure, not the "
+                      "model under test; the CPU preset loadgen_configs/cpu_tiny.toml sets it)")
+
+
 def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
     """Read ``config.json`` (and ``generation_config.json`` if present) of a HF model folder.
 
