@@ -268,7 +268,8 @@ def _preflight(**opts):
 
 
 def test_preflight_refuses_a_run_without_a_flame_endpoint(no_flame_config):
-    with pytest.raises(InputError, match="--sut flame: no Flame endpoint: pass --flame-endpoint"):
+    with pytest.raises(InputError, match="--sut flame: no Flame endpoint: pass --flame-endpoint .*to start a cluster "
+                                         "on this host: python -m sut.flame cluster"):
         _preflight()
 
 

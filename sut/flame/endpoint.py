@@ -35,7 +35,8 @@ def resolve_endpoint(endpoint: Optional[str] = None) -> str:
         raise RunFailed(f"cannot read the Flame endpoint from ~/.flame/flame.yaml: {e}") from None
     if not ctx._endpoint:
         raise RunFailed("no Flame endpoint: pass --flame-endpoint / --option endpoint=http://HOST:8080, set "
-                        "FLAME_ENDPOINT, or write ~/.flame/flame.yaml")
+                        "FLAME_ENDPOINT, or write ~/.flame/flame.yaml; to start a cluster on this host: "
+                        "python -m sut.flame cluster (docs/flame.md)")
     return ctx._endpoint
 
 
