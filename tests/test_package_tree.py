@@ -26,6 +26,7 @@ def test_rehearsal_tree_has_one_not_compliant_note_with_every_reason(tmp_path):
     tree = out / "closed" / "demo"
     notes = sorted(out.rglob("NOT-COMPLIANT.txt"))
     assert notes == [tree / "NOT-COMPLIANT.txt"]  # one file, at the tree root; none in the scenario folder
+    assert f"each in {notes[0]}" in run.stderr and "package-partial" not in run.stderr  # where it is, not was built
     lines = notes[0].read_text().splitlines()
     assert lines[0] == "These runs are not compliant; this tree is a rehearsal:"
     assert f"- Offline: performance run: {RUN_REASON}" in lines  # the runs' reasons, named by scenario ...

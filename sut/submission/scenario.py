@@ -340,11 +340,13 @@ def lay_out_scenario(ps: PackageSettings) -> LaidOut:
     return LaidOut(_copy_scenario(ps, runs), runs.problems)
 
 
-def write_not_compliant(folder: Path, problems: Sequence[str]) -> Path:
-    """Write the rehearsal note ``<folder>/NOT-COMPLIANT.txt``: one ``- reason`` line per problem."""
+def write_not_compliant(folder: Path, problems: Sequence[str], final_folder: Optional[Path] = None) -> Path:
+    """Write the rehearsal note ``<folder>/NOT-COMPLIANT.txt``: one ``- reason`` line per problem. The warning names
+    it in ``final_folder`` where the tree is built elsewhere and moved there afterwards."""
     path = Path(folder) / NOT_COMPLIANT_TXT
     path.write_text(NOT_COMPLIANT_HEAD + "".join(f"- {p}\n" for p in problems))
-    log.warning("laid out NON-COMPLIANT runs (rehearsal): %d reason(s), each in %s", len(problems), path)
+    log.warning("laid out NON-COMPLIANT runs (rehearsal): %d reason(s), each in %s", len(problems),
+                Path(final_folder) / NOT_COMPLIANT_TXT if final_folder is not None else path)
     return path
 
 

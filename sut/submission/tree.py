@@ -309,9 +309,9 @@ def package_tree(ts: TreeSettings, build_in: Optional[str] = None) -> Path:
     systems = root / "systems"
     systems.mkdir(parents=True, exist_ok=True)
     (systems / f"{ts.system}.json").write_text(json.dumps(system, indent=2) + "\n")
-    if problems:
-        write_not_compliant(root, problems)
     final = Path(ts.out) / ts.division / ts.submitter
+    if problems:
+        write_not_compliant(root, problems, final)
     log.info("submission tree written: %s (scenarios %s); %s", final, ", ".join(perf), CHECKER_NOTE)
     return final
 
