@@ -1,6 +1,7 @@
 """scripts/bench/bench_suts.py: run order rotates per round; medians and ratios skip failed runs; labelled variants."""
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -104,3 +105,21 @@ def test_sigterm_is_taken_as_ctrl_c_so_the_run_in_its_own_session_is_stopped(mon
     finally:
         signal.signal(signal.SIGINT, saved[0])
         signal.signal(signal.SIGTERM, saved[1])
+
+
+def test_an_invalid_run_is_left_out_of_the_medians_and_the_console_says_why(tmp_path, monkeypatch, caplog):
+    """A --quick run on idle cores can end before its minimum duration: LoadGen says INVALID, rc 0. It is not
+    counted, and the console says so with the run's real folder (the name with -NOT-COMPLIANT where it is one)."""
+    def fake_run_once(run_args, out, name, timeout_s):
+        validity = "INVALID" if name.endswith("-r0") and "vllm-http" in name else "VALID"
+        return RunOutcome(0, {"validity": validity, "tokens_per_s": 50.0}, out / f"{name}-NOT-COMPLIANT", "")
+
+    monkeypatch.setattr(bench_suts, "run_once", fake_run_once)
+    with caplog.at_level(logging.INFO, logger=bench_suts.log.name):
+        rc = bench_suts.main(["--suts", "vllm", "vllm-http", "--rounds", "2", "--out", str(tmp_path), "--",
+                              "--model", "M"])
+    assert rc == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    assert summary["vllm-http"]["runs"] == 1 and summary["vllm"]["runs"] == 2
+    assert "not counted: LoadGen said INVALID" in caplog.text and "raise --target-qps" in caplog.text
+    assert f"{tmp_path}/" in caplog.text and "-vllm-http-r0-NOT-COMPLIANT)" in caplog.text

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     runs, records, width = [], [], max(10, *map(len, a.suts))
     for k, s in rounds_order(a.suts, a.rounds):
         name = f"{time.strftime('%H%M%S')}-{s}-r{k}"
-        log.info("round %d %s: running (%s)", k, s, out / name)
+        log.info("round %d %s: running (run name %s, in %s)", k, s, name, out)
         o = run_once([*run_args, *args_of[s]], out, name, a.timeout_s)
         rec = o.record or {}
         records.append(rec)
@@ -146,8 +146,12 @@ def main(argv=None) -> int:
                      "tokens_per_s": rec.get("tokens_per_s"),
                      "validity": rec.get("validity"), "folder": str(o.folder), "error": rec.get("error") or
                      (None if ok else o.stderr[-500:])})
-        log.info("round %d %-*s rc=%s %s tok/s %s", k, width, s, o.rc, rec.get("tokens_per_s"), rec.get("validity"))
-        if not ok:
+        log.info("round %d %-*s rc=%s %s tok/s %s (%s)", k, width, s, o.rc, rec.get("tokens_per_s"),
+                 rec.get("validity"), o.folder)
+        if not ok and o.rc == 0 and rec.get("validity") not in ("VALID", None):
+            log.info("  not counted: LoadGen said %s (a ratio needs VALID runs: on idle cores a --quick run can end "
+                     "before its minimum duration; raise --target-qps so that it issues more)", rec.get("validity"))
+        elif not ok:
             last = (runs[-1]["error"] or "").strip().splitlines()
             log.info("  %s", last[-1] if last else "no error text (see the run folder)")
     summary = {"suts": a.suts, "entry_args": args_of, "rounds": a.rounds, "run_args": run_args, "runs": runs,
