@@ -103,7 +103,7 @@ def _print_summary(rec: dict) -> None:
             lines.append(f"accuracy gate   : not run ({acc['skipped']})")
         else:
             lines.append(f"accuracy gate   : {'PASS' if acc['passed'] else 'FAIL'} {acc.get('scores')}")
-    log.info("\n" + "\n".join(lines))
+    log.info("run summary:\n%s", "\n".join(lines))
 
 
 def _writable(path: str, flag: str, folder: bool = False) -> None:

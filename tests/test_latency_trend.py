@@ -220,3 +220,11 @@ def test_a_backlog_that_built_early_and_then_stayed_is_called_past_capacity_not_
     steady = queue_trend(t, 0.1 + rng.gamma(2, 0.02, len(t)), 0.1 + 3.1 + np.zeros(len(t)), 600, 500)
     assert steady["saturated"] is False and describe(steady, True).startswith("no backlog growth: ")
     assert queue_trend(t, ttft, ttft + 3.1, 600, None)["saturated"] is None
+
+
+def test_a_log_axis_spanning_about_a_decade_labels_its_2x_3x_5x_ticks():
+    """TPOT of 8-35 ms holds one major tick (10): 20 and 30 get labels too, other minor ticks none."""
+    from sut.record.latency_figure import _minor_label
+
+    assert [_minor_label(v, None) for v in (20.0, 30.0, 50.0, 200.0)] == ["20", "30", "50", "200"]
+    assert [_minor_label(v, None) for v in (40.0, 70.0, 0.3, 0.0)] == ["", "", "", ""]

@@ -75,7 +75,8 @@ def _draw(path: Path, title: str, ttft, tpot, limits: dict, trend: Optional[dict
             _bin_lines(ax, t, y)
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))  # ms, not 6x10^1
-            ax.yaxis.set_minor_formatter(NullFormatter())
+            few = np.log10(y.max() / y.min()) < 1.5  # a decade or so holds one major tick: label 2x, 3x, 5x too
+            ax.yaxis.set_minor_formatter(FuncFormatter(_minor_label) if few else NullFormatter())
         limit = limits.get(name.lower())
         if limit is not None:
             ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"p99 limit {limit} ms")
@@ -89,6 +90,14 @@ def _draw(path: Path, title: str, ttft, tpot, limits: dict, trend: Optional[dict
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
+
+
+def _minor_label(v: float, _pos) -> str:
+    """A log axis's minor tick ``v`` (ms) labelled where it is 2, 3 or 5 times a power of ten, else unlabelled."""
+    if v <= 0:
+        return ""
+    lead = v / 10 ** np.floor(np.log10(v))
+    return f"{v:,.0f}" if v >= 1 and min(abs(lead - k) for k in (2, 3, 5)) < 1e-6 else ""
 
 
 def _bin_lines(ax, t: np.ndarray, y: np.ndarray) -> None:

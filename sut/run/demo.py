@@ -98,7 +98,7 @@ def run_demo(output_dir: Path, stamp: str | None = None) -> int:
     _sut("run", "--compliance-test", "TEST06", *common, "--run-name", RUN_NAMES["test06"])
     runs = {role: out / f"{name}-NOT-COMPLIANT" for role, name in RUN_NAMES.items()}
     recs = {role: json.loads((d / "run.json").read_text()) for role, d in runs.items()}
-    log.info("\n" + "\n".join(_summary(out, data, runs, recs)))
+    log.info("demo summary:\n%s", "\n".join(_summary(out, data, runs, recs)))
     return 0
 
 
