@@ -278,6 +278,30 @@ def test_a_stop_signal_after_loadgen_returned_is_recorded_like_any_other_stop(tm
     assert rec["error"] == "RuntimeError: boom"
 
 
+def test_a_run_folder_that_refuses_writes_ends_the_run_with_its_cause_not_a_traceback(tmp_path, monkeypatch):
+    """A run folder turned read-only (or immutable) mid-run: the last run.json write fails with EPERM/EROFS. The run
+    ends with RunFailed (exit 1, one error line) naming the folder, the file and that run.json could not record it;
+    an OSError about a file elsewhere is raised as it was (a crash of its own, not the folder's)."""
+    import errno
+
+    from sut.errors import RunFailed
+    from sut.run import harness
+
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))
+
+    def refuse(run_dir, record):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(run_dir / "run.json.tmp"))
+
+    monkeypatch.setattr(harness, "write_final_record", refuse)
+    e = PermissionError(errno.EPERM, "Operation not permitted", str(tmp_path / "run.json.tmp"))
+    with pytest.raises(RunFailed, match=r"cannot write in the run folder .*: Operation not permitted \(.*run.json.tmp\); "
+                                        r"run.json could not record \(it may still say 'running'\) the failure"):
+        harness.raise_recorded(tmp_path, {"status": "ok"}, e)
+    elsewhere = PermissionError(errno.EACCES, "Permission denied", "/elsewhere/model/config.json")
+    with pytest.raises(PermissionError):
+        harness.raise_recorded(tmp_path, {"status": "ok"}, elsewhere)
+
+
 def test_a_failed_run_has_no_validity_and_keeps_loadgens_word_apart():
     from sut.run.harness import mark_failed
 

@@ -235,14 +235,25 @@ def record_failure(run_dir: Path, record: dict, e: BaseException) -> None:
 
 def raise_recorded(run_dir: Path, record: dict, e: BaseException) -> NoReturn:
     """Record ``e`` as the run's failure (``record_failure``), then raise it again, or a ``RunFailed`` (exit 1, no
-    traceback) in its place when a write failed for want of space or because the run folder was removed."""
+    traceback) in its place when a write failed for want of space, in a run folder that refuses writes (read-only,
+    permissions), or because the run folder was removed."""
     if isinstance(e, FileNotFoundError) and not run_dir.is_dir():
         raise RunFailed(f"the run folder {run_dir} was removed during the run: the run cannot be recorded "
                         f"({failure_cause(e)})") from e
     record_failure(run_dir, record, e)
     if no_space(e):
         raise RunFailed(f"{failure_cause(e)} (record: {run_dir / 'run.json'})") from e
+    if _in_run_folder(e, run_dir):  # e.g. the folder turned read-only: a cause, not a crash
+        said = "records" if _status_on_disk(run_dir) == "failed" else "could not record (it may still say 'running')"
+        raise RunFailed(f"cannot write in the run folder {run_dir}: {e.strerror or e} ({e.filename}); "
+                        f"run.json {said} the failure") from e
     raise e
+
+
+def _in_run_folder(e: BaseException, run_dir: Path) -> bool:
+    """True for an ``OSError`` about a file of ``run_dir`` (its ``filename`` there)."""
+    name = getattr(e, "filename", None) if isinstance(e, OSError) else None
+    return bool(name) and Path(str(name)).resolve().parent == run_dir.resolve()
 
 
 def run_benchmark(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, options: Any = None,
