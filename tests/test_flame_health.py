@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import flamepy
 from flamepy.proto import types_pb2
 
 from sut.flame.health import ExecutorHealth
@@ -84,3 +85,49 @@ def test_a_session_flame_no_longer_lists_twice_running_loses_the_replica_though_
     assert replica == 0 and msg.startswith("session s0 (replica 0) is gone: Flame no longer lists it while 2 task(s) ran")
     h2 = _health(conn, [0, 0])  # nothing in flight: a session gone after the run's tasks is no loss here
     assert h2.check() is None and h2.check() is None and h2.check() is None
+
+
+class Unanswered(Conn):
+    """A session manager that is stopped or hung: every listing ends at its deadline."""
+
+    def __init__(self):
+        super().__init__()
+        self.mute = False
+
+    def list_executors(self):
+        if self.mute:
+            raise flamepy.FlameError(flamepy.FlameErrorCode.INTERNAL, "failed to list executors: Deadline Exceeded")
+        return super().list_executors()
+
+
+def test_two_unanswered_polls_while_tasks_run_lose_the_run_naming_the_session_manager():
+    conn, inflight = Unanswered(), [0, 2]
+    conn.executors = [_ex("Bound", "s0"), _ex("Bound", "s1")]
+    h = _health(conn, inflight)
+    conn.mute = True
+    assert h.check() is None  # one unanswered poll is no proof
+    conn.mute = False
+    assert h.check() is None  # it answered: the count starts over
+    conn.mute = True
+    assert h.check() is None
+    replica, msg = h.check()
+    assert replica == 1 and "answered none of 2 polls in a row" in msg and "2 task(s) of replica 1" in msg
+    idle = _health(conn, [0, 0])  # nothing in flight: a slow listing loses nothing
+    assert idle.check() is None and idle.check() is None and idle.check() is None
+
+
+def test_the_connections_unary_calls_get_a_deadline_and_its_streams_none():
+    from sut.flame.endpoint import DeadlineStub, no_answer
+
+    calls = []
+
+    class Stub:
+        def __getattr__(self, name):
+            return lambda request, **kw: calls.append((name, kw.get("timeout")))
+
+    stub = DeadlineStub(Stub(), 7.0)
+    stub.ListExecutor("req")
+    stub.CloseSession("req", timeout=1.0)  # a call's own timeout stays
+    stub.WatchTask("req")
+    assert calls == [("ListExecutor", 7.0), ("CloseSession", 1.0), ("WatchTask", None)]
+    assert no_answer("failed to close session: Deadline Exceeded") and not no_answer("Connection refused")

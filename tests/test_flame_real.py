@@ -49,6 +49,34 @@ def test_session_manager_killed_mid_run_fails_within_bounded_time(real_flame_fac
     assert not cluster.processes()
 
 
+def test_a_stopped_session_manager_fails_the_run_and_its_stop_within_bounded_time(real_flame_factory, dataset,  # noqa: F811
+                                                                                  lock_dir, monkeypatch):  # noqa: F811
+    """Before: a SIGSTOPped session manager accepts connections and answers nothing; flamepy's calls have no deadline,
+    so the health poll hung, the run failed only at its stall limit and its stop then waited for good. Now every
+    unary call has a deadline (here 2 s), two unanswered polls fail the run naming the cause, and the stop gives up
+    closing at once (the loss is why its tasks can never end)."""
+    import signal
+
+    from sut.flame import endpoint
+
+    monkeypatch.setattr(endpoint, "RPC_TIMEOUT_S", 2.0)
+    cluster = real_flame_factory()
+    try:
+        sut, answers, samples, t_failed, t_stop = _kill_mid_run(
+            cluster, dataset, lock_dir, lambda: cluster.fsm.send_signal(signal.SIGSTOP), 60, health_check_s=1,
+            unreachable_timeout_s=5)
+    finally:
+        cluster.fsm.send_signal(signal.SIGCONT)
+    assert t_failed < 30 and t_stop < 30, (t_failed, t_stop)  # not the stall limit, not for good
+    err = sut.ledger.error
+    assert err and "the Flame session manager answered none of 2 polls in a row" in err, err
+    _assert_exactly_once(samples, answers)
+    close = sut.record()["flame"]["close"]
+    assert not close["closed"] and "Deadline Exceeded" in close["error"], close  # given up at once: the loss said why
+    cluster.stop()
+    assert not cluster.processes()
+
+
 def test_session_that_does_not_fit_fails_the_warm_up_with_the_count(real_flame_factory, dataset, lock_dir):  # noqa: F811
     """With Flame's drf policy executors must fit the node (its CPU count): executors of cpu=N (N = this
     host's CPUs) fit one at a time, Flame allocates one of the 2 the session needs, and the warm-up says so

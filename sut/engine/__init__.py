@@ -30,11 +30,18 @@ from sut.engine.logs import ENGINE_LOG_TAIL_LINES, engine_log_path, log_tail
 from sut.engine.outputs import DeltaCollector, FinalCollector
 from sut.engine.pool import EnginePool
 from sut.engine.readback import kv_cache_capacity, read_back
-from sut.engine.settings import (EngineSettings, GenerationSettings, ModelInfo, check_weights_present, read_model_info,
-                                 settings_from_mapping)
+from sut.engine.settings import (
+    EngineSettings,
+    GenerationSettings,
+    ModelInfo,
+    check_weights_present,
+    read_model_info,
+    settings_from_mapping,
+)
 from sut.engine.worker import serve, worker_main
 
 __all__ = ["CPU_ENV", "DeltaCollector", "DoneCallback", "ENGINE_LOG_TAIL_LINES", "EngineHandle",
            "EnginePool", "EngineSettings", "EngineSlot", "FatalCallback", "FinalCollector", "FirstCallback",
-           "GcPauseMonitor", "GenerationSettings", "ModelInfo", "check_weights_present", "engine_log_path", "kv_cache_capacity", "log_tail",
+           "GcPauseMonitor", "GenerationSettings", "ModelInfo", "check_weights_present", "engine_log_path",
+           "kv_cache_capacity", "log_tail",
            "plan_engines", "read_back", "read_model_info", "serve", "settings_from_mapping", "worker_main"]

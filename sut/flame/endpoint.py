@@ -2,7 +2,12 @@
 else ``~/.flame/flame.yaml``), ``connect`` (a flamepy connection), ``reachable`` / ``check_control_plane`` (the
 session manager's frontend port accepts a TCP connection; the preflight before a run) and ``lost_cause`` (a lost
 task's message, naming an unreachable session manager or one that no longer knows the session) and
-``endpoint_exposure`` (the endpoint is not loopback and has no TLS: a warning for the console and run.json)."""
+``endpoint_exposure`` (the endpoint is not loopback and has no TLS: a warning for the console and run.json).
+
+flamepy 0.6.0 gives its unary calls (list, get, create, close) no deadline: a session manager that is stopped
+(SIGSTOP) or hung accepts the TCP connection and never answers, and a call waited for good (found by a fault test:
+a stopped session manager held a failed run's stop forever). ``connect`` gives each unary call of the connection
+:data:`RPC_TIMEOUT_S`; ``no_answer`` tells such a timeout from other errors (watch streams keep no deadline)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,11 @@ from sut.errors import RunFailed
 
 #: Seconds Flame's session manager has to accept a TCP connection before a run starts (``check_control_plane``).
 PREFLIGHT_TIMEOUT_S = 3.0
+#: Seconds a unary call to the session manager may take before it counts as unanswered (``connect``): a healthy one
+#: answers in milliseconds; the largest listings of a run (a few hundred executors) stay far below this.
+RPC_TIMEOUT_S = 20.0
+#: Frontend calls that stream (no deadline: a task's watch lasts as long as the task).
+STREAMING_RPCS = frozenset({"WatchTask", "ListTask"})
 #: What whoever reaches a Flame v0.6.0 frontend can do (docs/flame.md, Security).
 FLAME_RISK = ("Flame v0.6.0 authenticates no client: whoever reaches its session manager (this port and the next) can "
               "run commands on its executor hosts; https (cluster.tls) would encrypt the traffic, not keep others out")
@@ -47,9 +57,37 @@ def connect(endpoint: Optional[str] = None):
     ep = resolve_endpoint(endpoint)
     tls = flamepy.FlameContext().tls if ep.startswith("https://") else None
     try:
-        return flamepy.connect(ep, tls), ep
+        conn = flamepy.connect(ep, tls)
     except flamepy.FlameError as e:
         raise RunFailed(f"cannot connect to Flame at {ep}: {e.message}") from None
+    stub = getattr(conn, "_frontend", None)  # flamepy 0.6.0's FrontendStub (its calls take gRPC's timeout=)
+    if stub is not None:
+        conn._frontend = DeadlineStub(stub, RPC_TIMEOUT_S)
+    return conn, ep
+
+
+class DeadlineStub:
+    """A gRPC stub whose unary calls get ``timeout_s`` unless given one (streaming calls, :data:`STREAMING_RPCS`,
+    are passed through). A call past it raises gRPC's ``DEADLINE_EXCEEDED`` (flamepy: a ``FlameError`` whose message
+    says "Deadline Exceeded": ``no_answer``)."""
+
+    def __init__(self, stub, timeout_s: float):
+        self._stub, self._timeout_s = stub, timeout_s
+
+    def __getattr__(self, name: str):
+        call = getattr(self._stub, name)
+        if name in STREAMING_RPCS or not callable(call):
+            return call
+
+        def with_deadline(request, *args, **kwargs):
+            kwargs.setdefault("timeout", self._timeout_s)
+            return call(request, *args, **kwargs)
+        return with_deadline
+
+
+def no_answer(msg: str) -> bool:
+    """True when ``msg`` (a flamepy error's message) is a call that got no answer within its deadline."""
+    return "deadline exceeded" in str(msg).lower()
 
 
 def reachable(endpoint: Optional[str], timeout: float = 2.0) -> bool:

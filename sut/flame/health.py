@@ -15,6 +15,11 @@ message)`` (the transport's fatal event, which fails the run), and ``lost`` is s
 does not wait for tasks that can never end. A poll that cannot reach the session manager does nothing: that
 loss has its own checks (``sut.flame.session``, ``sut.flame.endpoint``).
 
+A session manager that answers no listing within its deadline (``sut.flame.endpoint.RPC_TIMEOUT_S``: stopped or
+hung; it still accepts connections, so nothing else notices) in :data:`UNANSWERED_POLLS` polls running while tasks
+are in flight loses the first such replica, with that cause (found by a fault test: a SIGSTOPped session manager held
+the run until its stall limit, then its stop for good).
+
 A session can vanish while the session manager stays up: with storage ``none``, Flame v0.6.0 lets its
 application be unregistered under it and drops the session (measured, ``tests/test_flame_real.py``). Its watch
 streams then never end, its executor stays Bound to it (the session manager re-launches its task in a busy
@@ -42,6 +47,8 @@ from sut.flame.session import LIVE_STATES, executor_state
 log = logging.getLogger("sut.flame.transport")
 #: Polls in a row with no live executor before a replica counts as lost (a single empty listing is no proof).
 EMPTY_POLLS = 2
+#: Polls in a row that the session manager left unanswered (a call past its deadline) before the run is lost.
+UNANSWERED_POLLS = 2
 
 
 class ExecutorHealth:
@@ -56,6 +63,7 @@ class ExecutorHealth:
         self._stop = threading.Event()
         self._empty = [0] * len(self.sessions)
         self._unlisted = [0] * len(self.sessions)  # polls in a row in which Flame did not list the session
+        self._unanswered = 0  # polls in a row whose listing got no answer within its deadline
         self._nodes: list[set] = [set() for _ in self.sessions]  # nodes where each replica's executors were seen
         self._thread = threading.Thread(target=self._loop, name="flame-health", daemon=True)
 
@@ -84,8 +92,9 @@ class ExecutorHealth:
             executors = list(self.conn.list_executors())
             not_ready = _not_ready_nodes(self.conn.list_nodes())
             listed = {x.id for x in self.conn.list_sessions()}
-        except Exception:  # noqa: BLE001 - unreachable session manager: handled elsewhere
-            return None
+        except Exception as e:  # noqa: BLE001 - an unreachable session manager is handled elsewhere
+            return self._unanswered_poll(getattr(e, "message", None) or str(e))
+        self._unanswered = 0
         for i, rs in enumerate(self.sessions):
             mine = [e for e in executors if e.status.session_id == rs.id]
             live = [e for e in mine if executor_state(e) in LIVE_STATES]
@@ -105,6 +114,21 @@ class ExecutorHealth:
             if gone or self._empty[i] >= EMPTY_POLLS:
                 return rs.replica, _executors_lost_message(rs, n, len(live), gone, not_ready)
         return None
+
+
+    def _unanswered_poll(self, msg: str) -> Optional[tuple[int, str]]:
+        """After a failed poll: ``(replica, message)`` once :data:`UNANSWERED_POLLS` in a row got no answer within
+        their deadline while a replica had tasks in flight, else None (a refused connection counts nothing)."""
+        from sut.flame.endpoint import RPC_TIMEOUT_S, no_answer
+
+        busy = [(rs.replica, n) for rs in self.sessions if (n := self.inflight(rs.replica))]
+        self._unanswered = self._unanswered + 1 if no_answer(msg) and busy else 0
+        if self._unanswered < UNANSWERED_POLLS:
+            return None
+        replica, n = busy[0]
+        return replica, (f"the Flame session manager answered none of {self._unanswered} polls in a row (each call "
+                         f"waited {RPC_TIMEOUT_S:.0f} s) while {n} task(s) of replica {replica} ran: it is stopped or "
+                         f"hung, so no task can be seen to end ({msg}); restart the cluster before the next run")
 
 
 def _executors_lost_message(rs, n: int, live: int, gone: list, not_ready: set) -> str:

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 from sut.constants import REPO
 from sut.errors import RunFailed
 from sut.exits import stopped_again
-from sut.flame.endpoint import reachable
+from sut.flame.endpoint import no_answer, reachable
 from sut.flame.options import FlameOptions
 
 log = logging.getLogger("sut.flame.transport")
@@ -307,7 +307,7 @@ class ReplicaSession:
 
     def _close_refused(self, msg: str, t0: float, unreachable_since: Optional[float]):
         """``(error or None, unreachable_since)`` after a refused close: give up when the session manager has
-        been unreachable too long, the session is gone, its executors are lost (``abandon_close``: their tasks
+        been unreachable (or answered no call within its deadline) too long, the session is gone, its executors are lost (``abandon_close``: their tasks
         stay Running, so Flame refuses for good), or ``close_timeout_s`` has passed."""
         o = self.o
         if self.abandon_close:
@@ -316,7 +316,7 @@ class ReplicaSession:
             return (f"session {self.id} was left open at a second stop signal ({msg}); its running tasks end on "
                     f"their own, then close it: python -m sut.flame close --endpoint {self.endpoint} {self.id}"), \
                 unreachable_since
-        if not reachable(self.endpoint):
+        if no_answer(msg) or not reachable(self.endpoint):  # a stopped or hung one accepts TCP, answers nothing
             unreachable_since = unreachable_since or time.monotonic()
             if time.monotonic() - unreachable_since >= o.unreachable_timeout_s:
                 return (f"the Flame session manager at {self.endpoint} has been unreachable for "
