@@ -6,6 +6,7 @@
   every request gets a ``Completion`` with the engine's monotonic times and ``cached_tokens`` from a
   per-engine prefix cache of ``block``-token blocks (chained, like vLLM's): the number of leading
   tokens, in whole blocks, of the prompt whose blocks an earlier request on the same engine had.
+  ``hang_after`` N > 0: after N batches the engine answers nothing more (a stopped or hung engine) until shut down.
 * ``Faults``: ``service_hooks = "tests.flame_doubles:Faults"`` with ``service_hooks_args``:
   ``enter_error`` (text; ``on_session_enter`` raises it), ``enter_sleep_s`` (``on_session_enter`` blocks so long
   first: a slow engine start), ``task_error`` ({"batches": [ids], "times":
@@ -77,8 +78,9 @@ class FakeEngineHandle:
     """Same surface as ``EngineHandle``: start, wait_ready, watch, submit, request_stats, shutdown, pid."""
 
     def __init__(self, slot: EngineSlot, settings: EngineSettings, gen: GenerationSettings, step_s: float = 0.05,
-                 start_s: float = 0.0, block: int = 16, **_ignored):
+                 start_s: float = 0.0, block: int = 16, hang_after: int = 0, **_ignored):
         self.slot, self.settings, self.gen = slot, settings, gen
+        self.hang_after, self.batches_done = int(hang_after), 0
         self.step_s, self.start_s, self.block = float(step_s), float(start_s), int(block)
         self.info: dict = {}
         self._q: "queue.Queue[Optional[list]]" = queue.Queue()
@@ -134,6 +136,10 @@ class FakeEngineHandle:
             if item is None:
                 return
             t_queued, batch = item
+            if self.hang_after and self.batches_done >= self.hang_after:
+                self._ended.wait()  # answers nothing more, as a stopped engine
+                return
+            self.batches_done += 1
             time.sleep(self.step_s)
             out = [self._answer(r[0], r[1], eos, t_queued, r[3] if len(r) > 3 else 0) for r in batch]
             self.samples_done += len(out)

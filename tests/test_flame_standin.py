@@ -219,6 +219,29 @@ def test_task_failing_twice_fails_the_run(tmp_path, dataset, lock_dir, control_p
         _assert_closed(cluster, sut)
 
 
+def test_an_engine_that_stops_answering_is_ended_so_the_run_fails_and_the_session_closes(tmp_path, dataset, lock_dir,
+                                                                                         control_plane_fast):
+    """Before: a SIGSTOPped engine in a service held its tasks Running; the run failed at its stall limit, then
+    the stop waited close_timeout_s (Flame 0.6 cannot cancel a task) and left the services and the engine running.
+    Now the engine host ends an engine that answers nothing for engine_stall_s with requests outstanding: its tasks
+    fail, the run fails naming why, and the session closes."""
+    with control_plane_fast(tmp_path) as cluster:
+        _register(cluster, tmp_path)
+        sut, answers = _sut(cluster, dataset, lock_dir, engine_stall_s=2.0,
+                            engine_factory_args={"step_s": 0.05, "hang_after": 1})
+        t0 = time.monotonic()
+        try:
+            sut.start()
+            samples = _issue(sut, dataset, 16)
+            assert sut.ledger.idle.wait(60), "every issued sample answered (empty) once the run failed"
+        finally:
+            sut.stop()
+        assert time.monotonic() - t0 < 60
+        assert sut.ledger.error and "answered nothing for 2 s with" in sut.ledger.error, sut.ledger.error
+        _assert_closed(cluster, sut)
+        _assert_exactly_once(samples, answers)
+
+
 def test_service_killed_mid_task_then_next_session_fails_fast(tmp_path, dataset, lock_dir, control_plane):
     with control_plane(tmp_path) as cluster:
         _register(cluster, tmp_path)

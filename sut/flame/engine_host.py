@@ -13,7 +13,9 @@ answers come back as ``sut.messages.Completion`` records and are encoded in inpu
 with the engine's cached prompt tokens and its queued / first-token / done times.
 
 A dead engine fails every waiting batch and, two seconds later, the process (forwarders must see the
-host go).
+host go). So does an engine that has answered nothing for ``engine_stall_s`` with requests outstanding (stopped or
+hung): its process group is ended first (Flame v0.6.0 cannot cancel a running task, so a hung engine held its
+session open and its services for good; found by a fault test with a SIGSTOPped engine).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class EngineHost:
         self._loop_thread = threading.Thread(target=self._run_loop, name="engine-host-loop", daemon=True)
         self._submit_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="engine-submit")
         self._futures: dict[int, asyncio.Future] = {}
+        self._last_progress = time.monotonic()  # the last answer, or the start of work after an idle spell
         self._rid = itertools.count(1)
         self._ready: Optional[asyncio.Event] = None
         self._fatal: Optional[str] = None
@@ -97,6 +100,7 @@ class EngineHost:
             self.loop.call_soon_threadsafe(self._ready.set)
             raise
         self.loop.call_soon_threadsafe(self._ready.set)
+        self.loop.call_soon_threadsafe(self._watch_progress)
         return info
 
     async def _open(self) -> None:
@@ -174,7 +178,26 @@ class EngineHost:
     def _on_done(self, _engine: int, results: list[Completion]) -> None:
         self.loop.call_soon_threadsafe(self._resolve, results)
 
+    def _watch_progress(self) -> None:
+        """On the loop, every ``engine_stall_s / 4`` (at most 5 s): end an engine that has answered nothing for
+        ``engine_stall_s`` with requests outstanding (``_end_hung_engine``, in a thread of its own)."""
+        stall = self.cfg.engine_stall_s
+        if self._fatal or self._stopping:
+            return
+        if self._futures and time.monotonic() - self._last_progress > stall:
+            threading.Thread(target=self._end_hung_engine, args=(len(self._futures),), daemon=True).start()
+            return
+        self.loop.call_later(min(5.0, stall / 4), self._watch_progress)
+
+    def _end_hung_engine(self, outstanding: int) -> None:
+        why = (f"it answered nothing for {self.cfg.engine_stall_s:.0f} s with {outstanding} request(s) outstanding "
+               f"(stopped or hung; flame option engine_stall_s): its process group was ended")
+        log.error("engine %s: %s", self.key, why)
+        self.handle.shutdown(timeout=2.0)  # a stopped group at once; a hung one after 2 s, then SIGTERM, SIGKILL
+        self._on_fatal(why)
+
     def _resolve(self, results: list[Completion]) -> None:
+        self._last_progress = time.monotonic()
         for c in results:
             fut = self._futures.pop(int(c.rid), None)
             if fut is not None and not fut.done():
@@ -221,6 +244,8 @@ class EngineHost:
         if not prompts:
             return []
         batch, futs = [], []
+        if not self._futures:  # work starts after an idle spell: the stall clock starts now
+            self._last_progress = time.monotonic()
         for i, p in enumerate(prompts):
             rid = next(self._rid)
             fut = self.loop.create_future()

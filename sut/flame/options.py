@@ -83,6 +83,10 @@ class FlameOptions:
     # Ctrl-C'd warm-up waited 80 s on CPU; an 8B engine on a GPU takes 1-3 min to start).
     slot_wait_s: float = 300.0
     close_timeout_s: float = 600.0
+    # A service ends its engine (and fails its tasks) when the engine has answered nothing for this long with requests
+    # outstanding (stopped or hung): Flame v0.6.0 cannot cancel a running task, so without it a hung engine held the
+    # session open past close_timeout_s and its service processes for good. The run's own stall limit's default.
+    engine_stall_s: float = 300.0
     unbind_wait_s: float = 20.0  # after the close: an executor of the run still Unbinding this long lost its service
     # After a lost node: how long the stop asks the session's surviving executors to end their services (a session
     # with tasks of a dead executor manager can never be closed in Flame v0.6.0, so Flame never ends them itself).
@@ -125,7 +129,7 @@ class FlameOptions:
         if not (math.isfinite(self.engine_fill) and self.engine_fill > 0):
             raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
         for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s", "slot_wait_s", "health_check_s",
-                     "unbind_wait_s", "leave_wait_s"):
+                     "unbind_wait_s", "leave_wait_s", "engine_stall_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         for name in ("engine_factory", "service_hooks"):
