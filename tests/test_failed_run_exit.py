@@ -294,8 +294,9 @@ def test_a_run_folder_that_refuses_writes_ends_the_run_with_its_cause_not_a_trac
 
     monkeypatch.setattr(harness, "write_final_record", refuse)
     e = PermissionError(errno.EPERM, "Operation not permitted", str(tmp_path / "run.json.tmp"))
-    with pytest.raises(RunFailed, match=r"cannot write in the run folder .*: Operation not permitted \(.*run.json.tmp\); "
-                                        r"run.json could not record \(it may still say 'running'\) the failure"):
+    with pytest.raises(RunFailed, match=r"cannot write in the run folder .*: Operation not permitted "
+                                        r"\(.*run.json.tmp\); run.json could not record \(it may still say "
+                                        r"'running'\) the failure"):
         harness.raise_recorded(tmp_path, {"status": "ok"}, e)
     elsewhere = PermissionError(errno.EACCES, "Permission denied", "/elsewhere/model/config.json")
     with pytest.raises(PermissionError):

@@ -49,8 +49,8 @@ def test_session_manager_killed_mid_run_fails_within_bounded_time(real_flame_fac
     assert not cluster.processes()
 
 
-def test_a_stopped_session_manager_fails_the_run_and_its_stop_within_bounded_time(real_flame_factory, dataset,  # noqa: F811
-                                                                                  lock_dir, monkeypatch):  # noqa: F811
+def test_a_stopped_session_manager_fails_the_run_and_its_stop_within_bounded_time(  # noqa: F811
+        real_flame_factory, dataset, lock_dir, monkeypatch):  # noqa: F811
     """Before: a SIGSTOPped session manager accepts connections and answers nothing; flamepy's calls have no deadline,
     so the health poll hung, the run failed only at its stall limit and its stop then waited for good. Now every
     unary call has a deadline (here 2 s), two unanswered polls fail the run naming the cause, and the stop gives up

@@ -922,7 +922,8 @@ def test_cli_a_server_with_dummy_weights_must_be_declared_so_that_the_run_is_not
     assert out.returncode == 0, out.stderr[-2000:]
     (run,) = tmp_path.iterdir()
     rec = json.loads((run / "run.json").read_text())
-    assert run.name.endswith("-NOT-COMPLIANT") and any("dummy (random) weights" in r for r in rec["compliance"]["reasons"])
+    assert run.name.endswith("-NOT-COMPLIANT")
+    assert any("dummy (random) weights" in r for r in rec["compliance"]["reasons"])
     assert rec["engines"][0]["engine_args"]["load_format"] == "dummy"
     assert not any("not read back" in w for w in rec.get("warnings", []))
 

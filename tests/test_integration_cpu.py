@@ -347,7 +347,8 @@ print(json.dumps(harness.run_benchmark(rs, es, GenerationSettings(), opts)["comp
     (model / "model.safetensors").write_bytes(b"")
     comp = {}
     for name in ("cache", "dummy", "auto"):  # LoadGen's FromConfig: once per process
-        out = subprocess.run([sys.executable, "-c", code, str(data), str(tmp_path / "runs"), str(CPU_CONF), str(model), name],
+        out = subprocess.run([sys.executable, "-c", code, str(data), str(tmp_path / "runs"), str(CPU_CONF), str(model),
+                              name],
                              env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         comp[name] = json.loads(out.stdout.strip().splitlines()[-1])

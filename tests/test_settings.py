@@ -440,8 +440,9 @@ def test_prefix_caching_in_the_preset_exits_2_before_a_run_folder(tmp_path, synt
     preset = tmp_path / "pc.toml"
     preset.write_text("[engine]\nenable_prefix_caching = true\n")
     out = subprocess.run([sys.executable, "-m", "sut", "run", "--config", str(preset), "--model", str(TINY_MODEL),
-                          "--device", "cpu", "--dataset", str(data), "--output-dir", str(tmp_path / "out"),
-                          "--no-progress"], cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=120)
+                          "--load-format", "dummy", "--device", "cpu", "--dataset", str(data), "--output-dir",
+                          str(tmp_path / "out"), "--no-progress"], cwd=REPO, env=sut_env(), capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 2 and "not allowed in an MLPerf run" in out.stderr, out.stderr[-1500:]
     assert "allow_prefix_caching=true" in out.stderr and not (tmp_path / "out").exists()
 

@@ -27,7 +27,7 @@ class _Started:
 
     def start(self):
         return {"engines": [{"vllm_version": self.version, "torch_version": "2.11.0", "device": {"kind": "cuda"},
-                             "enable_prefix_caching": False}]}
+                             "enable_prefix_caching": False, "engine_args": {"load_format": "auto"}}]}
 
 
 def test_a_run_on_an_untested_vllm_is_warned_once_in_the_console_and_run_json(tmp_path, caplog):
@@ -59,7 +59,8 @@ def test_a_preset_names_its_card_and_a_run_on_another_card_is_warned(tmp_path, c
     assert rs.tuned_on == "H100 80GB HBM3"
     record = {"versions": {}, "run_settings": {"tuned_on": rs.tuned_on}}
     on_h200 = _Started("0.26.0")
-    on_h200.start = lambda: {"engines": [{"vllm_version": "0.26.0", "device": {"kind": "cuda", "name": "NVIDIA H200"}}]}
+    on_h200.start = lambda: {"engines": [{"vllm_version": "0.26.0", "device": {"kind": "cuda", "name": "NVIDIA H200"},
+                                          "engine_args": {"load_format": "dummy"}}]}
     with caplog.at_level("WARNING", logger="sut.run.harness"):
         _start_sut(on_h200, record, tmp_path)
     (warning,) = json.loads((tmp_path / "run.json").read_text())["warnings"]

@@ -307,8 +307,9 @@ class ReplicaSession:
 
     def _close_refused(self, msg: str, t0: float, unreachable_since: Optional[float]):
         """``(error or None, unreachable_since)`` after a refused close: give up when the session manager has
-        been unreachable (or answered no call within its deadline) too long, the session is gone, its executors are lost (``abandon_close``: their tasks
-        stay Running, so Flame refuses for good), or ``close_timeout_s`` has passed."""
+        been unreachable (or answered no call within its deadline) too long, the session is gone, its executors are
+        lost (``abandon_close``: their tasks stay Running, so Flame refuses for good), or ``close_timeout_s`` has
+        passed."""
         o = self.o
         if self.abandon_close:
             return f"session {self.id} was not closed ({msg}): {self.abandon_close}", unreachable_since
