@@ -268,8 +268,8 @@ def check_weights_present(es: "EngineSettings") -> None:
     if not patterns or not folder.is_dir() or any(next(folder.glob(pat), None) for pat in patterns):
         return
     raise EngineError(f"{folder}: no model weights ({' or '.join(patterns)}) for load_format {es.load_format!r}: "
-                      "give a folder with weights, or --load-format dummy for random weights (a throughput figure, not the "
-                      "model under test; the CPU preset loadgen_configs/cpu_tiny.toml sets it)")
+                      "give a folder with weights, or --load-format dummy for random weights (a throughput figure, "
+                      "not the model under test; the CPU preset loadgen_configs/cpu_tiny.toml sets it)")
 
 
 def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:

@@ -85,7 +85,7 @@ def unread_weights(engines) -> Optional[str]:
     """A warning naming the engines (run.json ``engines``: dicts with ``engine_args``, ``url``) that did not report
     how their weights were loaded (no ``engine_args.load_format``: a server given by URL tells it only in vLLM's dev
     mode, ``/server_info``), else None."""
-    unread = [str(e.get("url") or e.get("engine")) for e in engines
+    unread = [str(e.get("url") or f"engine {e.get('engine')}") for e in engines
               if isinstance(e, dict) and "load_format" not in (e.get("engine_args") or {})]
     if not unread:
         return None
