@@ -48,6 +48,9 @@ class SUTContext:
     first_request_id: int = 0  # the ledger's first request id (tests that follow each other over one transport)
     #: the model's vocabulary size (``config.json`` ``vocab_size``): every generated id must be below it (0: not checked)
     vocab_size: int = 0
+    #: the run's stall limit (``--stall-timeout-s``): a backend whose remote side must give up on a hung engine by
+    #: itself (the Flame services) uses it
+    stall_timeout_s: float = 300.0
 
 
 class SystemUnderTest(abc.ABC):

@@ -131,3 +131,24 @@ def test_the_connections_unary_calls_get_a_deadline_and_its_streams_none():
     stub.WatchTask("req")
     assert calls == [("ListExecutor", 7.0), ("CloseSession", 1.0), ("WatchTask", None)]
     assert no_answer("failed to close session: Deadline Exceeded") and not no_answer("Connection refused")
+
+
+def test_the_services_engine_stall_limit_is_the_runs_unless_the_flame_option_sets_it(tmp_path):
+    """engine_stall_s unset: the services end a silent engine after the run's --stall-timeout-s (TransportSpec);
+    the flame option wins when given."""
+    import json
+
+    from sut.core.transport import TransportSpec
+    from sut.engine import EngineSettings, GenerationSettings
+    from sut.flame.options import FlameOptions
+    from sut.flame.transport import FlameTransport
+
+    def sent(stall_opt, run_stall):
+        spec = TransportSpec(engine=EngineSettings(model="m"), generation=GenerationSettings(),
+                             options=FlameOptions(engine_stall_s=stall_opt), stall_timeout_s=run_stall)
+        t = FlameTransport.__new__(FlameTransport)
+        t.spec, t.o, t.dataset, t.allow_prefix_caching = spec, spec.options, None, False
+        t.service_log_dir = lambda: None
+        return json.loads(t.common_data(0))["engine_stall_s"]
+
+    assert sent(None, 60.0) == 60.0 and sent(None, 300.0) == 300.0 and sent(45.0, 60.0) == 45.0

@@ -72,7 +72,8 @@ class TransportSUT(SystemUnderTest):
         self._samples_before: list[int] = []  # a shared transport's per-engine counts when this SUT attached
         self.transport = transport or make_transport(self.transport_name, TransportSpec(
             engine=ctx.engine, generation=ctx.generation, options=o, log_dir=ctx.engine_log_dir, stream=self.streaming,
-            allow_prefix_caching=self.allow_prefix_caching, dataset_path=ctx.dataset.path, run_dir=ctx.run_dir))
+            allow_prefix_caching=self.allow_prefix_caching, dataset_path=ctx.dataset.path, run_dir=ctx.run_dir,
+            stall_timeout_s=ctx.stall_timeout_s))
         self.policy = self.policy_for(ctx.scenario)
         router = make_router(self.policy, self.transport.replicas, MAX_NEW_TOKENS,
                              AffinitySettings(first_token_weight=float(getattr(o, "first_token_weight", 8.0))))

@@ -66,6 +66,7 @@ class TransportSpec:
             guard in ``sut.core.guard`` enforces it).
         dataset_path: the cnn_eval file (a transport whose remote side loads prompts by index).
         run_dir: the run folder (a transport may keep its own files there).
+        stall_timeout_s: the run's stall limit (``--stall-timeout-s``), seconds.
     """
 
     engine: EngineSettings
@@ -77,6 +78,7 @@ class TransportSpec:
     allow_prefix_caching: bool = False
     dataset_path: Optional[str] = None
     run_dir: Optional[str] = None
+    stall_timeout_s: float = 300.0
 
 
 class Transport(abc.ABC):

@@ -85,8 +85,8 @@ class FlameOptions:
     close_timeout_s: float = 600.0
     # A service ends its engine (and fails its tasks) when the engine has answered nothing for this long with requests
     # outstanding (stopped or hung): Flame v0.6.0 cannot cancel a running task, so without it a hung engine held the
-    # session open past close_timeout_s and its service processes for good. The run's own stall limit's default.
-    engine_stall_s: float = 300.0
+    # session open past close_timeout_s and its service processes for good. None: the run's --stall-timeout-s.
+    engine_stall_s: Optional[float] = None
     unbind_wait_s: float = 20.0  # after the close: an executor of the run still Unbinding this long lost its service
     # After a lost node: how long the stop asks the session's surviving executors to end their services (a session
     # with tasks of a dead executor manager can never be closed in Flame v0.6.0, so Flame never ends them itself).
@@ -130,6 +130,8 @@ class FlameOptions:
             raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
         for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s", "slot_wait_s", "health_check_s",
                      "unbind_wait_s", "leave_wait_s", "engine_stall_s"):
+            if name == "engine_stall_s" and self.engine_stall_s is None:
+                continue
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         for name in ("engine_factory", "service_hooks"):

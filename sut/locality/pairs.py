@@ -397,7 +397,8 @@ def run_case(system: System, ctx: StudyContext, ps: PairSettings, case: Case) ->
     d.mkdir(parents=True, exist_ok=True)
     pin = ctx.kv.for_case(system.spec.fresh, ps.kv_sizing)
     spec = TransportSpec(engine=pinned_engine(ctx.engine, pin), generation=ctx.generation,
-                         log_dir=None if ctx.log_to_console else str(d), run_dir=str(d))
+                         log_dir=None if ctx.log_to_console else str(d), run_dir=str(d),
+                         stall_timeout_s=ps.stall_timeout_s)
     rec: dict = dataclasses.asdict(case)
     rec.update(transport=system.transport, fresh_engines=system.spec.fresh, warmups=[], kv_pinned=pin)
     before = _children()

@@ -289,7 +289,8 @@ def _execute(rs: RunSettings, es: EngineSettings, gen: GenerationSettings, backe
     ``make_sut(ctx)`` builds the SUT (default: ``backend(ctx)``); ``first_request_id``: its ledger's first id."""
     ctx = SUTContext(dataset=dataset, engine=es, generation=gen, options=options, progress=rs.progress,
                      scenario=rs.scenario, first_request_id=first_request_id, vocab_size=model.vocab_size,
-                     engine_log_dir=None if rs.engine_console else str(run_dir), run_dir=str(run_dir))
+                     engine_log_dir=None if rs.engine_console else str(run_dir), run_dir=str(run_dir),
+                     stall_timeout_s=rs.stall_timeout_s)
     sut = (make_sut or backend)(ctx)
     error, wall = _run_sut(sut, rs, dataset, ts, audit_config, run_dir, record)
     error = _collect_results(sut, rs, run_dir, record, error, wall)
