@@ -302,7 +302,7 @@ class HttpSUT(TransportSUT):
     def check_settings(cls, engine: EngineSettings) -> None:
         """``InputError`` for ``admit_every_steps`` above 1: the harness's own engine loop (``sut.engine.worker``),
         which servers do not run. Called before the options are checked (no server is contacted first)."""
-        if (engine.admit_every_steps or 1) > 1:
+        if engine.admit_every_steps > 1:
             raise InputError(f"--sut vllm-http: --admit-every-steps {engine.admit_every_steps} is the harness's own "
                              "engine loop (--sut vllm, flame); `vllm serve` runs its own loop and has no such setting "
                              "(a preset's [engine.Server] or [engine] admit_every_steps sets it too: give "

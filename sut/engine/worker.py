@@ -135,7 +135,7 @@ def worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationS
     stopped = False
     try:
         serve(conn, llm.llm_engine, params, gcmon.stats, llm=llm, detail=detail, stream=stream,
-              admit_every=settings.admit_every_steps or 1, slots=settings.max_num_seqs)
+              admit_every=settings.admit_every_steps, slots=settings.max_num_seqs)
         stopped = True
     except (EOFError, BrokenPipeError, _Terminated):
         pass  # parent is gone, or the shared process group is being ended

@@ -42,6 +42,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
+from sut.flame.endpoint import RPC_TIMEOUT_S, no_answer
 from sut.flame.session import LIVE_STATES, executor_state
 
 log = logging.getLogger("sut.flame.transport")
@@ -119,8 +120,6 @@ class ExecutorHealth:
     def _unanswered_poll(self, msg: str) -> Optional[tuple[int, str]]:
         """After a failed poll: ``(replica, message)`` once :data:`UNANSWERED_POLLS` in a row got no answer within
         their deadline while a replica had tasks in flight, else None (a refused connection counts nothing)."""
-        from sut.flame.endpoint import RPC_TIMEOUT_S, no_answer
-
         busy = [(rs.replica, n) for rs in self.sessions if (n := self.inflight(rs.replica))]
         self._unanswered = self._unanswered + 1 if no_answer(msg) and busy else 0
         if self._unanswered < UNANSWERED_POLLS:

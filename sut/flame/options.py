@@ -130,10 +130,9 @@ class FlameOptions:
             raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
         for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s", "slot_wait_s", "health_check_s",
                      "unbind_wait_s", "leave_wait_s", "engine_stall_s"):
-            if name == "engine_stall_s" and self.engine_stall_s is None:
-                continue
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
+            value = getattr(self, name)  # None: unset where the field allows it (engine_stall_s: the run's)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
         for name in ("engine_factory", "service_hooks"):
             spec = getattr(self, name)
             if spec is not None and (spec.count(":") != 1 or not all(spec.split(":"))):

@@ -176,8 +176,8 @@ class FlameTransport(Transport):
         return make_common_data(
             es, self.spec.generation, slot=replica, payload=o.payload, compress=o.compress, gc_freeze=o.gc_freeze,
             detail=self.spec.detail, dataset=self._dataset_record(), lock_dir=o.lock_dir,
-            engine_start_timeout_s=o.engine_start_timeout_s, slot_wait_s=o.slot_wait_s, engine_stall_s=o.engine_stall_s or self.spec.stall_timeout_s,
-            allow_prefix_caching=self.allow_prefix_caching,
+            engine_start_timeout_s=o.engine_start_timeout_s, slot_wait_s=o.slot_wait_s,
+            engine_stall_s=o.engine_stall_s or self.spec.stall_timeout_s, allow_prefix_caching=self.allow_prefix_caching,
             log_dir=log_dir, client_host=socket.gethostname() if log_dir else None, engine_factory=o.engine_factory,
             engine_factory_args=o.engine_factory_args, service_hooks=o.service_hooks, service_hooks_args=o.service_hooks_args)
 
