@@ -3,8 +3,9 @@
 Reads every ``run.json`` under the folder (``gpu_runs.sh``'s ``$JOB/confirm``, or any folder of ``python -m sut
 run`` outputs), and prints one line per run: scenario, target, LoadGen's verdict, output tokens/s (the run's
 ``tokens_per_s``: LoadGen's completed tokens/s for Server / Interactive), the share of the Offline run's tokens/s,
-TTFT and TPOT p99 against their limits, and the card. The goals this is read against (docs/benchmarks.md): Server >= 95 % and Interactive >= 82 % of Offline, 600 s
-VALID, on the same machine. Exit 2 when the folder holds no run.json, 1 when it holds no Offline run (each
+TTFT and TPOT p99 against their limits, and the card. Shares have two decimals and each Server / Interactive line
+says whether it meets the goal it is read against (``GOALS``, docs/benchmarks.md: Server >= 95 % and Interactive
+>= 82 % of Offline, VALID over 600 s, on the same machine; a 94.98 % is "below", not a rounded 95.0 %). Exit 2 when the folder holds no run.json, 1 when it holds no Offline run (each
 line then shows no share) or runs on different cards.
 
     python scripts/bench/scenario_ratios.py /tmp/job/confirm
@@ -18,10 +19,14 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+GOALS = {"Server": 0.95, "Interactive": 0.82}  # share of the same machine's Offline tokens/s (docs/benchmarks.md)
+GOAL_MIN_S = 600  # a goal counts for a run of MLPerf's 600 s minimum duration only
+
 
 def read_run(path: Path) -> dict:
     """The fields a line shows, from one ``run.json``: scenario, target_qps, validity, tokens_per_s (completed),
-    ttft_p99_ms / tpot_p99_ms and their limits (None for Offline), card, wall_s, folder name."""
+    ttft_p99_ms / tpot_p99_ms and their limits (None for Offline), card, wall_s, folder name, min_duration_s (LoadGen's
+    effective minimum duration, 0 when the record has none)."""
     d = json.loads(path.read_text())
     lg = d.get("loadgen") or {}
     scenario, tok = d.get("scenario"), d.get("tokens_per_s")  # Server / Interactive: completed tokens/s
@@ -36,7 +41,20 @@ def read_run(path: Path) -> dict:
             "ttft_limit_ms": ms("requested_server_ttft_latency"),
             "tpot_p99_ms": ms("result_time_per_output_token_99.00_percentile_ns"),
             "tpot_limit_ms": ms("requested_server_tpot_latency"), "card": ", ".join(cards),
-            "wall_s": d.get("wall_s"), "name": path.parent.name}
+            "wall_s": d.get("wall_s"), "name": path.parent.name,
+            "min_duration_s": (lg.get("effective_min_duration_ms") or 0) / 1000}
+
+
+def goal_mark(run: dict, share: float) -> str:
+    """`` (goal 95%: met)`` / `` (goal 95%: below)`` / `` (goal 95%: short run)`` for a Server / Interactive run (met:
+    VALID, the share at or above ``GOALS`` unrounded, and LoadGen's minimum duration at least ``GOAL_MIN_S``); empty
+    for other scenarios."""
+    goal = GOALS.get(run["scenario"])
+    if goal is None:
+        return ""
+    met = run["validity"] == "VALID" and share >= goal
+    verdict = "short run" if met and run.get("min_duration_s", 0) < GOAL_MIN_S else "met" if met else "below"
+    return f" (goal {goal:.0%}: {verdict})"
 
 
 def lines(runs: list[dict]) -> tuple[list[str], Optional[float]]:
@@ -45,7 +63,7 @@ def lines(runs: list[dict]) -> tuple[list[str], Optional[float]]:
     out = []
     for r in sorted(runs, key=lambda r: (r["scenario"] != "Offline", r["scenario"] or "", r["target_qps"] or 0)):
         tok = r["tokens_per_s"]
-        share = f"  {tok / off:6.1%} of Offline" if off and tok else ""
+        share = f"  {tok / off:7.2%} of Offline{goal_mark(r, tok / off)}" if off and tok else ""
         lat = "" if r["ttft_limit_ms"] is None else (
             f"  TTFT p99 {r['ttft_p99_ms']:,.0f}/{r['ttft_limit_ms']:,.0f} ms"
             f"  TPOT p99 {r['tpot_p99_ms']:.1f}/{r['tpot_limit_ms']:.0f} ms")
