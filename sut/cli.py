@@ -22,7 +22,7 @@ from pathlib import Path
 from sut.constants import REPO
 from sut.engine.settings import MAX_SEED
 from sut.errors import ComplianceError, InputError, RunFailed
-from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
+from sut.exits import ShortUsageParser, run_main, stop_on_sigterm_like_ctrl_c
 from sut.record.latency_trend import describe as describe_trend
 from sut.record.read import MLPERF_SCENARIOS, invalid_why
 from sut.record.test06 import verify_run_folder
@@ -164,7 +164,7 @@ def cmd_bench_harness(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sut", description="MLPerf Inference Llama 3.1 8B on vLLM: LoadGen harness")
+    p = ShortUsageParser(prog="python -m sut", description="MLPerf Inference Llama 3.1 8B on vLLM: LoadGen harness")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="cmd", required=True)
     add_run_parser(sub)

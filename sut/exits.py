@@ -24,6 +24,7 @@ Exceptions without an ``exit_code`` (programming errors) propagate with their tr
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -34,6 +35,15 @@ from typing import Callable, Mapping, Optional
 from sut.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput
 
 log = logging.getLogger("sut")
+
+
+class ShortUsageParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose command-line errors are two lines, not the whole usage (``python -m
+    sut.locality run``'s usage runs to ~57 lines): ``PROG: error: MESSAGE`` and a pointer to ``PROG --help``;
+    exit 2 (``EXIT_BAD_INPUT``). Sub-commands made with ``add_subparsers`` get the same class."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n({self.prog} --help lists every option)\n")
 
 #: How each kind of exit is logged; ``{}`` is the exception's message. ``stopped``: a failure while a
 #: stop signal was being handled (exit 130).

@@ -513,3 +513,20 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(flag):
     with pytest.raises(BadInput) as e:
         settings_from_args(cli.build_parser().parse_args(argv))
     assert e.value.code == 2 and f"({flag}) must be a path, got an empty string" in e.value.message
+
+
+@pytest.mark.parametrize("argv, prog, message", [
+    (["-m", "sut.locality", "run", "--trace-preset", "arrival"], "python -m sut.locality run",
+     "argument --trace-preset: invalid choice: 'arrival'"),
+    (["-m", "sut", "bogus"], "python -m sut", "argument cmd: invalid choice: 'bogus'"),
+    (["-m", "sut.flame", "cluster", "--bogus"], "python -m sut.flame cluster", "required: --workdir"),
+])
+def test_a_bad_command_line_gets_two_lines_not_the_whole_usage(argv, prog, message):
+    """argparse's refusal prints the whole usage first (~57 lines for the locality run); the entry points print the
+    error and a pointer to --help, exit 2."""
+    p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 2, p.stderr
+    assert lines[0].startswith(f"{prog}: error: ") and message in lines[0]
+    assert lines[1] == f"({prog} --help lists every option)" and "usage:" not in p.stderr

@@ -90,8 +90,8 @@ def test_engine_output_goes_to_the_log_and_not_to_the_console(standin_vllm, tmp_
         assert line in log, line
         assert line not in out + err, line
     assert log.startswith("engine 0 (cpu:")
-    assert info["kv_cache"] == {"blocks": 4096, "block_size": 128, "tokens": 506538, "tokens_from": "vllm",
-                                 "bytes_per_block": None}  # the stand-in config gives no model shape
+    assert info["kv_cache"] == {"blocks": 4096, "block_size": 128, "tokens": 524288, "tokens_from": "blocks",
+                                 "vllm_tokens": 506538, "bytes_per_block": None}  # the stand-in config gives no model shape
 
 
 @pytest.mark.timeout(120)
@@ -136,14 +136,19 @@ def test_an_engine_exception_keeps_its_traceback_last_after_the_log_lines(standi
     assert "RuntimeError: Engine core initialization failed" in log  # the log holds the whole story
 
 
-def test_kv_cache_capacity_as_vllm_reports_it():
+def test_kv_cache_capacity_is_blocks_times_block_size_with_vllms_figure_beside():
+    """vLLM's kv_cache_size_tokens is concurrency x max_model_len (below the blocks' tokens); the cache holds
+    blocks x block size, so that is the capacity; vLLM's figure only where the blocks are unknown."""
     from types import SimpleNamespace as NS
 
     assert kv_cache_capacity(NS(num_gpu_blocks=4096, block_size=128, kv_cache_size_tokens=506538)) == \
-        {"blocks": 4096, "block_size": 128, "tokens": 506538, "tokens_from": "vllm"}
+        {"blocks": 4096, "block_size": 128, "tokens": 524288, "tokens_from": "blocks", "vllm_tokens": 506538}
     assert kv_cache_capacity(NS(num_gpu_blocks=2808, block_size=16)) == \
-        {"blocks": 2808, "block_size": 16, "tokens": 44928, "tokens_from": "blocks"}
-    assert kv_cache_capacity(NS(block_size=16)) == {"blocks": None, "block_size": 16, "tokens": None, "tokens_from": None}
+        {"blocks": 2808, "block_size": 16, "tokens": 44928, "tokens_from": "blocks", "vllm_tokens": None}
+    assert kv_cache_capacity(NS(block_size=16, kv_cache_size_tokens=900)) == \
+        {"blocks": None, "block_size": 16, "tokens": 900, "tokens_from": "vllm", "vllm_tokens": 900}
+    assert kv_cache_capacity(NS(block_size=16)) == \
+        {"blocks": None, "block_size": 16, "tokens": None, "tokens_from": None, "vllm_tokens": None}
 
 
 def test_log_tail_keeps_the_last_lines(tmp_path):

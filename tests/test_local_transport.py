@@ -210,6 +210,27 @@ def test_a_dead_engines_log_tail_is_logged_once_and_the_fatal_event_names_the_lo
     assert "the worker's last words" in log_file.read_text()
 
 
+def test_a_planned_kill_is_reported_without_the_log_tail(standin, tmp_path, caplog):
+    """replica-loss kills a replica on purpose (``sut.locality.failover.kill_replica`` marks it planned): its loss
+    names the log, and nothing of the log reaches the console."""
+    from sut.locality.failover import kill_replica
+
+    t, sink = _transport(log_dir=str(tmp_path)), Sink()
+    log_file = tmp_path / "engine-0.log"
+    try:
+        t.start(sink)
+        pid = t.pool.engines[0].pid
+        with open(log_file, "a") as fh:
+            fh.write("the worker's last words\n")
+        assert kill_replica(t, 0) == f"SIGKILL to pid {pid} (replica 0's engine process)"
+        (fatal,) = sink.wait(lambda evs: any(e[0] == "fatal" for e in evs))
+    finally:
+        t.stop()
+    assert t.planned_losses == {0}
+    assert fatal[2].message == f"engine 0 (pid {pid}) exited unexpectedly with code -9 (its log: {log_file})"
+    assert not [r for r in caplog.records if "last words" in r.getMessage() or "last lines of" in r.getMessage()]
+
+
 def test_stop_is_prompt_even_when_the_engine_is_slow_to_shut_down_and_leaves_no_process(standin, monkeypatch):
     monkeypatch.setenv("STANDIN_SHUTDOWN_S", "5")  # releasing the LLM: 5 s, the interpreter's exit: 5 s more
     t, sink = _transport(engines=2), Sink()

@@ -52,7 +52,9 @@ def test_orders_and_popularity():
     (dict(order="random"), r"order must be one of .*, got 'random'"),
     (dict(doc_jitter=1.0), r"doc_jitter must be in \[0, 1\), got 1.0"),
     (dict(zipf_s=-1), r"zipf_s must be a finite number >= 0, got -1"),
-    (dict(question_tokens=1), r"question_tokens >= 2"),
+    (dict(question_tokens=1), r"^question_tokens must be >= 2, got 1$"),
+    (dict(max_tokens=0), r"^max_tokens must be >= 1, got 0$"),  # the one at fault named, not all three
+    (dict(doc_tokens=0, max_tokens=0), r"^doc_tokens must be >= 1, got 0; max_tokens must be >= 1, got 0$"),
     (dict(seed=-1), r"seed must be >= 0 .*got -1"),
     (dict(documents=10**8, doc_tokens=1), r"a trace of 100,000,000 documents .* more than this tool builds"),
     (dict(documents=7000, doc_tokens=8192), r"a trace of 7,000 documents .* more than this tool builds"),

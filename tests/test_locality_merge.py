@@ -7,6 +7,7 @@ import importlib.util
 import json
 import shutil
 import statistics
+from pathlib import Path
 
 import pytest
 import transport_doubles  # noqa: F401 - registers the "fake" transport
@@ -488,3 +489,15 @@ def test_a_report_that_cannot_be_written_exits_1_and_leaves_no_folder_it_made(tm
     assert main(["report", str(d), "--output-dir", str(out), "--run-name", "m"]) == 1
     assert "cannot write the merged report into" in capsys.readouterr().err + caplog.text
     assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
+
+
+def test_runs_of_two_presets_are_refused_by_their_preset_names_not_their_hashes():
+    """Two presets always differ in their traces too: the refusal names the presets, which a user recognises."""
+    from sut.errors import BadInput
+    from sut.locality.merge import SourceRun, check_compatible
+
+    runs = [SourceRun(Path(f"/r/{p}"), {"trace_preset": p, "trace_hash": h}, None, "done", None)
+            for p, h in (("arrivals", "a6f8"), ("variable-answers", "c3d1"))]
+    with pytest.raises(BadInput, match=r"run /r/variable-answers: trace_preset differs from run /r/arrivals's "
+                                       r"\('variable-answers' vs 'arrivals'\)"):
+        check_compatible(runs)

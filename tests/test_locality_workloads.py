@@ -7,6 +7,7 @@ The same presets on real CPU engines: ``tests/test_locality_workloads_cpu.py`` (
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import threading
@@ -273,19 +274,41 @@ def test_hot_prefixes_record_zipf_per_replica_load_and_the_release(systems, tmp_
 
 
 # ------------------------------------------------------------------------------------------- eviction
+def test_eviction_logs_its_sized_trace_and_notes_that_documents_went_unused(systems, tmp_path, caplog):
+    """The trace the cases run is logged before them; --documents, which eviction's sizing replaces, is noted as
+    not used (not as a changed preset value)."""
+    caplog.set_level(logging.INFO, logger="sut.locality")
+    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-blocks", "25", "--documents", "3")
+    assert rc == 0 and rec["trace"]["documents"] == math.ceil(3 * 400 / 101) == 12
+    assert "--trace-preset eviction: documents 3 given, not used: eviction sizes the documents from the KV cache " \
+           "(--working-set)" in rec["notes"]
+    assert not any("documents 3 given instead" in n for n in rec["notes"])
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "eviction: one replica's KV cache 400 tokens (the smallest KV cache system standalone's replicas " \
+           "reported at start) -> 12 documents x 2 questions = 24 requests" in logged
+
+
+def test_a_run_folder_without_run_name_names_its_preset_and_systems(systems, tmp_path):
+    rc = main(["run", "--model", str(TINY_MODEL), "--device", "cpu", "--engines-per-device", "2", *SMALL,
+               "--output-dir", str(tmp_path / "out"), "--no-progress", "--systems", "standalone", "--pairs", "1",
+               "--warmups", "0", "--trace-preset", "hot-prefixes", "--policies", "round_robin"])
+    (d,) = (tmp_path / "out").iterdir()
+    assert rc == 0 and re.fullmatch(r"\d{8}-\d{6}-hot-prefixes-standalone-SYNTHETIC-LOCALITY-NOT-MLPERF", d.name)
+
+
 def test_the_kv_probe_gives_every_case_its_kv_cache(monkeypatch, tmp_path):
     """The probe is the run's first start: every case (the first one too) gets its cache, so the trace is sized
     for the cache every case has; --kv-sizing each-case leaves every case to size its own."""
     seen = []
     for name in ("standalone", "flame"):
         monkeypatch.setitem(SYSTEMS, name, fake(kv_tokens=1600, kv_bytes_per_block=4096, engines=seen))
-    rc, rec = run(tmp_path, "--trace-preset", "eviction")
+    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-blocks", "100")  # CPU engines need a block count
     assert rc == 0 and rec["workload"]["working_set"]["replica_kv_tokens"] == 1600
     assert seen[0].kv_cache_memory_bytes is None and len(seen) == 1 + len(cases_of(rec))
     assert {(e.num_gpu_blocks_override, e.kv_cache_memory_bytes) for e in seen[1:]} == {(100, 409600)}
     assert {c["kv_pinned"]["case"] for c in cases_of(rec)} == {"kv-probe"}
     seen.clear()
-    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-sizing", "each-case", name="each")
+    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-blocks", "100", "--kv-sizing", "each-case", name="each")
     assert rc == 0 and {e.kv_cache_memory_bytes for e in seen} == {None}
 
 
@@ -468,6 +491,7 @@ def test_a_hand_edited_workload_case_exits_2_naming_the_field_without_a_folder(w
     (["--trace-preset", "replica-loss", "--warmups", "0"], "--kill-when time fires the kill at --kill-after x the last"),
     (["--trace-preset", "replica-loss", "--engines-per-device", "1"], "replica-loss needs at least 2 replicas"),
     (["--trace-preset", "eviction", "--working-set", "0.5"], "working_set must be 0 (off) or >= 1"),
+    (["--trace-preset", "eviction"], "eviction on CPU engines needs --kv-blocks N (or --kv-tokens N)"),
     (["--policies", "prefix_affinity_sometimes"], "unknown policy"),
     (["--answers", "log_uniform", "--min-answer-tokens", "0"], "min_answer_tokens must be in [1, max_tokens=4]"),
     (["--ttft-target-s", "0"], "ttft_target_s must be a finite number > 0"),

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Protocol, Sequence
 
 from sut.engine import EngineSettings, GenerationSettings
-from sut.engine.logs import log_tail_once
+from sut.engine.logs import drop_log_tail, log_tail_once
 from sut.errors import TransportError
 from sut.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 from sut.registry import Registry
@@ -100,6 +100,9 @@ class Transport(abc.ABC):
         self._stopped = False  # set by ``_mark_stopped``
         #: the one ``FatalEvent`` sent (``_report_fatal``), else None: ``attach`` then refuses a new sink.
         self.fatal_event: Optional[FatalEvent] = None
+        #: replicas killed on purpose (replica-loss, ``sut.locality.failover.kill_replica``): their loss is reported
+        #: without the engine-log tail on the console.
+        self.planned_losses: set[int] = set()
 
     def _report_fatal(self, replica: Optional[int], message: str, *, tail_log: Optional[logging.Logger] = None,
                       after_stop: bool = False, rid: Optional[int] = None) -> bool:
@@ -110,12 +113,14 @@ class Transport(abc.ABC):
         nothing and return False. ``after_stop``: send even after ``stop`` (a failure of the stop itself,
         e.g. a Flame session that could not be closed). ``tail_log``: the message's engine-log tail block is
         logged there once and replaced by a pointer to the log (``sut.engine.logs.log_tail_once``), for the
-        event sent only. ``rid``: the request whose failure this is (``FatalEvent.rid``), if one is."""
+        event sent only; for a replica in ``planned_losses`` the block becomes a pointer to the log, nothing
+        logged. ``rid``: the request whose failure this is (``FatalEvent.rid``), if one is."""
         with self._lock:
             if self.fatal_event is not None or (self._stopped and not after_stop):
                 return False
             if tail_log is not None:
-                message = log_tail_once(message, tail_log)
+                planned = replica in self.planned_losses
+                message = drop_log_tail(message) if planned else log_tail_once(message, tail_log)
             self.fatal_event = event = FatalEvent(replica, message, rid)
         self.sink.on_fatal(event)
         return True

@@ -82,6 +82,13 @@ def split_log_tail(msg: str) -> tuple[str, str]:
     return short, m.group(0).lstrip("\n")
 
 
+def drop_log_tail(msg: str) -> str:
+    """``msg`` with its log-tail block (``with_log_tail``) replaced by ``(its log: PATH)``, nothing logged: for a
+    loss that was planned (a replica killed on purpose), whose log tail tells nothing new."""
+    m = _TAIL_BLOCK.search(msg)
+    return msg if m is None else f"{msg[:m.start()]} (its log: {m['path']}){msg[m.end():]}"
+
+
 def log_tail_once(message: str, logger) -> str:
     """Log ``message``'s log-tail block (``with_log_tail``) once with ``logger.error``, at once, and return
     the message with the block replaced by a pointer to the log (``split_log_tail``): what a transport

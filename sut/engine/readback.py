@@ -11,20 +11,26 @@ from sut.engine.devices import EngineSlot, cpu_name
 
 
 def kv_cache_capacity(cache_config) -> dict:
-    """The KV cache vLLM allocated, as it reports it: ``{"blocks", "block_size", "tokens", "tokens_from"}``.
+    """The KV cache vLLM allocated: ``{"blocks", "block_size", "tokens", "tokens_from", "vllm_tokens"}``.
 
     ``blocks`` is ``cache_config.num_gpu_blocks`` (device blocks: GPU memory, or the CPU backend's
-    ``VLLM_CPU_KVCACHE_SPACE``), ``block_size`` tokens per block, ``tokens`` vLLM's own
-    ``kv_cache_size_tokens`` (the "KV cache size: N tokens" of its log) where it has one
-    (``tokens_from="vllm"``), else blocks x block size (``"blocks"``). ``None``: not known.
+    ``VLLM_CPU_KVCACHE_SPACE``), ``block_size`` tokens per block, ``tokens`` blocks x block size
+    (``tokens_from="blocks"``: what the cache holds, the figure a working set is sized against), else vLLM's
+    own ``kv_cache_size_tokens`` (``"vllm"``). ``vllm_tokens`` is that figure as vLLM reports it (the "KV cache
+    size: N tokens" of its log), kept beside: vLLM derives it from the concurrency a ``max_model_len`` request
+    gets (its blocks rounded up per request), so it reads below blocks x block size when ``max_model_len`` is no
+    multiple of the block size (4,096 blocks x 128 at max_model_len 408: 506,538, not 524,288; at the
+    eviction preset's 8K documents on a GPU, 65,514 for 65,536). ``None``: not known.
     """
     blocks = getattr(cache_config, "num_gpu_blocks", None)
     bs = getattr(cache_config, "block_size", None)
-    tokens, source = getattr(cache_config, "kv_cache_size_tokens", None), "vllm"
-    if tokens is None and blocks is not None and bs is not None:
+    reported = getattr(cache_config, "kv_cache_size_tokens", None)
+    tokens, source = reported, "vllm"
+    if blocks is not None and bs is not None:
         tokens, source = int(blocks) * int(bs), "blocks"
     return {"blocks": None if blocks is None else int(blocks), "block_size": None if bs is None else int(bs),
-            "tokens": None if tokens is None else int(tokens), "tokens_from": None if tokens is None else source}
+            "tokens": None if tokens is None else int(tokens), "tokens_from": None if tokens is None else source,
+            "vllm_tokens": None if reported is None else int(reported)}
 
 
 def kv_bytes_per_block(cfg, torch_mod) -> Optional[int]:

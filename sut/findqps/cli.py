@@ -78,6 +78,7 @@ import sys
 import time
 from pathlib import Path
 
+from sut.exits import ShortUsageParser
 from sut.findqps.attempt import NO_VERDICT, sut_run_settings, sut_try, try_from_record
 from sut.findqps.checks import check_performance_tries, equal_issue_warning
 from sut.findqps.report import fmt_bound, fmt_qps, log_how_to_go_on, report, try_line
@@ -200,7 +201,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sut find-qps", description=__doc__.split("\n\n")[0],
+    p = ShortUsageParser(prog="python -m sut find-qps", description=__doc__.split("\n\n")[0],
                                 formatter_class=_HelpFormatter,
                                 epilog="Arguments after -- go to python -m sut run (model, dataset, preset, ...).")
     p.add_argument("--scenario", required=True, choices=sorted(STREAMING_SCENARIOS),

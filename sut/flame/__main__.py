@@ -11,12 +11,11 @@ if __name__ == "__main__":  # outside the project's environment: say how to ente
 
     require_environment()
 
-import argparse
 import logging
 import sys
 
 from sut.errors import BadInput
-from sut.exits import run_main
+from sut.exits import ShortUsageParser, run_main
 from sut.flame import app
 
 
@@ -31,7 +30,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m sut.flame", description=__doc__)
+    p = ShortUsageParser(prog="python -m sut.flame", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, help_ in (("render-app", "print app.yaml with this machine's paths (for flmctl register -f)"),
                         ("register", "register the application through flamepy (FLAME_ENDPOINT or --endpoint)")):

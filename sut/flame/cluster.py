@@ -605,9 +605,9 @@ def _check_policies(text: str) -> tuple:
 
 
 def _parser():
-    import argparse
+    from sut.exits import ShortUsageParser
 
-    p = argparse.ArgumentParser(prog="python -m sut.flame cluster", description=main.__doc__)
+    p = ShortUsageParser(prog="python -m sut.flame cluster", description=main.__doc__)
     p.add_argument("--flame-bin", help=f"folder with {FSM} and {FEM} (default: ${BIN_ENV}, else ../shared/flame/bin)")
     p.add_argument("--workdir", required=True, help="cluster folder: cluster.yaml, nodes.json, home/ (FLAME_HOME; logs "
                    "in home/logs), fem/; with --nodes N > 1 each node's in nodes/<name>/{home,fem}")

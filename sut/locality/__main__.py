@@ -37,7 +37,7 @@ from sut.core.transport import transport_class
 from sut.core.transports.http_options import url_list
 from sut.engine import EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
 from sut.errors import BadInput, EngineError, InputError, RunFailed
-from sut.exits import run_main, stop_on_sigterm_like_ctrl_c
+from sut.exits import ShortUsageParser, run_main, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
 from sut.locality.cli_args import (
     POLICIES,
@@ -65,7 +65,7 @@ log = logging.getLogger("sut.locality")
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (its flags and the settings read from them: ``sut.locality.cli_args``)."""
-    return add_commands(argparse.ArgumentParser(prog="python -m sut.locality", description=__doc__,
+    return add_commands(ShortUsageParser(prog="python -m sut.locality", description=__doc__,
                                                 formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
@@ -145,9 +145,14 @@ def _prepare(a):
     ps = _protocol(a)
     model = _model(es)
     try:  # the replicas every system gets; refuses --device cuda without a GPU, too many CPU engines
-        replicas = len(plan_engines(es))
+        plan = plan_engines(es)
     except EngineError as e:
         raise BadInput(f"error: {e}") from None
+    replicas = len(plan)
+    if ws.working_set and not (ws.kv_tokens or ws.kv_blocks) and all(s.kind == "cpu" for s in plan):
+        raise ValueError("eviction on CPU engines needs --kv-blocks N (or --kv-tokens N): without it the trace is "
+                         "sized to the CPU backend's whole KV space (VLLM_CPU_KVCACHE_SPACE: thousands of requests "
+                         "for a small model); docs/locality.md's CPU shape is --kv-blocks 12")
     if a.http and a.server_url:
         raise BadInput("error: --http starts servers here; --server-url uses running ones: give one of them")
     try:  # spaces or commas, as `sut run`; the transport's own URL parser (its replicas are these URLs)
@@ -170,7 +175,9 @@ def _prepare(a):
 
 def _run_dir(a, systems) -> Path:
     try:
-        return make_run_dir(a.output_dir, a.run_name, "-".join(s.name for s in systems) or "merged")
+        preset = getattr(a, "trace_preset", None)  # report (a merge) has none
+        label = "-".join(([preset] if preset else []) + [s.name for s in systems]) or "merged"
+        return make_run_dir(a.output_dir, a.run_name, label)
     except FileExistsError as e:
         raise BadInput(f"error: run folder {e.filename} already exists (choose another --run-name)") from None
     except OSError as e:

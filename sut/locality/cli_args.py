@@ -194,7 +194,10 @@ def _preset_overrides(a) -> list[str]:
     given = {**_pick(a, _TRACE), **_pick(a, _PROTOCOL), **_pick(a, _ROUTER), **_pick(a, _WORKLOAD)}
     if getattr(a, "policies", None):
         given["policies"] = tuple(a.policies)
-    return [f"--trace-preset {a.trace_preset}: {k} {given[k]!r} given instead of the preset's {v!r}"
+    sized = "documents" in given and {**preset.get("workload", {}), **_pick(a, _WORKLOAD)}.get("working_set")
+    return [f"--trace-preset {a.trace_preset}: documents {given[k]!r} given, not used: eviction sizes the documents "
+            "from the KV cache (--working-set)" if sized and k == "documents" else
+            f"--trace-preset {a.trace_preset}: {k} {given[k]!r} given instead of the preset's {v!r}"
             for part in preset.values() for k, v in part.items() if k in given and given[k] != v]
 
 

@@ -52,8 +52,9 @@ from sut.locality.pairs import run_records
 from sut.locality.runner import HEADER, finish_record
 from sut.locality.study import pair_report
 
-#: Header fields that must be equal in every merged run (dotted paths into the header).
-COMPARED = ("trace_hash", "trace_preset", "model.revision", "engine_settings", "generation", "router_settings",
+#: Header fields that must be equal in every merged run (dotted paths into the header); ``trace_preset`` first, so
+#: that runs of two presets are told apart by their presets' names, not by their traces' hashes.
+COMPARED = ("trace_preset", "trace_hash", "model.revision", "engine_settings", "generation", "router_settings",
             "pair_settings.warmups", "pair_settings.rate", "pair_settings.arrival_seed", "report_metric",
             "workload.settings", "workload.capacity.requests_per_s", "workload.levels",
             "workload.working_set.replica_kv_tokens")

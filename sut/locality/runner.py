@@ -146,10 +146,10 @@ def _json_default(o):
 
 
 def kv_cache_summary(engines: Sequence[dict], shape: dict) -> dict:
-    """Each replica's KV-cache capacity as vLLM reports it (tokens, blocks, block size; from the
-    replicas' read-back ``kv_cache``), the total, and the trace's distinct document tokens
+    """Each replica's KV-cache capacity (blocks x block size, blocks, block size, vLLM's own token figure; from the
+    replicas' read-back ``kv_cache``, ``sut.engine.readback.kv_cache_capacity``), the total, and the trace's distinct document tokens
     (``shape["document_tokens"]``) that the caches would need to hold at once."""
-    unknown = {"blocks": None, "block_size": None, "tokens": None, "tokens_from": None}
+    unknown = {"blocks": None, "block_size": None, "tokens": None, "tokens_from": None, "vllm_tokens": None}
     per = [dict({"replica": i}, **(e.get("kv_cache") or unknown)) for i, e in enumerate(engines)]
     known = [p["tokens"] for p in per if p.get("tokens") is not None]
     return {"per_replica": per, "tokens_total": sum(known) if len(known) == len(per) else None,

@@ -57,9 +57,10 @@ def check_flame(options) -> None:
     try:
         check_control_plane(getattr(options, "endpoint", None))
     except RunFailed as e:
-        how = "docs/locality.md" if "python -m sut.flame cluster" in str(e) else \
-            "a cluster on this host: `python -m sut.flame cluster`, docs/locality.md"
-        raise ValueError(f"system flame: {e} ({how})") from None
+        msg = str(e).replace("(docs/flame.md)", "(docs/flame.md, docs/locality.md)")
+        if msg == str(e):
+            msg += " (a cluster on this host: `python -m sut.flame cluster`, docs/locality.md)"
+        raise ValueError(f"system flame: {msg}") from None
 
 
 #: The study's Flame settings for this entry point (study.md §6: batch limit 128, 10 ms window, zlib, gc.freeze).

@@ -123,8 +123,10 @@ class TraceSettings:
     def __post_init__(self):
         if self.documents < 1 or self.questions < 1:
             raise ValueError(f"documents and questions must be >= 1, got {self.documents}, {self.questions}")
-        if self.doc_tokens < 1 or self.question_tokens < 2 or self.max_tokens < 1:
-            raise ValueError("doc_tokens >= 1, question_tokens >= 2 and max_tokens >= 1 are required")
+        low = [f"{k} must be >= {lo}, got {v}" for k, v, lo in (("doc_tokens", self.doc_tokens, 1), ("question_tokens",
+               self.question_tokens, 2), ("max_tokens", self.max_tokens, 1)) if v < lo]
+        if low:
+            raise ValueError("; ".join(low))
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0 (numpy's generator takes no negative seed), got {self.seed}")
         requests = self.documents * self.questions

@@ -9,6 +9,7 @@ from typing import Optional
 
 from sut.base import get_sut, sut_names
 from sut.constants import COMPLIANCE_TESTS, DEFAULT_MODEL_KEY, EDGE_MODEL_KEY, INTERACTIVE_MODEL_KEY
+from sut.exits import ShortUsageParser
 from sut.settings.flags import add_backend_flags, add_engine_flags, engine_defaults
 from sut.settings.run import QUICK_MIN_DURATION_S, QUICK_MIN_QUERY_COUNT, QUICK_PERFORMANCE_SAMPLES
 
@@ -93,7 +94,7 @@ def add_run_parser(sub) -> argparse.ArgumentParser:
 def parse_run_args(args: list[str]) -> argparse.Namespace:
     """``args`` (``python -m sut run``'s flags, without ``run``) parsed as ``python -m sut run`` parses them;
     argparse exits 2 on bad flags."""
-    p = argparse.ArgumentParser(prog="python -m sut")
+    p = ShortUsageParser(prog="python -m sut")
     run = add_run_parser(p.add_subparsers(dest="cmd", required=True))
     a, extra = p.parse_known_args(["run", *args])
     if extra:  # named by run's parser (its usage), not by the top one's "python -m sut [-h] {run}"

@@ -12,9 +12,12 @@ header and ``locality.json``) says where each value came from.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Sequence
 
 from sut.locality.workloads import WorkloadSettings, arrivals, eviction
+
+log = logging.getLogger("sut.locality")
 
 
 def workload_record(ws: WorkloadSettings) -> dict:
@@ -36,6 +39,11 @@ def size_eviction(prepared, ws: WorkloadSettings, ctx, systems: Sequence, record
     if ts != prepared.settings:
         prepared = prepare_trace(ts, len(prepared.warmups), extra=len(prepared.extra))
     record["working_set"] = eviction.sizing_record(ws.working_set, kv, source, prepared.shape, probe)
+    sh = prepared.shape
+    log.info("eviction: one replica's KV cache %s tokens (%s) -> %d documents x %d questions = %d requests, "
+             "%s distinct document tokens (%sx); the trace now: %s", f"{kv:,}", source, sh["documents"],
+             prepared.settings.questions, sh["requests"], f"{sh['document_tokens']:,}",
+             record["working_set"]["ratio"], sh)
     ctx = dataclasses.replace(ctx, trace=prepared.trace, warmups=prepared.warmups,
                               expected_hashes=prepared.input_hashes, sizing=record["working_set"])
     return prepared, ctx

@@ -47,6 +47,7 @@ for a system that stops serving).
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Sequence
 
 from sut.errors import RunFailed
@@ -103,6 +104,16 @@ def _s(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+_LOG_POINTER = re.compile(r"\s*\((?:its log|the last lines of its log)[^)]*\)")
+
+
+def _short(text: Optional[str], width: int = 100) -> str:
+    """A reason for the table: its pointer to the engine log left out (the record keeps it), the first line, at
+    most ``width`` characters ("..." when cut)."""
+    t = _LOG_POINTER.sub("", (text or "").partition("\n")[0])
+    return t if len(t) <= width else t[:width - 3] + "..."
+
+
 def report_lines(record: dict) -> list[str]:
     """Per case: the kill, its detection, the outcome counts, recovery times and the first failure reason."""
     lines = [f"{'pair':>4}  {'system':<11} {'policy':<22} {'killed at s':>11} {'detected s':>10} {'answered':>8} "
@@ -115,7 +126,7 @@ def report_lines(record: dict) -> list[str]:
         lines.append(f"{c['pair']:>4}  {c['system']:<11} {c['policy']:<22} {_s(f['killed'].get('at_s')):>11} "
                      f"{_s(f.get('detected_after_s')):>10} {f['answered']:>8} {f['rerouted']:>8} {f['failed']:>6} "
                      f"{_s(f.get('recovery_s')):>10} {_s(f.get('drained_s')):>9}  "
-                     f"{(f.get('detected_how') or 'not detected')[:80]}" + (f" / {why[:80]}" if why else ""))
+                     f"{_short(f.get('detected_how')) or 'not detected'}" + (f" / {_short(why)}" if why else ""))
     return lines + _unmeasured(record.get("cases", []))
 
 
