@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures as cf
 import logging
 import os
 import time
@@ -186,7 +187,10 @@ class ReplicaSession:
 
         running = on_running or (lambda: None)
         if self.watcher is not None:
-            return self.watcher.watch(self.id, task_id, running).result()
+            try:
+                return self.watcher.watch(self.id, task_id, running).result()
+            except cf.CancelledError:  # the watcher closed: the transport stops
+                return _ST_CANCELLED, None
         try:
             for t in self.session.watch_task(task_id):
                 if t.state == flamepy.TaskState.RUNNING:

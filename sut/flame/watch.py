@@ -7,7 +7,10 @@ so that signal handlers can run. With dozens of tasks in flight that is hundreds
 second, each of which takes a core from the engine on a small CPU host. ``AioWatcher`` runs all
 streams on one ``grpc.aio`` channel in one loop thread, with flamepy 0.6.0's generated stubs
 (``flamepy.proto``): the same ``WatchTask`` RPC, no per-stream polling, and task states read as
-plain integers (flamepy's ``TaskState`` has no Cancelled = 4).
+plain integers (flamepy's ``TaskState`` has no Cancelled = 4). ``close`` cancels the watches still open (a
+failed run stops with tasks in flight), so that their futures end cancelled and no pending task is left on the
+loop to be destroyed ("Task was destroyed but it is pending!"); a watch asked for after ``close`` is cancelled
+at once.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class AioWatcher:
         self._thread.start()
         self.channel = None
         self.stub = None
+        self._closing = False
         try:
             asyncio.run_coroutine_threadsafe(self._open(connect_timeout_s), self.loop).result(connect_timeout_s + 5)
         except BaseException:
@@ -57,7 +61,21 @@ class AioWatcher:
         self.stub = FrontendStub(self.channel)
 
     def watch(self, session_id: str, task_id: str, on_running: Optional[Callable[[], None]] = None) -> cf.Future:
+        """The future of ``(state or None, output)``; cancelled (``cf.CancelledError`` from ``result``) when the
+        watcher is closed before the task ends, or was closed already."""
+        if self._closing:
+            done = cf.Future()
+            done.cancel()
+            return done
         return asyncio.run_coroutine_threadsafe(self._watch(session_id, task_id, on_running), self.loop)
+
+    @staticmethod
+    async def _cancel_watches() -> None:
+        me = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not me]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _watch(self, session_id: str, task_id: str, on_running) -> tuple[Optional[int], Optional[bytes]]:
         from flamepy.proto.frontend_pb2 import WatchTaskRequest
@@ -72,13 +90,16 @@ class AioWatcher:
         return None, None
 
     def close(self) -> None:
+        self._closing = True
         if self.loop.is_closed():
             return
-        if self.channel is not None and self._thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(self.channel.close(grace=None), self.loop).result(5)
-            except Exception:  # noqa: BLE001 - closing anyway
-                pass
+        if self._thread.is_alive():
+            closing = [self._cancel_watches()] + ([self.channel.close(grace=None)] if self.channel is not None else [])
+            for step in closing:
+                try:
+                    asyncio.run_coroutine_threadsafe(step, self.loop).result(5)
+                except Exception:  # noqa: BLE001 - closing anyway
+                    pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         if not self._thread.is_alive():

@@ -183,10 +183,15 @@ class HttpTransport(Transport):
                         f"the run): {'; '.join(changed)}")
         return None
 
-    async def _reread(self, r: int) -> dict:
+    async def _version_and_models(self, r: int) -> tuple:
+        """Replica ``r``'s ``/version`` body, ``/v1/models`` body and that body's ``data`` list (None: not a list
+        of a dict body). Raises what ``_get`` raises."""
         version = await self._get(r, "/version")
         models = await self._get(r, "/v1/models")
-        listed = (models or {}).get("data") if isinstance(models, dict) else None
+        return version, models, ((models or {}).get("data") if isinstance(models, dict) else None)
+
+    async def _reread(self, r: int) -> dict:
+        version, _, listed = await self._version_and_models(r)
         model = self._bases[r]["model"]
         served = next((m for m in listed or [] if isinstance(m, dict) and str(m.get("id")) == model), None)
         if served is None:
@@ -271,11 +276,9 @@ class HttpTransport(Transport):
     async def _connect(self, r: int) -> dict:
         url = self.urls[r]
         try:
-            version = await self._get(r, "/version")
-            models = await self._get(r, "/v1/models")
+            version, models, listed = await self._version_and_models(r)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
             raise self._error(r, f"does not answer: {_describe(e)}", user_input=True) from None
-        listed = (models or {}).get("data") if isinstance(models, dict) else None
         if not isinstance(listed, list) or not listed:
             raise self._error(r, f"lists no model at {url}/v1/models: {str(models)[:200]}", user_input=True)
         try:
