@@ -40,10 +40,27 @@ log = logging.getLogger("sut")
 class ShortUsageParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose command-line errors are two lines, not the whole usage (``python -m
     sut.locality run``'s usage runs to ~57 lines): ``PROG: error: MESSAGE`` and a pointer to ``PROG --help``;
-    exit 2 (``EXIT_BAD_INPUT``). Sub-commands made with ``add_subparsers`` get the same class."""
+    exit 2 (``EXIT_BAD_INPUT``). Sub-commands made with ``add_subparsers`` get the same class; an unknown flag after
+    a sub-command (argparse reports it from the top parser) names that sub-command's PROG and help."""
 
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n({self.prog} --help lists every option)\n")
+    def error(self, message: str, prog: Optional[str] = None):
+        prog = prog or self.prog
+        self.exit(EXIT_BAD_INPUT, f"{prog}: error: {message}\n({prog} --help lists every option)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}", self._chosen(ns).prog)
+        return ns
+
+    def _chosen(self, ns) -> argparse.ArgumentParser:
+        """The deepest sub-command parser ``ns`` chose (``add_subparsers(dest=...)``), else this parser."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):  # argparse's documented add_subparsers result
+                sub = action.choices.get(getattr(ns, action.dest, None) or "")
+                if isinstance(sub, ShortUsageParser):
+                    return sub._chosen(ns)
+        return self
 
 #: How each kind of exit is logged; ``{}`` is the exception's message. ``stopped``: a failure while a
 #: stop signal was being handled (exit 130).

@@ -78,3 +78,32 @@ def test_a_session_watching_through_a_closed_watcher_reads_cancelled(frontend):
         t0 = time.monotonic()
         w.close()
         assert got.result(10) == (_ST_CANCELLED, None) and time.monotonic() - t0 < 5
+
+
+@pytest.mark.timeout(60)
+def test_closes_at_once_and_watches_during_the_close_all_end(frontend):
+    """Two threads closing together: one does the work, neither raises; watches asked for while it closes are
+    either scheduled before it (then cancelled by it) or refused: every future ends."""
+    from sut.flame.watch import AioWatcher
+
+    endpoint, _ = frontend
+    for _ in range(5):
+        w = AioWatcher(endpoint)
+        futures, stop = [], threading.Event()
+
+        def keep_watching():
+            while not stop.is_set():
+                futures.append(w.watch("s", "t"))
+                time.sleep(0.0005)
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            watchers = [pool.submit(keep_watching) for _ in range(2)]
+            time.sleep(0.05)
+            closers = [pool.submit(w.close) for _ in range(2)]
+            for c in closers:
+                c.result(20)
+            stop.set()
+            for x in watchers:
+                x.result(10)
+        assert futures and all(f.done() for f in futures)
+        assert w.loop.is_closed()

@@ -280,9 +280,11 @@ def test_eviction_logs_its_sized_trace_and_notes_that_documents_went_unused(syst
     caplog.set_level(logging.INFO, logger="sut.locality")
     rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-blocks", "25", "--documents", "3")
     assert rc == 0 and rec["trace"]["documents"] == math.ceil(3 * 400 / 101) == 12
-    assert "--trace-preset eviction: documents 3 given, not used: eviction sizes the documents from the KV cache " \
-           "(--working-set)" in rec["notes"]
+    assert "--documents 3 given, not used: eviction sizes the documents from the KV cache (--working-set)" in rec["notes"]
     assert not any("documents 3 given instead" in n for n in rec["notes"])
+    rc, rec = run(tmp_path, "--working-set", "3", "--kv-blocks", "25", "--documents", "3", name="nopreset")
+    assert rc == 0 and rec["trace"]["documents"] == 12 and rec["notes"] == [
+        "--documents 3 given, not used: eviction sizes the documents from the KV cache (--working-set)"]
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "eviction: one replica's KV cache 400 tokens (the smallest KV cache system standalone's replicas " \
            "reported at start) -> 12 documents x 2 questions = 24 requests" in logged
@@ -325,7 +327,7 @@ def test_eviction_sizes_the_working_set_from_the_reported_kv_cache(systems, tmp_
         assert c["timed"]["router_cached_share"] is not None and c["timed"]["cached_share"] is not None
     assert "eviction: 12 documents" in capsys.readouterr().out
     assert all(c["kv_pinned"] is None for c in cases_of(rec))  # these fakes report no bytes per block
-    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-tokens", "200", name="given")
+    rc, rec = run(tmp_path, "--trace-preset", "eviction", "--kv-blocks", "25", "--kv-tokens", "200", name="given")
     assert rc == 0 and rec["workload"]["working_set"]["kv_tokens_from"] == "--kv-tokens"
     assert rec["trace"]["documents"] == 6 and "probe" not in rec["workload"]["working_set"]
     assert "note" in cases_of(rec)[0]["working_set"]  # the replicas report 400, the trace was sized for 200
@@ -491,7 +493,8 @@ def test_a_hand_edited_workload_case_exits_2_naming_the_field_without_a_folder(w
     (["--trace-preset", "replica-loss", "--warmups", "0"], "--kill-when time fires the kill at --kill-after x the last"),
     (["--trace-preset", "replica-loss", "--engines-per-device", "1"], "replica-loss needs at least 2 replicas"),
     (["--trace-preset", "eviction", "--working-set", "0.5"], "working_set must be 0 (off) or >= 1"),
-    (["--trace-preset", "eviction"], "eviction on CPU engines needs --kv-blocks N (or --kv-tokens N)"),
+    (["--trace-preset", "eviction"], "eviction on CPU engines needs --kv-blocks N"),
+    (["--trace-preset", "eviction", "--kv-tokens", "1536"], "one sized by --kv-tokens evicts nothing"),
     (["--policies", "prefix_affinity_sometimes"], "unknown policy"),
     (["--answers", "log_uniform", "--min-answer-tokens", "0"], "min_answer_tokens must be in [1, max_tokens=4]"),
     (["--ttft-target-s", "0"], "ttft_target_s must be a finite number > 0"),

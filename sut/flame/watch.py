@@ -32,10 +32,11 @@ class AioWatcher:
         self.endpoint, self.ca_file = endpoint, ca_file
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="flame-watch-loop", daemon=True)
-        self._thread.start()
         self.channel = None
         self.stub = None
         self._closing = False
+        self._lock = threading.Lock()  # a watch is scheduled before close begins, or it is refused
+        self._thread.start()
         try:
             asyncio.run_coroutine_threadsafe(self._open(connect_timeout_s), self.loop).result(connect_timeout_s + 5)
         except BaseException:
@@ -63,11 +64,12 @@ class AioWatcher:
     def watch(self, session_id: str, task_id: str, on_running: Optional[Callable[[], None]] = None) -> cf.Future:
         """The future of ``(state or None, output)``; cancelled (``cf.CancelledError`` from ``result``) when the
         watcher is closed before the task ends, or was closed already."""
-        if self._closing:
-            done = cf.Future()
-            done.cancel()
-            return done
-        return asyncio.run_coroutine_threadsafe(self._watch(session_id, task_id, on_running), self.loop)
+        with self._lock:
+            if not self._closing:
+                return asyncio.run_coroutine_threadsafe(self._watch(session_id, task_id, on_running), self.loop)
+        done = cf.Future()
+        done.cancel()
+        return done
 
     @staticmethod
     async def _cancel_watches() -> None:
@@ -90,16 +92,18 @@ class AioWatcher:
         return None, None
 
     def close(self) -> None:
-        self._closing = True
-        if self.loop.is_closed():
+        """Cancel the open watches, close the channel, stop and close the loop. Only the first call does it (a
+        second, concurrent or later, returns at once); watches scheduled before it are cancelled by it."""
+        with self._lock:
+            first, self._closing = not self._closing, True
+        if not first or self.loop.is_closed():
             return
-        if self._thread.is_alive():
-            closing = [self._cancel_watches()] + ([self.channel.close(grace=None)] if self.channel is not None else [])
-            for step in closing:
-                try:
-                    asyncio.run_coroutine_threadsafe(step, self.loop).result(5)
-                except Exception:  # noqa: BLE001 - closing anyway
-                    pass
+        steps = [self._cancel_watches] + ([lambda: self.channel.close(grace=None)] if self.channel is not None else [])
+        for step in steps if self._thread.is_alive() else []:
+            try:  # each coroutine made only when it is scheduled: none is left never awaited
+                asyncio.run_coroutine_threadsafe(step(), self.loop).result(5)
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         if not self._thread.is_alive():

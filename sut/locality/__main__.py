@@ -149,10 +149,10 @@ def _prepare(a):
     except EngineError as e:
         raise BadInput(f"error: {e}") from None
     replicas = len(plan)
-    if ws.working_set and not (ws.kv_tokens or ws.kv_blocks) and all(s.kind == "cpu" for s in plan):
-        raise ValueError("eviction on CPU engines needs --kv-blocks N (or --kv-tokens N): without it the trace is "
-                         "sized to the CPU backend's whole KV space (VLLM_CPU_KVCACHE_SPACE: thousands of requests "
-                         "for a small model); docs/locality.md's CPU shape is --kv-blocks 12")
+    if ws.working_set and not ws.kv_blocks and all(s.kind == "cpu" for s in plan):
+        raise ValueError("eviction on CPU engines needs --kv-blocks N: without it every engine gets the CPU backend's "
+                         "whole KV space (VLLM_CPU_KVCACHE_SPACE), so a trace sized to it runs thousands of requests "
+                         "and one sized by --kv-tokens evicts nothing; docs/locality.md's CPU shape is --kv-blocks 12")
     if a.http and a.server_url:
         raise BadInput("error: --http starts servers here; --server-url uses running ones: give one of them")
     try:  # spaces or commas, as `sut run`; the transport's own URL parser (its replicas are these URLs)

@@ -187,18 +187,18 @@ def _trace_settings(a) -> TraceSettings:
 
 def _preset_overrides(a) -> list[str]:
     """One note per setting of ``--trace-preset`` that a flag changed (the record keeps the preset's name, so it must
-    also say that the shape is not the preset's)."""
-    preset = TRACE_PRESETS.get(a.trace_preset)
-    if not preset:
-        return []
+    also say that the shape is not the preset's), and one for ``--documents`` when eviction sizes the documents
+    instead (with or without a preset, whatever its value)."""
+    preset = TRACE_PRESETS.get(a.trace_preset) or {}
     given = {**_pick(a, _TRACE), **_pick(a, _PROTOCOL), **_pick(a, _ROUTER), **_pick(a, _WORKLOAD)}
     if getattr(a, "policies", None):
         given["policies"] = tuple(a.policies)
     sized = "documents" in given and {**preset.get("workload", {}), **_pick(a, _WORKLOAD)}.get("working_set")
-    return [f"--trace-preset {a.trace_preset}: documents {given[k]!r} given, not used: eviction sizes the documents "
-            "from the KV cache (--working-set)" if sized and k == "documents" else
-            f"--trace-preset {a.trace_preset}: {k} {given[k]!r} given instead of the preset's {v!r}"
-            for part in preset.values() for k, v in part.items() if k in given and given[k] != v]
+    notes = [f"--documents {given['documents']!r} given, not used: eviction sizes the documents from the KV cache "
+             "(--working-set)"] if sized else []
+    return notes + [f"--trace-preset {a.trace_preset}: {k} {given[k]!r} given instead of the preset's {v!r}"
+                    for part in preset.values() for k, v in part.items()
+                    if k in given and given[k] != v and not (sized and k == "documents")]
 
 
 #: Knobs that act only while another one is on: knob -> (the knob that switches it on, its workload).

@@ -53,11 +53,13 @@ from sut.locality.runner import HEADER, finish_record
 from sut.locality.study import pair_report
 
 #: Header fields that must be equal in every merged run (dotted paths into the header); ``trace_preset`` first, so
-#: that runs of two presets are told apart by their presets' names, not by their traces' hashes.
+#: that runs of two presets are told apart by their presets' names, not by their traces' hashes. eviction's sized
+#: capacity (``workload.working_set.replica_kv_tokens``) is not compared: it shapes only the documents count, which
+#: ``trace_hash`` covers, and the engines' blocks are in ``engine_settings`` (records before 2026-12-07 hold vLLM's
+#: own token figure, 65,514 for the 65,536 of 4,096 blocks of 16, later ones blocks x block size).
 COMPARED = ("trace_preset", "trace_hash", "model.revision", "engine_settings", "generation", "router_settings",
             "pair_settings.warmups", "pair_settings.rate", "pair_settings.arrival_seed", "report_metric",
-            "workload.settings", "workload.capacity.requests_per_s", "workload.levels",
-            "workload.working_set.replica_kv_tokens")
+            "workload.settings", "workload.capacity.requests_per_s", "workload.levels")
 #: How far a case's ``timed.cached_share`` may exceed its trace's ``reusable_share_upper_bound``: the bound counts
 #: whole shared prefixes (``trace.describe``), the engines count cached tokens in whole blocks, which can add the
 #: few leading ids that the questions of one document share (``"\n\nQuestion"``: a few ids of ~8,000-id

@@ -126,7 +126,7 @@ def study_tables(record: dict) -> str:
     if record.get("kv_cache"):
         kv = record["kv_cache"]
         cells = ", ".join(f"{_n(p.get('tokens'))}" for p in kv["per_replica"])
-        lines.append(f"KV cache per replica as vLLM reports it: {cells} tokens; the trace's distinct documents "
+        lines.append(f"KV cache per replica (blocks x block size): {cells} tokens; the trace's distinct documents "
                      f"need {_n(kv.get('trace_document_tokens'))}")
     lines += ["", *case_rows(record.get("cases", []))]
     lines += workload_lines(record)

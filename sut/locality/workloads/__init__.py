@@ -83,8 +83,8 @@ class WorkloadSettings:
     kv_tokens: int = knob(0, "eviction: one replica's KV-cache tokens to size against; 0 = start the first "
                              "system's replicas once and read the KV blocks they report")
     kv_blocks: int = knob(0, "every engine's KV-cache blocks instead of what memory allows (vLLM "
-                             "num_gpu_blocks_override): a small cache on a CPU (eviction on CPU needs it or "
-                             "--kv-tokens), or the same capacity on any GPU; 0 = what memory allows")
+                             "num_gpu_blocks_override): a small cache on a CPU (eviction on CPU needs it), or the "
+                             "same capacity on any GPU; 0 = what memory allows")
     kill_after: float = knob(0.0, "replica-loss: when to kill --kill-replica, a fraction in (0, 1): of the last "
                                   "warm-up's wall time into the timed burst (--kill-when time), or of the timed "
                                   "requests routed to it that it has answered (--kill-when answers); 0 = off")

@@ -104,7 +104,8 @@ def _s(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-_LOG_POINTER = re.compile(r"\s*\((?:its log|the last lines of its log)[^)]*\)")
+#: the pointer to the engine log that ends a loss's first line (``sut.engine.logs``: a path may hold ")")
+_LOG_POINTER = re.compile(r"\s*\((?:its log: |the last lines of its log are above; all of it: ).*\)$")
 
 
 def _short(text: Optional[str], width: int = 100) -> str:
