@@ -56,11 +56,12 @@ class ShortUsageParser(argparse.ArgumentParser):
     def _chosen(self, ns) -> argparse.ArgumentParser:
         """The deepest sub-command parser ``ns`` chose (``add_subparsers(dest=...)``), else this parser."""
         for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):  # argparse's documented add_subparsers result
+            if isinstance(action, argparse._SubParsersAction):  # add_subparsers' action (a private name, the same since Python 3.2)
                 sub = action.choices.get(getattr(ns, action.dest, None) or "")
                 if isinstance(sub, ShortUsageParser):
                     return sub._chosen(ns)
         return self
+
 
 #: How each kind of exit is logged; ``{}`` is the exception's message. ``stopped``: a failure while a
 #: stop signal was being handled (exit 130).

@@ -189,7 +189,9 @@ def test_a_killed_worker_is_one_fatal_event_naming_its_replica_and_stop_leaves_n
     t.stop()  # twice is fine
 
 
-def test_a_dead_engines_log_tail_is_logged_once_and_the_fatal_event_names_the_log(standin, tmp_path, caplog):
+def _engine_killed_after_last_words(tmp_path, kill):
+    """Start one engine logging to ``tmp_path``, append a line to its log, ``kill(transport, pid)``; returns
+    ``(transport, pid, the fatal event, the log file)`` once the transport reported the loss (it is stopped)."""
     t, sink = _transport(log_dir=str(tmp_path)), Sink()
     log_file = tmp_path / "engine-0.log"
     try:
@@ -197,11 +199,16 @@ def test_a_dead_engines_log_tail_is_logged_once_and_the_fatal_event_names_the_lo
         pid = t.pool.engines[0].pid
         with open(log_file, "a") as fh:
             fh.write("the worker's last words\n")
-        os.kill(pid, signal.SIGKILL)
+        kill(t, pid)
         (fatal,) = sink.wait(lambda evs: any(e[0] == "fatal" for e in evs))
     finally:
         t.stop()
-    msg = fatal[2].message
+    return t, pid, fatal[2], log_file
+
+
+def test_a_dead_engines_log_tail_is_logged_once_and_the_fatal_event_names_the_log(standin, tmp_path, caplog):
+    _, pid, fatal, log_file = _engine_killed_after_last_words(tmp_path, lambda t, pid: os.kill(pid, signal.SIGKILL))
+    msg = fatal.message
     assert msg == (f"engine 0 (pid {pid}) exited unexpectedly with code -9 (the last lines of its log are above; "
                    f"all of it: {log_file})")
     logged = [r.getMessage() for r in caplog.records if "last words" in r.getMessage()]
@@ -215,19 +222,10 @@ def test_a_planned_kill_is_reported_without_the_log_tail(standin, tmp_path, capl
     names the log, and nothing of the log reaches the console."""
     from sut.locality.failover import kill_replica
 
-    t, sink = _transport(log_dir=str(tmp_path)), Sink()
-    log_file = tmp_path / "engine-0.log"
-    try:
-        t.start(sink)
-        pid = t.pool.engines[0].pid
-        with open(log_file, "a") as fh:
-            fh.write("the worker's last words\n")
-        assert kill_replica(t, 0) == f"SIGKILL to pid {pid} (replica 0's engine process)"
-        (fatal,) = sink.wait(lambda evs: any(e[0] == "fatal" for e in evs))
-    finally:
-        t.stop()
-    assert t.planned_losses == {0}
-    assert fatal[2].message == f"engine 0 (pid {pid}) exited unexpectedly with code -9 (its log: {log_file})"
+    how = []
+    t, pid, fatal, log_file = _engine_killed_after_last_words(tmp_path, lambda t, pid: how.append(kill_replica(t, 0)))
+    assert how == [f"SIGKILL to pid {pid} (replica 0's engine process)"] and t.planned_losses == {0}
+    assert fatal.message == f"engine 0 (pid {pid}) exited unexpectedly with code -9 (its log: {log_file})"
     assert not [r for r in caplog.records if "last words" in r.getMessage() or "last lines of" in r.getMessage()]
 
 

@@ -202,8 +202,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def _parser() -> argparse.ArgumentParser:
     p = ShortUsageParser(prog="python -m sut find-qps", description=__doc__.split("\n\n")[0],
-                                formatter_class=_HelpFormatter,
-                                epilog="Arguments after -- go to python -m sut run (model, dataset, preset, ...).")
+                         formatter_class=_HelpFormatter,
+                         epilog="Arguments after -- go to python -m sut run (model, dataset, preset, ...).")
     p.add_argument("--scenario", required=True, choices=sorted(STREAMING_SCENARIOS),
                    help="LoadGen scenario of every try")
     p.add_argument("--start", type=float, help="first target_qps to try (queries/s); needed unless --resume has tries")

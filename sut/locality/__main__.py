@@ -66,7 +66,7 @@ log = logging.getLogger("sut.locality")
 def build_parser() -> argparse.ArgumentParser:
     """The command line (its flags and the settings read from them: ``sut.locality.cli_args``)."""
     return add_commands(ShortUsageParser(prog="python -m sut.locality", description=__doc__,
-                                                formatter_class=argparse.RawDescriptionHelpFormatter))
+                                         formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
 def cmd_describe(a) -> int:
