@@ -358,6 +358,28 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
         settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", "m"]))
 
 
+@pytest.mark.parametrize("run, flags, message", [
+    ('sut = "vlm"', [], "error: {p}: [run] sut 'vlm' is no SUT; known: flame, vllm, vllm-http"),
+    ('user_conf = "nowhere.user.conf"', [], "error: {p}: [run] user_conf 'nowhere.user.conf' is not a file (relative "
+                                            "paths are read from the current folder, "),
+    ('sut = "vlm"', ["--sut", "vllm"], None),  # the flag wins: the preset's value is not used, not refused
+    ('user_conf = "nowhere.user.conf"', ["--user-conf", "loadgen_configs/cpu_tiny.user.conf"], None),
+])
+def test_a_presets_sut_or_user_conf_is_refused_naming_the_preset_and_field(tmp_path, monkeypatch, run, flags, message):
+    from sut import cli
+
+    monkeypatch.chdir(REPO)
+    preset = tmp_path / "p.toml"
+    preset.write_text(f'[run]\ndataset = "x.json"\n{run}\n')
+    argv = ["run", "--config", str(preset), "--model", "m", *flags]
+    if message is None:
+        settings_from_args(cli.build_parser().parse_args(argv))
+        return
+    with pytest.raises(BadInput) as e:
+        settings_from_args(cli.build_parser().parse_args(argv))
+    assert e.value.message.startswith(message.format(p=preset)), e.value.message
+
+
 @pytest.mark.parametrize("table, flags, message", [
     ('[engine]\nmax_num_seqs = "abc"\n', [], "{p} [engine]: EngineSettings.max_num_seqs must be an integer"),
     ("[generation]\nmax_tokens = 0\n", [], "{p} [generation]: max_tokens must be a positive integer"),

@@ -213,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS, help="at most this many new tries")
     p.add_argument("--min-duration-s", type=float, default=120.0,
                    help="LoadGen min duration of each try (s); shorter tries are not judged for queue growth and "
-                        "overestimate (docs/submission.md section 3)")
+                        "overestimate (docs/scenarios.md section 3, docs/submission.md section 3)")
     p.add_argument("--min-query-count", type=int, default=1000,
                    help="LoadGen min query count of each try (early stopping needs several hundred; LoadGen "
                         "rounds it up to a whole multiple of the dataset's sample count)")

@@ -101,6 +101,7 @@ def _run_fields(a: argparse.Namespace, run: dict) -> dict:
         raise BadInput(f"error: {a.config}: [run] preset is not a preset key (the preset is the --config file itself)")
     if a.config:
         run["preset"] = str(a.config)
+        _check_preset_run(a, run)
     for key in RUN_FLAG_KEYS:
         val = getattr(a, key)
         if val is not None:
@@ -119,6 +120,18 @@ def _run_fields(a: argparse.Namespace, run: dict) -> dict:
     if "dataset" not in run:
         raise BadInput("error: --dataset is required (or [run] dataset in the preset)")
     return run
+
+
+def _check_preset_run(a: argparse.Namespace, run: dict) -> None:
+    """The preset's own ``[run] sut`` and ``[run] user_conf`` (those no flag overrides), named with the preset file:
+    ``BadInput`` for an unknown SUT or a user.conf that is not there (a relative path is read from the current
+    folder, as a flag's is)."""
+    if a.sut is None and "sut" in run and run["sut"] not in sut_names():
+        raise BadInput(f"error: {a.config}: [run] sut {run['sut']!r} is no SUT; known: {', '.join(sut_names())}")
+    conf = run.get("user_conf")
+    if a.user_conf is None and isinstance(conf, str) and not Path(conf).is_file():
+        raise BadInput(f"error: {a.config}: [run] user_conf {conf!r} is not a file (relative paths are read from the "
+                       f"current folder, {Path.cwd()}: run from the repository root, or give --user-conf)")
 
 
 def backend_options_from_cli(a: argparse.Namespace, sut: str, preset: dict):
