@@ -45,6 +45,9 @@ class ShortUsageParser(argparse.ArgumentParser):
 
     def error(self, message: str, prog: Optional[str] = None):
         prog = prog or self.prog
+        for action in self._actions:  # a missing sub-command: name the ones there are
+            if isinstance(action, argparse._SubParsersAction) and message.endswith(f"required: {action.dest}"):
+                message += f" (one of: {', '.join(action.choices)})"
         self.exit(EXIT_BAD_INPUT, f"{prog}: error: {message}\n({prog} --help lists every option)\n")
 
     def parse_args(self, args=None, namespace=None):

@@ -542,6 +542,8 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(flag):
      "argument --trace-preset: invalid choice: 'arrival'"),
     (["-m", "sut", "bogus"], "python -m sut", "argument cmd: invalid choice: 'bogus'"),
     (["-m", "sut.flame", "cluster", "--bogus"], "python -m sut.flame cluster", "required: --workdir"),
+    (["-m", "sut.locality", "run", "--bogus"], "python -m sut.locality run", "unrecognized arguments: --bogus"),
+    (["-m", "sut.locality"], "python -m sut.locality", "required: cmd (one of: run, describe, report)"),
 ])
 def test_a_bad_command_line_gets_two_lines_not_the_whole_usage(argv, prog, message):
     """argparse's refusal prints the whole usage first (~57 lines for the locality run); the entry points print the
