@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from sut.constants import STALL_TIMEOUT_S
 from sut.data.dataset import Dataset
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 from sut.errors import InputError
@@ -50,7 +51,7 @@ class SUTContext:
     vocab_size: int = 0
     #: the run's stall limit (``--stall-timeout-s``): a backend whose remote side must give up on a hung engine by
     #: itself (the Flame services) uses it
-    stall_timeout_s: float = 300.0
+    stall_timeout_s: float = STALL_TIMEOUT_S
 
 
 class SystemUnderTest(abc.ABC):

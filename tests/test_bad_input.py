@@ -359,7 +359,7 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
 
 
 @pytest.mark.parametrize("run, flags, message", [
-    ('sut = "vlm"', [], "error: {p}: [run] sut 'vlm' is no SUT; known: "),  # other tests may register test SUTs
+    ('sut = "vlm"', [], "error: {p}: [run] sut: unknown SUT 'vlm'; known: "),  # other tests may register test SUTs
     ('user_conf = "nowhere.user.conf"', [], "error: {p}: [run] user_conf 'nowhere.user.conf' is not a file (relative "
                                             "paths are read from the current folder, "),
     ('sut = "vlm"', ["--sut", "vllm"], None),  # the flag wins: the preset's value is not used, not refused

@@ -741,7 +741,8 @@ def test_the_kill_timer_never_fires_after_stop_and_leaves_no_thread():
     from sut.locality.failover import Killer, KillPlan
 
     killed = []
-    transport = type("T", (), {"name": "t", "kill_replica": lambda self, r: killed.append(r)})()
+    transport = type("T", (), {"name": "t", "kill_replica": lambda self, r: killed.append(r),
+                               "planned_losses": set()})()  # as every Transport has
     k = Killer(KillPlan(0, 0.5, at_s=0.05), transport, lambda: 4)
     k.start()
     k.stop()
@@ -755,7 +756,8 @@ def _killer(at_s, routed):
     from sut.locality.failover import Killer, KillPlan
 
     killed = []
-    transport = type("T", (), {"name": "t", "kill_replica": lambda self, r: killed.append(r)})()
+    transport = type("T", (), {"name": "t", "kill_replica": lambda self, r: killed.append(r),
+                               "planned_losses": set()})()  # as every Transport has
     return Killer(KillPlan(0, 0.5, at_s=at_s), transport, lambda: routed[0]), killed
 
 

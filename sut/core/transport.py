@@ -34,6 +34,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Protocol, Sequence
 
+from sut.constants import STALL_TIMEOUT_S
 from sut.engine import EngineSettings, GenerationSettings
 from sut.engine.logs import drop_log_tail, log_tail_once
 from sut.errors import TransportError
@@ -78,7 +79,7 @@ class TransportSpec:
     allow_prefix_caching: bool = False
     dataset_path: Optional[str] = None
     run_dir: Optional[str] = None
-    stall_timeout_s: float = 300.0
+    stall_timeout_s: float = STALL_TIMEOUT_S
 
 
 class Transport(abc.ABC):

@@ -71,22 +71,31 @@ def with_log_tail(msg: str, path: Optional[Path]) -> str:
     return f"{out}\n{rest}" if rest else out
 
 
-def split_log_tail(msg: str) -> tuple[str, str]:
+#: The pointers to the log that replace a log-tail block: the tail logged above (``split_log_tail``), or not shown
+#: at all (``drop_log_tail``).
+_POINTERS = ("the last lines of its log are above; all of it: ", "its log: ")
+
+
+def split_log_tail(msg: str, pointer: str = _POINTERS[0]) -> tuple[str, str]:
     """Undo ``with_log_tail`` for the console: ``(msg with its log-tail block replaced by a pointer to
     the log, the block)``; ``(msg, "")`` when ``msg`` has no block. A caller that logs the block once
     passes the short message on, so that the tail is not printed again with every report of it."""
     m = _TAIL_BLOCK.search(msg)
     if m is None:
         return msg, ""
-    short = f"{msg[:m.start()]} (the last lines of its log are above; all of it: {m['path']}){msg[m.end():]}"
-    return short, m.group(0).lstrip("\n")
+    return f"{msg[:m.start()]} ({pointer}{m['path']}){msg[m.end():]}", m.group(0).lstrip("\n")
 
 
 def drop_log_tail(msg: str) -> str:
     """``msg`` with its log-tail block (``with_log_tail``) replaced by ``(its log: PATH)``, nothing logged: for a
     loss that was planned (a replica killed on purpose), whose log tail tells nothing new."""
-    m = _TAIL_BLOCK.search(msg)
-    return msg if m is None else f"{msg[:m.start()]} (its log: {m['path']}){msg[m.end():]}"
+    return split_log_tail(msg, _POINTERS[1])[0]
+
+
+def without_log_pointer(line: str) -> str:
+    """``line`` without the pointer to the log (``split_log_tail`` / ``drop_log_tail``) that ends it, for a table
+    cell; a path may hold ")", so only a pointer that runs to the end of the line is taken."""
+    return _LOG_POINTER.sub("", line)
 
 
 def log_tail_once(message: str, logger) -> str:
@@ -99,6 +108,7 @@ def log_tail_once(message: str, logger) -> str:
     return short
 
 
+_LOG_POINTER = re.compile(r"\s*\((?:" + "|".join(map(re.escape, _POINTERS)) + r").*\)$")
 _TAIL_BLOCK = re.compile(r"\n--- last lines of (?P<path>[^\n]+) ---\n.*?\n--- end of [^\n]+ ---", re.S)
 
 

@@ -17,6 +17,7 @@ import importlib
 import json
 from typing import Callable, Optional
 
+from sut.constants import STALL_TIMEOUT_S
 from sut.engine import EngineSettings, GenerationSettings, settings_from_mapping
 
 PROTOCOL = 2
@@ -37,7 +38,7 @@ class ServiceConfig:
     lock_dir: Optional[str] = None
     engine_start_timeout_s: float = 1800.0
     slot_wait_s: float = 300.0  # how long to wait for a slot whose engine host serves another session
-    engine_stall_s: float = 300.0  # end an engine that answers nothing this long with requests outstanding
+    engine_stall_s: float = STALL_TIMEOUT_S  # end an engine that answers nothing this long with requests outstanding
     allow_prefix_caching: bool = False
     log_dir: Optional[str] = None  # the client's run folder/flame-service: output goes there on the client's host
     client_host: Optional[str] = None

@@ -91,9 +91,7 @@ def kill_replica(transport, replica: int) -> str:
     Raises:
         RunFailed: the replica reports no pid and the transport cannot kill it itself.
     """
-    planned = getattr(transport, "planned_losses", None)
-    if isinstance(planned, set):  # the transport reports this loss without its engine-log tail
-        planned.add(replica)
+    transport.planned_losses.add(replica)  # the transport reports this loss without its engine-log tail
     own = getattr(transport, "kill_replica", None)
     if callable(own):
         own(replica)

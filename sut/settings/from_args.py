@@ -101,7 +101,7 @@ def _run_fields(a: argparse.Namespace, run: dict) -> dict:
         raise BadInput(f"error: {a.config}: [run] preset is not a preset key (the preset is the --config file itself)")
     if a.config:
         run["preset"] = str(a.config)
-        _check_preset_run(a, run)
+        _check_preset_user_conf(a, run)
     for key in RUN_FLAG_KEYS:
         val = getattr(a, key)
         if val is not None:
@@ -122,12 +122,9 @@ def _run_fields(a: argparse.Namespace, run: dict) -> dict:
     return run
 
 
-def _check_preset_run(a: argparse.Namespace, run: dict) -> None:
-    """The preset's own ``[run] sut`` and ``[run] user_conf`` (those no flag overrides), named with the preset file:
-    ``BadInput`` for an unknown SUT or a user.conf that is not there (a relative path is read from the current
-    folder, as a flag's is)."""
-    if a.sut is None and "sut" in run and run["sut"] not in sut_names():
-        raise BadInput(f"error: {a.config}: [run] sut {run['sut']!r} is no SUT; known: {', '.join(sut_names())}")
+def _check_preset_user_conf(a: argparse.Namespace, run: dict) -> None:
+    """The preset's own ``[run] user_conf`` (when no flag overrides it), named with the preset file: ``BadInput`` for
+    a user.conf that is not there (a relative path is read from the current folder, as a flag's is)."""
     conf = run.get("user_conf")
     if a.user_conf is None and isinstance(conf, str) and not Path(conf).is_file():
         raise BadInput(f"error: {a.config}: [run] user_conf {conf!r} is not a file (relative paths are read from the "
@@ -142,8 +139,9 @@ def backend_options_from_cli(a: argparse.Namespace, sut: str, preset: dict):
     """
     try:
         backend = get_sut(sut)
-    except KeyError as e:
-        raise BadInput(f"error: {e.args[0]}") from None
+    except KeyError as e:  # a preset's [run] sut is named as such
+        where = f"{a.config}: [run] sut: " if getattr(a, "sut", None) is None and getattr(a, "config", None) else ""
+        raise BadInput(f"error: {where}{e.args[0]}") from None
     values, foreign = backend_options_from_args(a, sut)
     if foreign:
         fields = sorted(a.backend_flags[flag].field for flag, _ in foreign)

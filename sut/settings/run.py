@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sut.constants import COMPLIANCE_TESTS, MODEL_KEYS, TEST06_AUDIT_CONFIG
+from sut.constants import COMPLIANCE_TESTS, MODEL_KEYS, STALL_TIMEOUT_S, TEST06_AUDIT_CONFIG
 from sut.scenarios import resolve_scenario
 
 MODES = ("performance", "accuracy")
@@ -85,7 +85,7 @@ class RunSettings:
     audit_config: Optional[str] = None
     compliance_test: Optional[str] = None
     enable_trace: bool = False
-    stall_timeout_s: float = 300.0
+    stall_timeout_s: float = STALL_TIMEOUT_S
     run_name: Optional[str] = None
     progress: bool = True
     engine_console: bool = False

@@ -47,9 +47,9 @@ for a system that stops serving).
 
 from __future__ import annotations
 
-import re
 from typing import Optional, Sequence
 
+from sut.engine.logs import without_log_pointer
 from sut.errors import RunFailed
 
 NAME = "replica-loss"
@@ -104,14 +104,10 @@ def _s(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-#: the pointer to the engine log that ends a loss's first line (``sut.engine.logs``: a path may hold ")")
-_LOG_POINTER = re.compile(r"\s*\((?:its log: |the last lines of its log are above; all of it: ).*\)$")
-
-
 def _short(text: Optional[str], width: int = 100) -> str:
     """A reason for the table: its pointer to the engine log left out (the record keeps it), the first line, at
     most ``width`` characters ("..." when cut)."""
-    t = _LOG_POINTER.sub("", (text or "").partition("\n")[0])
+    t = without_log_pointer((text or "").partition("\n")[0])
     return t if len(t) <= width else t[:width - 3] + "..."
 
 
