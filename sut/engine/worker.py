@@ -89,6 +89,7 @@ def _pin(slot: EngineSlot, own_process_group: bool, log_path: Optional[Path]) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since spawn: start_with_sigint_blocked
     os.environ.update(dict(slot.env))
+    _thread_only_progress_lock()
     rpc_dir = short_rpc_dir(os.environ, tempfile.gettempdir())
     if rpc_dir:
         os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir  # else vLLM's engine-core socket path may not fit
@@ -98,6 +99,18 @@ def _pin(slot: EngineSlot, own_process_group: bool, log_path: Optional[Path]) ->
         setproctitle.setproctitle(f"sut-engine-{slot.index} ({slot.kind}:{slot.device})")
     except Exception:  # noqa: BLE001 - cosmetic only
         pass
+
+
+def _thread_only_progress_lock() -> None:
+    """Give tqdm a thread lock before vLLM draws its first bar ("Loading safetensors checkpoint shards" with real
+    weights). tqdm's default lock also makes a ``multiprocessing`` semaphore, which this worker's ``os._exit``
+    (:func:`_exit_now`) never unlinks: the parent's resource tracker then warned "1 leaked semaphore objects to clean
+    up at shutdown" after every real-weights run. One process draws the bars here, so a thread lock is enough."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationSettings, slot: EngineSlot,
