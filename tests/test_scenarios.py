@@ -124,10 +124,11 @@ def test_the_shipped_h200_fp8_conf_gives_server_and_interactive_their_confirmed_
 
 
 def test_the_shipped_h100_fp8_conf_gives_each_scenario_its_confirmed_target():
-    """h100_fp8.user.conf: Server 51.5 q/s (admission every 2nd step, the preset's Server engine) and Interactive 44.8
-    q/s (each 600 s VALID on one H100 80GB HBM3 next to an Offline on the same host, docs/results/h100_2026-12-07d/)."""
+    """h100_fp8.user.conf: Server 52 q/s (admission every 2nd step, the preset's Server engine;
+    docs/results/h100_2026-12-07e/) and Interactive 44.8 q/s (docs/results/h100_2026-12-07d/), each 600 s VALID on one
+    H100 80GB HBM3 next to an Offline on the same host."""
     conf = str(REPO / "loadgen_configs" / "h100_fp8.user.conf")
-    assert _settings(scenario="Server", user_conf=conf)["qps"] == 51.5
+    assert _settings(scenario="Server", user_conf=conf)["qps"] == 52.0
     assert _settings(scenario="Interactive", user_conf=conf)["qps"] == 44.8
 
 
