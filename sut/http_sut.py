@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import itertools
 import json
 import logging
 import socket
-from typing import Any
+import time
+from typing import Any, Optional
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 from urllib.request import Request
@@ -53,8 +55,9 @@ from sut.core.loadgen_sut import TransportSUT
 from sut.core.transports.http import HttpOptions
 from sut.core.transports.http_api import MAX_REPLY_BYTES, ReplyError
 from sut.core.transports.http_fleet import FleetServer, api_key, auth_headers, fleet_agreement, status_text
-from sut.core.transports.http_readback import CACHE_CONFIG_METRIC, cache_config_labels, pick_model, replica_record
-from sut.core.transports.http_servers import _OPENER, check_server_args, health_reply
+from sut.core.transports.http_readback import (CACHE_CONFIG_METRIC, cache_config_labels, finished_requests, pick_model,
+                                               replica_record)
+from sut.core.transports.http_servers import _OPENER, check_server_args, check_server_command, health_reply
 from sut.engine import EngineSettings, check_weights_present, plan_engines
 from sut.errors import EngineError, InputError, ServerInputError
 
@@ -104,7 +107,7 @@ def _fetch(url: str, path: str, headers: dict, timeout_s: float, as_json: bool =
     ``http_fleet.KEY_REFUSED``)."""
     try:
         with _OPENER.open(Request(f"{url}{path}", headers=headers), timeout=timeout_s) as resp:
-            body = resp.read(MAX_REPLY_BYTES + 1)
+            body = _read_within(resp, MAX_REPLY_BYTES + 1, time.monotonic() + timeout_s, f"{url}{path}")
     except HTTPError as e:
         if e.code == 404:
             return None
@@ -122,6 +125,21 @@ def _fetch(url: str, path: str, headers: dict, timeout_s: float, as_json: bool =
         return json.loads(text) if as_json else text
     except ValueError as e:
         raise InputError(f"--sut vllm-http: server {url}: {url}{path}: not JSON ({e})") from None
+
+
+def _read_within(resp, most: int, deadline: float, where: str) -> bytes:
+    """Up to ``most`` bytes of ``resp``'s body, all read by ``deadline`` (``time.monotonic()``): the socket timeout
+    bounds each read, not the whole body, so a server that trickles a byte every few seconds would hold the check
+    before the run for ever. ``TimeoutError`` (an ``OSError``) naming ``where`` past the deadline."""
+    body = bytearray()
+    while len(body) < most:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{where}: the reply did not arrive whole in time ({len(body):,} bytes so far)")
+        chunk = resp.read1(min(1 << 16, most - len(body)))
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body)
 
 
 def _optional(url: str, path: str, headers: dict, timeout_s: float, as_json: bool):
@@ -220,9 +238,10 @@ def _addresses(url: str) -> set[tuple[str, int]]:
     return {(info[4][0], port) for info in infos}
 
 
-def check_distinct(urls) -> None:
+def check_distinct(urls, given: str = "--server-url") -> None:
     """``InputError`` naming both URLs when two given URLs reach one server: their hosts resolve to a common
-    address, with the same port and path (each URL is one replica; one server twice would double its load)."""
+    address, with the same port and path (each URL is one replica; one server twice would double its load).
+    ``given``: where the URLs came from, for the message (``--server-url`` or ``fleet file PATH``)."""
     seen: list[tuple[str, set, str]] = []
     for url in urls:
         addrs, path = _addresses(url), urlsplit(url).path.rstrip("/")
@@ -230,9 +249,59 @@ def check_distinct(urls) -> None:
             common = addrs & other_addrs
             if common and path == other_path:
                 ip, port = sorted(common)[0]
-                raise InputError(f"--sut vllm-http: --server-url gives one server twice: {other} and {url} both reach "
+                raise InputError(f"--sut vllm-http: {given} gives one server twice: {other} and {url} both reach "
                                  f"{ip}:{port} (each URL is one replica; give each server once)")
         seen.append((url, addrs, path))
+
+
+#: Seconds a server's ``/metrics`` may take to count a finished request (vLLM updates its counters as the request's
+#: last output is handled, about when the reply is sent).
+COUNT_WAIT_S = 3.0
+
+
+def check_one_process(servers, records: list[dict], timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """``InputError`` naming both URLs when two given servers are one process reached under two addresses (a server
+    bound to 0.0.0.0 given as 127.0.0.1 and as the host's LAN address: ``check_distinct`` cannot see it): their
+    records (``read_back_server``) read the same process start time, and a request sent to the first is counted in
+    the second's ``/metrics`` (``vllm:request_success_total``). The start time alone (10 ms resolution) could be
+    two servers started at once; where the count cannot be read, that is only warned."""
+    for i, j in itertools.combinations(range(len(records)), 2):
+        start = records[i].get("process_start_s")
+        if start is None or start != records[j].get("process_start_s"):
+            continue
+        a, b = servers[i], servers[j]
+        seen = _counts_request_to(b, a, records[i].get("served_model"), timeout_s)
+        if seen is None:
+            log.warning("--sut vllm-http: servers %s and %s started at the same time (process_start_time_seconds "
+                        "%.2f) and %s has no %s_total to tell whether they are one server: give each server once",
+                        a.url, b.url, start, b.url, "vllm:request_success")
+        elif seen:
+            raise InputError(f"--sut vllm-http: {a.url} and {b.url} are one server: the same process start time "
+                             f"({start:.2f}), and a request sent to {a.url} was counted by {b.url}/metrics (each URL "
+                             "is one replica; one server twice would double its load: give each server once)")
+
+
+def _counts_request_to(b: FleetServer, a: FleetServer, model, timeout_s: float) -> Optional[bool]:
+    """Whether server ``b``'s finished-request count rises within ``COUNT_WAIT_S`` after one 1-token completion
+    sent to ``a``; None when ``b`` reports no such count."""
+    before = finished_requests(_optional(b.url, "/metrics", _headers(b), timeout_s, as_json=False))
+    if before is None:
+        return None
+    body = json.dumps({"model": model, "prompt": [0], "max_tokens": 1, "temperature": 0.0}).encode()
+    headers = {**_headers(a), "Content-Type": "application/json"}
+    try:
+        with _OPENER.open(Request(f"{a.url}/v1/completions", data=body, headers=headers), timeout=timeout_s) as resp:
+            _read_within(resp, MAX_REPLY_BYTES + 1, time.monotonic() + timeout_s, f"{a.url}/v1/completions")
+    except (URLError, OSError, ValueError, http.client.HTTPException) as e:
+        raise InputError(f"--sut vllm-http: server {a.url}: a 1-token completion failed: "
+                         f"{getattr(e, 'reason', e)}") from None
+    deadline = time.monotonic() + COUNT_WAIT_S
+    while time.monotonic() < deadline:
+        now = finished_requests(_optional(b.url, "/metrics", _headers(b), timeout_s, as_json=False))
+        if now is not None and now > before:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 #: Engine settings that only a server's launch sets (``vllm serve`` flags); the harness itself uses the others
@@ -279,17 +348,19 @@ class HttpSUT(TransportSUT):
         if not options.servers:
             try:
                 check_server_args(options.server_args, engine, options.server_command)
+                check_server_command(options.server_command)
                 plan_engines(engine)
                 if not options.server_command:  # `vllm serve` started here loads the folder's weights (a command
                     check_weights_present(engine)  # of one's own may load them from elsewhere: not checked)
             except (EngineError, ValueError) as e:
                 raise InputError(f"--sut vllm-http: {e}") from None
             return
-        check_distinct(options.server_urls)
+        check_distinct(options.server_urls, f"fleet file {options.fleet}" if options.fleet else "--server-url")
         allow_on = options.allow_prefix_caching or not confirm_prefix_caching
         allow = (allow_on, allow_on or options.allow_unconfirmed_prefix_caching)
         records = [read_back_server(r, s, engine, options.model_name, prefix_caching=allow)
                    for r, s in enumerate(options.servers)]
+        check_one_process(options.servers, records)
         check_fleet_agrees(records)
         check_weights_marked(records, engine)
         ignored = server_side_settings(engine)

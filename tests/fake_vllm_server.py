@@ -44,7 +44,11 @@ mode does, with ``max_num_seqs`` 64); ``--max-new-tokens`` (the server's own low
 first N ids, or of all when N is at least the answer's length; non-streamed, when the answer has more); ``--truncate N`` (a broken server or proxy: ``stop`` after N
 ids, no EOS); ``--swap-after N`` (after N completion requests, ``/metrics`` reads as another server's: a later
 process start time and prefix caching on, as a server restarted behind the URL between two ``/health`` polls);
-``--dup-first-chunk`` (a broken proxy: in answers of 2 ids up to max_tokens - 1, the first streamed chunk is
+``--mixup`` (a broken proxy: every completion
+but the start-up probe gets the previous one's reply, its prompt ids included); ``--start-time T`` (``/metrics``
+reports T as the process start time: two servers started at once); ``--no-request-count`` (no
+``vllm:request_success_total`` in ``/metrics``); ``--usage none|float`` (no ``usage``
+at all, or ``completion_tokens`` one more than the ids, as a float); ``--dup-first-chunk`` (a broken proxy: in answers of 2 ids up to max_tokens - 1, the first streamed chunk is
 sent twice, non-streamed the first id comes twice; ``usage.completion_tokens`` still counts what was generated); ``--bad-id ID`` (the id at position 1
 of every answer is ID, e.g. one outside the vocabulary); ``--no-stop`` (a server that ignores the EOS and stop ids
 it was given: answers run to ``max_tokens`` with the ``--eos-at`` EOS inside); ``--eos-anyway`` (the ``--eos-at`` EOS
@@ -61,6 +65,7 @@ import asyncio
 import json
 import sys
 import time
+from typing import Optional
 
 from aiohttp import web
 
@@ -92,6 +97,10 @@ def parse(argv):
     p.add_argument("--error-after", type=int, default=None)
     p.add_argument("--truncate", type=int, default=None)
     p.add_argument("--dup-first-chunk", action="store_true")
+    p.add_argument("--mixup", action="store_true",
+                   help="every completion but the probe (prompt [0]) gets the previous one's reply, prompt ids included")
+    p.add_argument("--usage", choices=("count", "none", "float"), default="count",
+                   help="usage.completion_tokens: the count; none: no usage at all; float: the count + 1 as a float")
     p.add_argument("--swap-after", type=int, default=None)
     p.add_argument("--bad-id", type=int, default=None)
     p.add_argument("--no-stop", action="store_true", help="never stop at an EOS or stop id")
@@ -104,6 +113,9 @@ def parse(argv):
     p.add_argument("--echo-auth", action="store_true",
                    help="every error reply's message carries the request's Authorization header (a proxy that echoes)")
     p.add_argument("--version", default="0.0.0-fake")
+    p.add_argument("--no-request-count", action="store_true", help="no vllm:request_success_total in /metrics")
+    p.add_argument("--start-time", type=float, default=None,
+                   help="process_start_time_seconds to report (default: when it started)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--quantization", default=None)
     p.add_argument("--kv-cache-dtype", default="auto")
@@ -117,12 +129,14 @@ class Fake:
     def __init__(self, a):
         self.a = a
         self.model_id = a.served_model_name or a.model
-        self.started = time.time()  # /metrics process_start_time_seconds, as Prometheus' process collector has it
+        self.started = time.time() if a.start_time is None else a.start_time  # /metrics process_start_time_seconds
+        self.finished = 0  # /metrics vllm:request_success_total
         self.bodies: list[dict] = []
         self.inflight = self.max_inflight = 0
         self.health_ports: set[int] = set()
         self.completion_ports: set[int] = set()
         self.auth: dict[str, list[int]] = {}  # path -> [requests with the key, requests without]
+        self.held = None  # --mixup: the previous completion's (prompt, reply)
 
     @web.middleware
     async def check_key(self, request, handler):
@@ -169,6 +183,11 @@ class Fake:
                 "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
                 "# TYPE process_start_time_seconds gauge\n"
                 f"process_start_time_seconds {started:.2f}\n")
+        if not self.a.no_request_count:
+            text += ("# HELP vllm:request_success_total Count of successfully processed requests.\n"
+                     "# TYPE vllm:request_success_total counter\n"
+                     f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{self.model_id}"}} '
+                     f"{float(self.finished)}\n")
         return web.Response(text=text, content_type="text/plain")
 
     async def server_info(self, request):
@@ -222,9 +241,12 @@ class Fake:
         passes, and an answer at max_tokens would be refused for its length before its count is compared)."""
         return self.a.dup_first_chunk and 1 < len(ids) < int(body.get("max_tokens", 16))
 
-    def _usage(self, prompt, ids, body) -> dict:
+    def _usage(self, prompt, ids, body) -> Optional[dict]:
         n = len(ids)
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+        if self.a.usage == "none":
+            return None
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": n if self.a.usage == "count" else n + 1.0,
+                 "total_tokens": len(prompt) + n}
         if self.a.enable_prompt_tokens_details:
             usage["prompt_tokens_details"] = {"cached_tokens": self.a.cached}
         return usage
@@ -249,18 +271,24 @@ class Fake:
         try:
             prompt = body["prompt"]
             ids, finish, stop_reason = self.generate(prompt, body)
+            if self.a.mixup and prompt != [0]:  # a proxy that hands each reply to the next request
+                (prompt, ids, finish, stop_reason), self.held = self.held or (prompt, ids, finish, stop_reason), \
+                    (prompt, ids, finish, stop_reason)
             finish = finish if self.a.finish is None else (None if self.a.finish == "none" else self.a.finish)
             if not body.get("stream"):
                 await asyncio.sleep(self.a.delay)
                 if self.a.error_after is not None and len(ids) > self.a.error_after:
                     return web.json_response(self._error_body(request), status=500)
                 sent = ids[:1] + ids if self._dup(ids, body) else ids
-                return web.json_response({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
-                                          "choices": [self._choice(sent, finish, body, stop_reason, prompt)],
-                                          "usage": self._usage(prompt, ids, body)})
+                reply = {"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
+                         "choices": [self._choice(sent, finish, body, stop_reason, prompt)]}
+                if (usage := self._usage(prompt, ids, body)) is not None:
+                    reply["usage"] = usage
+                return web.json_response(reply)
             return await self._stream(request, body, prompt, ids, finish, stop_reason)
         finally:
             self.inflight -= 1
+            self.finished += 1
 
     async def _stream(self, request, body, prompt, ids, finish, stop_reason):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -283,7 +311,7 @@ class Fake:
                 await asyncio.sleep(self.a.delay)
         if self.a.error_after is not None:
             await send(self._error_body(request))
-        elif (body.get("stream_options") or {}).get("include_usage"):
+        elif (body.get("stream_options") or {}).get("include_usage") and self.a.usage != "none":
             await send({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id, "choices": [],
                         "usage": self._usage(prompt, ids, body)})
         await resp.write(b"data: [DONE]\n\n")

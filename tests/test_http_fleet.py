@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -352,3 +353,82 @@ def test_a_key_cut_off_by_an_error_texts_limit_is_hidden_too():
     assert redact_cut(f"echo: Bearer {key[:50]}", [key], 500) == f"echo: Bearer {HIDDEN_KEY}"  # read cut it off
     assert redact_cut(f"echo: Bearer {key} end", [key], 500) == f"echo: Bearer {HIDDEN_KEY} end"
     assert redact_cut("ends in k01", [key], 50) == "ends in k01"  # 3 characters: left as they are
+
+
+def test_a_server_that_trickles_its_reply_fails_the_check_before_the_run_in_time():
+    """/health answers, then /v1/models sends its headers and one byte every 0.4 s: each read is within the socket
+    timeout, so without a deadline for the whole body the check before the run would wait for ever."""
+    import http.server
+    import threading
+    import time
+
+    from sut.http_sut import read_back_server
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(1000):
+                try:
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.4)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(InputError) as e:
+            read_back_server(0, FleetServer(url, "a"), EngineSettings(model="m"), None, timeout_s=1.5)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert time.monotonic() - t0 < 5, time.monotonic() - t0
+    assert f"server {url}: {url}/v1/models: the reply did not arrive whole in time" in str(e.value), str(e.value)
+
+
+def test_cli_one_server_under_two_addresses_exits_2_naming_both(tmp_path, synthetic_small, fake_server):
+    """A server bound to 0.0.0.0 given as 127.0.0.1:P and 127.0.0.2:P: the addresses differ, so check_distinct passes;
+    the same process start time and a request to one counted by the other's /metrics name it one server (exit 2, no
+    run folder)."""
+    data, _ = synthetic_small
+    url, _ = fake_server("--host", "0.0.0.0")
+    other = url.replace("127.0.0.1", "127.0.0.2")
+    out, runs = _run(tmp_path, data, "--server-url", f"{url},{other}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"{url} and {other} are one server: the same process start time" in out.stderr, out.stderr[-2000:]
+    assert not list(runs.iterdir())
+
+
+def test_two_servers_started_at_once_are_not_taken_for_one(fake_server, caplog):
+    """Two servers that report the same process start time (started in one 10 ms tick) but count only their own
+    requests pass; without the request counter the same start time is only warned."""
+    one, _ = fake_server("--start-time", "1765000000.00")
+    two, _ = fake_server("--start-time", "1765000000.00")
+    HttpSUT.preflight(HttpOptions(urls=[one, two]), ENGINE)
+    three, _ = fake_server("--start-time", "1765000000.00", "--no-request-count")
+    with caplog.at_level("WARNING", logger="sut.http"):
+        HttpSUT.preflight(HttpOptions(urls=[one, three]), ENGINE)
+    assert any(f"servers {one} and {three} started at the same time" in r.getMessage() for r in caplog.records)
+
+
+def test_a_fleet_file_that_is_no_regular_file_or_no_utf8_is_refused_naming_it(tmp_path):
+    from sut.core.transports.http_fleet import load_fleet
+    from sut.core.transports.http_options import url_list
+
+    fifo = tmp_path / "fleet.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=f"fleet file {fifo}: not a regular file"):
+        load_fleet(str(fifo), url_list)
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b'[[server]]\nurl = "http://a:8000"\nnode = "caf\xe9"\n')
+    with pytest.raises(ValueError, match=f"fleet file {bad}: not UTF-8 text \\(byte 44: invalid continuation byte\\)"):
+        load_fleet(str(bad), url_list)

@@ -757,6 +757,42 @@ def test_cli_ids_sent_twice_fail_the_run_on_the_servers_own_count(tmp_path, synt
 
 
 @pytest.mark.parametrize("scenario", [[], SERVER], ids=["offline", "server"])
+def test_cli_replies_mixed_up_between_requests_fail_the_run_on_their_prompt_ids(tmp_path, synthetic_small, fake_server,
+                                                                               scenario):
+    """A proxy that hands each reply to the next request passes every check on the answer itself (length, EOS,
+    vocabulary, count); the reply's prompt_token_ids are another request's: exit 1, run.json failed naming replica,
+    request, QSL index and LoadGen sample; no other sample's answer reaches LoadGen."""
+    url, _ = fake_server("--mixup")
+    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "failed"
+    assert re.search(rf"replica 0 \({re.escape(url)}\) request \d+ failed: the reply answers another prompt: its "
+                     r"prompt_token_ids \(\d+ ids: \[.*\) are not the \d+ ids sent: replies were mixed up on the way "
+                     r"\(QSL index \d+, LoadGen sample \d+\)", rec["error"]), rec["error"]
+    assert rec["ledger"]["completed"] <= 1, rec["ledger"]  # the first request's own reply; no mixed one was taken
+
+
+@pytest.mark.parametrize("scenario", [[], SERVER], ids=["offline", "server"])
+@pytest.mark.parametrize("usage, said", [
+    ("none", "the reply carries no usage.completion_tokens"),
+    ("float", "usage.completion_tokens is not a count of tokens (an integer >= 0)"),
+])
+def test_cli_a_server_without_its_own_token_count_is_refused_at_the_probe(tmp_path, synthetic_small, fake_server,
+                                                                          scenario, usage, said):
+    """Without usage.completion_tokens (or with one that is no count) ids sent twice could not be caught: the start-up
+    probe refuses the server before LoadGen starts (exit 1, run.json failed naming the replica and the cause)."""
+    url, _ = fake_server("--usage", usage)
+    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "failed" and not (run / "mlperf_log_accuracy.json").exists(), rec
+    assert f"replica 0 ({url}) probe completion failed: {said}" in rec["error"], rec["error"]
+
+
+@pytest.mark.parametrize("scenario", [[], SERVER], ids=["offline", "server"])
 def test_cli_a_server_replaced_behind_its_url_during_the_run_fails_it(tmp_path, synthetic_small, fake_server,
                                                                       scenario):
     """A server restarted (here: with prefix caching on) between two /health polls answers under the same URL; the
@@ -975,7 +1011,9 @@ def test_cli_server_args_of_the_harness_exit_2_before_a_run_folder(tmp_path, syn
     ('server_args=["some/model", "--max-num-partial-prefills", "2"]', "server_args: 'some/model' is a positional"),
     ("server_command=vllm serve some/model", "server_command: 'some/model' is a positional"),
     ("server_args=-tp 2", "server_args: --tensor-parallel-size ('-tp' is --tensor-parallel-size to vLLM's parser) is "
-                          "set by the harness's placement")])
+                          "set by the harness's placement"),
+    ("server_command=no-such-vllm serve", "server_command 'no-such-vllm serve': 'no-such-vllm' is not an executable "
+                                          "on PATH or a path to one")])
 def test_cli_a_model_or_placement_in_server_args_exits_2_before_a_run_folder(tmp_path, synthetic_small, option,
                                                                              message):
     out = _run(tmp_path, synthetic_small, "--device", "cpu", "--option", option)

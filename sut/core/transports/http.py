@@ -301,7 +301,8 @@ class HttpTransport(Transport):
         return info
 
     async def _probe(self, r: int) -> None:
-        """One 1-token completion: the server must answer with token ids."""
+        """One 1-token completion: the server must answer with token ids, the prompt ids it answered and its own
+        count of generated tokens (the checks every answer of the run gets)."""
         body = json.dumps(dict(self._bases[r], prompt=[0], max_tokens=1, min_tokens=1)).encode()
         try:
             async with self._http_post(f"{self.urls[r]}/v1/completions", data=body, headers=self._post_headers[r],
@@ -309,7 +310,10 @@ class HttpTransport(Transport):
                 text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
                 if resp.status != 200:
                     raise api.ReplyError(f"{self._status(r, resp)}: {fleet.redact_cut(text, self._keys, 300)}")
-            ids, _, _ = api.parse_completion(json.loads(text))
+            data = json.loads(text)
+            ids, _, _ = api.parse_completion(data)
+            api.check_prompt(api.reply_prompt(data), [0], required=True)
+            api.check_count(api.completion_tokens(data), len(ids))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, api.ReplyError) as e:
             raise self._error(r, f"probe completion failed: {_describe(e)}", user_input=False) from None
         if len(ids) != 1:
@@ -393,6 +397,7 @@ class HttpTransport(Transport):
             else:
                 data = json.loads(await _read_capped(resp, api.MAX_REPLY_BYTES))
                 ids, cached, reason = api.parse_completion(data)
+                api.check_prompt(api.reply_prompt(data), req.prompt, required=True)
                 api.check_finished(reason, len(ids), self.spec.generation.max_tokens)
                 api.check_count(api.completion_tokens(data), len(ids))
                 t_first = None
@@ -414,6 +419,8 @@ class HttpTransport(Transport):
                 return ids, cached, t_first
             data = json.loads(payload)
             new, c, why = api.parse_chunk(data)
+            if (prompt := api.reply_prompt(data)) is not None:  # before the first token goes to LoadGen
+                api.check_prompt(prompt, req.prompt, required=False)
             counted = n if (n := api.completion_tokens(data)) is not None else counted
             if new and reason is not None:
                 raise api.ReplyError(f"ids after the answer ended (finish_reason {reason!r}): {new[:8]}")

@@ -114,19 +114,53 @@ def check_finished(finish_reason: Optional[str], n_ids: int, max_tokens: int) ->
 
 
 def completion_tokens(data) -> Optional[int]:
-    """``usage.completion_tokens`` of a reply or streamed chunk (None when it has none: streamed, only the last
-    chunk carries ``usage``; a server may send none)."""
-    n = ((data.get("usage") or {}) if isinstance(data, dict) else {}).get("completion_tokens")
-    return n if isinstance(n, int) and not isinstance(n, bool) else None
+    """``usage.completion_tokens`` of a reply or streamed chunk; None when it carries no ``usage`` (streamed, only
+    the last chunk has it). ``ReplyError`` when ``usage`` holds a count that is not an integer >= 0."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if usage is None:
+        return None
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if type(n) is not int or n < 0:
+        raise ReplyError(f"usage.completion_tokens is not a count of tokens (an integer >= 0): {str(usage)[:200]}")
+    return n
 
 
 def check_count(counted: Optional[int], n_ids: int) -> None:
-    """``ReplyError`` when the server's own count of generated tokens (``usage.completion_tokens``; None: not
-    given, nothing to compare) differs from the ``n_ids`` ids received: ids lost, or sent twice (a chunk repeated
-    by a proxy), which length, EOS and vocabulary checks cannot see."""
-    if counted is not None and counted != n_ids:
+    """``ReplyError`` when the server's own count of generated tokens (``usage.completion_tokens``) is missing
+    (vLLM sends it in every reply, and in a stream's last chunk when ``stream_options.include_usage`` is asked, as
+    here) or differs from the ``n_ids`` ids received: ids lost, or sent twice (a chunk repeated by a proxy), which
+    length, EOS and vocabulary checks cannot see."""
+    if counted is None:
+        raise ReplyError(f"the reply carries no usage.completion_tokens (vLLM sends it; without it {n_ids} ids cannot "
+                         "be checked for ids lost or sent twice on the way)")
+    if counted != n_ids:
         raise ReplyError(f"the server counted {counted} generated tokens (usage.completion_tokens) but {n_ids} ids "
                          f"came: ids were lost or sent twice on the way")
+
+
+def reply_prompt(data) -> Optional[list]:
+    """``choices[0].prompt_token_ids`` of a reply or streamed chunk (vLLM returns it with ``return_token_ids``: in a
+    reply, and in the first chunk of a stream that carries ids); None when absent."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    return first.get("prompt_token_ids") if isinstance(first, dict) else None
+
+
+def check_prompt(returned, sent: Sequence[int], required: bool) -> None:
+    """``ReplyError`` when the prompt ids a reply says it answered (``reply_prompt``) are not the ``sent`` ones: a
+    proxy or load balancer that mixed up replies between requests (every other check passes such an answer).
+    ``required``: a non-streamed reply must carry them (vLLM always does with ``return_token_ids``); a stream may
+    lack them (vLLM skips its first chunk when that chunk has no new token), and is then not compared."""
+    if returned is None:
+        if required:
+            raise ReplyError("the reply carries no choices[0].prompt_token_ids (vLLM returns them with "
+                             "return_token_ids): it cannot be told to answer this request's prompt")
+        return
+    want = sent.tolist() if hasattr(sent, "tolist") else list(sent)
+    if returned != want:
+        said = f"{len(returned)} ids" if isinstance(returned, list) else type(returned).__name__
+        raise ReplyError(f"the reply answers another prompt: its prompt_token_ids ({said}: {str(returned)[:60]}) are "
+                         f"not the {len(want)} ids sent: replies were mixed up on the way")
 
 
 def parse_completion(data) -> tuple[list[int], Optional[int], Optional[str]]:

@@ -149,11 +149,15 @@ def load_fleet(path: str, url_of) -> tuple[FleetServer, ...]:
     """The servers of fleet file ``path`` (module docstring), in file order. ``url_of(text) -> (url,)``
     normalizes and checks one URL (``http_options.url_list``). ``ValueError`` naming the file, the server
     entry (index and URL) and the field."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block, /dev/zero read until memory ends
+        raise ValueError(f"fleet file {path}: not a regular file")
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
     except OSError as e:
         raise ValueError(f"fleet file {path}: cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"fleet file {path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"fleet file {path}: not valid TOML: {e}") from None
     unknown = sorted(set(doc) - set(_TOP_KEYS))

@@ -92,6 +92,22 @@ def process_start(metrics_text: Optional[str]) -> Optional[float]:
     return None
 
 
+#: vLLM's counter of finished requests (labels: finished_reason, model_name, engine), as the Prometheus parser names
+#: its family (the samples are ``vllm:request_success_total``).
+FINISHED_METRIC = "vllm:request_success"
+
+
+def finished_requests(metrics_text: Optional[str]) -> Optional[float]:
+    """The requests a server has finished (the sum of ``vllm:request_success_total`` over its labels) in a
+    ``/metrics`` text; None where absent."""
+    if not metrics_text or FINISHED_METRIC not in metrics_text:
+        return None
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name == FINISHED_METRIC:
+            return float(sum(s.value for s in fam.samples if s.name.endswith("_total")))
+    return None
+
+
 #: Fields of a replica's record that must read the same at the end of a run as at its start
 #: (``HttpTransport.end_check``): another value means another server answered behind the URL.
 IDENTITY_FIELDS = ("served_model", "vllm_version", "enable_prefix_caching", "engine_args", "kv_cache", "process_start_s")

@@ -88,6 +88,15 @@ def launcher(server_command: str = "") -> list[str]:
     raise RuntimeError(f"no vLLM OpenAI server module found ({', '.join(SERVER_MODULES)}); is vLLM installed?")
 
 
+def check_server_command(server_command: str) -> None:
+    """``ValueError`` when ``server_command``'s program (its first word) is neither on ``PATH`` nor an executable
+    file: every server would exit at once with the shell's 127."""
+    words = shlex.split(server_command) if server_command else []
+    if words and shutil.which(words[0]) is None:
+        raise ValueError(f"server_command {server_command!r}: {words[0]!r} is not an executable on PATH or a path to "
+                         "one")
+
+
 def kwargs_to_flags(kwargs: dict) -> list[str]:
     """``vllm.LLM`` keyword arguments as ``vllm serve`` flags: ``max_model_len=4096`` ->
     ``--max-model-len 4096``; True -> ``--flag``; False -> ``--no-flag``; None is left out."""
