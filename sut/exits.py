@@ -25,6 +25,7 @@ Exceptions without an ``exit_code`` (programming errors) propagate with their tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -120,6 +121,29 @@ def stopped_again() -> bool:
     return _again.is_set()
 
 
+_held: list[str] = []  # stops_held: depth markers; _deferred: the stop signal that came meanwhile
+_deferred: list[str] = []
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Within this block (main thread) a stop signal is recorded, not raised; it is raised as ``KeyboardInterrupt``
+    when the block ends. For a blocking gRPC call: gRPC runs Python signal handlers while it waits, and an exception
+    raised there leaves the call's state locked, so the channel's clean-up (at ``close`` or garbage collection) then
+    waited for ever (``python -m sut.flame cluster`` hung after a Ctrl-C during its start). Give the call a deadline:
+    the signal waits for it. Off the main thread (where no handler runs) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held.append("held")
+    try:
+        yield
+    finally:
+        _held.pop()
+        if not _held and _deferred:
+            raise KeyboardInterrupt(_deferred.pop())
+
+
 def _raise_interrupt(signum, _frame):
     name = "SIGINT, Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
     if _interrupted.is_set():  # a second stop signal must not cut the clean shutdown short
@@ -128,7 +152,16 @@ def _raise_interrupt(signum, _frame):
                     "tasks is left open (the message says how to close it); SIGKILL forces the rest", name)
         return
     _interrupted.set()
-    raise KeyboardInterrupt(name)
+    interrupt_unless_held(name)
+
+
+def interrupt_unless_held(message: str) -> None:
+    """For a signal handler: ``raise KeyboardInterrupt(message)``, or inside ``stops_held`` keep it for the block's
+    end."""
+    if _held:
+        _deferred.append(message)
+        return
+    raise KeyboardInterrupt(message)
 
 
 def stop_on_sigterm_like_ctrl_c() -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import REPO, sut_env
@@ -87,6 +88,7 @@ def _open_once_read(fifo, p, log, timeout_s=120.0) -> int:
 _SLOW_DATASET = """
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 import accuracy.dataset as d
 fifo, parse = sys.argv.pop(1), d.parse_json
 def slow_parse(text):
@@ -183,3 +185,63 @@ def test_a_ctrl_c_before_loadgens_thread_starts_leaves_no_thread_behind(monkeypa
         lw.run_loadgen(lg, sut, RunSettings(sut="vllm", dataset="d.json"), ds, ts, None, Path("/nonexistent"), objs)
     assert objs.returned is True and objs.qsl is not None
     objs.destroy(lg)
+
+
+def test_a_stop_signal_inside_stops_held_is_raised_when_the_block_ends():
+    """Inside the block the handler only records the signal (a gRPC call may be waiting); the block's end raises it,
+    once, after what ran inside finished; nested blocks raise at the outermost end."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    exits.stop_on_sigterm_like_ctrl_c()
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with exits.stops_held():
+                with exits.stops_held():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.2)  # the handler runs here, and must not raise
+                    done.append("inner")
+                done.append("outer")
+        assert done == ["inner", "outer"] and exits.interrupted()
+        with exits.stops_held():  # no signal: nothing raised
+            pass
+    finally:
+        exits._interrupted.clear()
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def test_the_cluster_start_poll_takes_a_stop_signal_after_its_grpc_call_not_inside_it(monkeypatch, tmp_path):
+    """python -m sut.flame cluster: a Ctrl-C inside the node listing of the start-up poll was raised inside gRPC's
+    wait and its channel's clean-up then hung for ever; the listing now finishes, the connection is closed, and the
+    stop comes after."""
+    import flamepy
+
+    from sut.flame import cluster
+
+    events = []
+
+    class Conn:
+        _frontend = object()
+
+        def list_nodes(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # a raising handler would interrupt this call
+            events.append("listed")
+            return []
+
+        def close(self):
+            events.append("closed")
+
+    monkeypatch.setattr(flamepy, "connect", lambda endpoint: Conn())
+    proc = type("P", (), {"poll": lambda self: None})()
+    c = object.__new__(cluster.RealCluster)
+    c.s, c.endpoint = SimpleNamespace(start_timeout_s=30), "http://127.0.0.1:1"
+    c.nodes, c.fems, c.fsm = [SimpleNamespace(name="n", emulated=False)], {"n": proc}, proc
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda *_: exits.interrupt_unless_held("stop signal while the cluster started"))
+    try:
+        with pytest.raises(KeyboardInterrupt, match="stop signal while the cluster started"):
+            c._wait_node_ready()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert events == ["listed", "closed"], events

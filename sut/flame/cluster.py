@@ -66,6 +66,8 @@ from sut.flame.cluster_config import (
     pick_ports,
     taken_ports_message,
 )
+from sut.exits import interrupt_unless_held, stops_held
+from sut.flame.endpoint import DeadlineStub
 from sut.flame.netns import FenceUnavailable, NetFence, listeners, loopback_listener
 from sut.flame.nodes import (
     MAX_NODES,
@@ -79,6 +81,8 @@ from sut.flame.nodes import (
 
 log = logging.getLogger("sut.flame.cluster")
 MARK_ENV = "SUT_FLAME_CLUSTER"
+#: Seconds one node listing of the start-up poll may take (a stop signal waits for it: ``stops_held``).
+READY_POLL_TIMEOUT_S = 2.0
 EXPOSED_WARNING = ("the Flame cluster runs WITHOUT a network namespace of its own (%s): Flame v0.6.0's session "
                    "manager listens on every interface on ports %d and %d, with no authentication, and anyone who "
                    "reaches them can run commands on this host; firewall them, or run as root (docs/flame.md, "
@@ -283,33 +287,50 @@ class RealCluster:
 
     def _wait_node_ready(self) -> None:
         """Return once Flame lists every node Ready (one node: any Ready node); ``ClusterError`` when a manager exits
-        or ``start_timeout_s`` passes."""
+        or ``start_timeout_s`` passes. A stop signal during a gRPC wait (the channel's readiness, up to 10 s; a
+        listing, ``READY_POLL_TIMEOUT_S``; the channel's close) is raised after it (``stops_held``: raised inside, it hung
+        the channel's clean-up), and the connection is closed either way."""
         import flamepy
 
         deadline = time.monotonic() + self.s.start_timeout_s
-        conn = flamepy.connect(self.endpoint)
         want = {n.name for n in self.nodes if n.emulated}
-        ready: set = set()
+        conn = None
         try:
-            while time.monotonic() < deadline:
-                for node in self.nodes:
-                    p = self.fems[node.name]
-                    if p.poll() is not None:
-                        raise ClusterError(f"the executor manager of node {node.name} exited with code {p.returncode}; "
-                                           f"logs in {node.log_dir}:\n{self.log_tail('fem', node=node.name)}")
-                if self.fsm.poll() is not None:
-                    raise ClusterError(f"the session manager exited with code {self.fsm.returncode}:\n{self.log_tail('fsm')}")
-                try:
-                    ready = {n.metadata.name for n in conn.list_nodes() if n.status.state == 1}  # NodeState Ready
-                except flamepy.FlameError:
-                    pass
-                if ready and want <= ready:
-                    return
-                time.sleep(0.1)
+            with stops_held():
+                conn = flamepy.connect(self.endpoint)
+            conn._frontend = DeadlineStub(conn._frontend, READY_POLL_TIMEOUT_S)
+            ready = self._poll_ready(conn, want, deadline)
         finally:
-            conn.close()
-        raise ClusterError(f"nodes Ready after {self.s.start_timeout_s:.0f} s: {sorted(ready) or 'none'} (expected "
-                           f"{sorted(want) or 'one'}); logs in {self.log_dir} and nodes/*/home/logs")
+            if conn is not None:
+                with stops_held():  # its close waits for gRPC's threads too
+                    conn.close()
+        if ready is not None:
+            raise ClusterError(f"nodes Ready after {self.s.start_timeout_s:.0f} s: {sorted(ready) or 'none'} "
+                               f"(expected {sorted(want) or 'one'}); logs in {self.log_dir} and nodes/*/home/logs")
+
+    def _poll_ready(self, conn, want: set, deadline: float) -> Optional[set]:
+        """None once ``conn`` lists the nodes ``want`` Ready (empty: any); the nodes Ready at ``deadline`` if not.
+        ``ClusterError`` when a manager exits."""
+        import flamepy
+
+        ready: set = set()
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                p = self.fems[node.name]
+                if p.poll() is not None:
+                    raise ClusterError(f"the executor manager of node {node.name} exited with code {p.returncode}; "
+                                       f"logs in {node.log_dir}:\n{self.log_tail('fem', node=node.name)}")
+            if self.fsm.poll() is not None:
+                raise ClusterError(f"the session manager exited with code {self.fsm.returncode}:\n{self.log_tail('fsm')}")
+            try:
+                with stops_held():
+                    ready = {n.metadata.name for n in conn.list_nodes() if n.status.state == 1}  # NodeState Ready
+            except flamepy.FlameError:
+                pass
+            if ready and want <= ready:
+                return None
+            time.sleep(0.1)
+        return ready
 
     # ------------------------------------------------------------------ inspection
     def log_text(self, which: str = "fsm", node: Optional[str] = None) -> str:
@@ -658,7 +679,7 @@ def main(argv: list[str]) -> int:
     done = threading.Event()
 
     def interrupt(*_) -> None:  # while the cluster starts: stop starting it (RealCluster.start stops what it started)
-        raise KeyboardInterrupt("stop signal while the cluster started")
+        interrupt_unless_held("stop signal while the cluster started")
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
