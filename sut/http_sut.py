@@ -55,8 +55,13 @@ from sut.core.loadgen_sut import TransportSUT
 from sut.core.transports.http import HttpOptions
 from sut.core.transports.http_api import MAX_REPLY_BYTES, ReplyError
 from sut.core.transports.http_fleet import FleetServer, api_key, auth_headers, fleet_agreement, status_text
-from sut.core.transports.http_readback import (CACHE_CONFIG_METRIC, cache_config_labels, finished_requests, pick_model,
-                                               replica_record)
+from sut.core.transports.http_readback import (
+    CACHE_CONFIG_METRIC,
+    cache_config_labels,
+    finished_requests,
+    pick_model,
+    replica_record,
+)
 from sut.core.transports.http_servers import _OPENER, check_server_args, check_server_command, health_reply
 from sut.engine import EngineSettings, check_weights_present, plan_engines
 from sut.errors import EngineError, InputError, ServerInputError

@@ -53,6 +53,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from sut.exits import interrupt_unless_held, stops_held
 from sut.flame.cluster_config import (
     BIN_ENV,
     FEM,
@@ -66,7 +67,6 @@ from sut.flame.cluster_config import (
     pick_ports,
     taken_ports_message,
 )
-from sut.exits import interrupt_unless_held, stops_held
 from sut.flame.endpoint import DeadlineStub
 from sut.flame.netns import FenceUnavailable, NetFence, listeners, loopback_listener
 from sut.flame.nodes import (
