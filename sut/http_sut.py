@@ -369,6 +369,7 @@ class HttpSUT(TransportSUT):
         check_fleet_agrees(records)
         check_weights_marked(records, engine)
         ignored = server_side_settings(engine)
+        ignored.pop("load_format", None)  # given servers: it declares their dummy weights (check_weights_marked)
         if ignored:
             log.warning("--sut vllm-http with server URLs: %s never reach servers that are already running (they keep "
                         "their own launch settings); run.json and package record what the servers report",

@@ -432,3 +432,14 @@ def test_a_fleet_file_that_is_no_regular_file_or_no_utf8_is_refused_naming_it(tm
     bad.write_bytes(b'[[server]]\nurl = "http://a:8000"\nnode = "caf\xe9"\n')
     with pytest.raises(ValueError, match=f"fleet file {bad}: not UTF-8 text \\(byte 44: invalid continuation byte\\)"):
         load_fleet(str(bad), url_list)
+
+
+def test_the_warning_about_settings_running_servers_keep_leaves_out_load_format(fake_server, caplog):
+    """With given servers --load-format dummy declares their dummy weights (it is used), so the warning that engine
+    settings never reach running servers names the others only."""
+    url, _ = fake_server("--server-info", "--load-format", "dummy")
+    engine = dataclasses.replace(ENGINE, load_format="dummy", max_num_seqs=7)
+    with caplog.at_level("WARNING", logger="sut.http"):
+        HttpSUT.preflight(HttpOptions(urls=[url]), engine)
+    (said,) = [r.getMessage() for r in caplog.records if "never reach servers" in r.getMessage()]
+    assert "max_num_seqs=7" in said and "load_format" not in said, said

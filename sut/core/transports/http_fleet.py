@@ -131,7 +131,7 @@ def _server(path, i: int, entry, default_env: Optional[str], url_of) -> FleetSer
     try:
         urls = url_of(raw)
     except ValueError as e:
-        raise _bad(path, where, "url", str(e).removeprefix("HttpOptions.urls: ")) from None
+        raise _bad(path, where, "url", str(e).removeprefix("server URL ")) from None
     if len(urls) != 1:
         raise _bad(path, where, "url", "one URL per [[server]] table")
     url = urls[0]

@@ -69,30 +69,30 @@ def _check_url(u: str) -> None:
     password in it would be written to every record; the harness appends paths to it)."""
     parts = urlsplit(u)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"HttpOptions.urls: {shown_url(u)!r} is not an http(s)://host:port URL")
+        raise ValueError(f"server URL {shown_url(u)!r} is not an http(s)://host:port URL (e.g. http://127.0.0.1:8000)")
     if parts.username is not None or parts.password is not None:
-        raise ValueError(f"HttpOptions.urls: {shown_url(u)!r} holds credentials (user:password@): they would be "
+        raise ValueError(f"server URL {shown_url(u)!r} holds credentials (user:password@): they would be "
                          "written to run.json; give an API key through the fleet file's api_key_env instead")
     if parts.query or parts.fragment or "?" in u or "#" in u:
-        raise ValueError(f"HttpOptions.urls: {u!r} has a query or fragment: give http(s)://host:port")
+        raise ValueError(f"server URL {u!r} has a query or fragment: give http(s)://host:port")
     try:
         parts.port
     except ValueError:
-        raise ValueError(f"HttpOptions.urls: {u!r} has no valid port (1-65535)") from None
+        raise ValueError(f"server URL {u!r} has no valid port (1-65535)") from None
 
 
 def url_list(value) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, (str, list, tuple)):
-        raise ValueError(f"HttpOptions.urls: expected URL strings (a list or a comma-separated string), got {value!r}")
+        raise ValueError(f"server URLs (--server-url, option urls): expected URL strings (a list or a comma-separated string), got {value!r}")
     items = value.split(",") if isinstance(value, str) else list(value)
     if (isinstance(value, str) or items) and not any(isinstance(u, str) and u.strip() for u in items):
-        raise ValueError("HttpOptions.urls: empty (an unset variable?); leave --server-url out to start servers here")
+        raise ValueError("server URLs (--server-url, option urls): empty (an unset variable?); leave --server-url out to start servers here")
     out = []
     for u in items:
         if not isinstance(u, str):
-            raise ValueError(f"HttpOptions.urls: {u!r} is not a URL string")
+            raise ValueError(f"server URL {u!r} is not a URL string")
         u = u.strip().rstrip("/")
         if not u:
             continue
@@ -100,7 +100,7 @@ def url_list(value) -> tuple[str, ...]:
             u = u[:-3]
         _check_url(u)
         if u.lower() in (o.lower() for o in out):
-            raise ValueError(f"HttpOptions.urls: {u!r} is given twice: each URL is one replica (one server)")
+            raise ValueError(f"server URL {u!r} is given twice: each URL is one replica (one server)")
         out.append(u)
     return tuple(out)
 
