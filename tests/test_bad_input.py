@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import re
 import signal
 import subprocess
@@ -555,3 +556,17 @@ def test_a_bad_command_line_gets_two_lines_not_the_whole_usage(argv, prog, messa
     assert p.returncode == 2 and len(lines) == 2, p.stderr
     assert lines[0].startswith(f"{prog}: error: ") and message in lines[0]
     assert lines[1] == f"({prog} --help lists every option)" and "usage:" not in p.stderr
+
+
+@pytest.mark.parametrize("kind, expect", [("missing", "audit config not found: {p}"),
+                                          ("fifo", "audit config {p} is not a regular file")])
+def test_an_audit_config_that_is_missing_or_no_regular_file_is_named_so(tmp_path, dataset, kind, expect):
+    path = tmp_path / "audit.config"
+    if kind == "fifo":
+        os.mkfifo(path)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "sut", "run", *TINY_ENGINE_ARGS, "--device", "cpu", "--quick",
+                        "--user-conf", str(CPU_CONF), "--audit-config", str(path), "--dataset", str(dataset),
+                        "--output-dir", str(out)], cwd=REPO, env=sut_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and expect.format(p=path) in r.stderr, r.stderr[-600:]
+    assert not out.exists()

@@ -108,8 +108,9 @@ def _audit_config(rs: RunSettings) -> Optional[str]:
     """The audit config in effect (``--audit-config``, TEST06's); ``InputError`` if it is missing or a line of it
     is one LoadGen would reject or drop (``check_audit_config``)."""
     audit_config = rs.audit_config or (str(TEST06_AUDIT_CONFIG) if rs.compliance_test == "TEST06" else None)
-    if audit_config and not Path(audit_config).is_file():
-        raise InputError(f"audit config not found: {audit_config}")  # LoadGen would silently run without it
+    if audit_config and not Path(audit_config).is_file():  # LoadGen would silently run without it
+        raise InputError(f"audit config {audit_config} is not a regular file" if Path(audit_config).exists()
+                         else f"audit config not found: {audit_config}")
     if audit_config:
         check_audit_config(audit_config)
     return audit_config
