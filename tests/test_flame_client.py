@@ -254,6 +254,37 @@ def test_flame_options_refuse_nan(field):
         FlameOptions(**{field: float("nan")})
 
 
+@pytest.mark.parametrize("field", ["close_timeout_s", "warmup_timeout_s", "engine_start_timeout_s"])
+@pytest.mark.parametrize("value", [-1.0, 0.0, float("nan"), float("inf")])
+def test_flame_time_limits_must_be_finite_and_positive(field, value):
+    """close_timeout_s 0 or -1 gave up closing at once: after a failure the session stayed Open with its executors
+    Bound once the harness had exited; warmup_timeout_s -1 failed only after the run folder existed."""
+    with pytest.raises(ValueError, match=f"{field} must be a finite number > 0, got {value}"):
+        FlameOptions(**{field: value})
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_the_warm_up_hold_must_be_finite_and_not_negative(value):
+    with pytest.raises(ValueError, match=f"warmup_hold_ms must be a finite number >= 0 .*got {value}"):
+        FlameOptions(warmup_hold_ms=value)
+    assert FlameOptions(warmup_hold_ms=0.0).warmup_hold_ms == 0.0  # 0: a warm-up ping holds no executor
+
+
+@pytest.mark.parametrize("option", ["close_timeout_s=-1", "close_timeout_s=0", "warmup_timeout_s=-1",
+                                    "engine_start_timeout_s=0", "warmup_hold_ms=-5"])
+def test_a_bad_flame_time_limit_exits_2_naming_it_before_the_run_folder(tmp_path, capsys, option):
+    from sut import cli
+
+    out, data = tmp_path / "out", tmp_path / "ds.json"
+    data.write_text(json.dumps([{"instruction": "x", "input": "y", "tok_input": [128000, 5, 6, 7], "output": "z"}]))
+    code = cli.main(["run", "--sut", "flame", "--flame-endpoint", "http://127.0.0.1:9", "--model",
+                     str(REPO / "sut" / "models" / "tiny-llama3"), "--dataset", str(data), "--output-dir", str(out),
+                     "--option", option])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--sut flame: {option.split('=')[0]} must be a finite number" in err, err
+    assert not out.exists() or not any(out.iterdir())
+
+
 # --------------------------------------------------------------------------- preflight (exit 2, no run folder)
 @pytest.fixture
 def no_flame_config(tmp_path, monkeypatch):

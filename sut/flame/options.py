@@ -26,6 +26,13 @@ from typing import Optional
 #: H200 sweep, ../shared/research/anchors_2026-12.md section 4), so a bigger task only queues inside one executor.
 MAX_BATCH_SIZE = 4096
 
+#: Time limits and intervals (seconds) that must be finite and > 0: 0 or less would give up at once (a close that
+#: never waits leaves the session Open with its executors Bound after the harness exits; a warm-up that fails before
+#: it starts), inf or NaN would wait for good or never.
+POSITIVE_SECONDS = ("warmup_timeout_s", "warmup_stall_s", "warmup_log_s", "engine_start_timeout_s", "health_check_s",
+                    "slot_wait_s", "close_timeout_s", "engine_stall_s", "unbind_wait_s", "leave_wait_s",
+                    "unreachable_timeout_s")
+
 #: The study's Flame settings (batch limit 128, batch-formation window 10 ms).
 LOCALITY_DEFAULTS = {"batch_size": 128, "batch_window_ms": 10.0}
 
@@ -75,7 +82,7 @@ class FlameOptions:
     warmup_timeout_s: float = 1800.0
     warmup_stall_s: float = 120.0  # fail the warm-up when Flame gives a session no new executor for this long
     warmup_log_s: float = 10.0  # how often the warm-up logs what it waits for
-    warmup_hold_ms: float = 200.0
+    warmup_hold_ms: float = 200.0  # how long the service holds each warm-up ping (at most 5 s; 0: not held)
     engine_start_timeout_s: float = 1800.0
     health_check_s: float = 5.0  # how often a running transport asks Flame whether its sessions and executors still live
     # A service waits this long for an engine slot held by another session's engine host. 300 s: a closed session's
@@ -128,11 +135,13 @@ class FlameOptions:
             raise ValueError(f"executor_slack must be >= 0, got {self.executor_slack}")
         if not (math.isfinite(self.engine_fill) and self.engine_fill > 0):
             raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
-        for name in ("warmup_stall_s", "warmup_log_s", "unreachable_timeout_s", "slot_wait_s", "health_check_s",
-                     "unbind_wait_s", "leave_wait_s", "engine_stall_s"):
+        for name in POSITIVE_SECONDS:
             value = getattr(self, name)  # None: unset where the field allows it (engine_stall_s: the run's)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if not (math.isfinite(self.warmup_hold_ms) and self.warmup_hold_ms >= 0):
+            raise ValueError(f"warmup_hold_ms must be a finite number >= 0 (0: a warm-up ping holds no executor), "
+                             f"got {self.warmup_hold_ms}")
         for name in ("engine_factory", "service_hooks"):
             spec = getattr(self, name)
             if spec is not None and (spec.count(":") != 1 or not all(spec.split(":"))):
