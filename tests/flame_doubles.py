@@ -7,6 +7,10 @@
   per-engine prefix cache of ``block``-token blocks (chained, like vLLM's): the number of leading
   tokens, in whole blocks, of the prompt whose blocks an earlier request on the same engine had.
   ``hang_after`` N > 0: after N batches the engine answers nothing more (a stopped or hung engine) until shut down.
+  ``spoil`` (a wrong engine, every batch): ``"wide_id"`` the first answer's ids are int64 with its first id
+  2**32 + 1000 (int32 would wrap it to 1000), ``"float_ids"`` its ids are float64 (int32 would truncate them),
+  ``"twice"`` the second answer carries the first's request id (the first request answered twice, the second never;
+  with one request, its answer comes twice), ``"unknown_rid"`` the first answer carries a request id never submitted.
 * ``Faults``: ``service_hooks = "tests.flame_doubles:Faults"`` with ``service_hooks_args``:
   ``enter_error`` (text; ``on_session_enter`` raises it), ``enter_sleep_s`` (``on_session_enter`` blocks so long
   first: a slow engine start), ``task_error`` ({"batches": [ids], "times":
@@ -74,13 +78,41 @@ def block_hashes(prompt: np.ndarray, block: int) -> list[bytes]:
     return out
 
 
+#: The kinds of wrong answer ``FakeEngineHandle(spoil=...)`` gives ("": right answers).
+SPOILS = ("", "wide_id", "float_ids", "twice", "unknown_rid")
+UNKNOWN_RID = 10**9
+
+
+def spoiled(out: list[Completion], spoil: str) -> list[Completion]:
+    """``out`` (one batch's answers) made wrong as ``spoil`` says (module docstring); ``out`` itself when "" or
+    empty."""
+    if not spoil or not out:
+        return out
+    first, out = out[0], list(out)
+    if spoil == "wide_id":
+        ids = np.asarray(first.token_ids, dtype=np.int64).copy()
+        ids[0] = 2**32 + FAKE_TOKEN_BASE
+        out[0] = first._replace(token_ids=ids)
+    elif spoil == "float_ids":
+        out[0] = first._replace(token_ids=np.asarray(first.token_ids, dtype=np.float64) + 0.7)
+    elif spoil == "twice" and len(out) > 1:
+        out[1] = out[1]._replace(rid=first.rid)
+    elif spoil == "twice":
+        out.append(first)
+    elif spoil == "unknown_rid":
+        out[0] = first._replace(rid=UNKNOWN_RID)
+    return out
+
+
 class FakeEngineHandle:
     """Same surface as ``EngineHandle``: start, wait_ready, watch, submit, request_stats, shutdown, pid."""
 
     def __init__(self, slot: EngineSlot, settings: EngineSettings, gen: GenerationSettings, step_s: float = 0.05,
-                 start_s: float = 0.0, block: int = 16, hang_after: int = 0, **_ignored):
+                 start_s: float = 0.0, block: int = 16, hang_after: int = 0, spoil: str = "", **_ignored):
+        if spoil not in SPOILS:
+            raise ValueError(f"spoil must be one of {', '.join(SPOILS)}, got {spoil!r}")
         self.slot, self.settings, self.gen = slot, settings, gen
-        self.hang_after, self.batches_done = int(hang_after), 0
+        self.hang_after, self.batches_done, self.spoil = int(hang_after), 0, spoil
         self.step_s, self.start_s, self.block = float(step_s), float(start_s), int(block)
         self.info: dict = {}
         self._q: "queue.Queue[Optional[list]]" = queue.Queue()
@@ -143,7 +175,7 @@ class FakeEngineHandle:
             time.sleep(self.step_s)
             out = [self._answer(r[0], r[1], eos, t_queued, r[3] if len(r) > 3 else 0) for r in batch]
             self.samples_done += len(out)
-            self._on_done(self.slot.index, out)
+            self._on_done(self.slot.index, spoiled(out, self.spoil))
 
     def submit(self, batch) -> None:
         self._q.put((time.monotonic(), list(batch)))

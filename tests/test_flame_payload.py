@@ -46,6 +46,32 @@ def test_result_round_trip_in_order_with_errors():
     assert list(r.samples[2].token_ids) == [5, 6] and r.meta["executor"]["pid"] == 1
 
 
+@pytest.mark.parametrize("ids, match", [
+    (np.array([2**32 + 1000, 5], np.int64), r"request 7: the engine answered id 4294968296, outside int32"),
+    (np.array([5, -(2**31) - 1], np.int64), r"request 7: the engine answered id -2147483649, outside int32"),
+    (np.array([2**63 + 1], np.uint64), r"request 7: the engine answered id 9223372036854775809, outside int32"),
+    (np.array([1000.7, 1001.7]), r"request 7: the engine answered float64 ids, not integers"),
+    ([1000, 1001.5], r"request 7: the engine answered float64 ids, not integers"),
+    (np.array([True, False]), r"request 7: the engine answered bool ids, not integers"),
+    (np.zeros((2, 2), np.int32), r"request 7: the engine's answer has ids of shape \(2, 2\), not one row"),
+])
+def test_a_result_refuses_ids_that_int32_would_change(ids, match):
+    """The service narrowed an engine's ids to int32 before the harness's answer check: 2**32 + 1000 arrived as 1000
+    and float ids truncated, and the run passed. Now the result is refused, naming the request."""
+    ok = pl.SampleResult(3, True, token_ids=np.array([1, 2], np.int32))
+    with pytest.raises(pl.PayloadError, match=match):
+        pl.encode_result(1, [ok, pl.SampleResult(7, True, token_ids=ids)])
+
+
+def test_a_result_keeps_integer_ids_that_fit_int32_whatever_their_type():
+    samples = [pl.SampleResult(1, True, token_ids=np.array([2**31 - 1, -(2**31), 5], np.int64)),
+               pl.SampleResult(2, True, token_ids=[128009, 0]), pl.SampleResult(3, True, token_ids=[]),
+               pl.SampleResult(4, True, token_ids=np.array([7, 8], ">i4")),
+               pl.SampleResult(5, True, token_ids=np.array([9], np.uint16))]
+    r = pl.decode_result(pl.encode_result(1, samples).data)
+    assert [s.token_ids.tolist() for s in r.samples] == [[2**31 - 1, -(2**31), 5], [128009, 0], [], [7, 8], [9]]
+
+
 def test_oversize_task_is_refused_with_a_clear_error():
     rng = np.random.default_rng(1)
     big = [rng.integers(0, 2**31 - 1, size=100_000, dtype=np.int32) for _ in range(10)]  # ~4 MB, incompressible

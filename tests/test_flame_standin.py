@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import shutil
 import tempfile
 import time
@@ -238,6 +239,31 @@ def test_an_engine_that_stops_answering_is_ended_so_the_run_fails_and_the_sessio
             sut.stop()
         assert time.monotonic() - t0 < 60
         assert sut.ledger.error and "answered nothing for 2 s with" in sut.ledger.error, sut.ledger.error
+        _assert_closed(cluster, sut)
+        _assert_exactly_once(samples, answers)
+
+
+@pytest.mark.parametrize("spoil, said", [
+    ("wide_id", r"request \d+: the engine answered id 4294968296, outside int32: refused, not narrowed"),
+    ("float_ids", r"request \d+: the engine answered float64 ids, not integers"),
+])
+def test_an_engine_that_answers_wrongly_fails_the_run_at_once_naming_the_request(tmp_path, dataset, lock_dir, spoil,
+                                                                                 said, control_plane):
+    """Ids that int32 would change (2**32 + 1000 wrapped to 1000, floats truncated) were narrowed by the service and
+    the run passed. Now each fails the run at once, naming the request, and the session closes."""
+    with control_plane(tmp_path) as cluster:
+        _register(cluster, tmp_path)
+        sut, answers = _sut(cluster, dataset, lock_dir, engine_factory_args={"step_s": 0.05, "spoil": spoil})
+        t0 = time.monotonic()
+        try:
+            sut.start()
+            samples = [QS(10_000 + i, i % len(dataset)) for i in range(8)]
+            sut.issue_queries(samples)
+            assert sut.ledger.idle.wait(60), "every issued sample answered (empty) once the run failed"
+        finally:
+            sut.stop()
+        assert time.monotonic() - t0 < 60
+        assert sut.ledger.error and re.search(said, sut.ledger.error), sut.ledger.error
         _assert_closed(cluster, sut)
         _assert_exactly_once(samples, answers)
 

@@ -218,12 +218,38 @@ def _detail_bytes(samples: Sequence[SampleResult]) -> bytes:
     return cached.tobytes() + b"".join(t.tobytes() for t in times)
 
 
+_INT32_MIN, _INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
+
+
+def _int32_ids(token_ids, request_id: int) -> np.ndarray:
+    """``token_ids`` (one answer) as int32 without changing an id; ``PayloadError`` naming ``request_id`` when they
+    are not one row of integers or an id is outside int32 (narrowing would wrap it, and truncate a float, into an id
+    that passes the harness's answer check: the check must see what the engine answered)."""
+    try:
+        arr = np.asarray(token_ids)
+    except (TypeError, ValueError) as e:  # ragged or otherwise not an array
+        raise PayloadError(f"request {request_id}: the engine's answer is not a row of token ids: {e}") from None
+    if arr.ndim != 1:
+        raise PayloadError(f"request {request_id}: the engine's answer has ids of shape {arr.shape}, not one row")
+    if arr.dtype == _I32 or arr.size == 0:
+        return arr.astype(_I32, copy=False)
+    if arr.dtype.kind not in "iu":
+        raise PayloadError(f"request {request_id}: the engine answered {arr.dtype} ids, not integers "
+                           f"(first ids {arr[:5].tolist()}): refused, not narrowed to int32")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < _INT32_MIN or hi > _INT32_MAX:
+        raise PayloadError(f"request {request_id}: the engine answered id {hi if hi > _INT32_MAX else lo}, outside "
+                           "int32: refused, not narrowed to int32")
+    return arr.astype(_I32)
+
+
 def encode_result(batch_id: int, samples: Sequence[SampleResult], meta: Optional[dict] = None,
                   output_budget: int = OUTPUT_BUDGET, compress: bool = True) -> Encoded:
     """Encode a RESULT, one entry per input sample, in input order (with the DETAIL section when
     there are samples; the body is zlib level 1 unless ``compress`` is False).
 
     Raises:
+        PayloadError: a sample's ids are not one row of integers that fit int32 (``_int32_ids``; never narrowed).
         PayloadTooLarge: the encoded result exceeds ``output_budget``.
     """
     n = len(samples)
@@ -232,7 +258,7 @@ def encode_result(batch_id: int, samples: Sequence[SampleResult], meta: Optional
     toks, errs, lens = [], [], np.zeros(n, dtype=_U32)
     for i, s in enumerate(samples):
         if s.ok:
-            ids = np.asarray(s.token_ids, dtype=_I32)
+            ids = _int32_ids(s.token_ids, s.request_id)
             toks.append(ids)
             lens[i] = len(ids)
         else:
