@@ -244,13 +244,17 @@ def test_an_engine_that_stops_answering_is_ended_so_the_run_fails_and_the_sessio
 
 
 @pytest.mark.parametrize("spoil, said", [
+    ("twice", r"engine cpu-0-1\.e0 on \S+ failed: answered request \d+ twice; an engine answers each request once"),
+    ("unknown_rid", r"failed: answered request 1000000000, which was never submitted to it"),
     ("wide_id", r"request \d+: the engine answered id 4294968296, outside int32: refused, not narrowed"),
     ("float_ids", r"request \d+: the engine answered float64 ids, not integers"),
 ])
 def test_an_engine_that_answers_wrongly_fails_the_run_at_once_naming_the_request(tmp_path, dataset, lock_dir, spoil,
                                                                                  said, control_plane):
-    """Ids that int32 would change (2**32 + 1000 wrapped to 1000, floats truncated) were narrowed by the service and
-    the run passed. Now each fails the run at once, naming the request, and the session closes."""
+    """An engine that answered a request twice (another never) or a request id it was never given had its answer
+    dropped: the run failed only at its stall limit (300 s). Ids that int32 would change (2**32 + 1000 wrapped to
+    1000, floats truncated) were narrowed by the service and the run passed. Now each fails the run at once, naming
+    the request, and the session closes."""
     with control_plane(tmp_path) as cluster:
         _register(cluster, tmp_path)
         sut, answers = _sut(cluster, dataset, lock_dir, engine_factory_args={"step_s": 0.05, "spoil": spoil})

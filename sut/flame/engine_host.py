@@ -66,6 +66,7 @@ class EngineHost:
         self._futures: dict[int, asyncio.Future] = {}
         self._last_progress = time.monotonic()  # the last answer, or the start of work after an idle spell
         self._rid = itertools.count(1)
+        self._last_rid = 0  # the engine host's latest request id (ids run 1.._last_rid)
         self._ready: Optional[asyncio.Event] = None
         self._fatal: Optional[str] = None
         self._stopping = False
@@ -193,20 +194,49 @@ class EngineHost:
         why = (f"it answered nothing for {self.cfg.engine_stall_s:.0f} s with {outstanding} request(s) outstanding "
                f"(stopped or hung; flame option engine_stall_s): its process group was ended")
         log.error("engine %s: %s", self.key, why)
-        self.handle.shutdown(timeout=2.0)  # a stopped group at once; a hung one after 2 s, then SIGTERM, SIGKILL
-        self._on_fatal(why)
+        self._end_engine(why, "died")  # a stopped group at once; a hung one after 2 s, then SIGTERM, SIGKILL
 
     def _resolve(self, results: list[Completion]) -> None:
         self._last_progress = time.monotonic()
         for c in results:
             fut = self._futures.pop(int(c.rid), None)
-            if fut is not None and not fut.done():
+            if fut is None:
+                self._stray_answer(int(c.rid))
+                return
+            if not fut.done():
                 fut.set_result(c)
 
-    def _on_fatal(self, message: str) -> None:
+    def _stray_answer(self, rid: int) -> None:
+        """On the loop: the engine answered request ``rid`` (the engine host's id), which no batch waits for: answered
+        twice, or never submitted. Such an engine cannot be trusted with any answer (one request answered twice
+        leaves another unanswered: the run failed only at its stall limit), so its process group is ended and every
+        waiting batch fails at once, naming the request (``_on_fatal``). Ignored after a failure or during the stop:
+        nothing waits for answers then."""
+        if self._fatal or self._stopping:
+            return
+        what = (f"answered request {rid} twice" if 0 < rid <= self._last_rid else
+                f"answered request {rid}, which was never submitted to it (the engine host's requests run "
+                f"1..{self._last_rid})")
+        why = f"{what}; an engine answers each request once: its process group was ended"
+        self._fatal = self._fatal_message(why, "failed")  # new batches fail at once; later strays are ignored
+        log.error("engine %s: %s", self.key, why)
+        threading.Thread(target=self._end_engine, args=(why, "failed"), daemon=True).start()
+
+    def _end_engine(self, why: str, verb: str) -> None:
+        """End the engine's process group (a stopped one at once, a hung one within seconds), then fail as
+        ``_on_fatal``. Blocks: its own thread."""
+        self.handle.shutdown(timeout=2.0)
+        self._on_fatal(why, verb)
+
+    def _fatal_message(self, message: str, verb: str = "died") -> str:
+        return f"engine {self.key} on {socket.gethostname()} {verb}: {message}"
+
+    def _on_fatal(self, message: str, verb: str = "died") -> None:
+        """The engine died (``verb`` "died": the handle's ``on_fatal``) or was ended: fail every waiting batch and,
+        2 s later, this process."""
         if self._stopping:
             return
-        self._fatal = f"engine {self.key} on {socket.gethostname()} died: {message}"
+        self._fatal = self._fatal_message(message, verb)
         log.error("%s", self._fatal)
         self.loop.call_soon_threadsafe(self._fail_all)
         # Later tasks must fail fast, and forwarders must see the host go: leave shortly.
@@ -247,7 +277,7 @@ class EngineHost:
         if not self._futures:  # work starts after an idle spell: the stall clock starts now
             self._last_progress = time.monotonic()
         for i, p in enumerate(prompts):
-            rid = next(self._rid)
+            rid = self._last_rid = next(self._rid)
             fut = self.loop.create_future()
             self._futures[rid] = fut
             futs.append(fut)
