@@ -325,6 +325,19 @@ def test_preflight_refuses_an_endpoint_where_nothing_answers_within_seconds(no_f
     assert time.monotonic() - t0 < 5
 
 
+def test_a_run_against_an_http_server_as_flame_endpoint_exits_2_before_the_run_folder(tmp_path, capsys, http_port):
+    from sut import cli
+
+    out, data = tmp_path / "out", tmp_path / "ds.json"
+    data.write_text(json.dumps([{"instruction": "x", "input": "y", "tok_input": [128000, 5, 6, 7], "output": "z"}]))
+    endpoint = f"http://127.0.0.1:{http_port}"
+    code = cli.main(["run", "--sut", "flame", "--flame-endpoint", endpoint, "--model",
+                     str(REPO / "sut" / "models" / "tiny-llama3"), "--dataset", str(data), "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"no Flame session manager answers at {endpoint}: it accepts a connection but" in err, err
+    assert not out.exists() or not any(out.iterdir())
+
+
 @pytest.mark.parametrize("endpoint", ["127.0.0.1:8080", "http://127.0.0.1:99999", "http://127.0.0.1:80x",
                                       "http://127.0.0.1:8080/extra", "grpc://127.0.0.1:8080", "http://127.0.0.1:"])
 def test_preflight_names_a_malformed_endpoint_as_such(no_flame_config, endpoint):
@@ -334,9 +347,77 @@ def test_preflight_names_a_malformed_endpoint_as_such(no_flame_config, endpoint)
         _preflight(endpoint=endpoint)
 
 
-def test_preflight_passes_when_the_session_manager_accepts_a_connection(no_flame_config):
-    with socket.create_server(("127.0.0.1", 0)) as srv:
-        _preflight(endpoint=f"http://127.0.0.1:{srv.getsockname()[1]}")
+@pytest.fixture
+def grpc_port():
+    """``serve(servicer or None)`` -> the port of a gRPC server on 127.0.0.1 with that Flame frontend servicer (None:
+    a gRPC server without it, as the executor managers' backend port); stopped at the end."""
+    from concurrent import futures
+
+    import grpc
+    from flamepy.proto.frontend_pb2_grpc import add_FrontendServicer_to_server
+
+    servers = []
+
+    def serve(servicer):
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        if servicer is not None:
+            add_FrontendServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return port
+    yield serve
+    for server in servers:
+        server.stop(0)
+
+
+def test_preflight_passes_when_the_session_manager_answers_a_flame_call(no_flame_config, grpc_port):
+    from flamepy.proto import types_pb2
+    from flamepy.proto.frontend_pb2_grpc import FrontendServicer
+
+    class Frontend(FrontendServicer):
+        def ListApplication(self, request, context):
+            return types_pb2.ApplicationList()
+
+    _preflight(endpoint=f"http://127.0.0.1:{grpc_port(Frontend())}")
+
+
+@pytest.fixture
+def http_port():
+    """The port of an HTTP/1.1 server on 127.0.0.1 (a vLLM server, say: it accepts TCP, speaks no gRPC)."""
+    import http.server
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("server, why", [
+    ("http", (r"it accepts a connection but gives no Flame answer \(a server of another kind, or the executor "
+              r"managers' backend port, frontend \+ 1: Flame's ListApplication call got UNAVAILABLE: .*HTTP/2.*\); "
+              r"pass the session manager's frontend port")),
+    ("grpc", r"it accepts a connection but gives no Flame answer \(.*: Flame's ListApplication call got UNIMPLEMENTED"),
+    ("silent", r"it accepts a connection but answered no Flame call within 3 s"),
+])
+def test_preflight_refuses_an_endpoint_that_accepts_tcp_but_answers_no_flame_call(no_flame_config, grpc_port,
+                                                                                  http_port, server, why):
+    """An HTTP server, a silent listener or a gRPC server of another kind took the TCP check: the run failed with
+    exit 1 after its run folder existed, ~10 s later (flamepy's connect). Now the preflight asks Flame's
+    ListApplication with a 3 s deadline and refuses them (exit 2, no run folder)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, accepts (the kernel does), never answers
+        port = {"http": http_port, "silent": silent.getsockname()[1]}.get(server) or grpc_port(None)
+        endpoint = f"http://127.0.0.1:{port}"
+        t0 = time.monotonic()
+        with pytest.raises(InputError, match=f"--sut flame: no Flame session manager answers at {endpoint}: {why}"):
+            _preflight(endpoint=endpoint)
+        assert time.monotonic() - t0 < 6  # the TCP check, then the call's 3 s deadline
 
 
 def test_a_flame_replica_failure_is_one_fatal_event_and_attach_then_refuses():

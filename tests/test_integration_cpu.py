@@ -263,40 +263,21 @@ def test_two_cpu_engines_share_the_work_by_tokens(tmp_path, synthetic_small):
     assert sorted(r["qsl_idx"] for r in log) == list(range(32))
 
 
-@pytest.fixture
-def not_flame():
-    """``http://127.0.0.1:PORT`` where something accepts TCP connections (so the Flame preflight passes) and
-    closes them at once: not a Flame session manager, so the Flame SUT fails to start."""
-    import socket
+def test_a_run_that_fails_to_start_is_recorded_as_failed(tmp_path, synthetic_small):
+    """run.json must never stay 'running': here the Flame SUT's application is not registered at a control plane that
+    answers (the stand-in), and the run may not register it."""
+    from tests import flame_standin as standin
 
-    srv = socket.create_server(("127.0.0.1", 0))
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                srv.accept()[0].close()
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-    stop.set()
-    thread.join(5)
-    srv.close()
-
-
-def test_a_run_that_fails_to_start_is_recorded_as_failed(tmp_path, synthetic_small, not_flame):
-    """run.json must never stay 'running': here the Flame SUT's endpoint is no Flame session manager."""
     data, _ = synthetic_small
-    out = subprocess.run(sut_cmd("--dataset", str(data), "--output-dir", str(tmp_path), "--sut", "flame",
-                                 "--flame-endpoint", not_flame, "--quick"),
-                         env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    with standin.StandinCluster(tmp_path / "cluster", max_executors=1) as cluster:
+        out = subprocess.run(sut_cmd("--dataset", str(data), "--output-dir", str(tmp_path / "out"), "--sut", "flame",
+                                     "--flame-endpoint", cluster.endpoint, "--flame-app", "not-registered",
+                                     "--option", "register_app=never", "--quick"),
+                             env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr[-2000:]
-    rec = json.loads((only_dir(tmp_path) / "run.json").read_text())
-    assert rec["status"] == "failed" and not_flame in rec["error"] and rec["finished"]
+    rec = json.loads((only_dir(tmp_path / "out") / "run.json").read_text())
+    assert rec["status"] == "failed" and rec["finished"], rec
+    assert f"application not-registered is not registered at {cluster.endpoint}" in rec["error"], rec["error"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -9,7 +9,7 @@ any session exists and sends the dataset's path and hash to the services with ``
 
 Before anything starts (``preflight``, exit 2 and no run folder): a Flame endpoint must be given (option
 ``endpoint`` / ``--flame-endpoint``, ``FLAME_ENDPOINT`` or ``~/.flame/flame.yaml``) and its session manager
-must accept a connection within ``sut.flame.endpoint.PREFLIGHT_TIMEOUT_S`` seconds.
+must accept a connection, then answer a Flame call, each within ``sut.flame.endpoint.PREFLIGHT_TIMEOUT_S`` seconds.
 
 """
 
@@ -39,8 +39,8 @@ class FlameSUT(TransportSUT):
     @classmethod
     def preflight(cls, options: FlameOptions, engine: EngineSettings) -> None:
         """``InputError`` when ``min_executors`` exceeds the executors a replica session asks for, no Flame
-        endpoint is given, or its session manager does not accept a connection within ``PREFLIGHT_TIMEOUT_S``
-        seconds (``sut.flame.endpoint.check_control_plane``)."""
+        endpoint is given, or its session manager does not accept a connection and answer a Flame call, each within
+        ``PREFLIGHT_TIMEOUT_S`` seconds (``sut.flame.endpoint.check_control_plane``)."""
         per_engine = options.per_engine(engine.max_num_seqs)
         if options.min_executors is not None and options.min_executors > per_engine:
             raise InputError(f"--sut flame: min_executors {options.min_executors} is more than the {per_engine} "

@@ -1,6 +1,7 @@
 """Where the Flame control plane is and whether it answers: ``resolve_endpoint`` (option, else ``FLAME_ENDPOINT``,
-else ``~/.flame/flame.yaml``), ``connect`` (a flamepy connection), ``reachable`` / ``check_control_plane`` (the
-session manager's frontend port accepts a TCP connection; the preflight before a run) and ``lost_cause`` (a lost
+else ``~/.flame/flame.yaml``), ``connect`` (a flamepy connection), ``reachable`` (the session manager's frontend
+port accepts a TCP connection), ``check_control_plane`` (the preflight before a run: it accepts one, and answers
+Flame's ``ListApplication`` call within its deadline: ``ask_control_plane``) and ``lost_cause`` (a lost
 task's message, naming an unreachable session manager or one that no longer knows the session) and
 ``endpoint_exposure`` (the endpoint is not loopback and has no TLS: a warning for the console and run.json).
 
@@ -17,7 +18,8 @@ from urllib.parse import urlparse
 
 from sut.errors import RunFailed
 
-#: Seconds Flame's session manager has to accept a TCP connection before a run starts (``check_control_plane``).
+#: Seconds Flame's session manager has to accept a TCP connection, and then to answer a Flame call, before a run
+#: starts (``check_control_plane``).
 PREFLIGHT_TIMEOUT_S = 3.0
 #: Seconds a unary call to the session manager may take before it counts as unanswered (``connect``): a healthy one
 #: answers in milliseconds; the largest listings of a run (a few hundred executors) stay far below this.
@@ -102,8 +104,9 @@ def reachable(endpoint: Optional[str], timeout: float = 2.0) -> bool:
 
 
 def check_control_plane(endpoint: Optional[str] = None, timeout: float = PREFLIGHT_TIMEOUT_S) -> str:
-    """The resolved endpoint (``resolve_endpoint``); ``RunFailed`` when there is none or its session manager
-    does not accept a TCP connection within ``timeout`` seconds (``reachable``)."""
+    """The resolved endpoint (``resolve_endpoint``); ``RunFailed`` when there is none, or its session manager does not
+    accept a TCP connection within ``timeout`` seconds (``reachable``), or then answers no Flame call within
+    ``timeout`` seconds (``ask_control_plane``: another kind of server, a silent or stopped one)."""
     ep = resolve_endpoint(endpoint)
     u = urlparse(ep)
     try:
@@ -117,7 +120,58 @@ def check_control_plane(endpoint: Optional[str] = None, timeout: float = PREFLIG
         raise RunFailed(f"no Flame session manager answers at {ep} (nothing accepts a connection there within "
                         f"{timeout:g} s): start one (e.g. `python -m sut.flame cluster`) or pass another "
                         "--flame-endpoint / FLAME_ENDPOINT")
+    why = ask_control_plane(ep, timeout)
+    if why:
+        raise RunFailed(f"no Flame session manager answers at {ep}: {why}; pass the session manager's frontend port "
+                        "(--flame-endpoint / FLAME_ENDPOINT), or start one (e.g. `python -m sut.flame cluster`)")
     return ep
+
+
+def ask_control_plane(endpoint: str, timeout: float = PREFLIGHT_TIMEOUT_S) -> Optional[str]:
+    """None when the server at ``endpoint`` answers Flame's ``ListApplication`` call (flamepy 0.6.0's generated stub,
+    the cheapest call of the session manager's frontend) within ``timeout`` seconds; else why not, in words. A port
+    that accepts TCP is not enough: an HTTP server, a silent listener or the executor managers' backend port took
+    the TCP check, and the run failed only after its run folder existed (flamepy's ``connect`` waits 10 s)."""
+    import grpc
+    from flamepy.proto.frontend_pb2 import ListApplicationRequest
+    from flamepy.proto.frontend_pb2_grpc import FrontendStub
+
+    try:
+        channel = _frontend_channel(endpoint)
+    except Exception as e:  # noqa: BLE001 - an unreadable CA file, a bad flame.yaml: said in words
+        return f"cannot open a gRPC channel to it ({e})"
+    try:
+        FrontendStub(channel).ListApplication(ListApplicationRequest(), timeout=timeout)
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return (f"it accepts a connection but answered no Flame call within {timeout:g} s (a server of another "
+                    "kind, or a stopped session manager)")
+        return (f"it accepts a connection but gives no Flame answer (a server of another kind, or the executor "
+                f"managers' backend port, frontend + 1: Flame's ListApplication call got {e.code().name}: "
+                f"{e.details()})")
+    finally:
+        channel.close()
+    return None
+
+
+def _frontend_channel(endpoint: str):
+    """A gRPC channel to ``endpoint`` as flamepy's ``connect`` opens it (https: the CA file of ``flame.yaml`` /
+    ``FLAME_CA_FILE``, else the system's CAs); the caller closes it."""
+    import grpc
+
+    u = urlparse(endpoint)
+    host = f"[{u.hostname}]" if ":" in (u.hostname or "") else u.hostname
+    target = f"{host}:{u.port or 8080}"
+    if u.scheme != "https":
+        return grpc.insecure_channel(target)
+    import flamepy
+
+    tls = flamepy.FlameContext().tls
+    roots = None
+    if tls is not None and tls.ca_file:
+        with open(tls.ca_file, "rb") as f:
+            roots = f.read()
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
 
 
 def lost_cause(endpoint: Optional[str], msg: str, session_id: Optional[str] = None) -> str:
