@@ -17,6 +17,7 @@ from typing import Optional
 from urllib.parse import urlparse
 
 from sut.errors import RunFailed
+from sut.exits import stops_held
 
 #: Seconds Flame's session manager has to accept a TCP connection, and then to answer a Flame call, before a run
 #: starts (``check_control_plane``).
@@ -59,7 +60,8 @@ def connect(endpoint: Optional[str] = None):
     ep = resolve_endpoint(endpoint)
     tls = flamepy.FlameContext().tls if ep.startswith("https://") else None
     try:
-        conn = flamepy.connect(ep, tls)
+        with stops_held():  # its wait for the channel (up to 10 s): a Ctrl-C raised inside hangs the channel's clean-up
+            conn = flamepy.connect(ep, tls)
     except flamepy.FlameError as e:
         raise RunFailed(f"cannot connect to Flame at {ep}: {e.message}") from None
     stub = getattr(conn, "_frontend", None)  # flamepy 0.6.0's FrontendStub (its calls take gRPC's timeout=)
@@ -141,7 +143,8 @@ def ask_control_plane(endpoint: str, timeout: float = PREFLIGHT_TIMEOUT_S) -> Op
     except Exception as e:  # noqa: BLE001 - an unreadable CA file, a bad flame.yaml: said in words
         return f"cannot open a gRPC channel to it ({e})"
     try:
-        FrontendStub(channel).ListApplication(ListApplicationRequest(), timeout=timeout)
+        with stops_held():  # a stop signal waits for the call's deadline (sut.exits.stops_held)
+            FrontendStub(channel).ListApplication(ListApplicationRequest(), timeout=timeout)
     except grpc.RpcError as e:
         if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return (f"it accepts a connection but answered no Flame call within {timeout:g} s (a server of another "
@@ -150,7 +153,8 @@ def ask_control_plane(endpoint: str, timeout: float = PREFLIGHT_TIMEOUT_S) -> Op
                 f"managers' backend port, frontend + 1: Flame's ListApplication call got {e.code().name}: "
                 f"{e.details()})")
     finally:
-        channel.close()
+        with stops_held():
+            channel.close()
     return None
 
 
