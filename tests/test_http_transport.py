@@ -709,6 +709,18 @@ def logged_ids(hexdata: str) -> list[int]:
 SERVER = ["--scenario", "Server", "--target-qps", "20"]
 
 
+def _failed_run_against(fake_server, tmp_path, synthetic_small, scenario, *flags):
+    """``(url, run folder, run.json)`` of a run against a fake server started with ``flags``, checked to have failed
+    (exit 1, no traceback, run.json "failed")."""
+    url, _ = fake_server(*flags)
+    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "failed", rec.get("error")
+    return url, run, rec
+
+
 @pytest.mark.parametrize("scenario, flags, said", [
     ([], ["--truncate", "5"], "answered 5 ids, fewer than max_tokens 128, ending in 14, not an EOS id "
                               "[128001, 128008, 128009] (an answer cut short): [10, 11, 12, 13, 14]"),
@@ -723,12 +735,7 @@ def test_cli_an_answer_cut_short_or_outside_the_vocabulary_fails_the_run(tmp_pat
                                                                          scenario, flags, said):
     """A server (or proxy) that says 'stop' after a few ids without an EOS, or sends an id outside the model's
     vocabulary (128,256): exit 1, run.json failed naming request, sample, replica and the ids; none reaches LoadGen."""
-    url, _ = fake_server(*flags)
-    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    (run,) = tmp_path.iterdir()
-    rec = json.loads((run / "run.json").read_text())
-    assert rec["status"] == "failed", rec.get("error")
+    url, run, rec = _failed_run_against(fake_server, tmp_path, synthetic_small, scenario, *flags)
     assert re.search(rf"request \d+ \(QSL index \d+, LoadGen sample \d+\): replica 0 \({re.escape(url)}\) "
                      rf"{re.escape(said)}", rec["error"]), rec["error"]
     for r in json.loads((run / "mlperf_log_accuracy.json").read_text()):
@@ -741,12 +748,7 @@ def test_cli_ids_sent_twice_fail_the_run_on_the_servers_own_count(tmp_path, synt
     """A proxy that repeats a streamed chunk (or an id) passes length, EOS and vocabulary checks; the server's
     usage.completion_tokens differs from the ids received: exit 1, run.json failed naming replica, request and the
     request's QSL index and LoadGen sample."""
-    url, _ = fake_server("--dup-first-chunk")
-    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    (run,) = tmp_path.iterdir()
-    rec = json.loads((run / "run.json").read_text())
-    assert rec["status"] == "failed"
+    url, run, rec = _failed_run_against(fake_server, tmp_path, synthetic_small, scenario, "--dup-first-chunk")
     assert re.search(rf"replica 0 \({re.escape(url)}\) request \d+ failed: the server counted 4 generated tokens "
                      r"\(usage.completion_tokens\) but 5 ids came: ids were lost or sent twice on the way "
                      r"\(QSL index \d+, LoadGen sample \d+\)", rec["error"]), \
@@ -762,12 +764,7 @@ def test_cli_replies_mixed_up_between_requests_fail_the_run_on_their_prompt_ids(
     """A proxy that hands each reply to the next request passes every check on the answer itself (length, EOS,
     vocabulary, count); the reply's prompt_token_ids are another request's: exit 1, run.json failed naming replica,
     request, QSL index and LoadGen sample; no other sample's answer reaches LoadGen."""
-    url, _ = fake_server("--mixup")
-    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    (run,) = tmp_path.iterdir()
-    rec = json.loads((run / "run.json").read_text())
-    assert rec["status"] == "failed"
+    url, _run_dir, rec = _failed_run_against(fake_server, tmp_path, synthetic_small, scenario, "--mixup")
     assert re.search(rf"replica 0 \({re.escape(url)}\) request \d+ failed: the reply answers another prompt: its "
                      r"prompt_token_ids \(\d+ ids: \[.*\) are not the \d+ ids sent: replies were mixed up on the way "
                      r"\(QSL index \d+, LoadGen sample \d+\)", rec["error"]), rec["error"]
@@ -783,12 +780,8 @@ def test_cli_a_server_without_its_own_token_count_is_refused_at_the_probe(tmp_pa
                                                                           scenario, usage, said):
     """Without usage.completion_tokens (or with one that is no count) ids sent twice could not be caught: the start-up
     probe refuses the server before LoadGen starts (exit 1, run.json failed naming the replica and the cause)."""
-    url, _ = fake_server("--usage", usage)
-    out = _run(tmp_path, synthetic_small, "--server-url", url, *scenario)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    (run,) = tmp_path.iterdir()
-    rec = json.loads((run / "run.json").read_text())
-    assert rec["status"] == "failed" and not (run / "mlperf_log_accuracy.json").exists(), rec
+    url, run, rec = _failed_run_against(fake_server, tmp_path, synthetic_small, scenario, "--usage", usage)
+    assert not (run / "mlperf_log_accuracy.json").exists(), rec
     assert f"replica 0 ({url}) probe completion failed: {said}" in rec["error"], rec["error"]
 
 
