@@ -57,6 +57,7 @@ from sut.core.transports.http_api import MAX_REPLY_BYTES, ReplyError
 from sut.core.transports.http_fleet import FleetServer, api_key, auth_headers, fleet_agreement, status_text
 from sut.core.transports.http_readback import (
     CACHE_CONFIG_METRIC,
+    FINISHED_METRIC,
     cache_config_labels,
     finished_requests,
     pick_model,
@@ -279,7 +280,7 @@ def check_one_process(servers, records: list[dict], timeout_s: float = REACH_TIM
         if seen is None:
             log.warning("--sut vllm-http: servers %s and %s started at the same time (process_start_time_seconds "
                         "%.2f) and %s has no %s_total to tell whether they are one server: give each server once",
-                        a.url, b.url, start, b.url, "vllm:request_success")
+                        a.url, b.url, start, b.url, FINISHED_METRIC)
         elif seen:
             raise InputError(f"--sut vllm-http: {a.url} and {b.url} are one server: the same process start time "
                              f"({start:.2f}), and a request sent to {a.url} was counted by {b.url}/metrics (each URL "

@@ -139,7 +139,7 @@ def ask_control_plane(endpoint: str, timeout: float = PREFLIGHT_TIMEOUT_S) -> Op
     from flamepy.proto.frontend_pb2_grpc import FrontendStub
 
     try:
-        channel = _frontend_channel(endpoint)
+        channel = frontend_channel(endpoint)
     except Exception as e:  # noqa: BLE001 - an unreadable CA file, a bad flame.yaml: said in words
         return f"cannot open a gRPC channel to it ({e})"
     try:
@@ -158,9 +158,10 @@ def ask_control_plane(endpoint: str, timeout: float = PREFLIGHT_TIMEOUT_S) -> Op
     return None
 
 
-def _frontend_channel(endpoint: str):
-    """A gRPC channel to ``endpoint`` as flamepy's ``connect`` opens it (https: the CA file of ``flame.yaml`` /
-    ``FLAME_CA_FILE``, else the system's CAs); the caller closes it."""
+def frontend_channel(endpoint: str):
+    """A gRPC channel to ``endpoint`` as flamepy's ``connect`` opens it, without its 10 s wait for the channel (https:
+    the CA file of ``flame.yaml`` / ``FLAME_CA_FILE``, else the system's CAs); the caller closes it. The one channel
+    builder of the preflight and the services' session watch (``enter_watch.frontend_stub``)."""
     import grpc
 
     u = urlparse(endpoint)

@@ -37,7 +37,6 @@ import os
 import threading
 import time
 from typing import Callable, Optional
-from urllib.parse import urlparse
 
 log = logging.getLogger("sut.flame.service")
 
@@ -148,15 +147,12 @@ def session_state(stub, session_id: str, timeout: float = ASK_TIMEOUT_S) -> Opti
 
 
 def frontend_stub(endpoint: str):
-    """A ``FrontendStub`` on a channel to ``endpoint`` (``http://HOST:PORT``, or ``https://`` with the system's CAs)."""
-    import grpc
+    """A ``FrontendStub`` on a channel to ``endpoint`` (``sut.flame.endpoint.frontend_channel``)."""
     from flamepy.proto.frontend_pb2_grpc import FrontendStub
 
-    u = urlparse(endpoint)
-    target = f"{u.hostname}:{u.port or 8080}"
-    channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials()) if u.scheme == "https"
-               else grpc.insecure_channel(target))
-    return FrontendStub(channel)
+    from sut.flame.endpoint import frontend_channel
+
+    return FrontendStub(frontend_channel(endpoint))
 
 
 EnterWatch = SessionWatch  # the entry-only name

@@ -419,8 +419,7 @@ class HttpTransport(Transport):
                 return ids, cached, t_first
             data = json.loads(payload)
             new, c, why = api.parse_chunk(data)
-            if (prompt := api.reply_prompt(data)) is not None:  # before the first token goes to LoadGen
-                api.check_prompt(prompt, req.prompt, required=False)
+            api.check_prompt(api.reply_prompt(data), req.prompt, required=False)  # before a first token goes out
             counted = n if (n := api.completion_tokens(data)) is not None else counted
             if new and reason is not None:
                 raise api.ReplyError(f"ids after the answer ended (finish_reason {reason!r}): {new[:8]}")
