@@ -144,13 +144,36 @@ def test_other_system_options_missing_cases_jsonl_and_headerless_merges_exit_2(t
     empty.mkdir()
     (empty / HEADER).write_text(json.dumps(header()))
     bare = make_run(tmp_path, "bare", good)
-    for runs, msg in (([a, b], f"run {b}: systems.flame"), ([a, empty], f"run {empty}: no cases.jsonl"),
+    for runs, msg in (([a, b], f"run {b}: systems.flame (its transport or options) differs from run {a}'s "
+                               "(batch_size: 64 vs 128)"), ([a, empty], f"run {empty}: no cases.jsonl"),
                       ([a, bare], f"run {bare}: no locality.json or {HEADER}"), ([a, a], "given twice"),
                       ([a, a / "cases.jsonl"], "cases.jsonl: a file, not a run folder (give the folder that holds it)"),
                       ([a, tmp_path / "nope"], "nope: no such folder")):
         assert report(tmp_path, *runs) == (2, None)
         assert msg in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_watchdog_option_added_later_merges_only_while_unset(tmp_path, capsys):
+    """A run recorded before the Flame option engine_stall_s existed merges with one that leaves it unset (None),
+    not with one that sets it."""
+    good = [case(0, "standalone", 10.0), case(0, "flame", 9.9)]
+    old = make_run(tmp_path, "old", good, header())
+
+    def flame_with(value):
+        opts = dict(header()["systems"]["flame"]["options"], engine_stall_s=value)
+        return dict(header()["systems"], flame={"transport": "flame", "options": opts})
+    unset = make_run(tmp_path, "unset", [case(0, "standalone", 10.2), case(0, "flame", 9.7)],
+                     header(systems=flame_with(None)))
+    rc, rec = report(tmp_path, old, unset)
+    assert rc == 0 and rec["report"]["pair_ratios"]["prefix_affinity"]["n"] == 2, rec["report"]
+    set60 = make_run(tmp_path, "set60", [case(0, "standalone", 10.4), case(0, "flame", 9.6)],
+                     header(systems=flame_with(60.0)))
+    shutil.rmtree(tmp_path / "out")
+    assert report(tmp_path, old, set60) == (2, None)
+    err = capsys.readouterr().err
+    assert f"run {set60}: systems.flame (its transport or options) differs from run {old}'s " \
+           "(engine_stall_s: 60.0 vs 'unset')" in err, err
 
 
 def test_a_headerless_run_alone_is_reported_with_settings_unknown(tmp_path):

@@ -83,6 +83,10 @@ HOST_FIELDS = {"engine_settings": ("model",),
                "workload.settings": ("capacity", "kv_tokens"),
                "options": ("endpoint", "urls", "fleet", "servers", "app_workdir", "service_log_dir", "lock_dir",
                            "session_id")}
+#: System options added after runs were recorded that only bound the wait for a fault (a finished case measured
+#: nothing they changed): a run recorded before the option existed merges with one that leaves it unset (None).
+#: ``engine_stall_s``: the Flame service's hung-engine watchdog.
+ADDED_UNSET_OPTIONS = ("engine_stall_s",)
 
 
 @dataclass
@@ -276,8 +280,17 @@ def _differing(a, b) -> str:
 
 
 def _system_settings(sys_rec: dict) -> dict:
-    opts = {k: v for k, v in (sys_rec.get("options") or {}).items() if k not in HOST_FIELDS["options"]}
+    opts = {k: v for k, v in (sys_rec.get("options") or {}).items()
+            if k not in HOST_FIELDS["options"] and not (k in ADDED_UNSET_OPTIONS and v is None)}
     return dict(sys_rec, options=opts)
+
+
+def _differing_system(a: dict, b: dict) -> str:
+    """:func:`_differing` of two systems' settings: their options' keys when the options differ, else the
+    other keys (transport, fresh_engines)."""
+    if a.get("options") != b.get("options"):
+        return _differing(a.get("options") or {}, b.get("options") or {})
+    return _differing({k: v for k, v in a.items() if k != "options"}, {k: v for k, v in b.items() if k != "options"})
 
 
 def check_compatible(runs: Sequence[SourceRun]) -> None:
@@ -296,9 +309,11 @@ def check_compatible(runs: Sequence[SourceRun]) -> None:
                                "only runs of the same trace and settings can be merged")
         both = set(first.header.get("systems") or {}) & set(r.header.get("systems") or {})
         for s in sorted(both):
-            if _system_settings(first.header["systems"][s]) != _system_settings(r.header["systems"][s]):
+            a, b = _system_settings(first.header["systems"][s]), _system_settings(r.header["systems"][s])
+            if a != b:
                 raise BadInput(f"error: run {r.path}: systems.{s} (its transport or options) differs from run "
-                               f"{first.path}'s; only runs of the same systems' settings can be merged")
+                               f"{first.path}'s ({_differing_system(a, b)}); only runs of the same systems' settings "
+                               "can be merged")
 
 
 def check_distinct(runs: Sequence[SourceRun]) -> None:
