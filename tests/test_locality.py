@@ -219,7 +219,8 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     (["--max-model-len", "100000"], "exceeds the model's max_position_embeddings 8192"),
     (["--max-model-len", "300"], "below the longest prompt"),
     (["--model", "/nonexistent"], "no config.json"),
-    (["--output-dir", "/proc/nope"], "cannot create the run folder"),
+    (["--load-format", "auto"], "no model weights (*.safetensors or *.bin) for load_format 'auto'"),  # config only
+    (["--output-dir", "/proc/nope", "--load-format", "dummy"], "cannot create the run folder"),
     (["--release-gate", "fleet"], "invalid choice: 'fleet'"),
     (["--systems", "flame", "--system-option", "flame.endpoint=http://127.0.0.1:1"],
      "pass another --system-option flame.endpoint=URL / FLAME_ENDPOINT"),  # not `sut run`'s --flame-endpoint

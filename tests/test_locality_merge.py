@@ -524,3 +524,47 @@ def test_runs_of_two_presets_are_refused_by_their_preset_names_not_their_hashes(
     with pytest.raises(BadInput, match=r"run /r/variable-answers: trace_preset differs from run /r/arrivals's "
                                        r"\('variable-answers' vs 'arrivals'\)"):
         check_compatible(runs)
+
+
+def test_a_case_without_its_optional_fields_is_reported_with_dashes(tmp_path, capsys):
+    """Fields the case schema lets a record lack (engine latencies, per-replica counts, cached share, some
+    router counters) print as "-" instead of failing the report."""
+    def bare(c):
+        for k in ("ttft_s", "e2e_s", "completion_s", "per_replica", "cached_share"):
+            del c["timed"][k]
+        c["routing"] = {"affinity_hits": 3}
+        return c
+    run = make_run(tmp_path, "bare", [bare(case(0, "standalone", 10.0)), bare(case(0, "flame", 9.9))], header())
+    rc, rec = report(tmp_path, run)
+    out = capsys.readouterr().out
+    assert rc == 0 and rec["report"]["pair_ratios"]["prefix_affinity"]["n"] == 1, out
+    assert "hits 3, new -, released -, no key -, evicted -" in out
+
+
+@pytest.mark.parametrize("edit, where", [
+    (lambda c, h: c["timed"].update(requests=10 ** 400), "cases.jsonl line 1 field timed.requests is"),
+    (lambda c, h: c["timed"].update(ttft_s={"p50": -5.0, "p99": -1.0}), "cases.jsonl line 1 field timed.ttft_s is"),
+    (lambda c, h: c.update(warmups=[{"wall_s": float("nan")}]),
+     "cases.jsonl line 1 field warmups[0].wall_s is nan, not a finite number"),
+    (lambda c, h: h.update(report_metric=["x"]), f"{HEADER} field report_metric is ['x'], not null or one of"),
+    (lambda c, h: h["trace"].update(document_tokens="abc"), f"{HEADER} field trace.document_tokens is 'abc'"),
+    (lambda c, h: h.update(workload={"calibration": "x"}), f"{HEADER} field workload.calibration is 'x'"),
+    (lambda c, h: h.update(pair_settings=dict(h["pair_settings"], rate=float("inf"))),
+     f"{HEADER} field pair_settings.rate is inf, not a finite number"),
+])
+def test_values_the_report_cannot_read_are_refused_naming_the_field(tmp_path, capsys, edit, where):
+    first, hdr = case(0, "standalone", 10.0), header()
+    edit(first, hdr)
+    run = make_run(tmp_path, "r", [first, case(0, "flame", 9.9)], hdr)
+    assert report(tmp_path, run) == (2, None)
+    err = capsys.readouterr().err
+    assert f"error: run {run}: {where}" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_folder_that_cannot_be_made_leaves_no_output_dir(tmp_path, capsys):
+    run = make_run(tmp_path, "a", [case(0, "standalone", 10.0), case(0, "flame", 9.9)], header())
+    out = tmp_path / "new" / "deeper"
+    rc = main(["report", str(run), "--output-dir", str(out), "--run-name", "a" * 300])
+    assert rc == 2 and "cannot create the run folder under --output-dir" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

@@ -161,6 +161,11 @@ def test_bad_news_input_is_refused_with_the_cause(tiny_news, tmp_path):
         load_corpus(str(bad))
     with pytest.raises(DatasetError, match="cannot read"):
         load_corpus(str(tmp_path / "missing.json"))
+    beyond = [{"tok_input": [BOS, *HEAD, 5, 2 ** 63, *TAIL]}, {"tok_input": [BOS, *HEAD, 6, 7, *TAIL]}]
+    bad.write_text(json.dumps(beyond))  # numpy cannot hold it: refused before, naming record and position
+    with pytest.raises(DatasetError, match=rf"record 0, field 'tok_input'.*id {2 ** 63} at position {len(HEAD) + 2} "
+                                           "is no token id"):
+        load_corpus(str(bad))
     from sut.data.synthetic import write_tokenizer
 
     small = write_tokenizer(tmp_path / "small", vocab_size=1000)  # not a Llama 3 vocabulary

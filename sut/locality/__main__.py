@@ -35,7 +35,14 @@ from pathlib import Path
 from sut.core.routing import model_revision
 from sut.core.transport import transport_class
 from sut.core.transports.http_options import url_list
-from sut.engine import EngineSettings, GenerationSettings, ModelInfo, plan_engines, read_model_info
+from sut.engine import (
+    EngineSettings,
+    GenerationSettings,
+    ModelInfo,
+    check_weights_present,
+    plan_engines,
+    read_model_info,
+)
 from sut.errors import BadInput, EngineError, InputError, RunFailed
 from sut.exits import ShortUsageParser, run_main, stop_on_sigterm_like_ctrl_c
 from sut.locality import NOTICE
@@ -164,6 +171,11 @@ def _prepare(a):
     systems = resolve_systems(a.systems, replicas, parse_system_options(a.system_option), http=a.http, urls=urls)
     _check_workload(ts, ws, systems, replicas, ps.rate, ps.warmups)
     _preflight_servers(systems, es)
+    if any(s.transport == "local" for s in systems):  # engines in this process tree load --model from this host
+        try:
+            check_weights_present(es)
+        except EngineError as e:
+            raise BadInput(f"error: {e}") from None
     affinity = _routing(a, model_revision(es.model))
     prepared = prepare_trace(ts, ps.warmups, extra=max(0, len(ws.load_levels) - 1))
     if affinity.block_tokens > prepared.shape["prompt_max"] and "prefix_affinity" in ps.policies:
@@ -173,7 +185,9 @@ def _prepare(a):
     return es, gen, ps, model, systems, affinity, prepared, ws
 
 
-def _run_dir(a, systems) -> Path:
+def _run_dir(a, systems, made_from) -> Path:
+    """Make the run folder under ``--output-dir``; ``BadInput`` when it exists or cannot be made, after removing
+    the ``--output-dir`` folders made on the way (``made_from``: :func:`_first_missing`'s answer)."""
     try:
         preset = getattr(a, "trace_preset", None)  # report (a merge) has none
         label = "-".join(([preset] if preset else []) + [s.name for s in systems]) or "merged"
@@ -181,6 +195,7 @@ def _run_dir(a, systems) -> Path:
     except FileExistsError as e:
         raise BadInput(f"error: run folder {e.filename} already exists (choose another --run-name)") from None
     except OSError as e:
+        _remove_made_empty(Path(a.output_dir), made_from)
         raise BadInput(f"error: cannot create the run folder under --output-dir {a.output_dir}: {e.strerror}") from None
 
 
@@ -190,7 +205,7 @@ def cmd_run(a) -> int:
     except ValueError as e:
         raise BadInput(f"error: {e}") from None
     made_from = _first_missing(Path(a.output_dir))
-    d = _run_dir(a, systems)  # last: bad input never leaves a run folder behind
+    d = _run_dir(a, systems, made_from)  # last: bad input never leaves a run folder behind
     log.warning("%s", NOTICE.upper())
     log.info("trace: %s", prepared.shape)
     stop_on_sigterm_like_ctrl_c()  # SIGTERM: engines shut down, finished cases kept (run_study)
@@ -251,7 +266,7 @@ def cmd_report(a) -> int:
     that cannot be written: ``RunFailed``, exit 1)."""
     merged = build(a.runs, command_line())
     made_from = _first_missing(Path(a.output_dir))
-    d = _run_dir(a, [])
+    d = _run_dir(a, [], made_from)
     try:
         tables = study_tables(write_merged(merged, d))
     except BaseException as e:

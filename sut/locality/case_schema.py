@@ -33,8 +33,13 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+#: Integers a JSON reader holds exactly as a double (2**53): a count beyond it is no count this harness wrote, and
+#: the report's arithmetic (``requests / wall_s``) would overflow on ones far beyond it.
+MAX_INT = 2 ** 53
+
+
 def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and -MAX_INT <= v <= MAX_INT
 
 
 def _obj_or_null(v) -> bool:
@@ -47,7 +52,8 @@ def _objects(v, item: Callable[[dict], bool]) -> bool:
 
 
 def _latency(v) -> bool:
-    return v is None or (isinstance(v, dict) and all(x is None or _number(x) for x in v.values()))
+    """Null or a spread of durations / loads (``{"p50": ..}``): every value null or a finite number >= 0."""
+    return v is None or (isinstance(v, dict) and all(x is None or (_number(x) and x >= 0) for x in v.values()))
 
 
 def _nullable_numbers(v) -> bool:
@@ -131,6 +137,9 @@ LEVEL_CHECKS = (
     Check("validation.requests_checked", True, _int, "an integer"),
 )
 
+#: The metrics a run's pair report may compare (``study.METRICS`` and the arrivals workload's goodput).
+REPORT_METRICS = ("requests_per_s", "output_tokens_per_s", "goodput_per_s")
+
 HEADER_CHECKS = (
     Check("systems", False, lambda v: v is None or (isinstance(v, dict) and all(
         isinstance(s, dict) and _obj_or_null(s.get("options")) for s in v.values())),
@@ -142,7 +151,19 @@ HEADER_CHECKS = (
     Check("trace.popularity", False, _obj_or_null, "null or an object"),
     Check("trace.popularity.hottest", False, lambda v: v is None or _objects(v, lambda x: _number(x.get("share"))),
           "null or a list of objects with a numeric share"),
+    *(Check(f"trace.{k}", False, lambda v: v is None or (_int(v) and v >= 0), "null or an integer >= 0")
+      for k in ("requests", "documents", "prompt_tokens", "document_tokens")),
+    Check("trace.reusable_share_upper_bound", False, lambda v: v is None or (_number(v) and 0 <= v <= 1),
+          "null or in [0, 1]"),
+    Check("trace_settings.zipf_s", False, lambda v: v is None or (_number(v) and v >= 0), "null or a number >= 0"),
+    Check("trace_settings.answers", False, lambda v: v is None or isinstance(v, str), "null or a string"),
+    Check("report_metric", False, lambda v: v is None or v in REPORT_METRICS, f"null or one of {REPORT_METRICS}"),
     Check("workload", False, _obj_or_null, "null or an object"),
+    Check("workload.settings", False, _obj_or_null, "null or an object"),
+    Check("workload.calibration", False, lambda v: v is None or (
+        isinstance(v, dict) and all(isinstance(v.get(k), str) for k in ("system", "policy"))
+        and _number(v.get("requests_per_s")) and v["requests_per_s"] > 0),
+          "null or an object with a system, a policy and requests_per_s > 0"),
     Check("workload.working_set", False, _working_set,
           "null or an object with an integer documents and numeric document_tokens, replica_kv_tokens and ratio"),
 )
@@ -157,6 +178,20 @@ def _at(record: dict, dotted: str):
     return value
 
 
+def nonfinite(value, path: str = "") -> Optional[tuple[str, float]]:
+    """The dotted path (list items as ``[i]``) and value of the first NaN or infinite number in a decoded JSON
+    value, else None: JSON has no such numbers and the harness writes none, so a record holding one was edited or corrupted
+    (Python's reader takes ``NaN`` and ``Infinity``, and a merged record would carry them on)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path or "(the value)", value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = nonfinite(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
+
+
 def problem(record, checks=CASE_CHECKS, prefix: str = "") -> Optional[str]:
     """What is wrong with ``record`` (a decoded JSON value) against ``checks``, as a phrase that
     follows "line N" or "run_header.json" (e.g. ``"field timed.requests_per_s is 0.0, not a number > 0"``);
@@ -167,6 +202,9 @@ def problem(record, checks=CASE_CHECKS, prefix: str = "") -> Optional[str]:
         return f"{where}is {type(record).__name__} {_short(record)}, not a JSON object"
     if checks is CASE_CHECKS and "error" in record:
         return f"is a failed case ({record['error']})"
+    bad = nonfinite(record) if not prefix else None  # once, from the top of a case or header
+    if bad:
+        return f"field {bad[0]} is {bad[1]!r}, not a finite number"
     lack = [prefix + c.path for c in checks if c.required and "." not in c.path and record.get(c.path) is None]
     if lack:
         return f"lacks {lack}"

@@ -146,6 +146,10 @@ def _file_ids(path: str, records: list, id_limit: int) -> NewsCorpus:
         tok = rec.get("tok_input")
         if not isinstance(tok, list) or not tok or any(type(t) is not int for t in tok):
             raise DatasetError(path, "must be a non-empty list of integer token ids", i, "tok_input")
+        huge = next((j for j, t in enumerate(tok) if not -2 ** 31 <= t < 2 ** 31), None)
+        if huge is not None:  # before numpy, which cannot hold an id beyond int64; the vocabulary check comes below
+            raise DatasetError(path, f"id {tok[huge]} at position {huge} is no token id (beyond 32 bits)", i,
+                               "tok_input")
         rows.append(np.asarray(tok, dtype=np.int64))
     if len(rows) < 2:
         raise DatasetError(path, "needs at least 2 records to find the prompt template common to all (or pass --tokenizer)")

@@ -447,5 +447,5 @@ def run_records(cases: Sequence[dict]) -> list[dict]:
             out += level_records(c)
             continue
         out.append({"system": c["system"], "policy": c["policy"], "pair": c["pair"],
-                    **{m: c["timed"][m] for m in ("requests_per_s", "output_tokens_per_s", "cached_share")}})
+                    **{m: c["timed"].get(m) for m in ("requests_per_s", "output_tokens_per_s", "cached_share")}})
     return out

@@ -69,10 +69,13 @@ def describe_table(ts: TraceSettings, shape: dict, ws=None, preset: Optional[str
 
 
 def _router_cell(st: dict) -> str:
+    """The prefix-affinity router's counters (``-`` for a counter the record lacks; ``-`` alone for another
+    policy's record)."""
     if "affinity_hits" not in st:
         return "-"
-    return (f"hits {st['affinity_hits']}, new {st['new_prefixes']}, released {st['releases']}, "
-            f"no key {st['no_key']}, evicted {st['evictions']}")
+    return ", ".join(f"{label} {st.get(k, '-')}" for label, k in (
+        ("hits", "affinity_hits"), ("new", "new_prefixes"), ("released", "releases"), ("no key", "no_key"),
+        ("evicted", "evictions")))
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
@@ -104,9 +107,9 @@ def case_rows(cases: Sequence[dict]) -> list[str]:
             rows.append((str(c["pair"]), c["system"], c["policy"], "failed", *["-"] * 9))
             continue
         rows.append((str(c["pair"]), c["system"], c["policy"], f"{t['requests_per_s']:,.3f}",
-                     f"{t['output_tokens_per_s']:,.1f}", _share(t["cached_share"]), _p(t["ttft_s"], "p50"),
-                     _p(t["ttft_s"], "p99"), _p(t["e2e_s"], "p50"), _p(t["completion_s"], "p50"),
-                     _f(c.get("start_s"), 1), " ".join(str(p["requests"]) for p in t["per_replica"]),
+                     f"{t['output_tokens_per_s']:,.1f}", _share(t.get("cached_share")), _p(t.get("ttft_s"), "p50"),
+                     _p(t.get("ttft_s"), "p99"), _p(t.get("e2e_s"), "p50"), _p(t.get("completion_s"), "p50"),
+                     _f(c.get("start_s"), 1), " ".join(str(p["requests"]) for p in t.get("per_replica") or []) or "-",
                      _router_cell(c.get("routing") or {})))
     return _table(("pair", "system", "policy", "req/s", "out tok/s", "cached", "TTFT p50 s", "TTFT p99 s",
                    "e2e p50 s", "done p50 s", "start s", "per replica", "router (prefix_affinity)"), rows, left=3)
