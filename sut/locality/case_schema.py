@@ -180,8 +180,8 @@ def _at(record: dict, dotted: str):
 
 def nonfinite(value, path: str = "") -> Optional[tuple[str, float]]:
     """The dotted path (list items as ``[i]``) and value of the first NaN or infinite number in a decoded JSON
-    value, else None: JSON has no such numbers and the harness writes none, so a record holding one was edited or corrupted
-    (Python's reader takes ``NaN`` and ``Infinity``, and a merged record would carry them on)."""
+    value, else None. JSON has no such numbers, but Python's reader takes ``NaN`` and ``Infinity``, and a merged
+    record would carry them on to readers that refuse them."""
     if isinstance(value, float):
         return None if math.isfinite(value) else (path or "(the value)", value)
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
