@@ -85,16 +85,23 @@ def test_first_token_check_compares_every_id_of_token_data(tmp_path, first, pass
     ("{not json", "not valid JSON"),
     ("{}", "JSON list"),
     ("[]", "no responses were logged"),
-    ('[{"qsl_idx": 0, "data": "0102", "token_count": 1}]', "whole number of int32"),
-    ('[{"qsl_idx": 0, "data": "zz", "token_count": 1}]', r"record 0 \(qsl_idx 0\): not a hex string"),
-    ('[{"qsl_idx": 0, "data": 5, "token_count": 1}]', r"record 0 \(qsl_idx 0\): expected a hex string, got int"),
-    ('[{"qsl_idx": 4, "data": "01000000"}]', "qsl_idx 4"),
-    ('[{"qsl_idx": 0}]', "record 0 has no 'data'"),
-    ('[{"qsl_idx": 0, "data": "01000000", "token_count": "abc"}]', "'token_count' must be an integer"),
-    ('[{"qsl_idx": 0, "data": "01000000", "token_count": null}]', "'token_count' must be an integer"),
+    ('[{"seq_id": 0, "qsl_idx": 0, "data": "0102", "token_count": 1}]', "whole number of int32"),
+    ('[{"seq_id": 0, "qsl_idx": 0, "data": "zz", "token_count": 1}]', r"record 0 \(qsl_idx 0\): not a hex string"),
+    ('[{"seq_id": 0, "qsl_idx": 0, "data": 5, "token_count": 1}]', r"record 0 \(qsl_idx 0\): expected a hex string, got int"),
+    ('[{"seq_id": 0, "qsl_idx": 4, "data": "01000000"}]', "qsl_idx 4"),
+    ('[{"seq_id": 0, "qsl_idx": 0}]', "record 0 has no 'data'"),
+    ('[{"seq_id": 0, "qsl_idx": 0, "data": "01000000", "token_count": "abc"}]', "'token_count' must be an integer"),
+    ('[{"seq_id": 0, "qsl_idx": 0, "data": "01000000", "token_count": null}]', "'token_count' must be an integer"),
     ('[{"seq_id": 7, "qsl_idx": 0, "data": "01000000", "token_count": 1}, {"seq_id": 8, "qsl_idx": 0, "data": '
      '"01000000", "token_count": 1}, {"seq_id": 7, "qsl_idx": 0, "data": "01000000", "token_count": 1}]',
      r"record 2 repeats seq_id 7 of record 0 \(LoadGen logs each response once"),  # found by a fault test
+    ('[{"qsl_idx": 3, "data": "01000000", "token_count": 1}]', r"record 0 \(qsl_idx 3\) has no 'seq_id'"),
+    ('[{"seq_id": "0", "qsl_idx": 0, "data": "01000000", "token_count": 1}]',
+     r"record 0 \(qsl_idx 0\): 'seq_id' must be a non-negative integer, got \"0\""),
+    ('[{"seq_id": 1.0, "qsl_idx": 0, "data": "01000000", "token_count": 1}]', "'seq_id' must be a non-negative integer"),
+    ('[{"seq_id": true, "qsl_idx": 0, "data": "01000000", "token_count": 1}]', "'seq_id' must be a non-negative integer"),
+    ('[{"seq_id": -1, "qsl_idx": 0, "data": "01000000", "token_count": 1}]', "'seq_id' must be a non-negative integer"),
+    ('[[1, 2]]', "record 0 is not a LoadGen accuracy record"),
 ])
 def test_bad_logs_raise_naming_the_problem(tmp_path, content, message):
     f = tmp_path / "mlperf_log_accuracy.json"
@@ -124,6 +131,25 @@ def test_verify_cli_exit_codes(tmp_path):
         out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
                              capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("seq", [None, "0"], ids=["no-seq_id", "string-seq_id"])
+def test_verify_cli_refuses_a_repeated_response_without_an_integer_seq_id(tmp_path, seq):
+    """Before: every record's seq_id popped (or made a string) and a copy of record 0 appended passed as
+    "3 responses checked", exit 0; the repeat was looked for only among integer seq_ids."""
+    run = tmp_path / "run"
+    run.mkdir()
+    entries = [make_log_entry(i, [5, i, 128009]) for i in range(2)]
+    for e in entries:
+        if seq is None:
+            e.pop("seq_id")
+        else:
+            e["seq_id"] = seq
+    write_log(run / "mlperf_log_accuracy.json", entries + [dict(entries[0])])
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and f"{run / 'mlperf_log_accuracy.json'}: record 0 (qsl_idx 0)" in out.stderr, out.stderr
+    assert "seq_id" in out.stderr and "Traceback" not in out.stderr and not (run / "TEST06").exists()
 
 
 # ------------------------------------------------------------------------------------------- layout
@@ -312,6 +338,19 @@ def test_package_compares_the_model_by_config_and_reads_a_rescore(tmp_path, runs
     other = make_run(tmp_path / "oth", "acc", "accuracy", model={"path": "/m", "config_sha256": "zzz", "eos_token_ids": []})
     with pytest.raises(ComplianceError, match="config_sha256"):
         package(settings(tmp_path / "x", perf, other, t06))
+
+
+def test_package_refuses_a_test06_log_whose_repeat_has_no_seq_id(tmp_path, runs):
+    """Before: seq_ids removed and a copy of record 0 appended, the TEST06 log passed and was laid out."""
+    perf, acc, _ = runs
+    t06 = make_test06_run(tmp_path / "t")
+    entries = json.loads((t06 / "mlperf_log_accuracy.json").read_text())
+    for e in entries:
+        del e["seq_id"]
+    write_log(t06 / "mlperf_log_accuracy.json", entries + [entries[0]])
+    with pytest.raises(ComplianceError, match=r"mlperf_log_accuracy.json: record 0 \(qsl_idx 0\) has no 'seq_id'"):
+        package(settings(tmp_path, perf, acc, t06))
+    assert not (tmp_path / "sub").exists()
 
 
 def test_package_writes_a_fresh_test06_verdict(tmp_path, runs):

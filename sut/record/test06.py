@@ -26,6 +26,7 @@ The submission layout (``PackageSettings``, ``package``) lives in :mod:`sut.subm
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -91,8 +92,9 @@ def _ids(hex_text: object, where: str) -> np.ndarray:
 
 
 def _log_records(path: Path, scenario: str) -> list:
-    """The records of a TEST06 accuracy log; ``ComplianceError`` if it is not a non-empty JSON list or
-    ``scenario`` is not a LoadGen scenario."""
+    """The records of a TEST06 accuracy log; ``ComplianceError`` if it is not a non-empty JSON list, ``scenario`` is
+    not a LoadGen scenario, or a record has no ``seq_id`` that is a non-negative integer or repeats one (naming the
+    record): LoadGen gives every logged response its own ``seq_id``."""
     records = read_json(path, "accuracy log")
     if not isinstance(records, list):
         raise ComplianceError(f"{path}: expected a JSON list of LoadGen accuracy records")
@@ -103,8 +105,16 @@ def _log_records(path: Path, scenario: str) -> list:
         raise ComplianceError(f"unknown scenario {scenario!r} (known: {', '.join(MLPERF_SCENARIOS)})")
     first: dict = {}
     for i, rec in enumerate(records):  # LoadGen logs a sampled response once, under its own seq_id
-        seq = rec.get("seq_id") if isinstance(rec, dict) else None
-        if isinstance(seq, int) and first.setdefault(seq, i) != i:
+        if not isinstance(rec, dict):
+            raise ComplianceError(f"{path}: record {i} is not a LoadGen accuracy record (a JSON object), got "
+                                  f"{type(rec).__name__}")
+        seq = rec.get("seq_id")
+        if type(seq) is not int or seq < 0:  # without it a repeated response could not be told from a new one
+            got = " has no 'seq_id'" if "seq_id" not in rec else \
+                f": 'seq_id' must be a non-negative integer, got {json.dumps(seq)[:40]}"
+            raise ComplianceError(f"{path}: record {i} (qsl_idx {rec.get('qsl_idx')}){got} (LoadGen gives every "
+                                  "logged response its own)")
+        if first.setdefault(seq, i) != i:
             raise ComplianceError(f"{path}: record {i} repeats seq_id {seq} of record {first[seq]} (LoadGen logs each "
                                   "response once: the log was edited or concatenated)")
     return records
@@ -170,7 +180,8 @@ def verify_test06(accuracy_log: str | Path, scenario: str, eos_token_ids: Sequen
 
     Raises:
         ComplianceError: the file is missing, not JSON, not a list of LoadGen records, empty, or a
-            record has no ``data``/``token_count`` or undecodable bytes (naming the record); the
+            record has no ``data``/``token_count``, undecodable bytes, no non-negative integer ``seq_id`` or one
+            that an earlier record has (naming the record); the
             EOS ids are not a non-empty list of integers in ``[0, vocab)``.
     """
     path = Path(accuracy_log)
