@@ -500,6 +500,70 @@ def test_test06_verify_writes_no_test06_folder_into_a_non_test06_run(tmp_path):
     assert out.returncode == 0 and "not a TEST06 run" in out.stderr and not (run / "TEST06").exists(), out.stderr
 
 
+def _copy_half_then_disk_full(src, dst, *a, **k):
+    """``shutil.copy2`` on a disk that fills up: half the file written, then ENOSPC."""
+    import errno
+
+    data = Path(src).read_bytes()
+    Path(dst).write_bytes(data[: len(data) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+
+@pytest.mark.parametrize("where", ["run-folder", "earlier-result", "new-out"])
+def test_test06_verify_leaves_nothing_partial_when_a_write_fails(tmp_path, monkeypatch, where):
+    """Before: a full disk left TEST06/verify_accuracy.txt saying "TEST06 verification complete" next to a truncated
+    copy of the log (exit 2). Now the folder is renamed into place only when complete: nothing new is left, an earlier
+    TEST06/ is left as it was, and an --out folder the command made is removed again."""
+    import sut.record.test06 as t06
+    from sut.cli import main
+
+    run = _t06_folder(tmp_path / "run", dict(T06_SETTINGS), ids=(5, 128009))
+    out = tmp_path / "new" / "out" if where == "new-out" else None
+    if where == "earlier-result":
+        write_test06(Test06Result("Offline", 1, "Skipped", True, True), run / "mlperf_log_accuracy.json", run)
+    before = {p.relative_to(tmp_path): p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    monkeypatch.setattr(t06.shutil, "copy2", _copy_half_then_disk_full)
+    code = main(["test06-verify", str(run)] + (["--out", str(out)] if out else []))
+    assert code == 2
+    after = {p.relative_to(tmp_path): p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    assert after == before
+    monkeypatch.undo()
+    assert main(["test06-verify", str(run)] + (["--out", str(out)] if out else [])) == 0
+    d = (out or run) / "TEST06"
+    assert (d / "verify_accuracy.txt").read_text().endswith("TEST06 verification complete\n")
+    assert (d / "accuracy" / "mlperf_log_accuracy.json").read_bytes() == (run / "mlperf_log_accuracy.json").read_bytes()
+    assert sorted(p.name for p in d.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_write_test06_replaces_an_earlier_result_whole(tmp_path):
+    log = write_log(tmp_path / "mlperf_log_accuracy.json", [make_log_entry(0, [5, 128009])])
+    stale = tmp_path / "out" / "TEST06"
+    (stale / "accuracy").mkdir(parents=True)
+    (stale / "verify_accuracy.txt").write_text("edited\n")
+    (stale / "accuracy" / "mlperf_log_accuracy.json").write_text("[]")
+    d = write_test06(verify_test06(log, "Offline", EOS), log, tmp_path / "out")
+    assert d == stale and (d / "verify_accuracy.txt").read_text().endswith("TEST06 verification complete\n")
+    assert (d / "accuracy" / "mlperf_log_accuracy.json").read_bytes() == log.read_bytes()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["TEST06"]
+
+
+def test_test06_verify_refuses_a_locality_folder(tmp_path):
+    """Before: a `python -m sut.locality` folder with a planted mlperf_log_accuracy.json passed (exit 0) and got
+    "TEST06 verification complete" written into it; `package` and `python -m accuracy` refuse such a folder."""
+    loc = _t06_folder(tmp_path / "x-SYNTHETIC-LOCALITY-NOT-MLPERF", None, ids=(5, 128009))
+    for name, rec in (("locality.json", {"kind": "synthetic-locality", "mlperf": False}), ("run_header.json", {}),
+                      ("cases.jsonl", None)):
+        (loc / name).write_text(json.dumps(rec) if rec is not None else "")
+    ok = _t06_folder(tmp_path / "ok", None, ids=(5, 128009))
+    for args in ([str(loc)], [str(ok), "--out", str(loc)]):
+        before = sorted(p.name for p in loc.iterdir())
+        out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", *args], env=sut_env(), cwd=REPO,
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and "synthetic-locality run folder" in out.stderr, out.stderr
+        assert "NOT an MLPerf run" in out.stderr and "Traceback" not in out.stderr
+        assert sorted(p.name for p in loc.iterdir()) == before
+
+
 # ------------------------------------------------------------- package: the engine that ran, portable README
 def read_back(device_kind: str = "cpu", **args) -> list:
     """One engine's read-back record as the engine workers write it (sut/engine/readback.py read_back)."""

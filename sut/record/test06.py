@@ -16,8 +16,9 @@ off). Its verification reads that log and checks, for every logged response:
 
 ``write_test06`` writes ``<out>/TEST06/verify_accuracy.txt`` with the same lines the reference
 ``run_verification.py`` writes (the submission checker greps them) and copies the log to
-``<out>/TEST06/accuracy/``. This check uses every EOS id of the model (Llama 3.1: 128001, 128008,
-128009) where the reference takes one ``--eos_token_id``, and it also looks at the first id of a
+``<out>/TEST06/accuracy/``, in a folder renamed into place once complete (never a verdict without its log).
+This check uses every EOS id of the model (Llama 3.1: 128001, 128008, 128009) where the reference takes one
+``--eos_token_id``, and it also looks at the first id of a
 response; it is therefore never looser than the reference. Running the reference script on the
 same folder is still what a submitter should do before submitting (README).
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +38,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from accuracy.loadgen_log import hex_bytes
+from accuracy.loadgen_log import hex_bytes, locality_folder_why
 from sut.constants import DEFAULT_MODEL_KEY, LLAMA31_EOS, MAX_NEW_TOKENS
 from sut.errors import ComplianceError
 from sut.record.read import MLPERF_SCENARIOS, check_record, eos_ids, read_json, vocab_size
@@ -212,11 +215,16 @@ def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, sce
         ``(result, TEST06 folder written or None, EOS ids used)``.
 
     Raises:
-        ComplianceError: a bad ``run.json`` field, bad EOS ids (negative, outside the vocabulary,
-            not a list of integers), or a bad accuracy log (naming the record).
-        OSError: the result cannot be written.
+        ComplianceError: ``run_dir`` (or ``out``) is a ``python -m sut.locality`` folder (no MLPerf run), a bad
+            ``run.json`` field, bad EOS ids (negative, outside the vocabulary, not a list of integers), or a bad
+            accuracy log (naming the record).
+        OSError: the result cannot be written (nothing of it is left: :func:`write_test06`).
     """
     run_dir = Path(run_dir)
+    for flag, folder in (("", run_dir), ("--out ", out)):
+        why = locality_folder_why(Path(folder)) if folder is not None else None
+        if why:
+            raise ComplianceError(f"{flag}{folder} {why}")
     has_record = (run_dir / "run.json").is_file()
     rec = check_record(read_json(run_dir / "run.json", "run record"), run_dir / "run.json") if has_record else {}
     vocab = vocab_size(rec)
@@ -240,15 +248,53 @@ def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, sce
 
 
 def write_test06(result: Test06Result, accuracy_log: str | Path, out_dir: str | Path) -> Path:
-    """Write ``<out_dir>/TEST06/verify_accuracy.txt`` and copy the log to ``<out_dir>/TEST06/accuracy/``.
+    """Write ``<out_dir>/TEST06/verify_accuracy.txt`` and copy the log to ``<out_dir>/TEST06/accuracy/``, as one step.
 
-    Returns the ``TEST06`` folder.
+    The folder is built beside its place (``<out_dir>/.TEST06.partial-*``) and renamed to ``TEST06`` once both files
+    are written; an earlier ``TEST06/`` is replaced. On any failure (a full disk, Ctrl-C) the build folder is removed,
+    an earlier ``TEST06/`` is left as it was, and so is no verdict without its log; ``out_dir`` and the parents this
+    call created are removed again.
+
+    Returns:
+        the ``TEST06`` folder.
+
+    Raises:
+        OSError: a folder or file cannot be written, or the log cannot be read.
     """
-    d = Path(out_dir) / "TEST06"
-    (d / "accuracy").mkdir(parents=True, exist_ok=True)
-    (d / "verify_accuracy.txt").write_text(result.verify_accuracy_txt())
-    shutil.copy2(accuracy_log, d / "accuracy" / "mlperf_log_accuracy.json")
-    return d
+    out = Path(out_dir)
+    made = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)  # what mkdir makes
+    stage = out / f".TEST06.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (stage / "accuracy").mkdir(parents=True)  # mkdir, not mkdtemp: the umask's permissions
+        (stage / "verify_accuracy.txt").write_text(result.verify_accuracy_txt())
+        shutil.copy2(accuracy_log, stage / "accuracy" / "mlperf_log_accuracy.json")
+        _replace_folder(stage, out / "TEST06")
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made is not None:  # every file under it is this call's
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    return out / "TEST06"
+
+
+def _replace_folder(new: Path, dest: Path) -> None:
+    """Rename ``new`` to ``dest``; an existing ``dest`` is first renamed aside, then removed (put back when the rename
+    of ``new`` fails)."""
+    if not dest.exists() and not dest.is_symlink():
+        os.rename(new, dest)
+        return
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+    os.rename(dest, old)
+    try:
+        os.rename(new, dest)
+    except BaseException:
+        os.rename(old, dest)
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink()
 
 
 def test06_record(rs, model, run_dir: Path, max_tokens: int) -> dict:
