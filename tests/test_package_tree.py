@@ -230,6 +230,33 @@ def test_package_into_an_existing_out_merges_and_leaves_no_build_folder(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "sub"]
 
 
+@pytest.mark.parametrize("target", ["empty", "holding-a-tree", "missing"])
+def test_package_into_an_out_that_is_a_symbolic_link_fills_the_folder_it_points_to(tmp_path, target):
+    """Before: --out a link to an empty folder did all the work, then failed with "[Errno 20] Not a directory:
+    '...package-partial-...' -> '.../out'" (a rename onto the link)."""
+    from sut.submission.tree import TreeSettings, package_new_tree
+
+    base = tmp_path / "runs"
+    perf = make_run(base, "perf", "performance", compliance={"compliant": False, "reasons": [RUN_REASON]})
+    acc = make_run(base, "acc", "accuracy")
+    real = tmp_path / "elsewhere" / "real"
+    if target != "missing":
+        real.mkdir(parents=True)
+    if target == "holding-a-tree":
+        (real / "closed" / "other").mkdir(parents=True)
+        (real / "closed" / "other" / "keep.txt").write_text("x")
+    link = tmp_path / "links" / "out"
+    link.parent.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    root = package_new_tree(TreeSettings(out=str(link), system="s", submitter="o", division="open",
+                                         performance_runs=(str(perf),), accuracy_runs=(str(acc),),
+                                         allow_noncompliant=True))
+    assert root == link / "open" / "o" and link.is_symlink()
+    assert (real / "open" / "o" / "systems" / "s.json").is_file()
+    assert target != "holding-a-tree" or (real / "closed" / "other" / "keep.txt").read_text() == "x"
+    assert [p.name for p in link.parent.iterdir()] == ["out"] and [p.name for p in real.parent.iterdir()] == ["real"]
+
+
 def _offline_server_runs(base):
     perf = [make_run(base / s, "perf", "performance", scenario=s) for s in ("Offline", "Server")]
     acc = [make_run(base / s, "acc", "accuracy", scenario=s) for s in ("Offline", "Server")]

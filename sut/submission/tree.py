@@ -326,19 +326,25 @@ def package_new_tree(ts: TreeSettings) -> Path:
     The run folder arguments are checked first (``ValueError``, :meth:`TreeSettings.check_run_folders`);
     the tree is then built in a new folder beside ``--out`` (``<parent>/.<out name>.package-partial-XXXX``,
     same file system) and moved into place only once it is complete: renamed to ``--out`` when that does
-    not exist (or is an empty folder), else merged into it entry by entry (each a rename). Ctrl-C or SIGTERM
+    not exist (or is an empty folder), else merged into it entry by entry (each a rename); a symbolic link
+    ``--out`` stands for the folder it points to (built beside that, moved into it). Ctrl-C or SIGTERM
     (``KeyboardInterrupt``) or any failure before that removes the build folder and the parents of
     ``--out`` this call created; a stop signal during the move (milliseconds) is held until the move is
     done, then raised (exit 130, the tree complete).
 
     Raises:
-        ValueError: a bad run folder argument or ``--system-json`` file, or ``--out`` is an existing file.
+        ValueError: a bad run folder argument or ``--system-json`` file, ``--out`` is an existing file or a loop of
+            symbolic links.
         OSError: the build folder cannot be created (an unwritable parent of ``--out``).
         ComplianceError, KeyboardInterrupt: as :func:`package_tree`; a stop signal.
     """
     ts.check_run_folders()
     read_system_desc(ts)  # a bad --system-json: exit 2 before anything is written
-    out = Path(ts.out).absolute()
+    given = Path(ts.out).absolute()
+    try:  # a link is no folder to rename onto, and its target may be on another file system
+        out = given.resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a loop of links (Python < 3.13)
+        raise ValueError(f"--out {ts.out}: cannot follow its symbolic links ({e})") from None
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {ts.out} is a file, not a folder")
     made = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)  # what mkdir makes
@@ -359,7 +365,7 @@ def package_new_tree(ts: TreeSettings) -> Path:
             shutil.rmtree(made, ignore_errors=True)
         raise
     shutil.rmtree(stage, ignore_errors=True)  # what a merge left: folders whose entries moved
-    root = out / ts.division / ts.submitter
+    root = given / ts.division / ts.submitter
     if held:
         log.warning("%s arrived while the finished tree was moved into place: the tree is complete (%s)",
                     held[0], root)
