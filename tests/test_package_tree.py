@@ -96,6 +96,38 @@ def test_system_json_fills_what_run_json_knows_and_marks_the_rest():
     assert out["status"].startswith(FILL_IN) and out["accelerator_memory_capacity"].startswith(FILL_IN)
 
 
+@pytest.mark.parametrize("field, value, why", [
+    ("host_info", "a host", "field 'host_info' must be an object, got str"),
+    ("devices", "cuda", "field 'devices' must be a list of objects (or nulls), got str"),
+    ("devices", ["cuda"], "field 'devices' must be a list of objects (or nulls), got list"),
+    ("host_info", {"os": ["Linux"]}, "field 'host_info.os' must be a string, got list"),
+    ("host_info", {"cpu_count": "16"}, "field 'host_info.cpu_count' must be an integer, got str"),
+    ("devices", [{"kind": "cuda", "name": 5}], "field 'devices[0].name' must be a string, got int 5"),
+    ("devices", [{"kind": "cuda", "uuid": ["GPU-1"]}], "field 'devices[0].uuid' must be a string, got list"),
+])
+def test_package_refuses_a_run_json_field_of_the_wrong_type_with_exit_2_before_writing(tmp_path, field, value, why):
+    """Before: a string host_info or devices crashed `package` building systems/<system>.json (exit 1, AttributeError
+    "'str' object has no attribute 'get'"), after the scenario folders had been laid out in the build folder."""
+    perf = make_run(tmp_path / "runs", "perf", "performance", **{field: value})
+    acc = make_run(tmp_path / "runs", "acc", "accuracy")
+    r = subprocess.run([sys.executable, "-m", "sut", "package", "--allow-noncompliant", "--out", str(tmp_path / "sub"),
+                        "--system", "s", "--submitter", "o", "--division", "open", "--performance", str(perf),
+                        "--accuracy", str(acc)], env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--performance {perf}: {perf / 'run.json'}: {why}" in r.stderr, r.stderr[-1500:]
+    assert "Traceback" not in r.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def test_system_json_takes_a_device_record_that_is_null():
+    """``devices`` as the harness writes it (``[e.get("device") for e in engines]``) may hold null."""
+    from types import SimpleNamespace
+
+    from sut.submission.tree import system_json
+
+    rec = {"devices": [None, {"kind": "cuda", "uuid": "GPU-1", "name": "NVIDIA H100"}]}
+    out = system_json(SimpleNamespace(division="closed", submitter="o", system="s"), rec)
+    assert out["accelerators_per_node"] == 1 and out["accelerator_model_name"] == "NVIDIA H100"
+
+
 def test_measurements_and_readme_say_what_the_engines_ran_not_what_was_asked():
     """With --server-url, --quantization fp8 --kv-cache-dtype fp8 changed nothing on the running
     server, yet measurements.json said fp8 for both. Read-back values win; servers given by URL that do not report

@@ -28,10 +28,14 @@ MLPERF_SCENARIOS = ("Offline", "Server", "Interactive", "SingleStream", "MultiSt
 
 _OBJ, _STR, _BOOL, _INT, _NUM, _STRS, _INTS, _OBJS = ("an object", "a string", "true/false", "an integer", "a number",
                                                       "a list of strings", "a list of integers", "a list of objects")
-#: Field path -> expected kind, for every field ``sut/record/test06.py`` reads; None (JSON null) is always allowed.
+_OBJS_OR_NULL = "a list of objects (or nulls)"
+#: Field path -> expected kind, for every field ``sut/record/test06.py`` and ``sut/submission/`` (``systems/<system>
+#: .json`` included) read; None (JSON null) is always allowed.
 RECORD_FIELDS = {
     **{(k,): _OBJ for k in ("compliance", "run_settings", "engine_settings", "generation", "model", "dataset",
-                            "options", "loadgen", "versions", "test06", "accuracy", "audit_config")},
+                            "options", "loadgen", "versions", "test06", "accuracy", "audit_config", "host_info")},
+    ("devices",): _OBJS_OR_NULL, ("host_info", "cpu_count"): _INT,
+    **{("host_info", k): _STR for k in ("os", "cpu", "gpu_driver")},
     **{(k,): _STR for k in ("status", "sut", "scenario", "mode", "model_key", "validity", "command", "error")},
     ("samples_per_s",): _NUM, ("tokens_per_s",): _NUM, ("engines",): _OBJS,
     ("compliance", "compliant"): _BOOL, ("compliance", "reasons"): _STRS,
@@ -42,8 +46,10 @@ RECORD_FIELDS = {
     ("engine_settings", "model"): _STR, ("engine_settings", "device"): _STR,
     ("loadgen", "errors"): _INT, ("generation", "max_tokens"): _INT, ("test06", "passed"): _BOOL, ("test06", "eos_token_ids"): _INTS,
     ("accuracy", "passed"): _BOOL, ("accuracy", "skipped"): _STR,
-    ("versions", "vllm"): _STR, ("versions", "torch"): _STR, ("versions", "mlcommons-loadgen"): _STR,
+    **{("versions", k): _STR for k in ("vllm", "torch", "mlcommons-loadgen", "python", "cuda")},
 }
+#: Fields of a device record (``devices[i]``, ``engines[i].device``) that must be strings when given.
+DEVICE_STR_FIELDS = ("kind", "slot", "name", "uuid")
 
 
 def _is_int(v: object) -> bool:
@@ -60,6 +66,7 @@ def _kind_ok(v: object, kind: str) -> bool:
         _STRS: lambda: isinstance(v, list) and all(isinstance(x, str) for x in v),
         _INTS: lambda: isinstance(v, list) and all(_is_int(x) for x in v),
         _OBJS: lambda: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+        _OBJS_OR_NULL: lambda: isinstance(v, list) and all(x is None or isinstance(x, dict) for x in v),
     }[kind]()
 
 
@@ -81,7 +88,8 @@ def check_record(rec: object, path: str | Path) -> dict:
 
     Raises ``ComplianceError`` naming the file and the field otherwise (a list instead of an
     object, the string ``"128009"`` where a list of ids is due, a negative error count, an
-    unknown scenario, engine records without ``engine_args``).
+    unknown scenario, engine records without ``engine_args``, a ``host_info`` or ``devices`` that is a
+    string, a device whose ``name`` is no string).
     """
     if not isinstance(rec, dict):
         raise ComplianceError(f"{path}: a run record must be a JSON object, got {type(rec).__name__}")
@@ -109,7 +117,20 @@ def check_record(rec: object, path: str | Path) -> dict:
         for k in ("engine_args", "device"):
             if not isinstance(e.get(k), dict):
                 raise ComplianceError(f"{path}: field 'engines[{i}].{k}' must be an object")
+    _check_devices(rec, path)
     return rec
+
+
+def _check_devices(rec: dict, path: str | Path) -> None:
+    """``ComplianceError`` naming the field for a :data:`DEVICE_STR_FIELDS` field of a device record (``devices[i]``,
+    ``engines[i].device``: objects, checked by :func:`check_record`) that is given and no string."""
+    found = [(f"devices[{i}]", d) for i, d in enumerate(rec.get("devices") or []) if d is not None]
+    found += [(f"engines[{i}].device", e["device"]) for i, e in enumerate(rec.get("engines") or [])]
+    for where, d in found:
+        for k in DEVICE_STR_FIELDS:
+            if d.get(k) is not None and not isinstance(d[k], str):
+                raise ComplianceError(f"{path}: field '{where}.{k}' must be {_STR}, got {type(d[k]).__name__} "
+                                      f"{json.dumps(d[k])[:60]}")
 
 
 def vocab_size(rec: dict) -> int:

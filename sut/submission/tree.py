@@ -126,8 +126,9 @@ class TreeSettings:
 
     def check_run_folders(self) -> None:
         """Raise ``ValueError`` naming the flag and the path for a run folder argument that does not exist, is
-        not a folder, holds no readable ``run.json``, is given twice, or is a run of another kind than its flag
-        asks for (bad input: ``python -m sut package`` exits 2 before it writes anything)."""
+        not a folder, holds no readable ``run.json`` (or one with a field of the wrong type: naming the field), is
+        given twice, or is a run of another kind than its flag asks for (bad input: ``python -m sut package`` exits
+        2 before it writes anything)."""
         seen: dict[Path, str] = {}
         for flag, folders in (("--performance", self.performance_runs), ("--accuracy", self.accuracy_runs),
                               ("--test06", self.test06_runs)):
@@ -142,8 +143,8 @@ class TreeSettings:
 
 
 def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
-    """Why ``d`` is no ``python -m sut run`` folder of the kind ``flag`` takes (None: it may be one;
-    ``check_record`` reads its fields later)."""
+    """Why ``d`` is no ``python -m sut run`` folder of the kind ``flag`` takes, its ``run.json`` a field of the wrong
+    type included (``check_record``'s message, naming the file and the field); None: it may be one."""
     if not d.exists():
         return "does not exist"
     if not d.is_dir():
@@ -156,7 +157,11 @@ def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
         return f"its run.json cannot be read as JSON ({e})"
     if not_mlperf(rec):
         return f"holds a synthetic-locality record as run.json: {NOT_MLPERF}"
-    return _role_mismatch(rec, flag) if isinstance(rec, dict) else None
+    try:
+        check_record(rec, d / "run.json")
+    except ComplianceError as e:
+        return str(e)
+    return _role_mismatch(rec, flag)
 
 
 def _role_mismatch(rec: dict, flag: str) -> Optional[str]:
@@ -532,10 +537,10 @@ def system_desc_problems(system: str, desc: dict) -> list[str]:
 
 
 def system_json(ts: TreeSettings, rec: dict, given: Optional[dict] = None) -> dict:
-    """``systems/<system>.json``: every required field; what ``run.json`` tells is filled in, then the
-    ``given`` fields (``--system-json``) replace theirs; the rest is ``FILL-IN: ...``
-    (:func:`system_desc_problems` lists them)."""
-    devices = rec.get("devices") or [e.get("device") or {} for e in rec.get("engines") or []]
+    """``systems/<system>.json``: every required field; what ``run.json`` (``rec``, passed by ``check_record``:
+    ``host_info`` an object, ``devices`` a list of objects or nulls) tells is filled in, then the ``given`` fields
+    (``--system-json``) replace theirs; the rest is ``FILL-IN: ...`` (:func:`system_desc_problems` lists them)."""
+    devices = [d or {} for d in rec.get("devices") or [e.get("device") for e in rec.get("engines") or []]]
     gpus = {d.get("uuid") or d.get("slot") for d in devices if d.get("kind") == "cuda"}
     names = sorted({d.get("name") for d in devices if d.get("kind") == "cuda" and d.get("name")})
     v = rec.get("versions") or {}
