@@ -340,6 +340,9 @@ def test_package_refuses_fill_in_placeholders_naming_each_field(tmp_path):
     ('{"status": 5}', "field 'status' is 5, the checker takes"), ('{"status": "soon"}', "field 'status' is 'soon'"),
     ('{"acelerator_model_name": "H100"}', "field 'acelerator_model_name' is not one the checker reads; did you mean "
      "'accelerator_model_name'?"),
+    ('{"host_memory_capacity": NaN}', "field 'host_memory_capacity' must be a finite number, got nan"),
+    ('{"host_memory_capacity": 1e999}', "field 'host_memory_capacity' must be a finite number, got inf"),
+    ('{"host_storage_capacity": -Infinity}', "field 'host_storage_capacity' must be a finite number, got -inf"),
 ])
 def test_package_refuses_a_bad_system_json_with_exit_2_before_writing(tmp_path, content, why):
     perf, acc = _offline_server_runs(tmp_path / "runs")

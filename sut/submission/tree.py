@@ -28,6 +28,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -313,7 +314,7 @@ def package_tree(ts: TreeSettings, build_in: Optional[str] = None) -> Path:
     write_src(root / "src", runs, Path(ts.repo))
     systems = root / "systems"
     systems.mkdir(parents=True, exist_ok=True)
-    (systems / f"{ts.system}.json").write_text(json.dumps(system, indent=2) + "\n")
+    (systems / f"{ts.system}.json").write_text(json.dumps(system, indent=2, allow_nan=False) + "\n")
     final = Path(ts.out) / ts.division / ts.submitter
     if problems:
         write_not_compliant(root, problems, final)
@@ -476,8 +477,9 @@ def read_system_desc(ts: TreeSettings) -> dict:
     """The fields of ``ts.system_desc`` (``--system-json``; ``{}`` when none is given).
 
     Raises:
-        ValueError: the file cannot be read, is not a UTF-8 JSON object of plain values (string, number,
-            boolean, null), gives a ``status`` the checker refuses, or ``division``, ``submitter`` or
+        ValueError: the file cannot be read, is not a UTF-8 JSON object of plain values (string, finite number,
+            boolean, null: ``NaN``, ``Infinity`` and a number too large for a float are refused), gives a ``status``
+            the checker refuses, or ``division``, ``submitter`` or
             ``system_name`` other than the command's.
     """
     if ts.system_desc is None:
@@ -495,6 +497,9 @@ def read_system_desc(ts: TreeSettings) -> dict:
         if isinstance(v, (dict, list)):
             raise ValueError(f"{where}: field {k!r} must be a plain value (text, number, true/false), got "
                              f"{type(v).__name__}")
+        if isinstance(v, float) and not math.isfinite(v):  # Python's json reads NaN, Infinity and 1e999 (inf)
+            raise ValueError(f"{where}: field {k!r} must be a finite number, got {v!r} (not valid JSON in the "
+                             "submission: write the value as text, e.g. \"512 GB\")")
     if "status" in desc and not (isinstance(desc["status"], str) and desc["status"].lower() in VALID_STATUSES):
         raise ValueError(f"{where}: field 'status' is {desc['status']!r}, the checker takes "
                          f"{' | '.join(VALID_STATUSES)}")
