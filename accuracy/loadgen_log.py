@@ -48,9 +48,18 @@ def not_mlperf(rec: object) -> bool:
     return isinstance(rec, dict) and (rec.get("mlperf") is False or rec.get("kind") not in (None, "mlperf-loadgen"))
 
 
+#: What marks a ``python -m sut.locality`` run folder (``sut.locality``: its ``RUN_SUFFIX``, the record, the header
+#: written before the first case and the cases appended after each; a run cut off early has only the last two).
+LOCALITY_SUFFIX = "-SYNTHETIC-LOCALITY-NOT-MLPERF"
+LOCALITY_FILES = ("locality.json", "run_header.json", "cases.jsonl")
+
+
 def locality_folder_why(folder: Path) -> Optional[str]:
-    """Why ``folder`` is a ``python -m sut.locality`` run folder (a ``locality.json``, no ``run.json``), else None."""
-    if not (folder / "run.json").exists() and (folder / "locality.json").is_file():
+    """Why ``folder`` is a ``python -m sut.locality`` run folder (no ``run.json``, and its name or one of
+    :data:`LOCALITY_FILES` says so, a run cut off before its ``locality.json`` included), else None."""
+    if (folder / "run.json").exists():
+        return None
+    if folder.name.endswith(LOCALITY_SUFFIX) or any((folder / f).is_file() for f in LOCALITY_FILES):
         return f"is a synthetic-locality run folder (python -m sut.locality): {NOT_MLPERF}"
     return None
 

@@ -3,6 +3,7 @@ a user relabelled a Server run Interactive, marked an INVALID run VALID, and cut
 ``package`` laid them out."""
 
 import json
+import shutil
 
 import pytest
 from test_compliance import gate_result, make_log_entry, make_run, make_test06_run, settings, write_log
@@ -153,3 +154,24 @@ def test_a_locality_run_is_refused_as_not_mlperf_by_package_and_accuracy(tmp_pat
         read_accuracy_log(loc / "locality.json")
     with pytest.raises(AccuracyInputError, match="is a folder: pass --accuracy-log .*mlperf_log_accuracy.json"):
         read_accuracy_log(acc)
+
+
+
+def test_a_locality_run_cut_off_before_its_record_is_refused_too(tmp_path, runs):
+    """A locality run stopped before its locality.json holds only its header and cases (or only its name says what
+    it is): still no MLPerf run, for accuracy, package and test06-verify alike."""
+    from accuracy.loadgen_log import LOCALITY_SUFFIX, AccuracyInputError, read_accuracy_log
+    from sut.locality import RUN_SUFFIX
+
+    assert LOCALITY_SUFFIX == RUN_SUFFIX  # the accuracy package imports nothing of sut: one value, kept in step
+    perf, acc, t06 = runs
+    for name, files in (("cut", ("run_header.json",)), ("cases", ("cases.jsonl",)), ("x" + RUN_SUFFIX, ())):
+        loc = tmp_path / name
+        loc.mkdir()
+        shutil.copy(acc / "mlperf_log_accuracy.json", loc)
+        for f in files:
+            (loc / f).write_text("{}\n")
+        with pytest.raises(AccuracyInputError, match="is a synthetic-locality run folder .*NOT an MLPerf run"):
+            read_accuracy_log(loc)
+        with pytest.raises(ComplianceError, match="is a synthetic-locality run .*NOT an MLPerf run"):
+            check_scenario(settings(tmp_path, loc, acc, t06))

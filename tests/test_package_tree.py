@@ -1,6 +1,8 @@
 """``python -m sut package --allow-noncompliant`` (the command the demo and quickstart.sh print) on
 dev runs: the rehearsal tree holds exactly one NOT-COMPLIANT.txt, with every reason."""
 
+import os
+import stat
 import subprocess
 import sys
 
@@ -274,6 +276,7 @@ def test_package_into_an_out_that_is_a_symbolic_link_fills_the_folder_it_points_
     real = tmp_path / "elsewhere" / "real"
     if target != "missing":
         real.mkdir(parents=True)
+        real.chmod(0o750)  # an empty one is replaced by the build folder: its permissions stay (not mkdtemp's 0700)
     if target == "holding-a-tree":
         (real / "closed" / "other").mkdir(parents=True)
         (real / "closed" / "other" / "keep.txt").write_text("x")
@@ -287,6 +290,9 @@ def test_package_into_an_out_that_is_a_symbolic_link_fills_the_folder_it_points_
     assert (real / "open" / "o" / "systems" / "s.json").is_file()
     assert target != "holding-a-tree" or (real / "closed" / "other" / "keep.txt").read_text() == "x"
     assert [p.name for p in link.parent.iterdir()] == ["out"] and [p.name for p in real.parent.iterdir()] == ["real"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(real.stat().st_mode) == (0o777 & ~umask if target == "missing" else 0o750)
 
 
 def _offline_server_runs(base):

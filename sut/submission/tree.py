@@ -32,6 +32,7 @@ import math
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -357,6 +358,7 @@ def package_new_tree(ts: TreeSettings) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING_SUFFIX}", dir=out.parent))
+        os.chmod(stage, _folder_mode(out))  # mkdtemp's 0700 would replace an empty --out's own permissions
     except BaseException:
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
@@ -397,6 +399,16 @@ def _stop_signals_held():
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def _folder_mode(out: Path) -> int:
+    """The permission bits the tree's top folder gets: those of ``out`` when it is a folder already (an empty one is
+    replaced by the build folder), else what ``mkdir`` would give under the process's umask."""
+    if out.is_dir():
+        return stat.S_IMODE(out.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
 
 
 def _move_into_place(stage: Path, out: Path) -> None:
