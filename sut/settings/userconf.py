@@ -326,9 +326,9 @@ def check_user_conf(path: str | os.PathLike, model_key: str, scenario: str,
                          f"(target_qps 1); add a {model_key}.{scenario}.target_qps line (or pass --target-qps for a dev "
                          "run)")
     if others:  # one line for all: a file with every scenario's lines is the usual case, not a problem
-        keys = sorted({ln.key.rsplit(".", 1)[0] for ln in others})
-        log.info("%s: line(s) %s are for other runs (%s), not %s.%s; LoadGen ignores them here", path,
-                 ", ".join(str(ln.number) for ln in others), ", ".join(keys), model_key, scenario)
+        each = ", ".join(f"line {ln.number} ({ln.key.rsplit('.', 1)[0]})" for ln in others)
+        verb, them = ("is for another run", "it") if len(others) == 1 else ("are for other runs", "them")
+        log.info("%s: %s %s, not %s.%s; LoadGen ignores %s here", path, each, verb, model_key, scenario, them)
     return values
 
 
