@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clean-up-spaces", choices=("auto", "on", "off"), default="auto",
                    help="transformers-4.x decode clean-up (' .' -> '.' etc.): auto follows the tokenizer config (Llama 3 tiktoken: on)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.set_defaults(eos_source="--eos-ids")  # where --eos-ids came from; _fill_from_run names run.json
     return p
 
 
@@ -201,7 +202,7 @@ def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
         args.tokenizer = _recorded_tokenizer(rec)
     eos = model.get("eos_token_ids") if isinstance(model, dict) else None
     if args.eos_ids is None and isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
-        args.eos_ids = tuple(eos)
+        args.eos_ids, args.eos_source = tuple(eos), f"{run_json} model.eos_token_ids"
     recorded = _checked_max_samples(rs.get("max_samples"), run_json)
     if args.max_samples is None and recorded is not None:
         args.max_samples = recorded
@@ -232,6 +233,7 @@ def _main(argv: list[str]) -> int:
         output_dir=Path(args.output_dir) if args.output_dir else acc_log.parent,
         reference=args.reference,
         eos_ids=args.eos_ids,
+        eos_source=args.eos_source,
         max_samples=args.max_samples,
         clean_up_spaces={"auto": None, "on": True, "off": False}[args.clean_up_spaces],
         write_reference=Path(args.write_reference) if args.write_reference else None,

@@ -57,6 +57,8 @@ class GateSettings:
         output_dir: where ``accuracy.json``, ``accuracy.txt`` and the PNG go (created).
         reference: "auto", "datacenter", "edge" or a reference JSON file path.
         eos_ids: EOS ids; None: from ``generation_config.json`` / the tokenizer.
+        eos_source: where the given ``eos_ids`` came from, for the log and ``accuracy.json``
+            (``--eos-ids``, ``.../run.json model.eos_token_ids``, ...).
         max_samples: the run used only the first N dataset records.
         clean_up_spaces: force the transformers-4.x decode clean-up on/off; None: as the
             tokenizer config says (tiktoken Llama 3: on).
@@ -70,6 +72,7 @@ class GateSettings:
     output_dir: Path
     reference: str = "auto"
     eos_ids: tuple[int, ...] | None = None
+    eos_source: str = "--eos-ids"
     max_samples: int | None = None
     clean_up_spaces: bool | None = None
     write_reference: Path | None = None
@@ -110,7 +113,7 @@ def _summary_lines(result: dict) -> list[str]:
             lines.append(f"  {k:<10}{v['value']:>10.4f}  >= {v['min']:.4f} (99% of {v['reference']})  {'ok' if v['ok'] else 'LOW'}")
         g = verdict["gen_len"]
         lines.append(
-            f"  {'gen_len':<10}{g['value']:>10d}  in [{g['min']:.1f}, {g['max']:.1f}] ({gen_len_basis(g)})  "
+            f"  {'gen_len':<10}{g['value']:>10d}, required in [{g['min']:.1f}, {g['max']:.1f}] ({gen_len_basis(g)})  "
             f"{'ok' if g['ok'] else 'OUT OF RANGE'}"
         )
         lines.append(f"  {'gen_num':<10}{result['scores']['gen_num']:>10d}")
@@ -216,7 +219,7 @@ def evaluate(settings: GateSettings) -> dict:
     n = len(references)
     ref = resolve_reference(settings.reference, n)
     det = load_tokenizer(settings.tokenizer, settings.clean_up_spaces)
-    eos_ids, eos_source = resolve_eos_ids(settings.eos_ids, det, LLAMA31_EOS_IDS)
+    eos_ids, eos_source = resolve_eos_ids(settings.eos_ids, det, LLAMA31_EOS_IDS, settings.eos_source)
     entries = read_accuracy_log(settings.accuracy_log)
     check_tokenizer_made(det, data.probes, settings.dataset)
     log_sha256 = hashlib.sha256(Path(settings.accuracy_log).read_bytes()).hexdigest()  # package: the log scored
@@ -261,6 +264,7 @@ def run_gate(
     reference: str = "auto",
     eos_ids: Sequence[int] | None = None,
     max_samples: int | None = None,
+    eos_source: str = "run_gate(eos_ids=...)",
 ) -> dict:
     """Check, score and judge a LoadGen accuracy log; write ``accuracy.json``, ``accuracy.txt``
     and ``output_lengths.png`` into ``output_dir``.
@@ -277,6 +281,8 @@ def run_gate(
             the tokenizer's EOS, else (tiktoken Llama 3) 128001, 128008, 128009.
         max_samples: the run used only the first N dataset records; the dataset is then
             treated as those N records.
+        eos_source: where ``eos_ids`` came from, as the log and ``accuracy.json``
+            (``inputs.eos_ids_source``) name it.
 
     Returns:
         the report dict written to ``accuracy.json``; at least ``passed`` (bool), ``scores``
@@ -295,6 +301,7 @@ def run_gate(
             output_dir=Path(output_dir),
             reference=reference,
             eos_ids=tuple(int(e) for e in eos_ids) if eos_ids else None,
+            eos_source=eos_source,
             max_samples=max_samples,
         )
     )

@@ -345,11 +345,13 @@ def _eos_from_json(path: Path) -> tuple[int, ...] | None:
 
 
 def resolve_eos_ids(
-    explicit: Sequence[int] | None, det: Detokenizer, llama3_default: Sequence[int] | None = None
+    explicit: Sequence[int] | None, det: Detokenizer, llama3_default: Sequence[int] | None = None,
+    explicit_source: str = "--eos-ids",
 ) -> tuple[tuple[int, ...], str]:
     """Choose the EOS ids used by the trailing-EOS check and the EOS share.
 
-    Order: ``explicit`` (``--eos-ids``); ``eos_token_id`` of ``generation_config.json`` then
+    Order: ``explicit`` (given by the caller; ``explicit_source`` names where from: ``--eos-ids``, a
+    ``run.json``, the harness's model folder); ``eos_token_id`` of ``generation_config.json`` then
     ``config.json`` in the tokenizer's folder; the tokenizer's own EOS; ``llama3_default``
     (Llama-3.1-8B-Instruct's 128001, 128008, 128009) for a tiktoken Llama 3 tokenizer.
 
@@ -360,7 +362,7 @@ def resolve_eos_ids(
         AccuracyInputError: none found (pass ``--eos-ids``).
     """
     if explicit:
-        return tuple(int(e) for e in explicit), "--eos-ids"
+        return tuple(int(e) for e in explicit), explicit_source
     for name in ("generation_config.json", "config.json"):
         cand = det.folder / name
         ids = _eos_from_json(cand) if cand.is_file() else None

@@ -270,7 +270,8 @@ def test_tiktoken_file_loader(tmp_path):
 def test_eos_resolution(tok_dir, tmp_path):
     det = load_tokenizer(tok_dir)
     assert resolve_eos_ids(None, det) == ((EOS, EOT), str(tok_dir / "generation_config.json"))
-    assert resolve_eos_ids([7], det)[0] == (7,)
+    assert resolve_eos_ids([7], det) == ((7,), "--eos-ids")
+    assert resolve_eos_ids([7], det, None, "run.json model.eos_token_ids") == ((7,), "run.json model.eos_token_ids")
     tok, _ = _build_tokenizer()
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -292,6 +293,10 @@ def test_complete_and_correct_log(gate, tmp_path):
     # 5 samples against the full datacenter reference: subset, gen_len per sample (611 chars/sample) fails
     assert res["subset"] and res["verdict"]["gen_len"]["basis"] == "per-sample"
     assert not res["passed"] and any("gen_len" in r for r in res["reasons"])
+    # "gen_len N in [a, b] ... OUT OF RANGE" read as if N were inside: the range is what is required
+    g = res["verdict"]["gen_len"]
+    assert f"gen_len{g['value']:>13d}, required in [{g['min']:.1f}, {g['max']:.1f}] (" in res["summary"]
+    assert res["summary"].split("\n  gen_len")[1].split("\n")[0].endswith("OUT OF RANGE")
     lengths = res["output_lengths"]
     assert lengths["samples"] == 5 and lengths["eos_share"] == 1.0 and lengths["at_cap_share"] == 0.0
     assert lengths["max"] == max(len(t.split()) + 1 for t in REFERENCES_TEXT)
@@ -578,6 +583,7 @@ def test_cli_exit_codes(tmp_path, tok_dir, dataset_file, vocab, capsys):
     assert (tmp_path / "accuracy.json").is_file()  # default output dir: the log's folder
     assert cli_main(common + ["--reference", str(ref), "--output-dir", str(tmp_path / "o"), "--eos-ids", "2,3"]) == 0
     assert json.loads((tmp_path / "o" / "accuracy.json").read_text())["inputs"]["eos_ids"] == [2, 3]
+    assert json.loads((tmp_path / "o" / "accuracy.json").read_text())["inputs"]["eos_ids_source"] == "--eos-ids"
     # bad input: no tokenizer, bad reference file, missing log
     capsys.readouterr()
     assert cli_main(common[:4] + ["--output-dir", str(tmp_path / "o2")]) == 2

@@ -149,6 +149,8 @@ def test_without_dataset_the_run_json_next_to_the_log_gives_dataset_tokenizer_eo
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert rc in (0, 1) and "log checks: ok" in text, text
     assert f"from {tmp_path / 'run.json'}: --dataset {data} --tokenizer {tok} --eos-ids {EOS} --max-samples 4" in text
+    said = f"EOS [{EOS}] ({tmp_path / 'run.json'} model.eos_token_ids)"  # no --eos-ids was given
+    assert said in text and "(--eos-ids)" not in text, text
     assert (tmp_path / "accuracy.json").is_file()
     (tmp_path / "run.json").unlink()  # nothing names the dataset: exit 2, asking for it
     assert cli_main(["--accuracy-log", str(log)]) == 2

@@ -218,3 +218,27 @@ def test_package_words_gen_len_as_the_gate_does_also_for_older_gate_files(tmp_pa
     assert "(per-sample)" not in problem and "rouge1 30.0 < 38.313" in problem
     assert ("gen_len 67131 outside [35192.721, 43013.326] (characters over all samples; reference scaled to this "
             "sample count 39103.023)") in problem
+
+
+def test_the_gate_after_a_run_names_the_model_as_the_source_of_its_eos_ids(tmp_path, synthetic, caplog):
+    """A new user's find: `sut run` printed "EOS [...] (--eos-ids)" though no such flag exists there; the ids come
+    from the run's model folder."""
+    from types import SimpleNamespace
+
+    from accuracy.loadgen_log import make_log_entry
+    from sut.record.gate import accuracy_gate_record
+
+    tok = str(_with_tokenizer_folder(synthetic))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    entries = [make_log_entry(i, [1000 + i, 128009]) for i in range(8)]
+    (run_dir / "mlperf_log_accuracy.json").write_text(json.dumps(entries))
+    rs = SimpleNamespace(mode="accuracy", accuracy_gate=True, tokenizer=tok, dataset=str(synthetic), max_samples=None)
+    model = SimpleNamespace(path="models/m", eos_token_ids=(128001, 128009))
+    with caplog.at_level("INFO", logger="accuracy"):
+        rec = accuracy_gate_record(rs, SimpleNamespace(model="models/m"), model, None, run_dir)
+    assert "skipped" not in rec, rec
+    source = "eos_token_id of the run's model models/m"
+    assert json.loads((run_dir / "accuracy.json").read_text())["inputs"]["eos_ids_source"] == source
+    said = [r.getMessage() for r in caplog.records if "EOS [" in r.getMessage()]
+    assert said and f"EOS [128001, 128009] ({source})" in said[0] and "--eos-ids" not in said[0], said

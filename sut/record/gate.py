@@ -98,7 +98,8 @@ def accuracy_gate_record(rs, es, model, dataset: Dataset, run_dir: Path) -> dict
     try:
         tok = gate_tokenizer(rs, es)
         res = accuracy.run_gate(str(run_dir / "mlperf_log_accuracy.json"), rs.dataset, tok, str(run_dir),
-                                eos_ids=list(model.eos_token_ids), max_samples=rs.max_samples)
+                                eos_ids=list(model.eos_token_ids), max_samples=rs.max_samples,
+                                eos_source=f"eos_token_id of the run's model {model.path}")
     except Exception as e:  # noqa: BLE001 - the run itself succeeded; report why the gate did not run
         log.error("accuracy gate could not run: %s", e)
         return {"skipped": str(e)}
