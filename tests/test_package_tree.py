@@ -374,3 +374,43 @@ def test_system_json_keeps_a_field_of_its_own_and_a_power_field(tmp_path, caplog
     warned = [r.getMessage() for r in caplog.records]
     assert any("'lab_rack' is not one the v6.1 checker reads" in m for m in warned), warned
     assert not any("power_supply_details" in m for m in warned), warned
+
+
+@pytest.mark.parametrize("url, reachable", [
+    ("https://github.com/org/harness.git", True), ("ssh://git@host/org/harness", True),
+    ("git@github.com:org/harness.git", True), ("host:org/harness", True),
+    ("/work/main", False), ("../harness", False), ("file:///work/main", False), ("./a:b", False),
+    ("C:\\src\\harness", False), ("harness", False)])
+def test_a_remote_is_a_place_to_fetch_from_only_when_it_is_a_url_or_host_path(url, reachable):
+    from sut.submission.tree import is_reachable_remote
+
+    assert is_reachable_remote(url) is reachable
+
+
+def test_src_readme_does_not_publish_a_local_clones_path_as_its_repository(tmp_path, caplog):
+    """A new user's find: src/README.md said `repository: /work/main` (the clone's origin, a folder on that
+    machine) without a word; now a FILL-IN note and a warning at package time, and a URL is kept."""
+    from sut.submission.tree import write_src
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for cmd in (["init", "-q"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    runs = [("Offline", "performance", {"command": "python -m sut run --mode performance"})]
+    for remote, shown in ((None, "the checkout has no git remote origin"),
+                          ("/work/main", "the git remote origin is /work/main, a local path, not a URL")):
+        if remote:
+            subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", remote], check=True)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="sut.submission.tree"):
+            text = (write_src(tmp_path / "src", runs, repo) / "README.md").read_text()
+        assert f"- repository: FILL-IN: URL where reviewers can get this commit ({shown})\n" in text
+        assert [r.getMessage() for r in caplog.records] == [
+            f"src/README.md: 'repository' is FILL-IN ({shown}): replace it with the URL where reviewers can get this "
+            "commit before submitting"]
+    url = "https://github.com/org/harness.git"
+    subprocess.run(["git", "-C", str(repo), "remote", "set-url", "origin", url], check=True)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sut.submission.tree"):
+        text = (write_src(tmp_path / "src", runs, repo) / "README.md").read_text()
+    assert f"- repository: {url}\n" in text and "FILL-IN" not in text and not caplog.records

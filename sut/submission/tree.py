@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import stat
@@ -434,6 +435,34 @@ def _git(repo: Path, *args: str) -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+#: A git URL with a scheme (``https://``, ``ssh://``, ``git://``; ``file://`` is a local path) or the scp-like
+#: ``[user@]host:path`` form (no ``/`` before the colon, a host longer than one letter: not ``C:\...``).
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_SCP_LIKE = re.compile(r"(?:[^@/:]+@)?[^@/:]{2,}:")
+
+
+def is_reachable_remote(url: str) -> bool:
+    """Whether ``url`` (``git remote``) names a place reviewers can fetch from: a URL with a scheme other
+    than ``file://``, or ``host:path``; False for a filesystem path (``/work/main``, ``../harness``)."""
+    if _URL_SCHEME.match(url):
+        return not url.lower().startswith("file:")
+    return bool(_SCP_LIKE.match(url))
+
+
+def repository_line(repo: Path) -> str:
+    """The ``repository:`` value of ``src/README.md``: the git remote ``origin`` when it is a URL
+    (:func:`is_reachable_remote`), else a ``FILL-IN: ...`` note, with a warning, so that a local clone's path
+    (``/work/main``) is not published as where to get the code."""
+    remote = _git(repo, "config", "--get", "remote.origin.url")
+    if remote and is_reachable_remote(remote):
+        return remote
+    why = (f"the git remote origin is {remote}, a local path, not a URL" if remote
+           else "the checkout has no git remote origin")
+    log.warning("src/README.md: 'repository' is %s (%s): replace it with the URL where reviewers can get this "
+                "commit before submitting", FILL_IN, why)
+    return f"{FILL_IN}: URL where reviewers can get this commit ({why})"
+
+
 def write_src(src: Path, runs: list, repo: Path) -> Path:
     """``src/README.md``: the harness commit (and whether the working tree had changes), how to get
     the code, and the exact command of every run (paths made relative to the repository root)."""
@@ -441,13 +470,12 @@ def write_src(src: Path, runs: list, repo: Path) -> Path:
 
     made = harness_commit(repo, repo / "sut" / "record" / "COMMIT")  # also a tree unpacked from git archive
     commit, dirty = made["harness_commit"], made["harness_uncommitted_changes"]
-    remote = _git(repo, "config", "--get", "remote.origin.url")
     src.mkdir(parents=True, exist_ok=True)
     lines = ["# Harness source", "",
              "MLPerf Inference Llama 3.1 8B on vLLM: `python -m sut run` (this repository's harness).", "",
              f"- commit: `{commit or FILL_IN + ': not a git checkout'}`"
              + (" (the working tree had uncommitted changes when this tree was made)" if dirty else ""),
-             f"- repository: {remote or FILL_IN + ': URL where reviewers can get this commit'}",
+             f"- repository: {repository_line(repo)}",
              f"- {CHECKER_NOTE}", "",
              "## Commands", "", "Run them from the repository root (paths inside it are relative to it).", ""]
     cmds = [portable_command(rec["command"], repo)[0] if rec.get("command") else "(not recorded)" for _, _, rec in runs]
