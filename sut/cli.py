@@ -163,6 +163,17 @@ def cmd_bench_harness(a) -> int:
     return bench_main(a.quick, a.json)
 
 
+DEMO_DESCRIPTION = (
+    "The embedded default (README, command 1): a tiny Llama-3-vocabulary model with dummy (random) weights on a "
+    "synthetic CNN/DailyMail-like set of 64 samples, run as a short Offline performance run, an accuracy-mode run "
+    "scored by the accuracy gate and a TEST06 run, each a python -m sut run with the same settings. About 3-4 min on "
+    "2 CPU cores (12-13 min when other jobs load them heavily). It writes the synthetic data and its tokenizer to "
+    "OUTPUT_DIR/data/ and the three runs to OUTPUT_DIR/<date-time>/, then prints the python -m accuracy command that "
+    "re-scores the accuracy run and the python -m sut package --allow-noncompliant command that lays the runs out as "
+    "a rehearsal submission tree. Not an MLPerf result: every run is marked NOT compliant (64 samples, short "
+    "duration), and with random weights the accuracy gate says FAIL, as it must: it shows the pipeline, not a model.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ShortUsageParser(prog="python -m sut", description="MLPerf Inference Llama 3.1 8B on vLLM: LoadGen harness")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -171,8 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_parsers(sub)
     sub.add_parser("find-qps", add_help=False, help="search the highest VALID Server / Interactive target_qps "
                    "(python -m sut find-qps --help)")
-    d = sub.add_parser("demo", help="the embedded default: tiny dummy model, synthetic data, performance + accuracy + TEST06 runs")
-    d.add_argument("--output-dir", default="results/demo")
+    d = sub.add_parser("demo", help="the embedded default: tiny dummy model, synthetic data, performance + accuracy + "
+                       "TEST06 runs", description=DEMO_DESCRIPTION)
+    d.add_argument("--output-dir", default="results/demo",
+                   help="where the data (OUTPUT_DIR/data/) and the runs (OUTPUT_DIR/<date-time>/) go "
+                        "(default results/demo)")
     t = sub.add_parser("test06-verify", help="TEST06 checks on a run folder's mlperf_log_accuracy.json")
     t.add_argument("run_dir", help="run folder of a TEST06 run (or any folder holding mlperf_log_accuracy.json)")
     t.add_argument("--out", help="where TEST06/verify_accuracy.txt goes (default: the run folder, if it is a "

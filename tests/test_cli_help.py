@@ -56,3 +56,14 @@ def test_verbose_of_a_command_without_engines_says_nothing_of_engine_logs(capsys
     assert "debug logging" in verbose and "engine-N.log" not in verbose and "vLLM" not in verbose
     run = _flag_help(_help(locality_cli.build_parser(), ["run", "--help"], capsys), "-v, --verbose")
     assert "engine-N.log" in run
+
+
+def test_demo_help_says_what_it_runs_how_long_where_its_output_goes_and_that_it_is_no_result(capsys):
+    """A new user's find: `python -m sut demo --help` had no description, only --output-dir."""
+    from sut.run.demo import SAMPLES
+
+    text = _help(cli.build_parser(), ["demo", "--help"], capsys)
+    for said in (f"{SAMPLES} samples", "Offline performance run", "accuracy-mode run", "TEST06 run",
+                 "About 3-4 min on 2 CPU cores", "OUTPUT_DIR/data/", "OUTPUT_DIR/<date-time>/",
+                 "Not an MLPerf result", "(default results/demo)"):
+        assert said in text, said
