@@ -414,3 +414,29 @@ def test_src_readme_does_not_publish_a_local_clones_path_as_its_repository(tmp_p
     with caplog.at_level("WARNING", logger="sut.submission.tree"):
         text = (write_src(tmp_path / "src", runs, repo) / "README.md").read_text()
     assert f"- repository: {url}\n" in text and "FILL-IN" not in text and not caplog.records
+
+
+def test_the_cpu_systems_file_of_the_submission_page_leaves_nothing_to_fill_in(tmp_path):
+    """docs/submission.md's my_system.json for a CPU rehearsal: every field the template leaves FILL-IN on a CPU
+    run is given, and accelerators_per_node is the text "0" (the checker reads the number 0 as empty)."""
+    import json
+    import re
+
+    from sut.submission.tree import TreeSettings, read_system_desc, system_desc_problems, system_json
+
+    page = (REPO / "docs" / "submission.md").read_text()
+    block = re.search(r"cat > my_system\.json <<'EOF'\n(.*?)\nEOF\n", page, re.S)
+    assert block, "no my_system.json example in docs/submission.md"
+    desc = tmp_path / "my_system.json"
+    desc.write_text(block.group(1))
+    ts = TreeSettings(out=str(tmp_path / "sub"), system="1xCPU_vllm", submitter="ORG", performance_runs=("p",),
+                      accuracy_runs=("a",), allow_noncompliant=True, system_desc=str(desc))
+    cpu_run = {"devices": [{"kind": "cpu"}], "versions": {"vllm": "0.32.0"}, "sut": "vllm",
+               "host_info": {"os": "Linux", "cpu": "a CPU", "cpu_count": 2}}
+    template = system_json(ts, cpu_run)
+    assert template["accelerators_per_node"] == 0  # what the checker calls empty
+    system = system_json(ts, cpu_run, read_system_desc(ts))
+    assert system_desc_problems("1xCPU_vllm", system) == []
+    assert system["accelerators_per_node"] == "0" and system["status"] == "available"
+    assert set(json.loads(block.group(1))) == {k for k, v in template.items() if "FILL-IN" in str(v)} | {
+        "accelerators_per_node"}  # the example gives those fields and no other

@@ -3,10 +3,10 @@
 Six short runs of the tiny dummy-weight model (Offline and Server: performance, accuracy, TEST06), laid
 out by ``python -m sut package --allow-noncompliant``, truncated by the official
 ``truncate_accuracy_log.py``, then checked by ``submission_checker.main --version v6.1``. The only
-errors allowed are the ones dev runs must have (too few samples, too short, no early stopping, an
-accuracy run over 16 samples) and the ``systems/<system>.json`` fields left for the user (``FILL-IN``
-status, no accelerator on a CPU system). Nothing about the layout, TEST06, the scenarios, the seeds,
-``src/`` or the measurements may fail.
+errors allowed are the ones dev runs must have (too few samples, too short, no early stopping, a p99
+TTFT / TPOT over Server's limits on busy cores, an accuracy run over 16 samples) and the
+``systems/<system>.json`` fields left for the user (``FILL-IN`` status, no accelerator on a CPU system).
+Nothing about the layout, TEST06, the scenarios, the seeds, ``src/`` or the measurements may fail.
 
 The checker is not vendored and not on PyPI: point ``MLPERF_INFERENCE_REPO`` at a checkout of
 mlcommons/inference (checked at commit b66003e1, 2026-08-20); the test skips without it.
@@ -31,6 +31,9 @@ DEV_RUN_ERRORS = [
     r"Required minimum samples per query not met by user config",
     r"Test duration less than 600s in user config",
     r"Early stopping condition was not met",
+    # p99 TTFT / TPOT of a dev Server run on busy cores over the checker's 2 s / 100 ms (docs/submission.md)
+    r"Failed extra check for TTFT and TPOT\. Obtained: .* Required: TTFT 99-tile: 2000000000\.0000, "
+    r"TPOT 99-tile: 100000000\.0000",
     r"accurcy run does not cover all dataset",
     r"has invalid status \(fill-in",
     r"field accelerators_per_node requires a meaningful response but is empty",  # a CPU system: 0 accelerators
