@@ -394,7 +394,8 @@ def test_src_readme_does_not_publish_a_local_clones_path_as_its_repository(tmp_p
 
     repo = tmp_path / "repo"
     repo.mkdir()
-    for cmd in (["init", "-q"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "x"]):
+    for cmd in (["init", "-q"],
+                ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "x"]):
         subprocess.run(["git", "-C", str(repo), *cmd], check=True)
     runs = [("Offline", "performance", {"command": "python -m sut run --mode performance"})]
     for remote, shown in ((None, "the checkout has no git remote origin"),

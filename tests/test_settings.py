@@ -339,12 +339,14 @@ def test_one_user_conf_may_hold_lines_for_other_runs_of_the_system(tmp_path, cap
     said = [r.getMessage() for r in caplog.records if "for other runs" in r.getMessage()]
     first = QPS.count("\n") + 1
     assert said == [f"{p}: line {first} (llama3_1-8b.Server), line {first + 1} (llama3_1-8b-interactive.Offline), "
-                    f"line {first + 2} (*.Server) are for other runs, not llama3_1-8b.Offline; LoadGen ignores them here"]
+                    f"line {first + 2} (*.Server) are for other runs, not llama3_1-8b.Offline; LoadGen ignores them "
+                    "here"]
 
 
 def test_each_ignored_user_conf_line_is_named_with_its_own_key(tmp_path, caplog):
     """A user's find: a Server run printed `line(s) 1, 3 ... (llama3_1-8b-interactive.Server, llama3_1-8b.Offline)`,
-    keys sorted apart from their line numbers, though line 1 was the Offline line; one ignored line reads "is for another run"."""
+    keys sorted apart from their line numbers, though line 1 was the Offline line; one ignored line reads "is for
+    another run"."""
     from sut.settings.userconf import check_user_conf
 
     p = tmp_path / "user.conf"
@@ -354,7 +356,7 @@ def test_each_ignored_user_conf_line_is_named_with_its_own_key(tmp_path, caplog)
         assert check_user_conf(p, "llama3_1-8b", "Server") == {"target_qps": "2"}
         p.write_text("llama3_1-8b.Server.target_qps = 2\nllama3_1-8b.Offline.target_qps = 3\n")
         assert check_user_conf(p, "llama3_1-8b", "Server") == {"target_qps": "2"}
-    said = [r.getMessage() for r in caplog.records if "for other run" in r.getMessage() or "for another run" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if re.search("for (other runs|another run)", r.getMessage())]
     assert said == [f"{p}: line 1 (llama3_1-8b.Offline), line 3 (llama3_1-8b-interactive.Server) are for other runs, "
                     "not llama3_1-8b.Server; LoadGen ignores them here",
                     f"{p}: line 2 (llama3_1-8b.Offline) is for another run, not llama3_1-8b.Server; LoadGen ignores it "
