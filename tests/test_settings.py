@@ -523,3 +523,34 @@ def test_user_conf_values_compare_as_loadgen_reads_them():
     assert value_key("0x10") == value_key("16") == value_key("+16") == value_key("1.6e1") == value_key("16.0") == 16.0
     assert value_key("17") != value_key("16")
     assert value_key("abc") == "abc" and value_key(None) is None
+
+
+def test_user_conf_issue_and_token_inference_settings_make_a_run_non_compliant(tmp_path):
+    """Before: performance_issue_same / infer_token_latencies in user.conf changed what LoadGen issues and reports
+    (tokens/s inferred, scaled by 0) with no compliance reason."""
+    conf = tmp_path / "user.conf"
+    conf.write_text("llama3_1-8b.Offline.target_qps = 3\nllama3_1-8b.Offline.performance_issue_same = 1\n"
+                    "llama3_1-8b.Offline.performance_issue_same_index = 3\n"
+                    "llama3_1-8b.Offline.infer_token_latencies = 1\n"
+                    "llama3_1-8b.Offline.token_latency_scaling_factor = 2\n")
+    reasons = settings_in_fresh_process(13368, user_conf=str(conf))["reasons"]
+    for key in ("performance_issue_same", "performance_issue_same_index", "infer_token_latencies",
+                "token_latency_scaling_factor"):
+        assert any(r.startswith(f"{conf} changes {key} from mlperf.conf's") for r in reasons), reasons
+
+
+@pytest.mark.parametrize("index", [8, 99999])
+def test_an_issue_same_index_beyond_the_loaded_samples_is_refused(tmp_path, index):
+    """Before: LoadGen segfaulted (index 99999: run.json stuck at "running") or logged an error under a VALID run
+    (index 8 of the 8 samples a --quick run loads)."""
+    import json
+
+    conf = tmp_path / "user.conf"
+    conf.write_text("llama3_1-8b.Offline.target_qps = 3\nllama3_1-8b.Offline.performance_issue_same = 1\n"
+                    f"llama3_1-8b.Offline.performance_issue_same_index = {index}\n")
+    kw = dict(sut="vllm", dataset="x.json", user_conf=str(conf), max_samples=8)
+    out = subprocess.run([sys.executable, "-c", SNIPPET, json.dumps([kw, 8])], capture_output=True, text=True,
+                         env=sut_env(), cwd=REPO, timeout=120)
+    assert out.returncode != 0 and "InputError" in out.stderr
+    assert f"{conf}: performance_issue_same_index {index} is not one of the 8 samples this run loads (0 to 7)" \
+        in out.stderr, out.stderr[-1500:]

@@ -30,7 +30,10 @@ _FROM_CONFIG_CALLED = False
 # process (FromConfig may run once per process).
 _CONF_FIELDS = ("min_duration_ms", "min_query_count", "max_duration_ms", "max_query_count",
                 "performance_sample_count_override", "accuracy_sample_count_override",
-                "sample_concatenate_permutation", "use_token_latencies")
+                "sample_concatenate_permutation", "use_token_latencies",
+                # what is issued and measured: one sample for every query, each once, tokens/s inferred and scaled
+                "performance_issue_same", "performance_issue_same_index", "performance_issue_unique",
+                "infer_token_latencies", "token_latency_scaling_factor")
 _CONF_SNIPPET = """
 import json, sys, tempfile, mlperf_loadgen as lg
 ts = lg.TestSettings()
@@ -108,6 +111,10 @@ def loadgen_test_settings(rs, dataset_size: int):
     if ts.performance_sample_count_override > dataset_size or ts.performance_sample_count_override == 0:
         ts.performance_sample_count_override = dataset_size
     reasons += _dev_overrides(ts, rs, scen.loadgen)
+    if ts.performance_issue_same and ts.performance_issue_same_index >= ts.performance_sample_count_override:
+        raise InputError(f"{rs.user_conf}: performance_issue_same_index {ts.performance_issue_same_index} is not one "
+                         f"of the {ts.performance_sample_count_override} samples this run loads (0 to "
+                         f"{ts.performance_sample_count_override - 1}); LoadGen 6.0.17 crashes or logs an error on it")
     check_target_qps(ts, rs, where="--target-qps" if rs.target_qps is not None else str(rs.user_conf),
                      samples=dataset_size)
     if ts.min_duration_ms < MIN_DURATION_MS and not any("min_duration" in r for r in reasons):
