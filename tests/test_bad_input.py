@@ -357,6 +357,10 @@ def test_an_unknown_preset_key_names_the_preset_and_its_table(tmp_path):
     preset.write_text('[run]\ndataset = "x.json"\nbogus = 1\n')
     with pytest.raises(BadInput, match=re.escape(f"error: {preset} [run]: unknown RunSettings field(s): bogus")):
         settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", "m"]))
+    preset.write_text('[run]\ndataset = "x.json"\n[engine]\nmax_num_seq = 8\n')  # a typo gets a suggestion
+    with pytest.raises(BadInput, match=re.escape(f"error: {preset} [engine]: unknown EngineSettings field(s): "
+                                                 "max_num_seq (did you mean 'max_num_seqs' for 'max_num_seq'?)")):
+        settings_from_args(cli.build_parser().parse_args(["run", "--config", str(preset), "--model", "m"]))
 
 
 @pytest.mark.parametrize("run, flags, message", [

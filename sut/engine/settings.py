@@ -32,6 +32,7 @@ preset section plus flags, typed (no string coercion).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -335,7 +336,10 @@ def settings_from_mapping(cls, values: dict):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        near = {k: difflib.get_close_matches(k, names, n=1) for k in unknown}
+        guess = "; ".join(f"did you mean {m[0]!r} for {k!r}?" for k, m in near.items() if m)
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}{f' ({guess})' if guess else ''}; "
+                         f"known: {', '.join(sorted(names))}")
     hints = typing.get_type_hints(cls)
     for key, val in values.items():
         want = hints.get(key)
