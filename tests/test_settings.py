@@ -231,6 +231,18 @@ def test_cpu_plan_splits_cores(monkeypatch):
         plan_engines(EngineSettings(model="m", device="cpu", engines_per_device=5))
 
 
+def test_cpu_kv_caches_larger_than_the_host_are_refused_before_any_engine(monkeypatch):
+    """Before: cpu_kvcache_gib 100000 started the engine, which vLLM then refused ("less than requested")."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1})
+    monkeypatch.setattr("os.sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 4 * 2 ** 18}[name])  # 4 GiB
+    assert len(plan_engines(EngineSettings(model="m", device="cpu", engines_per_device=2, cpu_kvcache_gib=2))) == 2
+    with pytest.raises(EngineError, match=r"2 CPU engine\(s\) x cpu_kvcache_gib 3 = 6.0 GiB of KV cache, more than "
+                                          r"this host's 4.0 GiB of memory"):
+        plan_engines(EngineSettings(model="m", device="cpu", engines_per_device=2, cpu_kvcache_gib=3))
+    with pytest.raises(EngineError, match=r"kv_cache_memory_bytes 5368709120 = 5.0 GiB"):
+        plan_engines(EngineSettings(model="m", device="cpu", kv_cache_memory_bytes=5 * 2 ** 30))
+
+
 def test_cuda_requested_without_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(EngineError, match="no GPU"):

@@ -76,6 +76,7 @@ def plan_engines(settings: EngineSettings) -> list[EngineSlot]:
     cores = sorted(os.sched_getaffinity(0))
     if k > len(cores):
         raise EngineError(f"{k} CPU engines asked for, but only {len(cores)} cores are usable")
+    _check_cpu_kv_memory(settings, k)
     groups = np.array_split(np.array(cores), k)
     for grp in groups:
         bind = f"{grp[0]}-{grp[-1]}" if len(grp) > 1 else f"{grp[0]}"
@@ -84,6 +85,22 @@ def plan_engines(settings: EngineSettings) -> list[EngineSlot]:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_gib)
         slots.append(EngineSlot(len(slots), "cpu", bind, 1, tuple(sorted(env.items()))))
     return slots
+
+
+def _check_cpu_kv_memory(settings: EngineSettings, engines: int) -> None:
+    """``EngineError`` when the CPU engines' KV caches (``engines x cpu_kvcache_gib`` GiB, or
+    ``kv_cache_memory_bytes`` each) exceed the host's physical memory: vLLM refuses each engine only after it
+    started ("less than requested"). Hosts whose memory size cannot be read are not checked."""
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return
+    each = settings.kv_cache_memory_bytes or settings.cpu_kvcache_gib * 2 ** 30
+    what = (f"kv_cache_memory_bytes {settings.kv_cache_memory_bytes}" if settings.kv_cache_memory_bytes
+            else f"cpu_kvcache_gib {settings.cpu_kvcache_gib}")
+    if host > 0 and engines * each > host:
+        raise EngineError(f"{engines} CPU engine(s) x {what} = {engines * each / 2 ** 30:,.1f} GiB of KV cache, more "
+                          f"than this host's {host / 2 ** 30:,.1f} GiB of memory")
 
 
 def cpu_name() -> str:
