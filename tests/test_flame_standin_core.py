@@ -556,3 +556,25 @@ def test_cli_serves_until_interrupted(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_run_can_tell_the_standin_from_flame_by_its_nodes(tmp_path):
+    """The stand-in marks its nodes; the transport records the control plane it reached (a run against the
+    stand-in is no Flame result), and a cluster whose nodes cannot be listed is 'unknown', not a failure."""
+    from types import SimpleNamespace as NS
+
+    from flamepy.proto import types_pb2
+
+    from sut.flame.endpoint import control_plane_kind
+    from tests.flame_standin import StandinCluster
+
+    cluster = StandinCluster.__new__(StandinCluster)  # only what _node_protos reads
+    cluster.gpu_slots, cluster.node_name, cluster._node_gpus = None, "host", 0
+    nodes = cluster._node_protos()
+    assert control_plane_kind(NS(list_nodes=lambda: nodes)) == "stand-in"
+    real = types_pb2.Node(status=types_pb2.NodeStatus(info=types_pb2.NodeInfo(arch="x86_64", os="linux")))
+    assert control_plane_kind(NS(list_nodes=lambda: [real])) == "flame"
+
+    def broken():
+        raise RuntimeError("unavailable")
+    assert control_plane_kind(NS(list_nodes=broken)) == "unknown"

@@ -355,6 +355,10 @@ def test_real_cpu_run_of_both_systems_through_the_flame_standin(tmp_path):
     assert first["kv_pinned"] is None and flame["kv_pinned"]["blocks"] in blocks and len(blocks) == 1
     assert [r["kv_cache"]["blocks"] for r in flame["replicas"]] == [flame["kv_pinned"]["blocks"]] * 2
     assert "flame / standalone, prefix_affinity: median" in out.stdout and (run / "locality.png").is_file()
+    # the record says the control plane was the stand-in: its flame / standalone ratios are no result
+    assert flame["transport_stats"]["flame"]["control_plane"] == "stand-in"
+    assert any(n.startswith("the Flame control plane was the test stand-in") for n in rec["notes"]), rec["notes"]
+    assert "note: the Flame control plane was the test stand-in" in out.stdout
 
 
 # --------------------------------------------------------------------------------- benchmark script

@@ -32,6 +32,24 @@ FLAME_RISK = ("Flame v0.6.0 authenticates no client: whoever reaches its session
               "run commands on its executor hosts; https (cluster.tls) would encrypt the traffic, not keep others out")
 
 
+#: What the test stand-in of a Flame cluster (``tests/flame_standin``) puts in every node's ``status.info.os``, so
+#: that a run against it says so: its timings say nothing about a real Flame cluster.
+STANDIN_MARK = "flame-standin"
+STANDIN_NOTE = ("the Flame control plane was the test stand-in (tests/flame_standin), not Flame v0.6.0: its timings "
+                "say nothing about a real Flame cluster")
+
+
+def control_plane_kind(conn) -> str:
+    """``"stand-in"`` when a node of the cluster ``conn`` reaches carries :data:`STANDIN_MARK`, ``"flame"`` when
+    none does, ``"unknown"`` when the nodes cannot be listed (the run goes on; the record says so)."""
+    try:
+        with stops_held():
+            nodes = conn.list_nodes()
+    except Exception:  # noqa: BLE001 - a record field, never a reason to fail the run
+        return "unknown"
+    return "stand-in" if any(STANDIN_MARK in (n.status.info.os or "") for n in nodes) else "flame"
+
+
 def resolve_endpoint(endpoint: Optional[str] = None) -> str:
     """Option, else ``FLAME_ENDPOINT``, else ``~/.flame/flame.yaml``; ``RunFailed`` if none, or if that file
     cannot be read."""

@@ -41,7 +41,7 @@ from sut.core.transport import Transport, TransportSpec, register_transport
 from sut.errors import RunFailed, TransportError
 from sut.exits import stopped_again
 from sut.flame.batcher import Batcher, check_fits
-from sut.flame.endpoint import connect, endpoint_exposure
+from sut.flame.endpoint import STANDIN_NOTE, connect, control_plane_kind, endpoint_exposure
 from sut.flame.health import ExecutorHealth, executors_of, release_survivors, stuck_after_close
 from sut.flame.options import FlameOptions
 from sut.flame.service_config import make_common_data
@@ -71,6 +71,7 @@ class FlameTransport(Transport):
         self.conn = None
         self.endpoint: Optional[str] = None
         self.exposure: Optional[dict] = None  # sut.flame.endpoint.endpoint_exposure, once connected
+        self.control_plane: Optional[str] = None  # sut.flame.endpoint.control_plane_kind, once connected
         self.watcher = None
         self.sessions: list[ReplicaSession] = []
         self.batchers: list[Batcher] = []
@@ -133,6 +134,9 @@ class FlameTransport(Transport):
     def _connect(self) -> None:
         self.conn, self.endpoint = connect(self.o.endpoint)
         log.info("flame: connected to %s", self.endpoint)
+        self.control_plane = control_plane_kind(self.conn)
+        if self.control_plane == "stand-in":
+            log.warning("flame: %s: %s", self.endpoint, STANDIN_NOTE)
         self.exposure = endpoint_exposure(self.endpoint)
         ensure_app(self.conn, self.endpoint, self.o, self.spec.run_dir)
         if self.o.aio_watch:
@@ -307,7 +311,8 @@ class FlameTransport(Transport):
             err = next((c["error"] for c in closes if c.get("error")), None)
             if err:
                 close["error"] = err
-        rec = {"endpoint": self.endpoint, "exposure": self.exposure, "application": o.app,
+        rec = {"endpoint": self.endpoint, "control_plane": self.control_plane,
+               "exposure": self.exposure, "application": o.app,
                "session_id": self.sessions[0].id if self.sessions else None,
                "session_ids": [rs.id for rs in self.sessions], "options": o.asdict(), "batch_size": o.batch_size,
                "batch_window_ms": o.batch_window_ms, "engines": o.engines, "executors_per_engine": self.per_engine,

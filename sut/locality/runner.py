@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sut.errors import EngineError, RunFailed
+from sut.flame.endpoint import STANDIN_NOTE
 from sut.locality import NOTICE, RUN_SUFFIX
 from sut.locality.pairs import PairSettings, StudyContext, run_pairs, run_records
 from sut.locality.study import pair_report, plot_pair_report
@@ -172,6 +173,8 @@ def deviation_notes(cases: Sequence[dict]) -> list[str]:
         notes.append(note)
     if any(not c.get("fresh_engines", True) for c in cases):
         notes.append("some systems ran on servers that were already running: not fresh engines per pair")
+    if any(((c.get("transport_stats") or {}).get("flame") or {}).get("control_plane") == "stand-in" for c in cases):
+        notes.append(f"{STANDIN_NOTE}; the flame / standalone ratios are no result")
     return notes
 
 

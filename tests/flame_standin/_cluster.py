@@ -19,6 +19,8 @@ from typing import Dict, List, Optional, Union
 import grpc
 from flamepy.proto import frontend_pb2_grpc, types_pb2
 
+from sut.flame.endpoint import STANDIN_MARK
+
 from ._executor import Executor
 from ._frontend import FrontendServicer
 from ._store import (
@@ -285,7 +287,9 @@ class StandinCluster:
                         state=types_pb2.Ready,
                         capacity=cap,
                         allocatable=cap,
-                        info=types_pb2.NodeInfo(arch=platform.machine(), os=platform.system().lower()),
+                        # the mark a run against this stand-in records (sut.flame.endpoint.control_plane_kind)
+                        info=types_pb2.NodeInfo(arch=platform.machine(),
+                                                os=f"{platform.system().lower()} {STANDIN_MARK}"),
                         last_heartbeat_time=now_ms(),
                     ),
                 )
