@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sut.constants import REPO
 from sut.engine.settings import MAX_SEED
-from sut.errors import ComplianceError, InputError, RunFailed
+from sut.errors import ComplianceError, InputError, RunFailed, check_output_path
 from sut.exits import ShortUsageParser, run_main, stop_on_sigterm_like_ctrl_c
 from sut.record.latency_trend import describe as describe_trend
 from sut.record.read import MLPERF_SCENARIOS, invalid_why
@@ -106,22 +106,12 @@ def _print_summary(rec: dict) -> None:
     log.info("run summary:\n%s", "\n".join(lines))
 
 
-def _writable(path: str, flag: str, folder: bool = False) -> None:
-    """``InputError`` (exit 2, before anything is written) when ``path`` is a folder where a file is due, or a
-    file where a folder is due."""
-    p = Path(path)
-    if folder and p.exists() and not p.is_dir():
-        raise InputError(f"{flag} {path} is a file, not a folder")
-    if not folder and p.is_dir():
-        raise InputError(f"{flag} {path} is a folder, not a file")
-
-
 def cmd_synthetic(a) -> int:
     from sut.data.synthetic import SyntheticSettings, write_dataset, write_tokenizer
 
-    _writable(a.out, "--out")
+    check_output_path(a.out, "--out")
     if a.tokenizer_out:
-        _writable(a.tokenizer_out, "--tokenizer-out", folder=True)
+        check_output_path(a.tokenizer_out, "--tokenizer-out", folder=True)
     stats = write_dataset(a.out, SyntheticSettings(samples=a.samples, seed=a.seed))
     if a.tokenizer_out:
         write_tokenizer(a.tokenizer_out)
@@ -137,7 +127,7 @@ def cmd_retokenize(a) -> int:
         raise InputError(f"--source {a.source}: no such file")
     if not Path(a.tokenizer).is_dir():
         raise InputError(f"--tokenizer {a.tokenizer}: no such folder (a local Hugging Face tokenizer folder)")
-    _writable(a.out, "--out")
+    check_output_path(a.out, "--out")
     retokenize(a.source, a.tokenizer, a.out, a.max_samples, a.split)  # DatasetError: exit 2
     return 0
 
@@ -152,7 +142,7 @@ def cmd_convert_smollm2(a) -> int:
 def cmd_demo(a) -> int:
     from sut.run.demo import run_demo
 
-    _writable(a.output_dir, "--output-dir", folder=True)
+    check_output_path(a.output_dir, "--output-dir", folder=True)
     return run_demo(Path(a.output_dir))
 
 

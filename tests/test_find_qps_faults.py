@@ -266,3 +266,18 @@ def test_fresh_process_try_past_its_timeout_leaves_no_server_and_no_running_reco
     (t,) = _tries(tmp_path / "runs" / "tries-Server.jsonl")
     assert t["validity"] is None and "timed out after 8 s: stopped (SIGTERM) (--timeout-s)" in t["note"], t
     assert "search failed: timed out after 8 s" in caplog.text
+
+
+# ----------------------------------------------------------------------------- --log that cannot be written
+@pytest.mark.parametrize("where", ["folder", "under a file"])
+def test_a_log_that_cannot_be_written_is_refused_before_any_try(tmp_path, monkeypatch, capsys, synthetic_small,
+                                                                where):
+    monkeypatch.setattr(find_qps, "sut_try", lambda *a: pytest.fail("a try started"))
+    (tmp_path / "f").write_text("")
+    bad = {"folder": tmp_path, "under a file": tmp_path / "f" / "tries.jsonl"}[where]
+    with pytest.raises(SystemExit) as e:
+        find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "4", "--log", str(bad)))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--log {bad}" in err and ("not a folder" in err or "not a file" in err), err
+    assert not (tmp_path / "o").exists()
+

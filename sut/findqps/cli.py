@@ -62,7 +62,8 @@ wall_s, folder, the search settings) as soon as it ends, so a search killed mid-
 running out) loses only that try. ``--resume FILE`` takes the tries in FILE as made and goes on from
 their bounds (highest VALID, lowest INVALID), appending to FILE (or to ``--log B``, which then gets FILE's
 tries first; a non-empty B other than FILE is refused, exit 2); tries made with other settings
-(scenario, min duration, min query count, run arguments) are refused (exit 2). ``--budget-s S`` starts
+(scenario, min duration, min query count, run arguments) are refused (exit 2), as is a log path that cannot
+be written (``sut.errors.check_output_path``). ``--budget-s S`` starts
 no try that would, at the longest try's pace so far (scaled up for a try at a lower rate than the tries it
 is estimated from; ``find_qps_search.Budget``: a one-process search's engine
 start counts only until a try without it has run), end more than S seconds after the search began.
@@ -78,6 +79,7 @@ import sys
 import time
 from pathlib import Path
 
+from sut.errors import InputError, check_output_path
 from sut.exits import ShortUsageParser
 from sut.findqps.attempt import NO_VERDICT, sut_run_settings, sut_try, try_from_record
 from sut.findqps.checks import check_performance_tries, equal_issue_warning
@@ -295,6 +297,10 @@ def _setup(argv):
                     "tries first)")
         seed = a.resume
     trylog = TryLog(a.log or a.resume or out / f"tries-{a.scenario}.jsonl", settings, seed)
+    try:  # the first try's end writes it: a path that cannot be written ends the search now, not then
+        check_output_path(trylog.path, "--log" if a.log or not a.resume else "--resume")
+    except InputError as e:
+        p.error(str(e) + ("" if a.log or a.resume else f" (--log's default, under --output-dir {a.output_dir})"))
     return a, run_args, prior, trylog, Budget(a.budget_s, prior)
 
 
