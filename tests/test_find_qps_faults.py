@@ -281,3 +281,42 @@ def test_a_log_that_cannot_be_written_is_refused_before_any_try(tmp_path, monkey
     assert e.value.code == 2 and f"--log {bad}" in err and ("not a folder" in err or "not a file" in err), err
     assert not (tmp_path / "o").exists()
 
+
+# ----------------------------------------------------------------------------- target_qps above the 1e7 cap
+def test_a_search_whose_next_rate_is_above_the_cap_stops_with_exit_1_and_no_resume_hint(tmp_path, monkeypatch,
+                                                                                        capsys, caplog,
+                                                                                        synthetic_small):
+    run = fake_run(limit=1e300)
+    monkeypatch.setattr(find_qps, "sut_try", run)
+    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "4", "--factor", "1e7")) == 1
+    assert run.calls == [4]
+    text = caplog.text + capsys.readouterr().out
+    assert "above the 1e+07" in text and "highest VALID 4" in text and "go on with" not in text, text
+    assert "Traceback" not in text
+
+
+def test_a_search_that_ran_out_of_tries_just_below_the_cap_prints_no_resume_hint(tmp_path, monkeypatch, capsys,
+                                                                                 caplog, synthetic_small):
+    monkeypatch.setattr(find_qps, "sut_try", fake_run(limit=1e300))
+    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "4", "--factor", "1e7", "--max-runs",
+                               "1")) == 0
+    out = capsys.readouterr().out
+    assert "go on with" not in out and "above the 1e+07" in out, out
+
+
+@pytest.mark.parametrize("start", [None, "2e7"])
+def test_a_rate_above_the_cap_in_the_resume_file_or_start_is_refused_before_any_try(tmp_path, monkeypatch, capsys,
+                                                                                    synthetic_small, start):
+    monkeypatch.setattr(find_qps, "sut_try", lambda *a: pytest.fail("a try started"))
+    first = tmp_path / "a.jsonl"
+    args = _args(tmp_path, synthetic_small[0], "--start", "4", "--max-runs", "0")
+    settings = {"scenario": "Server", "min_duration_s": 30.0, "min_query_count": 1000,
+                "run_args": args[args.index("--") + 1:]}
+    first.write_text(json.dumps({"qps": 4, "validity": "INVALID", "settings": settings}) + "\n"
+                     + json.dumps({"qps": 1e300, "validity": "VALID", "settings": settings}) + "\n")
+    extra = ["--start", start] if start else ["--resume", str(first)]
+    with pytest.raises(SystemExit) as e:
+        find_qps.main(_args(tmp_path, synthetic_small[0], *extra))
+    err = capsys.readouterr().err
+    named = "--start 2e+07" if start else f"{first} line 2"
+    assert e.value.code == 2 and named in err and "1e+07" in err, err

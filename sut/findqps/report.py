@@ -10,6 +10,7 @@ from typing import Optional
 
 from sut.findqps.plot import plot_search
 from sut.findqps.search import DEFAULT_MAX_RUNS, Try, bounds, next_qps
+from sut.settings.run import MAX_TARGET_QPS
 from sut.scenarios import default_model_key
 
 log = logging.getLogger("find_qps")
@@ -90,9 +91,12 @@ def report(a, tries: list[Try], best: Optional[float], n_prior: int, log_path: P
     if tries:
         print(f"figure: {plot_search(tries, a.scenario, best, Path(log_path).with_suffix('.png'))}")
     lo, hi = bounds(tries, a.allow_queue_growth)
-    if tries and next_qps(lo, hi, a.start, a.factor, a.rel_tol) is not None:
+    nq = next_qps(lo, hi, a.start, a.factor, a.rel_tol) if tries else None
+    if nq is not None:
         print(f"not converged (highest VALID {fmt_qps(lo)}, lowest INVALID {fmt_bound(hi, tries, a.allow_queue_growth)}, "
-              f"--rel-tol {a.rel_tol:g}); go on with:\n  {resume_command(a, run_args, log_path)}")
+              f"--rel-tol {a.rel_tol:g}); " + (f"go on with:\n  {resume_command(a, run_args, log_path)}"
+                                              if nq <= MAX_TARGET_QPS else f"the next target_qps, {nq:g} queries/s, "
+                                              f"is above the {MAX_TARGET_QPS:g} cap of a run's: it cannot go on"))
     if lo is not None and hi is not None and lo > hi:
         print(f"note: VALID at {lo:g} above INVALID at {fmt_bound(hi, tries, a.allow_queue_growth)} (noisy tries); "
               "confirm with a longer run")

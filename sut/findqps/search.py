@@ -14,10 +14,23 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from accuracy.jsontext import JSONLinesError, read_jsonl
+from sut.errors import RunFailed
+from sut.settings.run import MAX_TARGET_QPS
 
 log = logging.getLogger("find_qps")
 #: New tries a search makes at most unless told otherwise (``--max-runs``).
 DEFAULT_MAX_RUNS = 8
+
+
+class AboveCap(RunFailed):
+    """The next qps the search would try is above ``MAX_TARGET_QPS`` (the most a run takes): the search cannot go
+    on, not even resumed (exit 1). ``qps``: that next rate; ``best``: the highest that holds so far (or None)."""
+
+    def __init__(self, qps: float, best: Optional[float]):
+        super().__init__(f"the next target_qps, {qps:g} queries/s, is above the {MAX_TARGET_QPS:g} cap of a run's "
+                         f"target_qps, so the search cannot go on (resumed neither); highest VALID "
+                         + ("none" if best is None else f"{best:g} queries/s"))
+        self.qps, self.best = qps, best
 
 
 @dataclass(frozen=True)
@@ -77,8 +90,8 @@ def next_qps(lo: Optional[float], hi: Optional[float], start: Optional[float], f
 
 def check_search_args(start: Optional[float], factor: float, rel_tol: float, max_runs: int, prior: list) -> None:
     """``ValueError`` naming the first search argument that cannot work (``search``'s): a missing ``start``
-    without earlier tries, ``start`` / ``rel_tol`` not a finite number > 0, ``factor`` not > 1, ``max_runs`` < 0 (or 0
-    without earlier tries)."""
+    without earlier tries, ``start`` not in (0, ``MAX_TARGET_QPS``], ``rel_tol`` not a finite number > 0,
+    ``factor`` not > 1, ``max_runs`` < 0 (or 0 without earlier tries)."""
     import math
 
     if start is None and not prior:
@@ -90,6 +103,8 @@ def check_search_args(start: Optional[float], factor: float, rel_tol: float, max
         if v is not None and (not math.isfinite(v) or not ok):
             raise ValueError(f"{name} {v:g}: must be " + {"--start": "a number > 0", "--factor": "a number > 1",
                                                           "--rel-tol": "a number > 0", "--max-runs": ">= 0"}[name])
+    if start is not None and start > MAX_TARGET_QPS:
+        raise ValueError(f"--start {start:g}: above the {MAX_TARGET_QPS:g} cap of a run's target_qps")
 
 
 def search(run: Callable[[float], Try], start: Optional[float], factor: float = 2.0, rel_tol: float = 0.05,
@@ -103,7 +118,7 @@ def search(run: Callable[[float], Try], start: Optional[float], factor: float = 
     ``hi / lo - 1 <= rel_tol``; at most ``max_runs`` new tries, and none once ``may_start()`` says no, nor
     after a try that failed (validity None: no verdict, so the same qps would come next). Returns
     ``(None, tries)`` when no try was VALID. Raises ``ValueError`` for bad arguments (``start`` may be None
-    only when ``prior`` holds tries).
+    only when ``prior`` holds tries), ``AboveCap`` when the next qps is above ``MAX_TARGET_QPS``.
     """
     tries = list(prior)
     check_search_args(start, factor, rel_tol, max_runs, tries)
@@ -112,6 +127,8 @@ def search(run: Callable[[float], Try], start: Optional[float], factor: float = 
     lo, hi = bounds(tries, allow_growth)
     for _ in range(max_runs):
         q = next_qps(lo, hi, start, factor, rel_tol)
+        if q is not None and q > MAX_TARGET_QPS:
+            raise AboveCap(q, lo)
         if q is None or not may_start(q):
             break
         tries.append(run(q))
@@ -183,13 +200,14 @@ class TryLog:
 
 
 def _checked_try(t: Try) -> Try:
-    """``t`` when its fields have their types (``qps`` a finite number > 0; the p99s, tokens/s and ``wall_s``
-    numbers >= 0 or null; ``validity`` VALID, INVALID or null; ``queue_growing`` a bool or null), else ``ValueError`` naming the field."""
+    """``t`` when its fields have their types (``qps`` a number in (0, ``MAX_TARGET_QPS``]; the p99s, tokens/s and
+    ``wall_s`` numbers >= 0 or null; ``validity`` VALID, INVALID or null; ``queue_growing`` a bool or null), else
+    ``ValueError`` naming the field."""
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
-    if not number(t.qps) or t.qps <= 0:
-        raise ValueError(f"qps {t.qps!r} is not a number > 0")
+    if not number(t.qps) or not 0 < t.qps <= MAX_TARGET_QPS:
+        raise ValueError(f"qps {t.qps!r} is not a number in (0, {MAX_TARGET_QPS:g}] (the cap of a run's target_qps)")
     for name in ("ttft_p99_ms", "tpot_p99_ms", "tokens_per_s", "wall_s"):
         v = getattr(t, name)
         if v is not None and not number(v):

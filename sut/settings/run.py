@@ -17,6 +17,9 @@ MODES = ("performance", "accuracy")
 #: Largest ``--min-query-count``: LoadGen keeps it in a 64-bit count; beyond the Server schedule cap
 #: (``sut.settings.loadgen.SERVER_MAX_QUERIES``) a run could never finish its queries anyway.
 MAX_QUERY_COUNT = 10**9
+#: Largest ``--target-qps`` (and ``--min-duration-s``) a run takes: a target of 1e7 already grew the harness past
+#: 6 GB in 20 s (``sut.settings.loadgen``).
+MAX_TARGET_QPS = 1e7
 #: Offline query holds max(min_query_count, 1.1 x min duration x target_qps) samples rounded UP to a
 #: multiple of the performance sample count (mlperf.conf's equal issue, ``sample_concatenate_permutation``;
 #: Server's query count likewise), so without a cap a quick run issued the whole dataset at least (64 samples
@@ -127,7 +130,7 @@ class RunSettings:
                              f"{self.min_query_count}")
         for name in ("min_duration_s", "target_qps"):
             v = getattr(self, name)
-            if v is not None and not (math.isfinite(v) and 0 < v <= 1e7):
+            if v is not None and not (math.isfinite(v) and 0 < v <= MAX_TARGET_QPS):
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a number in (0, 1e7], got {v}")
         if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
             raise ValueError("stall_timeout_s (--stall-timeout-s) must be a positive number of seconds, got "
