@@ -10,8 +10,8 @@ from typing import Optional
 
 from sut.findqps.plot import plot_search
 from sut.findqps.search import DEFAULT_MAX_RUNS, Try, bounds, next_qps
-from sut.settings.run import MAX_TARGET_QPS
 from sut.scenarios import default_model_key
+from sut.settings.run import MAX_TARGET_QPS
 
 log = logging.getLogger("find_qps")
 
