@@ -95,7 +95,7 @@ _ENGINE_HELP = {
     "engines_per_device": "replicas per GPU (sharing its memory) or number of CPU replicas (default 1); every system "
                           "gets this many replicas, replica r on the same device",
 }
-_PRESET_HELP = ("the study's traces (../shared/research/study.md): study-no-reuse = 64 news documents x 1 question, "
+_PRESET_HELP = ("the study's traces (docs/study.md): study-no-reuse = 64 news documents x 1 question, "
                 "study-reuse = 64 x 4 = 256 requests; ~8K-token documents, one shuffled burst (--rate 0), exactly 16 "
                 "new tokens each (--max-tokens 16), --text news (needs --dataset). Beyond the study "
                 "(sut/locality/workloads, docs/locality.md): arrivals (Poisson at 50/80/95%% of the burst capacity, "
