@@ -568,3 +568,23 @@ def test_a_run_folder_that_cannot_be_made_leaves_no_output_dir(tmp_path, capsys)
     rc = main(["report", str(run), "--output-dir", str(out), "--run-name", "a" * 300])
     assert rc == 2 and "cannot create the run folder under --output-dir" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_merged_runs_of_one_pair_each_are_noted_when_the_order_does_not_alternate(tmp_path):
+    """Two runs of --pairs 1 both ran standalone first: the merge says the order effect is not averaged out; one
+    run per order does not get the note."""
+    def ordered(pair, first, rps):
+        out = []
+        for i, system in enumerate((first, "flame" if first == "standalone" else "standalone")):
+            c = case(pair, system, rps + i / 10 + pair / 100)
+            c["order"] = i
+            out.append(c)
+        return out
+    a = make_run(tmp_path, "a", ordered(0, "standalone", 10.0), header())
+    b = make_run(tmp_path, "b", ordered(0, "standalone", 11.0), header())
+    rc, rec = report(tmp_path, a, b, name="same")
+    assert rc == 0 and any(n.startswith("prefix_affinity: the merged pairs do not alternate which system runs "
+                                        "first (standalone first in 2)") for n in rec["notes"]), rec["notes"]
+    c = make_run(tmp_path, "c", ordered(0, "flame", 12.0), header())
+    rc, rec = report(tmp_path, a, c, name="alternating")
+    assert rc == 0 and not any("do not alternate" in n for n in rec["notes"]), rec["notes"]

@@ -417,6 +417,24 @@ def _runtime_notes(runs: Sequence[SourceRun]) -> list[str]:
     return notes
 
 
+def _order_notes(cases: Sequence[dict]) -> list[str]:
+    """A note when the merged pairs do not alternate which system runs first (a run alternates its own pairs;
+    runs of one pair each all start the same way): per policy, how many pairs began with each system."""
+    first: dict = {}
+    for c in cases:
+        key = (c["policy"], c["pair"])
+        if c.get("order") is not None and (key not in first or c["order"] < first[key][0]):
+            first[key] = (c["order"], c["system"])
+    notes = []
+    for policy in sorted({p for p, _ in first}):
+        counts = Counter(sys for (p, _), (_, sys) in first.items() if p == policy)
+        if (len(counts) == 1 and sum(counts.values()) > 1) or max(counts.values()) - min(counts.values()) > 1:
+            spread = ", ".join(f"{sys} first in {n}" for sys, n in sorted(counts.items()))
+            notes.append(f"{policy}: the merged pairs do not alternate which system runs first ({spread}); an order "
+                         "effect (a warmer host for the second system) is not averaged out")
+    return notes
+
+
 def _source_notes(runs: Sequence[SourceRun], dropped: Sequence[dict]) -> list[str]:
     notes = [n for r in runs for n in r.notes]
     for r in runs:
@@ -493,7 +511,7 @@ def build(paths: Sequence[str | Path], command: str = "") -> Merged:
                             "pairs": [{"pair": old, "merged_pair": new} for old, new in
                                       sorted({(c["source"]["pair"], c["pair"]) for c in cases
                                               if c["source"]["run"] == str(r.path)})]} for r in runs],
-                  dropped=dropped, notes=notes + _source_notes(runs, dropped))
+                  dropped=dropped, notes=notes + _source_notes(runs, dropped) + _order_notes(kept))
     return Merged(record, cases, records, report, (runs[0].header or {}).get("trace") or {}, _placement(cases))
 
 
