@@ -189,7 +189,10 @@ def test_variable_answers_ask_and_check_each_requests_own_length(systems, tmp_pa
     for c in cases_of(rec):
         assert c["timed"]["output_tokens"] == sum(lengths) and c["validation"]["requests_checked"] == 24
         assert c["timed"]["tpot_s"] is not None
-    assert "variable answers: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "variable answers: " in out and "req p50   req p99" in out  # each case's request latency, client side
+    c = cases_of(rec)[0]
+    assert f"{c['timed']['latency_s']['p50']:.4f}" in out, out
     from matplotlib.image import imread  # the figure's second row: the workload's panel (tests/test_locality_figure.py)
     png = tmp_path / "out" / "w-SYNTHETIC-LOCALITY-NOT-MLPERF" / rec["figure"]
     assert imread(png).shape[0] > imread(png).shape[1] / 2  # one row: 506 x 1650 px, two: 1012 x 1650

@@ -35,12 +35,13 @@ def _cell(lat, key: str) -> str:
 
 
 def report_lines(record: dict) -> list[str]:
-    """The answer-length distribution and, per case, output tokens/s and TPOT / TTFT p50 / p99."""
+    """The answer-length distribution and, per case, output tokens/s, TPOT / TTFT p50 / p99 and the request latency
+    (arrival to answer, client side: ``timed.latency_s``) p50 / p99."""
     a = (record.get("trace") or {}).get("answer_tokens") or {}
     lines = [f"variable answers: {a.get('total')} new tokens in all, per request min {a.get('min')}, median "
              f"{a.get('p50')}, mean {a.get('mean')}, p99 {a.get('p99')}, max {a.get('max')}",
              f"{'pair':>4}  {'system':<11} {'policy':<22} {'out tok/s':>10} {'TPOT p50':>9} {'TPOT p99':>9} "
-             f"{'TTFT p50':>9} {'TTFT p99':>9}"]
+             f"{'TTFT p50':>9} {'TTFT p99':>9} {'req p50':>9} {'req p99':>9}"]
     for c in record.get("cases", []):
         t = c.get("timed")
         if not t:
@@ -48,5 +49,6 @@ def report_lines(record: dict) -> list[str]:
         ttft = t.get("client_ttft_s") or t.get("ttft_s")
         lines.append(f"{c['pair']:>4}  {c['system']:<11} {c['policy']:<22} {t['output_tokens_per_s']:>10.1f} "
                      f"{_cell(t.get('tpot_s'), 'p50'):>9} {_cell(t.get('tpot_s'), 'p99'):>9} {_cell(ttft, 'p50'):>9} "
-                     f"{_cell(ttft, 'p99'):>9}")
+                     f"{_cell(ttft, 'p99'):>9} {_cell(t.get('latency_s'), 'p50'):>9} "
+                     f"{_cell(t.get('latency_s'), 'p99'):>9}")
     return lines
