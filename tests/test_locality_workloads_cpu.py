@@ -23,7 +23,7 @@ SHRUNK = ["--text", "random", "--doc-tokens", "300", "--documents", "4", "--warm
 #: (``test_docs_give_these_commands`` holds the page to them).
 CASE_ARGS = {
     "arrivals": ["--trace-preset", "arrivals", "--policies", "prefix_affinity", "--max-tokens", "4",
-                 "--load-levels", "0.5", "0.95"],
+                 "--load-levels", "0.5", "0.95", "--tpot-target-s", "1"],
     "variable-answers": ["--trace-preset", "variable-answers", "--policies", "prefix_affinity", "--max-tokens", "24",
                          "--min-answer-tokens", "2"],
     "hot-prefixes": ["--trace-preset", "hot-prefixes", "--policies", "prefix_affinity", "prefix_affinity_never",
@@ -85,7 +85,7 @@ def test_arrivals_on_cpu_engines(tmp_path):
         t = lv["timed"]
         assert t["goodput_targets"]["ttft_from"].startswith("client")  # engine and harness share one clock
         assert 0 <= t["client_ttft_s"]["p50"] <= t["client_ttft_s"]["p99"] and t["tpot_s"]["p99"] > 0
-        assert 0 <= t["goodput_share"] <= 1 and t["cached_share"] > 0
+        assert 0 <= t["goodput_share"] <= 1 and t["cached_share"] > 0 and t["goodput_targets"]["tpot_s"] == 1.0
         assert lv["validation"] == {"requests_checked": 16, "failures": 0}
     assert "arrivals: capacity" in out and rec["report"]["metric"] == "goodput_per_s"
 
