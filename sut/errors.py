@@ -1,5 +1,4 @@
-"""Every error class that ends a command, each carrying its exit code, and ``check_output_path``, the check of a
-path a command will write (a leaf: imports nothing of the project).
+"""Every error class that ends a command, each carrying its exit code (a leaf: imports nothing of the project).
 
 Exit codes (``python -m sut ...``, ``python -m sut.locality``, ``python -m sut.flame``; ``python -m accuracy``
 uses the same numbers for its own ``AccuracyInputError``):
@@ -18,7 +17,6 @@ joins the map by setting ``exit_code``.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -99,20 +97,3 @@ class ComplianceError(Exception):
 
     exit_code = EXIT_BAD_INPUT
 
-
-def check_output_path(path, flag: str, folder: bool = False) -> None:
-    """``InputError`` (exit 2, before anything is written) naming ``flag`` when ``path`` cannot be written: a
-    folder where a file is due (or a file where a folder is due), a missing parent that cannot be made (a
-    file on the way), or no write permission (on ``path`` when it exists, else on its nearest existing folder)."""
-    p = Path(path)
-    if folder and p.exists() and not p.is_dir():
-        raise InputError(f"{flag} {path} is a file, not a folder")
-    if not folder and p.is_dir():
-        raise InputError(f"{flag} {path} is a folder, not a file")
-    near = p
-    while not near.exists() and near != near.parent:
-        near = near.parent
-    if near != p and not near.is_dir():
-        raise InputError(f"{flag} {path}: {near} is a file, not a folder, so {path} cannot be made")
-    if not os.access(near, os.W_OK):
-        raise InputError(f"{flag} {path}: {near} is not writable")

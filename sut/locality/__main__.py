@@ -66,6 +66,7 @@ from sut.locality.trace import describe, make_trace, trace_hash
 from sut.locality.workloads.eviction import size_documents
 from sut.locality.workloads.hot_prefixes import popularity
 from sut.locality.workloads.report import workload_shape
+from sut.paths import first_missing
 
 log = logging.getLogger("sut.locality")
 
@@ -187,7 +188,7 @@ def _prepare(a):
 
 def _run_dir(a, systems, made_from) -> Path:
     """Make the run folder under ``--output-dir``; ``BadInput`` when it exists or cannot be made, after removing
-    the ``--output-dir`` folders made on the way (``made_from``: :func:`_first_missing`'s answer)."""
+    the ``--output-dir`` folders made on the way (``made_from``: :func:`sut.paths.first_missing`'s answer)."""
     try:
         preset = getattr(a, "trace_preset", None)  # report (a merge) has none
         label = "-".join(([preset] if preset else []) + [s.name for s in systems]) or "merged"
@@ -204,7 +205,7 @@ def cmd_run(a) -> int:
         es, gen, ps, model, systems, affinity, prepared, ws = _prepare(a)
     except ValueError as e:
         raise BadInput(f"error: {e}") from None
-    made_from = _first_missing(Path(a.output_dir))
+    made_from = first_missing(Path(a.output_dir))
     d = _run_dir(a, systems, made_from)  # last: bad input never leaves a run folder behind
     log.warning("%s", NOTICE.upper())
     log.info("trace: %s", prepared.shape)
@@ -236,14 +237,6 @@ def cmd_run(a) -> int:
     return 0
 
 
-def _first_missing(path: Path):
-    """The outermost folder of ``path`` that does not exist yet (None: all exist): what making the run folder adds."""
-    path, top = path.absolute(), None
-    while not path.exists():
-        top, path = path, path.parent
-    return top
-
-
 def _remove_made_empty(base: Path, made_from) -> None:
     """Remove the folders of ``--output-dir`` this run made (from ``base`` up to ``made_from``) while empty."""
     if made_from is None:
@@ -265,7 +258,7 @@ def cmd_report(a) -> int:
     rendering the console table removes the half-written folder and the ``--output-dir`` folders it made (a file
     that cannot be written: ``RunFailed``, exit 1)."""
     merged = build(a.runs, command_line())
-    made_from = _first_missing(Path(a.output_dir))
+    made_from = first_missing(Path(a.output_dir))
     d = _run_dir(a, [], made_from)
     try:
         tables = study_tables(write_merged(merged, d))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Callable, NamedTuple, Optional
 
+from sut.locality.study import METRICS
+
 _MISSING = object()
 
 
@@ -137,8 +139,8 @@ LEVEL_CHECKS = (
     Check("validation.requests_checked", True, _int, "an integer"),
 )
 
-#: The metrics a run's pair report may compare (``study.METRICS`` and the arrivals workload's goodput).
-REPORT_METRICS = ("requests_per_s", "output_tokens_per_s", "goodput_per_s")
+#: The metrics a run's pair report may compare: ``study.METRICS`` and the arrivals workload's goodput.
+REPORT_METRICS = (*METRICS, "goodput_per_s")
 
 HEADER_CHECKS = (
     Check("systems", False, lambda v: v is None or (isinstance(v, dict) and all(

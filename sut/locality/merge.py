@@ -431,8 +431,8 @@ def _order_notes(cases: Sequence[dict]) -> list[str]:
         if (len(counts) == 1 and sum(counts.values()) > 1) or max(counts.values()) - min(counts.values()) > 1:
             spread = ", ".join(f"{sys} first in {n}" for sys, n in sorted(counts.items()))
             notes.append(f"{policy}: the merged pairs do not alternate which system runs first ({spread}); an order "
-                         "effect (a warmer host for the second system) is not averaged out; a run of one pair starts with the "
-                         "first of its --systems")
+                         "effect (a warmer host for the second system) is not averaged out; a run of one pair starts "
+                         "with the first of its --systems")
     return notes
 
 

@@ -41,6 +41,7 @@ import numpy as np
 from accuracy.loadgen_log import hex_bytes, locality_folder_why
 from sut.constants import DEFAULT_MODEL_KEY, LLAMA31_EOS, MAX_NEW_TOKENS
 from sut.errors import ComplianceError
+from sut.paths import first_missing
 from sut.record.read import MLPERF_SCENARIOS, check_record, eos_ids, read_json, vocab_size
 
 __all__ = ["Test06Result", "verify_run_folder", "verify_test06", "write_test06"]
@@ -262,7 +263,7 @@ def write_test06(result: Test06Result, accuracy_log: str | Path, out_dir: str | 
         OSError: a folder or file cannot be written, or the log cannot be read.
     """
     out = Path(out_dir)
-    made = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)  # what mkdir makes
+    made = first_missing(out)
     stage = out / f".TEST06.partial-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ from accuracy.jsontext import parse_json
 from accuracy.loadgen_log import NOT_MLPERF, locality_folder_why, not_mlperf
 from sut.constants import REPO
 from sut.errors import ComplianceError
+from sut.paths import first_missing
 from sut.record.read import check_record, engines_used, read_json
 from sut.submission.files import flag_values, portable_command
 from sut.submission.scenario import (
@@ -355,7 +356,7 @@ def package_new_tree(ts: TreeSettings) -> Path:
         raise ValueError(f"--out {ts.out}: cannot follow its symbolic links ({e})") from None
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {ts.out} is a file, not a folder")
-    made = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)  # what mkdir makes
+    made = first_missing(out.parent)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING_SUFFIX}", dir=out.parent))
