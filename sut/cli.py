@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 from sut.constants import REPO
+from sut.data.paths import check_output_path
 from sut.engine.settings import MAX_SEED
 from sut.errors import ComplianceError, InputError, RunFailed
 from sut.exits import ShortUsageParser, run_main, stop_on_sigterm_like_ctrl_c
-from sut.paths import check_output_path
 from sut.record.latency_trend import describe as describe_trend
 from sut.record.read import MLPERF_SCENARIOS, invalid_why
 from sut.record.test06 import verify_run_folder

@@ -63,7 +63,7 @@ running out) loses only that try. ``--resume FILE`` takes the tries in FILE as m
 their bounds (highest VALID, lowest INVALID), appending to FILE (or to ``--log B``, which then gets FILE's
 tries first; a non-empty B other than FILE is refused, exit 2); tries made with other settings
 (scenario, min duration, min query count, run arguments) are refused (exit 2), as is a log path that cannot
-be written (``sut.paths.check_output_path``) or a try above a run's ``MAX_TARGET_QPS`` (1e7); a search whose
+be written (``sut.data.paths.check_output_path``) or a try above a run's ``MAX_TARGET_QPS`` (1e7); a search whose
 next rate is above that cap stops (exit 1, ``AboveCap``) with no resume command. ``--budget-s S`` starts
 no try that would, at the longest try's pace so far (scaled up for a try at a lower rate than the tries it
 is estimated from; ``find_qps_search.Budget``: a one-process search's engine
@@ -80,13 +80,13 @@ import sys
 import time
 from pathlib import Path
 
+from sut.data.paths import check_output_path
 from sut.errors import InputError
 from sut.exits import ShortUsageParser
 from sut.findqps.attempt import NO_VERDICT, sut_run_settings, sut_try, try_from_record
 from sut.findqps.checks import check_performance_tries, equal_issue_warning
 from sut.findqps.report import fmt_bound, fmt_qps, log_how_to_go_on, report, try_line
 from sut.findqps.search import DEFAULT_MAX_RUNS, AboveCap, Budget, Try, TryLog, bounds, check_search_args, search
-from sut.paths import check_output_path
 from sut.run.child import TIMEOUT_GRACE_S, split_run_args
 from sut.scenarios import STREAMING_SCENARIOS
 

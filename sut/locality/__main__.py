@@ -35,6 +35,7 @@ from pathlib import Path
 from sut.core.routing import model_revision
 from sut.core.transport import transport_class
 from sut.core.transports.http_options import url_list
+from sut.data.paths import first_missing
 from sut.engine import (
     EngineSettings,
     GenerationSettings,
@@ -66,7 +67,6 @@ from sut.locality.trace import describe, make_trace, trace_hash
 from sut.locality.workloads.eviction import size_documents
 from sut.locality.workloads.hot_prefixes import popularity
 from sut.locality.workloads.report import workload_shape
-from sut.paths import first_missing
 
 log = logging.getLogger("sut.locality")
 
@@ -188,7 +188,7 @@ def _prepare(a):
 
 def _run_dir(a, systems, made_from) -> Path:
     """Make the run folder under ``--output-dir``; ``BadInput`` when it exists or cannot be made, after removing
-    the ``--output-dir`` folders made on the way (``made_from``: :func:`sut.paths.first_missing`'s answer)."""
+    the ``--output-dir`` folders made on the way (``made_from``: :func:`sut.data.paths.first_missing`'s answer)."""
     try:
         preset = getattr(a, "trace_preset", None)  # report (a merge) has none
         label = "-".join(([preset] if preset else []) + [s.name for s in systems]) or "merged"

@@ -40,8 +40,8 @@ import numpy as np
 
 from accuracy.loadgen_log import hex_bytes, locality_folder_why
 from sut.constants import DEFAULT_MODEL_KEY, LLAMA31_EOS, MAX_NEW_TOKENS
+from sut.data.paths import first_missing
 from sut.errors import ComplianceError
-from sut.paths import first_missing
 from sut.record.read import MLPERF_SCENARIOS, check_record, eos_ids, read_json, vocab_size
 
 __all__ = ["Test06Result", "verify_run_folder", "verify_test06", "write_test06"]

@@ -45,8 +45,8 @@ from typing import Optional
 from accuracy.jsontext import parse_json
 from accuracy.loadgen_log import NOT_MLPERF, locality_folder_why, not_mlperf
 from sut.constants import REPO
+from sut.data.paths import first_missing
 from sut.errors import ComplianceError
-from sut.paths import first_missing
 from sut.record.read import check_record, engines_used, read_json
 from sut.submission.files import flag_values, portable_command
 from sut.submission.scenario import (
