@@ -72,7 +72,8 @@ class SystemUnderTest(abc.ABC):
 
     @abc.abstractmethod
     def start(self) -> dict:
-        """Start the backend; return facts for the run record (engines, devices, read-back args).
+        """Start the backend; return facts for the run record (engines, devices, read-back args; optionally
+        ``noncompliance_reasons``: a list of reasons learnt only now, which the harness adds to ``compliance``).
 
         Raises:
             RunFailed / EngineError: the backend could not start.

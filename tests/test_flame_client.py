@@ -478,3 +478,28 @@ def test_an_existing_registration_that_would_not_start_this_checkouts_service_is
         said = "\n".join(r.getMessage() for r in caplog.records)
         assert ("PYTHONPATH starting /old/checkout" in said) is warned, said
         assert ("register --replace --endpoint http://127.0.0.1:8081 --name sut-vllm" in said) is warned
+
+
+def test_a_run_through_the_stand_in_control_plane_is_recorded_not_compliant(tmp_path):
+    """What the SUT learns as it starts (the control plane is the test stand-in) joins the compliance reasons
+    given before the start, on disk before LoadGen runs; the real control plane adds none."""
+    from sut.run.harness import _start_sut
+
+    t = _sut().transport
+    t.endpoint, t.control_plane = "http://127.0.0.1:8080", "flame"
+    assert t.noncompliance_reasons() == []
+    t.control_plane = "stand-in"
+    (reason,) = t.noncompliance_reasons()
+    assert reason.startswith("Flame control plane at http://127.0.0.1:8080: the Flame control plane was the test")
+
+    class Started:
+        def start(self):
+            return {"engines": [], "noncompliance_reasons": [reason]}
+
+    record = {"versions": {}, "compliance": {"compliant": True, "reasons": []}}
+    _start_sut(Started(), record, tmp_path)
+    on_disk = json.loads((tmp_path / "run.json").read_text())
+    assert on_disk["compliance"] == {"compliant": False, "reasons": [reason]} and "noncompliance_reasons" not in on_disk
+    record = {"versions": {}, "compliance": {"compliant": False, "reasons": ["dummy weights", reason]}}
+    _start_sut(Started(), record, tmp_path)  # a later test of a series: the reason is not repeated
+    assert json.loads((tmp_path / "run.json").read_text())["compliance"]["reasons"] == ["dummy weights", reason]

@@ -72,6 +72,9 @@ def test_flame_outputs_identical_to_standalone(plane, request, tmp_path, synthet
             assert counts == base_counts  # n_tokens as in the standalone SUT
             fl = rec["flame"]
             assert rec["status"] == "ok" and fl["endpoint"] == cluster.endpoint and fl["application"] == "sut-vllm"
+            standin_reasons = [r for r in rec["compliance"]["reasons"] if "test stand-in" in r]
+            assert len(standin_reasons) == (plane == "standin") and fl["control_plane"] == (
+                "stand-in" if plane == "standin" else "flame")
             assert fl["exposure"] == {"url": cluster.endpoint, "loopback": True, "tls": False, "warning": None}
             assert fl["session_id"] and fl["batch_size_distribution"] == {str(b): 64 // b}
             assert fl["executors"] == 2 * 64 // b and len(fl["per_task"]) == 64 // b

@@ -99,7 +99,8 @@ class TransportSUT(SystemUnderTest):
         except guard.PrefixCachingError as e:
             raise RunFailed(str(e)) from None
         self._thread.start()
-        return {"engines": [r.info for r in replicas]}
+        late = self.transport.noncompliance_reasons()
+        return {"engines": [r.info for r in replicas], **({"noncompliance_reasons": late} if late else {})}
 
     def stop(self) -> None:
         if self._stopped:

@@ -175,6 +175,11 @@ class Transport(abc.ABC):
         """Transport facts for the run record."""
         return {}
 
+    def noncompliance_reasons(self) -> list[str]:
+        """Why runs through this transport are not MLPerf results, learnt only once it started (e.g. Flame's
+        control plane turned out to be the test stand-in), for ``run.json`` ``compliance.reasons``. Default: none."""
+        return []
+
     def mark_timed(self) -> None:
         """Everything sent so far was warm-up, not timed (the locality runner's warm-up bursts): a
         transport that counts batches reports those apart from the timed ones (``sut.flame.stats``).

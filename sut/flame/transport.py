@@ -297,6 +297,10 @@ class FlameTransport(Transport):
         if errors and self.sink is not None:
             self.fatal(None, errors[0], after_stop=True)
 
+    def noncompliance_reasons(self) -> list[str]:
+        """The stand-in control plane (``sut.flame.endpoint.control_plane_kind``) makes the run a rehearsal."""
+        return [f"Flame control plane at {self.endpoint}: {STANDIN_NOTE}"] if self.control_plane == "stand-in" else []
+
     def mark_timed(self) -> None:
         """Batches sent so far were warm-ups: ``stats`` reports them under ``untimed`` (``sut.flame.stats``)."""
         self.counters.mark_timed()

@@ -322,8 +322,14 @@ def _run_sut(sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts, audit_
 
 
 def _start_sut(sut: SystemUnderTest, record: dict, run_dir: Path) -> None:
-    """``sut.start()``; its engines (read-back args, devices, versions) go on disk before LoadGen starts."""
-    started = sut.start()
+    """``sut.start()``; its engines (read-back args, devices, versions) go on disk before LoadGen starts, with
+    the compliance reasons the SUT learnt as it started (``noncompliance_reasons`` in what ``start`` returns)."""
+    started = dict(sut.start())
+    late = started.pop("noncompliance_reasons", None) or []
+    if late:
+        comp = record["compliance"]
+        comp["reasons"] = list(comp["reasons"]) + [r for r in late if r not in comp["reasons"]]
+        comp["compliant"] = False
     record.update(started)
     engines = started.get("engines") or []
     record["prefix_caching"] = {"enabled": any(e.get("enable_prefix_caching") for e in engines),
