@@ -134,6 +134,22 @@ def test_a_flame_preset_with_sut_vllm_names_the_preset_table_and_the_sut_its_opt
     assert f"[options] table of {tmp_path / 'p.toml'};" in e.value.message and "they are" not in e.value.message
 
 
+def test_a_bad_value_in_a_presets_options_table_names_the_file_and_key_unless_a_flag_gave_it(tmp_path, dataset):
+    from sut.cli import build_parser, settings_from_args
+    from sut.errors import BadInput
+
+    preset = tmp_path / "p.toml"
+    preset.write_text('[run]\nsut = "flame"\n[options]\nbatch_size = 0\nbatch_window_ms = 5\n')
+    base = ["run", "--config", str(preset), "--model", str(TINY_MODEL), "--device", "cpu", "--dataset", str(dataset)]
+    with pytest.raises(BadInput) as e:
+        settings_from_args(build_parser().parse_args(base))
+    assert e.value.code == 2 and f"(from the [options] table of {preset}: batch_size)" in e.value.message, e.value.message
+    for flag in (["--batch-size", "0"], ["--option", "batch_size=0"]):  # the flag gave the bad value: no file named
+        with pytest.raises(BadInput) as e:
+            settings_from_args(build_parser().parse_args([*base, *flag]))
+        assert "batch_size" in e.value.message and "[options] table" not in e.value.message, e.value.message
+
+
 def test_locality_refuses_a_bad_engine_flag_with_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sut.locality", "run", "--model", str(TINY_MODEL), "--device", "cpu",
                         "--doc-tokens", "512", "--cpu-kvcache-gib", "0", "--output-dir", str(tmp_path / "out")],

@@ -148,9 +148,11 @@ def backend_options_from_cli(a: argparse.Namespace, sut: str, preset: dict):
         where = "; ".join(f"{flag} belongs to --sut {' / '.join(owners)}" for flag, owners in foreign)
         raise BadInput(f"error: --sut {sut}: unknown option(s) {', '.join(fields)} ({where})")
     opts = {**preset, **values}
+    from_preset = set(preset) - set(values)  # the preset's values no flag replaced
     for s in a.option:
         k, v = _parse_option(s)
         opts[k] = v
+        from_preset.discard(k)
     ocls = backend.options_cls()
     has_flags = any(sut in bf.backends for bf in (getattr(a, "backend_flags", None) or {}).values())
     see = f" (see the {sut} SUT options in python -m sut run --help)" if has_flags else ""
@@ -161,7 +163,9 @@ def backend_options_from_cli(a: argparse.Namespace, sut: str, preset: dict):
     try:
         return backend.check_options(opts)
     except InputError as e:
-        raise BadInput(f"error: {e}{see}") from None
+        named = [k for k in sorted(from_preset) if re.search(rf"(?<![\w-]){re.escape(k)}\b", str(e))]
+        where = f" (from the [options] table of {a.config}: {', '.join(named)})" if named and a.config else ""
+        raise BadInput(f"error: {e}{where}{see}") from None
 
 
 def _preset_options_note(a: argparse.Namespace, sut: str, unknown: set) -> str:
