@@ -292,6 +292,20 @@ def test_a_preset_too_deep_or_unreadable_is_bad_input(tmp_path, text):
     assert not isinstance(text, bytes) or "not UTF-8" in e.value.message
 
 
+def test_a_preset_saved_with_a_byte_order_mark_is_refused_saying_so(tmp_path):
+    from sut.errors import BadInput
+    from sut.settings.from_args import _preset
+
+    p = tmp_path / "p.toml"
+    p.write_bytes(b"\xef\xbb\xbf[run]\nsut = 'vllm'\n")
+    with pytest.raises(BadInput, match="malformed TOML: .*starts with a UTF-8 byte-order mark"):
+        _preset(str(p))
+    p.write_bytes(b"[run]\nsut = \n")  # malformed without a mark: no word of one
+    with pytest.raises(BadInput) as e:
+        _preset(str(p))
+    assert "byte-order" not in e.value.message
+
+
 # ------------------------------------------------------------------------------------ package
 def _package(tmp_path, perf, acc) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sut", "package", "--out", str(tmp_path / "sub" / "tree"),

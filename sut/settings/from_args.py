@@ -35,7 +35,9 @@ def _preset(path: str | None) -> dict:
     except FileNotFoundError:
         raise BadInput(f"error: preset not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"error: {path}: malformed TOML: {e}") from None
+        bom = " (the file starts with a UTF-8 byte-order mark, which TOML does not allow: save it without)" \
+            if _starts_with_bom(path) else ""
+        raise BadInput(f"error: {path}: malformed TOML: {e}{bom}") from None
     except UnicodeDecodeError as e:  # TOML is UTF-8 (a UTF-16 or binary file)
         raise BadInput(f"error: {path}: not UTF-8 text, as TOML must be (byte {e.start}: {e.reason})") from None
     except RecursionError:
@@ -50,6 +52,15 @@ def _preset(path: str | None) -> dict:
             raise BadInput(f"error: {path}: {name} must be a table ([{name}] with key = value lines), got "
                            f"{type(section).__name__} {section!r}")
     return data
+
+
+def _starts_with_bom(path) -> bool:
+    """True when file ``path`` begins with the UTF-8 byte-order mark (as some Windows editors save)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(3) == b"\xef\xbb\xbf"
+    except OSError:
+        return False
 
 
 def _scenario_engine(engine: dict, scenario: str, path: str | None) -> dict:
