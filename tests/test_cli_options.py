@@ -361,7 +361,9 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
                            ("[engine.Server]\nmax_num_seqs = 0", "[engine.Server]: engine setting max_num_seqs must be"),
                            ('[engine.Server]\nmax_num_seqs = "8"', "[engine.Server]: EngineSettings.max_num_seqs must "
                                                                    "be an integer"),
-                           ("[engine.Interactive]\nbatch_size = 8", "[engine.Interactive]: unknown EngineSettings")):
+                           ("[engine.Interactive]\nbatch_size = 8", "[engine.Interactive]: unknown EngineSettings"),
+                           ('[engine.Server]\nmodel = "/no/such/model"', "[engine.Server] sets model: a preset's "
+                                                                         "scenarios run one model, set in [engine]")):
         preset.write_text(f'[engine]\nmodel = "{TINY_MODEL}"\n{table}\n')
         rc = cli.main(["run", "--config", str(preset), "--dataset", "x.json", "--output-dir", str(tmp_path / "o")])
         assert rc == 2 and f"error: {preset}: {message}" in capsys.readouterr().err  # in an Offline run too

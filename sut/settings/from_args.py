@@ -77,6 +77,9 @@ def _scenario_engine(engine: dict, scenario: str, path: str | None) -> dict:
         if name not in HARNESS_SCENARIOS:
             raise BadInput(f"error: {path}: [engine.{name}] is not a scenario; per-scenario engine settings go in "
                            f"{', '.join(f'[engine.{s}]' for s in HARNESS_SCENARIOS)}")
+        if "model" in table:  # else an Offline run would never look at the Server run's model
+            raise BadInput(f"error: {path}: [engine.{name}] sets model: a preset's scenarios run one model, set in "
+                           "[engine] (or by --model)")
         if _engine_error({"model": "m", **plain}) is None:
             err = _engine_error({"model": "m", **plain, **table})
             if err is not None:
