@@ -64,7 +64,7 @@ from sut.core.transports.http_readback import (
     replica_record,
 )
 from sut.core.transports.http_servers import _OPENER, check_server_args, check_server_command, health_reply
-from sut.engine import EngineSettings, check_weights_present, plan_engines
+from sut.engine import EngineSettings, check_step_budget, check_weights_present, plan_engines
 from sut.errors import EngineError, InputError, ServerInputError
 
 log = logging.getLogger("sut.http")
@@ -355,9 +355,10 @@ class HttpSUT(TransportSUT):
             try:
                 check_server_args(options.server_args, engine, options.server_command)
                 check_server_command(options.server_command)
-                plan_engines(engine)
-                if not options.server_command:  # `vllm serve` started here loads the folder's weights (a command
-                    check_weights_present(engine)  # of one's own may load them from elsewhere: not checked)
+                slots = plan_engines(engine)
+                if not options.server_command:  # `vllm serve` started here: its default step budget and the folder's
+                    check_step_budget(engine, slots, server=True)  # weights (a command of one's own may differ in
+                    check_weights_present(engine)  # both: not checked)
             except (EngineError, ValueError) as e:
                 raise InputError(f"--sut vllm-http: {e}") from None
             return

@@ -23,7 +23,7 @@ from __future__ import annotations
 from sut.base import register_sut
 from sut.core.loadgen_sut import TransportSUT
 from sut.core.transports.local import LocalOptions
-from sut.engine import EngineSettings, check_weights_present, plan_engines
+from sut.engine import EngineSettings, check_step_budget, check_weights_present, plan_engines
 from sut.errors import EngineError, InputError, RunFailed
 
 #: The options of ``--sut vllm`` under their former name.
@@ -39,9 +39,10 @@ class StandaloneSUT(TransportSUT):
     @classmethod
     def check_engine(cls, engine: EngineSettings) -> None:
         """``InputError`` when the engines cannot be placed here (``--device cuda`` without a GPU, more
-        CPU engines than cores) or the model folder lacks the weights they would load (``check_weights_present``)."""
+        CPU engines than cores, a max_num_seqs above vLLM's default step budget there: ``check_step_budget``) or the
+        model folder lacks the weights they would load (``check_weights_present``)."""
         try:
-            plan_engines(engine)
+            check_step_budget(engine, plan_engines(engine))
             check_weights_present(engine)
         except EngineError as e:
             raise InputError(str(e)) from None

@@ -184,6 +184,9 @@ def test_run_with_a_bad_dtype_exits_2_before_an_engine_or_run_folder(tmp_path, d
     # a 200-token prompt in a 4,096-token context fits 128 new tokens, not 4,000
     ([], "[generation]\nmax_tokens = 4000\n", "record 0, field 'tok_input': prompt has 200 tokens, more than 96"),
     ([], "[generation]\neos_token_ids = [2, 999999]\n", "eos_token_ids [999999] are outside the model's vocabulary"),
+    # vLLM's default step budget for vllm.LLM on CPU is 4,096 tokens: it refuses 5,000 sequences only once started
+    (["--max-num-seqs", "5000"], "", "max_num_seqs 5000 with max_num_batched_tokens unset: vLLM's default per-step "
+                                     "budget here is 4,096 tokens (vllm.LLM on cpu)"),
 ])
 def test_a_value_vllm_or_the_context_refuses_exits_2_before_an_engine_or_run_folder(tmp_path, flags, preset, expect):
     """What vLLM would refuse only after the engine started (its own names for load_format, kv_cache_dtype and

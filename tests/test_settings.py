@@ -243,6 +243,36 @@ def test_cpu_kv_caches_larger_than_the_host_are_refused_before_any_engine(monkey
         plan_engines(EngineSettings(model="m", device="cpu", kv_cache_memory_bytes=5 * 2 ** 30))
 
 
+def test_max_num_seqs_above_vllms_default_step_budget_is_refused_before_any_engine(monkeypatch):
+    """vLLM picks the per-step token budget from the device and entry point when it is unset, and refuses one
+    below max_num_seqs only once the engine started: the harness refuses it first, on the budget of these slots."""
+    import subprocess as sp
+
+    from sut.engine import check_step_budget
+    from sut.engine.devices import EngineSlot, default_step_tokens
+
+    assert [default_step_tokens("cpu"), default_step_tokens("cpu", server=True)] == [4096, 2048]
+    h100, a100, l4 = (81559, "NVIDIA H100 80GB HBM3"), (81920, "NVIDIA A100-SXM4-80GB"), (23034, "NVIDIA L4")
+    assert [default_step_tokens("cuda", *g) for g in (h100, a100, l4)] == [16384, 8192, 8192]
+    assert [default_step_tokens("cuda", *g, server=True) for g in (h100, a100, l4)] == [8192, 2048, 2048]
+    assert default_step_tokens("cuda", 143771, "NVIDIA H200", server=True) == 8192  # 140 GiB: under 160
+    assert default_step_tokens("cuda", 183359, "NVIDIA B200", server=True) == 16384
+    cpu = [EngineSlot(0, "cpu", "0-1")]
+    check_step_budget(EngineSettings(model="m", max_num_seqs=4096), cpu)
+    with pytest.raises(EngineError, match="max_num_seqs 4097 with max_num_batched_tokens unset: .* 4,096 tokens"):
+        check_step_budget(EngineSettings(model="m", max_num_seqs=4097), cpu)
+    with pytest.raises(EngineError, match=r"2,048 tokens \(vllm serve on cpu\)"):
+        check_step_budget(EngineSettings(model="m", max_num_seqs=4096), cpu, server=True)
+    check_step_budget(EngineSettings(model="m", max_num_seqs=9000, max_num_batched_tokens=9000), cpu)  # given
+    smi = "0, GPU-aaa, 81559, NVIDIA H100 80GB HBM3\n1, GPU-bbb, 23034, NVIDIA L4\n"
+    monkeypatch.setattr(sp, "run", lambda *a, **k: sp.CompletedProcess(a, 0, stdout=smi))
+    one, both = [EngineSlot(0, "cuda", "GPU-aaa")], [EngineSlot(0, "cuda", "0"), EngineSlot(1, "cuda", "1")]
+    check_step_budget(EngineSettings(model="m", max_num_seqs=16384), one)
+    with pytest.raises(EngineError, match="8,192 tokens"):  # the smallest card's budget counts
+        check_step_budget(EngineSettings(model="m", max_num_seqs=9000), both)
+    check_step_budget(EngineSettings(model="m", max_num_seqs=99999), [EngineSlot(0, "cuda", "MIG-x")])  # unknown
+
+
 def test_cuda_requested_without_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(EngineError, match="no GPU"):

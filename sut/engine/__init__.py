@@ -23,7 +23,7 @@ Modules (one concern each):
 * ``handle``: ``EngineHandle`` (one worker). ``pool``: ``EnginePool`` (every worker of a run).
 """
 
-from sut.engine.devices import CPU_ENV, EngineSlot, plan_engines
+from sut.engine.devices import CPU_ENV, EngineSlot, check_step_budget, plan_engines
 from sut.engine.gcmon import GcPauseMonitor
 from sut.engine.handle import DoneCallback, EngineHandle, FatalCallback, FirstCallback
 from sut.engine.logs import ENGINE_LOG_TAIL_LINES, engine_log_path, log_tail
@@ -40,7 +40,7 @@ from sut.engine.settings import (
 )
 from sut.engine.worker import serve, worker_main
 
-__all__ = ["CPU_ENV", "DeltaCollector", "DoneCallback", "ENGINE_LOG_TAIL_LINES", "EngineHandle",
+__all__ = ["CPU_ENV", "check_step_budget", "DeltaCollector", "DoneCallback", "ENGINE_LOG_TAIL_LINES", "EngineHandle",
            "EnginePool", "EngineSettings", "EngineSlot", "FatalCallback", "FinalCollector", "FirstCallback",
            "GcPauseMonitor", "GenerationSettings", "ModelInfo", "check_weights_present", "engine_log_path",
            "kv_cache_capacity", "log_tail",

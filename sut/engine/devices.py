@@ -103,6 +103,58 @@ def _check_cpu_kv_memory(settings: EngineSettings, engines: int) -> None:
                           f"than this host's {host / 2 ** 30:,.1f} GiB of memory")
 
 
+def default_step_tokens(kind: str, memory_mib: float = 0.0, name: str = "", server: bool = False) -> int:
+    """vLLM's per-step token budget when ``max_num_batched_tokens`` is unset, for one engine (tensor parallel 1)
+    on a ``kind`` ("cpu" / "cuda") device of ``memory_mib`` MiB named ``name``: ``vllm.LLM`` (the harness's
+    engines), or ``vllm serve`` when ``server``. Source: ``EngineArgs.get_batch_defaults`` (vLLM 0.26-0.32):
+    CPU 4,096 / 2,048; a GPU of >= 160 GiB 16,384 / 16,384; >= 70 GiB (not an A100) 16,384 / 8,192; else 8,192 /
+    2,048."""
+    if kind == "cpu":
+        return 2048 if server else 4096
+    if memory_mib >= 160 * 1024:
+        return 16384
+    if memory_mib >= 70 * 1024 and "a100" not in name.lower():
+        return 8192 if server else 16384
+    return 2048 if server else 8192
+
+
+def _gpu_memory(devices: list[str]) -> list[tuple[float, str]]:
+    """``(memory MiB, name)`` of each GPU in ``devices`` (indices or UUIDs as ``plan_engines`` gives them) by
+    ``nvidia-smi``; [] when it cannot tell (the check that uses it is then skipped)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.total,name",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
+                             check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    rows = [[f.strip() for f in line.split(",", 3)] for line in out.splitlines() if line.count(",") >= 3]
+    try:
+        found = [(float(mem), name) for idx, uuid, mem, name in rows if idx in devices or uuid in devices]
+    except ValueError:
+        return []
+    return found if len(found) == len(set(devices)) else []
+
+
+def check_step_budget(settings: EngineSettings, slots: list[EngineSlot], server: bool = False) -> None:
+    """``EngineError`` when ``max_num_batched_tokens`` is unset and ``max_num_seqs`` exceeds the budget vLLM
+    would pick on these slots (``default_step_tokens``): vLLM refuses a budget below ``max_num_seqs`` only once
+    the engine has started. GPUs whose memory ``nvidia-smi`` cannot tell are not checked."""
+    if settings.max_num_batched_tokens is not None or not slots:
+        return
+    if slots[0].kind == "cpu":
+        budget = default_step_tokens("cpu", server=server)
+    else:
+        gpus = _gpu_memory(sorted({s.device for s in slots}))
+        if not gpus:
+            return
+        budget = min(default_step_tokens("cuda", mem, name, server) for mem, name in gpus)
+    if settings.max_num_seqs > budget:
+        raise EngineError(f"max_num_seqs {settings.max_num_seqs} with max_num_batched_tokens unset: vLLM's default "
+                          f"per-step budget here is {budget:,} tokens ({'vllm serve' if server else 'vllm.LLM'} on "
+                          f"{slots[0].kind}), below max_num_seqs, which vLLM refuses once the engine starts; give "
+                          f"--max-num-batched-tokens >= {settings.max_num_seqs}")
+
+
 def cpu_name() -> str:
     """The CPU model name from /proc/cpuinfo ("cpu" when it cannot be read)."""
     try:
