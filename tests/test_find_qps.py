@@ -4,6 +4,7 @@ function stands in for ``python -m sut run`` (no engines; fast)."""
 
 import dataclasses
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -196,6 +197,7 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
     (["--start", "4", "--rel-tol", "0"], "--rel-tol 0: must be a number > 0"),
     (["--start", "4", "--max-runs", "0"], "--max-runs 0 without earlier tries (--resume FILE) would make no try"),
     (["--resume", "missing.jsonl"], "no such file"),
+    (["--resume", "FIFO"], "fifo: not a regular file"),  # not read (it would block), not "no such file"
     (["--resume", "OTHER", "--min-query-count", "500"], "made with min_query_count 1000, this search uses 500"),
     (["--start", "4", "--", "--output-dir", "D"], "--output-dir after --: find_qps sets it for every try"),
     (["--start", "4", "--", "--target-qps=5", "--scenario", "Offline"], "--scenario, --target-qps after --: find_qps "
@@ -209,7 +211,8 @@ def test_main_bad_resume_or_no_start_exits_2_before_any_try(tmp_path, monkeypatc
     other = tmp_path / "other.jsonl"
     TryLog(other, dict(SETTINGS, min_duration_s=120.0, run_args=[])).append(Try(4, "VALID"))  # the default
     monkeypatch.setattr(find_qps, "sut_try", lambda *a: pytest.fail("a try started"))
-    extra = [str(other) if x == "OTHER" else x for x in extra]
+    os.mkfifo(tmp_path / "fifo")
+    extra = [{"OTHER": str(other), "FIFO": str(tmp_path / "fifo")}.get(x, x) for x in extra]
     with pytest.raises(SystemExit) as e:
         find_qps.main(["--scenario", "Server", "--output-dir", str(tmp_path / "o"), *extra])
     assert e.value.code == 2 and message in capsys.readouterr().err

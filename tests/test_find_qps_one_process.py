@@ -256,6 +256,17 @@ def test_bad_run_arguments_exit_2_before_anything_starts(tmp_path, synthetic_sma
     assert rc == 2 and EVENTS == [] and not (tmp_path / "out").exists()
 
 
+def test_a_start_too_low_for_the_tries_stall_timeout_is_refused_as_start_before_anything_starts(
+        tmp_path, synthetic_small, fresh_loadgen_conf, capsys):
+    data, _ = synthetic_small
+    rc = find_qps.main(["--scenario", "Server", "--start", "0.001", "--output-dir", str(tmp_path / "out"), "--",
+                        "--sut", "series-counting", "--model", str(TINY_MODEL), "--dataset", str(data),
+                        "--user-conf", str(CPU_CONF), "--stall-timeout-s", "600"])
+    err = capsys.readouterr().err
+    assert rc == 2 and EVENTS == [] and not (tmp_path / "out").exists()
+    assert "--start 0.001: one query every 1000 s on average, longer than the tries' stall timeout 600 s" in err, err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_real_engine_starts_once_for_a_three_try_search(tmp_path, synthetic_small):

@@ -25,6 +25,18 @@ def check_performance_tries(rs) -> None:
                        f"performance run that LoadGen calls VALID or INVALID; leave it out")
 
 
+def check_first_qps(rs, qps: float, given_by: str) -> None:
+    """``BadInput`` (exit 2, before the first try) when the first try's ``qps`` (queries/s; ``given_by``:
+    "--start" or what chose it) is so low that its mean query gap exceeds the tries' stall timeout
+    (``rs.stall_timeout_s``): each try's run would refuse its ``--target-qps`` (``check_target_qps``)."""
+    from sut.errors import BadInput
+
+    if 1.0 / qps > rs.stall_timeout_s:
+        raise BadInput(f"error: {given_by} {qps:g}: one query every {1.0 / qps:.0f} s on average, longer than the "
+                       f"tries' stall timeout {rs.stall_timeout_s:g} s (--stall-timeout-s after --); start at "
+                       f"{1.0 / rs.stall_timeout_s:.2g} queries/s or more")
+
+
 def equal_issue_warning(rs, samples: int, min_query_count: int, qps: Optional[float]) -> Optional[str]:
     """The warning to log before the first try when LoadGen's equal issue makes every try issue far more
     queries than ``min_query_count`` (at least ``EQUAL_ISSUE_RATIO`` times), else None.

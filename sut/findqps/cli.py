@@ -84,7 +84,7 @@ from sut.data.paths import check_output_path
 from sut.errors import InputError
 from sut.exits import ShortUsageParser
 from sut.findqps.attempt import NO_VERDICT, sut_run_settings, sut_try, try_from_record
-from sut.findqps.checks import check_performance_tries, equal_issue_warning
+from sut.findqps.checks import check_first_qps, check_performance_tries, equal_issue_warning
 from sut.findqps.report import fmt_bound, fmt_qps, log_how_to_go_on, report, try_line
 from sut.findqps.search import DEFAULT_MAX_RUNS, AboveCap, Budget, Try, TryLog, bounds, check_search_args, search
 from sut.run.child import TIMEOUT_GRACE_S, split_run_args
@@ -278,7 +278,7 @@ def _setup(argv):
     prior: list[Try] = []
     if a.resume is not None:
         if not a.resume.is_file():
-            p.error(f"--resume {a.resume}: no such file")
+            p.error(f"--resume {a.resume}: " + ("not a regular file" if a.resume.exists() else "no such file"))
         try:
             prior = TryLog(a.resume, settings).read()
         except (ValueError, OSError) as e:
@@ -338,6 +338,7 @@ def _search(a, make_try, prior: list[Try], trylog: TryLog, budget: Budget,
         if n == len(prior) + 1:  # before the first new try: settings and dataset checked, nothing started
             rs, samples = make_try.prepare()
             check_performance_tries(rs)
+            check_first_qps(rs, q, "--start" if not prior else f"the next target_qps after {a.resume}'s tries,")
             warning = equal_issue_warning(rs, samples, a.min_query_count, q)
             if warning:
                 log.warning("%s", warning)
