@@ -94,7 +94,7 @@ def test_two_runs_merge_with_pairs_renumbered_and_incomplete_pairs_dropped(tmp_p
     assert "replicas' own records): replica 0 on fake:0, replica 1 on fake:1\n" in out
 
 
-def test_policy_ratios_over_pairs_that_ran_both_policies(tmp_path):
+def test_policy_ratios_over_pairs_that_ran_both_policies(tmp_path, capsys):
     a = make_run(tmp_path, "a", [case(0, s, r, po) for s in ("standalone", "flame")
                                  for po, r in (("prefix_affinity", 20.0), ("round_robin", 10.0))], header())
     b = make_run(tmp_path, "b", [case(0, "standalone", 22.0), case(0, "flame", 21.0)], header())
@@ -103,6 +103,10 @@ def test_policy_ratios_over_pairs_that_ran_both_policies(tmp_path):
     pr = rec["report"]["policy_ratios"]["standalone"]
     assert pr["per_pair"] == [{"pair": 0, "ratio": 2.0}]
     assert pr["ratio_of_medians"] == pytest.approx(21.0 / 10.0)
+    assert pr["pairs"] == {"prefix_affinity": 2, "round_robin": 1, "both": 1}
+    out = capsys.readouterr().out  # the console says the two medians are over different pairs
+    assert ("standalone: prefix_affinity / round_robin = 2.100x (ratio of medians); medians over 2 and 1 pairs, "
+            "2.000x per pair over the 1 that ran both") in out, out
 
 
 @pytest.mark.parametrize("field,value", [("trace_hash", "other"), ("trace_preset", "study-no-reuse"),

@@ -214,7 +214,8 @@ def pair_report(records: Sequence[Mapping], metric: str = "requests_per_s", num:
             base = med[rr][metric]["median"]
             report["policy_ratios"][s + suffix] = {
                 "name": f"{aff} / {rr}", "ratio_of_medians": med[aff][metric]["median"] / base if base else None,
-                "per_pair": [{"pair": p, "ratio": v} for p, v in by_pair.items()]}
+                "per_pair": [{"pair": p, "ratio": v} for p, v in by_pair.items()],
+                "pairs": {aff: med[aff][metric]["n"], rr: med[rr][metric]["n"], "both": len(both)}}
     return report
 
 
@@ -249,8 +250,21 @@ def report_lines(report: dict) -> list[str]:
                      f"pairs below {report['floor']:.0%}: {which}")
     for s, r in report["policy_ratios"].items():
         if r["ratio_of_medians"] is not None:
-            lines.append(f"{s}: {r['name']} = {r['ratio_of_medians']:.3f}x (ratio of medians)")
+            lines.append(f"{s}: {r['name']} = {r['ratio_of_medians']:.3f}x (ratio of medians){_pair_sets(r)}")
     return lines
+
+
+def _pair_sets(r: dict) -> str:
+    """For a policy ratio whose two medians are over different pairs (merged runs, a cut-off run): how many each
+    has and the median of the per-pair ratios over the pairs that ran both; "" when the sets are the same."""
+    counts = r.get("pairs") or {}
+    both = counts.get("both")
+    aff, rr = r["name"].split(" / ")
+    if both is None or counts.get(aff) == counts.get(rr) == both:
+        return ""
+    per = sorted(x["ratio"] for x in r["per_pair"])
+    paired = f"{statistics.median(per):.3f}x per pair over the {both} that ran both" if per else "no pair ran both"
+    return f"; medians over {counts.get(aff)} and {counts.get(rr)} pairs, {paired}"
 
 
 # ------------------------------------------------------------------------------------------- figure
