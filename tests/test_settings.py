@@ -498,6 +498,34 @@ def test_bad_engine_batch_limits_are_refused(fields, message):
         EngineSettings(model="m", **fields)
 
 
+def test_step_limits_vllm_refuses_at_start_are_refused_here():
+    """vLLM's SchedulerConfig refuses these only once an engine starts: a long-prefill threshold above
+    max_model_len, and a step budget below max_model_len with chunked prefill off (a prompt must fit one step)."""
+    with pytest.raises(ValueError, match=r"long_prefill_token_threshold must be in \[0, max_model_len 4096\]"):
+        EngineSettings(model="m", max_model_len=4096, long_prefill_token_threshold=4097)
+    EngineSettings(model="m", max_model_len=4096, long_prefill_token_threshold=4096)
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens must be >= max_model_len \(4096\) with "
+                                         "enable_chunked_prefill false"):
+        EngineSettings(model="m", max_model_len=4096, max_num_batched_tokens=1024, enable_chunked_prefill=False)
+    EngineSettings(model="m", max_model_len=4096, max_num_batched_tokens=1024)  # chunked prefill on: fine
+
+
+def test_chunked_prefill_off_raises_vllms_default_step_budget_to_max_model_len():
+    """With chunked prefill off and no budget given vLLM takes max(max_model_len, its default): max_num_seqs up to
+    that is accepted (it was refused at the CPU default of 4,096)."""
+    from sut.engine import check_step_budget
+    from sut.engine.devices import EngineSlot
+
+    cpu = [EngineSlot(0, "cpu", "0-1")]
+    check_step_budget(EngineSettings(model="m", max_model_len=8192, max_num_seqs=8192, enable_chunked_prefill=False),
+                      cpu)
+    with pytest.raises(EngineError, match="8,192 tokens"):
+        check_step_budget(EngineSettings(model="m", max_model_len=8192, max_num_seqs=8193,
+                                         enable_chunked_prefill=False), cpu)
+    with pytest.raises(EngineError, match="4,096 tokens"):
+        check_step_budget(EngineSettings(model="m", max_model_len=8192, max_num_seqs=5000), cpu)
+
+
 def test_prefix_caching_in_the_preset_exits_2_before_a_run_folder(tmp_path, synthetic_small):
     data, _ = synthetic_small
     preset = tmp_path / "pc.toml"

@@ -137,8 +137,8 @@ def _gpu_memory(devices: list[str]) -> list[tuple[float, str]]:
 
 def check_step_budget(settings: EngineSettings, slots: list[EngineSlot], server: bool = False) -> None:
     """``EngineError`` when ``max_num_batched_tokens`` is unset and ``max_num_seqs`` exceeds the budget vLLM
-    would pick on these slots (``default_step_tokens``): vLLM refuses a budget below ``max_num_seqs`` only once
-    the engine has started. GPUs whose memory ``nvidia-smi`` cannot tell are not checked."""
+    would pick on these slots (``default_step_tokens``, at least ``max_model_len`` with chunked prefill off): vLLM
+    refuses a budget below ``max_num_seqs`` only once the engine has started. GPUs whose memory ``nvidia-smi`` cannot tell are not checked."""
     if settings.max_num_batched_tokens is not None or not slots:
         return
     if slots[0].kind == "cpu":
@@ -148,6 +148,8 @@ def check_step_budget(settings: EngineSettings, slots: list[EngineSlot], server:
         if not gpus:
             return
         budget = min(default_step_tokens("cuda", mem, name, server) for mem, name in gpus)
+    if settings.enable_chunked_prefill is False:  # vLLM then raises its default to a whole prompt's length
+        budget = max(budget, settings.max_model_len)
     if settings.max_num_seqs > budget:
         raise EngineError(f"max_num_seqs {settings.max_num_seqs} with max_num_batched_tokens unset: vLLM's default "
                           f"per-step budget here is {budget:,} tokens ({'vllm serve' if server else 'vllm.LLM'} on "

@@ -138,8 +138,8 @@ def check_engine_settings(es: "EngineSettings") -> None:
     cannot run): ``dtype`` outside :data:`VLLM_DTYPES` (any case); ``device`` not auto/cuda/cpu; a count or size
     of :data:`_POSITIVE_INTS` below 1; ``gpu_memory_utilization`` outside (0, 1] (vLLM's
     ``CacheConfig``: gt=0, le=1); ``max_num_batched_tokens`` below ``max_num_seqs`` (both set; vLLM's
-    ``SchedulerConfig``); ``max_model_len`` not above ``MAX_NEW_TOKENS``;
-    ``long_prefill_token_threshold`` or ``seed`` below 0; an empty name of :data:`_NAMES`; a ``load_format``,
+    ``SchedulerConfig``), or below ``max_model_len`` with ``enable_chunked_prefill`` false; ``max_model_len`` not
+    above ``MAX_NEW_TOKENS``; ``long_prefill_token_threshold`` outside [0, ``max_model_len``]; ``seed`` below 0; an empty name of :data:`_NAMES`; a ``load_format``,
     ``kv_cache_dtype`` or ``quantization`` outside the installed vLLM's names (``sut.engine.vllm_names``: read from
     its source, not checked when they cannot be read).
     Types are ``settings_from_mapping``'s concern; a bool is refused where a number is due.
@@ -166,8 +166,11 @@ def check_engine_settings(es: "EngineSettings") -> None:
         raise _field_error("max_model_len", f"> {MAX_NEW_TOKENS} (it covers the longest prompt + {MAX_NEW_TOKENS} "
                                             "new tokens)", es.max_model_len)
     v = es.long_prefill_token_threshold
-    if v is not None and not (number(v) and v >= 0):
-        raise _field_error("long_prefill_token_threshold", ">= 0", v)
+    if v is not None and not (number(v) and 0 <= v <= es.max_model_len):  # vLLM's SchedulerConfig, at start
+        raise _field_error("long_prefill_token_threshold", f"in [0, max_model_len {es.max_model_len}]", v)
+    if es.enable_chunked_prefill is False and tokens is not None and tokens < es.max_model_len:
+        raise _field_error("max_num_batched_tokens", f">= max_model_len ({es.max_model_len}) with "
+                           "enable_chunked_prefill false: a prompt must fit one step (vLLM's rule)", tokens)
     if es.seed is not None and not (number(es.seed) and 0 <= es.seed <= MAX_SEED):
         raise _field_error("seed", f"in [0, {MAX_SEED}] (vLLM's range, 2**32 - 1)", es.seed)
     for name in _NAMES:
