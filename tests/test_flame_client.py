@@ -56,7 +56,7 @@ def test_executor_sizing():
 @pytest.mark.parametrize("bad", [{"batch_size": 0}, {"payload": "pickle"}, {"nope": 1}, {"engines": 0}, {"engine_fill": 0},
                                  {"batch_size": "64"}, {"engine_factory": "no-colon"}, {"service_hooks_args": "x=1"},
                                  {"batch_size": 4097}, {"batch_size": 99999999999999999999}, {"resreq": "garbage"},
-                                 {"resreq": "cpu=1,disk=2"}])
+                                 {"resreq": "cpu=1,disk=2"}, {"engine_fill": 1e308}, {"engine_fill": 64.5}])
 def test_bad_options_are_refused(bad):
     with pytest.raises(InputError, match="--sut flame"):
         _sut(**bad)

@@ -26,6 +26,10 @@ from typing import Optional
 #: H200 sweep, ../shared/research/anchors_2026-12.md section 4), so a bigger task only queues inside one executor.
 MAX_BATCH_SIZE = 4096
 
+#: Largest ``engine_fill``: executors holding 2x ``max_num_seqs`` keep an engine >= 99.9 % busy
+#: (``executors_per_engine``), so more only asks Flame for executors that wait (1e308 overflowed the count).
+MAX_ENGINE_FILL = 64.0
+
 #: Time limits and intervals (seconds) that must be finite and > 0: 0 or less would give up at once (a close that
 #: never waits leaves the session Open with its executors Bound after the harness exits; a warm-up that fails before
 #: it starts), inf or NaN would wait for good or never.
@@ -133,8 +137,8 @@ class FlameOptions:
             raise ValueError(f"register_app must be if_missing or never, got {self.register_app!r}")
         if self.executor_slack < 0:
             raise ValueError(f"executor_slack must be >= 0, got {self.executor_slack}")
-        if not (math.isfinite(self.engine_fill) and self.engine_fill > 0):
-            raise ValueError(f"engine_fill must be > 0, got {self.engine_fill}")
+        if not (math.isfinite(self.engine_fill) and 0 < self.engine_fill <= MAX_ENGINE_FILL):
+            raise ValueError(f"engine_fill must be in (0, {MAX_ENGINE_FILL:g}], got {self.engine_fill}")
         for name in POSITIVE_SECONDS:
             value = getattr(self, name)  # None: unset where the field allows it (engine_stall_s: the run's)
             if value is not None and not (math.isfinite(value) and value > 0):
