@@ -42,6 +42,7 @@ import http.client
 import itertools
 import json
 import logging
+import resource
 import socket
 import time
 from typing import Any, Optional
@@ -310,6 +311,24 @@ def _counts_request_to(b: FleetServer, a: FleetServer, model, timeout_s: float) 
     return False
 
 
+#: Files the harness keeps open besides its connections (logs, pipes, LoadGen's, a started server's).
+OTHER_FILES = 256
+
+
+def check_open_files(options: HttpOptions, engine: EngineSettings, replicas: int) -> None:
+    """``InputError`` when the connections the client opens before LoadGen starts (``max_inflight_per_replica``,
+    default 2 x ``max_num_seqs``, per replica) and ``OTHER_FILES`` exceed this process's open-file limit (``ulimit
+    -n``): the start would fail on "Too many open files" (or, with a huge value, never end) after the servers."""
+    inflight = options.max_inflight_per_replica or 2 * engine.max_num_seqs
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and inflight * replicas + OTHER_FILES > soft:
+        given = ("--max-inflight-per-replica" if options.max_inflight_per_replica
+                 else "the default 2 x --max-num-seqs")
+        raise InputError(f"--sut vllm-http: {inflight:,} connections per server ({given}) x {replicas} server(s) "
+                         f"+ {OTHER_FILES} other files is more than this process may open (ulimit -n {soft:,}): "
+                         "lower --max-inflight-per-replica or raise ulimit -n")
+
+
 #: Engine settings that only a server's launch sets (``vllm serve`` flags); the harness itself uses the others
 #: (model, max_model_len: the prompt-length check and the tokenizer).
 SERVER_SIDE = ("dtype", "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold", "enable_chunked_prefill",
@@ -356,12 +375,14 @@ class HttpSUT(TransportSUT):
                 check_server_args(options.server_args, engine, options.server_command)
                 check_server_command(options.server_command)
                 slots = plan_engines(engine)
+                check_open_files(options, engine, len(slots))
                 if not options.server_command:  # `vllm serve` started here: its default step budget and the folder's
                     check_step_budget(engine, slots, server=True)  # weights (a command of one's own may differ in
                     check_weights_present(engine)  # both: not checked)
             except (EngineError, ValueError) as e:
                 raise InputError(f"--sut vllm-http: {e}") from None
             return
+        check_open_files(options, engine, len(options.servers))
         check_distinct(options.server_urls, f"fleet file {options.fleet}" if options.fleet else "--server-url")
         allow_on = options.allow_prefix_caching or not confirm_prefix_caching
         allow = (allow_on, allow_on or options.allow_unconfirmed_prefix_caching)

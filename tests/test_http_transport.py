@@ -165,6 +165,24 @@ def test_server_args_giving_an_engine_setting_are_refused_before_the_run(args, f
 
 
 
+def test_more_connections_than_the_open_file_limit_are_refused_before_any_server(monkeypatch):
+    """The client opens max_inflight_per_replica connections per server before LoadGen starts: more than ulimit -n
+    allows failed on "Too many open files" after the servers had started (a huge value never ended)."""
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
+    es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu", load_format="dummy")
+    HttpSUT.preflight(HttpSUT.check_options({"max_inflight_per_replica": 768}), es)
+    with pytest.raises(InputError, match=r"769 connections per server \(--max-inflight-per-replica\) x 1 server\(s\) "
+                                         r"\+ 256 other files is more than this process may open \(ulimit -n 1,024\)"):
+        HttpSUT.preflight(HttpSUT.check_options({"max_inflight_per_replica": 769}), es)
+    with pytest.raises(InputError, match=r"1,024 connections per server \(the default 2 x --max-num-seqs\)"):
+        HttpSUT.preflight(HttpSUT.check_options({}), EngineSettings(model=MODEL, max_model_len=4096, device="cpu",
+                                                                     load_format="dummy", max_num_seqs=512))
+    with pytest.raises(InputError, match="ulimit -n"):
+        HttpSUT.preflight(HttpSUT.check_options({"max_inflight_per_replica": 10**20}), es)
+
+
 def test_the_harness_engine_loops_admission_interval_is_refused_for_servers():
     """--admit-every-steps is the in-process worker's loop (sut.engine.worker.serve): `vllm serve` has none."""
     opts = HttpSUT.check_options({})
