@@ -165,6 +165,14 @@ def test_server_args_giving_an_engine_setting_are_refused_before_the_run(args, f
 
 
 
+@pytest.mark.parametrize("name", ["server_start_timeout_s", "health_interval_s"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0, -1])
+def test_server_timings_must_be_finite_and_positive(name, value):
+    """inf passed: a server that hangs in its start was waited for for good, and the health monitor never ran."""
+    with pytest.raises(InputError, match=f"{name} must be a finite number > 0, got {value}"):
+        HttpSUT.check_options({name: value})
+
+
 def test_more_connections_than_the_open_file_limit_are_refused_before_any_server(monkeypatch):
     """The client opens max_inflight_per_replica connections per server before LoadGen starts: more than ulimit -n
     allows failed on "Too many open files" after the servers had started (a huge value never ended)."""

@@ -28,6 +28,7 @@ other ``server_args`` in ``run.json``.
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -286,9 +287,9 @@ class HttpOptions:
                              "or --fleet")
         if self.max_inflight_per_replica is not None and self.max_inflight_per_replica < 1:
             raise ValueError(f"max_inflight_per_replica must be >= 1, got {self.max_inflight_per_replica}")
-        for name in ("server_start_timeout_s", "health_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("server_start_timeout_s", "health_interval_s"):  # inf: a hung start waits for good, or the
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):  # health monitor never runs
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         if self.dispatch_chunk < 1:
             raise ValueError(f"dispatch_chunk must be >= 1, got {self.dispatch_chunk}")
         if not 0 <= self.first_token_weight <= 1e6:
