@@ -291,6 +291,8 @@ def _setup(argv):
         v = getattr(a, name)
         if v is not None and not (v > 0 and v != float("inf")):
             p.error(f"--{name.replace('_', '-')} {v:g}: must be a number of seconds > 0")
+    if a.budget_s is not None and a.budget_s < a.min_duration_s:  # no try could end within it
+        p.error(f"--budget-s {a.budget_s:g}: below --min-duration-s {a.min_duration_s:g}, the least a try takes")
     seed = None
     if a.resume is not None and a.log is not None and a.log.resolve() != a.resume.resolve():
         if a.log.is_file() and a.log.stat().st_size:
