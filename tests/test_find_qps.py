@@ -197,6 +197,7 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
     (["--start", "nan"], "--start nan: must be a number > 0"),
     (["--start", "4", "--factor", "1"], "--factor 1: must be a number > 1"),
     (["--start", "4", "--rel-tol", "0"], "--rel-tol 0: must be a number > 0"),
+    (["--start", "4", "--rel-tol", "1e-9"], "--rel-tol 1e-09: below 0.0001: finer bounds are below the 6 digits"),
     (["--start", "4", "--max-runs", "0"], "--max-runs 0 without earlier tries (--resume FILE) would make no try"),
     (["--resume", "missing.jsonl"], "no such file"),
     (["--resume", "FIFO"], "fifo: not a regular file"),  # not read (it would block), not "no such file"

@@ -203,7 +203,7 @@ def test_three_tries_over_one_sut_start_each_with_its_own_complete_run_json(tmp_
     log = tmp_path / "out" / "tries-Server.jsonl"
     loadgen_settings._FROM_CONFIG_CALLED = False
     before = {d.name for d in (tmp_path / "out").iterdir()}
-    _main(tmp_path, data, "series-counting", "--resume", str(log), "--max-runs", "1", "--rel-tol", "1e-9")
+    _main(tmp_path, data, "series-counting", "--resume", str(log), "--max-runs", "1", "--rel-tol", "1e-4")
     (new,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir() and d.name not in before]
     reasons = json.loads((new / "run.json").read_text())["compliance"]["reasons"]
     assert "try 4 of a one-process target_qps search" in reasons  # no "engine warm": this process's first test

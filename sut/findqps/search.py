@@ -88,9 +88,13 @@ def next_qps(lo: Optional[float], hi: Optional[float], start: Optional[float], f
     return None if hi / lo - 1 <= rel_tol else (lo + hi) / 2
 
 
+#: Smallest ``--rel-tol``: qps are shown with 6 significant digits (``%g``); bounds this close still differ there.
+MIN_REL_TOL = 1e-4
+
+
 def check_search_args(start: Optional[float], factor: float, rel_tol: float, max_runs: int, prior: list) -> None:
     """``ValueError`` naming the first search argument that cannot work (``search``'s): a missing ``start``
-    without earlier tries, ``start`` not in (0, ``MAX_TARGET_QPS``], ``rel_tol`` not a finite number > 0,
+    without earlier tries, ``start`` not in (0, ``MAX_TARGET_QPS``], ``rel_tol`` not a finite number >= ``MIN_REL_TOL``,
     ``factor`` not > 1, ``max_runs`` < 0 (or 0 without earlier tries)."""
     import math
 
@@ -105,6 +109,10 @@ def check_search_args(start: Optional[float], factor: float, rel_tol: float, max
                                                           "--rel-tol": "a number > 0", "--max-runs": ">= 0"}[name])
     if start is not None and start > MAX_TARGET_QPS:
         raise ValueError(f"--start {start:g}: above the {MAX_TARGET_QPS:g} cap of a run's target_qps")
+    if rel_tol < MIN_REL_TOL:
+        raise ValueError(f"--rel-tol {rel_tol:g}: below {MIN_REL_TOL:g}: finer bounds are below the 6 digits a "
+                         "target_qps is shown with (the user.conf line could round up to an INVALID try's), and "
+                         "float bisection ends up trying one qps again and again")
 
 
 def search(run: Callable[[float], Try], start: Optional[float], factor: float = 2.0, rel_tol: float = 0.05,
