@@ -86,6 +86,26 @@ def test_log_skips_and_trims_a_line_cut_off_while_written(tmp_path, caplog):
     assert json.loads(lines[1])["settings"] == SETTINGS and json.loads(lines[1])["finished"]
 
 
+@pytest.mark.parametrize("content", [b"important data, no newline", b"line one\nimportant data, no newline",
+                                     b'[{"tok_input": [1, 2]}]', bytes(range(1, 10)) * 1000])
+def test_a_file_that_is_no_try_log_is_refused_never_trimmed(tmp_path, monkeypatch, capsys, content):
+    """Before: --log or --resume naming a file that is no try log (a dataset given by mistake) whose last line has
+    no newline took that line for a cut-off write: the first try's append trimmed it (a whole JSON dataset went)."""
+    path = tmp_path / "data.json"
+    path.write_bytes(content)
+    monkeypatch.setattr(find_qps, "sut_try", lambda *a: pytest.fail("a try started"))
+    for flag in ("--log", "--resume"):
+        with pytest.raises(SystemExit) as e:
+            find_qps.main(["--scenario", "Server", "--start", "4", "--output-dir", str(tmp_path / "o"), flag, str(path)])
+        assert e.value.code == 2 and f"{flag}: {path} line " in capsys.readouterr().err
+        assert path.read_bytes() == content and not (tmp_path / "o").exists()
+    log = TryLog(tmp_path / "t.jsonl", SETTINGS)
+    log.append(Try(4, "VALID"))  # a try log whose write was cut in its first bytes: still one
+    with open(log.path, "ab") as f:
+        f.write(b'{"q')
+    assert log.read() == [Try(4, "VALID")]
+
+
 def test_log_refuses_a_bad_line_or_tries_made_with_other_settings(tmp_path):
     path = tmp_path / "t.jsonl"
     TryLog(path, SETTINGS).append(Try(4, "VALID"))

@@ -13,12 +13,15 @@ from sut.errors import InputError
 def check_output_path(path, flag: str, folder: bool = False) -> None:
     """``InputError`` (exit 2, before anything is written) naming ``flag`` when ``path`` cannot be written: a
     folder where a file is due (or a file where a folder is due), a missing parent that cannot be made (a
-    file on the way), or no write permission (on ``path`` when it exists, else on its nearest existing folder)."""
+    file on the way), an existing path that is no regular file (a FIFO, a device), or no write permission (on
+    ``path`` when it exists, else on its nearest existing folder)."""
     p = Path(path)
     if folder and p.exists() and not p.is_dir():
         raise InputError(f"{flag} {path} is a file, not a folder")
     if not folder and p.is_dir():
         raise InputError(f"{flag} {path} is a folder, not a file")
+    if not folder and p.exists() and not p.is_file():  # a FIFO blocks the write, a device cannot be synced
+        raise InputError(f"{flag} {path} is not a regular file (a device, FIFO or socket)")
     top = first_missing(p)
     near = p if top is None else top.parent  # the nearest folder (or file) that exists
     if top is not None and not near.is_dir():

@@ -301,10 +301,15 @@ def _setup(argv):
                     "tries first)")
         seed = a.resume
     trylog = TryLog(a.log or a.resume or out / f"tries-{a.scenario}.jsonl", settings, seed)
+    flag = "--log" if a.log or not a.resume else "--resume"
+    default = "" if a.log or a.resume else f" (--log's default, under --output-dir {a.output_dir})"
     try:  # the first try's end writes it: a path that cannot be written ends the search now, not then
-        check_output_path(trylog.path, "--log" if a.log or not a.resume else "--resume")
+        check_output_path(trylog.path, flag)
+        trylog.check_appendable()  # a file that is no try log is not appended to (nor trimmed)
+    except ValueError as e:
+        p.error(f"{flag}: {e}{default}")
     except InputError as e:
-        p.error(str(e) + ("" if a.log or a.resume else f" (--log's default, under --output-dir {a.output_dir})"))
+        p.error(f"{e}{default}")
     return a, run_args, prior, trylog, Budget(a.budget_s, prior)
 
 

@@ -146,6 +146,10 @@ def search(run: Callable[[float], Try], start: Optional[float], factor: float = 
     return lo, tries
 
 
+#: How every line ``TryLog.append`` writes begins (``asdict(Try)``: ``qps`` first).
+TRY_LINE_START = b'{"qps": '
+
+
 class TryLog:
     """The JSONL record of a search's tries (one object a line: the Try's fields + ``settings`` + ``finished``).
 
@@ -167,14 +171,8 @@ class TryLog:
         """The tries recorded in the file. An unterminated last line that is not JSON (a write cut off,
         ``accuracy.jsontext.read_jsonl``) is skipped with a warning; any other bad line, or a try made with
         other settings, raises ``ValueError`` naming file and line."""
-        try:
-            jl = read_jsonl(self.path)
-        except JSONLinesError as e:
-            raise ValueError(f"{self.path} line {e.line}: not a try record ({e.reason})") from None
-        if jl.cut_line is not None:
-            log.warning("%s line %d: an unfinished record (cut off while written), skipped", self.path, jl.cut_line)
         tries, names = [], {f.name for f in fields(Try)}
-        for n, rec in jl.records:
+        for n, rec in self._records():
             try:
                 t = _checked_try(Try(**{k: v for k, v in rec.items() if k in names}))
                 made_with = rec.get("settings", {})
@@ -188,6 +186,31 @@ class TryLog:
                                      f"search uses {v!r}; use the same settings or a new --log file")
             tries.append(t)
         return tries
+
+    def _records(self) -> list:
+        """``(line, record)`` of the file (``read_jsonl``); ``ValueError`` naming the line for one that is not JSON,
+        or a last line without newline that is no try record cut off while written (it would be trimmed: a file
+        that is not a try log, e.g. a dataset given by mistake, would lose it)."""
+        try:
+            jl = read_jsonl(self.path)
+        except JSONLinesError as e:
+            raise ValueError(f"{self.path} line {e.line}: not a try record ({e.reason})") from None
+        if jl.cut_line is not None:
+            with open(self.path, "rb") as f:
+                cut = f.read().rsplit(b"\n", 1)[-1]
+            if not (cut.startswith(TRY_LINE_START) or TRY_LINE_START.startswith(cut)):
+                raise ValueError(f"{self.path} line {jl.cut_line}: not a try record, nor one cut off while written "
+                                 f"(those start with {TRY_LINE_START.decode()}): not a find-qps try log")
+            log.warning("%s line %d: an unfinished record (cut off while written), skipped", self.path, jl.cut_line)
+        return jl.records
+
+    def check_appendable(self) -> None:
+        """``ValueError`` naming file and line when the file exists with lines that are no try records (appending
+        trims a last line without newline: a file given by mistake would lose data)."""
+        if self.path.is_file() and self.path.stat().st_size:
+            for n, rec in self._records():
+                if not (isinstance(rec, dict) and "qps" in rec and "settings" in rec):
+                    raise ValueError(f"{self.path} line {n}: not a try record: not a find-qps try log")
 
     def append(self, t: Try) -> None:
         """Append ``t`` as one line and fsync it, so that it survives the process being killed next."""
