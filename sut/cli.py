@@ -225,7 +225,8 @@ def _add_data_parsers(sub) -> None:
     """The data commands' parsers: ``synthetic``, ``retokenize``, ``convert-smollm2``."""
     s = sub.add_parser("synthetic", help="write a deterministic synthetic cnn_eval-format dataset")
     s.add_argument("--out", required=True, help="output JSON")
-    s.add_argument("--samples", type=_positive_int, default=13368, help="number of samples (default 13368)")
+    s.add_argument("--samples", type=_synthetic_samples, default=13368,
+                   help=f"number of samples (default 13368, at most {MAX_SYNTHETIC_SAMPLES:,})")
     s.add_argument("--seed", type=_seed, default=0, help="generator seed, 0 to 2**32 - 1 (default 0)")
     s.add_argument("--tokenizer-out", help="also write the matching word-level tokenizer folder here")
     r = sub.add_parser("retokenize", help="build a cnn_eval-format file with another model's tokenizer")
@@ -246,6 +247,20 @@ def _seed(text: str) -> int:
         v = -1
     if not 0 <= v <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**32 - 1, got {text!r}")
+    return v
+
+
+#: Most samples ``synthetic`` writes: 10 x the official 13,368 (~1.7 GB of JSON, built in memory first; 1e14 ended
+#: in a MemoryError traceback).
+MAX_SYNTHETIC_SAMPLES = 10 * 13368
+
+
+def _synthetic_samples(text: str) -> int:
+    """argparse type: a positive integer of at most ``MAX_SYNTHETIC_SAMPLES``."""
+    v = _positive_int(text)
+    if v > MAX_SYNTHETIC_SAMPLES:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SYNTHETIC_SAMPLES:,} (10 x the official set), "
+                                         f"got {text!r}")
     return v
 
 

@@ -504,6 +504,8 @@ def test_a_preset_or_user_conf_that_is_a_fifo_is_refused_not_read(tmp_path, data
     (["synthetic", "--out", "{t}/x.json", "--samples", "0"], "--samples: must be a positive integer"),
     (["synthetic", "--out", "{t}/x.json", "--seed", "-1"], "--seed: must be an integer from 0 to 2**32 - 1"),
     (["synthetic", "--out", "{t}", "--samples", "3"], "--out {t} is a folder, not a file"),
+    (["synthetic", "--out", "{t}/x.json", "--samples", "99999999999999"], "--samples: must be at most 133,680"),
+    (["synthetic", "--out", "/dev/null", "--samples", "3"], "--out /dev/null is not a regular file"),
     (["synthetic", "--out", "{t}/x.json", "--samples", "3", "--tokenizer-out", "{t}/f"],
      "--tokenizer-out {t}/f is a file"),
     (["retokenize", "--source", "{t}/none.json", "--tokenizer", "{t}", "--out", "{t}/x.json"],
