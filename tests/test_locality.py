@@ -212,6 +212,8 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     (["--device", "cpu", "--engines-per-device", "64"], "CPU engines asked for, but only"),
     (["--doc-tokens", "8192"], "max_model_len 9213 exceeds the model's max_position_embeddings 8192"),
     (["--rate", "nan"], "rate must be a finite number"),
+    (["--rate", "1e-300"], "longer than the stall timeout 900 s"),  # it waited for the first arrival for good
+    (["--max-num-seqs", "5000"], "max_num_seqs 5000 with max_num_batched_tokens unset"),  # vLLM refused it at start
     (["--zipf-s", "nan"], "zipf_s must be a finite number"),
     (["--policies", "round_robin", "round_robin"], "policies must be distinct"),
     (["--policies", "random"], "unknown policy"),

@@ -40,6 +40,7 @@ from sut.engine import (
     EngineSettings,
     GenerationSettings,
     ModelInfo,
+    check_step_budget,
     check_weights_present,
     plan_engines,
     read_model_info,
@@ -174,6 +175,7 @@ def _prepare(a):
     _preflight_servers(systems, es)
     if any(s.transport == "local" for s in systems):  # engines in this process tree load --model from this host
         try:
+            check_step_budget(es, plan)  # vLLM's default step budget there (vllm serve's: _preflight_servers)
             check_weights_present(es)
         except EngineError as e:
             raise BadInput(f"error: {e}") from None
