@@ -288,6 +288,8 @@ def find_tokenizer(path: str | os.PathLike | None, forms: str | None = ACCEPTED_
             return "tiktoken", p
         raise TokenizerNotFoundError(
             f"{p}: not a tiktoken rank file or tokenizer.json (a sentencepiece .model is not supported){tail}")
+    if not p.is_dir():  # a FIFO, device or socket: neither a file to read nor a folder to look in
+        raise TokenizerNotFoundError(f"{p}: not a regular file or folder (a device, FIFO or socket){tail}")
     if (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file():
         return "hf-folder", p
     for cand in (p / "tokenizer.model", p / "original" / "tokenizer.model"):

@@ -253,6 +253,16 @@ def test_tokenizer_forms(tmp_path, tok_dir, vocab):
         load_tokenizer(empty)
 
 
+def test_a_tokenizer_path_that_is_a_fifo_or_device_is_refused_by_name(tmp_path):
+    """Before: /dev/null or a FIFO as --tokenizer ended in a NotADirectoryError traceback (exit 1)."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "fifo", Path("/dev/null")):
+        with pytest.raises(TokenizerNotFoundError, match=f"{path}: not a regular file or folder"):
+            load_tokenizer(path)
+
+
 def test_tiktoken_file_loader(tmp_path):
     import base64
 
