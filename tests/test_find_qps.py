@@ -96,7 +96,8 @@ def test_a_file_that_is_no_try_log_is_refused_never_trimmed(tmp_path, monkeypatc
     monkeypatch.setattr(find_qps, "sut_try", lambda *a: pytest.fail("a try started"))
     for flag in ("--log", "--resume"):
         with pytest.raises(SystemExit) as e:
-            find_qps.main(["--scenario", "Server", "--start", "4", "--output-dir", str(tmp_path / "o"), flag, str(path)])
+            find_qps.main(["--scenario", "Server", "--start", "4", "--output-dir", str(tmp_path / "o"), flag,
+                           str(path)])
         assert e.value.code == 2 and f"{flag}: {path} line " in capsys.readouterr().err
         assert path.read_bytes() == content and not (tmp_path / "o").exists()
     log = TryLog(tmp_path / "t.jsonl", SETTINGS)

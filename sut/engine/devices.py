@@ -138,7 +138,8 @@ def _gpu_memory(devices: list[str]) -> list[tuple[float, str]]:
 def check_step_budget(settings: EngineSettings, slots: list[EngineSlot], server: bool = False) -> None:
     """``EngineError`` when ``max_num_batched_tokens`` is unset and ``max_num_seqs`` exceeds the budget vLLM
     would pick on these slots (``default_step_tokens``, at least ``max_model_len`` with chunked prefill off): vLLM
-    refuses a budget below ``max_num_seqs`` only once the engine has started. GPUs whose memory ``nvidia-smi`` cannot tell are not checked."""
+    refuses a budget below ``max_num_seqs`` only once the engine has started. GPUs whose memory ``nvidia-smi``
+    cannot tell are not checked."""
     if settings.max_num_batched_tokens is not None or not slots:
         return
     if slots[0].kind == "cpu":

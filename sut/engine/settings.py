@@ -139,7 +139,8 @@ def check_engine_settings(es: "EngineSettings") -> None:
     of :data:`_POSITIVE_INTS` below 1; ``gpu_memory_utilization`` outside (0, 1] (vLLM's
     ``CacheConfig``: gt=0, le=1); ``max_num_batched_tokens`` below ``max_num_seqs`` (both set; vLLM's
     ``SchedulerConfig``), or below ``max_model_len`` with ``enable_chunked_prefill`` false; ``max_model_len`` not
-    above ``MAX_NEW_TOKENS``; ``long_prefill_token_threshold`` outside [0, ``max_model_len``]; ``seed`` below 0; an empty name of :data:`_NAMES`; a ``load_format``,
+    above ``MAX_NEW_TOKENS``; ``long_prefill_token_threshold`` outside [0, ``max_model_len``]; ``seed`` below 0;
+    an empty name of :data:`_NAMES`; a ``load_format``,
     ``kv_cache_dtype`` or ``quantization`` outside the installed vLLM's names (``sut.engine.vllm_names``: read from
     its source, not checked when they cannot be read).
     Types are ``settings_from_mapping``'s concern; a bool is refused where a number is due.

@@ -113,8 +113,8 @@ class PairSettings:
         if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
             raise ValueError(f"stall_timeout_s must be a finite number > 0, got {self.stall_timeout_s}")
         if self.rate > 0 and 1.0 / self.rate > self.stall_timeout_s:  # nothing outstanding: no stall ends the wait
-            raise ValueError(f"rate {self.rate:g} arrivals/s means one every {1.0 / self.rate:.3g} s on average, longer "
-                             f"than the stall timeout {self.stall_timeout_s:g} s; use at least "
+            raise ValueError(f"rate {self.rate:g} arrivals/s means one every {1.0 / self.rate:.3g} s on average, "
+                             f"longer than the stall timeout {self.stall_timeout_s:g} s; use at least "
                              f"{1.0 / self.stall_timeout_s:.2g} (or 0: all at once)")
 
 
