@@ -316,17 +316,29 @@ OTHER_FILES = 256
 
 
 def check_open_files(options: HttpOptions, engine: EngineSettings, replicas: int) -> None:
-    """``InputError`` when the connections the client opens before LoadGen starts (``max_inflight_per_replica``,
-    default 2 x ``max_num_seqs``, per replica) and ``OTHER_FILES`` exceed this process's open-file limit (``ulimit
-    -n``): the start would fail on "Too many open files" (or, with a huge value, never end) after the servers."""
+    """Make room for the connections the client opens before LoadGen starts (``max_inflight_per_replica``, default
+    2 x ``max_num_seqs``, per replica) and ``OTHER_FILES``: the soft open-file limit (``ulimit -n``) of this process is
+    raised up to its hard limit where it is lower (as ``vllm serve`` does for itself); ``InputError`` when even the
+    hard limit is too low: the start would fail on "Too many open files" (or, with a huge value, never end) after
+    the servers started."""
     inflight = options.max_inflight_per_replica or 2 * engine.max_num_seqs
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft != resource.RLIM_INFINITY and inflight * replicas + OTHER_FILES > soft:
-        given = ("--max-inflight-per-replica" if options.max_inflight_per_replica
-                 else "the default 2 x --max-num-seqs")
-        raise InputError(f"--sut vllm-http: {inflight:,} connections per server ({given}) x {replicas} server(s) "
-                         f"+ {OTHER_FILES} other files is more than this process may open (ulimit -n {soft:,}): "
-                         "lower --max-inflight-per-replica or raise ulimit -n")
+    need = inflight * replicas + OTHER_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or need <= hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+            log.info("--sut vllm-http: open-file limit raised from %d to %d for %d connection(s)", soft, need,
+                     inflight * replicas)
+            return
+        except (ValueError, OSError) as e:
+            log.warning("--sut vllm-http: could not raise the open-file limit to %d: %s", need, e)
+    given = "--max-inflight-per-replica" if options.max_inflight_per_replica else "the default 2 x --max-num-seqs"
+    raise InputError(f"--sut vllm-http: {inflight:,} connections per server ({given}) x {replicas} server(s) "
+                     f"+ {OTHER_FILES} other files is more than this process may open (ulimit -n {soft:,}, hard limit "
+                     f"{'unlimited' if hard == resource.RLIM_INFINITY else f'{hard:,}'}): lower "
+                     "--max-inflight-per-replica or raise ulimit -n")
 
 
 #: Engine settings that only a server's launch sets (``vllm serve`` flags); the harness itself uses the others

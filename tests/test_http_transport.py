@@ -4,6 +4,7 @@ Fast: no vLLM engine. The real ``vllm serve`` runs are in ``test_http_cpu.py``."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -175,18 +176,27 @@ def test_server_timings_must_be_finite_and_positive(name, value):
 
 def test_more_connections_than_the_open_file_limit_are_refused_before_any_server(monkeypatch):
     """The client opens max_inflight_per_replica connections per server before LoadGen starts: more than ulimit -n
-    allows failed on "Too many open files" after the servers had started (a huge value never ended)."""
+    allows failed on "Too many open files" after the servers had started (a huge value never ended). The soft limit
+    is raised up to the hard one first, as `vllm serve` does for itself; beyond the hard limit the run is refused."""
     import resource
 
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 4096))
+    limits, raised = [1024, 4096], []
+
+    def setrlimit(which, new):
+        raised.append(new)
+        limits[0] = new[0]
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: tuple(limits))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
     es = EngineSettings(model=MODEL, max_model_len=4096, device="cpu", load_format="dummy")
     HttpSUT.preflight(HttpSUT.check_options({"max_inflight_per_replica": 768}), es)
-    with pytest.raises(InputError, match=r"769 connections per server \(--max-inflight-per-replica\) x 1 server\(s\) "
-                                         r"\+ 256 other files is more than this process may open \(ulimit -n 1,024\)"):
-        HttpSUT.preflight(HttpSUT.check_options({"max_inflight_per_replica": 769}), es)
-    with pytest.raises(InputError, match=r"1,024 connections per server \(the default 2 x --max-num-seqs\)"):
-        HttpSUT.preflight(HttpSUT.check_options({}), EngineSettings(model=MODEL, max_model_len=4096, device="cpu",
-                                                                     load_format="dummy", max_num_seqs=512))
+    assert raised == []  # 768 + 256 fit the soft limit
+    HttpSUT.preflight(HttpSUT.check_options({}), dataclasses.replace(es, max_num_seqs=512))
+    assert raised == [(1024 + 256, 4096)]  # the default 2 x 512 connections: the soft limit raised
+    with pytest.raises(InputError, match=r"3,841 connections per server \(--max-inflight-per-replica\) x 1 server\(s\) "
+                                         r"\+ 256 other files is more than this process may open \(ulimit -n 1,280, "
+                                         r"hard limit 4,096\)"):
+        HttpSUT.preflight(HttpSUT.check_options({"max_inflight_per_replica": 3841}), es)
     with pytest.raises(InputError, match="ulimit -n"):
         HttpSUT.preflight(HttpSUT.check_options({"max_inflight_per_replica": 10**20}), es)
 
