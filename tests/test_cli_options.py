@@ -176,6 +176,7 @@ def test_flags_preset_and_option_make_one_typed_object(tmp_path):
     (["--sut", "cli-recording", "--option", "rec_chunk=five"], "RecordingOptions.rec_chunk must be an integer"),
     (["--sut", "cli-recording", "--option", "label=5"], "RecordingOptions.label must be a string, got 5"),
     (["--sut", "nope"], "error: unknown SUT 'nope'"),
+    (["--sut", "cli-recording", "--option", "=5"], "error: --option '=5': expected KEY=VALUE, the KEY is empty"),
 ])
 def test_bad_backend_options_exit_2_naming_them(tmp_path, capsys, args, message):
     rc = cli.main(["run", "--dataset", "x.json", "--model", str(TINY_MODEL), "--output-dir", str(tmp_path), *args])

@@ -211,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", required=True, choices=sorted(STREAMING_SCENARIOS),
                    help="LoadGen scenario of every try")
     p.add_argument("--start", type=float, help="first target_qps to try (queries/s); needed unless --resume has tries")
-    p.add_argument("--factor", type=float, default=2.0, help="growth/shrink factor while bracketing")
+    p.add_argument("--factor", type=float, default=2.0, help="growth/shrink factor while bracketing, in (1, 100]")
     p.add_argument("--rel-tol", type=float, default=0.05, help="stop when highest VALID and lowest INVALID are "
                                                                 "within this fraction")
     p.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS, help="at most this many new tries")

@@ -88,6 +88,10 @@ def next_qps(lo: Optional[float], hi: Optional[float], start: Optional[float], f
     return None if hi / lo - 1 <= rel_tol else (lo + hi) / 2
 
 
+#: Largest ``--factor``: a search grows x100 a try at most (1e308 jumped past the target_qps cap after one try, or
+#: to 1e-308 after an INVALID first one).
+MAX_FACTOR = 100.0
+
 #: Smallest ``--rel-tol``: qps are shown with 6 significant digits (``%g``); bounds this close still differ there.
 MIN_REL_TOL = 1e-4
 
@@ -95,17 +99,19 @@ MIN_REL_TOL = 1e-4
 def check_search_args(start: Optional[float], factor: float, rel_tol: float, max_runs: int, prior: list) -> None:
     """``ValueError`` naming the first search argument that cannot work (``search``'s): a missing ``start``
     without earlier tries, ``start`` not in (0, ``MAX_TARGET_QPS``], ``rel_tol`` not a finite number >= ``MIN_REL_TOL``,
-    ``factor`` not > 1, ``max_runs`` < 0 (or 0 without earlier tries)."""
+    ``factor`` not in (1, ``MAX_FACTOR``], ``max_runs`` < 0 (or 0 without earlier tries)."""
     import math
 
     if start is None and not prior:
         raise ValueError("--start is needed without earlier tries (--resume FILE)")
     if max_runs == 0 and not prior:
         raise ValueError("--max-runs 0 without earlier tries (--resume FILE) would make no try at all")
-    for name, v, ok in (("--start", start, start is None or start > 0), ("--factor", factor, factor > 1),
-                        ("--rel-tol", rel_tol, rel_tol > 0), ("--max-runs", max_runs, max_runs >= 0)):
+    for name, v, ok in (("--start", start, start is None or start > 0),
+                        ("--factor", factor, 1 < factor <= MAX_FACTOR), ("--rel-tol", rel_tol, rel_tol > 0),
+                        ("--max-runs", max_runs, max_runs >= 0)):
         if v is not None and (not math.isfinite(v) or not ok):
-            raise ValueError(f"{name} {v:g}: must be " + {"--start": "a number > 0", "--factor": "a number > 1",
+            raise ValueError(f"{name} {v:g}: must be " + {"--start": "a number > 0",
+                                                          "--factor": f"a number in (1, {MAX_FACTOR:g}]",
                                                           "--rel-tol": "a number > 0", "--max-runs": ">= 0"}[name])
     if start is not None and start > MAX_TARGET_QPS:
         raise ValueError(f"--start {start:g}: above the {MAX_TARGET_QPS:g} cap of a run's target_qps")

@@ -100,6 +100,8 @@ def _parse_option(s: str):
     if "=" not in s:
         raise BadInput(f"error: --option {s!r}: expected KEY=VALUE")
     k, v = s.split("=", 1)
+    if not k.strip():
+        raise BadInput(f"error: --option {s!r}: expected KEY=VALUE, the KEY is empty")
     return k, json_or_str(v)
 
 
