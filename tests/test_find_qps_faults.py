@@ -288,17 +288,17 @@ def test_a_search_whose_next_rate_is_above_the_cap_stops_with_exit_1_and_no_resu
                                                                                         synthetic_small):
     run = fake_run(limit=1e300)
     monkeypatch.setattr(find_qps, "sut_try", run)
-    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "4", "--factor", "1e7")) == 1
-    assert run.calls == [4]
+    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "200000", "--factor", "100")) == 1
+    assert run.calls == [200000]
     text = caplog.text + capsys.readouterr().out
-    assert "above the 1e+07" in text and "highest VALID 4" in text and "go on with" not in text, text
+    assert "above the 1e+07" in text and "highest VALID 200000" in text and "go on with" not in text, text
     assert "Traceback" not in text
 
 
 def test_a_search_that_ran_out_of_tries_just_below_the_cap_prints_no_resume_hint(tmp_path, monkeypatch, capsys,
                                                                                  caplog, synthetic_small):
     monkeypatch.setattr(find_qps, "sut_try", fake_run(limit=1e300))
-    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "4", "--factor", "1e7", "--max-runs",
+    assert find_qps.main(_args(tmp_path, synthetic_small[0], "--start", "200000", "--factor", "100", "--max-runs",
                                "1")) == 0
     out = capsys.readouterr().out
     assert "go on with" not in out and "above the 1e+07" in out, out
