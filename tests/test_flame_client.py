@@ -503,3 +503,11 @@ def test_a_run_through_the_stand_in_control_plane_is_recorded_not_compliant(tmp_
     record = {"versions": {}, "compliance": {"compliant": False, "reasons": ["dummy weights", reason]}}
     _start_sut(Started(), record, tmp_path)  # a later test of a series: the reason is not repeated
     assert json.loads((tmp_path / "run.json").read_text())["compliance"]["reasons"] == ["dummy weights", reason]
+
+
+def test_a_cpu_max_num_seqs_above_vllms_default_step_budget_is_refused_before_any_session():
+    FlameSUT.check_settings(EngineSettings(model="m", device="cpu", max_num_seqs=4096))
+    with pytest.raises(InputError, match="--sut flame: max_num_seqs 5000 with max_num_batched_tokens unset"):
+        FlameSUT.check_settings(EngineSettings(model="m", device="cpu", max_num_seqs=5000))
+    FlameSUT.check_settings(EngineSettings(model="m", device="cpu", max_num_seqs=5000, max_num_batched_tokens=5000))
+    FlameSUT.check_settings(EngineSettings(model="m", device="auto", max_num_seqs=5000))  # the services' cards: unknown

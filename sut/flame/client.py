@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from sut.base import SUTContext, register_sut
 from sut.core.loadgen_sut import TransportSUT
-from sut.engine import EngineSettings
-from sut.errors import InputError, RunFailed
+from sut.engine import EngineSettings, EngineSlot, check_step_budget
+from sut.errors import EngineError, InputError, RunFailed
 from sut.flame.endpoint import check_control_plane
 from sut.flame.options import FlameOptions
 
@@ -35,6 +35,17 @@ class FlameSUT(TransportSUT):
         super().__init__(ctx, transport)
         if hasattr(self.transport, "use_dataset"):
             self.transport.use_dataset(ctx.dataset)
+
+    @classmethod
+    def check_settings(cls, engine: EngineSettings) -> None:
+        """``InputError`` for a ``--device cpu`` ``max_num_seqs`` above vLLM's default per-step budget of a CPU
+        engine when ``max_num_batched_tokens`` is unset (``sut.engine.check_step_budget``): the services' engines
+        would refuse it at their start. On GPUs the services' cards are not known here: not checked."""
+        if engine.device == "cpu":
+            try:
+                check_step_budget(engine, [EngineSlot(0, "cpu", "service")])
+            except EngineError as e:
+                raise InputError(f"--sut flame: {e}") from None
 
     @classmethod
     def preflight(cls, options: FlameOptions, engine: EngineSettings) -> None:
