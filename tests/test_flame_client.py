@@ -79,6 +79,19 @@ def test_preflight_refuses_min_executors_above_what_the_session_asks_for(no_flam
         _preflight(min_executors=16)
 
 
+@pytest.mark.parametrize("opts, message", [
+    ({"executors_per_engine": 10 ** 18}, "executors_per_engine must be in [1, 4096], got 1000000000000000000"),
+    ({"executor_slack": 5000}, "executor_slack must be in [0, 4096], got 5000"),
+    ({"min_executors": 0}, "min_executors must be in [1, 4096], got 0"),
+    ({"batch_size": 1, "engine_fill": 64}, "16,384 executors per engine (engine_fill 64 x max_num_seqs 256 / "
+                                           "batch_size 1 + executor_slack 0) is more than 4096"),
+])
+def test_executor_counts_a_session_could_never_get_are_refused_before_anything_starts(no_flame_config, opts, message):
+    """1e18 executors per engine passed the checks and stalled the warm-up after the run folder existed."""
+    with pytest.raises(InputError, match=re.escape(message)):
+        _preflight(**opts)
+
+
 def test_options_arrive_typed_and_carry_their_cli_flags():
     """Values are not coerced (a preset's "64" is refused above); the six Flame flags live in the field metadata."""
     o = FlameSUT.check_options({"batch_size": 64, "batch_window_ms": 5, "allow_prefix_caching": False})

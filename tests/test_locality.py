@@ -51,7 +51,8 @@ def test_orders_and_popularity():
     (dict(documents=0), r"documents and questions must be >= 1, got 0, "),
     (dict(order="random"), r"order must be one of .*, got 'random'"),
     (dict(doc_jitter=1.0), r"doc_jitter must be in \[0, 1\), got 1.0"),
-    (dict(zipf_s=-1), r"zipf_s must be a finite number >= 0, got -1"),
+    (dict(zipf_s=-1), r"zipf_s must be a finite number in \[0, 16\], got -1"),
+    (dict(zipf_s=1e308), r"zipf_s must be a finite number in \[0, 16\], got 1e\+308"),
     (dict(question_tokens=1), r"^question_tokens must be >= 2, got 1$"),
     (dict(max_tokens=0), r"^max_tokens must be >= 1, got 0$"),  # the one at fault named, not all three
     (dict(doc_tokens=0, max_tokens=0), r"^doc_tokens must be >= 1, got 0; max_tokens must be >= 1, got 0$"),

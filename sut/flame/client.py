@@ -20,7 +20,7 @@ from sut.core.loadgen_sut import TransportSUT
 from sut.engine import EngineSettings, EngineSlot, check_step_budget
 from sut.errors import EngineError, InputError, RunFailed
 from sut.flame.endpoint import check_control_plane
-from sut.flame.options import FlameOptions
+from sut.flame.options import MAX_EXECUTORS_PER_ENGINE, FlameOptions
 
 __all__ = ["FlameSUT"]
 
@@ -49,10 +49,16 @@ class FlameSUT(TransportSUT):
 
     @classmethod
     def preflight(cls, options: FlameOptions, engine: EngineSettings) -> None:
-        """``InputError`` when ``min_executors`` exceeds the executors a replica session asks for, no Flame
+        """``InputError`` when the executors a replica session asks for exceed ``MAX_EXECUTORS_PER_ENGINE``,
+        ``min_executors`` exceeds the executors a replica session asks for, no Flame
         endpoint is given, or its session manager does not accept a connection and answer a Flame call, each within
         ``PREFLIGHT_TIMEOUT_S`` seconds (``sut.flame.endpoint.check_control_plane``)."""
         per_engine = options.per_engine(engine.max_num_seqs)
+        if per_engine > MAX_EXECUTORS_PER_ENGINE:
+            raise InputError(f"--sut flame: {per_engine:,} executors per engine (engine_fill {options.engine_fill:g} x "
+                             f"max_num_seqs {engine.max_num_seqs} / batch_size {options.batch_size} + executor_slack "
+                             f"{options.executor_slack}) is more than {MAX_EXECUTORS_PER_ENGINE}: raise --batch-size "
+                             "or lower engine_fill")
         if options.min_executors is not None and options.min_executors > per_engine:
             raise InputError(f"--sut flame: min_executors {options.min_executors} is more than the {per_engine} "
                              "executor(s) a replica session asks for (executors_per_engine); the warm-up could never "

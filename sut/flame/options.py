@@ -30,6 +30,10 @@ MAX_BATCH_SIZE = 4096
 #: (``executors_per_engine``), so more only asks Flame for executors that wait (1e308 overflowed the count).
 MAX_ENGINE_FILL = 64.0
 
+#: Most executors one replica session may ask for (``executors_per_engine``, ``min_executors``, ``executor_slack``):
+#: batch 1 at 2x 2,048 sequences; each executor is one service instance, so 1e18 only stalled the warm-up.
+MAX_EXECUTORS_PER_ENGINE = 4096
+
 #: Time limits and intervals (seconds) that must be finite and > 0: 0 or less would give up at once (a close that
 #: never waits leaves the session Open with its executors Bound after the harness exits; a warm-up that fails before
 #: it starts), inf or NaN would wait for good or never.
@@ -126,17 +130,13 @@ class FlameOptions:
                 flamepy.ResourceRequirement.from_string(self.resreq)
             except ValueError as e:
                 raise ValueError(f"resreq {self.resreq!r}: {e} (e.g. cpu=1,mem=2g,gpu=1)") from None
-        for name in ("executors_per_engine", "min_executors"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self._check_executor_counts()
         if not math.isfinite(self.batch_window_ms) or self.batch_window_ms < 0:
             raise ValueError(f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
         if self.payload not in ("tokens", "indices"):
             raise ValueError(f"payload must be tokens or indices, got {self.payload!r}")
         if self.register_app not in ("if_missing", "never"):
             raise ValueError(f"register_app must be if_missing or never, got {self.register_app!r}")
-        if self.executor_slack < 0:
-            raise ValueError(f"executor_slack must be >= 0, got {self.executor_slack}")
         if not (math.isfinite(self.engine_fill) and 0 < self.engine_fill <= MAX_ENGINE_FILL):
             raise ValueError(f"engine_fill must be in (0, {MAX_ENGINE_FILL:g}], got {self.engine_fill}")
         for name in POSITIVE_SECONDS:
@@ -153,6 +153,14 @@ class FlameOptions:
             args = getattr(self, f"{name}_args")
             if args is not None and not isinstance(args, dict):
                 raise ValueError(f"{name}_args must be a JSON object (keyword arguments), got {args!r}")
+
+    def _check_executor_counts(self) -> None:
+        """``ValueError`` for ``executors_per_engine`` / ``min_executors`` below 1 or ``executor_slack`` below 0, and
+        any of them above ``MAX_EXECUTORS_PER_ENGINE`` (a session asking for more only stalls its warm-up)."""
+        for name, least in (("executors_per_engine", 1), ("min_executors", 1), ("executor_slack", 0)):
+            v = getattr(self, name)
+            if v is not None and not least <= v <= MAX_EXECUTORS_PER_ENGINE:
+                raise ValueError(f"{name} must be in [{least}, {MAX_EXECUTORS_PER_ENGINE}], got {v}")
 
     @classmethod
     def for_locality(cls, **overrides) -> "FlameOptions":

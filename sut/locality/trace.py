@@ -67,6 +67,10 @@ MAX_REQUESTS = 100_000
 MAX_TRACE_TOKENS = 50_000_000
 
 
+#: Largest Zipf exponent: at 16 the hottest document already takes all but a 2**-16 share of the extra questions
+#: (larger ones overflowed numpy's power: 1e308 printed a RuntimeWarning).
+MAX_ZIPF_S = 16.0
+
 @dataclass(frozen=True)
 class TraceSettings:
     """Shape of a synthetic-locality trace (all lengths in tokens).
@@ -138,8 +142,8 @@ class TraceSettings:
                              "tokens; the study: 64 x 4 of ~8K)")
         if not 0 <= self.doc_jitter < 1:  # also refuses NaN
             raise ValueError(f"doc_jitter must be in [0, 1), got {self.doc_jitter}")
-        if not (math.isfinite(self.zipf_s) and self.zipf_s >= 0):
-            raise ValueError(f"zipf_s must be a finite number >= 0, got {self.zipf_s}")
+        if not (math.isfinite(self.zipf_s) and 0 <= self.zipf_s <= MAX_ZIPF_S):
+            raise ValueError(f"zipf_s must be a finite number in [0, {MAX_ZIPF_S:g}], got {self.zipf_s}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
         if self.text not in TEXTS:
