@@ -71,3 +71,5 @@ TESTED_VLLM = (("0.26.0", "0.27"), ("0.32.0", "0.33"))
 #: the Flame services end an engine that answers nothing this long). This harness's choice, not MLPerf's: 5 minutes is
 #: far past the longest step of one engine and far short of a 600 s run.
 STALL_TIMEOUT_S = 300.0
+#: Largest ``--stall-timeout-s`` (one day): a longer wait for a single completion is no stall check at all.
+MAX_STALL_TIMEOUT_S = 86400.0

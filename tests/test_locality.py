@@ -214,6 +214,7 @@ def test_locality_run_on_two_cpu_engines(tmp_path):
     (["--doc-tokens", "8192"], "max_model_len 9213 exceeds the model's max_position_embeddings 8192"),
     (["--rate", "nan"], "rate must be a finite number"),
     (["--rate", "1e-300"], "longer than the stall timeout 900 s"),  # it waited for the first arrival for good
+    (["--stall-timeout-s", "1e308"], "stall_timeout_s must be a number of seconds in (0, 86400], got 1e+308"),
     (["--max-num-seqs", "5000"], "max_num_seqs 5000 with max_num_batched_tokens unset"),  # vLLM refused it at start
     (["--zipf-s", "nan"], "zipf_s must be a finite number"),
     (["--policies", "round_robin", "round_robin"], "policies must be distinct"),

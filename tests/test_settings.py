@@ -126,6 +126,7 @@ def test_missing_user_conf(tmp_path, monkeypatch):
     ({"min_duration_s": 1e30}, "min_duration_s"), ({"target_qps": 0.0}, "target_qps"),
     ({"min_query_count": 0}, "min_query_count"), ({"max_samples": 0}, "max_samples"),
     ({"stall_timeout_s": float("inf")}, "stall_timeout_s"),
+    ({"stall_timeout_s": 1e308}, r"stall_timeout_s \(--stall-timeout-s\) must be a number of seconds in \(0, 86400\]"),
 ])
 def test_run_settings_validate(kw, msg):
     with pytest.raises(ValueError, match=msg):

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from sut.constants import MAX_STALL_TIMEOUT_S
 from sut.core.routing import AffinitySettings, make_router
 from sut.core.transport import Transport, TransportSpec
 from sut.engine import EngineSettings, GenerationSettings
@@ -110,8 +111,9 @@ class PairSettings:
             raise ValueError(f"warmups must be in [0, {MAX_WARMUPS}] (the study: 2), got {self.warmups}")
         if not (math.isfinite(self.rate) and self.rate >= 0):
             raise ValueError(f"rate must be a finite number >= 0 (arrivals/s; 0 = all at once), got {self.rate}")
-        if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
-            raise ValueError(f"stall_timeout_s must be a finite number > 0, got {self.stall_timeout_s}")
+        if not (math.isfinite(self.stall_timeout_s) and 0 < self.stall_timeout_s <= MAX_STALL_TIMEOUT_S):
+            raise ValueError(f"stall_timeout_s must be a number of seconds in (0, {MAX_STALL_TIMEOUT_S:g}], got "
+                             f"{self.stall_timeout_s}")
         if self.rate > 0 and 1.0 / self.rate > self.stall_timeout_s:  # nothing outstanding: no stall ends the wait
             raise ValueError(f"rate {self.rate:g} arrivals/s means one every {1.0 / self.rate:.3g} s on average, "
                              f"longer than the stall timeout {self.stall_timeout_s:g} s; use at least "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sut.constants import COMPLIANCE_TESTS, MODEL_KEYS, STALL_TIMEOUT_S, TEST06_AUDIT_CONFIG
+from sut.constants import COMPLIANCE_TESTS, MAX_STALL_TIMEOUT_S, MODEL_KEYS, STALL_TIMEOUT_S, TEST06_AUDIT_CONFIG
 from sut.scenarios import resolve_scenario
 
 MODES = ("performance", "accuracy")
@@ -132,9 +132,9 @@ class RunSettings:
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and 0 < v <= MAX_TARGET_QPS):
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a number in (0, 1e7], got {v}")
-        if not (math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
-            raise ValueError("stall_timeout_s (--stall-timeout-s) must be a positive number of seconds, got "
-                             f"{self.stall_timeout_s}")
+        if not (math.isfinite(self.stall_timeout_s) and 0 < self.stall_timeout_s <= MAX_STALL_TIMEOUT_S):
+            raise ValueError(f"stall_timeout_s (--stall-timeout-s) must be a number of seconds in (0, "
+                             f"{MAX_STALL_TIMEOUT_S:g}], got {self.stall_timeout_s}")
 
     @property
     def performance_sample_cap(self) -> Optional[int]:
