@@ -1093,12 +1093,18 @@ def test_a_server_still_starting_is_killed_after_2_s_not_the_ready_grace(tmp_pat
     assert "is still starting: ending it now (SIGTERM, SIGKILL after 2 s)" in caplog.text
 
 
-@pytest.mark.parametrize("ids", [[5, -5], [True, 3], [1.0], "12"])
+@pytest.mark.parametrize("ids", [[5, -5], [True, 3], [1.0], "12", [7, 2**32 + 20], [2**31]])
 def test_token_ids_that_are_no_token_ids_fail_the_reply(ids):
+    """An id past int32 is refused by name, whatever numpy does with it (before 2.0 it narrows 2**32 + 20 to 20, an id
+    inside the vocabulary that the answer check would pass)."""
     from sut.core.transports import http_api as api
 
-    with pytest.raises(api.ReplyError, match=r"not a list of token ids \(integers >= 0\)"):
+    said = r"not a list of token ids \(integers >= 0 that fit int32\)"
+    with pytest.raises(api.ReplyError, match=said):
         api.parse_chunk({"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": None}]})
+    with pytest.raises(api.ReplyError, match=said):
+        api.parse_completion({"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": "stop"}]})
+    assert api.parse_chunk({"choices": [{"index": 0, "text": "", "token_ids": [0, 2**31 - 1]}]})[0] == [0, 2**31 - 1]
 
 
 @pytest.mark.parametrize("reason, n, said", [

@@ -73,6 +73,11 @@ def _cached(usage) -> Optional[int]:
 MAX_REPLY_BYTES = 16 << 20
 
 
+#: The largest id a reply may hold: answers are kept as int32, and numpy before 2.0 narrows a larger Python int
+#: silently (2**32 + 20 becomes 20, an id inside the vocabulary that passes the answer check).
+MAX_ID = 2**31 - 1
+
+
 def _choice_ids(choice: dict, streamed: bool) -> list[int]:
     if not isinstance(choice, dict) or choice.get("index", 0) != 0:
         raise ReplyError(f"a choice other than the one answer asked for (n=1): {str(choice)[:200]}")
@@ -82,8 +87,9 @@ def _choice_ids(choice: dict, streamed: bool) -> list[int]:
             return []  # a chunk without new ids (e.g. the last one, with only its finish_reason)
         raise NoTokenIds("the server returns text instead of token ids (choices[0].token_ids is missing: it needs "
                          "vLLM >= 0.10.2, which honours return_token_ids)")
-    if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
-        raise ReplyError(f"choices[0].token_ids is not a list of token ids (integers >= 0): {str(ids)[:200]}")
+    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t <= MAX_ID for t in ids):
+        raise ReplyError(f"choices[0].token_ids is not a list of token ids (integers >= 0 that fit int32): "
+                         f"{str(ids)[:200]}")
     return ids
 
 
