@@ -45,7 +45,9 @@ first N ids, or of all when N is at least the answer's length; non-streamed, whe
 ids, no EOS); ``--swap-after N`` (after N completion requests, ``/metrics`` reads as another server's: a later
 process start time and prefix caching on, as a server restarted behind the URL between two ``/health`` polls);
 ``--mixup`` (a broken proxy: every completion
-but the start-up probe gets the previous one's reply, its prompt ids included); ``--start-time T`` (``/metrics``
+but the start-up probe gets the previous one's reply, its prompt ids included); ``--splice`` (a broken proxy:
+every stream but the first sends its own first chunk, its prompt ids included, then the previous stream's later chunks,
+under that reply's ``id``, and its ``usage``); ``--start-time T`` (``/metrics``
 reports T as the process start time: two servers started at once); ``--no-request-count`` (no
 ``vllm:request_success_total`` in ``/metrics``); ``--usage none|float`` (no ``usage``
 at all, or ``completion_tokens`` one more than the ids, as a float); ``--dup-first-chunk`` (a broken proxy: in answers of 2 ids up to max_tokens - 1, the first streamed chunk is
@@ -99,6 +101,8 @@ def parse(argv):
     p.add_argument("--dup-first-chunk", action="store_true")
     p.add_argument("--mixup", action="store_true",
                    help="every completion but the probe (prompt [0]) gets the previous one's reply, prompt ids included")
+    p.add_argument("--splice", action="store_true",
+                   help="streamed: after its own first chunk, every answer goes on with the previous one's chunks")
     p.add_argument("--usage", choices=("count", "none", "float"), default="count",
                    help="usage.completion_tokens: the count; none: no usage at all; float: the count + 1 as a float")
     p.add_argument("--swap-after", type=int, default=None)
@@ -137,6 +141,7 @@ class Fake:
         self.completion_ports: set[int] = set()
         self.auth: dict[str, list[int]] = {}  # path -> [requests with the key, requests without]
         self.held = None  # --mixup: the previous completion's (prompt, reply)
+        self.spliced = None  # --splice: the previous stream's (reply id, ids, finish_reason, stop_reason)
 
     @web.middleware
     async def check_key(self, request, handler):
@@ -285,12 +290,23 @@ class Fake:
                 if (usage := self._usage(prompt, ids, body)) is not None:
                     reply["usage"] = usage
                 return web.json_response(reply)
-            return await self._stream(request, body, prompt, ids, finish, stop_reason)
+            return await self._stream(request, body, prompt, *self._splice(prompt, ids, finish, stop_reason))
         finally:
             self.inflight -= 1
             self.finished += 1
 
-    async def _stream(self, request, body, prompt, ids, finish, stop_reason):
+    def _splice(self, prompt, ids, finish, stop_reason) -> tuple:
+        """``(ids, finish_reason, stop_reason, (reply id of the first chunk, of the later ones))`` to stream: this
+        answer's, or with ``--splice`` its first id then the previous stream's later ones (module docstring)."""
+        own = f"cmpl-fake-{len(self.bodies)}"
+        if not self.a.splice or prompt == [0]:
+            return ids, finish, stop_reason, (own, own)
+        held, self.spliced = self.spliced, (own, ids, finish, stop_reason)
+        if held is None:
+            return ids, finish, stop_reason, (own, own)
+        return ids[:1] + held[1][1:], held[2], held[3], (own, held[0])
+
+    async def _stream(self, request, body, prompt, ids, finish, stop_reason, reply_ids=("cmpl-fake", "cmpl-fake")):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
 
@@ -304,15 +320,15 @@ class Fake:
                 break
             last = hi == len(ids) and self.a.finish != "none"
             for _ in range(2 if n == 0 and self._dup(ids, body) else 1):
-                await send({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id,
-                            "choices": [self._choice(ids[lo:hi], finish if last else None, body,
+                await send({"id": reply_ids[min(n, 1)], "object": "text_completion",
+                            "model": self.model_id, "choices": [self._choice(ids[lo:hi], finish if last else None, body,
                                                      stop_reason if last else None, prompt if n == 0 else None)]})
             if n == 0:
                 await asyncio.sleep(self.a.delay)
         if self.a.error_after is not None:
             await send(self._error_body(request))
         elif (body.get("stream_options") or {}).get("include_usage") and self.a.usage != "none":
-            await send({"id": "cmpl-fake", "object": "text_completion", "model": self.model_id, "choices": [],
+            await send({"id": reply_ids[1], "object": "text_completion", "model": self.model_id, "choices": [],
                         "usage": self._usage(prompt, ids, body)})
         await resp.write(b"data: [DONE]\n\n")
         return resp

@@ -407,7 +407,7 @@ class HttpTransport(Transport):
 
     async def _read_stream(self, r: int, req: Request, resp: aiohttp.ClientResponse):
         ids: list[int] = []
-        cached = t_first = reason = counted = None
+        cached = t_first = reason = counted = reply = None
         most = getattr(req, "max_tokens", 0) or self.spec.generation.max_tokens
         async for line in resp.content:
             if not line.startswith(b"data:"):
@@ -420,6 +420,7 @@ class HttpTransport(Transport):
             data = json.loads(payload)
             new, c, why = api.parse_chunk(data)
             api.check_prompt(api.reply_prompt(data), req.prompt, required=False)  # before a first token goes out
+            reply = api.check_stream_id(reply, data)
             counted = n if (n := api.completion_tokens(data)) is not None else counted
             if new and reason is not None:
                 raise api.ReplyError(f"ids after the answer ended (finish_reason {reason!r}): {new[:8]}")

@@ -169,6 +169,20 @@ def check_prompt(returned, sent: Sequence[int], required: bool) -> None:
                          f"not the {len(want)} ids sent: replies were mixed up on the way")
 
 
+def check_stream_id(seen: Optional[str], data) -> Optional[str]:
+    """The reply ``id`` of a stream so far: ``seen`` (None until a chunk carried one), else ``data``'s. ``ReplyError``
+    when the chunk ``data`` carries another: vLLM sends its request id in every chunk of a stream, so a chunk of
+    another id is another request's reply spliced in on the way (only the first chunk carries the prompt ids that
+    ``check_prompt`` compares)."""
+    got = data.get("id") if isinstance(data, dict) else None
+    if got is None or seen is None:
+        return seen if got is None else got
+    if got != seen:
+        raise ReplyError(f"a stream chunk of reply {str(got)[:80]!r} came in the stream of reply {str(seen)[:80]!r}: "
+                         "replies were mixed up on the way")
+    return seen
+
+
 def parse_completion(data) -> tuple[list[int], Optional[int], Optional[str]]:
     """``(generated ids, cached prompt tokens or None, finish_reason or None)`` of a non-streamed
     reply; ``ReplyError`` / ``NoTokenIds`` when it has no usable ids."""
