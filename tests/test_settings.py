@@ -287,6 +287,9 @@ def test_model_info_reads_eos_from_generation_config(tmp_path):
     assert read_model_info(tmp_path).eos_token_ids == (2,)
     with pytest.raises(EngineError, match="config.json"):
         read_model_info(tmp_path / "missing")
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": []}')  # no EOS check could hold
+    with pytest.raises(EngineError, match="eos_token_id is an empty list"):
+        read_model_info(tmp_path)
 
 
 def test_registry_knows_vllm():

@@ -311,6 +311,9 @@ def read_model_info(model_dir: str | os.PathLike) -> ModelInfo:
         vocab_size = int(cfg["vocab_size"])
     except (TypeError, ValueError) as e:
         raise EngineError(f"{d}: eos_token_id / vocab_size are not integers: {e}") from None
+    if not eos_ids:  # no stop id for the engine, and no answer cut short could be told from a finished one
+        raise EngineError(f"{d}: eos_token_id is an empty list (generation_config.json or config.json): the model "
+                          "needs at least one EOS id")
     return ModelInfo(
         path=str(d),
         vocab_size=vocab_size,
