@@ -39,11 +39,17 @@ async def _declared(request):
         web.Response(body=b" " * (3 << 20))
 
 
+async def _hang(request):
+    await asyncio.sleep(2)  # far past the test's limit; the server's clean-up waits for it
+    return web.Response(text="{}")
+
+
 def _serve_and(fn):
     async def go():
         app = web.Application()
         app.router.add_get("/endless", _endless)
         app.router.add_get("/declared", _declared)
+        app.router.add_get("/hang", _hang)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -68,6 +74,20 @@ def test_a_reply_that_never_ends_is_cut_at_the_limit():
         async with s.get(f"{url}/declared?small=1") as resp:
             return await _read_capped(resp, 1 << 20)
     assert _serve_and(fn) == b"{}"
+
+
+def test_a_read_back_get_that_never_answers_fails_naming_the_url_and_the_limit(monkeypatch):
+    """A server whose /version hangs after the run: the read-back failed with "TimeoutError: TimeoutError"."""
+    from sut.core.transports import http
+
+    monkeypatch.setattr(http, "PROBE_TIMEOUT_S", 0.3)
+
+    async def fn(s, url):
+        me = SimpleNamespace(urls=[url], _auth=[{}], _keys=(),
+                             _http_get=lambda u, **kw: s.get(u, allow_redirects=False, **kw))
+        with pytest.raises(api.ReplyError, match=f"^GET {url}/hang: no complete answer within 0.3 s$"):
+            await HttpTransport._get(me, 0, "/hang")
+    _serve_and(fn)
 
 
 class _Lines:

@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 30.0  # read-back requests and the probe completion
 HEALTH_TIMEOUT_S = 30.0  # a /health answer slower than this fails the run
 CONNECT_TIMEOUT_S = 30.0
+END_CHECK_TIMEOUT_S = 4 * PROBE_TIMEOUT_S + 10  # a replica's read-back after the run: its four GETs, each timed
 _JSON = {"Content-Type": "application/json"}
 
 
@@ -174,7 +175,7 @@ class HttpTransport(Transport):
             if self._dead[r]:
                 continue
             try:
-                now = self._call(self._reread(r), timeout=60)
+                now = self._call(self._reread(r), timeout=END_CHECK_TIMEOUT_S)
             except Exception as e:  # noqa: BLE001 - a replica that cannot be read back now cannot vouch for the run
                 return f"{self._name(r)} could not be read back after the run: {_describe(e)}"
             changed = readback.identity_changes(rec.info, now)
@@ -255,15 +256,18 @@ class HttpTransport(Transport):
     async def _get(self, r: int, path: str, as_json: bool = True):
         """GET ``path`` of replica ``r`` (with its key): the decoded body, or None on 404 (no such endpoint)."""
         url = f"{self.urls[r]}{path}"
-        async with self._http_get(url, headers=self._auth[r],
-                                     timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-            if resp.status == 404:
-                return None
-            if resp.status != 200:
-                raise api.ReplyError(f"GET {url}: {self._status(r, resp)}: "
-                                     f"{await _text_capped(resp, 300, self._keys)}")
-            text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
-            return json.loads(text) if as_json else text
+        try:
+            async with self._http_get(url, headers=self._auth[r],
+                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                if resp.status == 404:
+                    return None
+                if resp.status != 200:
+                    raise api.ReplyError(f"GET {url}: {self._status(r, resp)}: "
+                                         f"{await _text_capped(resp, 300, self._keys)}")
+                text = (await _read_capped(resp, api.MAX_REPLY_BYTES)).decode("utf-8", "replace")
+        except asyncio.TimeoutError:  # aiohttp's timeout says nothing itself
+            raise api.ReplyError(f"GET {url}: no complete answer within {PROBE_TIMEOUT_S:g} s") from None
+        return json.loads(text) if as_json else text
 
     def _http_get(self, url, **kw):
         """The session's GET without following redirects (a key must not go where a redirect points)."""
