@@ -809,13 +809,14 @@ def test_cli_replies_mixed_up_between_requests_fail_the_run_on_their_prompt_ids(
 
 @pytest.mark.parametrize("scenario", [SERVER, ["--scenario", "Interactive", "--target-qps", "20"]],
                          ids=["server", "interactive"])
-def test_cli_a_stream_spliced_with_another_replys_chunks_fails_the_run(tmp_path, synthetic_small, fake_server, scenario):
+def test_cli_a_stream_spliced_with_another_replys_chunks_fails_the_run(tmp_path, synthetic_small, fake_server,
+                                                                       scenario):
     """A proxy that goes on with another request's chunks after a stream's own first chunk (the only one that carries
     the prompt ids) passes every check on the answer (length, EOS, vocabulary, count, prompt ids): its later chunks
     carry the other reply's id. Exit 1, run.json failed naming replica, request, QSL index and LoadGen sample."""
     url, _run_dir, rec = _failed_run_against(fake_server, tmp_path, synthetic_small, scenario, "--splice")
-    assert re.search(rf"replica 0 \({re.escape(url)}\) request \d+ failed: a stream chunk of reply 'cmpl-fake-\d+' came "
-                     r"in the stream of reply 'cmpl-fake-\d+': replies were mixed up on the way "
+    assert re.search(rf"replica 0 \({re.escape(url)}\) request \d+ failed: a stream chunk of reply "
+                     r"'cmpl-fake-\d+' came in the stream of reply 'cmpl-fake-\d+': replies were mixed up on the way "
                      r"\(QSL index \d+, LoadGen sample \d+\)", rec["error"]), rec["error"]
     assert rec["ledger"]["completed"] <= 1, rec["ledger"]  # the first stream's own reply; no spliced one was taken
 
