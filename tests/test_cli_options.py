@@ -409,3 +409,18 @@ def test_sut_flame_cluster_with_a_taken_port_exits_2_before_starting_anything(tm
                               "--flame-bin", str(tmp_path / "no-binaries-needed")])
     err = capsys.readouterr().err
     assert rc == 2 and f"--port {port}: port {port + taken} in use" in err and "Traceback" not in err, err
+
+
+def test_a_repeated_server_url_adds_replicas_instead_of_replacing_the_first():
+    """`--server-url A --server-url B` ran one replica, B: the flag is now a list flag, as its comma form is."""
+    from sut.cli import build_parser
+
+    a = build_parser().parse_args(["run", "--sut", "vllm-http", "--server-url", "http://a:1", "--server-url",
+                                   "http://b:2,http://c:3", "--model", "m", "--dataset", "d"])
+    assert a.opt__server_url == "http://a:1,http://b:2,http://c:3"
+    from sut.core.transports.http_options import url_list
+
+    assert url_list(a.opt__server_url) == ("http://a:1", "http://b:2", "http://c:3")
+    one = build_parser().parse_args(["run", "--sut", "vllm-http", "--server-url", "http://a:1", "--model", "m",
+                                     "--dataset", "d"])
+    assert one.opt__server_url == "http://a:1"

@@ -173,6 +173,15 @@ def _argparse_kwargs(annotation) -> dict:
     return {"type": json_or_str, "metavar": "JSON"}
 
 
+class JoinWithComma(argparse.Action):
+    """argparse action of a repeatable list flag (``--server-url A --server-url B,C``): the values given, joined
+    with commas ("A,B,C"), as one comma-separated value would be (a plain store kept only the last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, values if before is None else f"{before},{values}")
+
+
 def option_flags(options_cls: type) -> list[tuple[str, str, dict]]:
     """``(flag, field name, argparse keywords)`` for each field of ``options_cls`` whose metadata
     names a ``flag``; ``ValueError`` for a flag that does not start with ``--``."""
@@ -188,6 +197,8 @@ def option_flags(options_cls: type) -> list[tuple[str, str, dict]]:
         if "action" not in kw:
             kw.setdefault("metavar", f.name.upper())
         kw.update({k: f.metadata[k] for k in ("metavar", "choices") if k in f.metadata})
+        if f.metadata.get("repeat"):  # given again: one more comma-separated part, not a replacement
+            kw["action"] = JoinWithComma
         text = f.metadata.get("help", f.name.replace("_", " "))
         if f.default is not dataclasses.MISSING and f.default is not None and "default" not in text:
             text += f" (default {f.default})"

@@ -243,9 +243,10 @@ class HttpOptions:
     """
 
     urls: Optional[Union[str, tuple[str, ...]]] = field(default=None, metadata={
-        "flag": "--server-url", "metavar": "URLS",
-        "help": "base URL(s) of running vLLM OpenAI-compatible servers (comma-separated, one replica each, e.g. "
-                "http://10.0.0.5:8000); none: start one `vllm serve` per GPU (one on CPU) on 127.0.0.1"})
+        "flag": "--server-url", "metavar": "URLS", "repeat": True,
+        "help": "base URL(s) of running vLLM OpenAI-compatible servers (comma-separated or the flag repeated, one "
+                "replica each, e.g. http://10.0.0.5:8000); none: start one `vllm serve` per GPU (one on CPU) on "
+                "127.0.0.1"})
     model_name: Optional[str] = field(default=None, metadata={
         "flag": "--served-model-name", "help": "served model id to request (default: the one that is --model)"})
     max_inflight_per_replica: Optional[int] = field(default=None, metadata={
