@@ -296,6 +296,7 @@ def test_cli_runs_fake_systems_and_a_failed_check_exits_1_naming_the_request(sys
     (["--http", "--server-url", "http://127.0.0.1:1"], "give one of them"),
     (["--server-url", "http://127.0.0.1:1"], "system standalone: server http://127.0.0.1:1"),  # not `sut run`'s flag
     (["--server-url", "http://127.0.0.1:1,http://127.0.0.1:2"], "server http://127.0.0.1:1:"),  # a comma list
+    (["--server-url", "http://127.0.0.1:1", "--server-url", "http://127.0.0.1:1"], "is given twice"),  # both kept
     (["--http", "--system-option", "standalone.server_args=--enable-prefix"], "system standalone"),
 ])
 def test_cli_bad_input_exits_2_before_anything_starts(systems, tmp_path, capsys, args, message):

@@ -127,8 +127,9 @@ def _add_run_flags(s) -> None:
                         "zlib payloads, frozen start-up heap")
     y.add_argument("--http", action="store_true", help="standalone = `vllm serve` replicas started here (the study's "
                    "standalone path) instead of in-process engines")
-    y.add_argument("--server-url", nargs="+", metavar="URL", help="standalone = these running `vllm serve` servers "
-                   "(one replica each, space- or comma-separated; engines are then not fresh per pair); each must "
+    y.add_argument("--server-url", nargs="+", action="extend", metavar="URL",
+                   help="standalone = these running `vllm serve` servers (one replica each, space- or comma-separated, "
+                   "or the flag repeated; engines are then not fresh per pair); each must "
                    "answer and serve --model before anything starts (exit 2)")
     y.add_argument("--system-option", action="append", default=[], metavar="SYSTEM.KEY=VALUE",
                    help="an option of a system's transport (JSON value, else a string), e.g. flame.batch_size=64 or "
