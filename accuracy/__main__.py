@@ -33,8 +33,9 @@ def _eos_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"--eos-ids wants comma-separated integers, got {text!r}") from None
     if not ids:
         raise argparse.ArgumentTypeError("--eos-ids is empty")
-    if min(ids) < 0:
-        raise argparse.ArgumentTypeError(f"--eos-ids are token ids (>= 0), got {min(ids)}")
+    if min(ids) < 0 or max(ids) >= 1 << 31:
+        bad = min(ids) if min(ids) < 0 else max(ids)
+        raise argparse.ArgumentTypeError(f"--eos-ids are int32 token ids (0 to {(1 << 31) - 1}), got {bad}")
     return ids
 
 

@@ -13,6 +13,7 @@ import datetime as _dt
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -52,6 +53,29 @@ def _number(value: object, key: str, path: Path) -> float:
     return float(value)
 
 
+#: Largest reference file read: a few numbers; a FIFO, device or anything larger is refused before it is opened.
+MAX_REFERENCE_BYTES = 1 << 20
+
+
+def _read_reference_text(path: Path) -> str:
+    """The text of the reference file ``path``: a regular file of at most :data:`MAX_REFERENCE_BYTES`, checked
+    before it is opened (a FIFO would block, ``/dev/zero`` fill memory). Raises ``AccuracyInputError``."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_REFERENCE_BYTES:
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file of at most 1 MiB"
+            raise AccuracyInputError(f"reference file {path} is {kind}: pass --reference datacenter|edge|auto or "
+                                     "a JSON file that --write-reference wrote")
+        with open(path, encoding="utf-8") as f:
+            return f.read(MAX_REFERENCE_BYTES + 1)
+    except FileNotFoundError:
+        raise AccuracyInputError(
+            f"reference {path} not found: pass --reference datacenter|edge|auto or an existing JSON file"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AccuracyInputError(f"reference file {path} is not readable JSON: {exc}") from None
+
+
 def load_reference_file(path: str | os.PathLike) -> Reference:
     """Read a reference JSON: ``{"rouge1", "rouge2", "rougeL", "rougeLsum", "gen_len"[, "gen_num"]}``.
 
@@ -59,17 +83,13 @@ def load_reference_file(path: str | os.PathLike) -> Reference:
     ``gen_len`` in characters. Other keys are ignored.
 
     Raises:
-        AccuracyInputError: unreadable, or a key missing / not a number.
+        AccuracyInputError: missing, a folder, FIFO or device, over 1 MiB, unreadable, or a key missing / not a
+            number.
     """
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = parse_json(f.read())  # too deep: a JSONDecodeError
-    except FileNotFoundError:
-        raise AccuracyInputError(
-            f"reference {path} not found: pass --reference datacenter|edge|auto or an existing JSON file"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = parse_json(_read_reference_text(path))  # too deep: a JSONDecodeError
+    except json.JSONDecodeError as exc:
         raise AccuracyInputError(f"reference file {path} is not readable JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise AccuracyInputError(f"reference file {path}: expected a JSON object")

@@ -346,6 +346,19 @@ def _eos_from_json(path: Path) -> tuple[int, ...] | None:
     return None
 
 
+#: Token ids are little-endian int32 in the accuracy log: an EOS id is one of ``[0, INT32_END)``.
+INT32_END = 1 << 31
+
+
+def _int32_ids(ids: tuple[int, ...], source: str) -> tuple[int, ...]:
+    """``ids`` when each is in ``[0, INT32_END)``; else ``AccuracyInputError`` naming ``source`` and the id."""
+    bad = [e for e in ids if not 0 <= e < INT32_END]
+    if bad:
+        raise AccuracyInputError(f"EOS id {bad[0]} ({source}) is not an int32 token id (0 to {INT32_END - 1}): "
+                                 "pass the model's EOS ids, e.g. --eos-ids 128001,128008,128009")
+    return ids
+
+
 def resolve_eos_ids(
     explicit: Sequence[int] | None, det: Detokenizer, llama3_default: Sequence[int] | None = None,
     explicit_source: str = "--eos-ids",
@@ -361,15 +374,16 @@ def resolve_eos_ids(
         ``(ids, source)`` where ``source`` says where they came from.
 
     Raises:
-        AccuracyInputError: none found (pass ``--eos-ids``).
+        AccuracyInputError: none found (pass ``--eos-ids``), or an id outside int32's ``[0, 2**31)`` (naming where
+            it came from).
     """
     if explicit:
-        return tuple(int(e) for e in explicit), explicit_source
+        return _int32_ids(tuple(int(e) for e in explicit), explicit_source), explicit_source
     for name in ("generation_config.json", "config.json"):
         cand = det.folder / name
         ids = _eos_from_json(cand) if cand.is_file() else None
         if ids:
-            return ids, str(cand)
+            return _int32_ids(ids, f"{cand} eos_token_id"), str(cand)
     if det.eos_ids:
         return det.eos_ids, "tokenizer eos_token"
     if det._tiktoken is not None and llama3_default:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import nltk
@@ -227,6 +228,17 @@ def test_reference_file_loading(tmp_path):
         resolve_reference(str(tmp_path / "nope.json"), 10)
 
 
+def test_a_reference_that_is_a_fifo_device_or_folder_is_refused_unread(tmp_path):
+    """Before: --reference FIFO blocked the gate for ever (and /dev/zero would have filled memory)."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    for path, why in ((tmp_path / "fifo", "not a regular file"), (Path("/dev/zero"), "not a regular file"),
+                      (tmp_path, "a folder")):
+        with pytest.raises(AccuracyInputError, match=f"reference file {path} is {why}"):
+            load_reference_file(path)
+
+
 # --------------------------------------------------------------------------- tokenizer loading
 
 
@@ -288,6 +300,23 @@ def test_eos_resolution(tok_dir, tmp_path):
     tok.save(str(bare / "tokenizer.json"))
     with pytest.raises(AccuracyInputError, match="--eos-ids"):
         resolve_eos_ids(None, load_tokenizer(bare))
+
+
+def test_an_eos_id_past_int32_is_bad_input_naming_where_it_came_from(tok_dir, tmp_path, capsys):
+    """Before: --eos-ids 99999999999999999999999 (or such an eos_token_id in generation_config.json) ended in an
+    OverflowError traceback (exit 1) from numpy."""
+    det = load_tokenizer(tok_dir)
+    with pytest.raises(AccuracyInputError, match=r"EOS id 4294967296 \(run.json\) is not an int32 token id"):
+        resolve_eos_ids([2, 1 << 32], det, None, "run.json")
+    folder = tmp_path / "tok"
+    shutil.copytree(tok_dir, folder)
+    (folder / "generation_config.json").write_text('{"eos_token_id": [2, 99999999999999999999999]}')
+    with pytest.raises(AccuracyInputError, match="generation_config.json eos_token_id"):
+        resolve_eos_ids(None, load_tokenizer(folder))
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["--accuracy-log", "x.json", "--eos-ids", "2,99999999999999999999999"])
+    assert exc.value.code == 2 and "int32 token ids (0 to 2147483647), got 99999999999999999999999" in \
+        capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- hand-made logs
