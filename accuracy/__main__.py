@@ -212,6 +212,17 @@ def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
              f" --max-samples {args.max_samples}" if args.max_samples else "")
 
 
+def _refuse_a_reference_path_that_cannot_be_a_file(path: Path) -> None:
+    """``--write-reference`` that could never be written (an existing folder, FIFO or device, or a path under a
+    file): ``UsageError`` before the gate writes anything, not after its report is half written."""
+    if path.is_dir() or (path.exists() and not path.is_file()):
+        raise UsageError(f"--write-reference {path} is " + ("a folder" if path.is_dir() else
+                         "not a regular file (a FIFO, device or socket)") + ": name a JSON file to write")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UsageError(f"--write-reference {path}: {blocking} is a file, not a folder")
+
+
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
@@ -242,6 +253,8 @@ def _main(argv: list[str]) -> int:
     _refuse_a_mismatched_rescore(args, argv, settings.output_dir, rec)
     if settings.output_dir.exists() and not settings.output_dir.is_dir():  # found before scoring, not after
         raise UsageError(f"--output-dir {settings.output_dir} is a file, not a folder")
+    if settings.write_reference is not None:
+        _refuse_a_reference_path_that_cannot_be_a_file(settings.write_reference)
     try:
         result = evaluate(settings)
     except AccuracyInputError:  # exit 2 (main); some are OSErrors too (TokenizerNotFoundError)

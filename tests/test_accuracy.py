@@ -645,6 +645,26 @@ def test_cli_exit_codes(tmp_path, tok_dir, dataset_file, vocab, capsys):
     assert cli_main(common + ["--reference", str(ref)]) == 1
 
 
+@pytest.mark.parametrize("where, message", [
+    ("folder", "is a folder: name a JSON file to write"),
+    ("under-file", "afile is a file, not a folder"),
+    ("/dev/null", "is not a regular file (a FIFO, device or socket)")])
+def test_a_write_reference_path_that_cannot_be_a_file_exits_2_before_anything_is_written(
+        tmp_path, tok_dir, dataset_file, vocab, capsys, where, message):
+    """Before: the gate scored first, wrote accuracy.txt and output_lengths.png, then failed writing the reference
+    (exit 2, a half-written report folder left behind)."""
+    log_path = write_log(tmp_path, perfect_log(vocab))
+    (tmp_path / "afile").write_text("")
+    ref = {"folder": tmp_path, "under-file": tmp_path / "afile" / "ref.json", "/dev/null": Path("/dev/null")}[where]
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert cli_main(["--accuracy-log", str(log_path), "--dataset", str(dataset_file), "--tokenizer", str(tok_dir),
+                     "--output-dir", str(out), "--write-reference", str(ref)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --write-reference {ref}") and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
 def test_histogram_bins_keep_samples_at_the_cap_left_of_the_cap_line():
     from accuracy.report import histogram_edges
 
