@@ -134,8 +134,8 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
 
     Raises:
         AccuracyInputError: file missing/unreadable, not a JSON list, an entry without an
-            integer ``qsl_idx`` or a hex ``data`` string, or an empty list (a performance-mode
-            log; run LoadGen in AccuracyOnly mode).
+            integer ``qsl_idx`` or a hex ``data`` string, a ``token_count`` that is not an integer, or an empty
+            list (a performance-mode log; run LoadGen in AccuracyOnly mode).
     """
     path = Path(path)
     if path.is_dir():
@@ -173,9 +173,21 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
         if qsl_idx is None:
             raise AccuracyInputError(f"accuracy log {path}: entry {pos} has no integer 'qsl_idx'")
         raw = hex_bytes(rec.get("data"), f"accuracy log {path}: entry {pos} (qsl_idx {qsl_idx}) 'data'")
-        tc = rec.get("token_count")
-        entries.append(LogEntry(pos, qsl_idx, _as_int(tc) if tc is not None else None, raw))
+        where = f"accuracy log {path}: entry {pos} (qsl_idx {qsl_idx})"
+        entries.append(LogEntry(pos, qsl_idx, _token_count(rec, where), raw))
     return entries
+
+
+def _token_count(rec: dict, where: str) -> int | None:
+    """``rec``'s ``token_count``: None when absent (the coverage check reports it), else a whole number; anything
+    else (a string, null, NaN, Infinity, a fraction) is ``AccuracyInputError`` naming ``where``, as
+    ``python -m sut test06-verify`` refuses it."""
+    if "token_count" not in rec:
+        return None
+    count = _as_int(rec["token_count"])
+    if count is None:
+        raise AccuracyInputError(f"{where} 'token_count' must be an integer, got {rec['token_count']!r}")
+    return count
 
 
 @dataclass

@@ -433,6 +433,17 @@ def test_wrong_token_count_fails(gate, vocab):
     assert any("token_count != number of int32 ids" in f for f in res["checks"]["failures"]) and not res["passed"]
 
 
+@pytest.mark.parametrize("value", ["3", None, float("inf"), float("nan"), 2.5, True])
+def test_a_token_count_that_is_no_integer_is_bad_input_naming_the_entry(tmp_path, gate, vocab, value):
+    """Before: a string, null, Infinity or NaN token_count counted as a token_count mismatch (exit 1, a report
+    written), where python -m sut test06-verify refuses it as bad input."""
+    entries = perfect_log(vocab)
+    entries[2]["token_count"] = value
+    with pytest.raises(AccuracyInputError, match=r"entry 2 \(qsl_idx 2\) 'token_count' must be an integer, got"):
+        gate(entries)
+    assert not (tmp_path / "out" / "accuracy.json").exists()
+
+
 def test_double_trailing_eos_fails(gate, vocab):
     entries = perfect_log(vocab)
     entries[0] = make_log_entry(0, ids_of(REFERENCES_TEXT[0], vocab) + [EOS, EOS])
