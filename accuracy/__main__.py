@@ -126,19 +126,27 @@ def _refuse_a_performance_run(accuracy_log: str, rec: dict | None) -> None:
                          "an accuracy run's log: python -m sut run --mode accuracy ... (same preset and model)")
 
 
-def _recorded_tokenizer(rec: dict | None) -> str | None:
-    """The gate tokenizer a harness ``run.json`` records: the run's ``--tokenizer``, else its model folder."""
+def _recorded_tokenizer(rec: dict | None, run_json: Path) -> str | None:
+    """The gate tokenizer a harness ``run.json`` (``rec``, read from ``run_json``) records: the run's
+    ``--tokenizer``, else its model folder. ``UsageError`` for a value that is not a path (a hand-edited file)."""
     rs, model = (rec or {}).get("run_settings"), (rec or {}).get("model") or {}
     if not isinstance(rs, dict) or not isinstance(model, dict):
         return None
-    return rs.get("tokenizer") or model.get("path")
+    for field, value in (("run_settings.tokenizer", rs.get("tokenizer")), ("model.path", model.get("path"))):
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise UsageError(f"{run_json} {field} is {value!r}, not a path as the harness writes it (was the file "
+                             "edited?): pass --tokenizer PATH")
+        return value
+    return None
 
 
 def _refuse_a_dataset_without_tokenizer(args: argparse.Namespace, rec: dict | None) -> None:
     """``--dataset`` without ``--tokenizer`` next to a harness run: ``UsageError`` naming the tokenizer its ``run.json``
     records (the run's ``--tokenizer``, else its model folder) and the shorter form; with no such record the gate's
     own "no tokenizer given" error follows."""
-    recorded = _recorded_tokenizer(rec)
+    recorded = _recorded_tokenizer(rec, Path(args.accuracy_log).parent / "run.json")
     if recorded:
         raise UsageError(f"--dataset without --tokenizer: the run's {Path(args.accuracy_log).parent / 'run.json'} "
                        f"names its gate tokenizer {recorded}; pass --tokenizer {recorded}, or leave out --dataset to "
@@ -200,9 +208,9 @@ def _fill_from_run(args: argparse.Namespace, rec: dict | None) -> None:
     args.dataset = dataset
     rs, model = rec["run_settings"], rec.get("model") or {}
     if args.tokenizer is None:
-        args.tokenizer = _recorded_tokenizer(rec)
+        args.tokenizer = _recorded_tokenizer(rec, run_json)
     eos = model.get("eos_token_ids") if isinstance(model, dict) else None
-    if args.eos_ids is None and isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
+    if args.eos_ids is None and isinstance(eos, list) and eos and all(type(e) is int for e in eos):
         args.eos_ids, args.eos_source = tuple(eos), f"{run_json} model.eos_token_ids"
     recorded = _checked_max_samples(rs.get("max_samples"), run_json)
     if args.max_samples is None and recorded is not None:

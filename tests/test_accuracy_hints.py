@@ -192,3 +192,19 @@ def test_a_hand_edited_max_samples_in_run_json_is_refused_before_anything_is_wri
         err = capsys.readouterr().err
         assert f"{tmp_path / 'run.json'} run_settings.max_samples is {value!r}, not null or a whole number" in err
         assert not (tmp_path / "accuracy.json").exists()
+
+
+@pytest.mark.parametrize("field, value", [("tokenizer", 5), ("tokenizer", ["tok"]), ("path", {"a": 1})])
+def test_a_recorded_tokenizer_that_is_not_a_path_is_refused_naming_the_field(tmp_path, inputs, capsys, field, value):
+    """Before: a run.json run_settings.tokenizer (or model.path) of 5 ended in a TypeError traceback (exit 1)."""
+    tok, data = inputs
+    log = _run_folder(tmp_path, list(range(N)))
+    rec = {"run_settings": {"max_samples": None, "dataset": str(data), "tokenizer": None},
+           "model": {"path": str(tok), "eos_token_ids": [EOS]}}
+    (rec["run_settings"] if field == "tokenizer" else rec["model"])[field] = value
+    (tmp_path / "run.json").write_text(json.dumps(rec))
+    for argv in (["--accuracy-log", str(log)], ["--accuracy-log", str(log), "--dataset", str(data)]):
+        assert cli_main(argv) == 2
+        where = "run_settings.tokenizer" if field == "tokenizer" else "model.path"
+        assert f"error: {tmp_path / 'run.json'} {where} is {value!r}, not a path" in capsys.readouterr().err
+        assert not (tmp_path / "accuracy.json").exists()
