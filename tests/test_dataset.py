@@ -246,6 +246,15 @@ def test_a_device_is_refused_from_its_stat_before_reading(tmp_path):
         load_dataset("/dev/null", VOCAB, 300)
 
 
+def test_a_path_with_a_nul_byte_is_refused_by_name():
+    """Before: a dataset path with a NUL (a hand-edited run.json run_settings.dataset, which python -m accuracy
+    takes) ended in a ValueError traceback ("embedded null byte", exit 1)."""
+    from accuracy.dataset import DatasetFileError, read_dataset_json
+
+    with pytest.raises(DatasetFileError, match="dataset /tmp/a\x00b: the path holds a NUL byte"):
+        read_dataset_json("/tmp/a\x00b")
+
+
 def test_a_fifo_is_refused_without_opening_it(tmp_path):
     """Before: opening the FIFO blocked for ever (no writer)."""
     import os
