@@ -362,6 +362,20 @@ def test_package_refuses_a_bad_system_json_with_exit_2_before_writing(tmp_path, 
     assert not (tmp_path / "sub").exists()
 
 
+@pytest.mark.parametrize("kind, why", [("fifo", "not a regular file of at most 1,048,576 bytes"),
+                                       ("device", "not a regular file of at most"), ("folder", "is a folder")])
+def test_a_system_json_that_is_no_regular_file_is_refused_unread(tmp_path, kind, why):
+    """Before: a FIFO blocked package for ever and /dev/zero was read until the OOM killer came."""
+    from sut.submission.tree import TreeSettings, read_system_desc
+
+    path = {"fifo": tmp_path / "fifo", "device": "/dev/zero", "folder": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(ValueError, match=f"--system-json {path}: {why}"):
+        read_system_desc(TreeSettings(out=str(tmp_path / "sub"), system="s", submitter="o", performance_runs=("p",),
+                                      accuracy_runs=("a",), system_desc=str(path)))
+
+
 def test_system_json_keeps_a_field_of_its_own_and_a_power_field(tmp_path, caplog):
     from sut.submission.tree import TreeSettings, read_system_desc
     desc = tmp_path / "d.json"

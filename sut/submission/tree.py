@@ -514,6 +514,23 @@ def untracked_inputs(commands: list[str], repo: Path) -> list[str]:
     return [x for x in found if not any(t == x or t.startswith(x.rstrip("/") + "/") for t in tracked)]
 
 
+#: Largest ``--system-json`` read: a few dozen short fields; anything larger (``/dev/zero``) is refused unread.
+MAX_SYSTEM_DESC_BYTES = 1 << 20
+
+
+def _system_desc_text(path: Path, where: str) -> str:
+    """The text of ``--system-json`` ``path``, a regular file of at most :data:`MAX_SYSTEM_DESC_BYTES` (checked on its
+    ``stat`` first: a FIFO would block the read, ``/dev/zero`` fill memory); ``ValueError`` naming ``where``."""
+    st = path.stat()
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{where}: is a folder, not a JSON file")
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SYSTEM_DESC_BYTES:
+        raise ValueError(f"{where}: not a regular file of at most {MAX_SYSTEM_DESC_BYTES:,} bytes (a FIFO, device or "
+                         "larger file is never read)")
+    with open(path, encoding="utf-8") as f:
+        return f.read(MAX_SYSTEM_DESC_BYTES + 1)
+
+
 def read_system_desc(ts: TreeSettings) -> dict:
     """The fields of ``ts.system_desc`` (``--system-json``; ``{}`` when none is given).
 
@@ -527,7 +544,7 @@ def read_system_desc(ts: TreeSettings) -> dict:
         return {}
     where = f"--system-json {ts.system_desc}"
     try:
-        desc = parse_json(Path(ts.system_desc).read_text(encoding="utf-8"))
+        desc = parse_json(_system_desc_text(Path(ts.system_desc), where))
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{where}: cannot be read: {e}") from None
     except json.JSONDecodeError as e:
