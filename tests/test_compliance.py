@@ -547,6 +547,19 @@ def test_write_test06_replaces_an_earlier_result_whole(tmp_path):
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["TEST06"]
 
 
+@pytest.mark.parametrize("kind", ["file", "device"])
+def test_test06_verify_names_a_run_folder_that_is_no_folder(tmp_path, kind):
+    """Before: a run.json or /dev/null given as the run folder was reported as "accuracy log <it>/
+    mlperf_log_accuracy.json not found"."""
+    from sut.record.test06 import verify_run_folder
+
+    path = tmp_path / "run.json" if kind == "file" else Path("/dev/null")
+    if kind == "file":
+        path.write_text("{}")
+    with pytest.raises(ComplianceError, match=f"^{path} is not a folder: pass the run folder that holds"):
+        verify_run_folder(path)
+
+
 def test_test06_verify_refuses_a_locality_folder(tmp_path):
     """Before: a `python -m sut.locality` folder with a planted mlperf_log_accuracy.json passed (exit 0) and got
     "TEST06 verification complete" written into it; `package` and `python -m accuracy` refuse such a folder."""

@@ -222,6 +222,8 @@ def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, sce
         OSError: the result cannot be written (nothing of it is left: :func:`write_test06`).
     """
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ComplianceError(f"{run_dir} is not a folder: pass the run folder that holds mlperf_log_accuracy.json")
     for flag, folder in (("", run_dir), ("--out ", out)):
         why = locality_folder_why(Path(folder)) if folder is not None else None
         if why:
