@@ -377,6 +377,8 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
     (["cluster", "--workdir", "{tmp}/c", "--resreq", "garbage"], "--resreq 'garbage': invalid resource requirement"),
     (["cluster", "--workdir", "/proc/nope/c", "--flame-bin", "{bins}"], "--workdir /proc/nope/c: cannot create it"),
     (["cluster", "--workdir", "{tmp}/c", "--flame-bin", "{tmp}"], "no flame-session-manager and flame-executor-manager"),
+    (["cluster", "--workdir", "", "--flame-bin", "{bins}"], "--workdir '': expected a folder, got an empty path"),
+    (["cluster", "--workdir", "{tmp}/c", "--flame-bin", " "], "--flame-bin ' ': expected a folder, got an empty"),
     (["register", "--endpoint", "127.0.0.1:39241"], "malformed Flame endpoint '127.0.0.1:39241'"),
     (["register", "--endpoint", "http://127.0.0.1:1"], "no Flame session manager answers at http://127.0.0.1:1"),
 ])

@@ -563,6 +563,9 @@ def _check_args(a) -> Path:
 
     from sut.errors import BadInput
 
+    for flag, value in (("--workdir", a.workdir), ("--flame-bin", a.flame_bin)):
+        if value is not None and not value.strip():  # '' would be the current folder (or the default binaries)
+            raise BadInput(f"error: {flag} {value!r}: expected a folder, got an empty path")
     if not 0 <= a.port <= 65534:
         raise BadInput(f"error: --port {a.port}: expected 0 (two free ports) or a port in 1..65534 (the backend "
                        "port is --port + 1)")
