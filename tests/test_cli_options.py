@@ -381,6 +381,9 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
     (["cluster", "--workdir", "{tmp}/c", "--flame-bin", " "], "--flame-bin ' ': expected a folder, got an empty"),
     (["register", "--endpoint", "127.0.0.1:39241"], "malformed Flame endpoint '127.0.0.1:39241'"),
     (["register", "--endpoint", "http://127.0.0.1:1"], "no Flame session manager answers at http://127.0.0.1:1"),
+    (["register", "--endpoint", "http://[::1"], "malformed Flame endpoint 'http://[::1'"),
+    (["register", "--python", "rel/python"], "--python (SUT_PYTHON) must be an absolute path, got 'rel/python'"),
+    (["render-app", "--workdir", "rel"], "--workdir (SUT_WORKDIR) must be an absolute path"),
 ])
 def test_sut_flame_commands_exit_2_on_bad_input_without_a_traceback(tmp_path, capsys, argv, message):
     import sut.flame.__main__ as flame_main

@@ -61,7 +61,10 @@ def _main(argv: list[str]) -> int:
     if bad:
         raise BadInput(f"error: --env {bad[0]!r}: expected K=V")
     envs = dict(e.split("=", 1) for e in a.env)
-    doc = app.render(a.python, a.repo, a.workdir, a.name, envs)
+    try:
+        doc = app.render(a.python, a.repo, a.workdir, a.name, envs)
+    except ValueError as e:  # a relative --python, --repo or --workdir
+        raise BadInput(f"error: {e}") from None
     if a.cmd == "render-app":
         sys.stdout.write(app.to_yaml(doc))
         return 0

@@ -30,9 +30,11 @@ def render(python: Optional[str] = None, repo: Optional[str] = None, workdir: Op
     """
     values = {"SUT_PYTHON": python or sys.executable, "SUT_REPO": str(repo or REPO),
               "SUT_WORKDIR": str(workdir or (Path(repo or REPO) / "results" / "flame-service"))}
+    flags = {"SUT_PYTHON": "--python", "SUT_REPO": "--repo", "SUT_WORKDIR": "--workdir"}
     for k, v in values.items():
         if not os.path.isabs(v):
-            raise ValueError(f"{k} must be an absolute path, got {v!r} (Flame runs the command without a shell)")
+            raise ValueError(f"{flags[k]} ({k}) must be an absolute path, got {v!r} (Flame runs the command without "
+                             "a shell)")
     text = APP_YAML.read_text()
     for k, v in values.items():
         text = text.replace("${" + k + "}", v)

@@ -128,11 +128,11 @@ def check_control_plane(endpoint: Optional[str] = None, timeout: float = PREFLIG
     accept a TCP connection within ``timeout`` seconds (``reachable``), or then answers no Flame call within
     ``timeout`` seconds (``ask_control_plane``: another kind of server, a silent or stopped one)."""
     ep = resolve_endpoint(endpoint)
-    u = urlparse(ep)
     try:
+        u = urlparse(ep)  # "http://[::1": ValueError "Invalid IPv6 URL"
         port_ok = u.port is not None or not u.netloc.endswith(":")
-    except ValueError:  # a port that is not a number or past 65535
-        port_ok = False
+    except ValueError:  # also a port that is not a number or past 65535
+        u, port_ok = urlparse(""), False
     if u.scheme not in ("http", "https") or not u.hostname or not port_ok or u.path not in ("", "/"):
         raise RunFailed(f"malformed Flame endpoint {ep!r}: expected http://HOST:PORT (or https://), e.g. "
                         "http://127.0.0.1:8080")
