@@ -375,6 +375,9 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
     (["cluster", "--workdir", "{tmp}/c", "--port", "70000"], "--port 70000: expected 0 (two free ports) or a port in"),
     (["cluster", "--workdir", "{tmp}/c", "--port", "-5"], "--port -5: expected 0"),
     (["cluster", "--workdir", "{tmp}/c", "--resreq", "garbage"], "--resreq 'garbage': invalid resource requirement"),
+    (["cluster", "--workdir", "{tmp}/c", "--resreq", "cpu=-1"], "--resreq 'cpu=-1': 'cpu=-1': a value must be a "
+     "whole number of plain digits"),
+    (["cluster", "--workdir", "{tmp}/c", "--resreq", "cpu=1,mem=1_0g"], "'mem=1_0g': a value must be a whole number"),
     (["cluster", "--workdir", "/proc/nope/c", "--flame-bin", "{bins}"], "--workdir /proc/nope/c: cannot create it"),
     (["cluster", "--workdir", "{tmp}/c", "--flame-bin", "{tmp}"], "no flame-session-manager and flame-executor-manager"),
     (["cluster", "--workdir", "", "--flame-bin", "{bins}"], "--workdir '': expected a folder, got an empty path"),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -556,6 +557,10 @@ def _check_nodes(a) -> tuple:
     return gpus
 
 
+#: One ``--resreq`` entry as the session manager parses it: ``key=<digits>[unit]`` (flamepy checks key and unit).
+_RESREQ_ENTRY = re.compile(r"\s*[A-Za-z]+\s*=\s*[0-9]+[A-Za-z]*\s*")
+
+
 def _check_args(a) -> Path:
     """The Flame binaries' folder; ``BadInput`` (exit 2, before anything starts) naming a bad or taken ``--port``,
     ``--resreq``, ``--workdir`` or node option (``_check_nodes``), or a folder without the binaries."""
@@ -574,6 +579,9 @@ def _check_args(a) -> Path:
         raise BadInput(f"error: --port {a.port}: {taken}")
     try:
         flamepy.ResourceRequirement.from_string(a.resreq)
+        bad = [p for p in a.resreq.split(",") if not _RESREQ_ENTRY.fullmatch(p)]
+        if bad:  # int() takes '-1', '+1', '1_0'; the session manager (Rust, u64) exits 1 on them at every start
+            raise ValueError(f"{bad[0].strip()!r}: a value must be a whole number of plain digits (and a mem unit)")
     except ValueError as e:
         raise BadInput(f"error: --resreq {a.resreq!r}: {e} (e.g. cpu=1,mem=1g)") from None
     bin_dir = find_bin_dir(a.flame_bin)
