@@ -385,6 +385,8 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
     (["register", "--endpoint", "127.0.0.1:39241"], "malformed Flame endpoint '127.0.0.1:39241'"),
     (["register", "--endpoint", "http://127.0.0.1:1"], "no Flame session manager answers at http://127.0.0.1:1"),
     (["register", "--endpoint", "http://[::1"], "malformed Flame endpoint 'http://[::1'"),
+    (["close", "s1", "--wait-s", "nan"], "--wait-s nan: expected seconds in 0..86400"),
+    (["close", "s1", "--wait-s", "-5"], "--wait-s -5.0: expected seconds in 0..86400"),
     (["register", "--python", "rel/python"], "--python (SUT_PYTHON) must be an absolute path, got 'rel/python'"),
     (["render-app", "--workdir", "rel"], "--workdir (SUT_WORKDIR) must be an absolute path"),
 ])

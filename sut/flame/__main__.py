@@ -56,6 +56,8 @@ def _main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if a.cmd == "close":
+        if not 0 <= a.wait_s <= 86400:  # also NaN
+            raise BadInput(f"error: --wait-s {a.wait_s}: expected seconds in 0..86400")
         return _close(a.endpoint, a.session_ids, a.wait_s)
     bad = [e for e in a.env if "=" not in e]
     if bad:
