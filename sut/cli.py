@@ -125,10 +125,14 @@ def cmd_retokenize(a) -> int:
     from sut.data.retokenize import retokenize
 
     if not Path(a.source).is_file():
-        raise InputError(f"--source {a.source}: no such file")
+        raise InputError(f"--source {a.source}: " + ("not a regular file (a folder, FIFO or device)"
+                                                     if Path(a.source).exists() else "no such file"))
     if not Path(a.tokenizer).is_dir():
         raise InputError(f"--tokenizer {a.tokenizer}: no such folder (a local Hugging Face tokenizer folder)")
     check_output_path(a.out, "--out")
+    if Path(a.out).exists() and Path(a.out).samefile(a.source):
+        raise InputError(f"--out {a.out} is the --source file: writing it would replace the source; give another "
+                         "--out")
     retokenize(a.source, a.tokenizer, a.out, a.max_samples, a.split)  # DatasetError: exit 2
     return 0
 

@@ -513,6 +513,11 @@ def test_a_preset_or_user_conf_that_is_a_fifo_is_refused_not_read(tmp_path, data
     (["retokenize", "--source", "{t}/f", "--tokenizer", "{t}/none", "--out", "{t}/x.json"], "--tokenizer {t}/none: no"),
     (["retokenize", "--source", "{t}/f", "--tokenizer", "{t}", "--out", "{t}/x.json", "--max-samples", "0"],
      "--max-samples: must be a positive integer"),
+    (["retokenize", "--source", "{t}/f", "--tokenizer", "{t}", "--out", "{t}/f"], "--out {t}/f is the --source file"),
+    (["retokenize", "--source", "{t}", "--tokenizer", "{t}", "--out", "{t}/x.json"],
+     "--source {t}: not a regular file (a folder, FIFO or device)"),
+    (["retokenize", "--source", "/dev/null", "--tokenizer", "{t}", "--out", "{t}/x.json"],
+     "--source /dev/null: not a regular file"),
     (["demo", "--output-dir", "{t}/f"], "--output-dir {t}/f is a file, not a folder"),
 ])
 def test_the_data_commands_refuse_bad_arguments_with_one_error_line(tmp_path, capsys, argv, expect):

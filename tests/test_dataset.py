@@ -160,6 +160,33 @@ def test_retokenize_bad_row_is_named(tmp_path, synthetic_small):
         retokenize(src, str(synthetic_small[1]), tmp_path / "o.json")
 
 
+@pytest.mark.parametrize("content, split, expect", [
+    (b"5\n", None, r"rows.jsonl: record 0: a JSONL row must be a JSON object, got int"),
+    (b'{"article": "a", "split": "w"}\n[[[\n', "v", r"rows.jsonl: record 1: malformed JSON line"),
+    (b"5\n", "v", r"record 0: a JSONL row must be a JSON object"),
+    ('[{"input": "a"}]'.encode("utf-16"), None, r"rows.jsonl: is not UTF-8 text \(UTF-16\)"),
+    (b"\x80\x81\xfe" * 50, None, r"rows.jsonl: is not UTF-8 text \(undecodable bytes\)"),
+])
+def test_retokenize_names_a_source_it_cannot_read_before_the_tokenizer(tmp_path, content, split, expect):
+    """Before: each of these ended in a traceback (AttributeError, JSONDecodeError, UnicodeDecodeError), exit 1."""
+    from sut.data.retokenize import retokenize
+
+    src = tmp_path / "rows.jsonl"
+    src.write_bytes(content)
+    with pytest.raises(DatasetError, match=expect):
+        retokenize(src, str(tmp_path / "no-tokenizer"), tmp_path / "o.json", split=split)
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_retokenize_names_a_tokenizer_folder_it_cannot_load(tmp_path):
+    from sut.data.retokenize import retokenize
+
+    src = tmp_path / "rows.json"
+    src.write_text(json.dumps([{"input": "a", "output": "b"}]))
+    with pytest.raises(DatasetError, match=f"{tmp_path}: --tokenizer: not a loadable Hugging Face tokenizer folder"):
+        retokenize(src, str(tmp_path), tmp_path / "o.json")
+
+
 def test_directory_overflowing_ids_and_too_many_samples_are_named(tmp_path, write_json):
     with pytest.raises(DatasetError, match="is a directory"):
         load_dataset(tmp_path, VOCAB, 300)

@@ -12,6 +12,7 @@ Input: a cnn_eval JSON list (``input``/``output`` fields) or a JSONL file of CNN
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -24,14 +25,57 @@ from sut.errors import DatasetError
 log = logging.getLogger(__name__)
 
 
-def iter_source(path: str | Path) -> Iterator[tuple[str, str]]:
-    """Yield ``(article, reference summary)`` from a cnn_eval JSON list or a JSONL of raw rows.
+def _source_text(path: Path) -> str:
+    """The text of the source file: a regular file of at most ``MAX_DATASET_BYTES``, UTF-8 (a BOM is dropped), read
+    as the run reads a dataset (``accuracy.dataset``: a FIFO or device is refused from its ``stat``, never opened).
+    Raises ``DatasetError`` naming the file."""
+    from accuracy.dataset import MAX_DATASET_BYTES, DatasetFileError, _read_bounded, _wide_encoding
 
-    Raises ``DatasetError`` naming the file, line/record and field on a bad row.
+    try:
+        raw = _read_bounded(path, MAX_DATASET_BYTES)
+    except DatasetFileError as e:
+        raise DatasetError(path, e.reason) from None
+    wide = _wide_encoding(raw[:4])
+    try:
+        if wide:
+            raise UnicodeError(wide)
+        return raw.decode("utf-8-sig")
+    except UnicodeError:
+        raise DatasetError(path, f"is not UTF-8 text ({wide or 'undecodable bytes'}): convert it to UTF-8 "
+                                 "first") from None
+
+
+def _jsonl_rows(path: Path, text: str, split: Optional[str]) -> Iterator[tuple[str, str]]:
+    """``(article, highlights)`` of each JSONL row (of ``split`` when given); ``DatasetError`` naming the line."""
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            r = parse_json(line)
+        except json.JSONDecodeError as e:
+            raise DatasetError(path, f"malformed JSON line: {e}", i) from None
+        if not isinstance(r, dict):
+            raise DatasetError(path, f"a JSONL row must be a JSON object, got {type(r).__name__}", i)
+        if split is not None and r.get("split") != split:
+            continue
+        art = r.get("article", r.get("input"))
+        if not isinstance(art, str):
+            raise DatasetError(path, "missing or not a string", i, "article")
+        yield art, r.get("highlights", r.get("output")) or ""
+
+
+def iter_source(path: str | Path, split: Optional[str] = None) -> Iterator[tuple[str, str]]:
+    """Yield ``(article, reference summary)`` from a cnn_eval JSON list or a JSONL of raw rows (with ``split``:
+    only JSONL rows whose ``split`` field equals it).
+
+    Raises ``DatasetError`` naming the file, line/record and field on a bad row, a file that is no regular UTF-8
+    file, or ``split`` given for a JSON list.
     """
     path = Path(path)
-    text = path.read_text()
+    text = _source_text(path)
     if text.lstrip().startswith("["):
+        if split is not None:
+            raise DatasetError(path, "--split applies only to JSONL rows with a 'split' field")
         try:
             rows = parse_json(text)
         except json.JSONDecodeError as e:
@@ -41,17 +85,7 @@ def iter_source(path: str | Path) -> Iterator[tuple[str, str]]:
                 raise DatasetError(path, "missing or not a string", i, "input")
             yield r["input"], r.get("output") or ""
         return
-    for i, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
-        try:
-            r = parse_json(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(path, f"malformed JSON line: {e}", i) from None
-        art = r.get("article", r.get("input"))
-        if not isinstance(art, str):
-            raise DatasetError(path, "missing or not a string", i, "article")
-        yield art, r.get("highlights", r.get("output")) or ""
+    yield from _jsonl_rows(path, text, split)
 
 
 def retokenize(source: str | Path, tokenizer: str, out: str | Path, max_samples: Optional[int] = None,
@@ -69,17 +103,16 @@ def retokenize(source: str | Path, tokenizer: str, out: str | Path, max_samples:
     """
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    rows = iter_source(source, split)
+    first = next(rows, None)  # the source's errors before the tokenizer loads (seconds)
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    except Exception as e:  # transformers raises OSError, ValueError, KeyError... for a folder it cannot load
+        raise DatasetError(tokenizer, f"--tokenizer: not a loadable Hugging Face tokenizer folder "
+                                      f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
+                           ) from None
     records = []
-    rows = iter_source(source)
-    if split is not None:
-        src = Path(source)
-        text = src.read_text()
-        if text.lstrip().startswith("["):
-            raise DatasetError(src, "--split applies only to JSONL rows with a 'split' field")
-        recs = (parse_json(line) for line in text.splitlines() if line.strip())
-        rows = ((r.get("article"), r.get("highlights")) for r in recs if r.get("split") == split)
-    for article, ref in rows:
+    for article, ref in itertools.chain([] if first is None else [first], rows):
         prompt = PROMPT_TEMPLATE.format(input=article)
         ids = tok(prompt, add_special_tokens=True)["input_ids"]
         records.append({"instruction": {"llama": PROMPT_TEMPLATE}, "input": article, "tok_input": [int(t) for t in ids],
