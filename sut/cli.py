@@ -140,6 +140,7 @@ def cmd_retokenize(a) -> int:
 def cmd_convert_smollm2(a) -> int:
     from sut.data.models_smollm2 import convert
 
+    check_output_path(a.out, "--out", folder=True)
     convert(a.out)
     return 0
 

@@ -519,6 +519,11 @@ def test_a_preset_or_user_conf_that_is_a_fifo_is_refused_not_read(tmp_path, data
     (["retokenize", "--source", "/dev/null", "--tokenizer", "{t}", "--out", "{t}/x.json"],
      "--source /dev/null: not a regular file"),
     (["demo", "--output-dir", "{t}/f"], "--output-dir {t}/f is a file, not a folder"),
+    (["demo", "--output-dir", ""], "--output-dir '': an empty path; name a folder"),
+    (["synthetic", "--out", "", "--samples", "3"], "--out '': an empty path; name a file"),
+    (["convert-smollm2", "--out", ""], "--out '': an empty path; name a folder"),
+    (["convert-smollm2", "--out", "{t}/f"], "--out {t}/f is a file, not a folder"),
+    (["convert-smollm2", "--out", "{t}/f/sub"], "{t}/f is a file, not a folder, so {t}/f/sub cannot be made"),
 ])
 def test_the_data_commands_refuse_bad_arguments_with_one_error_line(tmp_path, capsys, argv, expect):
     """synthetic, retokenize and demo: exit 2 with one error line naming the flag, nothing written."""
