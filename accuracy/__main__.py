@@ -107,14 +107,11 @@ def _hint_max_samples(result: dict, args: argparse.Namespace, argv: list[str]) -
 
 
 def _run_record(accuracy_log: str) -> dict | None:
-    """The ``run.json`` beside ``accuracy_log`` (parsed), or None: no such file, unreadable, or not an object."""
-    from accuracy.jsontext import parse_json
+    """The ``run.json`` beside ``accuracy_log`` (parsed), or None: no such file, no regular file (a FIFO would block
+    the read), unreadable, or not an object (``accuracy.report.run_record_beside``)."""
+    from accuracy.report import run_record_beside
 
-    try:
-        rec = parse_json((Path(accuracy_log).parent / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
+    return run_record_beside(accuracy_log)
 
 
 def _refuse_a_performance_run(accuracy_log: str, rec: dict | None) -> None:

@@ -94,15 +94,31 @@ def preview(ids: Iterable, limit: int = 10) -> str:
     return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
+#: Largest ``run.json`` read beside an accuracy log (a real one is a few hundred KB).
+MAX_RUN_RECORD_BYTES = 1 << 26
+
+
+def run_record_beside(accuracy_log: str | os.PathLike) -> dict | None:
+    """The ``run.json`` next to ``accuracy_log`` (parsed), or None: no such file, no regular file of at most
+    :data:`MAX_RUN_RECORD_BYTES` (a FIFO would block the read), unreadable, or not a JSON object."""
+    from accuracy.jsontext import parse_json
+
+    path = Path(accuracy_log).parent / "run.json"
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_RUN_RECORD_BYTES:
+            return None
+        rec = parse_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def run_max_samples(accuracy_log: str | os.PathLike) -> int | None:
     """``run_settings.max_samples`` of the ``run.json`` next to ``accuracy_log`` (what ``python -m
     sut run --max-samples N`` recorded), or None: no such file, unreadable, or no positive int there."""
-    from accuracy.jsontext import parse_json
-
     try:
-        rec = parse_json((Path(accuracy_log).parent / "run.json").read_text(encoding="utf-8"))
-        value = rec["run_settings"]["max_samples"]
-    except (OSError, ValueError, KeyError, TypeError):
+        value = run_record_beside(accuracy_log)["run_settings"]["max_samples"]
+    except (KeyError, TypeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 

@@ -208,3 +208,19 @@ def test_a_recorded_tokenizer_that_is_not_a_path_is_refused_naming_the_field(tmp
         where = "run_settings.tokenizer" if field == "tokenizer" else "model.path"
         assert f"error: {tmp_path / 'run.json'} {where} is {value!r}, not a path" in capsys.readouterr().err
         assert not (tmp_path / "accuracy.json").exists()
+
+
+def test_a_run_json_beside_the_log_that_is_a_fifo_is_not_read(tmp_path):
+    """Before: a FIFO named run.json next to the log blocked python -m accuracy for ever (its run.json lookups)."""
+    import os
+    import threading
+
+    from accuracy.__main__ import _run_record
+
+    log = _run_folder(tmp_path, [0, 1])
+    os.mkfifo(tmp_path / "run.json")
+    got = []
+    t = threading.Thread(target=lambda: got.append((_run_record(str(log)), run_max_samples(log))), daemon=True)
+    t.start()
+    t.join(10)
+    assert got == [(None, None)]
