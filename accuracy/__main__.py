@@ -231,6 +231,11 @@ def _refuse_a_reference_path_that_cannot_be_a_file(path: Path) -> None:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(message)s")
+    for flag in ("accuracy_log", "dataset", "tokenizer", "reference", "output_dir", "write_reference"):
+        value = getattr(args, flag)
+        if value is not None and not value.strip():  # '' would be taken for the default or the current folder
+            raise UsageError(f"--{flag.replace('_', '-')} {value!r}: an empty value; leave the flag out for its "
+                             "default")
     if not Path(args.accuracy_log).is_file():  # before the run.json beside it is looked for
         raise UsageError(f"--accuracy-log {args.accuracy_log}: " + ("not a file" if Path(args.accuracy_log).exists()
                                                                     else "no such file"))

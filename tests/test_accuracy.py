@@ -676,6 +676,17 @@ def test_a_write_reference_path_that_cannot_be_a_file_exits_2_before_anything_is
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flag", ["--output-dir", "--reference", "--write-reference", "--tokenizer", "--dataset"])
+def test_an_empty_flag_value_is_refused_not_taken_for_the_default(tmp_path, capsys, flag):
+    """Before: --output-dir '' wrote into the log's folder and --reference '' judged against auto."""
+    log_path = tmp_path / "mlperf_log_accuracy.json"
+    log_path.write_text("[]")
+    flags = {"--accuracy-log": str(log_path), "--dataset": "d.json", "--tokenizer": "t", flag: ""}
+    assert cli_main([x for kv in flags.items() for x in kv]) == 2
+    assert capsys.readouterr().err == f"error: {flag} '': an empty value; leave the flag out for its default\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlperf_log_accuracy.json"]
+
+
 def test_histogram_bins_keep_samples_at_the_cap_left_of_the_cap_line():
     from accuracy.report import histogram_edges
 
