@@ -362,6 +362,16 @@ def test_package_refuses_a_bad_system_json_with_exit_2_before_writing(tmp_path, 
     assert not (tmp_path / "sub").exists()
 
 
+def test_package_refuses_an_empty_out_before_anything(tmp_path, monkeypatch):
+    """Before: --out '' laid the tree out in the current folder."""
+    from sut.submission.tree import TreeSettings, package_new_tree
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="--out '': an empty path; name the submission tree's root folder"):
+        package_new_tree(TreeSettings(out="", system="s", submitter="o", performance_runs=("p",), accuracy_runs=("a",)))
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("kind, why", [("fifo", "not a regular file of at most 1,048,576 bytes"),
                                        ("device", "not a regular file of at most"), ("folder", "is a folder")])
 def test_a_system_json_that_is_no_regular_file_is_refused_unread(tmp_path, kind, why):

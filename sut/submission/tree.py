@@ -342,11 +342,13 @@ def package_new_tree(ts: TreeSettings) -> Path:
     done, then raised (exit 130, the tree complete).
 
     Raises:
-        ValueError: a bad run folder argument or ``--system-json`` file, ``--out`` is an existing file or a loop of
-            symbolic links.
+        ValueError: a bad run folder argument or ``--system-json`` file, ``--out`` is empty, an existing file or a
+            loop of symbolic links.
         OSError: the build folder cannot be created (an unwritable parent of ``--out``).
         ComplianceError, KeyboardInterrupt: as :func:`package_tree`; a stop signal.
     """
+    if not str(ts.out).strip():  # Path("") is the current folder: the tree would land in it
+        raise ValueError(f"--out {ts.out!r}: an empty path; name the submission tree's root folder")
     ts.check_run_folders()
     read_system_desc(ts)  # a bad --system-json: exit 2 before anything is written
     given = Path(ts.out).absolute()
