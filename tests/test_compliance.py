@@ -560,6 +560,15 @@ def test_test06_verify_names_a_run_folder_that_is_no_folder(tmp_path, kind):
         verify_run_folder(path)
 
 
+def test_test06_verify_refuses_an_empty_out(tmp_path):
+    """Before: --out '' was taken for no --out: the result went into the run folder."""
+    from sut.record.test06 import verify_run_folder
+
+    with pytest.raises(ComplianceError, match="^--out '': an empty path"):
+        verify_run_folder(tmp_path, out="")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_test06_verify_refuses_a_locality_folder(tmp_path):
     """Before: a `python -m sut.locality` folder with a planted mlperf_log_accuracy.json passed (exit 0) and got
     "TEST06 verification complete" written into it; `package` and `python -m accuracy` refuse such a folder."""

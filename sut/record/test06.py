@@ -221,6 +221,8 @@ def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, sce
             accuracy log (naming the record).
         OSError: the result cannot be written (nothing of it is left: :func:`write_test06`).
     """
+    if out is not None and not str(out).strip():  # '' would be taken for no --out (the run folder)
+        raise ComplianceError(f"--out {str(out)!r}: an empty path; leave --out out to write into the run folder")
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ComplianceError(f"{run_dir} is not a folder: pass the run folder that holds mlperf_log_accuracy.json")
