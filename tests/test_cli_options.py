@@ -389,6 +389,11 @@ def test_a_presets_engine_table_for_the_runs_scenario_overrides_the_shared_engin
     (["close", "s1", "--wait-s", "-5"], "--wait-s -5.0: expected seconds in 0..86400"),
     (["register", "--python", "rel/python"], "--python (SUT_PYTHON) must be an absolute path, got 'rel/python'"),
     (["render-app", "--workdir", "rel"], "--workdir (SUT_WORKDIR) must be an absolute path"),
+    (["register", "--name", ""], "--name '': Flame takes 1-253 characters of ASCII letters"),
+    (["register", "--name", "a b/c"], "--name 'a b/c': Flame takes"),
+    (["register", "--name", "a..b"], "without '..'"),
+    (["render-app", "--name", ".a"], "not starting with '.' or '-'"),
+    (["register", "--name", "x" * 254], "--name '" + "x" * 80 + "'...: Flame takes"),
 ])
 def test_sut_flame_commands_exit_2_on_bad_input_without_a_traceback(tmp_path, capsys, argv, message):
     import sut.flame.__main__ as flame_main

@@ -64,8 +64,8 @@ def _main(argv: list[str]) -> int:
         raise BadInput(f"error: --env {bad[0]!r}: expected K=V")
     envs = dict(e.split("=", 1) for e in a.env)
     try:
-        doc = app.render(a.python, a.repo, a.workdir, a.name, envs)
-    except ValueError as e:  # a relative --python, --repo or --workdir
+        doc = app.render(a.python, a.repo, a.workdir, app.check_app_name(a.name), envs)
+    except ValueError as e:  # a --name Flame refuses; a relative --python, --repo or --workdir
         raise BadInput(f"error: {e}") from None
     if a.cmd == "render-app":
         sys.stdout.write(app.to_yaml(doc))

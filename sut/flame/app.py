@@ -8,6 +8,7 @@ flamepy's ``ApplicationAttributes`` for ``register_application``.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -18,6 +19,19 @@ from sut.constants import REPO
 
 APP_YAML = Path(__file__).resolve().with_name("app.yaml")
 DEFAULT_APP_NAME = "sut-vllm"
+
+
+#: An application name Flame v0.6.0 registers: ASCII letters, digits, '_', '.', '-', not starting with '.' or '-',
+#: no '..', at most 253 characters (its session manager refuses anything else).
+APP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")
+
+
+def check_app_name(name: str) -> str:
+    """``name`` when Flame would register it; ``ValueError`` naming the rule otherwise (found before any connection)."""
+    if not APP_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"--name {name[:80]!r}{'...' if len(name) > 80 else ''}: Flame takes 1-253 characters of "
+                         "ASCII letters, digits, '_', '.' and '-', not starting with '.' or '-', without '..'")
+    return name
 
 
 def render(python: Optional[str] = None, repo: Optional[str] = None, workdir: Optional[str] = None,
