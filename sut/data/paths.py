@@ -12,9 +12,9 @@ from sut.errors import InputError
 
 def check_output_path(path, flag: str, folder: bool = False) -> None:
     """``InputError`` (exit 2, before anything is written) naming ``flag`` when ``path`` cannot be written: an
-    empty path (it would be the current folder), a folder where a file is due (or a file where a folder is due), a missing parent that cannot be made (a
-    file on the way), an existing path that is no regular file (a FIFO, a device), or no write permission (on
-    ``path`` when it exists, else on its nearest existing folder)."""
+    empty path (it would be the current folder), a folder where a file is due (or a file where a folder is due),
+    a missing parent that cannot be made (a file on the way), an existing path that is no regular file (a FIFO, a
+    device), or no write permission (on ``path`` when it exists, else on its nearest existing folder)."""
     if not str(path).strip():  # Path("") is the current folder: a file or run folders would land in it
         raise InputError(f"{flag} {str(path)!r}: an empty path; name a {'folder' if folder else 'file'}")
     p = Path(path)
