@@ -190,9 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--scenario", choices=MLPERF_SCENARIOS,
                    help="LoadGen scenario of the run (default: from run.json, else Offline; Offline skips the "
                         "first-token check)")
-    t.add_argument("--eos-token-ids", type=int, nargs="+",
+    t.add_argument("--eos-token-ids", type=_token_id, nargs="+",
                    help="EOS ids (default: from run.json, else Llama 3.1's 128001 128008 128009)")
-    t.add_argument("--max-tokens", type=_positive_int,
+    t.add_argument("--max-tokens", type=_int32_count,
                    help="no response may hold more ids (default: run.json generation.max_tokens, else 128)")
     b = sub.add_parser("bench-harness", help="the harness's own CPU cost per sample under real LoadGen over "
                        "engine-free replicas, next to a bare LoadGen SUT (Offline, Server with first tokens, fixed "
@@ -266,6 +266,25 @@ def _synthetic_samples(text: str) -> int:
     if v > MAX_SYNTHETIC_SAMPLES:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_SYNTHETIC_SAMPLES:,} (10 x the official set), "
                                          f"got {text!r}")
+    return v
+
+
+def _token_id(text: str) -> int:
+    """argparse type: a token id, an int32 of at least 0 (the accuracy log's ids are little-endian int32)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v < 1 << 31:
+        raise argparse.ArgumentTypeError(f"must be a token id (0 to {(1 << 31) - 1}), got {text!r}")
+    return v
+
+
+def _int32_count(text: str) -> int:
+    """argparse type: a count of ids in one response, 1 to 2**31 - 1."""
+    v = _positive_int(text)
+    if v >= 1 << 31:
+        raise argparse.ArgumentTypeError(f"must be at most {(1 << 31) - 1}, got {text!r}")
     return v
 
 

@@ -687,3 +687,16 @@ def test_a_test06_run_records_failed_for_an_answer_longer_than_its_max_tokens(tm
     write_log(tmp_path / "mlperf_log_accuracy.json", [make_log_entry(0, [5] * 33)])
     t06 = test06_record(SimpleNamespace(scenario="Offline"), SimpleNamespace(eos_token_ids=EOS), tmp_path, 32)
     assert t06["passed"] is False and t06["failures"] == ["qsl_idx 0: 33 ids, more than the run's max_tokens 32"]
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-tokens", "99999999999999999999", "--max-tokens: must be at most 2147483647"),
+    ("--max-tokens", "0", "--max-tokens: must be a positive integer"),
+    ("--eos-token-ids", "-1", "--eos-token-ids: must be a token id (0 to 2147483647), got '-1'"),
+    ("--eos-token-ids", str(1 << 31), "--eos-token-ids: must be a token id"),
+])
+def test_verify_cli_refuses_counts_and_ids_outside_int32(tmp_path, flag, value, message):
+    """A --max-tokens of 1e20 made the length check pass anything (exit 0)."""
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(tmp_path), flag, value], env=sut_env(),
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and message in out.stderr, out.stderr

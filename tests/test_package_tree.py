@@ -103,7 +103,9 @@ def test_system_json_fills_what_run_json_knows_and_marks_the_rest():
     ("devices", "cuda", "field 'devices' must be a list of objects (or nulls), got str"),
     ("devices", ["cuda"], "field 'devices' must be a list of objects (or nulls), got list"),
     ("host_info", {"os": ["Linux"]}, "field 'host_info.os' must be a string, got list"),
-    ("host_info", {"cpu_count": "16"}, "field 'host_info.cpu_count' must be an integer, got str"),
+    ("host_info", {"cpu_count": "16"}, "field 'host_info.cpu_count' must be an integer (within +-2**53), got str"),
+    ("samples_per_s", float("nan"), "field 'samples_per_s' must be a finite number, got float NaN"),
+    ("model", {"vocab_size": 10 ** 30}, "field 'model.vocab_size' must be an integer (within +-2**53), got int"),
     ("devices", [{"kind": "cuda", "name": 5}], "field 'devices[0].name' must be a string, got int 5"),
     ("devices", [{"kind": "cuda", "uuid": ["GPU-1"]}], "field 'devices[0].uuid' must be a string, got list"),
 ])

@@ -12,6 +12,7 @@ the engine that ran (``device`` ``cpu``), not by how it was asked for (``--devic
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -26,7 +27,8 @@ from sut.errors import ComplianceError
 #: checks the first token in every scenario but Offline
 MLPERF_SCENARIOS = ("Offline", "Server", "Interactive", "SingleStream", "MultiStream")
 
-_OBJ, _STR, _BOOL, _INT, _NUM, _STRS, _INTS, _OBJS = ("an object", "a string", "true/false", "an integer", "a number",
+_OBJ, _STR, _BOOL, _INT, _NUM, _STRS, _INTS, _OBJS = ("an object", "a string", "true/false",
+                                                      "an integer (within +-2**53)", "a finite number",
                                                       "a list of strings", "a list of integers", "a list of objects")
 _OBJS_OR_NULL = "a list of objects (or nulls)"
 #: Field path -> expected kind, for every field ``sut/record/test06.py`` and ``sut/submission/`` (``systems/<system>
@@ -52,8 +54,13 @@ RECORD_FIELDS = {
 DEVICE_STR_FIELDS = ("kind", "slot", "name", "uuid")
 
 
+#: Largest integer a record field may hold: JSON numbers beyond 2**53 are not exact in most readers (a hand-edited
+#: max_tokens or vocab_size of 1e30 passed as a whole number).
+MAX_RECORD_INT = 2 ** 53
+
+
 def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) <= MAX_RECORD_INT
 
 
 def _kind_ok(v: object, kind: str) -> bool:
@@ -62,7 +69,7 @@ def _kind_ok(v: object, kind: str) -> bool:
         _STR: lambda: isinstance(v, str),
         _BOOL: lambda: isinstance(v, bool),
         _INT: lambda: _is_int(v),
-        _NUM: lambda: (_is_int(v) or isinstance(v, float)),
+        _NUM: lambda: (_is_int(v) or (isinstance(v, float) and math.isfinite(v))),
         _STRS: lambda: isinstance(v, list) and all(isinstance(x, str) for x in v),
         _INTS: lambda: isinstance(v, list) and all(_is_int(x) for x in v),
         _OBJS: lambda: isinstance(v, list) and all(isinstance(x, dict) for x in v),
