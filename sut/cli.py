@@ -111,7 +111,7 @@ def cmd_synthetic(a) -> int:
     from sut.data.synthetic import SyntheticSettings, write_dataset, write_tokenizer
 
     check_output_path(a.out, "--out")
-    if a.tokenizer_out:
+    if a.tokenizer_out is not None:  # "" too: check_output_path refuses an empty path
         check_output_path(a.tokenizer_out, "--tokenizer-out", folder=True)
     stats = write_dataset(a.out, SyntheticSettings(samples=a.samples, seed=a.seed))
     if a.tokenizer_out:

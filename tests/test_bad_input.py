@@ -508,6 +508,8 @@ def test_a_preset_or_user_conf_that_is_a_fifo_is_refused_not_read(tmp_path, data
     (["synthetic", "--out", "/dev/null", "--samples", "3"], "--out /dev/null is not a regular file"),
     (["synthetic", "--out", "{t}/x.json", "--samples", "3", "--tokenizer-out", "{t}/f"],
      "--tokenizer-out {t}/f is a file"),
+    (["synthetic", "--out", "{t}/x.json", "--samples", "3", "--tokenizer-out", ""],
+     "--tokenizer-out '': an empty path"),  # it wrote no tokenizer, silently
     (["retokenize", "--source", "{t}/none.json", "--tokenizer", "{t}", "--out", "{t}/x.json"],
      "--source {t}/none.json"),
     (["retokenize", "--source", "{t}/f", "--tokenizer", "{t}/none", "--out", "{t}/x.json"], "--tokenizer {t}/none: no"),

@@ -700,3 +700,17 @@ def test_verify_cli_refuses_counts_and_ids_outside_int32(tmp_path, flag, value, 
     out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(tmp_path), flag, value], env=sut_env(),
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_verify_cli_refuses_a_run_json_that_is_no_regular_file(tmp_path):
+    """A FIFO named run.json was taken for "no record": the folder was verified without its EOS ids, exit 0."""
+    import os
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_log(run / "mlperf_log_accuracy.json", [make_log_entry(0, [1, 128009])])
+    os.mkfifo(run / "run.json")
+    out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run)], env=sut_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "run.json is not a regular file" in out.stderr, out.stderr
+    assert not (run / "TEST06").exists()

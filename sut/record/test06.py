@@ -231,6 +231,8 @@ def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, sce
         if why:
             raise ComplianceError(f"{flag}{folder} {why}")
     has_record = (run_dir / "run.json").is_file()
+    if not has_record and (run_dir / "run.json").exists():  # a FIFO or a folder: never taken for "no record"
+        raise ComplianceError(f"{run_dir / 'run.json'} is not a regular file (a folder, FIFO or device)")
     rec = check_record(read_json(run_dir / "run.json", "run record"), run_dir / "run.json") if has_record else {}
     vocab = vocab_size(rec)
     if eos_token_ids is not None:
