@@ -144,7 +144,8 @@ def test_a_bad_value_in_a_presets_options_table_names_the_file_and_key_unless_a_
     base = ["run", "--config", str(preset), "--model", str(TINY_MODEL), "--device", "cpu", "--dataset", str(dataset)]
     with pytest.raises(BadInput) as e:
         settings_from_args(build_parser().parse_args(base))
-    assert e.value.code == 2 and f"(from the [options] table of {preset}: batch_size)" in e.value.message, e.value.message
+    msg = e.value.message
+    assert e.value.code == 2 and f"(from the [options] table of {preset}: batch_size)" in msg, msg
     for flag in (["--batch-size", "0"], ["--option", "batch_size=0"]):  # the flag gave the bad value: no file named
         with pytest.raises(BadInput) as e:
             settings_from_args(build_parser().parse_args([*base, *flag]))

@@ -155,7 +155,8 @@ def check_step_budget(settings: EngineSettings, slots: list[EngineSlot], server:
         raise EngineError(f"max_num_seqs {settings.max_num_seqs} with max_num_batched_tokens unset: vLLM's default "
                           f"per-step budget here is {budget:,} tokens ({'vllm serve' if server else 'vllm.LLM'} on "
                           f"{slots[0].kind}), below max_num_seqs, which vLLM refuses once the engine starts; give "
-                          f"--max-num-batched-tokens >= {settings.max_num_seqs} (in a preset: [engine] max_num_batched_tokens)")
+                          f"--max-num-batched-tokens >= {settings.max_num_seqs} (in a preset: [engine] "
+                          "max_num_batched_tokens)")
 
 
 def cpu_name() -> str:
