@@ -89,6 +89,8 @@ def _read_bounded(path: Path, limit: int) -> bytes:
     Raises:
         DatasetFileError: missing, not a regular file, larger than ``limit``, unreadable, or a path holding a NUL.
     """
+    if "\0" in str(path):  # os.stat: "embedded null byte" (a path from a hand-edited run.json)
+        raise DatasetFileError(path, "the path holds a NUL byte; no file has such a name")
     try:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode):
@@ -107,8 +109,6 @@ def _read_bounded(path: Path, limit: int) -> bytes:
         raise DatasetFileError(path, "permission denied") from None
     except OSError as e:
         raise DatasetFileError(path, f"cannot be read: {e.strerror or e}") from None
-    except ValueError:  # os.stat: "embedded null byte" (a path from a hand-edited run.json)
-        raise DatasetFileError(path, "the path holds a NUL byte; no file has such a name") from None
     if len(raw) > limit:
         raise DatasetFileError(path, f"grew past the {limit:,}-byte limit of a dataset file while it was read")
     return raw
