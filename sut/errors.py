@@ -96,4 +96,3 @@ class ComplianceError(Exception):
     """A compliance input (accuracy log, run folder, package request) is unusable; the message names it."""
 
     exit_code = EXIT_BAD_INPUT
-

@@ -476,7 +476,7 @@ def test_string_eos_ids_are_not_read_digit_by_digit(tmp_path):
 
 def test_test06_verify_cli_refuses_negative_and_out_of_vocabulary_eos_ids(tmp_path):
     run = _t06_folder(tmp_path / "run", dict(T06_SETTINGS, model={"vocab_size": 50000}), ids=(5, 2))
-    for flag, message in ((["-5"], "--eos-token-ids: must be a token id (0 to 2147483647), got '-5'"),
+    for flag, message in ((["-5"], "EOS token id -5 (--eos-token-ids) is outside the vocabulary [0, 50000)"),
                           (["2", "128009"], "EOS token id 128009 (--eos-token-ids) is outside the vocabulary")):
         out = subprocess.run([sys.executable, "-m", "sut", "test06-verify", str(run), "--eos-token-ids", *flag],
                              env=sut_env(), cwd=REPO, capture_output=True, text=True)
@@ -692,8 +692,8 @@ def test_a_test06_run_records_failed_for_an_answer_longer_than_its_max_tokens(tm
 @pytest.mark.parametrize("flag, value, message", [
     ("--max-tokens", "99999999999999999999", "--max-tokens: must be at most 2147483647"),
     ("--max-tokens", "0", "--max-tokens: must be a positive integer"),
-    ("--eos-token-ids", "-1", "--eos-token-ids: must be a token id (0 to 2147483647), got '-1'"),
-    ("--eos-token-ids", str(1 << 31), "--eos-token-ids: must be a token id"),
+    ("--eos-token-ids", "-1", "EOS token id -1 (--eos-token-ids) is outside the vocabulary [0, 128256)"),
+    ("--eos-token-ids", str(1 << 31), "EOS token id 2147483648 (--eos-token-ids) is outside the vocabulary"),
 ])
 def test_verify_cli_refuses_counts_and_ids_outside_int32(tmp_path, flag, value, message):
     """A --max-tokens of 1e20 made the length check pass anything (exit 0)."""

@@ -305,7 +305,8 @@ def _setup(argv):
     default = "" if a.log or a.resume else f" (--log's default, under --output-dir {a.output_dir})"
     try:  # the first try's end writes it: a path that cannot be written ends the search now, not then
         check_output_path(trylog.path, flag)
-        trylog.check_appendable()  # a file that is no try log is not appended to (nor trimmed)
+        if a.resume is None:  # a --resume file was read whole above; a --log beside it must be empty
+            trylog.check_appendable()  # a file that is no try log is not appended to (nor trimmed)
     except ValueError as e:
         p.error(f"{flag}: {e}{default}")
     except InputError as e:
