@@ -18,10 +18,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accuracy.boundedread import (
+    FOLDER,
+    GREW,
+    MISSING,
+    NOT_REGULAR,
+    NUL_IN_PATH,
+    PERMISSION,
+    TOO_LARGE,
+    BoundedReadError,
+    read_regular,
+)
 from accuracy.errors import AccuracyInputError
 from accuracy.jsontext import parse_json
 
@@ -79,39 +89,30 @@ def _wide_encoding(head: bytes) -> str | None:
     return None
 
 
-def _read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes, checked before anything is read.
+def _dataset_reason(e: BoundedReadError, limit: int) -> str:
+    """``DatasetFileError.reason`` of a dataset file that ``read_regular`` refused."""
+    return {
+        NUL_IN_PATH: "the path holds a NUL byte; no file has such a name",
+        FOLDER: "is a directory, not a cnn_eval JSON file",
+        NOT_REGULAR: "is not a regular file (a device, FIFO or socket); only a cnn_eval JSON file is read",
+        TOO_LARGE: f"is {e.detail} bytes, more than the {limit:,}-byte limit of a dataset file (the official "
+                   "cnn_eval.json is about 266 MB)",
+        GREW: f"grew past the {limit:,}-byte limit of a dataset file while it was read",
+        MISSING: NOT_FOUND, PERMISSION: "permission denied",
+    }.get(e.problem, str(e))
 
-    A FIFO, device (``/dev/zero``), socket or directory is refused from its ``stat`` (never opened, so a
-    FIFO cannot block); the size is checked on the ``stat`` and again on the opened file, and at most
-    ``limit + 1`` bytes are read, so a file that grows meanwhile cannot take more memory either.
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes, checked before anything is read
+    (``accuracy.boundedread.read_regular``: a FIFO or device is refused from its ``stat``, never opened).
 
     Raises:
         DatasetFileError: missing, not a regular file, larger than ``limit``, unreadable, or a path holding a NUL.
     """
-    if "\0" in str(path):  # os.stat: "embedded null byte" (a path from a hand-edited run.json)
-        raise DatasetFileError(path, "the path holds a NUL byte; no file has such a name")
     try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            raise DatasetFileError(path, "is a directory, not a cnn_eval JSON file")
-        if not stat.S_ISREG(st.st_mode):
-            raise DatasetFileError(path, "is not a regular file (a device, FIFO or socket); "
-                                         "only a cnn_eval JSON file is read")
-        if st.st_size > limit:
-            raise DatasetFileError(path, f"is {st.st_size:,} bytes, more than the {limit:,}-byte limit "
-                                         "of a dataset file (the official cnn_eval.json is about 266 MB)")
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)
-    except FileNotFoundError:
-        raise DatasetFileError(path, NOT_FOUND) from None
-    except PermissionError:
-        raise DatasetFileError(path, "permission denied") from None
-    except OSError as e:
-        raise DatasetFileError(path, f"cannot be read: {e.strerror or e}") from None
-    if len(raw) > limit:
-        raise DatasetFileError(path, f"grew past the {limit:,}-byte limit of a dataset file while it was read")
-    return raw
+        return read_regular(path, limit)
+    except BoundedReadError as e:
+        raise DatasetFileError(path, _dataset_reason(e, limit)) from None
 
 
 def read_dataset_json(path: str | os.PathLike) -> list:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from accuracy.boundedread import GREW, MISSING, NOT_REGULAR, TOO_LARGE, BoundedReadError, read_regular
 from accuracy.constants import MAX_NEW_TOKENS
 from accuracy.errors import AccuracyInputError
 from accuracy.jsontext import parse_json
@@ -145,16 +145,17 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
         raise AccuracyInputError(f"accuracy log {path} is a folder: pass --accuracy-log "
                                  f"{path / 'mlperf_log_accuracy.json'}")
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_LOG_BYTES:
+        records = parse_json(read_regular(path, MAX_LOG_BYTES).decode("utf-8"))  # too deep: a JSONDecodeError
+    except BoundedReadError as e:
+        if e.problem == MISSING:
+            raise AccuracyInputError(f"accuracy log {path} not found: pass --accuracy-log "
+                                     "RUN_DIR/mlperf_log_accuracy.json") from None
+        if e.problem in (NOT_REGULAR, TOO_LARGE, GREW):
             raise AccuracyInputError(f"accuracy log {path} is not a regular file of at most {MAX_LOG_BYTES:,} bytes "
                                      "(a FIFO, device or larger file is never read): pass LoadGen's "
-                                     "mlperf_log_accuracy.json")
-        with open(path, encoding="utf-8") as f:
-            records = parse_json(f.read(MAX_LOG_BYTES + 1))  # too deep, a number too long: a JSONDecodeError
-    except FileNotFoundError:
-        raise AccuracyInputError(f"accuracy log {path} not found: pass --accuracy-log RUN_DIR/mlperf_log_accuracy.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                                     "mlperf_log_accuracy.json") from None
+        raise AccuracyInputError(f"accuracy log {path} is not readable JSON: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise AccuracyInputError(f"accuracy log {path} is not readable JSON: {exc}") from None
     if not_mlperf(records):
         raise AccuracyInputError(f"accuracy log {path} is a synthetic-locality record (python -m sut.locality): "

@@ -13,11 +13,11 @@ import datetime as _dt
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from accuracy.boundedread import FOLDER, GREW, MISSING, NOT_REGULAR, TOO_LARGE, BoundedReadError, read_regular
 from accuracy.constants import (
     EDGE_SAMPLES,
     GEN_LEN_MAX_FRACTION,
@@ -61,18 +61,18 @@ def _read_reference_text(path: Path) -> str:
     """The text of the reference file ``path``: a regular file of at most :data:`MAX_REFERENCE_BYTES`, checked
     before it is opened (a FIFO would block, ``/dev/zero`` fill memory). Raises ``AccuracyInputError``."""
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_REFERENCE_BYTES:
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file of at most 1 MiB"
+        return read_regular(path, MAX_REFERENCE_BYTES).decode("utf-8")
+    except BoundedReadError as e:
+        if e.problem == MISSING:
+            raise AccuracyInputError(
+                f"reference {path} not found: pass --reference datacenter|edge|auto or an existing JSON file"
+            ) from None
+        if e.problem in (FOLDER, NOT_REGULAR, TOO_LARGE, GREW):
+            kind = "a folder" if e.problem == FOLDER else "not a regular file of at most 1 MiB"
             raise AccuracyInputError(f"reference file {path} is {kind}: pass --reference datacenter|edge|auto or "
-                                     "a JSON file that --write-reference wrote")
-        with open(path, encoding="utf-8") as f:
-            return f.read(MAX_REFERENCE_BYTES + 1)
-    except FileNotFoundError:
-        raise AccuracyInputError(
-            f"reference {path} not found: pass --reference datacenter|edge|auto or an existing JSON file"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+                                     "a JSON file that --write-reference wrote") from None
+        raise AccuracyInputError(f"reference file {path} is not readable JSON: {e}") from None
+    except UnicodeDecodeError as exc:
         raise AccuracyInputError(f"reference file {path} is not readable JSON: {exc}") from None
 
 

@@ -101,14 +101,13 @@ MAX_RUN_RECORD_BYTES = 1 << 26
 def run_record_beside(accuracy_log: str | os.PathLike) -> dict | None:
     """The ``run.json`` next to ``accuracy_log`` (parsed), or None: no such file, no regular file of at most
     :data:`MAX_RUN_RECORD_BYTES` (a FIFO would block the read), unreadable, or not a JSON object."""
+    from accuracy.boundedread import BoundedReadError, read_regular
     from accuracy.jsontext import parse_json
 
     path = Path(accuracy_log).parent / "run.json"
     try:
-        if not path.is_file() or path.stat().st_size > MAX_RUN_RECORD_BYTES:
-            return None
-        rec = parse_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        rec = parse_json(read_regular(path, MAX_RUN_RECORD_BYTES).decode("utf-8"))
+    except (BoundedReadError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
     return rec if isinstance(rec, dict) else None
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from accuracy.boundedread import FOLDER, GREW, NOT_REGULAR, TOO_LARGE, BoundedReadError, read_regular
 from accuracy.jsontext import parse_json
 from accuracy.loadgen_log import NOT_MLPERF, locality_folder_why, not_mlperf
 from sut.constants import REPO
@@ -523,14 +524,15 @@ MAX_SYSTEM_DESC_BYTES = 1 << 20
 def _system_desc_text(path: Path, where: str) -> str:
     """The text of ``--system-json`` ``path``, a regular file of at most :data:`MAX_SYSTEM_DESC_BYTES` (checked on its
     ``stat`` first: a FIFO would block the read, ``/dev/zero`` fill memory); ``ValueError`` naming ``where``."""
-    st = path.stat()
-    if stat.S_ISDIR(st.st_mode):
-        raise ValueError(f"{where}: is a folder, not a JSON file")
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SYSTEM_DESC_BYTES:
-        raise ValueError(f"{where}: not a regular file of at most {MAX_SYSTEM_DESC_BYTES:,} bytes (a FIFO, device or "
-                         "larger file is never read)")
-    with open(path, encoding="utf-8") as f:
-        return f.read(MAX_SYSTEM_DESC_BYTES + 1)
+    try:
+        return read_regular(path, MAX_SYSTEM_DESC_BYTES).decode("utf-8")
+    except BoundedReadError as e:
+        if e.problem == FOLDER:
+            raise ValueError(f"{where}: is a folder, not a JSON file") from None
+        if e.problem in (NOT_REGULAR, TOO_LARGE, GREW):
+            raise ValueError(f"{where}: not a regular file of at most {MAX_SYSTEM_DESC_BYTES:,} bytes (a FIFO, "
+                             "device or larger file is never read)") from None
+        raise ValueError(f"{where}: cannot be read: {e}") from None
 
 
 def read_system_desc(ts: TreeSettings) -> dict:
