@@ -159,6 +159,8 @@ def interrupt_unless_held(message: str) -> None:
     """For a signal handler: ``raise KeyboardInterrupt(message)``, or inside ``stops_held`` keep it for the block's
     end."""
     if _held:
+        if not _deferred:
+            log.warning("stopping (%s) once the step under way has ended", message)
         _deferred.append(message)
         return
     raise KeyboardInterrupt(message)

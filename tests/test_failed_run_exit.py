@@ -8,6 +8,7 @@ The runs use the fake vLLM server (tests/fake_vllm_server.py) behind --sut vllm-
 that waits for LoadGen's schedule or for the full drain limit times out."""
 
 import json
+import os
 import re
 import signal
 import socket
@@ -132,6 +133,62 @@ def test_find_qps_one_process_try_that_fails_exits_1_promptly(tmp_path, fake_ser
     assert [r["status"] for r in recs] == ["failed"] and "LoadGen did not return within 2 s" in recs[0]["error"], recs
     assert "terminate called" not in text and rc == 1, (rc, text[-1500:])
     assert took < 30
+
+
+#: A server launcher (``server_command``) whose process group keeps a member that ignores SIGTERM (a vLLM engine
+#: slow to shut down): it writes that member's pid to ``$1``, then runs the fake server in its place.
+_SLOW_TO_END = """#!/bin/bash
+pidfile=$1; shift
+(trap '' TERM; exec sleep 300) &
+echo $! > "$pidfile"
+exec {python} {server} "$@"
+"""
+
+
+def test_a_stop_signal_while_a_failed_run_ends_its_servers_ends_them_all_and_exits_130(tmp_path, dataset):
+    """A Server run whose server died is ending its servers (after the drain, LoadGen's schedule still running) when
+    Ctrl-C comes: the ending goes on to SIGKILL (here after the 6 s grace) and the run exits 130 naming the dead
+    server. The stop used to cut the ending short: the group's SIGTERM-deaf member outlived the run, and the process
+    exited under LoadGen's thread (a segfault)."""
+    from conftest import process_ended
+
+    launcher, pidfile, out, log = tmp_path / "serve.sh", tmp_path / "member.pid", tmp_path / "runs", tmp_path / "c.txt"
+    launcher.write_text(_SLOW_TO_END.format(python=sys.executable, server=REPO / "tests/fake_vllm_server.py"))
+    launcher.chmod(0o755)
+    grace = "; import sut.core.transports.http_servers as h; h.end.__defaults__ = (6.0,)"
+    cmd = [sys.executable, "-c", PROMPT + grace + RUN, "run", "--sut", "vllm-http", "--option",
+           f"server_command={launcher} {pidfile} --delay 0.2", "--model", str(TINY_MODEL), "--max-model-len", "4096",
+           "--no-progress", "--user-conf", str(CPU_CONF), "--dataset", str(dataset), "--output-dir", str(out),
+           "--scenario", "Server", "--target-qps", "4", "--min-duration-s", "300", "--min-query-count", "1"]
+    with open(log, "w") as fh:
+        run = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+    member = None
+    try:
+        for text in ("LoadGen Server", "LoadGen did not return within"):
+            deadline = time.monotonic() + 90
+            while text not in log.read_text():
+                assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+            if member is None:
+                member = int(pidfile.read_text())
+                time.sleep(2)  # queries flowing
+                server = int(re.search(r"server 0 starting: pid (\d+)", log.read_text()).group(1))
+                os.kill(server, signal.SIGKILL)  # its launcher's pid: the fake server exec'd in its place
+        time.sleep(1)  # the servers' ending under way: the member ignores its SIGTERM
+        run.send_signal(signal.SIGINT)
+        rc = run.wait(timeout=60)
+        ended = process_ended(member)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if member is not None and not process_ended(member):
+            os.kill(member, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 130 and "terminate called" not in text, (rc, text[-2000:])
+    assert ended, "the server's SIGTERM-deaf group member outlived the run"
+    rec = json.loads(next(out.glob("*/run.json")).read_text())
+    assert rec["status"] == "failed" and "vllm-http server 0" in rec["error"], rec.get("error")
 
 
 def test_a_server_run_that_ends_normally_still_exits_0(tmp_path, fake_server, dataset):

@@ -313,12 +313,29 @@ def _run_sut(sut: SystemUnderTest, rs: RunSettings, dataset: Dataset, ts, audit_
     except KeyboardInterrupt as e:
         error = interrupt_reason(e)
     finally:
-        sut.stop()
-        sut.ledger.close()  # every queued answer sent and counted (backends close it too; this is idempotent)
+        stopped = _stop_sut(sut, lg, objs)
+    return error or stopped, (time.monotonic() - objs.t_start if objs.t_start else None)
+
+
+def _stop_sut(sut: SystemUnderTest, lg, objs: LoadGenObjects) -> Optional[str]:
+    """Stop the SUT (its engines and servers ended), close its ledger, destroy LoadGen's objects or, while its
+    thread still runs, leave them to ``run_main``'s ``os._exit``. A stop signal that arrives meanwhile does not cut
+    this short (``exits.stops_held``: an engine or server group half ended would outlive the run, and a normal exit
+    under LoadGen's thread crashes); returns its ``interrupted (...)`` reason, else None."""
+    stopped = None
+    try:
+        with exits.stops_held():
+            try:
+                sut.stop()
+            finally:
+                sut.ledger.close()  # every queued answer sent and counted (backends close it too; idempotent)
+    except KeyboardInterrupt as e:
+        stopped = interrupt_reason(e)
+    finally:
         objs.destroy(lg)
         if not objs.returned:  # its C++ objects must not be destroyed under it: run_main ends with os._exit
             exits.leave_without_cleanup("LoadGen's StartTest thread")
-    return error, (time.monotonic() - objs.t_start if objs.t_start else None)
+    return stopped
 
 
 def _start_sut(sut: SystemUnderTest, record: dict, run_dir: Path) -> None:

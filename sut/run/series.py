@@ -38,6 +38,7 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
+from sut import exits
 from sut.core.loadgen_sut import TransportSUT
 from sut.engine import EngineSettings, GenerationSettings
 from sut.errors import InputError, RunFailed
@@ -155,8 +156,10 @@ class SUTSeries:
                 self._next_rid += self._sut.ledger.issued
 
     def close(self) -> None:
-        """Stop the engines (idempotent; safe after a failure). No test can run after it."""
+        """Stop the engines (idempotent; safe after a failure). No test can run after it. A stop signal meanwhile
+        is raised once they are stopped (``exits.stops_held``: cut short, a server group could outlive the run)."""
         self._failed = self._failed or "the series was closed"
         if self.transport is not None:
             log.info("stopping the engines of the series (%d test(s))", self.tests)
-            self.transport.stop()
+            with exits.stops_held():
+                self.transport.stop()

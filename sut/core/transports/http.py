@@ -498,6 +498,12 @@ class HttpTransport(Transport):
         """Cancel every request, close the client, end every server started here. Idempotent."""
         if not self._mark_stopped():
             return
+        try:
+            self._close_client()
+        finally:  # also when a stop signal cut the close short: the servers must not outlive the run
+            self._end_servers()
+
+    def _close_client(self) -> None:
         loop = self._loop
         if loop is not None and self._thread is not None and self._thread.is_alive():
             try:
@@ -508,6 +514,9 @@ class HttpTransport(Transport):
             self._thread.join(10)
         if loop is not None and not loop.is_running():
             loop.close()
+
+    def _end_servers(self) -> None:
+        """End every server started here, in parallel (``servers.end``: SIGTERM, then SIGKILL)."""
         enders = [threading.Thread(target=servers.end, args=(s,), daemon=True) for s in self.servers]
         for th in enders:
             th.start()
