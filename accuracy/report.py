@@ -53,7 +53,9 @@ def histogram_edges(top: int, width: int = 4) -> np.ndarray:
 
 
 def write_histogram(lengths: Sequence[int], path: str | os.PathLike, max_new_tokens: int = MAX_NEW_TOKENS, title: str = "") -> Path:
-    """Write a small PNG histogram of tokens per sample (matplotlib Agg canvas; no pyplot state)."""
+    """Write a small PNG histogram of tokens per sample (matplotlib Agg canvas; no pyplot state). Drawn into
+    ``PATH.tmp``, then renamed: a write cut short (a full disk, Ctrl-C) leaves no partial PNG, and an earlier one
+    stays as it was."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -70,7 +72,13 @@ def write_histogram(lengths: Sequence[int], path: str | os.PathLike, max_new_tok
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -695,3 +695,27 @@ def test_histogram_bins_keep_samples_at_the_cap_left_of_the_cap_line():
     assert edges[-1] == 128.5 and edges[0] <= -0.5 and np.all(np.diff(edges) == 4)
     assert counts[-1] == 3 and counts.sum() == 7  # 125..128: 127 and both 128s, inside the last bin
     assert list(counts[:3]) == [1, 2, 1]  # 0 alone in (-3.5, 0.5], 1 and 4 in (0.5, 4.5], 5 in the next
+
+
+def _savefig_cut_short(self, fname, *args, **kwargs):
+    """``Figure.savefig`` that writes part of a PNG, then is stopped as Ctrl-C stops it."""
+    with open(fname, "wb") as f:
+        f.write(b"\x89PNG partial")
+    raise KeyboardInterrupt("SIGINT, Ctrl-C")
+
+
+def test_a_histogram_write_cut_short_leaves_no_partial_png_and_an_earlier_one_as_it_was(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from accuracy.report import write_histogram
+
+    png = write_histogram([3, 128, 64], tmp_path / "output_lengths.png")
+    before = png.read_bytes()
+    assert before[:4] == b"\x89PNG" and len(before) > 1000
+    monkeypatch.setattr(Figure, "savefig", _savefig_cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        write_histogram([5, 6], png)
+    assert png.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["output_lengths.png"]
+    with pytest.raises(KeyboardInterrupt):
+        write_histogram([5, 6], tmp_path / "new.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["output_lengths.png"]

@@ -179,6 +179,25 @@ def test_the_latency_figure_is_drawn_and_never_fails_a_run(tmp_path, caplog):
     assert "could not draw" in caplog.text and not (tmp_path / "none.png").exists()
 
 
+def test_a_stop_signal_while_the_latency_figure_is_written_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Ctrl-C inside ``savefig``: the stop goes on (the run records itself interrupted) and the half-written
+    latency.png is removed, as after a failed write."""
+    from matplotlib.figure import Figure
+
+    from sut.record.latency_figure import write_latency_figure
+
+    def cut_short(self, fname, *args, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"\x89PNG partial")
+        raise KeyboardInterrupt("SIGINT, Ctrl-C")
+
+    monkeypatch.setattr(Figure, "savefig", cut_short)
+    t = _arrivals(5, 20)
+    with pytest.raises(KeyboardInterrupt):
+        write_latency_figure(tmp_path / "latency.png", "x", (t, 0.1 + 0 * t), (t, 0.05 + 0 * t), None, None)
+    assert not (tmp_path / "latency.png").exists()
+
+
 def test_the_trend_line_goes_through_the_fit_and_never_below_a_tenth_of_it_on_the_log_axis():
     import matplotlib
 

@@ -44,15 +44,17 @@ def write_latency_figure(path: Path, title: str, ttft: tuple[Sequence[float], Se
         return None
     try:
         return _draw(path, title, ttft, tpot, limits_ms or {}, trend)
-    except Exception as e:  # noqa: BLE001 - the run's record and LoadGen's logs are what counts
-        if isinstance(e, OSError):  # e.g. a full file system: no traceback, and no partial file left
+    except BaseException as e:  # noqa: BLE001 - the run's record and LoadGen's logs are what counts
+        try:
+            path.unlink(missing_ok=True)  # no partial file left, also when a stop signal cut the write short
+        except OSError:
+            pass
+        if not isinstance(e, Exception):  # Ctrl-C / SIGTERM: the run stops
+            raise
+        if isinstance(e, OSError):  # e.g. a full file system: no traceback
             log.warning("could not draw %s: %s", path, e)
         else:
             log.warning("could not draw %s", path, exc_info=True)
-        try:
-            path.unlink(missing_ok=True)
-        except OSError:
-            pass
         return None
 
 
