@@ -669,6 +669,29 @@ def test_started_servers_are_recorded_watched_and_ended(tmp_path, started, caplo
     assert all(_group_gone(r.info["pid"]) for r in records)
 
 
+def test_a_stop_cut_short_by_a_stop_signal_is_finished_by_the_next_stop(tmp_path, started, monkeypatch):
+    """Ctrl-C while ``stop`` closes the client (or waits for the servers to end) cut it short: the servers must
+    still be ended, then and by the next ``stop`` (the run's own stop after a start that failed), which used to
+    return at once and leave them running."""
+    t = transport(HttpOptions(server_command=f"{sys.executable} {FAKE}"), log_dir=str(tmp_path), device="cpu")
+    started.append(t)
+    (rec,) = t.start(Sink())
+    pid = rec.info["pid"]
+
+    def interrupted():
+        raise KeyboardInterrupt("SIGINT, Ctrl-C")
+
+    monkeypatch.setattr(t, "_close_client", interrupted)
+    monkeypatch.setattr(t, "_end_servers", interrupted)  # the signal lands before any server was signalled
+    with pytest.raises(KeyboardInterrupt):
+        t.stop()
+    monkeypatch.undo()
+    assert not _group_gone(pid, timeout=0.5)
+    t.stop()
+    assert _group_gone(pid) and t.servers[0].ended
+    t.stop()  # again: nothing left to end, nothing signalled
+
+
 def test_server_log_stats_and_server_args_reach_a_started_server(tmp_path, started):
     opts = HttpOptions(server_command=f"{sys.executable} {FAKE}", max_inflight_per_replica=1, server_log_stats=True,
                        server_args="--max-num-partial-prefills 2")

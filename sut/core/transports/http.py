@@ -495,11 +495,12 @@ class HttpTransport(Transport):
             await self._session.close()
 
     def stop(self) -> None:
-        """Cancel every request, close the client, end every server started here. Idempotent."""
-        if not self._mark_stopped():
-            return
+        """Cancel every request, close the client, end every server started here. Idempotent; a later call ends
+        the servers that an earlier one, cut short by a stop signal, left (``servers.end`` skips ended ones)."""
+        first = self._mark_stopped()
         try:
-            self._close_client()
+            if first:
+                self._close_client()
         finally:  # also when a stop signal cut the close short: the servers must not outlive the run
             self._end_servers()
 

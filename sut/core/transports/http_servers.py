@@ -178,6 +178,7 @@ class ServerProcess:
     log_path: Optional[Path]
     exited: threading.Event = field(default_factory=threading.Event)
     ready: bool = False  # answered /health (wait_ready)
+    ended: bool = False  # its process group was seen gone by ``end``
 
     @property
     def pid(self) -> int:
@@ -316,7 +317,10 @@ def _group_alive(pgid: int) -> bool:
 def end(server: ServerProcess, grace_s: float = 15.0) -> None:
     """End the server's process group: SIGTERM, wait up to ``grace_s`` (a server that never answered /health:
     ``STARTING_TERM_WAIT_S``, as a starting local engine) for the group to empty, then SIGKILL (5 s). Works after
-    the leader died too (its children keep the group id). Idempotent."""
+    the leader died too (its children keep the group id). Idempotent: a server whose group was seen gone is not
+    signalled again (its id may have been reused)."""
+    if server.ended:
+        return
     pgid = server.proc.pid
     if not server.ready and _group_alive(pgid):
         grace_s = min(grace_s, STARTING_TERM_WAIT_S)
@@ -335,3 +339,5 @@ def end(server: ServerProcess, grace_s: float = 15.0) -> None:
             time.sleep(0.1)
     if _group_alive(pgid):
         log.warning("vllm-http server %d: process group %d still alive after SIGKILL", server.index, pgid)
+    else:
+        server.ended = True
