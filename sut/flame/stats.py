@@ -95,6 +95,17 @@ class FlameStats:
             if key not in self.shards:
                 self.shards[key] = dict(sh, engine=meta.get("engine"))
 
+    def shard(self, key: str) -> Optional[dict]:
+        """Engine shard ``key`` (``node/slot key``) as the first warm-up answer that named it read it back (its
+        ``replica``, ``engine`` record, ...), else None: no warm-up answer came from that engine."""
+        with self.lock:
+            return self.shards.get(key)
+
+    def shards_of(self, replicas) -> list[tuple[str, dict]]:
+        """``(key, shard)`` of every engine shard the warm-up read back for one of ``replicas``, in key order."""
+        with self.lock:
+            return [(k, sh) for k, sh in sorted(self.shards.items()) if sh.get("replica") in replicas]
+
     def note_result(self, replica: int, tb, res: pl.TaskResult) -> None:
         """A finished task ``tb`` (``sut.flame.tasks.Batch``) and its decoded result."""
         meta, t = res.meta, res.meta.get("t") or {}

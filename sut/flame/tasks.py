@@ -4,11 +4,12 @@ Every task has its own thread that waits on its watch (``ReplicaSession.await_te
 on one ``grpc.aio`` loop) and handles the outcome:
 
 * Succeed: the result (``sut.flame.payload``) must be the batch's (same batch id, same request ids
-  in order); each sample becomes a ``sut.messages.Completion`` (generated ids, the engine's
-  cached prompt tokens and times) delivered for the replica **the result names** (the service's
-  slot), so a result served by another replica than the one routed to fails the run in the
-  dispatcher. A per-sample error (a prompt the engine cannot take) fails the run naming the
-  request, batch and replica.
+  in order) and name an engine shard (node, slot) that a warm-up answer of the run read back (an
+  engine never read back, e.g. on a node no warm-up ping reached, fails the run); each sample becomes a
+  ``sut.messages.Completion`` (generated ids, the engine's cached prompt tokens and times) delivered
+  for the replica **of that shard**, so a result served by another replica than the one routed to
+  fails the run in the dispatcher. A per-sample error (a prompt the engine cannot take) fails the
+  run naming the request, batch and replica.
 * Failed: read back with ``get_task`` (watch messages carry no events) and created again once; a
   second failure fails the run naming both tasks and their messages.
 * Cancelled (a session closed by someone else) or lost (session gone, watch broken): fails the run.
@@ -147,6 +148,24 @@ class TaskTracker:
                                            f"{tb.attempts} times (tasks {tasks}): {' | '.join(tb.errors)}")
         return True
 
+    def _served_by(self, meta) -> tuple[Optional[int], Optional[str]]:
+        """``(the replica whose engine served a result with meta `meta`, None)``: the replica of the engine shard it
+        names (``node``, ``shard``) as a warm-up answer read that engine back (``FlameStats.shard``); else ``(None, why
+        the result cannot be taken)``: a meta that is no object, a shard no warm-up answer named (an engine whose
+        read-back, prefix caching included, was never checked), or a ``replica`` that is not its shard's."""
+        if not isinstance(meta, dict):
+            return None, f"the result's meta is a {type(meta).__name__}, not an object"
+        key = f"{meta.get('node')}/{meta.get('shard')}"
+        shard = self.stats.shard(key)
+        served = None if shard is None else shard.get("replica")
+        if type(served) is not int:
+            return None, (f"served by engine shard {key}, which no warm-up answer of this run named: that engine was "
+                          "never read back (prefix caching included), so its answers are not taken")
+        named = meta.get("replica", served)
+        if type(named) is not int or named != served:
+            return None, f"the result names replica {named!r}, but its engine shard {key} serves replica {served}"
+        return served, None
+
     def _finish(self, tb: Batch, out: Optional[bytes]) -> None:
         where = f"Flame task {tb.task_id} (batch {tb.batch_id}, replica {self.replica})"
         try:
@@ -160,13 +179,16 @@ class TaskTracker:
             self.owner.fatal(self.replica, f"{where}: result of batch {res.batch_id} with {len(got)} samples does not "
                                            f"match the batch's {len(rids)} samples")
             return
+        served, why = self._served_by(res.meta)
+        if why:
+            self.owner.fatal(self.replica, f"{where}: {why}")
+            return
         self.stats.note_result(self.replica, tb, res)
         ok = [Completion(s.request_id, s.token_ids, s.cached_tokens, s.t_queued, s.t_first, s.t_done)
               for s in res.samples if s.ok]
         bad = [s for s in res.samples if not s.ok]
         if ok:
-            served = res.meta.get("replica", self.replica)
-            self.owner.deliver(self.replica if served is None else int(served), ok)
+            self.owner.deliver(served, ok)
         if bad:
             qsl = {r.rid: r.index for r in tb.requests}
             self.owner.fatal(self.replica, f"{len(bad)} sample(s) of batch {tb.batch_id} (replica {self.replica}) failed "

@@ -12,7 +12,9 @@ engine and sampling settings and names **engine slot r**, so its services build 
 of ``sut.engine.plan_engines`` on their host (the same GPU UUID that serves replica r on the local
 transport) and no other. All sessions warm up at once (``sut.flame.warmup``: every executor answers a
 PING; bind failures and stalls fail the start); each replica's ``ReplicaRecord`` carries its engine's
-read-back record (``enable_prefix_caching`` included: the caller runs ``sut.core.guard.check_replicas``).
+read-back record (``enable_prefix_caching`` included: the caller runs ``sut.core.guard.check_replicas``), and
+every other engine a warm-up answer read back (a replica's executors on several nodes: an engine per node) must
+report prefix caching off too, or the start fails naming its shard.
 
 ``submit(r, requests)`` hands requests to replica r's ``Batcher`` (``sut.flame.batcher``: batch size,
 batch-formation window, credits per executor, zlib payload); its ``TaskTracker``
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from accuracy.dataset import sha256_file
+from sut.core import guard
 from sut.core.transport import Transport, TransportSpec, register_transport
 from sut.errors import RunFailed, TransportError
 from sut.exits import stopped_again
@@ -230,6 +233,7 @@ class FlameTransport(Transport):
                 abort.set()
                 raise failed[0].exception()
             self.warmup += [f.result() for f in futs]
+        self._check_engines({rs.replica for rs in sessions})
         records = []
         for rs in sessions:
             meta = firsts[rs.replica]
@@ -239,6 +243,21 @@ class FlameTransport(Transport):
             info.update(replica=rs.replica, session_id=rs.id)
             records.append(ReplicaRecord(rs.replica, info))
         return records
+
+    def _check_engines(self, replicas: set) -> None:
+        """``RunFailed`` when an engine a warm-up answer of ``replicas`` read back reports prefix caching on, or not at
+        all (``guard.refusal``): every engine of a replica, one per node its executors reached, not only the first
+        answer's, which alone becomes the replica's record (``guard.check_replicas``)."""
+        for key, shard in self.counters.shards_of(replicas):
+            on = (shard.get("engine") or {}).get("enable_prefix_caching")
+            why = guard.refusal(None if on is None else bool(on), self.allow_prefix_caching)
+            where = f"engine shard {key} of replica {shard.get('replica')}"
+            if why == "on":
+                raise RunFailed(f"{where} reports enable_prefix_caching=True; refusing to run (cross-query KV reuse "
+                                "is prohibited in MLPerf runs)")
+            if why:
+                raise RunFailed(f"{where}: prefix caching could not be confirmed off (its read-back has no "
+                                "enable_prefix_caching); refusing to run")
 
     # -- requests and results ---------------------------------------------------------------
     def submit(self, replica: int, requests: Sequence) -> None:
