@@ -137,3 +137,31 @@ def test_uncompressed_bodies_round_trip():
     assert all(np.array_equal(x, y) for x, y in zip(pl.decode_task(enc.data).prompts, prompts))
     res = pl.encode_result(1, [pl.SampleResult(1, True, token_ids=np.array([5], np.int32), cached_tokens=3)], compress=False)
     assert res.wire_bytes == res.raw_bytes and pl.decode_result(res.data).samples[0].cached_tokens == 3
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_a_result_altered_on_the_way_is_refused_whatever_its_compression(compress):
+    """Every byte of a payload is covered by its checksum. Without zlib (``compress=false``) nothing was: an id
+    changed on the way (here 1005 -> 1004, still inside any vocabulary) decoded and was answered; zlib's own check
+    covered the body only, not the header (batch id, count) or the meta (replica, shard)."""
+    samples = [pl.SampleResult(7, True, token_ids=np.array([1003, 1004, 1005], np.int32))]
+    data = pl.encode_result(2, samples, meta={"replica": 0, "shard": "cpu-0"}, compress=compress).data
+    assert list(pl.decode_result(data).samples[0].token_ids) == [1003, 1004, 1005]
+    spots = [data.index(b'"replica":0') + 10]  # the meta: replica 0 -> 1
+    if not compress:
+        spots.append(data.index(np.array([1005], np.int32).tobytes()))  # an id
+    for at in spots:
+        bad = bytearray(data)
+        bad[at] ^= 1
+        with pytest.raises(pl.PayloadError, match="checksum"):
+            pl.decode_result(bytes(bad))
+    for at in (pl.HEADER_SIZE - 12, 8):  # the header: meta length, batch id
+        bad = bytearray(data)
+        bad[at] ^= 1
+        with pytest.raises(pl.PayloadError):
+            pl.decode_result(bytes(bad))
+    task = pl.encode_task(5, [1], prompts=_prompts(1), compress=compress).data
+    bad = bytearray(task)
+    bad[-5] ^= 1
+    with pytest.raises(pl.PayloadError, match="checksum|inflate"):
+        pl.decode_task(bytes(bad))

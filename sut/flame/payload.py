@@ -6,6 +6,7 @@ Layout (all integers little-endian)::
               | meta_len u32 | body_raw_len u32 | body_len u32                       (32 bytes)
     meta    = JSON object, UTF-8, uncompressed (a few hundred bytes at most)
     body    = zlib level 1 of the raw body when flags has COMPRESSED, else the raw body
+    crc     = CRC-32 (zlib.crc32) of header + meta + body, u32                                (4 bytes)
 
     task body, tokens  = request ids u64[n] | prompt lengths u32[n] | prompt ids int32[sum]
     task body, indices = request ids u64[n] | dataset (QSL) indices u32[n]
@@ -18,6 +19,10 @@ Layout (all integers little-endian)::
 The DETAIL section (flag ``DETAIL``, set on every result with samples) carries what the engine
 reported per sample (``sut.messages.Completion``): prompt tokens served from its prefix cache
 and its ``time.monotonic()`` seconds when it took, first-answered and finished the request.
+
+The checksum covers every byte before it: a payload altered on the way (a flipped bit in an id of an uncompressed
+body, in the batch id, in the meta's replica) is refused (``PayloadError``) instead of decoded into other ids that
+may still pass every answer check; zlib's own check covers a compressed body only.
 
 Kinds: ``GENERATE`` (a batch of samples), ``PING`` (warm-up: no samples, answers the
 executor's identity), ``RESULT`` (the answer to either). A result holds one entry per input
@@ -42,7 +47,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 MAGIC = b"SUTF"
-VERSION = 1
+VERSION = 2  # 2: the CRC-32 trailer
 
 KIND_GENERATE = 1
 KIND_PING = 2
@@ -67,6 +72,8 @@ ZLIB_LEVEL = 1
 
 _HEADER = struct.Struct("<4sHBBQIIII")
 HEADER_SIZE = _HEADER.size  # 32
+_CRC = struct.Struct("<I")
+CRC_SIZE = _CRC.size  # 4
 
 _U64 = np.dtype("<u8")
 _U32 = np.dtype("<u4")
@@ -150,8 +157,8 @@ def _pack(kind: int, flags: int, batch_id: int, count: int, meta: Optional[dict]
     body = zlib.compress(raw, ZLIB_LEVEL) if compress else raw
     if compress:
         flags |= FLAG_COMPRESSED
-    head = _HEADER.pack(MAGIC, VERSION, kind, flags, batch_id, count, len(mb), len(raw), len(body))
-    return Encoded(head + mb + body, HEADER_SIZE + len(mb) + len(raw))
+    data = _HEADER.pack(MAGIC, VERSION, kind, flags, batch_id, count, len(mb), len(raw), len(body)) + mb + body
+    return Encoded(data + _CRC.pack(zlib.crc32(data)), HEADER_SIZE + len(mb) + len(raw) + CRC_SIZE)
 
 
 def encode_task(batch_id: int, request_ids: Sequence[int], prompts: Optional[Sequence[np.ndarray]] = None,
@@ -288,15 +295,20 @@ def _unpack(data: bytes, want_kinds: tuple[int, ...]) -> tuple[int, int, int, in
                            "client and service must run the same code")
     if kind not in want_kinds:
         raise PayloadError(f"payload kind {_KINDS.get(kind, kind)} where {[_KINDS[k] for k in want_kinds]} was expected")
-    if HEADER_SIZE + meta_len + body_len != len(data):
-        raise PayloadError(f"payload length {len(data)} does not match its header ({HEADER_SIZE}+{meta_len}+{body_len})")
+    end = HEADER_SIZE + meta_len + body_len
+    if end + CRC_SIZE != len(data):
+        raise PayloadError(f"payload length {len(data)} does not match its header "
+                           f"({HEADER_SIZE}+{meta_len}+{body_len}+{CRC_SIZE})")
+    if zlib.crc32(memoryview(data)[:end]) != _CRC.unpack_from(data, end)[0]:
+        raise PayloadError(f"payload checksum mismatch ({len(data):,} bytes of a {_KINDS[kind]} payload): it was "
+                           "altered or corrupted on the way")
     if raw_len > MAX_RAW_BODY:
         raise PayloadError(f"declared body size {raw_len:,} is over the {MAX_RAW_BODY:,}-byte limit")
     try:
         meta = json.loads(data[HEADER_SIZE:HEADER_SIZE + meta_len] or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PayloadError(f"payload meta is not JSON: {e}") from None
-    body = data[HEADER_SIZE + meta_len:]
+    body = data[HEADER_SIZE + meta_len:end]
     if flags & FLAG_COMPRESSED:
         d = zlib.decompressobj()
         try:
@@ -309,7 +321,7 @@ def _unpack(data: bytes, want_kinds: tuple[int, ...]) -> tuple[int, int, int, in
         raw = body
     if len(raw) != raw_len:
         raise PayloadError(f"payload body is {len(raw)} bytes, header says {raw_len}")
-    return kind, flags, batch_id, count, meta, raw, HEADER_SIZE + meta_len + raw_len
+    return kind, flags, batch_id, count, meta, raw, HEADER_SIZE + meta_len + raw_len + CRC_SIZE
 
 
 def _take(raw: bytes, off: int, dtype: np.dtype, n: int, what: str) -> tuple[np.ndarray, int]:
