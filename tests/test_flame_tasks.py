@@ -158,3 +158,20 @@ def test_every_engine_a_replicas_warm_up_reaches_is_checked_for_prefix_caching(m
     transport = FlameSUT(_ctx()).transport
     records = transport._warm_up([NS(replica=0, id="s0")])
     assert [r.index for r in records] == [0] and records[0].enable_prefix_caching is False
+
+
+@pytest.mark.parametrize("output, said", [
+    (b"junk", "returned an unreadable answer: payload of 4 bytes is shorter than the 32-byte header"),
+    (pl.encode_result(0, [], meta=[1]).data, "returned an unreadable answer: its meta is a list, not an object"),
+], ids=["junk", "meta-list"])
+def test_an_unreadable_warm_up_answer_fails_the_start_naming_the_task(output, said):
+    """A PayloadError (or an AttributeError for a meta that is no object) left the warm-up as itself, a traceback
+    naming neither the task nor the session."""
+    from sut.flame.options import FlameOptions
+    from sut.flame.warmup import Warmup
+
+    rs = NS(replica=0, id="s0", endpoint="http://127.0.0.1:1", o=FlameOptions(), create_task=lambda data: "t-9",
+            await_terminal=lambda task_id: (SUCCEED, output, None), check_bind_failures=lambda: None,
+            executors=lambda: None)
+    with pytest.raises(RunFailed, match=f"warm-up task t-9 of session s0 {said}"):
+        Warmup(rs, 1, lambda meta: None).run()

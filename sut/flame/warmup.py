@@ -117,7 +117,7 @@ class Warmup:
             if state != SUCCEED:
                 raise RunFailed(f"warm-up task {tid} of session {self.rs.id} {state}: "
                                 f"{lost_cause(self.rs.endpoint, msg, self.rs.id) if state == LOST else msg}")
-            meta = pl.decode_result(out).meta
+            meta = self._answer_meta(tid, out)
             ex = meta.get("executor") or {}
             key = f"{ex.get('node')}/{ex.get('id')}"
             if key in self.seen:
@@ -129,6 +129,20 @@ class Warmup:
                      self.rs.replica, len(self.seen), self.need, ex.get("id"), ex.get("pid"), ex.get("role"),
                      ex.get("seat"), sh.get("key"), sh.get("node") or ex.get("node") or "an unnamed node",
                      sh.get("gpu_uuid") or sh.get("device_name"))
+
+    def _answer_meta(self, tid: str, out: Optional[bytes]) -> dict:
+        """The meta of warm-up task ``tid``'s answer ``out``; ``RunFailed`` naming the task when it is unreadable."""
+        why = None
+        try:
+            meta = pl.decode_result(out).meta
+        except pl.PayloadError as e:
+            why = str(e)
+        else:
+            if not isinstance(meta, dict):
+                why = f"its meta is a {type(meta).__name__}, not an object"
+        if why:
+            raise RunFailed(f"warm-up task {tid} of session {self.rs.id} returned an unreadable answer: {why}")
+        return meta
 
     def _progress(self, w: _Progress, now: float) -> None:
         """Log what the warm-up waits for every ``warmup_log_s``; ``RunFailed`` when Flame has not given the
