@@ -84,6 +84,35 @@ def test_watcher_sees_a_worker_death_while_its_child_holds_the_pipe(monkeypatch)
         h.shutdown()
 
 
+def test_a_worker_killed_by_sigkill_names_the_signal_and_its_likely_sender(monkeypatch):
+    """A new user's find: an engine given more KV cache than the host could hold (--cpu-kvcache-gib 22 on a 23.5 GiB
+    host) was killed by the kernel's out-of-memory killer, and the run said only "exited unexpectedly with code -9"."""
+    import fake_engine_worker
+
+    monkeypatch.setattr(handle_mod, "worker_main", fake_engine_worker.forking_worker)
+    h = EngineHandle(EngineSlot(0, "cpu", "0"), EngineSettings(model="m"), GenerationSettings())
+    h.start()
+    fatal = []
+    try:
+        h.wait_ready(30)
+        h.watch(lambda i, c: None, fatal.append)
+        os.kill(h.pid, signal.SIGKILL)
+        assert _wait_for(lambda: fatal, timeout=5.0), "the watcher did not report the dead worker"
+    finally:
+        h.shutdown()
+    first, _, rest = fatal[0].partition("\n")
+    assert first == f"engine 0 (pid {h.pid}) exited unexpectedly with code -9 (SIGKILL)"
+    assert "out-of-memory killer" in rest and "dmesg" in rest and "--cpu-kvcache-gib" in rest
+
+
+@pytest.mark.parametrize("code, how, hint", [
+    (1, "code 1", False), (-int(signal.SIGSEGV), "code -11 (SIGSEGV)", False),
+    (-int(signal.SIGKILL), "code -9 (SIGKILL)", True), (None, "code None", False)])
+def test_exit_how_names_a_signal_and_hints_at_the_oom_killer_for_sigkill_only(code, how, hint):
+    short, note = handle_mod.exit_how(code)
+    assert short == how and bool(note) is hint
+
+
 def test_worker_ends_and_reaps_its_children_before_exiting():
     code = textwrap.dedent("""
         import os, subprocess, sys

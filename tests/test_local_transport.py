@@ -21,6 +21,7 @@ from conftest import TINY_MODEL, process_ended
 from sut.core.transport import TransportSpec, make_transport
 from sut.engine import EngineSettings, GenerationSettings
 from sut.engine import messages as wm
+from sut.engine.handle import OOM_HINT
 from sut.errors import TransportError
 from sut.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 
@@ -209,11 +210,11 @@ def _engine_killed_after_last_words(tmp_path, kill):
 def test_a_dead_engines_log_tail_is_logged_once_and_the_fatal_event_names_the_log(standin, tmp_path, caplog):
     _, pid, fatal, log_file = _engine_killed_after_last_words(tmp_path, lambda t, pid: os.kill(pid, signal.SIGKILL))
     msg = fatal.message
-    assert msg == (f"engine 0 (pid {pid}) exited unexpectedly with code -9 (the last lines of its log are above; "
-                   f"all of it: {log_file})")
+    assert msg == (f"engine 0 (pid {pid}) exited unexpectedly with code -9 (SIGKILL) (the last lines of its log are "
+                   f"above; all of it: {log_file}){OOM_HINT}")
     logged = [r.getMessage() for r in caplog.records if "last words" in r.getMessage()]
-    assert len(logged) == 1 and logged[0].startswith(f"engine 0 (pid {pid}) exited unexpectedly with code -9\n"
-                                                     f"--- last lines of {log_file} ---\n")
+    assert len(logged) == 1 and logged[0].startswith(
+        f"engine 0 (pid {pid}) exited unexpectedly with code -9 (SIGKILL)\n--- last lines of {log_file} ---\n")
     assert "the worker's last words" in log_file.read_text()
 
 
@@ -225,7 +226,8 @@ def test_a_planned_kill_is_reported_without_the_log_tail(standin, tmp_path, capl
     how = []
     t, pid, fatal, log_file = _engine_killed_after_last_words(tmp_path, lambda t, pid: how.append(kill_replica(t, 0)))
     assert how == [f"SIGKILL to pid {pid} (replica 0's engine process)"] and t.planned_losses == {0}
-    assert fatal.message == f"engine 0 (pid {pid}) exited unexpectedly with code -9 (its log: {log_file})"
+    assert fatal.message == (f"engine 0 (pid {pid}) exited unexpectedly with code -9 (SIGKILL) (its log: {log_file})"
+                             f"{OOM_HINT}")
     assert not [r for r in caplog.records if "last words" in r.getMessage() or "last lines of" in r.getMessage()]
 
 

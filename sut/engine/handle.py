@@ -83,6 +83,26 @@ def start_with_sigint_blocked(proc) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+#: The likely sender of a SIGKILL that the harness did not send, and what to change: the second line of the message.
+OOM_HINT = ("\nSIGKILL: unless someone stopped it on purpose, most often the kernel's out-of-memory killer "
+            "(`dmesg` names it); give the engines less memory (--cpu-kvcache-gib on a CPU, --gpu-memory-utilization "
+            "on a GPU) or free some on the host")
+
+
+def exit_how(code: Optional[int]) -> tuple[str, str]:
+    """``(how, hint)`` for a worker that ended with ``code`` (``Process.exitcode``): ``"code 1"``, ``"code -11
+    (SIGSEGV)"`` for a signal; ``hint`` is ``OOM_HINT`` for a SIGKILL (on Linux most often the out-of-memory
+    killer, which says nothing to the process), else ''. The hint starts a new line, which ``with_log_tail`` puts
+    after the log's tail and a one-line summary (``partition("\\n")[0]``) leaves out."""
+    if code is None or code >= 0:
+        return f"code {code}", ""
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"code {code} ({name})", OOM_HINT if -code == signal.SIGKILL else ""
+
+
 class EngineHandle:
     """Parent-side handle of one engine worker.
 
@@ -141,7 +161,8 @@ class EngineHandle:
 
     def _exited(self, during: str) -> EngineError:
         self._exited_within(1)
-        return EngineError(self.failure(f"engine {self.slot.index} exited {during} (code {self._proc.exitcode})"))
+        how, hint = exit_how(self._proc.exitcode)
+        return EngineError(self.failure(f"engine {self.slot.index} exited {during} ({how})" + hint))
 
     def wait_ready(self, timeout: float) -> dict:
         """Block until the worker reports ready; return its read-back record. Raises ``EngineError``
@@ -230,8 +251,8 @@ class EngineHandle:
             if self._stopping:
                 return
             self._exited_within(2)
-            self._fatal(f"engine {self.slot.index} (pid {self._proc.pid}) exited unexpectedly with code "
-                        f"{self._proc.exitcode}")
+            how, hint = exit_how(self._proc.exitcode)
+            self._fatal(f"engine {self.slot.index} (pid {self._proc.pid}) exited unexpectedly with {how}" + hint)
             return
 
     def _send(self, msg) -> None:
