@@ -28,6 +28,7 @@ from sut.core.transports import http_servers as servers
 from sut.core.transports.http_api import ReplyError
 from sut.core.transports.http_options import HttpOptions
 from sut.engine import EngineSettings, GenerationSettings
+from sut.engine.handle import OOM_HINT
 from sut.errors import InputError, ServerInputError, TransportError
 from sut.http_sut import UNCONFIRMED_REASON, HttpSUT
 from sut.messages import Request
@@ -662,6 +663,7 @@ def test_started_servers_are_recorded_watched_and_ended(tmp_path, started, caplo
     sink.wait(lambda: sink.fatal, timeout=5)
     msg = sink.fatal[0].message
     assert sink.fatal[0].replica == 1 and "exited unexpectedly (killed by signal 9)" in msg
+    assert msg.endswith(OOM_HINT)  # a SIGKILL: the likely sender and what to change, after the pointer to the log
     # the log's last lines: logged once at once; the event (reported again at the run's end) names the log
     assert "fake vLLM server" not in msg and "the last lines of its log are above" in msg and "server-1.log" in msg
     assert sum("fake vLLM server" in r.getMessage() for r in caplog.records) == 1
