@@ -224,11 +224,11 @@ def test_main_appends_each_try_then_resumes_from_the_file(tmp_path, monkeypatch,
     (["--resume", "missing.jsonl"], "no such file"),
     (["--resume", "FIFO"], "fifo: not a regular file"),  # not read (it would block), not "no such file"
     (["--resume", "OTHER", "--min-query-count", "500"], "made with min_query_count 1000, this search uses 500"),
-    (["--start", "4", "--", "--output-dir", "D"], "--output-dir after --: find_qps sets it for every try"),
-    (["--start", "4", "--", "--target-qps=5", "--scenario", "Offline"], "--scenario, --target-qps after --: find_qps "
+    (["--start", "4", "--", "--output-dir", "D"], "--output-dir after --: find-qps sets it for every try"),
+    (["--start", "4", "--", "--target-qps=5", "--scenario", "Offline"], "--scenario, --target-qps after --: find-qps "
                                                                        "sets them"),
-    (["--start", "4", "--", "--output", "D"], "--output-dir after --: find_qps sets it"),  # argparse's abbreviation
-    (["--start", "4", "--", "--run-name", "mine"], "--run-name after --: find_qps sets it"),
+    (["--start", "4", "--", "--output", "D"], "--output-dir after --: find-qps sets it"),  # argparse's abbreviation
+    (["--start", "4", "--", "--run-name", "mine"], "--run-name after --: find-qps sets it"),
     (["--start", "4", "--", "--target=5", "--min-dur", "3"], "--min-duration-s, --target-qps after --"),
     (["--start", "4", "--", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])

@@ -592,3 +592,14 @@ def test_merged_runs_of_one_pair_each_are_noted_when_the_order_does_not_alternat
     c = make_run(tmp_path, "c", ordered(0, "flame", 12.0), header())
     rc, rec = report(tmp_path, a, c, name="alternating")
     assert rc == 0 and not any("do not alternate" in n for n in rec["notes"]), rec["notes"]
+
+
+def test_kv_cache_line_says_when_no_replica_reported_its_capacity():
+    from sut.locality.report import _kv_cache_line
+
+    unknown = {"per_replica": [{"replica": 0, "tokens": None}, {"replica": 1, "tokens": None}],
+               "trace_document_tokens": 65536}
+    assert _kv_cache_line(unknown) == ("KV cache per replica: not read back from these replicas (vllm serve replicas "
+                                       "do not report it); the trace's distinct documents need 65,536 tokens")
+    known = dict(unknown, per_replica=[{"tokens": 1000}, {"tokens": None}])
+    assert _kv_cache_line(known).startswith("KV cache per replica (blocks x block size): 1,000, - tokens")

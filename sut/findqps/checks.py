@@ -21,7 +21,7 @@ def check_performance_tries(rs) -> None:
     given += [f"--compliance-test {rs.compliance_test}"] if rs.compliance_test else []
     given += [f"--audit-config {rs.audit_config}"] if rs.audit_config else []
     if given:
-        raise BadInput(f"error: {', '.join(given)} (after -- or in the preset): every find_qps try is a plain LoadGen "
+        raise BadInput(f"error: {', '.join(given)} (after -- or in the preset): every find-qps try is a plain LoadGen "
                        f"performance run that LoadGen calls VALID or INVALID; leave it out")
 
 

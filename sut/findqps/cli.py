@@ -269,9 +269,9 @@ def _setup(argv):
     a = p.parse_args(argv)
     given = own_run_flags_given(run_args)
     if given:
-        p.error(f"{', '.join(given)} after --: find_qps sets {'them' if len(given) > 1 else 'it'} for every try "
-                "(each try's folder is named by find_qps, its target_qps by --start and the search); give --scenario, "
-                "--min-duration-s, --min-query-count and --output-dir to find_qps itself, before --")
+        p.error(f"{', '.join(given)} after --: find-qps sets {'them' if len(given) > 1 else 'it'} for every try "
+                "(each try's folder is named by find-qps, its target_qps by --start and the search); give --scenario, "
+                "--min-duration-s, --min-query-count and --output-dir to find-qps itself, before --")
     out = Path(a.output_dir)
     settings = {"scenario": a.scenario, "min_duration_s": a.min_duration_s, "min_query_count": a.min_query_count,
                 "run_args": run_args}

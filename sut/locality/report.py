@@ -115,6 +115,19 @@ def case_rows(cases: Sequence[dict]) -> list[str]:
                    "e2e p50 s", "done p50 s", "start s", "per replica", "router (prefix_affinity)"), rows, left=3)
 
 
+
+def _kv_cache_line(kv: dict) -> str:
+    """The report's line on the replicas' KV-cache capacity (``record["kv_cache"]``, ``runner.kv_cache_summary``);
+    replicas that did not report it (``vllm serve`` replicas: ``--http``) are said to be unknown, not shown as -."""
+    need = _n(kv.get("trace_document_tokens"))
+    tokens = [p.get("tokens") for p in kv.get("per_replica") or []]
+    if not any(t is not None for t in tokens):
+        return (f"KV cache per replica: not read back from these replicas (vllm serve replicas do not report it); "
+                f"the trace's distinct documents need {need} tokens")
+    cells = ", ".join(_n(t) for t in tokens)
+    return f"KV cache per replica (blocks x block size): {cells} tokens; the trace's distinct documents need {need}"
+
+
 def study_tables(record: dict) -> str:
     """The console report of a locality run from its ``locality.json`` record (``runner.run_study``), with the
     sections of the workloads beyond the study (``workloads.report.workload_lines``)."""
@@ -128,9 +141,7 @@ def study_tables(record: dict) -> str:
                      + ", ".join(places))
     if record.get("kv_cache"):
         kv = record["kv_cache"]
-        cells = ", ".join(f"{_n(p.get('tokens'))}" for p in kv["per_replica"])
-        lines.append(f"KV cache per replica (blocks x block size): {cells} tokens; the trace's distinct documents "
-                     f"need {_n(kv.get('trace_document_tokens'))}")
+        lines.append(_kv_cache_line(kv))
     lines += ["", *case_rows(record.get("cases", []))]
     lines += workload_lines(record)
     cal = calibration_line(record)
