@@ -114,6 +114,23 @@ def _run_record(accuracy_log: str) -> dict | None:
     return run_record_beside(accuracy_log)
 
 
+def _refuse_a_locality_run(args: argparse.Namespace, rec: dict | None) -> None:
+    """``UsageError`` before anything is read or written when the log lies in a ``python -m sut.locality`` run
+    folder (or below one), the ``run.json`` beside it is a locality record (its marker removed or not), or
+    ``--output-dir`` is or lies in such a folder: no gate verdict is written into or for a locality run."""
+    from accuracy.loadgen_log import NOT_MLPERF, locality_folder_why, not_mlperf, not_mlperf_kind
+
+    why = locality_folder_why(Path(args.accuracy_log).parent)
+    if why:
+        raise UsageError(f"--accuracy-log {args.accuracy_log}: its folder {why}")
+    if not_mlperf(rec):
+        raise UsageError(f"--accuracy-log {args.accuracy_log}: the run.json beside it is a {not_mlperf_kind(rec)} "
+                         f"record (python -m sut.locality): {NOT_MLPERF}")
+    why = locality_folder_why(Path(args.output_dir)) if args.output_dir else None
+    if why:
+        raise UsageError(f"--output-dir {args.output_dir} {why}")
+
+
 def _refuse_a_performance_run(accuracy_log: str, rec: dict | None) -> None:
     """``UsageError`` first, before any question about the dataset or tokenizer, when the ``run.json`` beside the log
     records a performance run (LoadGen logs no answers in performance mode: nothing to score)."""
@@ -240,6 +257,7 @@ def _main(argv: list[str]) -> int:
         raise UsageError(f"--accuracy-log {args.accuracy_log}: " + ("not a file" if Path(args.accuracy_log).exists()
                                                                     else "no such file"))
     rec = _run_record(args.accuracy_log)
+    _refuse_a_locality_run(args, rec)
     _refuse_a_performance_run(args.accuracy_log, rec)
     if args.dataset is None:
         _fill_from_run(args, rec)

@@ -43,9 +43,29 @@ from accuracy.jsontext import parse_json
 NOT_MLPERF = "NOT an MLPerf run: only `python -m sut run` folders can be packaged or scored as one"
 
 
+#: Top-level fields that only ``python -m sut.locality`` writes (``locality.json``, ``run_header.json``, a merged
+#: report): a record with one of them is a locality record whatever its ``"mlperf"`` and ``"kind"`` say (a hand-edited
+#: marker). An MLPerf ``run.json`` (``sut.record.write.initial_record``) has none of them.
+LOCALITY_FIELDS = ("trace_hash", "input_hashes", "trace_settings", "pair_settings", "router_settings")
+#: Fields that together make a ``cases.jsonl`` line (one case of a locality run).
+LOCALITY_CASE_FIELDS = ("pair", "policy", "timed", "validation")
+
+
 def not_mlperf(rec: object) -> bool:
-    """``rec`` (parsed JSON) is a record that says it is no MLPerf run (``python -m sut.locality``'s ``locality.json``)."""
-    return isinstance(rec, dict) and (rec.get("mlperf") is False or rec.get("kind") not in (None, "mlperf-loadgen"))
+    """``rec`` (parsed JSON) is a record that is no MLPerf run: it says so (``"mlperf"`` anything but true, a
+    ``kind`` other than ``mlperf-loadgen``) or has the shape of a ``python -m sut.locality`` record or case
+    (:data:`LOCALITY_FIELDS`, :data:`LOCALITY_CASE_FIELDS`), with its markers removed or changed."""
+    if not isinstance(rec, dict):
+        return False
+    if ("mlperf" in rec and rec["mlperf"] is not True) or rec.get("kind") not in (None, "mlperf-loadgen"):
+        return True
+    return any(f in rec for f in LOCALITY_FIELDS) or all(f in rec for f in LOCALITY_CASE_FIELDS)
+
+
+def not_mlperf_kind(rec: dict) -> str:
+    """What :func:`not_mlperf` found ``rec`` to be, for messages: its own ``kind``, else ``synthetic-locality``."""
+    kind = rec.get("kind")
+    return kind if isinstance(kind, str) and kind not in ("", "mlperf-loadgen") else "synthetic-locality"
 
 
 #: What marks a ``python -m sut.locality`` run folder (``sut.locality``: its ``RUN_SUFFIX``, the record, the header
@@ -54,13 +74,30 @@ LOCALITY_SUFFIX = "-SYNTHETIC-LOCALITY-NOT-MLPERF"
 LOCALITY_FILES = ("locality.json", "run_header.json", "cases.jsonl")
 
 
+def _is_locality_folder(d: Path) -> bool:
+    """``d``'s name or one of :data:`LOCALITY_FILES` in it says it is a locality run folder (an unreadable entry
+    counts as absent)."""
+    if d.name.endswith(LOCALITY_SUFFIX):
+        return True
+    for f in LOCALITY_FILES:
+        try:
+            if (d / f).is_file():
+                return True
+        except OSError:  # a folder that cannot be searched (permission denied)
+            continue
+    return False
+
+
 def locality_folder_why(folder: Path) -> Optional[str]:
-    """Why ``folder`` is a ``python -m sut.locality`` run folder (no ``run.json``, and its name or one of
-    :data:`LOCALITY_FILES` says so, a run cut off before its ``locality.json`` included), else None."""
-    if (folder / "run.json").exists():
-        return None
-    if folder.name.endswith(LOCALITY_SUFFIX) or any((folder / f).is_file() for f in LOCALITY_FILES):
-        return f"is a synthetic-locality run folder (python -m sut.locality): {NOT_MLPERF}"
+    """Why ``folder`` is, or lies inside, a ``python -m sut.locality`` run folder (its name or one of
+    :data:`LOCALITY_FILES` says so, a run cut off before its ``locality.json`` included, also beside a ``run.json``
+    put there by hand; a case folder of such a run, or any folder below one), else None."""
+    folder = Path(folder)
+    here = Path(os.path.abspath(folder))
+    for d in (here, *here.parents):
+        if _is_locality_folder(d):
+            where = "is" if d == here else f"lies inside {d}, which is"
+            return f"{where} a synthetic-locality run folder (python -m sut.locality): {NOT_MLPERF}"
     return None
 
 
@@ -144,6 +181,9 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
             raise AccuracyInputError(f"accuracy log {path} {why}")
         raise AccuracyInputError(f"accuracy log {path} is a folder: pass --accuracy-log "
                                  f"{path / 'mlperf_log_accuracy.json'}")
+    why = locality_folder_why(path.parent)
+    if why:  # a log planted in a locality run folder (or one of its case folders) scores no MLPerf run
+        raise AccuracyInputError(f"accuracy log {path}: its folder {why}")
     try:
         records = parse_json(read_regular(path, MAX_LOG_BYTES).decode("utf-8"))  # too deep: a JSONDecodeError
     except BoundedReadError as e:
@@ -158,8 +198,8 @@ def read_accuracy_log(path: str | os.PathLike) -> list[LogEntry]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise AccuracyInputError(f"accuracy log {path} is not readable JSON: {exc}") from None
     if not_mlperf(records):
-        raise AccuracyInputError(f"accuracy log {path} is a synthetic-locality record (python -m sut.locality): "
-                                 f"{NOT_MLPERF}")
+        raise AccuracyInputError(f"accuracy log {path} is a {not_mlperf_kind(records)} record "
+                                 f"(python -m sut.locality): {NOT_MLPERF}")
     if not isinstance(records, list):
         raise AccuracyInputError(f"accuracy log {path}: expected a JSON list of LoadGen records, got {type(records).__name__}")
     if not records:

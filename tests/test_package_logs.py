@@ -145,13 +145,21 @@ def test_a_locality_run_is_refused_as_not_mlperf_by_package_and_accuracy(tmp_pat
     with pytest.raises(ComplianceError, match="is a synthetic-locality run .*NOT an MLPerf run"):
         check_scenario(settings(tmp_path, loc, acc, t06))
     (loc / "run.json").write_text((loc / "locality.json").read_text())  # renamed by hand
+    with pytest.raises(ComplianceError, match="is a synthetic-locality run folder .*NOT an MLPerf run"):
+        check_scenario(settings(tmp_path, loc, acc, t06))  # the folder's name and locality.json say so first
+    (loc / "locality.json").unlink()
+    loc = loc.rename(tmp_path / "renamed")
     with pytest.raises(ComplianceError, match=r"a synthetic-locality record \(\"mlperf\": false\), NOT an MLPerf run"):
         check_scenario(settings(tmp_path, loc, acc, t06))
+    (loc / "locality.json").write_text((loc / "run.json").read_text())
     (loc / "run.json").unlink()
     with pytest.raises(AccuracyInputError, match="is a synthetic-locality run folder .*NOT an MLPerf run"):
         read_accuracy_log(loc)
-    with pytest.raises(AccuracyInputError, match="is a synthetic-locality record .*NOT an MLPerf run"):
+    with pytest.raises(AccuracyInputError, match="its folder is a synthetic-locality run folder .*NOT an MLPerf"):
         read_accuracy_log(loc / "locality.json")
+    shutil.copy(loc / "locality.json", tmp_path / "x.json")  # the record alone, elsewhere
+    with pytest.raises(AccuracyInputError, match="is a synthetic-locality record .*NOT an MLPerf run"):
+        read_accuracy_log(tmp_path / "x.json")
     with pytest.raises(AccuracyInputError, match="is a folder: pass --accuracy-log .*mlperf_log_accuracy.json"):
         read_accuracy_log(acc)
 
@@ -175,3 +183,82 @@ def test_a_locality_run_cut_off_before_its_record_is_refused_too(tmp_path, runs)
             read_accuracy_log(loc)
         with pytest.raises(ComplianceError, match="is a synthetic-locality run .*NOT an MLPerf run"):
             check_scenario(settings(tmp_path, loc, acc, t06))
+
+
+def _locality_record(**edits) -> dict:
+    """A ``locality.json`` as ``sut.locality.runner.write_record`` writes it (its settings part), edited."""
+    rec = {"kind": "synthetic-locality", "mlperf": False, "notice": "NOT an MLPerf result", "status": "ok",
+           "command": "python -m sut.locality run", "trace_hash": "ab" * 32, "input_hashes": ["cd" * 32],
+           "trace_settings": {"documents": 1}, "pair_settings": {"pairs": 1}, "router_settings": {},
+           "engine_settings": {"model": "/m"}, "model": {"path": "/m", "revision": "r"}}
+    for k, v in edits.items():
+        if v is None:
+            rec.pop(k, None)
+        else:
+            rec[k] = v
+    return rec
+
+
+@pytest.mark.parametrize("edits", [dict(mlperf=None, kind=None), dict(mlperf=True, kind="mlperf-loadgen"),
+                                   dict(mlperf="false", kind=None), dict(mlperf=0, kind="mlperf-loadgen")])
+def test_a_locality_record_with_its_marker_removed_or_changed_is_refused_as_run_json(tmp_path, runs, edits):
+    """Before: a locality.json copied to run.json with "mlperf": false removed (or made true, kind mlperf-loadgen)
+    passed check_record; test06-verify verified a log beside it and package went on to the run's mode."""
+    from accuracy.__main__ import main as accuracy_main
+    from sut.record.test06 import verify_run_folder
+
+    perf, acc, t06 = runs
+    loc = tmp_path / "renamed"
+    loc.mkdir()
+    shutil.copy(acc / "mlperf_log_accuracy.json", loc)
+    (loc / "run.json").write_text(json.dumps(_locality_record(**edits)))
+    with pytest.raises(ComplianceError, match=r"run.json: a synthetic-locality record \(.*\), NOT an MLPerf run"):
+        check_scenario(settings(tmp_path, loc, acc, t06))
+    with pytest.raises(ComplianceError, match=r"a synthetic-locality record .*NOT an MLPerf run"):
+        verify_run_folder(loc, out=tmp_path / "t06out")
+    assert not (tmp_path / "t06out").exists()
+    assert accuracy_main(["--accuracy-log", str(loc / "mlperf_log_accuracy.json"), "--dataset", "/d.json",
+                          "--tokenizer", "/t"]) == 2
+    assert sorted(p.name for p in loc.iterdir()) == ["mlperf_log_accuracy.json", "run.json"]
+    case = {"pair": 0, "system": "standalone", "policy": "round_robin", "timed": {"requests": 1},
+            "validation": {"failures": 0}}  # one cases.jsonl line as run.json
+    (loc / "run.json").write_text(json.dumps(case))
+    with pytest.raises(ComplianceError, match=r"a synthetic-locality record \(its \"mlperf\" marker removed\)"):
+        check_scenario(settings(tmp_path, loc, acc, t06))
+
+
+def test_a_locality_folder_with_a_run_json_or_below_a_locality_folder_is_refused(tmp_path, runs, capsys):
+    """Before: a run.json put beside a locality run's files made the folder pass for a run folder, and a case folder
+    of a locality run (or any folder below one) was never looked at: package, test06-verify and python -m accuracy
+    took a log planted there, the gate writing accuracy.json into the locality run."""
+    from accuracy.__main__ import main as accuracy_main
+    from accuracy.loadgen_log import AccuracyInputError, read_accuracy_log
+    from sut.record.test06 import verify_run_folder
+
+    perf, acc, t06 = runs
+    loc = tmp_path / "x-SYNTHETIC-LOCALITY-NOT-MLPERF"
+    shutil.copytree(acc, loc)  # a real accuracy run's files, run.json included, in a locality run's folder
+    (loc / "cases.jsonl").write_text("")
+    inner = tmp_path / "plain" / "pair0-standalone-round_robin"
+    shutil.copytree(acc, inner)  # a case folder of a locality run (renamed) holding an accuracy run
+    (inner.parent / "locality.json").write_text(json.dumps(_locality_record()))
+    for d, said in ((loc, "is a synthetic-locality run folder"),
+                    (inner, f"lies inside {inner.parent}, which is a synthetic-locality run folder")):
+        before = sorted(p.name for p in d.iterdir())
+        with pytest.raises(ComplianceError, match=f"{said} .*NOT an MLPerf run"):
+            check_scenario(settings(tmp_path, perf, d, t06))
+        with pytest.raises(ComplianceError, match=f"{said} .*NOT an MLPerf run"):
+            verify_run_folder(d, out=tmp_path / "t06out")
+        with pytest.raises(ComplianceError, match=f"{said} .*NOT an MLPerf run"):
+            verify_run_folder(t06, out=d)
+        with pytest.raises(AccuracyInputError, match=f"its folder {said} .*NOT an MLPerf run"):
+            read_accuracy_log(d / "mlperf_log_accuracy.json")
+        capsys.readouterr()
+        assert accuracy_main(["--accuracy-log", str(d / "mlperf_log_accuracy.json"), "--dataset", "/d.json",
+                              "--tokenizer", "/t"]) == 2
+        assert f"its folder {said}" in capsys.readouterr().err
+        assert accuracy_main(["--accuracy-log", str(acc / "mlperf_log_accuracy.json"), "--dataset", "/d.json",
+                              "--tokenizer", "/t", "--output-dir", str(d)]) == 2
+        assert f"--output-dir {d} {said}" in capsys.readouterr().err
+        assert sorted(p.name for p in d.iterdir()) == before
+    assert not (tmp_path / "t06out").exists()

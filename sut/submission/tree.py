@@ -154,8 +154,11 @@ def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
         return "does not exist"
     if not d.is_dir():
         return "is not a folder"
+    why = locality_folder_why(d)  # also with a run.json put there by hand
+    if why:
+        return why
     if not (d / "run.json").is_file():
-        return locality_folder_why(d) or "is not a run folder (no run.json)"
+        return "is not a run folder (no run.json)"
     try:
         rec = parse_json((d / "run.json").read_text())
     except (OSError, ValueError) as e:
