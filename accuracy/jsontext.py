@@ -86,16 +86,23 @@ class JSONLines:
     cut_line: Optional[int] = None
 
 
-def read_jsonl(path: str | Path, allow_cut_last: bool = True) -> JSONLines:
+def read_jsonl(path: str | Path, allow_cut_last: bool = True, max_bytes: Optional[int] = None) -> JSONLines:
     """Parse the JSON Lines file ``path`` (lines end with ``\\n``; blank lines are skipped), each line with
     :func:`parse_json`.
 
     With ``allow_cut_last``, a last line that has no newline after it and is not JSON is taken as a write
     cut off by a killed process: skipped, its number in ``cut_line``. Raises :class:`JSONLinesError` naming
     the file and line for any other line that is not JSON or not UTF-8, and ``OSError`` when the file cannot
-    be read."""
+    be read. With ``max_bytes``, the file is read by ``accuracy.boundedread.read_regular``: a FIFO, device or
+    folder, or a file over ``max_bytes``, raises its ``BoundedReadError`` before a byte is read."""
     path = Path(path)
-    lines = path.read_bytes().split(b"\n")  # ends with b"" when the last line has its newline
+    if max_bytes is None:
+        raw = path.read_bytes()
+    else:
+        from accuracy.boundedread import read_regular
+
+        raw = read_regular(path, max_bytes)
+    lines = raw.split(b"\n")  # ends with b"" when the last line has its newline
     records: list[tuple[int, Any]] = []
     for n, raw in enumerate(lines, 1):
         try:

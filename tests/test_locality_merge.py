@@ -603,3 +603,41 @@ def test_kv_cache_line_says_when_no_replica_reported_its_capacity():
                                        "do not report it); the trace's distinct documents need 65,536 tokens")
     known = dict(unknown, per_replica=[{"tokens": 1000}, {"tokens": None}])
     assert _kv_cache_line(known).startswith("KV cache per replica (blocks x block size): 1,000, - tokens")
+
+
+# ------------------------------------------------------------------------ run files that are no regular files
+def _fifo_or_folder(path: Path, kind: str) -> None:
+    import os
+
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:  # a sparse file over the bound: nothing of it may be read
+        from sut.locality.merge import MAX_FILE_BYTES
+
+        with open(path, "wb") as f:
+            f.truncate(MAX_FILE_BYTES + 1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "folder", "huge"])
+@pytest.mark.parametrize("name", ["run_header.json", "locality.json", "cases.jsonl"])
+def test_a_run_file_that_is_a_fifo_a_folder_or_too_large_exits_2_naming_it(tmp_path, capsys, name, kind):
+    """Before: a FIFO as locality.json (no cases.jsonl) blocked the command forever; a FIFO or folder as
+    run_header.json was passed over (the run reported with its settings unknown, exit 0); a cases.jsonl larger than
+    memory was read whole (MemoryError, exit 1)."""
+    d = make_run(tmp_path, "r", [] if name == "cases.jsonl" else [case(0, "standalone", 10.0), case(0, "flame", 9.9)],
+                 header() if name != "run_header.json" else None)
+    if name == "cases.jsonl":
+        (d / name).unlink()
+    _fifo_or_folder(d / name, kind)
+    assert report(tmp_path, d) == (2, None) and not (tmp_path / "out").exists()
+    err = capsys.readouterr().err
+    said = {"fifo": "is not a regular file", "folder": "is a folder",
+            "huge": "is 1,073,741,825 bytes, more than the limit of 1,073,741,824 bytes"}
+    assert f"error: run {d}: cannot read {name}: {said[kind]}" in err
+    if name == "locality.json":  # also where only a merged report's locality.json could be
+        (d / "cases.jsonl").unlink()
+        assert report(tmp_path, d) == (2, None)
+        assert f"error: run {d}: no cases.jsonl" in capsys.readouterr().err

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from accuracy.boundedread import GREW, TOO_LARGE, BoundedReadError, read_regular
 from accuracy.jsontext import JSONLinesError, parse_json, read_jsonl
 from sut.errors import BadInput
 from sut.locality.case_schema import HEADER_CHECKS, problem
@@ -71,6 +72,9 @@ NEAR_REL = 1e-3
 #: Timings are recorded to 4 decimals (seconds): one shorter than ``RESOLUTION_S / NEAR_REL`` (0.1 s) cannot tell
 #: a copy from a repeat (two millisecond bursts of a test double round to the same value), so it is not compared.
 RESOLUTION_S = 1e-4
+#: Largest ``cases.jsonl``, ``locality.json`` or ``run_header.json`` read (the other inputs' bound): a case of the
+#: largest trace (100,000 requests) holds ~7 MB of output hashes; a larger file, a FIFO or a device is refused unread.
+MAX_FILE_BYTES = 1 << 30
 #: Fewest timings both cases must have for :data:`NEAR_REL` to judge (a case records 10).
 MIN_TIMINGS = 4
 #: Engine settings whose value here means the same as unset (None): a run that gives ``--admit-every-steps 1``
@@ -119,10 +123,23 @@ class Merged:
 
 
 def _read_text(path: Path, run: Path) -> str:
+    """``path``'s text; ``BadInput`` naming run and file for one that is no regular file of at most
+    :data:`MAX_FILE_BYTES` (a FIFO is never opened, so it cannot block the command) or not UTF-8."""
     try:
-        return path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"error: run {run}: cannot read {path.name}: {e}") from None
+        return read_regular(path, MAX_FILE_BYTES).decode("utf-8")
+    except (BoundedReadError, UnicodeDecodeError) as e:
+        raise BadInput(f"error: run {run}: cannot read {path.name}: {_why(e)}") from None
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, BoundedReadError) and e.problem in (TOO_LARGE, GREW):
+        return f"{e} of {MAX_FILE_BYTES:,} bytes"
+    return str(e)
+
+
+def _present(path: Path) -> bool:
+    """``path`` exists as anything (a FIFO, folder or dangling link too: read, and refused, as a run file)."""
+    return path.is_symlink() or path.exists()
 
 
 def _read_header(path: Path, run: Path) -> dict:
@@ -140,8 +157,8 @@ def _read_header(path: Path, run: Path) -> dict:
 def _is_merged_report(run: Path) -> bool:
     """True when ``run/locality.json`` is a record ``write_merged`` wrote (``"merged": true``)."""
     try:
-        return parse_json((run / "locality.json").read_text()).get("merged") is True
-    except (OSError, ValueError, AttributeError):
+        return parse_json(read_regular(run / "locality.json", MAX_FILE_BYTES)).get("merged") is True
+    except (BoundedReadError, ValueError, AttributeError):
         return False
 
 
@@ -151,17 +168,17 @@ def read_cases(run: Path) -> tuple[list[dict], list[str]]:
     is skipped with a note.
     ``BadInput`` naming run, line and field for any other bad line (``case_schema.problem``)."""
     path = run / "cases.jsonl"
-    if not path.is_file():
+    if not _present(path):
         if _is_merged_report(run):
             raise BadInput(f"error: run {run} is a merged report (written by `report`): merge its source runs "
                            "instead (listed in its locality.json under sources)")
         raise BadInput(f"error: run {run}: no cases.jsonl (not a locality run folder, or one older than cases.jsonl)")
     try:
-        jl = read_jsonl(path)
+        jl = read_jsonl(path, max_bytes=MAX_FILE_BYTES)
     except JSONLinesError as e:
         raise BadInput(f"error: run {run}: cases.jsonl line {e.line} is not JSON ({e.reason})") from None
-    except OSError as e:
-        raise BadInput(f"error: run {run}: cannot read {path.name}: {e}") from None
+    except (OSError, BoundedReadError) as e:
+        raise BadInput(f"error: run {run}: cannot read {path.name}: {_why(e)}") from None
     cases, notes = [], []
     if jl.cut_line is not None:
         notes.append(f"run {run}: cases.jsonl line {jl.cut_line} is cut off (the run stopped while writing it): "
@@ -190,10 +207,10 @@ def load_run(path: str | Path) -> SourceRun:
     cases, notes = read_cases(run)
     status = error = None
     header, header_file = None, None
-    if (run / "locality.json").is_file():
+    if _present(run / "locality.json"):
         header, header_file = _read_header(run / "locality.json", run), "locality.json"
         status, error = header.get("status"), header.get("error")
-    elif (run / HEADER).is_file():
+    elif _present(run / HEADER):
         header, header_file = _read_header(run / HEADER, run), HEADER
     if header is not None:
         _check_cases_against_header(run, header, cases)
