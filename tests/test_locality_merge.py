@@ -26,8 +26,9 @@ def case(pair, system, rps, policy="prefix_affinity"):
     """A finished case as ``cases.jsonl`` holds it (the fields the report reads); its latencies differ by pair, as
     those of two real cases do (equal timings would make one a copy of the other)."""
     lat = {"p50": 1.0 + pair / 10, "p90": 1.5 + pair / 10, "p99": 2.0 + pair / 10}
+    done = {"p50": 6 / rps, "p90": 10 / rps, "p99": 12 / rps}  # completions: the last one ends the burst
     timed = {"requests": 12, "wall_s": 12 / rps, "requests_per_s": rps, "output_tokens_per_s": 16 * rps,
-             "cached_share": 0.7, "ttft_s": lat, "e2e_s": lat, "completion_s": lat,
+             "cached_share": 0.7, "ttft_s": lat, "e2e_s": lat, "completion_s": done,
              "per_replica": [{"replica": 0, "requests": 6}, {"replica": 1, "requests": 6}]}
     return {"pair": pair, "system": system, "policy": policy, "order": 0, "transport": "fake", "fresh_engines": True,
             "placement": [{"replica": r, "key": f"fake:{r}"} for r in (0, 1)], "timed": timed, "routing": {},
@@ -403,6 +404,24 @@ def _edited(pair=0, **fields):
     (_edited(timed={"wall_s": 0}), "field timed.wall_s is 0, not a number > 0"),
     (_edited(validation=None), "lacks ['validation']"),
     (_edited(cleanup={"processes_left": 5}), "field cleanup.processes_left is 5, not null or a list"),
+    # figures of one burst that contradict each other: a faster wall_s with requests_per_s to match, output tokens/s
+    # or a cached share of their own, negative token counts
+    (_edited(timed={"wall_s": 0.012, "requests_per_s": 1000.0}),
+     "field timed.completion_s.p99 is 1.2121212121212122, after timed.wall_s 0.012 (the burst ends at its last "
+     "answer)"),
+    (_edited(timed={"per_replica": [{"replica": 0, "requests": 12, "done_s": 5.0}]}),
+     "field timed.per_replica.0.done_s is 5.0, after timed.wall_s"),
+    (_edited(timed={"output_tokens": 192, "output_tokens_per_s": 1e6}),
+     "field timed.output_tokens_per_s is 1000000.0, but its output_tokens / wall_s is 192 / 1.2121"),
+    (_edited(timed={"prompt_tokens": 1000, "cached_tokens": 0, "cached_share": 0.4}),
+     "field timed.cached_share is 0.4, but its cached_tokens / prompt_tokens is 0 / 1000 = 0.0000"),
+    (_edited(timed={"prompt_tokens": 1000, "cached_tokens": 1500}),
+     "field timed.cached_tokens is 1500, more than its prompt_tokens 1000"),
+    (_edited(timed={"output_tokens": -5}), "field timed.output_tokens is -5, not an integer >= 0"),
+    (_edited(timed={"per_replica": [{"replica": 0, "requests": 12, "uncached_tokens": -5}]}),
+     "field timed.per_replica.0.uncached_tokens is -5, not an integer >= 0"),
+    (_edited(timed={"per_replica": [{"replica": 0, "requests": 14}, {"replica": 1, "requests": -2}]}),
+     "field timed.per_replica.1.requests is -2, not an integer >= 0"),
 ])
 def test_a_hand_edited_case_that_contradicts_its_run_exits_2(tmp_path, capsys, bad, said):
     """Each of these was merged and reported (exit 0, no note)."""

@@ -244,6 +244,44 @@ def _counts_problem(record: dict) -> Optional[str]:
     if per and sum(x["requests"] for x in per) != served:
         return (f"field timed.per_replica counts {sum(x['requests'] for x in per)} requests, but timed.{what} is "
                 f"{served}")
+    return timed_problem(t, "timed.")
+
+
+#: Slack for a time that must not exceed ``wall_s``: both are rounded to 4 decimals (seconds).
+TIME_SLACK_S = 2e-4
+#: Token counts of a timed burst (``burst._metrics``) and of each replica's share (``latency.replica_load``).
+TOKEN_COUNTS = ("output_tokens", "prompt_tokens", "cached_tokens")
+
+
+def timed_problem(t: dict, prefix: str) -> Optional[str]:
+    """Figures of one timed burst (``t``: a case's or a load level's ``timed``) that contradict each other (a
+    hand-edited record): a negative token count (per replica too), ``output_tokens_per_s`` other than
+    ``output_tokens / wall_s`` or ``cached_share`` other than ``cached_tokens / prompt_tokens`` beyond their rounding,
+    more cached than prompt tokens, a completion or a replica's last answer after ``wall_s`` (which ends at the last
+    answer). Fields a record lacks (older records) are not checked."""
+    wall = t["wall_s"]
+    per = t.get("per_replica") or []
+    for where, rec in [("", t)] + [(f"per_replica.{i}.", x) for i, x in enumerate(per)]:
+        for k in TOKEN_COUNTS + (("uncached_tokens", "requests") if where else ()):
+            v = rec.get(k)
+            if v is not None and not (_int(v) and v >= 0):
+                return f"field {prefix}{where}{k} is {_short(v)}, not an integer >= 0"
+    out, rate = t.get("output_tokens"), t["output_tokens_per_s"]
+    if out is not None and abs(out / wall - rate) > 0.01 * rate + 0.01:
+        return (f"field {prefix}output_tokens_per_s is {_short(rate)}, but its output_tokens / wall_s is {out} / "
+                f"{wall} = {out / wall:.2f}")
+    prompt, cached, share = t.get("prompt_tokens"), t.get("cached_tokens"), t.get("cached_share")
+    if prompt is not None and cached is not None and cached > prompt:
+        return f"field {prefix}cached_tokens is {cached}, more than its prompt_tokens {prompt}"
+    if None not in (prompt, cached, share) and abs(cached / max(1, prompt) - share) > 1e-4 + 1e-9:
+        return (f"field {prefix}cached_share is {_short(share)}, but its cached_tokens / prompt_tokens is {cached} / "
+                f"{prompt} = {cached / max(1, prompt):.4f}")
+    last = [("completion_s.p99", (t.get("completion_s") or {}).get("p99"))]
+    last += [(f"per_replica.{i}.done_s", x.get("done_s")) for i, x in enumerate(per)]
+    for name, v in last:
+        if v is not None and v > wall + TIME_SLACK_S:
+            return (f"field {prefix}{name} is {_short(v)}, after timed.wall_s {wall} (the burst ends at its last "
+                    "answer)")
     return None
 
 
@@ -289,7 +327,7 @@ def _level_counts_problem(level: dict, prefix: str) -> Optional[str]:
     checked, n = level["validation"]["requests_checked"], level["timed"]["requests"]
     if checked != n:
         return f"field {prefix}validation.requests_checked is {checked}, but {prefix}timed.requests is {n}"
-    return None
+    return timed_problem(level["timed"], f"{prefix}timed.")
 
 
 def _short(v, width: int = 60) -> str:
