@@ -74,12 +74,12 @@ LOCALITY_SUFFIX = "-SYNTHETIC-LOCALITY-NOT-MLPERF"
 LOCALITY_FILES = ("locality.json", "run_header.json", "cases.jsonl")
 
 
-def _is_locality_folder(d: Path) -> bool:
-    """``d``'s name or one of :data:`LOCALITY_FILES` in it says it is a locality run folder (an unreadable entry
-    counts as absent)."""
+def _is_locality_folder(d: Path, by_files: bool) -> bool:
+    """``d``'s name, or (``by_files``) one of :data:`LOCALITY_FILES` in it, says it is a locality run folder (an
+    unreadable entry counts as absent)."""
     if d.name.endswith(LOCALITY_SUFFIX):
         return True
-    for f in LOCALITY_FILES:
+    for f in LOCALITY_FILES if by_files else ():
         try:
             if (d / f).is_file():
                 return True
@@ -89,13 +89,15 @@ def _is_locality_folder(d: Path) -> bool:
 
 
 def locality_folder_why(folder: Path) -> Optional[str]:
-    """Why ``folder`` is, or lies inside, a ``python -m sut.locality`` run folder (its name or one of
-    :data:`LOCALITY_FILES` says so, a run cut off before its ``locality.json`` included, also beside a ``run.json``
-    put there by hand; a case folder of such a run, or any folder below one), else None."""
+    """Why ``folder`` is, or lies inside, a ``python -m sut.locality`` run folder, else None: its name or one of
+    :data:`LOCALITY_FILES` in it says so (a run cut off before its ``locality.json`` included, also beside a
+    ``run.json`` put there by hand), or in its parent (a case folder of such a run), or the name of a folder further
+    up does (files further up are not looked at: an MLPerf run under a folder that happens to hold a report is
+    still one)."""
     folder = Path(folder)
     here = Path(os.path.abspath(folder))
-    for d in (here, *here.parents):
-        if _is_locality_folder(d):
+    for depth, d in enumerate((here, *here.parents)):
+        if _is_locality_folder(d, by_files=depth <= 1):
             where = "is" if d == here else f"lies inside {d}, which is"
             return f"{where} a synthetic-locality run folder (python -m sut.locality): {NOT_MLPERF}"
     return None

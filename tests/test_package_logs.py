@@ -262,3 +262,18 @@ def test_a_locality_folder_with_a_run_json_or_below_a_locality_folder_is_refused
         assert f"--output-dir {d} {said}" in capsys.readouterr().err
         assert sorted(p.name for p in d.iterdir()) == before
     assert not (tmp_path / "t06out").exists()
+
+
+def test_locality_files_further_up_than_a_parent_do_not_make_a_run_folder_locality(tmp_path):
+    """A locality report written into a folder that MLPerf runs lie two levels below is no reason to refuse them;
+    a suffix-named locality run folder further up is."""
+    from accuracy.loadgen_log import locality_folder_why
+
+    run = tmp_path / "results" / "server" / "run1"
+    run.mkdir(parents=True)
+    (tmp_path / "results" / "locality.json").write_text(json.dumps(_locality_record()))
+    assert locality_folder_why(run) is None
+    assert "lies inside" in locality_folder_why(run.parent)  # a case folder's parent holds the record
+    deep = tmp_path / "r-SYNTHETIC-LOCALITY-NOT-MLPERF" / "a" / "b"
+    deep.mkdir(parents=True)
+    assert locality_folder_why(deep).startswith(f"lies inside {deep.parent.parent}, which is")
