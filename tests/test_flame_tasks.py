@@ -116,11 +116,20 @@ def test_a_result_that_is_not_the_batchs_answers_fails_the_run_and_reaches_no_le
     (dict(_result_meta(), replica=5), "the result names replica 5, but its engine shard node-0/cpu-0 serves replica 0"),
     (dict(_result_meta(), replica="x"), "the result names replica 'x', but its engine shard node-0/cpu-0 serves"),
     ([1], "the result's meta is a list, not an object"),
+    (dict(_result_meta(), t={"service_s": "0.01"}), "the result's meta field 't' must be an object of finite seconds, "
+                                                    'got {"service_s": "0.01"}'),
+    (dict(_result_meta(), t=[0.01]), "the result's meta field 't' must be an object of finite seconds"),
+    (dict(_result_meta(), t={"engine_s": float("nan")}), "the result's meta field 't' must be an object of finite "
+                                                        "seconds, got {\"engine_s\": NaN}"),
+    (dict(_result_meta(), executor="e-0"), "the result's meta field 'executor' must be an object, got \"e-0\""),
+    (dict(_result_meta(), engine_gc_max_pause_ms="3"), "the result's meta field 'engine_gc_max_pause_ms' must be a "
+                                                      "finite number, got \"3\""),
 ])
 def test_a_result_from_an_engine_no_warm_up_read_back_fails_the_run(meta, said):
     """A result names the engine shard that served it. One that no warm-up answer named came from an engine whose
     read-back (prefix caching included) was never checked: it was answered as any other. A meta naming a replica
-    of no engine shard failed as "watcher ... crashed: IndexError" or ValueError."""
+    of no engine shard failed as "watcher ... crashed: IndexError" or ValueError, and a timing field that is no number
+    as "watcher ... crashed: TypeError", naming no field."""
     error, sent = _track(lambda reqs: _result(_answers(reqs), meta=meta))
     assert error and f"Flame task t-1 (batch 3, replica 0): {said}" in error, error
     assert not any(ids for _, ids in sent)

@@ -20,7 +20,9 @@ Failing the run = one ``FatalEvent`` naming the replica, through the transport (
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import math
 import threading
 import time
 from typing import Optional
@@ -48,6 +50,25 @@ class Batch:
     t_create: float = 0.0  # last attempt
     t_running: Optional[float] = None
     t_done: Optional[float] = None
+
+
+def _number_or_none(v) -> bool:
+    return v is None or (type(v) in (int, float) and math.isfinite(v))
+
+
+def _meta_fields_problem(meta: dict) -> Optional[str]:
+    """What is wrong with the fields of a result's meta that the run's counters read (``FlameStats.note_result``:
+    ``t``, an object of seconds; ``executor``, an object; ``engine_gc_max_pause_ms``, milliseconds), else None. A
+    string where seconds are due failed the run as "watcher ... crashed: TypeError", naming no field."""
+    t, ex = meta.get("t"), meta.get("executor")
+    if t is not None and not (isinstance(t, dict) and all(_number_or_none(v) for v in t.values())):
+        return f"the result's meta field 't' must be an object of finite seconds, got {json.dumps(t)[:80]}"
+    if ex is not None and not isinstance(ex, dict):
+        return f"the result's meta field 'executor' must be an object, got {json.dumps(ex)[:80]}"
+    if not _number_or_none(meta.get("engine_gc_max_pause_ms")):
+        return (f"the result's meta field 'engine_gc_max_pause_ms' must be a finite number, got "
+                f"{json.dumps(meta.get('engine_gc_max_pause_ms'))[:80]}")
+    return None
 
 
 class TaskTracker:
@@ -164,7 +185,7 @@ class TaskTracker:
         named = meta.get("replica", served)
         if type(named) is not int or named != served:
             return None, f"the result names replica {named!r}, but its engine shard {key} serves replica {served}"
-        return served, None
+        return served, _meta_fields_problem(meta)
 
     def _finish(self, tb: Batch, out: Optional[bytes]) -> None:
         where = f"Flame task {tb.task_id} (batch {tb.batch_id}, replica {self.replica})"
