@@ -115,7 +115,6 @@ def case_rows(cases: Sequence[dict]) -> list[str]:
                    "e2e p50 s", "done p50 s", "start s", "per replica", "router (prefix_affinity)"), rows, left=3)
 
 
-
 def _kv_cache_line(kv: dict) -> str:
     """The report's line on the replicas' KV-cache capacity (``record["kv_cache"]``, ``runner.kv_cache_summary``);
     replicas that did not report it (``vllm serve`` replicas: ``--http``) are said to be unknown, not shown as -."""

@@ -18,8 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
+from accuracy.boundedread import FOLDER, MISSING, NOT_REGULAR, BoundedReadError, read_regular
 from accuracy.jsontext import parse_json
-from accuracy.loadgen_log import NOT_MLPERF, not_mlperf, not_mlperf_kind
+from accuracy.loadgen_log import MAX_LOG_BYTES, NOT_MLPERF, not_mlperf, not_mlperf_kind
 from sut.constants import LLAMA3_VOCAB
 from sut.errors import ComplianceError
 
@@ -78,13 +79,18 @@ def _kind_ok(v: object, kind: str) -> bool:
 
 
 def read_json(path: str | Path, what: str):
-    """Parsed JSON of ``path``. Raises ``ComplianceError`` naming ``what`` and the path if it is
-    missing or not valid JSON."""
+    """Parsed JSON of ``path``, read by ``accuracy.boundedread.read_regular`` (at most ``MAX_LOG_BYTES``, the
+    accuracy log's bound; a FIFO or device is refused unopened). Raises ``ComplianceError`` naming ``what`` and the
+    path if it is missing, no regular file, too large, unreadable or not valid JSON."""
     path = Path(path)
-    if not path.is_file():
-        raise ComplianceError(f"{what} {path} not found")
     try:
-        return parse_json(path.read_text())
+        return parse_json(read_regular(path, MAX_LOG_BYTES).decode("utf-8"))
+    except BoundedReadError as e:
+        if e.problem == MISSING:
+            raise ComplianceError(f"{what} {path} not found") from None
+        if e.problem in (FOLDER, NOT_REGULAR):
+            raise ComplianceError(f"{path} is not a regular file (a folder, FIFO or device)") from None
+        raise ComplianceError(f"{what} {path} {e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:  # also JSONTooDeepError
         raise ComplianceError(f"{what} {path} is not valid JSON ({e})") from None
 

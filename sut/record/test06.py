@@ -230,9 +230,8 @@ def verify_run_folder(run_dir: str | Path, out: Optional[str | Path] = None, sce
         why = locality_folder_why(Path(folder)) if folder is not None else None
         if why:
             raise ComplianceError(f"{flag}{folder} {why}")
-    has_record = (run_dir / "run.json").is_file()
-    if not has_record and (run_dir / "run.json").exists():  # a FIFO or a folder: never taken for "no record"
-        raise ComplianceError(f"{run_dir / 'run.json'} is not a regular file (a folder, FIFO or device)")
+    # a FIFO or folder named run.json is a record read_json refuses, never taken for "no record"
+    has_record = (run_dir / "run.json").exists() or (run_dir / "run.json").is_symlink()
     rec = check_record(read_json(run_dir / "run.json", "run record"), run_dir / "run.json") if has_record else {}
     vocab = vocab_size(rec)
     if eos_token_ids is not None:

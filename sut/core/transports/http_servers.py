@@ -47,7 +47,7 @@ from urllib.request import HTTPRedirectHandler, ProxyHandler, Request, build_ope
 from sut.core.transports.http_options import RESERVED_SERVER_FLAGS, launcher_args, refuse_owned
 from sut.engine import EngineSettings, EngineSlot
 from sut.engine.devices import cpu_name
-from sut.engine.handle import OOM_HINT, STARTING_TERM_WAIT_S
+from sut.engine.handle import STARTING_TERM_WAIT_S, exit_how
 from sut.engine.logs import start_log, with_log_tail
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class ServerProcess:
     def exit_message(self) -> str:
         code = self.proc.returncode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return self.failure(f"exited unexpectedly ({how})" + (OOM_HINT if code == -signal.SIGKILL else ""))
+        return self.failure(f"exited unexpectedly ({how})" + exit_how(code)[1])  # the OOM hint of a SIGKILL
 
 
 # Run by ``sh`` after setpriv has set the parent-death signal: if this process died before that (a SIGKILL right
