@@ -12,6 +12,7 @@ import pickle
 import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -188,6 +189,34 @@ def test_a_killed_worker_is_one_fatal_event_naming_its_replica_and_stop_leaves_n
         t.stop()
     assert _gone(workers + children), [p for p in workers + children if not process_ended(p)]
     t.stop()  # twice is fine
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("swap", "engine 0 failed: vLLM finished request 1 with another prompt's answer: its output's prompt_token_ids "
+             "(20 ids, starting [4, 5, 6, 7, 8, 9]) are not the 20 ids it was added with (starting [3, 4, 5, 6, 7, 8])"),
+    ("drop", "engine 0 failed: the engine is idle but never finished 1 request(s) it was given (request ids 1)"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_under_another_prompt_or_a_lost_request_is_a_fatal_event_at_once(standin, monkeypatch, fault,
+                                                                                   message, stream):
+    """The engine's second finished request (rid 1) comes back carrying another prompt's ids, or never comes back:
+    the replica fails naming the request within seconds (a lost one otherwise waited for the stall limit), in
+    Offline's and the streaming modes, and no answer of rid 1 reaches the harness."""
+    monkeypatch.setenv("STANDIN_FAULT", fault)
+    t, sink = _transport(stream=stream), Sink()
+    try:
+        t.start(sink)
+        t.submit(0, _requests([0]))
+        sink.wait(_done_count(1))
+        t0 = time.monotonic()
+        t.submit(0, _requests([1]))
+        sink.wait(lambda evs: any(e[0] == "fatal" for e in evs), timeout=20)
+        assert time.monotonic() - t0 < 10
+    finally:
+        t.stop()
+    (fatal,) = sink.of("fatal")
+    assert fatal[2].replica == 0 and message in fatal[2].message and "Traceback" not in fatal[2].message
+    assert [e[2].rid for e in sink.of("done")] == [0]
 
 
 def _engine_killed_after_last_words(tmp_path, kill):
@@ -391,10 +420,12 @@ def test_serve_speaks_typed_messages_whatever_the_mode(standin_here):
 
 
 class StepCountingEngine:
-    """An engine whose requests each run ``steps`` steps; records the step index at which each request was added."""
+    """An engine whose requests each run ``steps`` steps, then finish with one token; records the step index at
+    which each request was added."""
 
     def __init__(self, steps=5):
         self.steps, self.left, self.added_at, self.n = steps, {}, {}, 0  # steps: int, or {request id: steps}
+        self.prompts = {}
 
     def has_unfinished_requests(self):
         return bool(self.left)
@@ -405,11 +436,14 @@ class StepCountingEngine:
     def add_request(self, rid, prompt, params):
         self.left[rid] = self.steps[int(rid)] if isinstance(self.steps, dict) else self.steps
         self.added_at[int(rid)] = self.n
+        self.prompts[rid] = prompt["prompt_token_ids"]
 
     def step(self):
         self.n += 1
+        ended = [r for r, k in self.left.items() if k <= 1]
         self.left = {r: k - 1 for r, k in self.left.items() if k > 1}
-        return []
+        return [SimpleNamespace(request_id=r, prompt_token_ids=self.prompts.pop(r), finished=True,
+                                outputs=[SimpleNamespace(token_ids=[7])], num_cached_tokens=0) for r in ended]
 
 
 @pytest.mark.parametrize("admit_every, added_at", [
@@ -518,7 +552,9 @@ def test_a_held_requests_queue_time_starts_when_the_worker_received_it():
         mp.setattr("sut.engine.worker.FinalCollector", Recorded)
         serve(conn, engine, GenerationSettings(max_tokens=2).sampling_params(), admit_every=2, slots=1)
     assert engine.added_at == {0: 0, 1: 4}
-    assert made[0].t_add == {"0": 100.0, "1": 103.0}  # the fake engine returns no outputs: stamps stay
+    assert made[0].t_add == {"1": 103.0}  # r0 finished (its stamp went into its Completion), r1 still runs
+    (done,) = [m for m in conn.sent if type(m) is wm.Done]
+    assert [(c.rid, c.t_queued) for c in done.completions] == [(0, 100.0)]
 
 
 def test_worker_messages_pickle_about_as_small_as_plain_tuples():

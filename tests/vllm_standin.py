@@ -15,7 +15,10 @@ pid to ``$STANDIN_CHILD_PIDS`` (one line per engine) so tests can check that it 
 ``$STANDIN_SHUTDOWN_S`` (default 0): seconds that releasing the ``LLM`` and the interpreter's exit
 each take, as vLLM's shutdown (its full ``gc.collect``) and teardown do on CPU. ``$STANDIN_START_S``
 (default 0): seconds ``LLM.__init__`` then takes, deaf to SIGTERM, as building a real engine is (minutes on
-a GPU, in native code that Python's signal handlers do not interrupt).
+a GPU, in native code that Python's signal handlers do not interrupt). Every output carries the request's
+``prompt_token_ids``, as vLLM's do. ``$STANDIN_FAULT`` (default none) misbehaves at the second request to
+finish: ``swap``: its output carries another prompt's ids (an answer delivered under the wrong request id);
+``drop``: it is removed without any output (a request the engine loses).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class _Engine:
         self.running = {}
         self.seen = set()
         self.step_s = float(os.environ.get("STANDIN_STEP_S", "0.005"))
+        self.fault, self.finished = os.environ.get("STANDIN_FAULT", ""), 0
 
     def add_request(self, rid, prompt, params):
         assert isinstance(rid, str)
@@ -69,13 +73,20 @@ class _Engine:
                 r["out"].extend(new)
             r["prefilled"] = True
             done = len(r["out"]) >= r["params"].max_tokens
+            prompt = r["ids"]
             if done:
                 del self.running[rid]
+                self.finished += 1
+                if self.finished == 2 and self.fault == "drop":
+                    continue
+                if self.finished == 2 and self.fault == "swap":
+                    prompt = [x + 1 for x in prompt]
             kind = r["params"].output_kind
             if kind == RequestOutputKind.FINAL_ONLY and not done:
                 continue
             ids = list(r["out"]) if kind == RequestOutputKind.FINAL_ONLY else new
-            outs.append(ns(request_id=rid, outputs=[ns(token_ids=ids)], finished=done, num_cached_tokens=r["cached"]))
+            outs.append(ns(request_id=rid, prompt_token_ids=prompt, outputs=[ns(token_ids=ids)], finished=done,
+                           num_cached_tokens=r["cached"]))
         return outs
 
 
@@ -99,7 +110,7 @@ class LLM:
 
     def generate(self, prompts, params, use_tqdm=False):
         return [ns(outputs=[ns(token_ids=[(p["prompt_token_ids"][0] + k) % 1000 + 10 for k in range(params.max_tokens)])],
-                   num_cached_tokens=0) for p in prompts]
+                   prompt_token_ids=list(p["prompt_token_ids"]), num_cached_tokens=0) for p in prompts]
 '''
 SAMPLING = '''
 import copy

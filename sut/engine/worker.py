@@ -152,9 +152,10 @@ def worker_main(conn: mpc.Connection, settings: EngineSettings, gen: GenerationS
         stopped = True
     except (EOFError, BrokenPipeError, _Terminated):
         pass  # parent is gone, or the shared process group is being ended
-    except BaseException:  # noqa: BLE001
+    except BaseException as e:  # noqa: BLE001 - a failed answer check (EngineError) needs no traceback
+        why = str(e) if isinstance(e, EngineError) else f"\n{traceback.format_exc()}"
         try:
-            conn.send(Failed(f"engine {slot.index} failed:\n{traceback.format_exc()}"))
+            conn.send(Failed(f"engine {slot.index} failed: {why}"))
         except (OSError, EOFError):
             pass
     finally:
@@ -238,9 +239,11 @@ def serve(conn: mpc.Connection, engine, params, stats_fn: Optional[Callable[[], 
     while True:
         # Stage 1: intake. Block only when nothing is running or held; while busy, every admit_every steps.
         busy = engine.has_unfinished_requests()
+        if not busy:
+            _check_none_dropped(collect, held)
         if not busy or since_intake >= admit_every:
             got = conn.poll(0 if busy or held else None)
-            if got and not _intake(conn, engine, params, collect.t_add, stats_fn, llm, raw_params, held):
+            if got and not _intake(conn, engine, params, collect, stats_fn, llm, raw_params, held):
                 return
             if held:  # an admission (a stats query alone is not one), even when no slot is free
                 since_intake = 0
@@ -267,9 +270,22 @@ def _release(engine, held: deque, slots: Optional[int]) -> None:
         add(rid, {"prompt_token_ids": ids}, p)
 
 
-def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params, held: Optional[deque] = None) -> bool:
+def _check_none_dropped(collect, held: Optional[deque]) -> None:
+    """On an idle engine (no unfinished request): raise ``EngineError`` naming the requests it was given and
+    never finished (vLLM dropped them without an output), which would otherwise fail the run only at the
+    harness's stall limit, minutes later."""
+    if len(collect.t_add) > (len(held) if held else 0):
+        lost = collect.unanswered(held or ())
+        if lost:
+            raise EngineError(f"the engine is idle but never finished {len(lost)} request(s) it was given "
+                              f"(request ids {', '.join(lost[:8])}{' ...' if len(lost) > 8 else ''})")
+
+
+def _intake(conn, engine, params, collect, stats_fn, llm, raw_params, held: Optional[deque] = None) -> bool:
     """Handle every message waiting on the pipe (at least one); a ``Generate``'s requests go to the engine, or
-    to ``held`` when given (``serve``'s admission). False on ``Stop``."""
+    to ``held`` when given (``serve``'s admission), and are recorded in ``collect`` (``t_add``, ``sent``).
+    False on ``Stop``."""
+    t_add, sent = collect.t_add, collect.sent
     while True:
         msg = conn.recv()
         kind = type(msg)
@@ -282,6 +298,7 @@ def _intake(conn, engine, params, t_add: dict, stats_fn, llm, raw_params, held: 
                 else:
                     held.append((rid, ids, p))
                 t_add[rid] = now()
+                sent[rid] = ids
         elif kind is Stop:
             return False
         elif kind is StatsQuery:
@@ -318,7 +335,8 @@ def _params_for(params, req):
 
 def raw_generate(llm, params, batch) -> tuple[float, list[Completion]]:
     """One plain ``LLM.generate`` over ``[(request id, int32 prompt)]`` on an idle engine; returns
-    ``(seconds, [Completion])`` (no timestamps). Raises ``EngineError`` if the engine is busy."""
+    ``(seconds, [Completion])`` (no timestamps). Raises ``EngineError`` if the engine is busy, or when an
+    output's ``prompt_token_ids`` are not its own prompt's (``LLM.generate`` returns them in input order)."""
     from vllm.inputs import TokensPrompt
 
     if llm is None or llm.llm_engine.has_unfinished_requests():
@@ -327,5 +345,9 @@ def raw_generate(llm, params, batch) -> tuple[float, list[Completion]]:
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
+    for r, p, o in zip(batch, prompts, outs):
+        got = getattr(o, "prompt_token_ids", None)
+        if got is not None and list(got) != p["prompt_token_ids"]:
+            raise EngineError(f"raw generate: the output for request {int(r[0])} answers another prompt")
     return dt, [Completion(int(r[0]), np.asarray(o.outputs[0].token_ids, dtype=np.int32),
                            getattr(o, "num_cached_tokens", None)) for r, o in zip(batch, outs)]
