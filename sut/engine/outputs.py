@@ -50,7 +50,9 @@ class _Collector:
         with (no check for an id never recorded here, or an output without ``prompt_token_ids``)."""
         sent = self.sent.pop(o.request_id, None)
         got = getattr(o, "prompt_token_ids", None)
-        if sent is None or got is None or (len(got) == len(sent) and list(got) == sent):
+        if sent is None or got is None:
+            return
+        if len(got) == len(sent) and (got if type(got) is list else list(got)) == sent:
             return
         raise EngineError(f"vLLM finished request {o.request_id} with another prompt's answer: its output's "
                           f"prompt_token_ids ({len(got)} ids, starting {list(got[:6])}) are not the {len(sent)} "
