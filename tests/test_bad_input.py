@@ -332,11 +332,20 @@ def test_package_refuses_a_path_that_is_not_a_run_folder_and_writes_nothing(tmp_
     assert not (tmp_path / "sub").exists()
 
 
+def _write_run_files(d):
+    """The files besides run.json a run folder argument of ``package`` must hold (any role), each a line of text."""
+    from sut.submission.scenario import RUN_FILES
+
+    for name in {n for names in RUN_FILES.values() for n in names} | {"user.conf"}:
+        (d / name).write_text("x\n")
+
+
 def test_package_that_fails_after_its_checks_leaves_no_out_folder(tmp_path):
     run, acc = tmp_path / "run", tmp_path / "acc"
     for d in (run, acc):
         d.mkdir()
         (d / "run.json").write_text("{}")  # a run folder whose run.json lacks every field: the packaging fails
+        _write_run_files(d)  # else exit 2 before the packaging
     r = _package(tmp_path, run, acc)
     assert r.returncode == 1 and "cannot package" in r.stderr, r.stderr[-600:]
     assert not (tmp_path / "sub").exists()
@@ -348,6 +357,7 @@ def test_check_run_folders_names_the_flag(tmp_path):
     for name in ("ok", "ok2"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "run.json").write_text("{}")
+        _write_run_files(tmp_path / name)
     ts = TreeSettings(out=str(tmp_path / "o"), system="s", submitter="o", performance_runs=(str(tmp_path / "ok"),),
                       accuracy_runs=(str(tmp_path / "ok2"),), test06_runs=(str(tmp_path / "nope"),))
     with pytest.raises(ValueError, match=f"--test06 {tmp_path / 'nope'}: does not exist"):
@@ -371,6 +381,7 @@ def test_package_refuses_a_run_given_for_the_wrong_flag_or_twice_with_exit_2(tmp
         d = tmp_path / f.strip("-")
         d.mkdir()
         (d / "run.json").write_text(json.dumps(rec))
+        _write_run_files(d)
         runs[f] = d
     args = [a for f, d in runs.items() for a in (f, str(d))]
     if record is None:  # the same folder twice, spelt otherwise (one flag takes several folders)

@@ -121,6 +121,36 @@ def test_package_refuses_a_run_json_field_of_the_wrong_type_with_exit_2_before_w
     assert "Traceback" not in r.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
 
 
+@pytest.mark.parametrize("flag, name, spoil, why", [
+    ("--performance", "mlperf_log_detail.txt", "remove", "mlperf_log_detail.txt is missing"),
+    ("--performance", "mlperf_log_summary.txt", "empty", "mlperf_log_summary.txt is empty"),
+    ("--accuracy", "mlperf_log_detail.txt", "remove", "mlperf_log_detail.txt is missing"),
+    ("--accuracy", "accuracy.txt", "folder", "accuracy.txt is missing (not a regular file)"),
+    ("--accuracy", "mlperf_log_accuracy.json", "remove", "mlperf_log_accuracy.json is missing"),
+    ("--test06", "mlperf_log_detail.txt", "remove", "mlperf_log_detail.txt is missing"),
+    ("--performance", "user.conf", "remove", "its user.conf was not kept in the run folder and {folder}/user.conf "
+                                             "does not exist any more"),
+])
+def test_package_refuses_a_run_folder_without_a_file_it_needs_with_exit_2_before_writing(tmp_path, flag, name, spoil,
+                                                                                          why):
+    """Before: a missing or empty log was a failed packaging (exit 1, "cannot package: ... is missing or empty"), and
+    a TEST06 run without its mlperf_log_detail.txt was laid out with its scenario unchecked (exit 0)."""
+    base = tmp_path / "runs"
+    runs = {"--performance": make_run(base, "perf", "performance"), "--accuracy": make_run(base, "acc", "accuracy"),
+            "--test06": make_test06_run(base)}
+    folder = runs[flag]
+    (folder / name).unlink()
+    if spoil == "empty":
+        (folder / name).write_bytes(b"")
+    elif spoil == "folder":
+        (folder / name).mkdir()
+    r = subprocess.run([sys.executable, "-m", "sut", "package", "--allow-noncompliant", "--out", str(tmp_path / "sub"),
+                        "--system", "s", "--submitter", "o", *[x for f, d in runs.items() for x in (f, str(d))]],
+                       env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"{flag} {folder}: {why.format(folder=folder)}" in r.stderr, r.stderr[-1500:]
+    assert "Traceback" not in r.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
 def test_system_json_takes_a_device_record_that_is_null():
     """``devices`` as the harness writes it (``[e.get("device") for e in engines]``) may hold null."""
     from types import SimpleNamespace

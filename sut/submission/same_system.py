@@ -12,7 +12,7 @@ holds one user.conf per scenario: the performance run's).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from sut.errors import ComplianceError, InputError
 from sut.record.read import READ_BACK_SETTINGS, engines_used
@@ -68,20 +68,29 @@ def check_same_system(perf: dict, others: Sequence[tuple[dict, str]]) -> None:
         _same(perf, rec, role, "options", ignore=("app_workdir", "session_id"))
 
 
+def user_conf_gone(folder: Path, rec: dict) -> Optional[str]:
+    """Why the user.conf a run read (``folder``: its run folder, ``rec``: its ``run.json``) is gone: neither the copy
+    in the run folder nor the file ``run_settings.user_conf`` names is a file; None: one of them is."""
+    if (folder / "user.conf").is_file():
+        return None
+    named = (rec.get("run_settings") or {}).get("user_conf")
+    if named and Path(named).is_file():
+        return None
+    return ("its user.conf was not kept in the run folder and "
+            + (f"{named} does not exist any more" if named else "its run.json names none"))
+
+
 def kept_user_conf(folder: Path, rec: dict, role: str) -> Path:
     """The user.conf a run read: the copy in its run folder, else the file its record names.
 
     Raises:
-        ComplianceError: neither exists any more (names the run).
+        ComplianceError: neither exists any more (:func:`user_conf_gone`; names the run).
     """
+    why = user_conf_gone(folder, rec)
+    if why:
+        raise ComplianceError(f"{role} run {folder}: {why}")
     user_conf = folder / "user.conf"
-    if user_conf.is_file():
-        return user_conf
-    user_conf = Path((rec.get("run_settings") or {}).get("user_conf") or "")
-    if not user_conf.is_file():
-        raise ComplianceError(f"{role} run {folder}: its user.conf was not kept in the run folder and "
-                              f"{user_conf} does not exist any more")
-    return user_conf
+    return user_conf if user_conf.is_file() else Path(rec["run_settings"]["user_conf"])
 
 
 def _conf_settings(folder: Path, rec: dict, role: str) -> dict[str, str]:

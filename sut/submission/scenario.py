@@ -56,6 +56,10 @@ NOT_COMPLIANT_TXT = "NOT-COMPLIANT.txt"
 NOT_COMPLIANT_HEAD = "These runs are not compliant; this tree is a rehearsal:\n"
 PERF_LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
 ACC_FILES = PERF_LOGS + ("mlperf_log_accuracy.json", "accuracy.txt")
+#: The files each role's run folder must hold besides ``run.json`` and its user.conf: the logs the tree copies,
+#: and those of a TEST06 run that are checked again (its scenario, its responses).
+RUN_FILES = {"performance": PERF_LOGS, "accuracy": ACC_FILES,
+             "TEST06": ("mlperf_log_detail.txt", "mlperf_log_accuracy.json")}
 
 
 @dataclass(frozen=True)
@@ -159,10 +163,28 @@ def _load_run(folder: str, role: str) -> Run:
     return Run(d, rec)
 
 
-def _need(d: Path, names: Sequence[str], role: str) -> None:
-    for n in names:
-        if not (d / n).is_file() or (d / n).stat().st_size == 0:
-            raise ComplianceError(f"{role} run {d}: {n} is missing or empty")
+def missing_run_file(folder: Path, role: str) -> Optional[str]:
+    """Why run folder ``folder`` lacks a file a ``role`` run (``performance``, ``accuracy``, ``TEST06``) must hold
+    (:data:`RUN_FILES`): ``"<name> is missing"`` (also a folder, FIFO or device in its place: never opened),
+    ``"<name> is empty"`` or ``"<name> cannot be read (<reason>)"``; None: every one is there."""
+    for name in RUN_FILES[role]:
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing" + (" (not a regular file)" if path.exists() else "")
+        try:
+            with open(path, "rb") as f:
+                if not f.read(1):
+                    return f"{name} is empty"
+        except OSError as e:
+            return f"{name} cannot be read ({e.strerror or e})"
+    return None
+
+
+def _need(d: Path, role: str) -> None:
+    """``ComplianceError`` naming the run and the file for :func:`missing_run_file`'s reason."""
+    why = missing_run_file(d, role)
+    if why:
+        raise ComplianceError(f"{role} run {d}: {why}")
 
 
 def _benchmark(perf: Run) -> str:
@@ -237,8 +259,8 @@ def _check_files(perf: Run, acc: Run) -> None:
     from accuracy.errors import AccuracyInputError
     from accuracy.loadgen_log import read_accuracy_log
 
-    _need(perf.folder, PERF_LOGS, "performance")
-    _need(acc.folder, ACC_FILES, "accuracy")
+    _need(perf.folder, "performance")
+    _need(acc.folder, "accuracy")
     try:
         entries = read_accuracy_log(acc.folder / "mlperf_log_accuracy.json")
     except AccuracyInputError as e:
@@ -254,6 +276,7 @@ def _check_test06(folder: str) -> tuple[Run, Test06Result, list[str]]:
     rec, tdir = t06.rec, t06.folder
     if (rec.get("run_settings") or {}).get("compliance_test") != "TEST06":
         raise ComplianceError(f"TEST06 run {tdir}: not made with --compliance-test TEST06")
+    _need(tdir, "TEST06")
     check_logs_agree(tdir, rec, "TEST06")
     if (rec.get("loadgen") or {}).get("errors"):
         raise ComplianceError(f"TEST06 run {tdir}: LoadGen logged {rec['loadgen']['errors']} error(s) "

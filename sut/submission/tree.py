@@ -50,12 +50,14 @@ from sut.data.paths import first_missing
 from sut.errors import ComplianceError
 from sut.record.read import check_record, engines_used, read_json
 from sut.submission.files import flag_values, portable_command
+from sut.submission.same_system import user_conf_gone
 from sut.submission.scenario import (
     BENCHMARK_NAMES,
     DIVISIONS,
     PackageSettings,
     check_scenario,
     lay_out_scenario,
+    missing_run_file,
     scenario_root,
     write_not_compliant,
 )
@@ -132,8 +134,8 @@ class TreeSettings:
     def check_run_folders(self) -> None:
         """Raise ``ValueError`` naming the flag and the path for a run folder argument that does not exist, is
         not a folder, holds no readable ``run.json`` (or one with a field of the wrong type: naming the field), is
-        given twice, or is a run of another kind than its flag asks for (bad input: ``python -m sut package`` exits
-        2 before it writes anything)."""
+        given twice, is a run of another kind than its flag asks for, or lacks a log the tree needs or the user.conf
+        it read (naming the file) (bad input: ``python -m sut package`` exits 2 before it writes anything)."""
         seen: dict[Path, str] = {}
         for flag, folders in (("--performance", self.performance_runs), ("--accuracy", self.accuracy_runs),
                               ("--test06", self.test06_runs)):
@@ -147,9 +149,14 @@ class TreeSettings:
                 seen[key] = f"{flag} {f}"
 
 
+#: The role of the runs each run folder flag of ``python -m sut package`` takes (``RUN_FILES``' keys).
+_ROLES = {"--performance": "performance", "--accuracy": "accuracy", "--test06": "TEST06"}
+
+
 def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
     """Why ``d`` is no ``python -m sut run`` folder of the kind ``flag`` takes, its ``run.json`` a field of the wrong
-    type included (``check_record``'s message, naming the file and the field); None: it may be one."""
+    type included (``check_record``'s message, naming the file and the field), or one that lacks a file the tree needs
+    (``missing_run_file``: a LoadGen log missing, empty or unreadable) or the user.conf it read; None: it may be one."""
     if not d.exists():
         return "does not exist"
     if not d.is_dir():
@@ -169,7 +176,7 @@ def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
         check_record(rec, d / "run.json")
     except ComplianceError as e:
         return str(e)
-    return _role_mismatch(rec, flag)
+    return _role_mismatch(rec, flag) or missing_run_file(d, _ROLES[flag]) or user_conf_gone(d, rec)
 
 
 def _role_mismatch(rec: dict, flag: str) -> Optional[str]:
