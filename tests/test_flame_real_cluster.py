@@ -219,9 +219,9 @@ def test_cluster_cli_serves_until_sigterm(tmp_path):
             p.wait()
 
 
-def test_close_cli_closes_a_session_left_open_and_fails_on_an_unknown_one(real_flame_factory, tmp_path):
+def test_close_cli_closes_a_session_left_open_and_refuses_an_unknown_one(real_flame_factory, tmp_path):
     """`python -m sut.flame close`: what a run killed with SIGKILL leaves behind (its session stays open and
-    holds its executors) is closed by id; an unknown id is exit 1 with Flame's words."""
+    holds its executors) is closed by id; an unknown id is bad input (exit 2) naming it."""
     cluster = real_flame_factory()
     conn, ssn = _echo_session(cluster, tmp_path)
     assert ssn.invoke(b"hello") == b"hello"
@@ -230,7 +230,8 @@ def test_close_cli_closes_a_session_left_open_and_fails_on_an_unknown_one(real_f
     assert out.returncode == 0 and f"closed session {ssn.id}" in out.stdout, out.stderr
     assert cluster.wait_until(lambda: not [e for e in cluster.executors() if e["session_id"] == ssn.id], 20)
     out = subprocess.run(cmd + ["no-such-session"], env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "session no-such-session not closed" in out.stderr, out.stderr
+    assert out.returncode == 2 and f"Flame at {cluster.endpoint} has no session no-such-session" in out.stderr, \
+        out.stderr
 
 
 def test_cluster_cli_killed_with_sigkill_leaves_no_manager(tmp_path):

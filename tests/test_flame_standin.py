@@ -366,6 +366,29 @@ def test_a_second_stop_signal_leaves_a_session_with_running_tasks_open_and_says_
         assert cluster.session_state(sid)["state"] == "Open"
 
 
+def test_close_cli_refuses_an_unknown_session_before_closing_any_and_takes_a_closed_one(tmp_path, capsys,
+                                                                                         control_plane_fast):
+    """`python -m sut.flame close` of an id Flame does not know (a typo, another cluster's session) was exit 1 after
+    the sessions named before it had been closed, as if Flame had refused; a session closed already is done."""
+    import sut.flame.__main__ as flame_main
+
+    with control_plane_fast(tmp_path) as cluster:
+        conn = flamepy.connect(cluster.endpoint)
+        conn.register_application("echo", standin.echo_app_attributes(working_directory=str(tmp_path / "echo")))
+        sid = conn.create_session(flamepy.SessionAttributes(application="echo", min_instances=0, max_instances=1)).id
+        conn.close()
+        close = ["close", "--endpoint", cluster.endpoint, "--wait-s", "20"]
+        assert flame_main.main(close + [sid, "no-such-session"]) == 2
+        err = capsys.readouterr().err
+        assert f"error: Flame at {cluster.endpoint} has no session no-such-session (open there: {sid}); nothing " \
+               "was closed" in err and "Traceback" not in err, err
+        assert cluster.session_state(sid)["state"] == "Open"  # the known session named first was left as it was
+        assert flame_main.main(close + [sid]) == 0 and f"closed session {sid}" in capsys.readouterr().out
+        assert cluster.session_state(sid)["state"] == "Closed"
+        assert flame_main.main(close + [sid]) == 0
+        assert f"session {sid} at {cluster.endpoint} was closed already" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("aio_watch", [True, False], ids=["aio-watch", "flamepy-watch"])
 def test_lost_session_fails_the_run(tmp_path, dataset, lock_dir, aio_watch):
     with standin.StandinCluster(tmp_path / "cluster", max_executors=4) as cluster:

@@ -85,17 +85,52 @@ def _connect_checked(endpoint_arg):
     return connect(endpoint_arg)
 
 
+def _closed_already(conn, endpoint: str, session_ids: list[str]) -> set[str]:
+    """The ids of ``session_ids`` whose session Flame lists as closed (closing one again changes nothing).
+
+    Raises:
+        BadInput: an id Flame does not know at ``endpoint`` (a typo, another cluster's session): naming each such id
+            and the sessions open there; checked for every id before any is closed.
+        RunFailed: Flame cannot list its sessions (its words).
+    """
+    import flamepy
+
+    from sut.errors import RunFailed
+
+    try:
+        known = {x.id: x.state for x in conn.list_sessions()}
+    except flamepy.FlameError as e:
+        raise RunFailed(f"cannot list the sessions at {endpoint}: {e.message}") from None
+    unknown = [sid for sid in session_ids if sid not in known]
+    if unknown:
+        open_ = sorted(sid for sid, state in known.items() if state == flamepy.SessionState.OPEN)
+        listed = (f"open there: {', '.join(open_[:10])}{' ...' if len(open_) > 10 else ''}" if open_
+                  else "none is open there")
+        raise BadInput(f"error: Flame at {endpoint} has no session {', '.join(unknown)} ({listed}); nothing was "
+                       "closed")
+    return {sid for sid in session_ids if known[sid] == flamepy.SessionState.CLOSED}
+
+
 def _close(endpoint_arg, session_ids: list[str], wait_s: float) -> int:
     """Close each session, retrying every second for ``wait_s`` while Flame refuses because tasks still run;
-    0 when all closed, else 1 (each failure logged with Flame's words)."""
+    0 when all closed (one closed already included), else 1 (each failure logged with Flame's words).
+
+    Raises:
+        BadInput: a malformed endpoint, none answering there, or a session id Flame does not know there
+            (``_closed_already``: exit 2 before any session is closed).
+    """
     import time
 
     import flamepy
 
     log = logging.getLogger("sut.flame")
     conn, endpoint = _connect_checked(endpoint_arg)
+    closed = _closed_already(conn, endpoint, session_ids)
     failed = 0
     for sid in session_ids:
+        if sid in closed:
+            print(f"session {sid} at {endpoint} was closed already")
+            continue
         t0, said = time.monotonic(), 0.0
         while True:
             try:
