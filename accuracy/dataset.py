@@ -77,8 +77,10 @@ WHERE_DATA = ("the official one is MLCommons' cnn_eval.json, 13,368 samples (doc
               "it); a synthetic file for a try-out: python -m sut synthetic --out data.json")
 
 
-def _wide_encoding(head: bytes) -> str | None:
-    """``"UTF-16"``/``"UTF-32"`` if the first bytes of a JSON text say so (BOM, or NULs as RFC 4627 detects)."""
+def wide_encoding(head: bytes) -> str | None:
+    """``"UTF-16"`` or ``"UTF-32"`` when ``head`` (the first 4 bytes of a file, or fewer when it is shorter) says the
+    text is in that encoding: its byte-order mark, or the NUL bytes RFC 4627 detects a JSON text's encoding by (a
+    UTF-16 or UTF-32 file without a BOM); None otherwise (UTF-8, with or without its BOM, or undecidable)."""
     for bom, name in _WIDE_BOMS:
         if head.startswith(bom):
             return name
@@ -102,12 +104,15 @@ def _dataset_reason(e: BoundedReadError, limit: int) -> str:
     }.get(e.problem, str(e))
 
 
-def _read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes, checked before anything is read
-    (``accuracy.boundedread.read_regular``: a FIFO or device is refused from its ``stat``, never opened).
+def read_dataset_bytes(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of the dataset-like file ``path`` (the run's and the gate's dataset, a retokenizer's source), a
+    regular file of at most ``limit`` bytes (:data:`MAX_DATASET_BYTES` for a dataset), checked before anything is
+    read (``accuracy.boundedread.read_regular``: a FIFO or device is refused from its ``stat``, never opened).
+    Nothing is decoded (:func:`wide_encoding` tells UTF-16 and UTF-32 apart).
 
     Raises:
-        DatasetFileError: missing, not a regular file, larger than ``limit``, unreadable, or a path holding a NUL.
+        DatasetFileError: missing (its message says where datasets come from), not a regular file, larger than
+            ``limit``, unreadable, or a path holding a NUL; ``reason`` says which, without the path.
     """
     try:
         return read_regular(path, limit)
@@ -124,10 +129,10 @@ def read_dataset_json(path: str | os.PathLike) -> list:
             otherwise not UTF-8 (naming the byte offset), malformed JSON, or not a non-empty JSON list.
     """
     path = Path(path)
-    raw = _read_bounded(path, MAX_DATASET_BYTES)
+    raw = read_dataset_bytes(path, MAX_DATASET_BYTES)
     if raw[:1] == b"\x80":
         raise DatasetFileError(path, "looks like a pickle; only the JSON cnn_eval format is read (never unpickled)")
-    wide = _wide_encoding(raw[:4])
+    wide = wide_encoding(raw[:4])
     if wide:
         raise DatasetFileError(path, f"is {wide}-encoded; only {ACCEPTED_ENCODING} is read. Convert it first, e.g. "
                                      f"iconv -f {wide} -t UTF-8 {path.name} > {path.stem}.utf8.json")

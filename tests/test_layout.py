@@ -91,3 +91,23 @@ def test_a_cycle_is_found_where_there_is_one():
 def test_the_root_of_sut_keeps_its_few_modules():
     root = {p.stem for p in (REPO / "sut").glob("*.py")}
     assert root <= ROOT_MODULES, sorted(root - ROOT_MODULES)
+
+
+def _private_imports(path: Path, package: str) -> list[str]:
+    """``module.name`` for each name starting with one underscore that ``path`` imports from a module of
+    ``package`` (``from accuracy.dataset import _x``)."""
+    return [f"{node.module}.{a.name}" for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+            and node.module.split(".")[0] == package
+            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+
+
+def test_the_harness_uses_only_the_public_names_of_the_gate(tmp_path):
+    """``accuracy/`` is the gate that works on its own; what ``sut/`` and ``scripts/`` take from it is its public
+    interface (documented), not a helper it may rename."""
+    found = {str(p.relative_to(REPO)): ms for pkg in ("sut", "scripts") for p in (REPO / pkg).rglob("*.py")
+             if (ms := _private_imports(p, "accuracy"))}
+    assert not found, found
+    probe = tmp_path / "probe.py"  # the check itself finds one
+    probe.write_text("from accuracy.dataset import MAX_DATASET_BYTES, _helper\n")
+    assert _private_imports(probe, "accuracy") == ["accuracy.dataset._helper"]

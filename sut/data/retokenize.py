@@ -29,13 +29,13 @@ def _source_text(path: Path) -> str:
     """The text of the source file: a regular file of at most ``MAX_DATASET_BYTES``, UTF-8 (a BOM is dropped), read
     as the run reads a dataset (``accuracy.dataset``: a FIFO or device is refused from its ``stat``, never opened).
     Raises ``DatasetError`` naming the file."""
-    from accuracy.dataset import MAX_DATASET_BYTES, DatasetFileError, _read_bounded, _wide_encoding
+    from accuracy.dataset import MAX_DATASET_BYTES, DatasetFileError, read_dataset_bytes, wide_encoding
 
     try:
-        raw = _read_bounded(path, MAX_DATASET_BYTES)
+        raw = read_dataset_bytes(path, MAX_DATASET_BYTES)
     except DatasetFileError as e:
         raise DatasetError(path, e.reason) from None
-    wide = _wide_encoding(raw[:4])
+    wide = wide_encoding(raw[:4])
     try:
         if wide:
             raise UnicodeError(wide)
