@@ -27,15 +27,25 @@ log = logging.getLogger("accuracy")
 
 
 def _eos_list(text: str) -> tuple[int, ...]:
+    """``--eos-ids``: comma-separated token ids, each in int32's ``[0, INT32_END)`` (refused here, as a command-line
+    error). ``accuracy.tokenizer.resolve_eos_ids`` checks the same range for the ids of the other sources (the run.json
+    beside the log, ``generation_config.json``, ``run_gate(eos_ids=...)``), which nothing checks before it; for ids
+    given here it never fires.
+
+    Raises:
+        argparse.ArgumentTypeError: not integers, none, or one outside that range (naming it).
+    """
+    from accuracy.tokenizer import INT32_END
+
     try:
         ids = tuple(int(t) for t in text.replace(" ", "").split(",") if t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--eos-ids wants comma-separated integers, got {text!r}") from None
     if not ids:
         raise argparse.ArgumentTypeError("--eos-ids is empty")
-    if min(ids) < 0 or max(ids) >= 1 << 31:
+    if min(ids) < 0 or max(ids) >= INT32_END:
         bad = min(ids) if min(ids) < 0 else max(ids)
-        raise argparse.ArgumentTypeError(f"--eos-ids are int32 token ids (0 to {(1 << 31) - 1}), got {bad}")
+        raise argparse.ArgumentTypeError(f"--eos-ids are int32 token ids (0 to {INT32_END - 1}), got {bad}")
     return ids
 
 
