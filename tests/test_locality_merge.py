@@ -294,6 +294,36 @@ def test_a_header_that_is_not_a_header_or_a_file_not_utf8_exits_2(tmp_path, caps
     assert f"error: run {d}: cases.jsonl line 1 is not JSON (not UTF-8 " in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("edit, said", [
+    (lambda h: h["pair_settings"].update(policies=["round_robin"]),
+     "field pair_settings.policies is ['round_robin'] in locality.json but ['prefix_affinity'] in run_header.json"),
+    (lambda h: h["pair_settings"].update(arrival_seed=7),
+     "field pair_settings.arrival_seed is 7 in locality.json but 0 in run_header.json"),
+    (lambda h: h["systems"].pop("flame"), "field systems.flame is absent in locality.json but {"),
+    (lambda h: h["systems"]["flame"]["options"].update(batch_size=64),
+     "field systems.flame.options.batch_size is 64 in locality.json but 128 in run_header.json"),
+    (lambda h: h.update(trace_preset="study-no-reuse"),
+     "field trace_preset is 'study-no-reuse' in locality.json but 'study-reuse' in run_header.json"),
+    (lambda h: h.update(notes=["another run's note"]),
+     "field notes of locality.json does not begin with its run_header.json's ['settings note']"),
+])
+def test_a_run_whose_locality_json_contradicts_its_run_header_exits_2_naming_the_field(tmp_path, capsys, edit, said):
+    """Before: report read locality.json alone and merged a run whose run_header.json said other settings (a file
+    edited by hand, or copied in from another run)."""
+    hdr = header(pair_settings=dict(header()["pair_settings"], policies=["prefix_affinity"]), notes=["settings note"])
+    d = make_run(tmp_path, "r", GOOD, hdr)
+    record = json.loads(json.dumps(dict(hdr, status="ok", error=None, notes=["settings note", "a deviation note"])))
+    (d / "locality.json").write_text(json.dumps(record))  # as the run writes it: the header, its notes and more
+    rc, rec = report(tmp_path, d, name="agree")
+    assert rc == 0 and rec["trace_preset"] == "study-reuse", capsys.readouterr().err
+    edit(record)
+    (d / "locality.json").write_text(json.dumps(record))
+    assert report(tmp_path, d, name="disagree") == (2, None) and not (tmp_path / "out" / ("disagree" + RUN_SUFFIX)
+                                                                      ).exists()
+    err = capsys.readouterr().err
+    assert f"error: run {d}: {said}" in err and "Traceback" not in err, err
+
+
 def test_a_copy_of_a_run_is_refused_naming_both_runs(tmp_path, capsys):
     a = make_run(tmp_path, "a", GOOD + [case(1, "standalone", 10.0), case(1, "flame", 9.0)], header())
     b = make_run(tmp_path, "b", [case(2, "standalone", 11.0), case(2, "flame", 10.0)], header())

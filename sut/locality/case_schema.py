@@ -330,6 +330,51 @@ def _level_counts_problem(level: dict, prefix: str) -> Optional[str]:
     return timed_problem(level["timed"], f"{prefix}timed.")
 
 
+#: Header fields that ``locality.json`` may hold more of than ``run_header.json``: the run appends its deviation
+#: notes (and a note on a figure it could not draw) to the header's own (``runner.finish_record``).
+GROWN_FIELDS = ("notes",)
+
+
+def header_files_problem(record: dict, header: dict) -> Optional[str]:
+    """Where a run's ``locality.json`` (``record``) contradicts its ``run_header.json`` (``header``), which
+    ``runner.run_study`` writes from one header (a hand-edited file, or one copied from another run): the first field
+    both carry (dotted, e.g. ``pair_settings.policies`` or ``systems.flame.options.batch_size``; a key only one of
+    them holds inside such a field counts) whose values differ, as a phrase that follows "run RUN:"; for a field of
+    :data:`GROWN_FIELDS`, the header's list that is not where the record's begins. None when they agree."""
+    for key in sorted(set(record) & set(header)):
+        a, b = record[key], header[key]
+        if key in GROWN_FIELDS and isinstance(a, list) and isinstance(b, list):
+            if a[:len(b)] != b:
+                return (f"field {key} of locality.json does not begin with its run_header.json's "
+                        f"{_short(b)}: the two files disagree")
+            continue
+        found = _difference(a, b, key)
+        if found:
+            where, x, y = found
+            x, y = ("absent" if v is _MISSING else _short(v) for v in (x, y))
+            return (f"field {where} is {x} in locality.json but {y} in run_header.json: the two files disagree (one "
+                    "was edited, or copied from another run)")
+    return None
+
+
+def _difference(a, b, path: str) -> Optional[tuple[str, object, object]]:
+    """``(path, a's value, b's value)`` of the first place where JSON values ``a`` and ``b`` differ (``_MISSING``:
+    the key is absent there; lists of one length that hold objects or lists are compared item by item, ``path.i``,
+    other lists as a whole); None when equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            found = _difference(a.get(k, _MISSING), b.get(k, _MISSING), f"{path}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and any(
+            isinstance(x, (dict, list)) for x in a + b):
+        return next((f for i, (x, y) in enumerate(zip(a, b)) if (f := _difference(x, y, f"{path}.{i}"))), None)
+    if type(a) is not type(b) or a != b:
+        return path, a, b
+    return None
+
+
 def _short(v, width: int = 60) -> str:
     text = repr(v)
     return text if len(text) <= width else text[:width - 3] + "..."

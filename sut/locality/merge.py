@@ -5,7 +5,8 @@ time. Every run appends each finished case to ``<run>/cases.jsonl`` and writes i
 ``<run>/run_header.json`` (``runner.run_header``); a run that ended writes them into ``locality.json``
 too. This module reads those files and builds one record from them:
 
-* **settings**: each run's header (``locality.json``, else ``run_header.json``). Runs whose trace hash,
+* **settings**: each run's header (``locality.json``, else ``run_header.json``; a run holding both whose two files
+  disagree on a field both carry is refused, ``case_schema.header_files_problem``). Runs whose trace hash,
   trace preset, model revision, engine settings (the model's path aside: the revision names the model),
   generation, router settings, protocol (warm-ups, rate, arrival seed), report metric, the workloads' knobs
   and what was measured before the pairs (``arrivals``' capacity and levels, ``eviction``'s KV tokens: a run
@@ -48,7 +49,7 @@ from typing import Optional, Sequence
 from accuracy.boundedread import GREW, TOO_LARGE, BoundedReadError, read_regular
 from accuracy.jsontext import JSONLinesError, parse_json, read_jsonl
 from sut.errors import BadInput
-from sut.locality.case_schema import HEADER_CHECKS, problem
+from sut.locality.case_schema import HEADER_CHECKS, header_files_problem, problem
 from sut.locality.pairs import run_records
 from sut.locality.runner import HEADER, finish_record
 from sut.locality.study import pair_report
@@ -210,6 +211,9 @@ def load_run(path: str | Path) -> SourceRun:
     if _present(run / "locality.json"):
         header, header_file = _read_header(run / "locality.json", run), "locality.json"
         status, error = header.get("status"), header.get("error")
+        why = header_files_problem(header, _read_header(run / HEADER, run)) if _present(run / HEADER) else None
+        if why:
+            raise BadInput(f"error: run {run}: {why}")
     elif _present(run / HEADER):
         header, header_file = _read_header(run / HEADER, run), HEADER
     if header is not None:
