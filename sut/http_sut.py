@@ -64,7 +64,7 @@ from sut.core.transports.http_readback import (
     pick_model,
     replica_record,
 )
-from sut.core.transports.http_servers import _OPENER, check_server_args, check_server_command, health_reply
+from sut.core.transports.http_servers import OPENER, check_server_args, check_server_command, health_reply
 from sut.engine import EngineSettings, check_step_budget, check_weights_present, plan_engines
 from sut.errors import EngineError, InputError, ServerInputError
 
@@ -113,7 +113,7 @@ def _fetch(url: str, path: str, headers: dict, timeout_s: float, as_json: bool =
     """``GET url+path``: the decoded body, None on 404. ``InputError`` naming the URL otherwise (a 401 / 403:
     ``http_fleet.KEY_REFUSED``)."""
     try:
-        with _OPENER.open(Request(f"{url}{path}", headers=headers), timeout=timeout_s) as resp:
+        with OPENER.open(Request(f"{url}{path}", headers=headers), timeout=timeout_s) as resp:
             body = _read_within(resp, MAX_REPLY_BYTES + 1, time.monotonic() + timeout_s, f"{url}{path}")
     except HTTPError as e:
         if e.code == 404:
@@ -297,7 +297,7 @@ def _counts_request_to(b: FleetServer, a: FleetServer, model, timeout_s: float) 
     body = json.dumps({"model": model, "prompt": [0], "max_tokens": 1, "temperature": 0.0}).encode()
     headers = {**_headers(a), "Content-Type": "application/json"}
     try:
-        with _OPENER.open(Request(f"{a.url}/v1/completions", data=body, headers=headers), timeout=timeout_s) as resp:
+        with OPENER.open(Request(f"{a.url}/v1/completions", data=body, headers=headers), timeout=timeout_s) as resp:
             _read_within(resp, MAX_REPLY_BYTES + 1, time.monotonic() + timeout_s, f"{a.url}/v1/completions")
     except (URLError, OSError, ValueError, http.client.HTTPException) as e:
         raise InputError(f"--sut vllm-http: server {a.url}: a 1-token completion failed: "

@@ -259,7 +259,7 @@ class _NoRedirect(HTTPRedirectHandler):
 
 #: urllib without the environment's proxies (HTTP_PROXY must not carry requests to 127.0.0.1 or a
 #: server the user named; aiohttp ignores them too by default) and without following redirects.
-_OPENER = build_opener(ProxyHandler({}), _NoRedirect())
+OPENER = build_opener(ProxyHandler({}), _NoRedirect())
 
 
 def health_reply(url: str, timeout: float, headers: Optional[dict] = None) -> tuple[int, Optional[str]]:
@@ -267,7 +267,7 @@ def health_reply(url: str, timeout: float, headers: Optional[dict] = None) -> tu
     ``Authorization``; a redirect is not followed). ``URLError`` / ``OSError`` / ``ValueError`` when it cannot be
     reached."""
     try:
-        with _OPENER.open(Request(f"{url}/health", headers=headers or {}), timeout=timeout) as resp:
+        with OPENER.open(Request(f"{url}/health", headers=headers or {}), timeout=timeout) as resp:
             return resp.status, None
     except HTTPError as e:
         return e.code, e.headers.get("Location") if e.headers is not None else None
