@@ -151,6 +151,25 @@ def test_package_refuses_a_run_folder_without_a_file_it_needs_with_exit_2_before
     assert "Traceback" not in r.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
 
 
+@pytest.mark.parametrize("status", ["failed", "interrupted"])
+def test_package_names_the_cause_of_a_run_that_did_not_end_ok_not_a_log_it_never_wrote(tmp_path, status):
+    """A run whose engine died before LoadGen started has no LoadGen logs: the refusal names its status and cause
+    (exit 1, as for every failed run), not "mlperf_log_summary.txt is missing" (exit 2, as if the folder were
+    damaged). Before: the pre-check of the logs came first and hid the cause."""
+    base = tmp_path / "runs"
+    cause = "engine 0 (pid 123) exited unexpectedly with code -9 (SIGKILL)"
+    perf = make_run(base, "perf", "performance", status=status, error=cause, validity=None)
+    for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
+        (perf / name).unlink()
+    acc = make_run(base, "acc", "accuracy")
+    r = subprocess.run([sys.executable, "-m", "sut", "package", "--allow-noncompliant", "--out", str(tmp_path / "sub"),
+                        "--system", "s", "--submitter", "o", "--performance", str(perf), "--accuracy", str(acc)],
+                       env=sut_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr[-1500:]
+    assert f"performance run {perf}: status is '{status}' ({cause}), not 'ok'" in r.stderr, r.stderr[-1500:]
+    assert "is missing" not in r.stderr and not (tmp_path / "sub").exists()
+
+
 def test_system_json_takes_a_device_record_that_is_null():
     """``devices`` as the harness writes it (``[e.get("device") for e in engines]``) may hold null."""
     from types import SimpleNamespace

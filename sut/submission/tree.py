@@ -156,7 +156,9 @@ _ROLES = {"--performance": "performance", "--accuracy": "accuracy", "--test06": 
 def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
     """Why ``d`` is no ``python -m sut run`` folder of the kind ``flag`` takes, its ``run.json`` a field of the wrong
     type included (``check_record``'s message, naming the file and the field), or one that lacks a file the tree needs
-    (``missing_run_file``: a LoadGen log missing, empty or unreadable) or the user.conf it read; None: it may be one."""
+    (``missing_run_file``: a LoadGen log missing, empty or unreadable) or the user.conf it read; None: it may be one.
+    The files are checked only for a run whose status is ``ok``: a failed or interrupted run often has no LoadGen logs,
+    and is refused later naming its status and cause (exit 1), not a log it never wrote."""
     if not d.exists():
         return "does not exist"
     if not d.is_dir():
@@ -176,7 +178,10 @@ def _not_a_run_folder(d: Path, flag: str) -> Optional[str]:
         check_record(rec, d / "run.json")
     except ComplianceError as e:
         return str(e)
-    return _role_mismatch(rec, flag) or missing_run_file(d, _ROLES[flag]) or user_conf_gone(d, rec)
+    why = _role_mismatch(rec, flag)
+    if why or rec.get("status") != "ok":
+        return why
+    return missing_run_file(d, _ROLES[flag]) or user_conf_gone(d, rec)
 
 
 def _role_mismatch(rec: dict, flag: str) -> Optional[str]:
