@@ -16,9 +16,8 @@ pid to ``$STANDIN_CHILD_PIDS`` (one line per engine) so tests can check that it 
 each take, as vLLM's shutdown (its full ``gc.collect``) and teardown do on CPU. ``$STANDIN_START_S``
 (default 0): seconds ``LLM.__init__`` then takes, deaf to SIGTERM, as building a real engine is (minutes on
 a GPU, in native code that Python's signal handlers do not interrupt). Every output carries the request's
-``prompt_token_ids``, as vLLM's do. ``$STANDIN_FAULT`` (default none) misbehaves at the second request to
-finish: ``swap``: its output carries another prompt's ids (an answer delivered under the wrong request id);
-``drop``: it is removed without any output (a request the engine loses).
+``prompt_token_ids``, as vLLM's do. ``$STANDIN_FAULT=drop`` (default none): the second request to finish is
+removed without any output (a request the engine loses).
 """
 
 from __future__ import annotations
@@ -73,19 +72,16 @@ class _Engine:
                 r["out"].extend(new)
             r["prefilled"] = True
             done = len(r["out"]) >= r["params"].max_tokens
-            prompt = r["ids"]
             if done:
                 del self.running[rid]
                 self.finished += 1
                 if self.finished == 2 and self.fault == "drop":
                     continue
-                if self.finished == 2 and self.fault == "swap":
-                    prompt = [x + 1 for x in prompt]
             kind = r["params"].output_kind
             if kind == RequestOutputKind.FINAL_ONLY and not done:
                 continue
             ids = list(r["out"]) if kind == RequestOutputKind.FINAL_ONLY else new
-            outs.append(ns(request_id=rid, prompt_token_ids=prompt, outputs=[ns(token_ids=ids)], finished=done,
+            outs.append(ns(request_id=rid, prompt_token_ids=r["ids"], outputs=[ns(token_ids=ids)], finished=done,
                            num_cached_tokens=r["cached"]))
         return outs
 

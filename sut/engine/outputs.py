@@ -15,11 +15,9 @@ Two collectors, chosen by the worker's mode; both give ``step(outs) -> (firsts, 
 Times are ``time.monotonic()`` seconds (system-wide on Linux, so the parent can compare them with its
 own). ``t_queued <= t_first <= t_done`` for every request.
 
-Both check every finished request's answer against the prompt it was added with: ``sent`` holds each
-running request's prompt ids (filled by the worker with ``t_add``), and a finished ``RequestOutput`` whose
-``prompt_token_ids`` differ from them (vLLM sets them on every output) is another prompt's answer delivered
-under this request id: ``EngineError``, which fails the run, instead of a wrong answer reaching LoadGen.
-``unanswered(held)`` lists the requests added to the engine and never finished (for the worker's idle check).
+Both keep ``t_add`` for the running requests only (an entry is popped when its request finishes), so the
+worker can tell a request id given twice while it runs, and, from ``unanswered(held)``, the requests an idle
+engine was given and never finished.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from typing import Optional
 
 import numpy as np
 
-from sut.errors import EngineError
 from sut.messages import Completion, FirstToken
 
 
@@ -39,24 +36,10 @@ def _cached(o) -> Optional[int]:
 
 
 class _Collector:
-    """What both collectors keep per running request: when it was added and the prompt it was added with."""
+    """What both collectors keep per running request: when it was added."""
 
     def __init__(self):
-        self.t_add: dict[str, float] = {}  # vLLM request id -> when it was added
-        self.sent: dict[str, list] = {}  # vLLM request id -> its prompt ids, as added
-
-    def _check_prompt(self, o) -> None:
-        """Raise ``EngineError`` when finished output ``o`` carries another prompt than its request was added
-        with (no check for an id never recorded here, or an output without ``prompt_token_ids``)."""
-        sent = self.sent.pop(o.request_id, None)
-        got = getattr(o, "prompt_token_ids", None)
-        if sent is None or got is None:
-            return
-        if len(got) == len(sent) and (got if type(got) is list else list(got)) == sent:
-            return
-        raise EngineError(f"vLLM finished request {o.request_id} with another prompt's answer: its output's "
-                          f"prompt_token_ids ({len(got)} ids, starting {list(got[:6])}) are not the {len(sent)} "
-                          f"ids it was added with (starting {sent[:6]})")
+        self.t_add: dict[str, float] = {}  # vLLM request id -> when it was added (running or held requests only)
 
     def unanswered(self, held=()) -> list[str]:
         """Request ids added (``t_add``) and not finished, less those still ``held`` by the worker."""
@@ -69,13 +52,9 @@ class FinalCollector(_Collector):
 
     def step(self, outs) -> tuple[list, list]:
         now = time.monotonic()
-        t_add, check = self.t_add, self._check_prompt
-        done = []
-        for o in outs:
-            if o.finished:
-                check(o)
-                done.append(Completion(int(o.request_id), np.asarray(o.outputs[0].token_ids, dtype=np.int32),
-                                       _cached(o), t_add.pop(o.request_id, None), None, now))
+        t_add = self.t_add
+        done = [Completion(int(o.request_id), np.asarray(o.outputs[0].token_ids, dtype=np.int32), _cached(o),
+                           t_add.pop(o.request_id, None), None, now) for o in outs if o.finished]
         return [], done
 
 
@@ -103,7 +82,6 @@ class DeltaCollector(_Collector):
             got[0].extend(ids)
             if o.finished:
                 del self._acc[rid]
-                self._check_prompt(o)
                 done.append(Completion(int(rid), np.asarray(got[0], dtype=np.int32), _cached(o),
                                        self.t_add.pop(rid, None), got[1], now))
         return firsts, done

@@ -283,9 +283,10 @@ def _check_none_dropped(collect, held: Optional[deque]) -> None:
 
 def _intake(conn, engine, params, collect, stats_fn, llm, raw_params, held: Optional[deque] = None) -> bool:
     """Handle every message waiting on the pipe (at least one); a ``Generate``'s requests go to the engine, or
-    to ``held`` when given (``serve``'s admission), and are recorded in ``collect`` (``t_add``, ``sent``).
-    False on ``Stop``."""
-    t_add, sent = collect.t_add, collect.sent
+    to ``held`` when given (``serve``'s admission), and are recorded in ``collect.t_add``. False on ``Stop``.
+    Raises ``EngineError`` for a request id given again while it runs or is held (vLLM would run both under one
+    id, and one answer would be lost or delivered for the other's prompt)."""
+    t_add = collect.t_add
     while True:
         msg = conn.recv()
         kind = type(msg)
@@ -293,12 +294,14 @@ def _intake(conn, engine, params, collect, stats_fn, llm, raw_params, held: Opti
             add, now = engine.add_request, time.monotonic
             for req in msg.requests:
                 rid, ids, p = str(req[0]), req[1].tolist(), _params_for(params, req)
+                if rid in t_add:
+                    raise EngineError(f"request {rid} was given again while it still runs here (a request id "
+                                      "is given once at a time; its two answers could not be told apart)")
                 if held is None:
                     add(rid, {"prompt_token_ids": ids}, p)
                 else:
                     held.append((rid, ids, p))
                 t_add[rid] = now()
-                sent[rid] = ids
         elif kind is Stop:
             return False
         elif kind is StatsQuery:
