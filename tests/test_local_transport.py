@@ -23,7 +23,7 @@ from sut.core.transport import TransportSpec, make_transport
 from sut.engine import EngineSettings, GenerationSettings
 from sut.engine import messages as wm
 from sut.engine.handle import OOM_HINT
-from sut.errors import TransportError
+from sut.errors import EngineError, TransportError
 from sut.messages import Completion, FatalEvent, FirstToken, ReplicaRecord, Request
 
 pytestmark = pytest.mark.timeout(120)
@@ -369,6 +369,29 @@ def test_a_starting_worker_in_its_parents_process_group_is_ended_at_once(standin
         h.shutdown()
         for pid in children:  # in this process's group: Flame's executor manager ends it in production
             os.kill(pid, signal.SIGKILL)
+
+
+def test_raw_generate_refuses_outputs_that_come_back_in_another_order(standin_here):
+    """``LLM.generate`` returns its outputs in input order; outputs that came back in another order would give each
+    request another prompt's answer: refused, naming the first such request. In order, every one is answered."""
+    from sut.engine.worker import raw_generate
+
+    class Llm:
+        llm_engine = SimpleNamespace(has_unfinished_requests=lambda: False)
+
+        def __init__(self, reverse):
+            self.reverse = reverse
+
+        def generate(self, prompts, params, use_tqdm=False):
+            outs = [SimpleNamespace(prompt_token_ids=list(p["prompt_token_ids"]), num_cached_tokens=0,
+                                    outputs=[SimpleNamespace(token_ids=[p["prompt_token_ids"][0]])]) for p in prompts]
+            return outs[::-1] if self.reverse else outs
+
+    batch = [(r.rid, r.prompt) for r in _requests([1, 2])]
+    _, res = raw_generate(Llm(False), None, batch)
+    assert [(c.rid, c.token_ids.tolist()) for c in res] == [(1, [3]), (2, [0])]
+    with pytest.raises(EngineError, match="raw generate: the output for request 1 answers another prompt"):
+        raw_generate(Llm(True), None, batch)
 
 
 # --------------------------------------------------------------------------- the typed pipe
