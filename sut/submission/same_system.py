@@ -68,14 +68,19 @@ def check_same_system(perf: dict, others: Sequence[tuple[dict, str]]) -> None:
         _same(perf, rec, role, "options", ignore=("app_workdir", "session_id"))
 
 
+def _user_conf(folder: Path, rec: dict) -> Optional[Path]:
+    """The user.conf a run read: the copy in its run folder, else the file its ``run_settings.user_conf`` names;
+    None when neither is a file."""
+    named = (rec.get("run_settings") or {}).get("user_conf")
+    return next((p for p in (folder / "user.conf", Path(named) if named else None) if p and p.is_file()), None)
+
+
 def user_conf_gone(folder: Path, rec: dict) -> Optional[str]:
     """Why the user.conf a run read (``folder``: its run folder, ``rec``: its ``run.json``) is gone: neither the copy
     in the run folder nor the file ``run_settings.user_conf`` names is a file; None: one of them is."""
-    if (folder / "user.conf").is_file():
+    if _user_conf(folder, rec):
         return None
     named = (rec.get("run_settings") or {}).get("user_conf")
-    if named and Path(named).is_file():
-        return None
     return ("its user.conf was not kept in the run folder and "
             + (f"{named} does not exist any more" if named else "its run.json names none"))
 
@@ -86,11 +91,10 @@ def kept_user_conf(folder: Path, rec: dict, role: str) -> Path:
     Raises:
         ComplianceError: neither exists any more (:func:`user_conf_gone`; names the run).
     """
-    why = user_conf_gone(folder, rec)
-    if why:
-        raise ComplianceError(f"{role} run {folder}: {why}")
-    user_conf = folder / "user.conf"
-    return user_conf if user_conf.is_file() else Path(rec["run_settings"]["user_conf"])
+    found = _user_conf(folder, rec)
+    if found is None:
+        raise ComplianceError(f"{role} run {folder}: {user_conf_gone(folder, rec)}")
+    return found
 
 
 def _conf_settings(folder: Path, rec: dict, role: str) -> dict[str, str]:
